@@ -1,0 +1,3 @@
+from cdc.cli import main
+
+main()

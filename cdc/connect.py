@@ -1,0 +1,96 @@
+"""A small client of the Kafka Connect REST API."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import requests
+
+from cdc.errors import ComponentError, ConnectorError
+
+__all__ = ["ConnectClient"]
+
+log = logging.getLogger(__name__)
+
+
+class ConnectClient:
+    def __init__(self, url: str, timeout: float = 10.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self._session = requests.Session()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            resp = self._session.request(method, self.url + path, timeout=self.timeout, **kwargs)
+        except requests.RequestException as exc:
+            raise ComponentError(
+                f"Kafka Connect at {self.url} does not answer ({type(exc).__name__}); "
+                "is the stack up? (`cdc up`, then `cdc status`)"
+            ) from None
+        if resp.status_code >= 400:
+            try:
+                message = resp.json().get("message", resp.text)
+            except ValueError:
+                message = resp.text
+            raise ConnectorError(
+                f"Kafka Connect refused {method} {path}: {str(message).splitlines()[0][:300]}"
+            )
+        return resp.json() if resp.content else None
+
+    def info(self) -> dict[str, Any]:
+        return dict(self._call("GET", "/"))
+
+    def plugins(self) -> list[str]:
+        return [p["class"] for p in self._call("GET", "/connector-plugins")]
+
+    def connectors(self) -> dict[str, Any]:
+        """Every connector with its status (state, and each task's state)."""
+        return dict(self._call("GET", "/connectors", params={"expand": "status"}))
+
+    def put_config(self, name: str, config: dict[str, str]) -> None:
+        """Create the connector, or update its configuration (idempotent)."""
+        self._call("PUT", f"/connectors/{name}/config", json=config)
+
+    def status(self, name: str) -> dict[str, Any]:
+        return dict(self._call("GET", f"/connectors/{name}/status"))
+
+    def delete(self, name: str) -> None:
+        self._call("DELETE", f"/connectors/{name}")
+
+    def wait_running(self, name: str, timeout: float = 60.0) -> None:
+        """Wait until the connector and all its tasks run; raise with the task's trace if one fails."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                status = self.status(name)
+            except ConnectorError:
+                status = {}
+            tasks = status.get("tasks", [])
+            for task in tasks:
+                if task.get("state") == "FAILED":
+                    raise ConnectorError(
+                        f"connector {name} task {task.get('id')} failed: {summarize_trace(task.get('trace', ''))}"
+                    )
+            if (
+                status.get("connector", {}).get("state") == "RUNNING"
+                and tasks
+                and all(t.get("state") == "RUNNING" for t in tasks)
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise ConnectorError(
+                    f"connector {name} is not running after {timeout:.0f}s "
+                    f"(state {status.get('connector', {}).get('state', 'unknown')}); "
+                    "see the Connect log"
+                )
+            time.sleep(0.5)
+
+
+def summarize_trace(trace: str) -> str:
+    """The most telling line of a Java stack trace: the deepest 'Caused by', else the first."""
+    lines = [line.strip() for line in trace.splitlines() if line.strip()]
+    causes = [line for line in lines if line.startswith("Caused by:")]
+    line = causes[-1].removeprefix("Caused by:").strip() if causes else (lines[0] if lines else "")
+    return line[:300] or "no trace given"

@@ -1,0 +1,52 @@
+"""One exception root, with subclasses by what the user can do about it.
+
+Every message is one line a person understands: what is wrong and what to do.
+Messages never contain a secret.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CdcError",
+    "ComponentError",
+    "ConfigError",
+    "ConnectorError",
+    "NotInstalledError",
+    "PortInUseError",
+]
+
+
+class CdcError(Exception):
+    """Root of every error this project raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(CdcError):
+    """A setting is missing or invalid: fix cdc.toml or the CDC_* environment."""
+
+    exit_code = 2
+
+
+class NotInstalledError(CdcError):
+    """A component's binaries are not on this machine: run the install step."""
+
+    exit_code = 3
+
+
+class PortInUseError(CdcError):
+    """A port a component needs is taken: free it or configure another one."""
+
+    exit_code = 4
+
+
+class ComponentError(CdcError):
+    """A component failed to start, stopped, or does not answer."""
+
+    exit_code = 5
+
+
+class ConnectorError(CdcError):
+    """Kafka Connect refused or failed a connector."""
+
+    exit_code = 6

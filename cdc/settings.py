@@ -1,0 +1,188 @@
+"""Typed, frozen settings from `cdc.toml` and the `CDC_*` environment.
+
+Precedence, highest first: explicit overrides, environment (`CDC_KAFKA__PORT=…`,
+nested keys joined by `__`), the TOML file (`CDC_CONFIG`, else `./cdc.toml`),
+defaults. Secrets are `SecretStr` and print as `**********`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from cdc.errors import ConfigError
+
+__all__ = ["PROJECT_ROOT", "Settings", "load_settings"]
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+Port = Annotated[int, Field(ge=1, le=65535)]
+Heap = Annotated[str, Field(pattern=r"^[1-9][0-9]*[mMgG]$", description="JVM heap, e.g. 512m or 1g")]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    managed: bool = Field(
+        True, description="start and stop it with `cdc up`/`cdc down`; false: use an existing one"
+    )
+    host: str = "127.0.0.1"
+
+
+class PostgresSettings(_Section):
+    port: Port = 55432
+    user: str = "postgres"
+    password: SecretStr = SecretStr("postgres")
+    database: str = "cdc"
+
+    def dsn(self, database: str | None = None) -> str:
+        """A libpq connection string (holds the password: never print it)."""
+        return (
+            f"host={self.host} port={self.port} dbname={database or self.database} "
+            f"user={self.user} password={self.password.get_secret_value()}"
+        )
+
+
+class KafkaSettings(_Section):
+    port: Port = 59092
+    controller_port: Port = 59093
+    heap: Heap = "768m"
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class ConnectSettings(_Section):
+    port: Port = 58083
+    heap: Heap = "768m"
+    group_id: str = "cdc-connect"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+class OpenSearchSettings(_Section):
+    port: Port = 59200
+    transport_port: Port = 59300
+    heap: Heap = "768m"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+class RedisSettings(_Section):
+    port: Port = 56379
+    password: SecretStr | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+
+def _default_java_home() -> Path:
+    env = os.environ.get("JAVA_HOME")
+    for candidate in (
+        Path("/usr/lib/jvm/java-17-openjdk-amd64"),
+        *sorted(Path("/usr/lib/jvm").glob("java-17-openjdk*")),
+        *([Path(env)] if env else []),
+    ):
+        if (candidate / "bin" / "java").exists():
+            return candidate
+    java = shutil.which("java")
+    return Path(java).resolve().parent.parent if java else Path("/usr/lib/jvm/default-java")
+
+
+class Settings(BaseSettings):
+    """Everything `cdc` reads. Frozen: build a new one to change a value."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="CDC_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="forbid",
+        toml_file=None,
+    )
+
+    data_dir: Path = Field(
+        PROJECT_ROOT / ".data", description="state of the local stack: one folder per component"
+    )
+    cache_dir: Path = Field(
+        PROJECT_ROOT / ".cache", description="installed JVM artifacts (written by the install step)"
+    )
+    java_home: Path = Field(default_factory=_default_java_home, description="JDK 17+ for the JVMs")
+    service_user: str = Field(
+        "cdc", description="unprivileged user that runs PostgreSQL and OpenSearch when cdc is root"
+    )
+    postgres: PostgresSettings = PostgresSettings()
+    kafka: KafkaSettings = KafkaSettings()
+    connect: ConnectSettings = ConnectSettings()
+    opensearch: OpenSearchSettings = OpenSearchSettings()
+    redis: RedisSettings = RedisSettings()
+
+    @field_validator("data_dir", "cache_dir", "java_home")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return value.expanduser().absolute()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = _config_file()
+        if config_file is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
+        return tuple(sources)
+
+    def masked(self) -> dict[str, Any]:
+        """The settings as plain data, secrets replaced by `**********`."""
+        return self.model_dump(mode="json")
+
+    @cached_property
+    def jvm_dir(self) -> Path:
+        return self.cache_dir / "jvm"
+
+
+def _config_file() -> Path | None:
+    named = os.environ.get("CDC_CONFIG")
+    if named:
+        path = Path(named).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"CDC_CONFIG names {path}, which is not a file: fix the path")
+        return path
+    default = Path.cwd() / "cdc.toml"
+    return default if default.is_file() else None
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read the settings, turning any invalid value into one readable ConfigError."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "settings"
+        env = "CDC_" + "__".join(str(part) for part in first["loc"]).upper()
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise ConfigError(
+            f"invalid setting {where}: {first['msg']}{more}; fix it in cdc.toml or {env}"
+        ) from None
+    except ValueError as exc:  # a malformed TOML file
+        raise ConfigError(f"cannot read the settings file: {exc}") from None

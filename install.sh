@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Install what the CDC stack needs, once; a second run checks and downloads nothing.
+#   1. Debian packages: PostgreSQL, Redis, a JDK 17 and Maven
+#   2. the unprivileged service user that runs PostgreSQL and OpenSearch (when run as root)
+#   3. the Python virtual environment (.venv) with this project
+#   4. the JVM artifacts (Kafka, Kafka Connect, Debezium, OpenSearch, Spark jars),
+#      resolved by Maven from jvm/pom.xml into .cache/jvm
+set -euo pipefail
+cd "$(dirname "$0")"
+ROOT=$(pwd)
+CACHE=${CDC_CACHE_DIR:-$ROOT/.cache}
+VENV=${CDC_VENV:-$ROOT/.venv}
+SERVICE_USER=${CDC_SERVICE_USER:-cdc}
+PYTHON=${PYTHON:-python3}
+started=$(date +%s)
+
+step() { printf '\033[1m[%s/4] %s\033[0m\n' "$1" "$2"; }
+done_() { printf '      %s\n' "$*"; }
+die() { printf 'install: %s\n' "$*" >&2; exit 1; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@";
+  elif command -v sudo >/dev/null; then sudo "$@";
+  else die "need root to run: $* (run install.sh as root, or install it yourself)"; fi
+}
+
+step 1 "system packages"
+packages=(postgresql redis-server openjdk-17-jdk-headless maven)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  done_ "already installed: ${packages[*]}"
+else
+  done_ "installing: ${missing[*]}"
+  as_root apt-get update -qq
+  # the packages' own services are not wanted: the project runs private instances
+  as_root env DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 \
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null 2>&1 \
+    || die "apt-get could not install: ${missing[*]}"
+  done_ "installed: ${missing[*]}"
+fi
+
+step 2 "service user"
+if [ "$(id -u)" -ne 0 ]; then
+  done_ "not root: every component runs as $(id -un)"
+elif id "$SERVICE_USER" >/dev/null 2>&1; then
+  done_ "'$SERVICE_USER' exists (PostgreSQL and OpenSearch refuse to run as root)"
+else
+  useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$SERVICE_USER"
+  done_ "created '$SERVICE_USER' (PostgreSQL and OpenSearch refuse to run as root)"
+fi
+
+step 3 "Python environment ($VENV)"
+stamp="$VENV/.cdc-installed"
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c 'import cdc, pyspark' 2>/dev/null; then
+  done_ "up to date"
+else
+  "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+    || die "Python 3.11+ is needed ($PYTHON is $("$PYTHON" --version 2>&1)); set PYTHON=python3.11"
+  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --upgrade pip
+  done_ "installing the project and its dependencies (pyspark is about 450 MB)..."
+  "$VENV/bin/pip" install --quiet --progress-bar on -e ".[dev]" 2>&1 | grep -vE "BuildBackendWarning|^\s*(!!|\*+|Please be careful|name as your|with strategy|$)" || true
+  echo "$want" > "$stamp"
+  done_ "installed"
+fi
+
+step 4 "JVM artifacts ($CACHE/jvm)"
+stamp="$CACHE/jvm/.cdc-installed"
+want=$(cat jvm/pom.xml jvm/*/pom.xml | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  done_ "up to date"
+else
+  done_ "resolving Kafka, Kafka Connect, Debezium, OpenSearch and the Spark jars with Maven (about 230 MB)..."
+  mkdir -p "$CACHE/jvm"
+  rm -rf "$CACHE/jvm/kafka" "$CACHE/jvm/spark" "$CACHE/jvm/connect-plugins" "$CACHE/jvm/opensearch" "$CACHE/jvm/.markers"
+  if ! mvn -B -ntp -f jvm/pom.xml -Dcdc.cache="$CACHE/jvm" package > "$CACHE/jvm/maven.log" 2>&1; then
+    grep -E '^\[ERROR\]' "$CACHE/jvm/maven.log" | head -3 >&2
+    die "Maven could not resolve the JVM artifacts; full log: $CACHE/jvm/maven.log"
+  fi
+  grep -E 'Building cdc-|Reactor Summary' "$CACHE/jvm/maven.log" | sed 's/^\[INFO\] /      /' || true
+  echo "$want" > "$stamp"
+  done_ "installed: $(du -sh "$CACHE/jvm" | cut -f1)"
+fi
+
+printf 'install: done in %ss\n' "$(( $(date +%s) - started ))"
