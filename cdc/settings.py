@@ -44,6 +44,10 @@ class PostgresSettings(_Section):
     user: str = "postgres"
     password: SecretStr = SecretStr("postgres")
     database: str = "cdc"
+    connector_host: str | None = Field(
+        None, description="host Kafka Connect reaches PostgreSQL at, if not `host` (containers)"
+    )
+    connector_port: Port | None = Field(None, description="port Kafka Connect reaches it at")
 
     def dsn(self, database: str | None = None) -> str:
         """A libpq connection string (holds the password: never print it)."""

@@ -17,9 +17,17 @@ from cdc.connect import ConnectClient
 from cdc.errors import NotInstalledError
 from cdc.settings import ConnectSettings
 
-__all__ = ["DEBEZIUM_POSTGRES", "Connect"]
+__all__ = ["CONVERTERS", "DEBEZIUM_POSTGRES", "Connect"]
 
 DEBEZIUM_POSTGRES = "io.debezium.connector.postgresql.PostgresConnector"
+# Keys and values are JSON without embedded schemas (the apply job reads each table's
+# schema from the Postgres catalog). docker-compose.yml sets the same; a test checks it.
+CONVERTERS = {
+    "key.converter": "org.apache.kafka.connect.json.JsonConverter",
+    "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+    "key.converter.schemas.enable": "false",
+    "value.converter.schemas.enable": "false",
+}
 
 
 class Connect(Component):
@@ -57,12 +65,7 @@ class Connect(Component):
             {
                 "bootstrap.servers": self.settings.kafka.bootstrap_servers,
                 "group.id": group,
-                # Keys and values are JSON without embedded schemas; the apply job reads
-                # each table's schema from the Postgres catalog.
-                "key.converter": "org.apache.kafka.connect.json.JsonConverter",
-                "value.converter": "org.apache.kafka.connect.json.JsonConverter",
-                "key.converter.schemas.enable": "false",
-                "value.converter.schemas.enable": "false",
+                **CONVERTERS,
                 "config.storage.topic": f"_{group}-configs",
                 "offset.storage.topic": f"_{group}-offsets",
                 "status.storage.topic": f"_{group}-status",

@@ -1,0 +1,42 @@
+"""Shared by the test tiers: run the real `cdc` command, pick free ports."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct ports nothing listens on now (held open together so they differ)."""
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            socks.append(sock)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def run_cdc(
+    *args: str, env: Mapping[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """Run `cdc ARGS` as a user would, in a clean environment plus env."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
+    return subprocess.run(
+        [sys.executable, "-m", "cdc", *args],
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+    )

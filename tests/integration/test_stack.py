@@ -1,0 +1,83 @@
+"""The local stack: every component answers, stops without leftovers, and refuses bad starts."""
+
+from __future__ import annotations
+
+import json
+import socket
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from cdc.process import alive, port_free, read_pid
+from cdc.stack import Stack
+from tests.conftest import RunningStack, stack_env
+from tests.helpers import run_cdc
+
+pytestmark = pytest.mark.integration
+
+COMPONENTS = {"postgres", "kafka", "connect", "opensearch", "redis"}
+
+
+def status_json(env: dict[str, str]) -> dict[str, dict]:
+    result = run_cdc("status", "--output", "json", env=env)
+    return {entry["name"]: entry for entry in json.loads(result.stdout)}
+
+
+def test_every_component_answers(stack: RunningStack) -> None:
+    status = status_json(stack.env)
+    assert set(status) == COMPONENTS
+    for name, entry in status.items():
+        assert entry["up"], f"{name}: {entry['error']}"
+        assert entry["version"], name
+        assert entry["pid"], name
+    assert status["postgres"]["details"]["wal_level"] == "logical"
+    assert status["postgres"]["version"].startswith(("15", "16", "17", "18"))
+    assert status["kafka"]["version"].startswith("4.")
+    assert status["connect"]["version"].startswith("4.")
+    assert status["opensearch"]["details"]["health"] in ("green", "yellow")
+
+
+def test_down_leaves_nothing_behind_and_up_starts_again(stack: RunningStack) -> None:
+    components = Stack(stack.settings).components
+    pids = {c.name: c.pid() for c in components}
+    ports = [(c.section.host, port) for c in components for port in c.ports()]
+    assert all(pids.values()), pids
+
+    result = run_cdc("down", env=stack.env)
+    assert result.returncode == 0, result.stderr
+    for name, pid in pids.items():
+        assert pid is not None and not alive(pid), f"{name} (pid {pid}) still runs"
+    for host, port in ports:
+        assert port_free(host, port), f"port {port} still in use"
+    assert all(read_pid(c.pid_file) is None for c in components)
+
+    result = run_cdc("up", env=stack.env)  # restart on the existing state
+    assert result.returncode == 0, result.stderr
+    assert all(entry["up"] for entry in status_json(stack.env).values())
+
+
+def test_a_port_already_taken_is_one_clear_line_and_starts_nothing() -> None:
+    data_dir = Path(tempfile.mkdtemp(prefix="cdc-test-port-"))
+    env = stack_env(data_dir)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", int(env["CDC_REDIS__PORT"])))
+        squatter.listen()
+        result = run_cdc("up", env=env)
+    assert result.returncode == 4
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "redis" in lines[0] and env["CDC_REDIS__PORT"] in lines[0]
+    assert "already in use" in lines[0]
+    assert not any(data_dir.glob("*/*.pid")), "a component was started"
+
+
+def test_a_missing_install_is_one_clear_line() -> None:
+    data_dir = Path(tempfile.mkdtemp(prefix="cdc-test-noinstall-"))
+    env = {**stack_env(data_dir), "CDC_CACHE_DIR": str(data_dir / "empty-cache")}
+    result = run_cdc("up", env=env)
+    assert result.returncode == 3
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "not installed" in lines[0] and "make install" in lines[0]
+    assert not any(data_dir.glob("*/*.pid"))
