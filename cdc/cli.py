@@ -9,21 +9,20 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from enum import Enum
-from typing import Annotated, Any
+from enum import StrEnum
+from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from cdc.errors import CdcError
+from cdc.render import console, status_table
 from cdc.settings import Settings, load_settings
 from cdc.stack import Stack
 
 __all__ = ["app", "main"]
 
 
-class Output(str, Enum):
+class Output(StrEnum):
     text = "text"
     json = "json"
 
@@ -35,8 +34,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console()
-err = Console(stderr=True)
+out = console()
+err = console(stderr=True)
 OutputOption = Annotated[
     Output, typer.Option("--output", "-o", help="text for people, json for scripts")
 ]
@@ -64,7 +63,11 @@ def progress(message: str) -> None:
 
 @app.command()
 def up() -> None:
-    """Start the local stack (PostgreSQL, Kafka, Kafka Connect, OpenSearch, Redis) and wait until it answers."""
+    """Start the local stack and wait until every component answers.
+
+    PostgreSQL, Kafka (KRaft), Kafka Connect with Debezium, OpenSearch and Redis,
+    each with its state and log under data_dir.
+    """
     stack = Stack(settings())
     stack.up(progress)
     _print_status(stack, Output.text)
@@ -72,7 +75,9 @@ def up() -> None:
 
 @app.command()
 def down(
-    purge: Annotated[bool, typer.Option("--purge", help="also delete every component's state")] = False,
+    purge: Annotated[
+        bool, typer.Option("--purge", help="also delete every component's state")
+    ] = False,
 ) -> None:
     """Stop the local stack cleanly (Connect first, PostgreSQL last)."""
     stopped = Stack(settings()).down(purge=purge, progress=progress)
@@ -92,31 +97,9 @@ def _print_status(stack: Stack, output: Output) -> bool:
     statuses = stack.status()
     if output is Output.json:
         out.print_json(json.dumps([s.__dict__ for s in statuses], default=str))
-        return all(s.up for s in statuses)
-    table = Table(title="cdc stack", title_justify="left")
-    for column in ("component", "state", "address", "version", "details"):
-        table.add_column(column)
-    for s in statuses:
-        state = "[green]up[/green]" if s.up else "[red]down[/red]"
-        detail = s.error or _details_text(s.details)
-        managed = "" if s.managed else " (external)"
-        table.add_row(s.name + managed, state, s.address, s.version or "", detail)
-    out.print(table)
+    else:
+        out.print(status_table(statuses))
     return all(s.up for s in statuses)
-
-
-def _details_text(details: dict[str, Any]) -> str:
-    parts = []
-    for key, value in details.items():
-        if key == "connectors":
-            if not value:
-                parts.append("no connectors")
-            for name, c in value.items():
-                tasks = ",".join(t or "?" for t in c["tasks"]) or "no tasks"
-                parts.append(f"{name}: {c['state']} (tasks {tasks})")
-        else:
-            parts.append(f"{key}={value}")
-    return "; ".join(parts)
 
 
 @app.command("config")
@@ -137,9 +120,15 @@ def show_config(output: OutputOption = Output.text) -> None:
 
 @app.command()
 def demo(
-    keep: Annotated[bool, typer.Option("--keep/--no-keep", help="leave the stack running at the end")] = True,
+    keep: Annotated[
+        bool, typer.Option("--keep/--no-keep", help="leave the stack running at the end")
+    ] = True,
 ) -> None:
-    """Start the stack, capture a demo table, change rows in PostgreSQL and show the change events in Kafka."""
+    """Start the stack, capture a demo table and show its changes arrive in Kafka.
+
+    Rows are inserted, updated and deleted in PostgreSQL; the Debezium change events
+    (c, u, d and the tombstone) are read back from the change topic.
+    """
     from cdc.demo import run_demo
 
     run_demo(settings(), out, progress, keep=keep)

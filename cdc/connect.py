@@ -60,7 +60,7 @@ class ConnectClient:
         self._call("DELETE", f"/connectors/{name}")
 
     def wait_running(self, name: str, timeout: float = 60.0) -> None:
-        """Wait until the connector and all its tasks run; raise with the task's trace if one fails."""
+        """Wait until the connector and its tasks run; a failed task raises with its trace."""
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -70,9 +70,8 @@ class ConnectClient:
             tasks = status.get("tasks", [])
             for task in tasks:
                 if task.get("state") == "FAILED":
-                    raise ConnectorError(
-                        f"connector {name} task {task.get('id')} failed: {summarize_trace(task.get('trace', ''))}"
-                    )
+                    why = summarize_trace(task.get("trace", ""))
+                    raise ConnectorError(f"connector {name} task {task.get('id')} failed: {why}")
             if (
                 status.get("connector", {}).get("state") == "RUNNING"
                 and tasks

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cdc.capture import connector_config, wait_slot_active
+from cdc.render import status_table
 from cdc.settings import PROJECT_ROOT, Settings
 from cdc.stack import Stack
 from cdc.topics import wait_for_records
@@ -36,8 +37,11 @@ def run_demo(
     client.put_config(
         CONNECTOR,
         connector_config(
-            settings, topic_prefix=TOPIC_PREFIX, tables=[TABLE],
-            slot="cdc_demo", publication="cdc_demo",
+            settings,
+            topic_prefix=TOPIC_PREFIX,
+            tables=[TABLE],
+            slot="cdc_demo",
+            publication="cdc_demo",
         ),
     )
     client.wait_running(CONNECTOR)
@@ -53,7 +57,9 @@ def run_demo(
             "RETURNING id"
         ).fetchone()
         assert row is not None
-        conn.execute("UPDATE customers SET balance = balance + 5, updated_at = now() WHERE id = %s", row)
+        conn.execute(
+            "UPDATE customers SET balance = balance + 5, updated_at = now() WHERE id = %s", row
+        )
         conn.execute("DELETE FROM customers WHERE id = %s", row)
 
     records = wait_for_records(settings.kafka.bootstrap_servers, topic, before + 4)[before:]
@@ -70,9 +76,7 @@ def run_demo(
             after,
         )
     out.print(table)
-    from cdc.cli import _print_status
-
-    _print_status(stack, "text")  # type: ignore[arg-type]
+    out.print(status_table(stack.status()))
     if not keep:
         stack.down(progress=progress)
     else:

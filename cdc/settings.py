@@ -27,7 +27,9 @@ __all__ = ["PROJECT_ROOT", "Settings", "load_settings"]
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 Port = Annotated[int, Field(ge=1, le=65535)]
-Heap = Annotated[str, Field(pattern=r"^[1-9][0-9]*[mMgG]$", description="JVM heap, e.g. 512m or 1g")]
+Heap = Annotated[
+    str, Field(pattern=r"^[1-9][0-9]*[mMgG]$", description="JVM heap, e.g. 512m or 1g")
+]
 
 
 class _Section(BaseModel):

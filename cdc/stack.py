@@ -77,7 +77,7 @@ class Stack:
             )
 
     def down(self, purge: bool = False, progress: Progress = lambda _: None) -> list[str]:
-        """Stop every managed component (Connect first, PostgreSQL last). Returns what was stopped."""
+        """Stop every managed component, Connect first, PostgreSQL last. Returns their names."""
         stopped = []
         for component in [self.connect, self.opensearch, self.redis, self.kafka, self.postgres]:
             if component.managed and component.stop():
@@ -93,5 +93,3 @@ class Stack:
     def status(self) -> list[ComponentStatus]:
         with ThreadPoolExecutor(max_workers=len(self.components)) as pool:
             return list(pool.map(lambda c: c.status(), self.components))
-
-

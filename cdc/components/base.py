@@ -90,7 +90,7 @@ class Component(ABC):
         """Extra facts for `cdc status`."""
         return {}
 
-    def after_start(self) -> None:
+    def after_start(self) -> None:  # noqa: B027 - optional hook
         """Work once it is ready on first start (e.g. create a database)."""
 
     # --- shared behaviour ----------------------------------------------------------
@@ -161,8 +161,12 @@ class Component(ABC):
             user.own(self.state_dir)
         argv, env = self.command()
         spawn(
-            argv, log_file=self.log_file, pid_file=self.pid_file, cwd=self.state_dir,
-            env=env, user=user,
+            argv,
+            log_file=self.log_file,
+            pid_file=self.pid_file,
+            cwd=self.state_dir,
+            env=env,
+            user=user,
         )
         self.wait_ready()
         self.after_start()

@@ -52,10 +52,14 @@ class Connect(Component):
     def check_installed(self) -> None:
         java(self.settings)
         kafka_lib(self.settings)
-        if not any((self.plugin_path / "debezium-connector-postgres").glob("debezium-connector-postgres-*.jar")):
+        if not any(
+            (self.plugin_path / "debezium-connector-postgres").glob(
+                "debezium-connector-postgres-*.jar"
+            )
+        ):
             raise NotInstalledError(
-                f"the Debezium PostgreSQL connector is not installed (nothing in {self.plugin_path}): "
-                f"{INSTALL_HINT}"
+                "the Debezium PostgreSQL connector is not installed "
+                f"(nothing in {self.plugin_path}): {INSTALL_HINT}"
             )
 
     def prepare(self) -> None:
@@ -86,10 +90,13 @@ class Connect(Component):
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         return [
-            java(self.settings), *heap_flags(self.section.heap), "-XX:+UseG1GC",
+            java(self.settings),
+            *heap_flags(self.section.heap),
+            "-XX:+UseG1GC",
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile=file:{self.state_dir / 'log4j2.properties'}",
-            "-cp", str(kafka_lib(self.settings) / "*"),
+            "-cp",
+            str(kafka_lib(self.settings) / "*"),
             "org.apache.kafka.connect.cli.ConnectDistributed",
             str(self.state_dir / "worker.properties"),
         ], {}

@@ -87,11 +87,21 @@ class Kafka(Component):
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         proc = subprocess.run(
             [
-                java(self.settings), "-cp", self._classpath(), *self._log_flags(),
-                "kafka.tools.StorageTool", "format", "--cluster-id", cluster_id,
-                "--config", str(self.state_dir / "server.properties"), "--ignore-formatted",
+                java(self.settings),
+                "-cp",
+                self._classpath(),
+                *self._log_flags(),
+                "kafka.tools.StorageTool",
+                "format",
+                "--cluster-id",
+                cluster_id,
+                "--config",
+                str(self.state_dir / "server.properties"),
+                "--ignore-formatted",
             ],
-            capture_output=True, text=True, check=False,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if proc.returncode != 0:
             self.log_file.write_text(proc.stdout + proc.stderr)
@@ -102,10 +112,17 @@ class Kafka(Component):
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         return [
-            java(self.settings), *heap_flags(self.section.heap), "-XX:+UseG1GC",
-            "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true", *self._log_flags(),
-            f"-Dkafka.logs.dir={self.state_dir}", "-cp", self._classpath(),
-            "kafka.Kafka", str(self.state_dir / "server.properties"),
+            java(self.settings),
+            *heap_flags(self.section.heap),
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true",
+            *self._log_flags(),
+            f"-Dkafka.logs.dir={self.state_dir}",
+            "-cp",
+            self._classpath(),
+            "kafka.Kafka",
+            str(self.state_dir / "server.properties"),
         ], {}
 
     def ready(self) -> bool:

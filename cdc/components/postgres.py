@@ -78,12 +78,22 @@ class Postgres(Component):
                 user.own(self.state_dir)
             proc = subprocess.run(
                 [
-                    self._bin("initdb"), "-D", str(self.data_path), "-U", self.section.user,
-                    f"--pwfile={pw.name}", "--auth-local=scram-sha-256",
-                    "--auth-host=scram-sha-256", "--encoding=UTF8", "--locale=C.UTF-8",
+                    self._bin("initdb"),
+                    "-D",
+                    str(self.data_path),
+                    "-U",
+                    self.section.user,
+                    f"--pwfile={pw.name}",
+                    "--auth-local=scram-sha-256",
+                    "--auth-host=scram-sha-256",
+                    "--encoding=UTF8",
+                    "--locale=C.UTF-8",
                 ],
-                capture_output=True, text=True, check=False,
-                user=user.uid if user else None, group=user.gid if user else None,
+                capture_output=True,
+                text=True,
+                check=False,
+                user=user.uid if user else None,
+                group=user.gid if user else None,
                 extra_groups=[] if user else None,
             )
         finally:
@@ -134,7 +144,9 @@ class Postgres(Component):
                 "SELECT 1 FROM pg_database WHERE datname = %s", (self.section.database,)
             ).fetchone()
             if not exists:
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.section.database)))
+                conn.execute(
+                    sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.section.database))
+                )
 
     def version(self) -> str | None:
         with self._connect("postgres") as conn:

@@ -42,7 +42,9 @@ class Redis(Component):
     def _binary(self) -> str:
         binary = shutil.which("redis-server")
         if binary is None:
-            raise NotInstalledError(f"redis is not installed (no redis-server on PATH): {INSTALL_HINT}")
+            raise NotInstalledError(
+                f"redis is not installed (no redis-server on PATH): {INSTALL_HINT}"
+            )
         return binary
 
     def check_installed(self) -> None:

@@ -29,7 +29,10 @@ def test_insert_update_delete_become_c_u_d_and_a_tombstone(stack: RunningStack) 
     client.put_config(
         name,
         connector_config(
-            settings, topic_prefix=prefix, tables=[f"public.{table}"], slot=slot,
+            settings,
+            topic_prefix=prefix,
+            tables=[f"public.{table}"],
+            slot=slot,
             publication=f"pub_{suffix}",
         ),
     )
