@@ -63,7 +63,10 @@ else
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
   "$VENV/bin/pip" install --quiet --upgrade pip
   done_ "installing the project and its dependencies (pyspark is about 450 MB)..."
-  "$VENV/bin/pip" install --quiet --progress-bar on -e ".[dev]" 2>&1 | grep -vE "BuildBackendWarning|^\s*(!!|\*+|Please be careful|name as your|with strategy|$)" || true
+  # (setuptools warns about editable installs at length: that noise is filtered out)
+  "$VENV/bin/pip" install --quiet --progress-bar on -e ".[dev]" \
+    2> >(grep -vE 'BuildBackendWarning|^\s*(!!|\*+|Please be careful|name as your|with strategy|$)' >&2) \
+    || die "pip could not install the project; see the messages above"
   echo "$want" > "$stamp"
   done_ "installed"
 fi
