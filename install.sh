@@ -64,7 +64,7 @@ else
   "$VENV/bin/pip" install --quiet --upgrade pip
   done_ "installing the project and its dependencies (pyspark is about 450 MB)..."
   # (setuptools warns about editable installs at length: that noise is filtered out)
-  "$VENV/bin/pip" install --quiet --progress-bar on -e ".[dev]" \
+  "$VENV/bin/pip" install --progress-bar on -e ".[dev]" \
     2> >(grep -vE 'BuildBackendWarning|^\s*(!!|\*+|Please be careful|name as your|with strategy|$)' >&2) \
     || die "pip could not install the project; see the messages above"
   echo "$want" > "$stamp"
@@ -80,11 +80,13 @@ else
   done_ "resolving Kafka, Kafka Connect, Debezium, OpenSearch and the Spark jars with Maven (about 230 MB)..."
   mkdir -p "$CACHE/jvm"
   rm -rf "$CACHE/jvm/kafka" "$CACHE/jvm/spark" "$CACHE/jvm/connect-plugins" "$CACHE/jvm/opensearch" "$CACHE/jvm/.markers"
-  if ! mvn -B -ntp -f jvm/pom.xml -Dcdc.cache="$CACHE/jvm" package > "$CACHE/jvm/maven.log" 2>&1; then
+  # progress: one line per component as Maven reaches it; the whole log goes to maven.log
+  if ! mvn -B -ntp -f jvm/pom.xml -Dcdc.cache="$CACHE/jvm" package 2>&1 \
+      | tee "$CACHE/jvm/maven.log" \
+      | sed -un 's/^\[INFO\] Building cdc-\([a-z]*\).*\(\[[0-9]\/[0-9]\]\)/      \2 \1/p'; then
     grep -E '^\[ERROR\]' "$CACHE/jvm/maven.log" | head -3 >&2
     die "Maven could not resolve the JVM artifacts; full log: $CACHE/jvm/maven.log"
   fi
-  grep -E 'Building cdc-|Reactor Summary' "$CACHE/jvm/maven.log" | sed 's/^\[INFO\] /      /' || true
   echo "$want" > "$stamp"
   done_ "installed: $(du -sh "$CACHE/jvm" | cut -f1)"
 fi
