@@ -1,4 +1,4 @@
-"""The Debezium PostgreSQL connector: its configuration, and waiting for it to stream."""
+"""The Debezium PostgreSQL connector of a pipeline: its configuration, registration, health."""
 
 from __future__ import annotations
 
@@ -7,11 +7,29 @@ from collections.abc import Sequence
 
 import psycopg
 
+from cdc.catalog import Table
 from cdc.components.connect import DEBEZIUM_POSTGRES
+from cdc.connect import ConnectClient
 from cdc.errors import ConnectorError
 from cdc.settings import Settings
+from cdc.source import HEARTBEAT_TABLE, SIGNAL_TABLE
 
-__all__ = ["connector_config", "wait_slot_active"]
+__all__ = [
+    "connector_config",
+    "heartbeat_topic",
+    "pipeline_connector_config",
+    "register_connector",
+    "transaction_topic",
+    "wait_slot_active",
+]
+
+
+def heartbeat_topic(settings: Settings) -> str:
+    return f"__debezium-heartbeat.{settings.pipeline.topic_prefix}"
+
+
+def transaction_topic(settings: Settings) -> str:
+    return f"{settings.pipeline.topic_prefix}.transaction"
 
 
 def connector_config(
@@ -22,6 +40,8 @@ def connector_config(
     slot: str,
     publication: str,
     snapshot_mode: str = "no_data",
+    user: str | None = None,
+    password: str | None = None,
 ) -> dict[str, str]:
     """Configuration of a Debezium connector capturing `tables` ("schema.table")."""
     pg = settings.postgres
@@ -31,8 +51,8 @@ def connector_config(
         "plugin.name": "pgoutput",
         "database.hostname": pg.connector_host or pg.host,
         "database.port": str(pg.connector_port or pg.port),
-        "database.user": pg.user,
-        "database.password": pg.password.get_secret_value(),
+        "database.user": user or pg.user,
+        "database.password": password or pg.password.get_secret_value(),
         "database.dbname": pg.database,
         "topic.prefix": topic_prefix,
         "table.include.list": ",".join(_regex_literal(t) for t in tables),
@@ -42,21 +62,68 @@ def connector_config(
         "snapshot.mode": snapshot_mode,
         # a delete is followed by a tombstone so that compaction can drop the key
         "tombstones.on.delete": "true",
-        # exact values: decimals as strings, times to the microsecond
+        # exact values: decimals as strings, times to the microsecond, intervals as ISO 8601
         "decimal.handling.mode": "string",
         "time.precision.mode": "adaptive_time_microseconds",
         "interval.handling.mode": "string",
         "hstore.handling.mode": "json",
+        "binary.handling.mode": "bytes",
         "heartbeat.interval.ms": "10000",
         "topic.creation.default.replication.factor": "1",
         "topic.creation.default.partitions": "1",
         "topic.creation.default.cleanup.policy": "compact",
+        # retry retriable errors (PostgreSQL restarting, Kafka unavailable) for ever
+        "errors.max.retries": "-1",
     }
+
+
+def pipeline_connector_config(settings: Settings, tables: Sequence[Table]) -> dict[str, str]:
+    """The pipeline's connector: it streams from the slot the snapshot made (no_data)."""
+    pipe = settings.pipeline
+    config = connector_config(
+        settings,
+        topic_prefix=pipe.topic_prefix,
+        tables=[t.qualified for t in tables],
+        slot=pipe.slot,
+        publication=pipe.publication,
+        user=pipe.replication_user,
+        password=pipe.replication_password.get_secret_value(),
+    )
+    config.update(
+        {
+            # the setup keeps the publication exact: Debezium must not create or alter it
+            "publication.autocreate.mode": "disabled",
+            "slot.drop.on.stop": "false",
+            "heartbeat.interval.ms": str(pipe.heartbeat_interval_ms),
+            "heartbeat.action.query": (
+                f"INSERT INTO {HEARTBEAT_TABLE} (pipeline, ts) VALUES ('{pipe.name}', now()) "
+                "ON CONFLICT (pipeline) DO UPDATE SET ts = excluded.ts"
+            ),
+            "provide.transaction.metadata": "true",
+            "signal.enabled.channels": "source",
+            "signal.data.collection": SIGNAL_TABLE,
+            "incremental.snapshot.chunk.size": "2048",
+            "topic.creation.default.partitions": str(pipe.partitions),
+        }
+    )
+    keyed = [f"{t.qualified}:{','.join(t.key)}" for t in tables if t.qualified in pipe.key_columns]
+    if keyed:
+        config["message.key.columns"] = ";".join(keyed)
+    return config
 
 
 def _regex_literal(table: str) -> str:
     """table.include.list takes regular expressions: match this name exactly."""
     return table.replace(".", r"\.")
+
+
+def register_connector(settings: Settings, tables: Sequence[Table], timeout: float = 90.0) -> None:
+    """Create or update the pipeline's connector and wait until it streams from the slot."""
+    client = ConnectClient(settings.connect.url)
+    name = settings.pipeline.connector
+    client.put_config(name, pipeline_connector_config(settings, tables))
+    client.wait_running(name, timeout=timeout)
+    wait_slot_active(settings, settings.pipeline.slot, timeout=timeout)
 
 
 def wait_slot_active(settings: Settings, slot: str, timeout: float = 60.0) -> None:

@@ -134,6 +134,55 @@ def demo(
     run_demo(settings(), out, progress, keep=keep)
 
 
+@app.command()
+def setup(output: OutputOption = Output.text) -> None:
+    """Prepare the source and the topics for the pipeline (idempotent).
+
+    Creates or updates the replication role, its grants on exactly the captured
+    tables, the replica identities, the publication, the signal and heartbeat
+    tables, and the change topics.
+    """
+    from cdc.source import prepare_source
+    from cdc.topics import ensure_topics
+    from snapshot.initial import topic_specs
+
+    s = settings()
+    tables = prepare_source(s)
+    created = ensure_topics(s.kafka.bootstrap_servers, topic_specs(s, tables))
+    if output is Output.json:
+        out.print_json(
+            json.dumps({"tables": [t.qualified for t in tables], "topics_created": created})
+        )
+        return
+    for table in tables:
+        key = ", ".join(table.key)
+        out.print(f"{table.qualified} (key {key}) -> {s.pipeline.topic(table.qualified)}")
+    if created:
+        progress(f"created topics: {', '.join(created)}")
+
+
+@app.command()
+def snapshot(output: OutputOption = Output.text) -> None:
+    """Take the initial snapshot at the slot's consistent point, then start streaming.
+
+    Creates the slot with an exported snapshot, reads every captured table under
+    it in parallel (Spark), writes the rows as op "r" events to the change topics,
+    and only then starts the Debezium connector on that slot (snapshot.mode=no_data).
+    Safe to rerun: an interrupted snapshot starts again from scratch.
+    """
+    from snapshot.initial import run_snapshot
+
+    result = run_snapshot(settings(), err, progress)
+    if output is Output.json:
+        out.print_json(json.dumps(result.__dict__ | {"total_rows": result.total_rows}))
+    elif not result.resumed:
+        rate = result.total_rows / result.seconds if result.seconds else 0
+        out.print(
+            f"snapshot at LSN {result.lsn}: {result.total_rows} rows from {len(result.rows)} "
+            f"table(s) in {result.seconds:.1f}s ({rate:,.0f} rows/s); streaming from the slot"
+        )
+
+
 def main() -> None:
     try:
         app()

@@ -13,6 +13,7 @@ __all__ = [
     "ConnectorError",
     "NotInstalledError",
     "PortInUseError",
+    "SourceError",
 ]
 
 
@@ -50,3 +51,9 @@ class ConnectorError(CdcError):
     """Kafka Connect refused or failed a connector."""
 
     exit_code = 6
+
+
+class SourceError(CdcError):
+    """The source database is not as the pipeline needs it (a table, a key, a privilege)."""
+
+    exit_code = 7

@@ -11,7 +11,7 @@ import os
 import shutil
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
@@ -98,6 +98,73 @@ class RedisSettings(_Section):
         return f"redis://{self.host}:{self.port}/0"
 
 
+class SparkSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    master: str = Field("local[*]", description="local[*] by default; any Spark master URL")
+    driver_memory: Heap = "2g"
+    shuffle_partitions: int = Field(4, ge=1)
+    log_level: str = "WARN"
+    conf: dict[str, str] = Field(default_factory=dict, description="extra spark.* settings")
+
+
+ReplicaIdentity = Literal["default", "full"]
+
+
+class PipelineSettings(BaseModel):
+    """What is captured and how: tables, topics, the slot and the connector."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(
+        "cdc",
+        pattern=r"^[a-z][a-z0-9_]{0,40}$",
+        description="names the slot, publication and connector (cdc_<name>, <name>)",
+    )
+    tables: list[str] = Field(
+        default_factory=lambda: ["public.*"],
+        description="captured tables: schema.table, or a pattern with * and ? (public.*)",
+    )
+    exclude_tables: list[str] = Field(default_factory=list, description="patterns left out")
+    topic_prefix: str = Field("cdc", pattern=r"^[A-Za-z0-9_\-]+$")
+    partitions: int = Field(3, ge=1, le=1000, description="partitions per change topic; fixed")
+    replica_identity: dict[str, ReplicaIdentity] = Field(
+        default_factory=dict, description='per table: "full" gives full before-images'
+    )
+    key_columns: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="message key for a table without a primary key (needs replica identity full)",
+    )
+    replication_user: str = Field("cdc_replication", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+    replication_password: SecretStr = SecretStr("cdc_replication")
+    heartbeat_interval_ms: int = Field(10_000, ge=100)
+    snapshot_pages_per_reader: int = Field(
+        4096, ge=1, description="a table is split into CTID ranges of this many 8 KiB pages"
+    )
+    delete_retention_ms: int = Field(
+        86_400_000, ge=0, description="how long compaction keeps a tombstone"
+    )
+    segment_ms: int = Field(
+        3_600_000, ge=60_000, description="segment roll time: bounds how long before compaction"
+    )
+
+    @property
+    def slot(self) -> str:
+        return f"cdc_{self.name}"
+
+    @property
+    def publication(self) -> str:
+        return f"cdc_{self.name}"
+
+    @property
+    def connector(self) -> str:
+        return f"cdc-{self.name}"
+
+    def topic(self, table: str) -> str:
+        """The change topic of "schema.table"."""
+        return f"{self.topic_prefix}.{table}"
+
+
 def _default_java_home() -> Path:
     env = os.environ.get("JAVA_HOME")
     for candidate in (
@@ -137,6 +204,8 @@ class Settings(BaseSettings):
     connect: ConnectSettings = ConnectSettings()
     opensearch: OpenSearchSettings = OpenSearchSettings()
     redis: RedisSettings = RedisSettings()
+    spark: SparkSettings = SparkSettings()
+    pipeline: PipelineSettings = PipelineSettings()
 
     @field_validator("data_dir", "cache_dir", "java_home")
     @classmethod

@@ -1,4 +1,4 @@
-"""Reading change topics: every record from the start up to the current end."""
+"""Change topics: created on purpose with fixed partitions and compaction, read back, truncated."""
 
 from __future__ import annotations
 
@@ -8,8 +8,117 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
+from kafka.admin import NewTopic
 
-__all__ = ["ChangeRecord", "read_topic", "wait_for_records"]
+from cdc.components.kafka import admin_client
+from cdc.errors import CdcError
+from cdc.settings import PipelineSettings
+
+__all__ = [
+    "ChangeRecord",
+    "TopicSpec",
+    "change_topic_spec",
+    "end_offsets",
+    "ensure_topics",
+    "read_topic",
+    "truncate_topics",
+    "wait_for_records",
+]
+
+
+class TopicError(CdcError):
+    """A topic exists but not as the pipeline needs it."""
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    config: dict[str, str]
+
+
+def change_topic_spec(pipeline: PipelineSettings, table: str) -> TopicSpec:
+    """A table's change topic: keyed, compacted, the tombstone kept for delete_retention_ms."""
+    return TopicSpec(
+        pipeline.topic(table),
+        pipeline.partitions,
+        {
+            "cleanup.policy": "compact",
+            "delete.retention.ms": str(pipeline.delete_retention_ms),
+            "segment.ms": str(pipeline.segment_ms),
+            "min.cleanable.dirty.ratio": "0.1",
+            # a change is readable by every store before compaction may drop it
+            "min.compaction.lag.ms": "60000",
+            "message.timestamp.type": "CreateTime",
+        },
+    )
+
+
+def ensure_topics(bootstrap_servers: str, specs: list[TopicSpec]) -> list[str]:
+    """Create the topics that are missing; refuse ones that exist with other partitions.
+
+    Returns the names of the topics it created.
+    """
+    admin = admin_client(bootstrap_servers, 15000)
+    try:
+        existing = {
+            t["name"]: len(t["partitions"])
+            for t in admin.describe_topics([s.name for s in specs])
+            if t["error_code"] == 0
+        }
+        for spec in specs:
+            have = existing.get(spec.name)
+            if have is not None and have != spec.partitions:
+                raise TopicError(
+                    f"topic {spec.name} has {have} partitions but pipeline.partitions is "
+                    f"{spec.partitions}: a change topic's partition count never changes (it would "
+                    "reorder keys); set pipeline.partitions back, or use a new topic_prefix and "
+                    "rebuild every store"
+                )
+        missing = [s for s in specs if s.name not in existing]
+        if missing:
+            admin.create_topics(
+                [NewTopic(s.name, s.partitions, 1, topic_configs=s.config) for s in missing],
+                timeout_ms=30000,
+            )
+        return [s.name for s in missing]
+    finally:
+        admin.close()
+
+
+def end_offsets(bootstrap_servers: str, topics: list[str]) -> dict[str, dict[int, int]]:
+    """The next offset to be written, per topic and partition."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False)
+    try:
+        tps = [
+            TopicPartition(t, p)
+            for t in topics
+            for p in sorted(consumer.partitions_for_topic(t) or ())
+        ]
+        result: dict[str, dict[int, int]] = {t: {} for t in topics}
+        for tp, offset in consumer.end_offsets(tps).items():
+            result[tp.topic][tp.partition] = offset
+        return result
+    finally:
+        consumer.close()
+
+
+def truncate_topics(bootstrap_servers: str, topics: list[str]) -> None:
+    """Delete every record now in the topics. Offsets keep growing from where they were."""
+    ends = end_offsets(bootstrap_servers, topics)
+    to_delete = {
+        TopicPartition(t, p): offset
+        for t, parts in ends.items()
+        for p, offset in parts.items()
+        if offset
+    }
+    if not to_delete:
+        return
+    admin = admin_client(bootstrap_servers, 30000)
+    try:
+        admin.delete_records(to_delete)
+    finally:
+        admin.close()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,180 @@
+"""What the PostgreSQL catalog says about the captured tables."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from cdc.errors import SourceError
+from cdc.settings import PipelineSettings
+
+__all__ = ["Column", "Table", "check_wal_level", "describe_table", "resolve_tables"]
+
+# our own bookkeeping (signal, heartbeat, snapshot state) is never captured as data
+OWN_SCHEMA = "cdc"
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str  # format_type(): "numeric(12,2)", "timestamp(3) with time zone", "text[]"
+    base: str  # the base type's name after domains and arrays: "numeric", "timestamptz"
+    category: str  # pg_type.typcategory of the base type (N numeric, S string, E enum, ...)
+    is_array: bool
+    precision: int | None  # fractional-second digits of time types, when declared
+    not_null: bool
+
+
+@dataclass(frozen=True)
+class Table:
+    schema: str
+    name: str
+    columns: tuple[Column, ...]
+    key: tuple[str, ...]  # primary key, or the configured key columns
+    replica_identity: str  # d(efault), f(ull), i(ndex), n(othing)
+    pages: int
+    estimated_rows: int
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+    def column(self, name: str) -> Column:
+        return next(c for c in self.columns if c.name == name)
+
+
+def check_wal_level(conn: psycopg.Connection[Any]) -> None:
+    row = conn.execute("SHOW wal_level").fetchone()
+    if not row or row[0] != "logical":
+        raise SourceError(
+            f"PostgreSQL has wal_level={row[0] if row else '?'}; change data capture needs "
+            "wal_level=logical: set it in postgresql.conf (ALTER SYSTEM SET wal_level = logical) "
+            "and restart PostgreSQL"
+        )
+
+
+def resolve_tables(conn: psycopg.Connection[Any], pipeline: PipelineSettings) -> list[Table]:
+    """The tables the pipeline captures, each checked: it exists and has a key."""
+    rows = conn.execute(
+        "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition "
+        "AND n.nspname NOT IN ('pg_catalog', 'information_schema', %s) "
+        "AND n.nspname NOT LIKE 'pg_toast%%' ORDER BY 1, 2",
+        (OWN_SCHEMA,),
+    ).fetchall()
+    existing = [f"{schema}.{name}" for schema, name in rows]
+    chosen: list[str] = []
+    for pattern in pipeline.tables:
+        if "." not in pattern:
+            raise SourceError(f"table {pattern!r} needs its schema: write it as schema.table")
+        matches = [t for t in existing if fnmatch.fnmatchcase(t, pattern)]
+        if not matches:
+            close = [t for t in existing if t.split(".")[1] == pattern.split(".")[1]]
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise SourceError(
+                f"table {pattern} does not exist in database "
+                f"{conn.info.dbname}{hint}; create it or fix pipeline.tables"
+            )
+        chosen += [t for t in matches if t not in chosen]
+    chosen = [
+        t for t in chosen if not any(fnmatch.fnmatchcase(t, p) for p in pipeline.exclude_tables)
+    ]
+    if not chosen:
+        raise SourceError("pipeline.tables selects no table: name at least one schema.table")
+    return [describe_table(conn, t, pipeline) for t in chosen]
+
+
+def describe_table(
+    conn: psycopg.Connection[Any], qualified: str, pipeline: PipelineSettings
+) -> Table:
+    schema, name = qualified.split(".", 1)
+    head = conn.execute(
+        "SELECT c.oid, c.relreplident, c.relpages, c.reltuples::bigint FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+        (schema, name),
+    ).fetchone()
+    if head is None:
+        raise SourceError(f"table {qualified} does not exist; create it or fix pipeline.tables")
+    oid, replident, pages, reltuples = head
+    columns = tuple(
+        Column(
+            name=r[0],
+            type=r[1],
+            base=r[2],
+            category=r[3],
+            is_array=r[4],
+            precision=r[5],
+            not_null=r[6],
+        )
+        for r in conn.execute(_COLUMNS, (oid,)).fetchall()
+    )
+    primary_key = tuple(
+        r[0]
+        for r in conn.execute(
+            "SELECT a.attname FROM pg_index i "
+            "JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true "
+            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+            "WHERE i.indrelid = %s AND i.indisprimary ORDER BY k.ord",
+            (oid,),
+        ).fetchall()
+    )
+    configured = tuple(pipeline.key_columns.get(qualified, ()))
+    wanted_identity = pipeline.replica_identity.get(qualified)
+    if not primary_key and not configured:
+        raise SourceError(
+            f"table {qualified} has no primary key, so its changes cannot be keyed: add one "
+            f"(ALTER TABLE {qualified} ADD PRIMARY KEY (...)), or set "
+            f'pipeline.replica_identity."{qualified}" = "full" and '
+            f'pipeline.key_columns."{qualified}" = [columns that identify a row]'
+        )
+    if configured:
+        unknown = [c for c in configured if c not in {col.name for col in columns}]
+        if unknown:
+            raise SourceError(
+                f"pipeline.key_columns for {qualified} names columns it does not have: "
+                f"{', '.join(unknown)}"
+            )
+        if not primary_key and (wanted_identity or _IDENTITY[replident]) != "full":
+            raise SourceError(
+                f"table {qualified} has no primary key: keying it by {', '.join(configured)} "
+                f'needs pipeline.replica_identity."{qualified}" = "full" so that updates and '
+                "deletes carry those columns"
+            )
+    return Table(
+        schema=schema,
+        name=name,
+        columns=columns,
+        key=configured or primary_key,
+        replica_identity=replident,
+        pages=max(int(pages), 0),
+        estimated_rows=max(int(reltuples), 0),
+    )
+
+
+_IDENTITY = {"d": "default", "f": "full", "i": "index", "n": "nothing"}
+
+_COLUMNS = """
+SELECT a.attname,
+       format_type(a.atttypid, a.atttypmod),
+       bt.typname,
+       bt.typcategory,
+       t.typcategory = 'A' OR (t.typtype = 'd' AND dt.typcategory = 'A'),
+       CASE WHEN bt.typname IN ('timestamp', 'timestamptz', 'time', 'timetz', 'interval')
+                 AND a.atttypmod >= 0
+            THEN (CASE WHEN bt.typname = 'interval' THEN a.atttypmod & 65535 ELSE a.atttypmod END)
+       END,
+       a.attnotnull
+FROM pg_attribute a
+JOIN pg_type t ON t.oid = a.atttypid
+LEFT JOIN pg_type dt ON dt.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype END
+JOIN pg_type bt ON bt.oid = CASE
+        WHEN t.typtype = 'd' AND dt.typelem <> 0 AND dt.typcategory = 'A' THEN dt.typelem
+        WHEN t.typtype = 'd' THEN t.typbasetype
+        WHEN t.typcategory = 'A' THEN t.typelem
+        ELSE t.oid END
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum
+"""

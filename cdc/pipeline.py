@@ -1,0 +1,104 @@
+"""Operations on a whole pipeline: its state for `cdc status`, and dropping it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from cdc.connect import ConnectClient
+from cdc.errors import CdcError
+from cdc.settings import Settings
+from cdc.source import admin_connection, drop_publication
+from cdc.topics import end_offsets
+from snapshot.slot import drop_slot
+from snapshot.state import forget, read_state
+
+__all__ = ["PipelineStatus", "drop_pipeline", "pipeline_status"]
+
+
+@dataclass
+class PipelineStatus:
+    name: str
+    snapshot: str  # none, running (interrupted or under way), done
+    snapshot_lsn: str | None
+    slot: dict[str, Any] | None  # active, wal_retained_bytes, confirmed_flush_lsn
+    connector: dict[str, Any] | None  # state, tasks, trace of a failed task
+    topics: dict[str, int] = field(default_factory=dict)  # end offset summed over partitions
+    error: str | None = None
+
+
+def pipeline_status(settings: Settings, tables: list[str] | None = None) -> PipelineStatus:
+    pipe = settings.pipeline
+    status = PipelineStatus(pipe.name, "none", None, None, None)
+    try:
+        with admin_connection(settings) as conn:
+            has_state = conn.execute("SELECT to_regclass('cdc.snapshots') IS NOT NULL").fetchone()
+            state = read_state(conn, pipe.name) if has_state and has_state[0] else None
+            if state:
+                status.snapshot, status.snapshot_lsn = state.status, state.lsn
+            row = conn.execute(
+                "SELECT active, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, "
+                "confirmed_flush_lsn::text, wal_status FROM pg_replication_slots "
+                "WHERE slot_name = %s",
+                (pipe.slot,),
+            ).fetchone()
+            if row:
+                status.slot = {
+                    "name": pipe.slot,
+                    "active": row[0],
+                    "wal_retained_bytes": row[1],
+                    "confirmed_flush_lsn": row[2],
+                    "wal_status": row[3],
+                }
+            if tables is None:
+                tables = [
+                    f"{s}.{t}"
+                    for s, t in conn.execute(
+                        "SELECT schemaname, tablename FROM pg_publication_tables "
+                        "WHERE pubname = %s AND schemaname <> 'cdc' ORDER BY 1, 2",
+                        (pipe.publication,),
+                    ).fetchall()
+                ]
+        connectors = ConnectClient(settings.connect.url).connectors()
+        entry = connectors.get(pipe.connector, {}).get("status")
+        if entry:
+            status.connector = {
+                "name": pipe.connector,
+                "state": entry["connector"]["state"],
+                "tasks": [t["state"] for t in entry.get("tasks", [])],
+            }
+            failed = [t for t in entry.get("tasks", []) if t.get("state") == "FAILED"]
+            if failed:
+                from cdc.connect import summarize_trace
+
+                status.connector["error"] = summarize_trace(failed[0].get("trace", ""))
+        if tables:
+            topics = [pipe.topic(t) for t in tables]
+            status.topics = {
+                t: sum(parts.values())
+                for t, parts in end_offsets(settings.kafka.bootstrap_servers, topics).items()
+            }
+    except CdcError as exc:
+        status.error = str(exc)
+    return status
+
+
+def drop_pipeline(settings: Settings) -> list[str]:
+    """Remove the connector, the slot and the publication; the topics stay. Returns what went."""
+    pipe = settings.pipeline
+    gone = []
+    client = ConnectClient(settings.connect.url)
+    if pipe.connector in client.connectors():
+        client.delete(pipe.connector)
+        gone.append(f"connector {pipe.connector}")
+        time.sleep(0.5)
+    with admin_connection(settings) as conn:
+        conn.autocommit = True
+        if drop_slot(conn, pipe.slot):
+            gone.append(f"slot {pipe.slot}")
+        if conn.execute("SELECT to_regclass('cdc.snapshots') IS NOT NULL").fetchone()[0]:  # type: ignore[index]
+            forget(conn, pipe.name)
+    if drop_publication(settings):
+        gone.append(f"publication {pipe.publication}")
+    return gone

@@ -1,0 +1,151 @@
+"""The source database prepared for capture, idempotently and with least privilege.
+
+`prepare_source` creates or updates, in one transaction (so that a failure
+leaves nothing half made): the pipeline's own schema (signal, heartbeat and
+snapshot-state tables), the replication role, its grants on exactly the
+captured tables, the configured replica identities, and the publication that
+holds exactly the captured tables plus the signal and heartbeat tables.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import psycopg
+from psycopg import errors, sql
+
+from cdc.catalog import OWN_SCHEMA, Table, check_wal_level, resolve_tables
+from cdc.errors import ComponentError, SourceError
+from cdc.settings import PROJECT_ROOT, Settings
+
+__all__ = ["admin_connection", "drop_publication", "prepare_source", "replication_dsn"]
+
+log = logging.getLogger(__name__)
+SIGNAL_TABLE = f"{OWN_SCHEMA}.debezium_signal"
+HEARTBEAT_TABLE = f"{OWN_SCHEMA}.heartbeat"
+
+
+def admin_connection(settings: Settings) -> psycopg.Connection[Any]:
+    """A connection as the configured (administrative) PostgreSQL user."""
+    pg = settings.postgres
+    try:
+        return psycopg.connect(pg.dsn(), connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        raise _connect_error(settings, pg.user, exc) from None
+
+
+def replication_dsn(settings: Settings, replication: bool = False) -> str:
+    """libpq DSN of the replication role (holds its password: never print it)."""
+    pg, pipe = settings.postgres, settings.pipeline
+    dsn = (
+        f"host={pg.host} port={pg.port} dbname={pg.database} user={pipe.replication_user} "
+        f"password={pipe.replication_password.get_secret_value()}"
+    )
+    return dsn + (" replication=database" if replication else "")
+
+
+def _connect_error(settings: Settings, user: str, exc: Exception) -> Exception:
+    text = str(exc)
+    pg = settings.postgres
+    if "password authentication failed" in text:
+        return SourceError(
+            f"PostgreSQL at {pg.host}:{pg.port} refused the password of user {user}: "
+            "fix the password setting (CDC_POSTGRES__PASSWORD or cdc.toml)"
+        )
+    if "does not exist" in text and "database" in text:
+        return SourceError(
+            f"database {pg.database} does not exist: create it or fix postgres.database"
+        )
+    return ComponentError(
+        f"PostgreSQL at {pg.host}:{pg.port} does not answer; start it (`cdc up`) or fix "
+        "postgres.host/port"
+    )
+
+
+def _sql_file(name: str) -> str:
+    return (PROJECT_ROOT / "sql" / name).read_text()
+
+
+def prepare_source(settings: Settings) -> list[Table]:
+    """Make the source ready for the pipeline; returns the captured tables."""
+    pipe = settings.pipeline
+    with admin_connection(settings) as conn:
+        check_wal_level(conn)
+        try:
+            with conn.transaction():
+                conn.execute(_sql_file("pipeline_schema.sql"))
+                tables = resolve_tables(conn, pipe)
+                _apply_replica_identity(conn, tables, pipe.replica_identity)
+                conn.execute(
+                    sql.SQL(_sql_file("replication_role.sql")).format(
+                        role=sql.Identifier(pipe.replication_user),
+                        role_literal=sql.Literal(pipe.replication_user),
+                        password=sql.Literal(pipe.replication_password.get_secret_value()),
+                        database=sql.Identifier(settings.postgres.database),
+                    )
+                )
+                _grant_reading(conn, pipe.replication_user, tables)
+                _publish(conn, pipe.publication, tables)
+        except errors.InsufficientPrivilege as exc:
+            raise SourceError(
+                f"PostgreSQL user {settings.postgres.user} lacks a privilege the setup needs "
+                f"({exc.diag.message_primary}); run it as a superuser, or as a user with "
+                "CREATEROLE that owns the captured tables"
+            ) from None
+    return tables
+
+
+def _apply_replica_identity(
+    conn: psycopg.Connection[Any], tables: list[Table], wanted: dict[str, str]
+) -> None:
+    current = {"d": "default", "f": "full"}
+    for table in tables:
+        identity = wanted.get(table.qualified)
+        if identity and current.get(table.replica_identity) != identity:
+            conn.execute(
+                sql.SQL("ALTER TABLE {} REPLICA IDENTITY {}").format(
+                    sql.Identifier(table.schema, table.name), sql.SQL(identity.upper())
+                )
+            )
+            log.info("replica identity of %s set to %s", table.qualified, identity)
+
+
+def _grant_reading(conn: psycopg.Connection[Any], role: str, tables: list[Table]) -> None:
+    for schema in sorted({t.schema for t in tables}):
+        conn.execute(
+            sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+                sql.Identifier(schema), sql.Identifier(role)
+            )
+        )
+    for table in tables:
+        conn.execute(
+            sql.SQL("GRANT SELECT ON {} TO {}").format(
+                sql.Identifier(table.schema, table.name), sql.Identifier(role)
+            )
+        )
+
+
+def _publish(conn: psycopg.Connection[Any], publication: str, tables: list[Table]) -> None:
+    names = [sql.Identifier(t.schema, t.name) for t in tables] + [
+        sql.Identifier(*SIGNAL_TABLE.split(".")),
+        sql.Identifier(*HEARTBEAT_TABLE.split(".")),
+    ]
+    exists = conn.execute(
+        "SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)
+    ).fetchone()
+    verb = "ALTER PUBLICATION {} SET TABLE {}" if exists else "CREATE PUBLICATION {} FOR TABLE {}"
+    conn.execute(sql.SQL(verb).format(sql.Identifier(publication), sql.SQL(", ").join(names)))
+
+
+def drop_publication(settings: Settings) -> bool:
+    with admin_connection(settings) as conn:
+        exists = conn.execute(
+            "SELECT 1 FROM pg_publication WHERE pubname = %s", (settings.pipeline.publication,)
+        ).fetchone()
+        if exists:
+            conn.execute(
+                sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(settings.pipeline.publication))
+            )
+            conn.commit()
+        return bool(exists)

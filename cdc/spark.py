@@ -1,0 +1,73 @@
+"""The Spark session every Spark job of the project runs in.
+
+Jars come from the install step (.cache/jvm/spark/jars), never downloaded at
+run time; jars that the pyspark wheel already ships are left out so that one
+version of each library is on the classpath.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cdc.components.base import INSTALL_HINT
+from cdc.errors import NotInstalledError
+from cdc.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["spark_jars", "spark_session"]
+
+_VERSIONED = re.compile(r"^(?P<name>.+?)-\d[\w.\-]*\.jar$")
+
+
+def _artifact(jar: Path) -> str:
+    match = _VERSIONED.match(jar.name)
+    return match.group("name") if match else jar.stem
+
+
+def spark_jars(settings: Settings) -> list[Path]:
+    """The project's jars for Spark, minus the libraries pyspark already has."""
+    import pyspark
+
+    jars_dir = settings.jvm_dir / "spark" / "jars"
+    ours = sorted(jars_dir.glob("*.jar"))
+    if not any(j.name.startswith("spark-sql-kafka") for j in ours):
+        raise NotInstalledError(
+            f"the Spark Kafka source is not installed (nothing in {jars_dir}): {INSTALL_HINT}"
+        )
+    shipped = {_artifact(j) for j in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    return [j for j in ours if _artifact(j) not in shipped]
+
+
+def spark_session(settings: Settings, app_name: str) -> SparkSession:
+    """A Spark session with the Kafka source, Delta Lake and the PostgreSQL JDBC driver."""
+    os.environ.setdefault("JAVA_HOME", str(settings.java_home))
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = settings.spark
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(spark.master)
+        .config("spark.jars", ",".join(str(j) for j in spark_jars(settings)))
+        .config("spark.driver.memory", spark.driver_memory)
+        .config("spark.sql.shuffle.partitions", str(spark.shuffle_partitions))
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config(
+            "spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+        )
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.local.dir", str(settings.data_dir / "spark" / "tmp"))
+    )
+    for key, value in spark.conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel(spark.log_level)
+    return session

@@ -1,0 +1,260 @@
+"""The initial snapshot, taken at the slot's consistent point (contract point 2).
+
+1. prepare the source (role, publication, tables) and the change topics;
+2. create the slot with an exported snapshot;
+3. read every captured table under that snapshot, in parallel CTID ranges, with
+   Spark; PostgreSQL formats each row as a Debezium `op: "r"` event and Spark
+   writes it to the table's change topic with the key Debezium would write;
+4. mark the snapshot done, then start the connector on that slot with
+   snapshot.mode=no_data: it streams exactly what committed after the point.
+
+A run that stops before 4 leaves state `running`; the next run drops the
+unused slot, removes what the interrupted run wrote and starts again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import reduce
+from itertools import pairwise
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from cdc.capture import heartbeat_topic, register_connector, transaction_topic
+from cdc.catalog import Table
+from cdc.connect import ConnectClient
+from cdc.errors import CdcError, ConnectorError
+from cdc.settings import Settings
+from cdc.source import admin_connection, prepare_source, replication_dsn
+from cdc.spark import spark_session
+from cdc.topics import TopicSpec, change_topic_spec, end_offsets, ensure_topics, truncate_topics
+from snapshot.encoding import SnapshotPoint, event_query, int_to_lsn
+from snapshot.slot import InFlight, drop_slot, exported_snapshot, slot_state
+from snapshot.state import mark_done, mark_running, read_state
+
+__all__ = ["SnapshotError", "SnapshotResult", "ctid_ranges", "run_snapshot", "topic_specs"]
+
+log = logging.getLogger(__name__)
+
+
+class SnapshotError(CdcError):
+    """The snapshot cannot run as asked."""
+
+
+@dataclass
+class SnapshotResult:
+    lsn: str
+    rows: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    resumed: bool = False  # only the connector had to be started
+
+    @property
+    def total_rows(self) -> int:
+        return sum(self.rows.values())
+
+
+def ctid_ranges(pages: int, pages_per_reader: int) -> list[str]:
+    """WHERE clauses splitting a table into CTID ranges of whole pages.
+
+    The last range is open-ended: relpages is an estimate and the table may have grown.
+    """
+    count = max(1, math.ceil(pages / pages_per_reader))
+    if count == 1:
+        return ["true"]
+    bounds = [i * pages_per_reader for i in range(1, count)]
+    clauses = [f"ctid < '({bounds[0]},0)'::tid"]
+    clauses += [f"ctid >= '({a},0)'::tid AND ctid < '({b},0)'::tid" for a, b in pairwise(bounds)]
+    clauses.append(f"ctid >= '({bounds[-1]},0)'::tid")
+    return clauses
+
+
+def topic_specs(settings: Settings, tables: list[Table]) -> list[TopicSpec]:
+    pipe = settings.pipeline
+    specs = [change_topic_spec(pipe, t.qualified) for t in tables]
+    specs.append(TopicSpec(heartbeat_topic(settings), 1, {"retention.ms": "86400000"}))
+    specs.append(TopicSpec(transaction_topic(settings), 1, {"retention.ms": "604800000"}))
+    return specs
+
+
+def run_snapshot(
+    settings: Settings,
+    console: Console,
+    note: Callable[[str], None] = lambda _: None,
+) -> SnapshotResult:
+    """Take the pipeline's initial snapshot and start streaming after it (idempotent)."""
+    pipe = settings.pipeline
+    started = time.monotonic()
+    note(f"preparing the source for pipeline {pipe.name}")
+    tables = prepare_source(settings)
+    ensure_topics(settings.kafka.bootstrap_servers, topic_specs(settings, tables))
+    connect = ConnectClient(settings.connect.url)
+    connector_exists = pipe.connector in connect.connectors()
+
+    with admin_connection(settings) as conn:
+        conn.autocommit = True
+        state = read_state(conn, pipe.name)
+        slot = slot_state(conn, pipe.slot)
+        if state is not None and state.status == "done" and slot is not None:
+            if connector_exists:
+                raise SnapshotError(
+                    f"pipeline {pipe.name} already took its snapshot and streams; to load rows "
+                    "again use `cdc backfill TABLE`, or `cdc drop` then `cdc snapshot`"
+                )
+            note(f"snapshot at {state.lsn} is complete; starting the connector on slot {pipe.slot}")
+            register_connector(settings, tables)
+            return SnapshotResult(lsn=state.lsn or "", resumed=True)
+        if connector_exists:
+            raise SnapshotError(
+                f"connector {pipe.connector} exists but pipeline {pipe.name} has no complete "
+                "snapshot; remove it first with `cdc drop`"
+            )
+        if slot is not None:
+            active, pid = slot
+            if active:
+                raise SnapshotError(
+                    f"replication slot {pipe.slot} is in use by pid {pid}; stop whatever reads "
+                    "it, or give this pipeline another name (pipeline.name)"
+                )
+            note(f"dropping slot {pipe.slot} of an interrupted snapshot; starting again")
+            drop_slot(conn, pipe.slot)
+        mark_running(conn, pipe.name, pipe.slot)
+
+    topics = [pipe.topic(t.qualified) for t in tables]
+    truncate_topics(settings.kafka.bootstrap_servers, topics)  # what an interrupted run wrote
+
+    def waiting(blockers: list[InFlight]) -> None:
+        note(
+            f"creating slot {pipe.slot} waits for {len(blockers)} transaction(s) in flight "
+            "to end: " + "; ".join(str(b) for b in blockers[:3])
+        )
+
+    note(f"creating slot {pipe.slot} with an exported snapshot")
+    spark = spark_session(settings, f"cdc-snapshot-{pipe.name}")
+    with exported_snapshot(
+        replication_dsn(settings, replication=True), settings.postgres.dsn(), pipe.slot, waiting
+    ) as point:
+        lsn = int_to_lsn(point.lsn)
+        note(f"snapshot {point.snapshot_name} at LSN {lsn}: reading {len(tables)} table(s)")
+        rows = _copy_tables(settings, spark, tables, point, console)
+
+    with admin_connection(settings) as conn:
+        conn.autocommit = True
+        mark_done(conn, pipe.name, lsn, point.ts_ms, sum(rows.values()))
+    note(f"snapshot done: {sum(rows.values())} rows; starting the connector on slot {pipe.slot}")
+    try:
+        register_connector(settings, tables)
+    except ConnectorError as exc:
+        raise ConnectorError(
+            f"{exc} (the snapshot is complete and kept: rerun `cdc snapshot` to start streaming)"
+        ) from None
+    return SnapshotResult(lsn=lsn, rows=rows, seconds=time.monotonic() - started)
+
+
+def _copy_tables(
+    settings: Settings,
+    spark,
+    tables: list[Table],
+    point: SnapshotPoint,
+    console: Console,  # type: ignore[no-untyped-def]
+) -> dict[str, int]:
+    """Write every table's snapshot events to its change topic; returns rows per table."""
+    from pyspark.sql import functions as F
+
+    pipe, pg = settings.pipeline, settings.postgres
+    url = f"jdbc:postgresql://{pg.host}:{pg.port}/{pg.database}"
+    init = (
+        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; "
+        f"SET TRANSACTION SNAPSHOT '{point.snapshot_name}'; SET intervalstyle = 'iso_8601'"
+    )
+    props = {
+        "user": pipe.replication_user,
+        "password": pipe.replication_password.get_secret_value(),
+        "driver": "org.postgresql.Driver",
+        "sessionInitStatement": init,
+        "fetchsize": "10000",
+    }
+    now_ms = int(time.time() * 1000)
+    frames = []
+    with admin_connection(settings) as conn:
+        for table in tables:
+            query = event_query(table, point, pipe.topic_prefix, pg.database, now_ms).as_string(
+                conn
+            )
+            topic = pipe.topic(table.qualified)
+            for where in ctid_ranges(table.pages, pipe.snapshot_pages_per_reader):
+                subquery = f"({query} WHERE {where}) AS snapshot_rows"
+                frames.append(
+                    spark.read.jdbc(url, subquery, properties=props).withColumn(
+                        "topic", F.lit(topic)
+                    )
+                )
+    events = reduce(lambda a, b: a.unionAll(b), frames)
+    topics = {pipe.topic(t.qualified): t for t in tables}
+    start = {
+        t: sum(p.values())
+        for t, p in end_offsets(settings.kafka.bootstrap_servers, list(topics)).items()
+    }
+
+    done = threading.Event()
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]} rows/s"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
+        tasks = {
+            topic: progress.add_task(table.qualified, total=table.estimated_rows or None, rate="–")
+            for topic, table in topics.items()
+        }
+        began = time.monotonic()
+
+        def poll() -> None:
+            while not done.wait(1.0):
+                _update(progress, tasks, start, settings, began)
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        (
+            events.write.format("kafka")
+            .option("kafka.bootstrap.servers", settings.kafka.bootstrap_servers)
+            .option("kafka.acks", "all")
+            .option("kafka.enable.idempotence", "true")
+            .option("kafka.linger.ms", "20")
+            .option("kafka.batch.size", "524288")
+            .option("kafka.compression.type", "lz4")
+            .save()
+        )
+        done.set()
+        poller.join()
+        written = _update(progress, tasks, start, settings, began, final=True)
+    return {topics[t].qualified: n for t, n in written.items()}
+
+
+def _update(
+    progress: Progress, tasks, start, settings: Settings, began: float, final: bool = False
+) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    ends = end_offsets(settings.kafka.bootstrap_servers, list(tasks))
+    written = {t: sum(p.values()) - start[t] for t, p in ends.items()}
+    elapsed = max(time.monotonic() - began, 1e-3)
+    for topic, task in tasks.items():
+        n = written[topic]
+        total = n if final else max(progress.tasks[task].total or 0, n) or None
+        progress.update(task, completed=n, total=total, rate=f"{n / elapsed:,.0f}")
+    return written

@@ -1,0 +1,149 @@
+"""The replication slot, created with an exported snapshot: the seam between snapshot and stream.
+
+`CREATE_REPLICATION_SLOT … LOGICAL pgoutput (SNAPSHOT 'export')` returns the
+slot's consistent point and the name of a snapshot that sees exactly the
+transactions committed before it. The snapshot stays importable while the
+replication connection that created it is open and idle, so the connection
+is held until every reader has attached (SET TRANSACTION SNAPSHOT).
+
+Creating a logical slot waits for the transactions already in flight (those
+holding a transaction id) to end; while it waits, `on_wait` is told which.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from cdc.errors import SourceError
+from snapshot.encoding import SnapshotPoint, lsn_to_int
+
+__all__ = ["InFlight", "drop_slot", "exported_snapshot", "slot_state"]
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A transaction the slot creation waits for."""
+
+    pid: int
+    user: str
+    application: str
+    seconds: float
+    query: str
+
+    def __str__(self) -> str:
+        app = f" ({self.application})" if self.application else ""
+        return f"pid {self.pid} of {self.user}{app}, open {self.seconds:.0f}s: {self.query}"
+
+
+def slot_state(conn: psycopg.Connection[Any], slot: str) -> tuple[bool, int | None] | None:
+    """(active, active_pid) of the slot, or None if it does not exist."""
+    row = conn.execute(
+        "SELECT active, active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+    ).fetchone()
+    return (bool(row[0]), row[1]) if row else None
+
+
+def drop_slot(conn: psycopg.Connection[Any], slot: str, wait: float = 30.0) -> bool:
+    """Drop the slot once nothing uses it. Returns False if it did not exist."""
+    deadline = time.monotonic() + wait
+    while True:
+        state = slot_state(conn, slot)
+        if state is None:
+            return False
+        active, pid = state
+        if not active:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            return True
+        if time.monotonic() > deadline:
+            raise SourceError(
+                f"replication slot {slot} is in use by pid {pid}; stop its consumer "
+                "(the connector: `cdc drop`) before dropping it"
+            )
+        time.sleep(0.2)
+
+
+def _in_flight(conn: psycopg.Connection[Any], exclude_pid: int) -> list[InFlight]:
+    rows = conn.execute(
+        "SELECT pid, coalesce(usename, ''), coalesce(application_name, ''), "
+        "extract(epoch FROM now() - xact_start)::float, "
+        "left(regexp_replace(query, '\\s+', ' ', 'g'), 80) "
+        "FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> %s "
+        "AND pid <> pg_backend_pid() ORDER BY xact_start",
+        (exclude_pid,),
+    ).fetchall()
+    return [InFlight(*row) for row in rows]
+
+
+@contextmanager
+def exported_snapshot(
+    replication_dsn: str,
+    admin_dsn: str,
+    slot: str,
+    on_wait: Callable[[list[InFlight]], None] = lambda _: None,
+) -> Iterator[SnapshotPoint]:
+    """Create `slot` with an exported snapshot; yield its point while the snapshot is valid."""
+    try:
+        conn = psycopg.connect(replication_dsn, autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        if "replication" in str(exc) or "password" in str(exc):
+            raise SourceError(
+                f"the replication role cannot open a replication connection ({str(exc).strip()}); "
+                "run `cdc setup` to create it, and check pg_hba.conf allows replication for it"
+            ) from None
+        raise
+    waiting = threading.Event()
+    watcher = threading.Thread(
+        target=_watch, args=(admin_dsn, conn.info.backend_pid, waiting, on_wait), daemon=True
+    )
+    try:
+        watcher.start()
+        cur = psycopg.ClientCursor(conn)
+        try:
+            cur.execute(f"CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput (SNAPSHOT 'export')")
+        except psycopg.errors.DuplicateObject:
+            raise SourceError(
+                f"replication slot {slot} already exists; `cdc snapshot` drops an unused one "
+                "itself: is another snapshot or connector using it?"
+            ) from None
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise SourceError(
+                f"the replication role may not create slots ({exc.diag.message_primary}); "
+                "it needs the REPLICATION attribute: run `cdc setup`"
+            ) from None
+        finally:
+            waiting.set()
+        row = cur.fetchone()
+        assert row is not None
+        _, consistent_point, snapshot_name, _ = row
+        yield SnapshotPoint(
+            lsn=lsn_to_int(consistent_point),
+            ts_ms=int(time.time() * 1000),
+            snapshot_name=snapshot_name,
+        )
+    finally:
+        waiting.set()
+        conn.close()
+
+
+def _watch(
+    admin_dsn: str,
+    exclude_pid: int,
+    done: threading.Event,
+    on_wait: Callable[[list[InFlight]], None],
+) -> None:
+    """Tell on_wait what the slot creation waits for, once a second, until it is done."""
+    if done.wait(1.0):
+        return
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        while not done.is_set():
+            blockers = _in_flight(conn, exclude_pid)
+            if blockers and not done.is_set():
+                on_wait(blockers)
+            done.wait(1.0)

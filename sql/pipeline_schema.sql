@@ -1,0 +1,30 @@
+-- The pipeline's own tables, in schema cdc (never captured as data).
+CREATE SCHEMA IF NOT EXISTS cdc;
+
+-- Debezium's signal channel (incremental snapshots: execute-snapshot, pause, resume, stop).
+-- Debezium also writes its watermarks here while a backfill runs.
+CREATE TABLE IF NOT EXISTS cdc.debezium_signal (
+    id   varchar(64) PRIMARY KEY,
+    type varchar(32) NOT NULL,
+    data varchar(2048)
+);
+
+-- Written by the connector's heartbeat action query: keeps the slot advancing when the
+-- captured tables are quiet, so PostgreSQL can recycle WAL.
+CREATE TABLE IF NOT EXISTS cdc.heartbeat (
+    pipeline text PRIMARY KEY,
+    ts       timestamptz NOT NULL
+);
+
+-- One row per pipeline: where its initial snapshot stands. A snapshot is complete
+-- only when status = 'done'; anything else is redone from the start.
+CREATE TABLE IF NOT EXISTS cdc.snapshots (
+    pipeline     text PRIMARY KEY,
+    slot         text NOT NULL,
+    status       text NOT NULL CHECK (status IN ('running', 'done')),
+    lsn          pg_lsn,
+    snapshot_at  timestamptz,
+    started_at   timestamptz NOT NULL DEFAULT now(),
+    finished_at  timestamptz,
+    rows         bigint
+);

@@ -1,0 +1,145 @@
+"""The initial snapshot at the slot's consistent point, and the seam with streaming."""
+
+from __future__ import annotations
+
+import io
+import random
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from rich.console import Console
+
+from cdc.pipeline import drop_pipeline
+from cdc.settings import Settings
+from snapshot.initial import run_snapshot
+from tests.conftest import RunningStack
+from tests.logcheck import events_by_key, pipeline_for, poll, table_info, wait_until_equal
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def table_name(stack: RunningStack) -> Iterator[str]:
+    name = "t_" + uuid.uuid4().hex[:8]
+    yield name
+    with psycopg.connect(stack.settings.postgres.dsn(), autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS public.{name}")
+
+
+def snapshot(settings: Settings, notes: list[str] | None = None):  # type: ignore[no-untyped-def]
+    sink = notes if notes is not None else []
+    return run_snapshot(settings, Console(file=io.StringIO()), sink.append)
+
+
+class Writer(threading.Thread):
+    """Committed inserts, updates (version + 1) and deletes, one per transaction, until stopped."""
+
+    def __init__(self, dsn: str, table: str, first_new_id: int, max_id: int) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.table = dsn, table
+        self.next_id, self.max_id = first_new_id, max_id
+        self.stop = threading.Event()
+        self.commits = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        rng = random.Random(7)
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                while not self.stop.is_set():
+                    roll = rng.random()
+                    if roll < 0.6:
+                        conn.execute(
+                            f"UPDATE {self.table} SET version = version + 1, note = md5(random()::text) "
+                            "WHERE id = %s",
+                            (rng.randint(1, self.max_id),),
+                        )
+                    elif roll < 0.85:
+                        conn.execute(
+                            f"INSERT INTO {self.table} (id, version, note) VALUES (%s, 0, 'new')",
+                            (self.next_id,),
+                        )
+                        self.next_id += 1
+                    else:
+                        conn.execute(
+                            f"DELETE FROM {self.table} WHERE id = %s", (rng.randint(1, self.max_id),)
+                        )
+                    self.commits += 1
+        except BaseException as exc:  # surfaced by the test
+            self.error = exc
+
+
+def test_the_seam_has_every_change_exactly_once_in_commit_order(
+    stack: RunningStack, table_name: str
+) -> None:
+    settings = pipeline_for(stack.settings, [f"public.{table_name}"])
+    dsn = settings.postgres.dsn()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE {table_name} (id int PRIMARY KEY, version int NOT NULL, note text)"
+        )
+        conn.execute(
+            f"INSERT INTO {table_name} SELECT g, 0, 'seed' FROM generate_series(1, 20000) g"
+        )
+        conn.execute(f"ANALYZE {table_name}")
+
+    # a transaction open while the slot is created: the slot must wait for it
+    in_flight = psycopg.connect(dsn)
+    in_flight.execute(f"UPDATE {table_name} SET version = version + 1 WHERE id = 1")
+    in_flight_pid = in_flight.info.backend_pid
+
+    writer = Writer(dsn, table_name, first_new_id=100_000, max_id=20_000)
+    notes: list[str] = []
+    result: list[object] = []
+    runner = threading.Thread(target=lambda: result.append(_try(snapshot, settings, notes)))
+    try:
+        # tiny CTID ranges: many readers, each reaching its rows at a different time
+        settings = settings.model_copy(
+            update={"pipeline": settings.pipeline.model_copy(update={"snapshot_pages_per_reader": 16})}
+        )
+        runner = threading.Thread(target=lambda: result.append(_try(snapshot, settings, notes)))
+        runner.start()
+        poll(lambda: any(f"pid {in_flight_pid}" in n for n in notes), 60, "the slot to wait")
+        writer.start()  # rows change after the slot exists, before and while readers reach them
+        time.sleep(0.5)
+        in_flight.commit()
+        runner.join(timeout=300)
+        assert not isinstance(result[0], BaseException), result[0]
+        time.sleep(2)  # changes streamed after the snapshot too
+    finally:
+        writer.stop.set()
+        writer.join()
+        in_flight.close()
+    assert writer.error is None, writer.error
+    assert writer.commits > 50
+
+    table = table_info(settings, f"public.{table_name}")
+    try:
+        source, records = wait_until_equal(settings, table)
+        # each key: at most one snapshot event, first; then versions step by one (nothing lost,
+        # nothing doubled); deletes end with a tombstone
+        for key, events in events_by_key(records).items():
+            ops = [e.op for e in events]
+            assert ops.count("r") <= 1 and (ops[0] in ("r", "c")), (key, ops)
+            versions = [e.value["after"]["version"] for e in events if e.op in ("r", "c", "u")]
+            assert versions == list(range(versions[0], versions[0] + len(versions))), (key, versions)
+            for i, op in enumerate(ops):
+                if op == "d":
+                    assert i + 1 < len(ops) and ops[i + 1] is None, (key, ops)
+        assert len({e.partition for events in events_by_key(records).values() for e in events}) > 1
+        snapshot_rows = sum(1 for r in records if r.op == "r")
+        assert snapshot_rows >= 19_000
+        assert source
+    finally:
+        drop_pipeline(settings)
+
+
+def _try(fn, *args):  # type: ignore[no-untyped-def]
+    try:
+        return fn(*args)
+    except BaseException as exc:
+        return exc
