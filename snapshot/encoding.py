@@ -79,7 +79,7 @@ def _element_json(column: Column, ref: sql.Composable) -> sql.Composable:
         return sql.SQL("to_json((({} AT TIME ZONE 'UTC')::time)::text || 'Z')").format(ref)
     if base == "interval":  # interval.handling.mode=string: ISO 8601 (session intervalstyle)
         return sql.SQL("to_json({}::text)").format(ref)
-    return sql.SQL("to_json({}::text)").format(ref)  # text, enums, uuid, inet, ranges...
+    return sql.SQL("to_json({})").format(ref)  # text (char keeps its padding), enums, uuid...
 
 
 def column_json(column: Column) -> sql.Composable:

@@ -70,7 +70,9 @@ def source_rows(settings: Settings, table: Table) -> dict[tuple[Any, ...], dict[
         conn.execute("SET intervalstyle = iso_8601")
         conn.adapters.register_loader("interval", TextLoader)
         cur = conn.execute(
-            psycopg.sql.SQL("SELECT * FROM {}").format(psycopg.sql.Identifier(table.schema, table.name))
+            psycopg.sql.SQL("SELECT * FROM {}").format(
+                psycopg.sql.Identifier(table.schema, table.name)
+            )
         )
         names = [d.name for d in cur.description or []]
         result = {}
@@ -80,7 +82,9 @@ def source_rows(settings: Settings, table: Table) -> dict[tuple[Any, ...], dict[
             for name, value in zip(names, row, strict=True):
                 if name in intervals and value is not None:
                     value = (
-                        [parse_interval(v) for v in value] if isinstance(value, list) else parse_interval(value)
+                        [parse_interval(v) for v in value]
+                        if isinstance(value, list)
+                        else parse_interval(value)
                     )
                 values[name] = normalize(value)
             result[tuple(values[k] for k in table.key)] = values
@@ -110,7 +114,14 @@ def wait_until_equal(
             missing = [k for k in source if k not in logged][:5]
             extra = [k for k in logged if k not in source][:5]
             differ = [k for k in source if k in logged and source[k] != logged[k]][:3]
-            detail = {k: (source[k], logged[k]) for k in differ}
+            detail = {
+                k: {
+                    c: (repr(v)[:80], repr(logged[k].get(c))[:80])
+                    for c, v in source[k].items()
+                    if logged[k].get(c) != v
+                }
+                for k in differ
+            }
             raise AssertionError(
                 f"log != table after {timeout}s: {len(source)} rows in table, {len(logged)} in log; "
                 f"missing {missing}, extra {extra}, differing {detail}"
@@ -124,5 +135,3 @@ def poll(check: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.3)
-
-

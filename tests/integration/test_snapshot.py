@@ -66,7 +66,8 @@ class Writer(threading.Thread):
                         self.next_id += 1
                     else:
                         conn.execute(
-                            f"DELETE FROM {self.table} WHERE id = %s", (rng.randint(1, self.max_id),)
+                            f"DELETE FROM {self.table} WHERE id = %s",
+                            (rng.randint(1, self.max_id),),
                         )
                     self.commits += 1
         except BaseException as exc:  # surfaced by the test
@@ -99,7 +100,9 @@ def test_the_seam_has_every_change_exactly_once_in_commit_order(
     try:
         # tiny CTID ranges: many readers, each reaching its rows at a different time
         settings = settings.model_copy(
-            update={"pipeline": settings.pipeline.model_copy(update={"snapshot_pages_per_reader": 16})}
+            update={
+                "pipeline": settings.pipeline.model_copy(update={"snapshot_pages_per_reader": 16})
+            }
         )
         runner = threading.Thread(target=lambda: result.append(_try(snapshot, settings, notes)))
         runner.start()
@@ -126,7 +129,10 @@ def test_the_seam_has_every_change_exactly_once_in_commit_order(
             ops = [e.op for e in events]
             assert ops.count("r") <= 1 and (ops[0] in ("r", "c")), (key, ops)
             versions = [e.value["after"]["version"] for e in events if e.op in ("r", "c", "u")]
-            assert versions == list(range(versions[0], versions[0] + len(versions))), (key, versions)
+            assert versions == list(range(versions[0], versions[0] + len(versions))), (
+                key,
+                versions,
+            )
             for i, op in enumerate(ops):
                 if op == "d":
                     assert i + 1 < len(ops) and ops[i + 1] is None, (key, ops)
