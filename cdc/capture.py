@@ -103,6 +103,9 @@ def pipeline_connector_config(settings: Settings, tables: Sequence[Table]) -> di
             "signal.enabled.channels": "source",
             "signal.data.collection": SIGNAL_TABLE,
             "incremental.snapshot.chunk.size": "2048",
+            # backfill progress comes back as notifications on a topic
+            "notification.enabled.channels": "sink",
+            "notification.sink.topic.name": f"{pipe.topic_prefix}.notifications",
             "topic.creation.default.partitions": str(pipe.partitions),
         }
     )

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
-from kafka.admin import NewTopic
+from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 
 from cdc.components.kafka import admin_client
 from cdc.errors import CdcError
@@ -103,9 +103,13 @@ def end_offsets(bootstrap_servers: str, topics: list[str]) -> dict[str, dict[int
         consumer.close()
 
 
-def truncate_topics(bootstrap_servers: str, topics: list[str]) -> None:
-    """Delete every record now in the topics. Offsets keep growing from where they were."""
-    ends = end_offsets(bootstrap_servers, topics)
+def truncate_topics(bootstrap_servers: str, specs: list[TopicSpec]) -> None:
+    """Delete every record now in the topics. Offsets keep growing from where they were.
+
+    Kafka deletes records only from topics whose cleanup policy includes delete, so
+    the policy is widened (with unlimited retention) for the deletion and then restored.
+    """
+    ends = end_offsets(bootstrap_servers, [s.name for s in specs])
     to_delete = {
         TopicPartition(t, p): offset
         for t, parts in ends.items()
@@ -115,9 +119,19 @@ def truncate_topics(bootstrap_servers: str, topics: list[str]) -> None:
     if not to_delete:
         return
     admin = admin_client(bootstrap_servers, 30000)
+    deletable = {"cleanup.policy": "compact,delete", "retention.ms": "-1", "retention.bytes": "-1"}
     try:
+        admin.alter_configs(
+            [
+                ConfigResource(ConfigResourceType.TOPIC, s.name, {**s.config, **deletable})
+                for s in specs
+            ]
+        )
         admin.delete_records(to_delete)
     finally:
+        admin.alter_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, s.name, dict(s.config)) for s in specs]
+        )
         admin.close()
 
 

@@ -86,6 +86,7 @@ def topic_specs(settings: Settings, tables: list[Table]) -> list[TopicSpec]:
     specs = [change_topic_spec(pipe, t.qualified) for t in tables]
     specs.append(TopicSpec(heartbeat_topic(settings), 1, {"retention.ms": "86400000"}))
     specs.append(TopicSpec(transaction_topic(settings), 1, {"retention.ms": "604800000"}))
+    specs.append(TopicSpec(f"{pipe.topic_prefix}.notifications", 1, {"retention.ms": "604800000"}))
     return specs
 
 
@@ -132,8 +133,10 @@ def run_snapshot(
             drop_slot(conn, pipe.slot)
         mark_running(conn, pipe.name, pipe.slot)
 
-    topics = [pipe.topic(t.qualified) for t in tables]
-    truncate_topics(settings.kafka.bootstrap_servers, topics)  # what an interrupted run wrote
+    # what an interrupted run wrote goes; offsets keep growing, so no position is reused
+    truncate_topics(
+        settings.kafka.bootstrap_servers, [change_topic_spec(pipe, t.qualified) for t in tables]
+    )
 
     def waiting(blockers: list[InFlight]) -> None:
         note(
