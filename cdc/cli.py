@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from cdc.errors import CdcError
-from cdc.render import console, status_table
+from cdc.render import console, pipeline_table, status_table
 from cdc.settings import Settings, load_settings
 from cdc.stack import Stack
 
@@ -94,11 +94,21 @@ def status(output: OutputOption = Output.text) -> None:
 
 
 def _print_status(stack: Stack, output: Output) -> bool:
+    from cdc.pipeline import pipeline_status
+
     statuses = stack.status()
+    up = {s.name for s in statuses if s.up}
+    pipeline = pipeline_status(stack.settings) if {"postgres", "kafka", "connect"} <= up else None
     if output is Output.json:
-        out.print_json(json.dumps([s.__dict__ for s in statuses], default=str))
+        document = {
+            "components": [s.__dict__ for s in statuses],
+            "pipeline": pipeline.__dict__ if pipeline else None,
+        }
+        out.print_json(json.dumps(document, default=str))
     else:
         out.print(status_table(statuses))
+        if pipeline is not None:
+            out.print(pipeline_table(pipeline))
     return all(s.up for s in statuses)
 
 
@@ -136,29 +146,30 @@ def demo(
 
 @app.command()
 def setup(output: OutputOption = Output.text) -> None:
-    """Prepare the source and the topics for the pipeline (idempotent).
+    """Prepare the source, topics and connector for the pipeline's tables (idempotent).
 
-    Creates or updates the replication role, its grants on exactly the captured
-    tables, the replica identities, the publication, the signal and heartbeat
-    tables, and the change topics.
+    Creates or updates the replication role and its grants on exactly the captured
+    tables, the replica identities, the publication, the signal and heartbeat tables,
+    and the change topics. On a streaming pipeline, tables new to pipeline.tables are
+    captured and backfilled; tables no longer in it stop being captured.
     """
-    from cdc.source import prepare_source
-    from cdc.topics import ensure_topics
-    from snapshot.initial import topic_specs
+    from cdc.pipeline import sync_pipeline
 
     s = settings()
-    tables = prepare_source(s)
-    created = ensure_topics(s.kafka.bootstrap_servers, topic_specs(s, tables))
+    result = sync_pipeline(s)
     if output is Output.json:
-        out.print_json(
-            json.dumps({"tables": [t.qualified for t in tables], "topics_created": created})
-        )
+        out.print_json(json.dumps(result.__dict__))
         return
-    for table in tables:
-        key = ", ".join(table.key)
-        out.print(f"{table.qualified} (key {key}) -> {s.pipeline.topic(table.qualified)}")
-    if created:
-        progress(f"created topics: {', '.join(created)}")
+    for table in result.tables:
+        out.print(f"{table} -> {s.pipeline.topic(table)}", highlight=False)
+    for label, items in (
+        ("created topics", result.topics_created),
+        ("now captured", result.added),
+        ("no longer captured (topic kept)", result.removed),
+        ("backfill started", result.backfills),
+    ):
+        if items:
+            progress(f"{label}: {', '.join(items)}")
 
 
 @app.command()
@@ -181,6 +192,135 @@ def snapshot(output: OutputOption = Output.text) -> None:
             f"snapshot at LSN {result.lsn}: {result.total_rows} rows from {len(result.rows)} "
             f"table(s) in {result.seconds:.1f}s ({rate:,.0f} rows/s); streaming from the slot"
         )
+
+
+@app.command()
+def backfill(
+    table: Annotated[str | None, typer.Argument(help="schema.table to backfill")] = None,
+    where: Annotated[
+        str | None, typer.Option("--where", help="SQL filter: backfill only matching rows")
+    ] = None,
+    pause: Annotated[bool, typer.Option("--pause", help="pause the running backfill")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="resume a paused backfill")] = False,
+    stop: Annotated[bool, typer.Option("--stop", help="stop the backfill of TABLE")] = False,
+    no_wait: Annotated[
+        bool, typer.Option("--no-wait", help="start it and return without following it")
+    ] = False,
+) -> None:
+    """Backfill a table while streaming (Debezium incremental snapshot), and follow it.
+
+    Rows are read in key order in chunks between watermarks, so a backfilled row never
+    lands in the log after a newer change of the same key. Ctrl-C stops following;
+    the backfill goes on (--pause, --resume, --stop control it).
+    """
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from snapshot.backfill import send_signal, start_backfill, watch_backfill
+
+    s = settings()
+    if pause or resume or stop:
+        if sum((pause, resume, stop)) > 1:
+            raise typer.BadParameter("give one of --pause, --resume, --stop")
+        if stop and not table:
+            raise typer.BadParameter("--stop needs the TABLE whose backfill to stop")
+        kind = "pause-snapshot" if pause else "resume-snapshot" if resume else "stop-snapshot"
+        data = {"type": "incremental"}
+        if stop:
+            data["data-collections"] = [table if "." in table else f"public.{table}"]  # type: ignore[assignment,operator]
+        send_signal(s, kind, data)
+        progress(f"sent {kind}")
+        return
+    if not table:
+        raise typer.BadParameter("name the TABLE to backfill")
+    _, offset = start_backfill(s, table, where)
+    progress(f"backfill of {table} requested" + (f" (where {where})" if where else ""))
+    if no_wait:
+        return
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[detail]}"),
+        TimeElapsedColumn(),
+        console=err,
+    ) as bar:
+        task = bar.add_task(table, total=1.0, detail="waiting for Debezium")
+
+        def show(p) -> None:  # type: ignore[no-untyped-def]
+            detail = p.state.lower().replace("_", " ")
+            if p.last_key is not None:
+                detail += f", key {p.last_key} of {p.max_key}"
+            bar.update(task, completed=p.fraction or 0.0, detail=detail)
+
+        done = watch_backfill(s, offset, show)
+        bar.update(task, completed=1.0, detail="completed")
+    out.print(f"backfill of {table} completed: {done.rows_scanned or 0} rows read")
+
+
+tables_app = typer.Typer(help="List, add and remove the pipeline's tables.", no_args_is_help=True)
+app.add_typer(tables_app, name="tables")
+
+
+@tables_app.command("list")
+def tables_list(output: OutputOption = Output.text) -> None:
+    """The tables the settings select, with their keys and topics."""
+    from cdc.catalog import resolve_tables
+    from cdc.source import admin_connection
+
+    s = settings()
+    with admin_connection(s) as conn:
+        tables = resolve_tables(conn, s.pipeline)
+    rows = [
+        {"table": t.qualified, "key": list(t.key), "topic": s.pipeline.topic(t.qualified)}
+        for t in tables
+    ]
+    if output is Output.json:
+        out.print_json(json.dumps(rows))
+        return
+    for row in rows:
+        out.print(
+            f"{row['table']} (key {', '.join(row['key'])}) -> {row['topic']}", highlight=False
+        )
+
+
+@tables_app.command("add")
+def tables_add(names: Annotated[list[str], typer.Argument(help="schema.table ...")]) -> None:
+    """Add tables to pipeline.tables in the settings file, capture them and backfill them."""
+    _edit_tables(add=names, remove=[])
+
+
+@tables_app.command("remove")
+def tables_remove(names: Annotated[list[str], typer.Argument(help="schema.table ...")]) -> None:
+    """Remove tables from pipeline.tables and stop capturing them (their topics stay)."""
+    _edit_tables(add=[], remove=names)
+
+
+def _edit_tables(add: list[str], remove: list[str]) -> None:
+    from cdc.config_file import edit_tables
+
+    path, tables = edit_tables(add, remove)
+    progress(f"{path}: pipeline.tables = {tables}")
+    setup(Output.text)
+
+
+@app.command()
+def drop(
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
+) -> None:
+    """Remove the pipeline's connector, replication slot and publication.
+
+    The change topics and the derived stores stay. Streaming stops; a new
+    `cdc snapshot` starts the pipeline again from a fresh snapshot.
+    """
+    from cdc.pipeline import drop_pipeline
+
+    s = settings()
+    what = f"connector {s.pipeline.connector}, slot {s.pipeline.slot}, publication {s.pipeline.publication}"
+    if not yes:
+        if not sys.stdin.isatty():
+            raise typer.BadParameter(f"dropping {what} needs confirmation: pass --yes")
+        typer.confirm(f"Drop {what}?", abort=True)
+    gone = drop_pipeline(s)
+    progress("removed " + (", ".join(gone) if gone else "nothing (there was no pipeline)"))
 
 
 def main() -> None:

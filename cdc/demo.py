@@ -1,4 +1,5 @@
-"""The demo people run first: the stack comes up and a change in PostgreSQL appears in Kafka."""
+"""The demo people run first: the stack comes up, the demo tables are snapshotted at a known
+offset, and changes made in PostgreSQL appear as Debezium change events in Kafka."""
 
 from __future__ import annotations
 
@@ -9,16 +10,15 @@ import psycopg
 from rich.console import Console
 from rich.table import Table
 
-from cdc.capture import connector_config, wait_slot_active
-from cdc.render import status_table
+from cdc.pipeline import pipe_streams, pipeline_status, sync_pipeline
+from cdc.render import pipeline_table, status_table
 from cdc.settings import PROJECT_ROOT, Settings
 from cdc.stack import Stack
-from cdc.topics import wait_for_records
+from cdc.topics import read_topic, wait_for_records
+from snapshot.initial import run_snapshot
 
 __all__ = ["run_demo"]
 
-CONNECTOR = "cdc-demo"
-TOPIC_PREFIX = "demo"
 TABLE = "public.customers"
 
 
@@ -28,27 +28,32 @@ def run_demo(
     stack = Stack(settings)
     stack.up(progress)
 
-    progress(f"creating the demo table {TABLE}")
+    progress("creating the demo schema (sql/demo_schema.sql)")
     with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
         conn.execute((PROJECT_ROOT / "sql" / "demo_schema.sql").read_text())
+        count = conn.execute("SELECT count(*) FROM customers").fetchone()
+        if count and count[0] == 0:
+            conn.execute(
+                "INSERT INTO customers (email, name, country, balance, attributes) "
+                "SELECT 'customer' || g || '@example.com', 'Customer ' || g, "
+                "(ARRAY['NL', 'DE', 'FR', 'GB', 'US'])[1 + g % 5], (g * 7.31) % 1000, "
+                "jsonb_build_object('tier', (ARRAY['gold', 'silver', 'bronze'])[1 + g % 3]) "
+                "FROM generate_series(1, 5000) g"
+            )
+            conn.execute("ANALYZE customers")
 
-    progress(f"registering the Debezium connector {CONNECTOR} on {TABLE}")
-    client = stack.connect.client()
-    client.put_config(
-        CONNECTOR,
-        connector_config(
-            settings,
-            topic_prefix=TOPIC_PREFIX,
-            tables=[TABLE],
-            slot="cdc_demo",
-            publication="cdc_demo",
-        ),
-    )
-    client.wait_running(CONNECTOR)
-    wait_slot_active(settings, "cdc_demo")
+    if pipe_streams(settings):
+        progress(f"pipeline {settings.pipeline.name} already streams; checking its tables")
+        sync_pipeline(settings)
+    else:
+        result = run_snapshot(settings, out, progress)
+        out.print(
+            f"initial snapshot at LSN {result.lsn}: {result.total_rows} rows in "
+            f"{result.seconds:.1f}s; the connector streams from that point on"
+        )
 
-    topic = f"{TOPIC_PREFIX}.{TABLE}"
-    before = len(wait_for_records(settings.kafka.bootstrap_servers, topic, 0, timeout=0))
+    topic = settings.pipeline.topic(TABLE)
+    before = len(read_topic(settings.kafka.bootstrap_servers, topic))
     progress("inserting, updating and deleting a customer in PostgreSQL")
     with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
         row = conn.execute(
@@ -62,11 +67,12 @@ def run_demo(
         )
         conn.execute("DELETE FROM customers WHERE id = %s", row)
 
-    records = wait_for_records(settings.kafka.bootstrap_servers, topic, before + 4)[before:]
+    records = wait_for_records(settings.kafka.bootstrap_servers, topic, before + 4)
+    ours = [r for r in records if r.key == {"id": row[0]}]
     table = Table(title=f"change events on Kafka topic {topic}", title_justify="left")
     for column in ("partition:offset", "key", "op", "after"):
         table.add_column(column, overflow="fold")
-    for record in records:
+    for record in ours:
         value = record.value
         after = json.dumps(value.get("after")) if value else "(tombstone)"
         table.add_row(
@@ -77,6 +83,7 @@ def run_demo(
         )
     out.print(table)
     out.print(status_table(stack.status()))
+    out.print(pipeline_table(pipeline_status(settings)))
     if not keep:
         stack.down(progress=progress)
     else:

@@ -14,7 +14,7 @@ from cdc.topics import end_offsets
 from snapshot.slot import drop_slot
 from snapshot.state import forget, read_state
 
-__all__ = ["PipelineStatus", "drop_pipeline", "pipeline_status"]
+__all__ = ["PipelineStatus", "SyncResult", "drop_pipeline", "pipeline_status", "sync_pipeline"]
 
 
 @dataclass
@@ -82,6 +82,59 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
     except CdcError as exc:
         status.error = str(exc)
     return status
+
+
+@dataclass
+class SyncResult:
+    tables: list[str]
+    added: list[str]
+    removed: list[str]
+    topics_created: list[str]
+    backfills: list[str]  # tables whose backfill was requested
+
+
+def _published(settings: Settings) -> list[str]:
+    with admin_connection(settings) as conn:
+        return [
+            f"{s}.{t}"
+            for s, t in conn.execute(
+                "SELECT schemaname, tablename FROM pg_publication_tables "
+                "WHERE pubname = %s AND schemaname <> 'cdc' ORDER BY 1, 2",
+                (settings.pipeline.publication,),
+            ).fetchall()
+        ]
+
+
+def sync_pipeline(settings: Settings) -> SyncResult:
+    """Make the source, topics and connector match the settings' tables (idempotent).
+
+    On a streaming pipeline, a table that is new to it is captured from now on and
+    backfilled (Debezium incremental snapshot); a table no longer selected stops being
+    captured (its topic stays, as a copy of what was).
+    """
+    from cdc.capture import register_connector
+    from cdc.source import prepare_source
+    from cdc.topics import ensure_topics
+    from snapshot.backfill import start_backfill
+    from snapshot.initial import topic_specs
+
+    before = _published(settings)
+    tables = prepare_source(settings)
+    names = [t.qualified for t in tables]
+    created = ensure_topics(settings.kafka.bootstrap_servers, topic_specs(settings, tables))
+    added = [t for t in names if before and t not in before]
+    removed = [t for t in before if t not in names]
+    backfills = []
+    if pipe_streams(settings) and (added or removed):
+        register_connector(settings, tables)
+        for table in added:
+            start_backfill(settings, table)
+            backfills.append(table)
+    return SyncResult(names, added, removed, created, backfills)
+
+
+def pipe_streams(settings: Settings) -> bool:
+    return settings.pipeline.connector in ConnectClient(settings.connect.url).connectors()
 
 
 def drop_pipeline(settings: Settings) -> list[str]:

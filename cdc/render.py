@@ -10,8 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from cdc.components import ComponentStatus
+from cdc.pipeline import PipelineStatus
 
-__all__ = ["console", "status_table"]
+__all__ = ["console", "pipeline_table", "status_table"]
 
 
 def console(stderr: bool = False) -> Console:
@@ -43,3 +44,46 @@ def _details(details: dict[str, Any]) -> str:
         else:
             parts.append(f"{key}={value}")
     return "; ".join(parts)
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def pipeline_table(p: PipelineStatus) -> Table:
+    table = Table(title=f"pipeline {p.name}", title_justify="left", show_header=False)
+    table.add_column("what")
+    table.add_column("state", overflow="fold")
+    if p.error:
+        table.add_row("error", f"[red]{p.error}[/red]")
+    snapshot = p.snapshot + (f" at {p.snapshot_lsn}" if p.snapshot_lsn else "")
+    if p.snapshot == "running":
+        snapshot += " (interrupted, or under way: `cdc snapshot` redoes an interrupted one)"
+    table.add_row("snapshot", snapshot)
+    if p.slot:
+        state = "[green]active[/green]" if p.slot["active"] else "[yellow]inactive[/yellow]"
+        table.add_row(
+            f"slot {p.slot['name']}",
+            f"{state}; WAL retained {_bytes(p.slot['wal_retained_bytes'])}; "
+            f"confirmed flush {p.slot['confirmed_flush_lsn']}; wal_status {p.slot['wal_status']}",
+        )
+    else:
+        table.add_row("slot", "none")
+    if p.connector:
+        c = p.connector
+        color = "green" if c["state"] == "RUNNING" else "red"
+        text = f"[{color}]{c['state']}[/{color}] (tasks {', '.join(c['tasks']) or 'none'})"
+        if c.get("error"):
+            text += f": {c['error']}"
+        table.add_row(f"connector {c['name']}", text)
+    else:
+        table.add_row("connector", "none")
+    for topic, end in p.topics.items():
+        table.add_row(f"topic {topic}", f"end offset {end}")
+    return table

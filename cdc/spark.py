@@ -44,10 +44,29 @@ def spark_jars(settings: Settings) -> list[Path]:
     return [j for j in ours if _artifact(j) not in shipped]
 
 
+_LOG4J2 = """\
+rootLogger.level = {level}
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{{HH:mm:ss}} %p %c{{1}}: %m%n
+logger.hadoop.name = org.apache.hadoop
+logger.hadoop.level = error
+logger.kafka.name = org.apache.kafka
+logger.kafka.level = error
+"""
+
+
 def spark_session(settings: Settings, app_name: str) -> SparkSession:
     """A Spark session with the Kafka source, Delta Lake and the PostgreSQL JDBC driver."""
     os.environ.setdefault("JAVA_HOME", str(settings.java_home))
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    log_config = settings.data_dir / "spark" / "log4j2.properties"
+    log_config.parent.mkdir(parents=True, exist_ok=True)
+    log_config.write_text(_LOG4J2.format(level=settings.spark.log_level.lower()))
     from pyspark.sql import SparkSession
 
     spark = settings.spark
@@ -56,6 +75,7 @@ def spark_session(settings: Settings, app_name: str) -> SparkSession:
         .master(spark.master)
         .config("spark.jars", ",".join(str(j) for j in spark_jars(settings)))
         .config("spark.driver.memory", spark.driver_memory)
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log_config}")
         .config("spark.sql.shuffle.partitions", str(spark.shuffle_partitions))
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config(

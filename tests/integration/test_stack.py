@@ -21,7 +21,7 @@ COMPONENTS = {"postgres", "kafka", "connect", "opensearch", "redis"}
 
 def status_json(env: dict[str, str]) -> dict[str, dict]:
     result = run_cdc("status", "--output", "json", env=env)
-    return {entry["name"]: entry for entry in json.loads(result.stdout)}
+    return {entry["name"]: entry for entry in json.loads(result.stdout)["components"]}
 
 
 def test_every_component_answers(stack: RunningStack) -> None:
