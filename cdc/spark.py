@@ -56,6 +56,8 @@ logger.hadoop.name = org.apache.hadoop
 logger.hadoop.level = error
 logger.kafka.name = org.apache.kafka
 logger.kafka.level = error
+logger.sparkconf.name = org.apache.spark.SparkConf
+logger.sparkconf.level = error
 """
 
 

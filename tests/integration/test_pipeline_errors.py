@@ -1,0 +1,230 @@
+"""Bad input gets one clear line and leaves no half-made setup behind."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+from pydantic import SecretStr
+import pytest
+from rich.console import Console
+
+from cdc.capture import register_connector
+from cdc.components.postgres import Postgres, postgres_bin_dir
+from cdc.errors import ConnectorError, SourceError
+from cdc.pipeline import drop_pipeline, pipeline_status
+from cdc.source import prepare_source
+from snapshot.initial import SnapshotError, run_snapshot
+from tests.conftest import RunningStack
+from tests.helpers import free_ports, run_cdc
+from tests.logcheck import pipeline_for, poll
+
+pytestmark = pytest.mark.integration
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc)
+    assert "\n" not in text, text
+    return text
+
+
+def publication_exists(settings, name: str) -> bool:  # type: ignore[no-untyped-def]
+    with psycopg.connect(settings.postgres.dsn()) as conn:
+        return bool(conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone())
+
+
+@pytest.fixture
+def no_key_table(stack: RunningStack):  # type: ignore[no-untyped-def]
+    name = "nokey_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(stack.settings.postgres.dsn(), autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (code text, qty int)")
+    yield name
+    with psycopg.connect(stack.settings.postgres.dsn(), autocommit=True) as conn:
+        conn.execute(f"DROP TABLE {name}")
+
+
+def test_a_table_without_a_primary_key_is_refused_with_a_way_out(
+    stack: RunningStack, no_key_table: str
+) -> None:
+    settings = pipeline_for(stack.settings, [f"public.{no_key_table}"])
+    with pytest.raises(SourceError) as info:
+        prepare_source(settings)
+    text = one_line(info.value)
+    assert "no primary key" in text and "REPLICA IDENTITY" not in text
+    assert "replica_identity" in text and "key_columns" in text
+    assert not publication_exists(settings, settings.pipeline.publication)
+
+    # the way out it names works: full replica identity and explicit key columns
+    qualified = f"public.{no_key_table}"
+    keyed = settings.model_copy(
+        update={
+            "pipeline": settings.pipeline.model_copy(
+                update={"replica_identity": {qualified: "full"}, "key_columns": {qualified: ["code"]}}
+            )
+        }
+    )
+    try:
+        tables = prepare_source(keyed)
+        assert tables[0].key == ("code",)
+        with psycopg.connect(settings.postgres.dsn()) as conn:
+            ident = conn.execute(
+                "SELECT relreplident FROM pg_class WHERE relname = %s", (no_key_table,)
+            ).fetchone()
+        assert ident == ("f",)
+    finally:
+        drop_pipeline(keyed)
+
+
+def test_the_cli_says_it_in_one_line(stack: RunningStack, no_key_table: str) -> None:
+    env = {**stack.env, "CDC_PIPELINE__TABLES": f'["public.{no_key_table}"]', "CDC_PIPELINE__NAME": "clierr"}
+    result = run_cdc("setup", env=env)
+    assert result.returncode == 7
+    assert result.stderr.strip().count("\n") == 0
+    assert "no primary key" in result.stderr
+
+
+def test_a_missing_table_is_named(stack: RunningStack) -> None:
+    settings = pipeline_for(stack.settings, ["public.no_such_table_anywhere"])
+    with pytest.raises(SourceError, match="public.no_such_table_anywhere does not exist"):
+        prepare_source(settings)
+    assert not publication_exists(settings, settings.pipeline.publication)
+
+
+def test_missing_privileges_are_named_and_nothing_is_half_made(stack: RunningStack) -> None:
+    role = "weak_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(stack.settings.postgres.dsn(), autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'weak'")
+        conn.execute(f"CREATE TABLE {role}_t (id int PRIMARY KEY)")
+    settings = pipeline_for(stack.settings, [f"public.{role}_t"])
+    weak = settings.model_copy(
+        update={"postgres": settings.postgres.model_copy(update={"user": role, "password": SecretStr("weak")})}
+    )
+    try:
+        with pytest.raises(SourceError) as info:
+            prepare_source(weak)
+        text = one_line(info.value)
+        assert f"user {role} lacks a privilege" in text and "superuser" in text
+        assert "weak" not in text.replace(role, "")  # no password in the message
+        assert not publication_exists(settings, settings.pipeline.publication)
+    finally:
+        with psycopg.connect(stack.settings.postgres.dsn(), autocommit=True) as conn:
+            conn.execute(f"DROP TABLE {role}_t")
+            conn.execute(f"DROP ROLE {role}")
+
+
+def test_wrong_credentials_are_named_without_the_secret(stack: RunningStack) -> None:
+    settings = stack.settings.model_copy(
+        update={"postgres": stack.settings.postgres.model_copy(update={"password": SecretStr("not-it-42")})}
+    )
+    with pytest.raises(SourceError) as info:
+        prepare_source(settings)
+    text = one_line(info.value)
+    assert "refused the password" in text and "not-it-42" not in text
+
+
+def test_wal_level_not_logical_is_refused(stack: RunningStack) -> None:
+    data_dir = Path(tempfile.mkdtemp(prefix="cdc-test-wal-"))
+    data_dir.chmod(0o755)
+    port = free_ports(1)[0]
+    settings = stack.settings.model_copy(
+        update={
+            "data_dir": data_dir,
+            "postgres": stack.settings.postgres.model_copy(update={"port": port}),
+        }
+    )
+
+    class ReplicaOnly(Postgres):
+        def command(self):  # type: ignore[no-untyped-def]
+            argv, env = super().command()
+            return [a.replace("wal_level=logical", "wal_level=replica") for a in argv], env
+
+    server = ReplicaOnly(settings)
+    server.start()
+    try:
+        with pytest.raises(SourceError) as info:
+            prepare_source(settings)
+        text = one_line(info.value)
+        assert "wal_level=replica" in text and "wal_level=logical" in text
+    finally:
+        server.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_a_slot_in_use_is_not_taken_over(stack: RunningStack) -> None:
+    name = "busy_" + uuid.uuid4().hex[:8]
+    settings = pipeline_for(stack.settings, [f"public.{name}"])
+    pg = settings.postgres
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY)")
+    recvlogical = str(postgres_bin_dir() / "pg_recvlogical")  # type: ignore[operator]
+    dsn = f"host={pg.host} port={pg.port} dbname={pg.database} user={pg.user}"
+    env = {"PGPASSWORD": pg.password.get_secret_value()}
+    slot = settings.pipeline.slot
+    subprocess.run([recvlogical, "-d", dsn, "--slot", slot, "--create-slot", "-P", "pgoutput"],
+                   check=True, env=env)
+    consumer = subprocess.Popen(
+        [recvlogical, "-d", dsn, "--slot", slot, "--start", "-f", "/dev/null",
+         "-o", "proto_version=1", "-o", f"publication_names={settings.pipeline.publication}"],
+        env=env,
+    )
+    try:
+        with psycopg.connect(pg.dsn()) as conn:
+            poll(
+                lambda: bool(conn.execute(
+                    "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+                ).fetchone() == (True,)),
+                30, "pg_recvlogical to hold the slot",
+            )
+        with pytest.raises(SnapshotError) as info:
+            run_snapshot(settings, Console(file=io.StringIO()))
+        text = one_line(info.value)
+        assert f"slot {slot} is in use by pid" in text
+    finally:
+        consumer.terminate()
+        consumer.wait()
+        drop_pipeline(settings)
+        with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+            conn.execute(f"DROP TABLE {name}")
+
+
+def test_a_failing_connector_is_summarized(stack: RunningStack) -> None:
+    name = "fail_" + uuid.uuid4().hex[:8]
+    settings = pipeline_for(stack.settings, [f"public.{name}"])
+    with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY)")
+    try:
+        tables = prepare_source(settings)
+        # refused at registration: Debezium cannot log in
+        bad = settings.model_copy(
+            update={"pipeline": settings.pipeline.model_copy(update={"replication_password": SecretStr("nope-7")})}
+        )
+        with pytest.raises(ConnectorError) as info:
+            register_connector(bad, tables, timeout=30)
+        assert "nope-7" not in one_line(info.value)
+
+        # failing while streaming: the publication disappears under it
+        run_snapshot(settings, Console(file=io.StringIO()))
+        with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
+            conn.execute(f"DROP PUBLICATION {settings.pipeline.publication}")
+            conn.execute(f"INSERT INTO {name} VALUES (1)")
+        deadline = time.monotonic() + 60
+        status = pipeline_status(settings)
+        while not (status.connector and status.connector.get("error")):
+            assert time.monotonic() < deadline, status
+            time.sleep(1)
+            status = pipeline_status(settings)
+        assert "FAILED" in status.connector["tasks"]
+        assert "publication" in status.connector["error"].lower()
+        assert "\n" not in status.connector["error"]
+    finally:
+        drop_pipeline(settings)
+        with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
+            conn.execute(f"DROP TABLE {name}")
+
+
