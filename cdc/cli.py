@@ -314,7 +314,8 @@ def drop(
     from cdc.pipeline import drop_pipeline
 
     s = settings()
-    what = f"connector {s.pipeline.connector}, slot {s.pipeline.slot}, publication {s.pipeline.publication}"
+    pipe = s.pipeline
+    what = f"connector {pipe.connector}, slot {pipe.slot}, publication {pipe.publication}"
     if not yes:
         if not sys.stdin.isatty():
             raise typer.BadParameter(f"dropping {what} needs confirmation: pass --yes")

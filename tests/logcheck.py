@@ -123,7 +123,8 @@ def wait_until_equal(
                 for k in differ
             }
             raise AssertionError(
-                f"log != table after {timeout}s: {len(source)} rows in table, {len(logged)} in log; "
+                f"log != table after {timeout}s: {len(source)} rows in table, "
+                f"{len(logged)} in log; "
                 f"missing {missing}, extra {extra}, differing {detail}"
             )
         time.sleep(1.0)

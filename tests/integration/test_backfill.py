@@ -31,7 +31,7 @@ def test_a_backfill_under_writes_keeps_every_key_in_order(stack: RunningStack) -
     try:
         run_snapshot(settings, Console(file=io.StringIO()))
         writer.start()
-        signal, offset = start_backfill(settings, name)
+        _, offset = start_backfill(settings, name)
         states: list[str] = []
         done = watch_backfill(settings, offset, lambda p: states.append(p.state), timeout=240)
         time.sleep(1)

@@ -57,7 +57,8 @@ VALUES = """
      '{1,2,3}', '{"x","y z",NULL}', '{1.50,-2}', 'happy',
      (SELECT string_agg(md5(g::text), '') FROM generate_series(1, 400) g)),
     (2, 0, 0, 0, 0, 0, 0, 0, false, '', '', '', ''::bytea, '00000000-0000-0000-0000-000000000000',
-     '1970-01-01', '00:00:00', '1970-01-01 00:00:00', '1969-12-31 23:59:59.999', '1999-12-31 23:59:59+00',
+     '1970-01-01', '00:00:00', '1970-01-01 00:00:00', '1969-12-31 23:59:59.999',
+     '1999-12-31 23:59:59+00',
      '-3 days -00:00:01', '[]', '{}', '{}', '{}', '{}', 'sad', 'short'),
     (3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
      NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)

@@ -11,8 +11,8 @@ import uuid
 from pathlib import Path
 
 import psycopg
-from pydantic import SecretStr
 import pytest
+from pydantic import SecretStr
 from rich.console import Console
 
 from cdc.capture import register_connector
@@ -36,7 +36,9 @@ def one_line(exc: BaseException) -> str:
 
 def publication_exists(settings, name: str) -> bool:  # type: ignore[no-untyped-def]
     with psycopg.connect(settings.postgres.dsn()) as conn:
-        return bool(conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone())
+        return bool(
+            conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone()
+        )
 
 
 @pytest.fixture
@@ -65,7 +67,10 @@ def test_a_table_without_a_primary_key_is_refused_with_a_way_out(
     keyed = settings.model_copy(
         update={
             "pipeline": settings.pipeline.model_copy(
-                update={"replica_identity": {qualified: "full"}, "key_columns": {qualified: ["code"]}}
+                update={
+                    "replica_identity": {qualified: "full"},
+                    "key_columns": {qualified: ["code"]},
+                }
             )
         }
     )
@@ -82,7 +87,11 @@ def test_a_table_without_a_primary_key_is_refused_with_a_way_out(
 
 
 def test_the_cli_says_it_in_one_line(stack: RunningStack, no_key_table: str) -> None:
-    env = {**stack.env, "CDC_PIPELINE__TABLES": f'["public.{no_key_table}"]', "CDC_PIPELINE__NAME": "clierr"}
+    env = {
+        **stack.env,
+        "CDC_PIPELINE__TABLES": f'["public.{no_key_table}"]',
+        "CDC_PIPELINE__NAME": "clierr",
+    }
     result = run_cdc("setup", env=env)
     assert result.returncode == 7
     assert result.stderr.strip().count("\n") == 0
@@ -91,7 +100,7 @@ def test_the_cli_says_it_in_one_line(stack: RunningStack, no_key_table: str) -> 
 
 def test_a_missing_table_is_named(stack: RunningStack) -> None:
     settings = pipeline_for(stack.settings, ["public.no_such_table_anywhere"])
-    with pytest.raises(SourceError, match="public.no_such_table_anywhere does not exist"):
+    with pytest.raises(SourceError, match=r"public\.no_such_table_anywhere does not exist"):
         prepare_source(settings)
     assert not publication_exists(settings, settings.pipeline.publication)
 
@@ -103,7 +112,11 @@ def test_missing_privileges_are_named_and_nothing_is_half_made(stack: RunningSta
         conn.execute(f"CREATE TABLE {role}_t (id int PRIMARY KEY)")
     settings = pipeline_for(stack.settings, [f"public.{role}_t"])
     weak = settings.model_copy(
-        update={"postgres": settings.postgres.model_copy(update={"user": role, "password": SecretStr("weak")})}
+        update={
+            "postgres": settings.postgres.model_copy(
+                update={"user": role, "password": SecretStr("weak")}
+            )
+        }
     )
     try:
         with pytest.raises(SourceError) as info:
@@ -120,7 +133,11 @@ def test_missing_privileges_are_named_and_nothing_is_half_made(stack: RunningSta
 
 def test_wrong_credentials_are_named_without_the_secret(stack: RunningStack) -> None:
     settings = stack.settings.model_copy(
-        update={"postgres": stack.settings.postgres.model_copy(update={"password": SecretStr("not-it-42")})}
+        update={
+            "postgres": stack.settings.postgres.model_copy(
+                update={"password": SecretStr("not-it-42")}
+            )
+        }
     )
     with pytest.raises(SourceError) as info:
         prepare_source(settings)
@@ -166,20 +183,39 @@ def test_a_slot_in_use_is_not_taken_over(stack: RunningStack) -> None:
     dsn = f"host={pg.host} port={pg.port} dbname={pg.database} user={pg.user}"
     env = {"PGPASSWORD": pg.password.get_secret_value()}
     slot = settings.pipeline.slot
-    subprocess.run([recvlogical, "-d", dsn, "--slot", slot, "--create-slot", "-P", "pgoutput"],
-                   check=True, env=env)
+    subprocess.run(
+        [recvlogical, "-d", dsn, "--slot", slot, "--create-slot", "-P", "pgoutput"],
+        check=True,
+        env=env,
+    )
     consumer = subprocess.Popen(
-        [recvlogical, "-d", dsn, "--slot", slot, "--start", "-f", "/dev/null",
-         "-o", "proto_version=1", "-o", f"publication_names={settings.pipeline.publication}"],
+        [
+            recvlogical,
+            "-d",
+            dsn,
+            "--slot",
+            slot,
+            "--start",
+            "-f",
+            "/dev/null",
+            "-o",
+            "proto_version=1",
+            "-o",
+            f"publication_names={settings.pipeline.publication}",
+        ],
         env=env,
     )
     try:
         with psycopg.connect(pg.dsn()) as conn:
             poll(
-                lambda: bool(conn.execute(
-                    "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)
-                ).fetchone() == (True,)),
-                30, "pg_recvlogical to hold the slot",
+                lambda: bool(
+                    conn.execute(
+                        "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+                    ).fetchone()
+                    == (True,)
+                ),
+                30,
+                "pg_recvlogical to hold the slot",
             )
         with pytest.raises(SnapshotError) as info:
             run_snapshot(settings, Console(file=io.StringIO()))
@@ -202,7 +238,11 @@ def test_a_failing_connector_is_summarized(stack: RunningStack) -> None:
         tables = prepare_source(settings)
         # refused at registration: Debezium cannot log in
         bad = settings.model_copy(
-            update={"pipeline": settings.pipeline.model_copy(update={"replication_password": SecretStr("nope-7")})}
+            update={
+                "pipeline": settings.pipeline.model_copy(
+                    update={"replication_password": SecretStr("nope-7")}
+                )
+            }
         )
         with pytest.raises(ConnectorError) as info:
             register_connector(bad, tables, timeout=30)
@@ -226,5 +266,3 @@ def test_a_failing_connector_is_summarized(stack: RunningStack) -> None:
         drop_pipeline(settings)
         with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
             conn.execute(f"DROP TABLE {name}")
-
-

@@ -54,8 +54,8 @@ class Writer(threading.Thread):
                     roll = rng.random()
                     if roll < 0.6:
                         conn.execute(
-                            f"UPDATE {self.table} SET version = version + 1, note = md5(random()::text) "
-                            "WHERE id = %s",
+                            f"UPDATE {self.table} SET version = version + 1, "
+                            "note = md5(random()::text) WHERE id = %s",
                             (rng.randint(1, self.max_id),),
                         )
                     elif roll < 0.85:

@@ -1,0 +1,136 @@
+from __future__ import annotations
+
+import math
+from datetime import UTC, date, datetime, time
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from cdc.catalog import Column, Table
+from cdc.decode import UNAVAILABLE, Interval, decode_row, decode_value, parse_interval
+from snapshot.backfill import BackfillProgress, _apply
+from snapshot.encoding import int_to_lsn, lsn_to_int
+from snapshot.initial import ctid_ranges
+
+
+def col(name: str, base: str, *, array: bool = False, precision: int | None = None) -> Column:
+    return Column(name, base, base, "X", array, precision, False)
+
+
+def test_ctid_ranges_cover_every_page_once() -> None:
+    assert ctid_ranges(0, 100) == ["true"]
+    assert ctid_ranges(100, 100) == ["true"]
+    ranges = ctid_ranges(250, 100)
+    assert ranges == [
+        "ctid < '(100,0)'::tid",
+        "ctid >= '(100,0)'::tid AND ctid < '(200,0)'::tid",
+        "ctid >= '(200,0)'::tid",  # open-ended: the table may have grown past relpages
+    ]
+
+
+@pytest.mark.parametrize("lsn", ["0/0", "0/16B3748", "16/B374D848", "FFFFFFFF/FFFFFFFF"])
+def test_lsn_text_and_number_round_trip(lsn: str) -> None:
+    assert int_to_lsn(lsn_to_int(lsn)) == lsn
+    assert lsn_to_int("1/0") == 1 << 32
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("P1Y2M3DT4H5M6.78S", Interval(14, 3, 14_706_780_000)),
+        ("PT0S", Interval(0, 0, 0)),
+        ("P-3DT-1S", Interval(0, -3, -1_000_000)),
+        ("-P1D", Interval(0, -1, 0)),
+        ("P2W", Interval(0, 14, 0)),
+    ],
+)
+def test_iso_intervals_parse_exactly(text: str, expected: Interval) -> None:
+    assert parse_interval(text) == expected
+
+
+def test_a_bad_interval_is_refused() -> None:
+    with pytest.raises(ValueError):
+        parse_interval("3 days")
+
+
+def test_debezium_encodings_decode_to_python_values() -> None:
+    assert decode_value(col("n", "numeric"), "12345.6789") == Decimal("12345.6789")
+    assert decode_value(col("d", "date"), 19782) == date(2024, 2, 29)
+    assert decode_value(col("t", "time"), 86_399_999_999) == time(23, 59, 59, 999999)
+    assert decode_value(col("ts", "timestamp"), 1_709_210_096_123_456) == datetime(
+        2024, 2, 29, 12, 34, 56, 123456
+    )
+    assert decode_value(col("ts3", "timestamp", precision=3), 1_709_210_096_789) == datetime(
+        2024, 2, 29, 12, 34, 56, 789000
+    )
+    assert decode_value(col("tz", "timestamptz"), "2024-02-29T07:04:56.123456Z") == datetime(
+        2024, 2, 29, 7, 4, 56, 123456, tzinfo=UTC
+    )
+    assert decode_value(col("b", "bytea"), "AP8Q") == b"\x00\xff\x10"
+    assert decode_value(col("j", "jsonb"), '{"a": [1]}') == {"a": [1]}
+    assert math.isnan(decode_value(col("f", "float8"), "NaN"))
+    assert decode_value(col("arr", "numeric", array=True), ["1.50", None]) == [
+        Decimal("1.50"),
+        None,
+    ]
+
+
+def test_the_toast_placeholder_is_never_turned_into_a_value() -> None:
+    assert decode_value(col("big", "text"), UNAVAILABLE) == UNAVAILABLE
+    assert decode_value(col("j", "jsonb"), UNAVAILABLE) == UNAVAILABLE
+
+
+def test_decode_row_drops_columns_the_table_no_longer_has() -> None:
+    table = Table("public", "t", (col("id", "int4"),), ("id",), "d", 0, 0)
+    assert decode_row(table, {"id": 1, "gone": "x"}) == {"id": 1}
+
+
+def test_backfill_progress_follows_notifications() -> None:
+    progress = BackfillProgress()
+    _apply(progress, {"type": "STARTED", "additional_data": {"data_collections": "public.t"}})
+    assert not progress.finished
+    _apply(
+        progress,
+        {
+            "type": "IN_PROGRESS",
+            "additional_data": {
+                "current_collection_in_progress": "public.t",
+                "last_processed_key": "[250]",
+                "maximum_key": "[1000]",
+            },
+        },
+    )
+    assert progress.table == "public.t" and progress.fraction is None  # not a plain number
+    progress.last_key, progress.max_key = "250", "1000"
+    assert progress.fraction == 0.25
+    _apply(
+        progress, {"type": "TABLE_SCAN_COMPLETED", "additional_data": {"total_rows_scanned": "990"}}
+    )
+    _apply(progress, {"type": "COMPLETED", "additional_data": {}})
+    assert progress.finished and progress.rows_scanned == 990
+
+
+def test_tables_add_and_remove_edit_the_settings_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import os
+
+    from cdc.config_file import edit_tables
+    from cdc.errors import ConfigError
+
+    for key in list(os.environ):
+        if key.startswith("CDC_"):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cdc.toml").write_text('# mine\n[pipeline]\ntables = ["public.a"]  # keep\n')
+    path, tables = edit_tables(add=["b", "public.c"], remove=[])
+    assert tables == ["public.a", "public.b", "public.c"]
+    assert path.read_text().startswith("# mine")
+    _, tables = edit_tables(add=[], remove=["public.a"])
+    assert tables == ["public.b", "public.c"]
+    with pytest.raises(ConfigError, match=r"not in pipeline\.tables"):
+        edit_tables(add=[], remove=["public.zzz"])
+    monkeypatch.setenv("CDC_PIPELINE__TABLES", '["public.x"]')
+    with pytest.raises(ConfigError, match="CDC_PIPELINE__TABLES"):
+        edit_tables(add=["y"], remove=[])
