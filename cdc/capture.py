@@ -120,17 +120,79 @@ def _regex_literal(table: str) -> str:
     return table.replace(".", r"\.")
 
 
+def secret_reference(settings: Settings, key: str, value: str) -> str:
+    """The value to put in a connector config for a secret.
+
+    With the project's own Connect worker, the secret goes to a file only that worker
+    reads (mode 600) and the config names it (FileConfigProvider), so the REST API and
+    Connect's config topic never hold it. An external worker gets the value itself.
+    """
+    if not settings.connect.managed:
+        return value
+    path = settings.data_dir / "connect" / "secrets" / f"{settings.pipeline.connector}.properties"
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    entries = {}
+    if path.exists():
+        entries = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    entries[key] = value.replace("\\", "\\\\")
+    path.touch(mode=0o600)
+    path.write_text("".join(f"{k}={v}\n" for k, v in entries.items()))
+    return f"${{file:{path}:{key}}}"
+
+
 def register_connector(settings: Settings, tables: Sequence[Table], timeout: float = 90.0) -> None:
     """Create or update the pipeline's connector and wait until it streams from the slot."""
     client = ConnectClient(settings.connect.url)
     name = settings.pipeline.connector
-    client.put_config(name, pipeline_connector_config(settings, tables))
-    client.wait_running(name, timeout=timeout)
-    wait_slot_active(settings, settings.pipeline.slot, timeout=timeout)
+    config = pipeline_connector_config(settings, tables)
+    config["database.password"] = secret_reference(
+        settings, "database.password", config["database.password"]
+    )
+    existing = name in client.connectors()
+    if existing and client.config(name) == config:
+        client.wait_running(name, timeout=timeout)
+        wait_slot_active(settings, settings.pipeline.slot, timeout=timeout)
+        return
+    old_reader = _slot_reader(settings)
+    client.put_config(name, config)
+    # a reconfigured connector restarts its task: wait for the task that runs the new
+    # configuration, and for its own replication connection, before anyone relies on it
+    deadline = time.monotonic() + timeout
+    while True:
+        client.wait_running(name, timeout=max(deadline - time.monotonic(), 1))
+        try:
+            tasks = client.task_configs(name)
+        except ConnectorError:
+            tasks = []
+        if tasks and all(
+            t.get("table.include.list") == config["table.include.list"] for t in tasks
+        ):
+            break
+        if time.monotonic() > deadline:
+            raise ConnectorError(f"connector {name} did not take its new configuration")
+        time.sleep(0.5)
+    wait_slot_active(
+        settings,
+        settings.pipeline.slot,
+        timeout=max(deadline - time.monotonic(), 5),
+        not_pid=old_reader if existing else None,
+    )
 
 
-def wait_slot_active(settings: Settings, slot: str, timeout: float = 60.0) -> None:
-    """Wait until the connector streams from its replication slot.
+def _slot_reader(settings: Settings) -> int | None:
+    with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+            (settings.pipeline.slot,),
+        ).fetchone()
+    return row[0] if row else None
+
+
+def wait_slot_active(
+    settings: Settings, slot: str, timeout: float = 60.0, not_pid: int | None = None
+) -> None:
+    """Wait until the connector streams from its replication slot (from a backend other
+    than not_pid, the one a restarted task replaced).
 
     Changes committed before the slot exists are not captured, so callers wait
     for this before they write.
@@ -139,9 +201,10 @@ def wait_slot_active(settings: Settings, slot: str, timeout: float = 60.0) -> No
     with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
         while True:
             row = conn.execute(
-                "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+                "SELECT active, active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                (slot,),
             ).fetchone()
-            if row and row[0]:
+            if row and row[0] and (not_pid is None or row[1] != not_pid):
                 return
             if time.monotonic() > deadline:
                 raise ConnectorError(

@@ -53,6 +53,13 @@ class ConnectClient:
         """Create the connector, or update its configuration (idempotent)."""
         self._call("PUT", f"/connectors/{name}/config", json=config)
 
+    def task_configs(self, name: str) -> list[dict[str, str]]:
+        """The configuration each running task was started with."""
+        return [dict(t["config"]) for t in self._call("GET", f"/connectors/{name}/tasks")]
+
+    def config(self, name: str) -> dict[str, str]:
+        return dict(self._call("GET", f"/connectors/{name}/config"))
+
     def status(self, name: str) -> dict[str, Any]:
         return dict(self._call("GET", f"/connectors/{name}/status"))
 

@@ -82,6 +82,11 @@ class Connect(Component):
                 "rest.advertised.port": self.section.port,
                 "plugin.path": self.plugin_path,
                 "plugin.discovery": "hybrid_warn",
+                # connector secrets live in files (${file:path:key}), not in the REST API
+                "config.providers": "file",
+                "config.providers.file.class": (
+                    "org.apache.kafka.common.config.provider.FileConfigProvider"
+                ),
                 # Debezium writes only to topics the project creates with the right settings
                 "topic.creation.enable": "true",
             },
