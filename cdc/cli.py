@@ -256,6 +256,38 @@ def backfill(
     out.print(f"backfill of {table} completed: {done.rows_scanned or 0} rows read")
 
 
+@app.command("apply")
+def apply_(
+    store: Annotated[
+        list[str] | None,
+        typer.Option("--store", "-s", help="warehouse, search or cache (repeat; default: all)"),
+    ] = None,
+    once: Annotated[
+        bool, typer.Option("--once", help="apply what the topics hold now, then stop")
+    ] = False,
+) -> None:
+    """Run the apply job: PySpark Structured Streaming from the change topics into the stores.
+
+    One streaming query per store, each with its own checkpoint. Each micro-batch keeps
+    every key's last event and writes it only where it is newer than what the store
+    holds, so replays and restarts converge. Runs until Ctrl-C (or, with --once, until
+    it has applied what the topics hold).
+    """
+    from materializers.apply import run_apply
+
+    s = settings()
+    stores = store or list(s.apply.stores)
+    unknown = [x for x in stores if x not in ("warehouse", "search", "cache")]
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown store {', '.join(unknown)}: use warehouse, search, cache"
+        )
+    progress(
+        f"applying pipeline {s.pipeline.name} to {', '.join(stores)}" + (" once" if once else "")
+    )
+    run_apply(s, stores, once=once)
+
+
 tables_app = typer.Typer(help="List, add and remove the pipeline's tables.", no_args_is_help=True)
 app.add_typer(tables_app, name="tables")
 

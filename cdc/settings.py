@@ -108,6 +108,27 @@ class SparkSettings(BaseModel):
     conf: dict[str, str] = Field(default_factory=dict, description="extra spark.* settings")
 
 
+StoreName = Literal["warehouse", "search", "cache"]
+
+
+class ApplySettings(BaseModel):
+    """The apply job: how often it runs, how much it takes per micro-batch, where it keeps state."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stores: list[StoreName] = Field(
+        default_factory=lambda: ["warehouse", "search", "cache"], description="stores to keep"
+    )
+    trigger_interval_s: float = Field(1.0, gt=0, description="micro-batch interval")
+    max_offsets_per_trigger: int = Field(200_000, ge=1, description="events per micro-batch")
+    deleted_marker_ttl_s: int = Field(
+        86_400, ge=1, description="how long the cache keeps a deleted key's position"
+    )
+    warehouse_path: str | None = Field(
+        None, description="Delta tables' root (any Spark filesystem); default data_dir/warehouse"
+    )
+
+
 ReplicaIdentity = Literal["default", "full"]
 
 
@@ -206,6 +227,7 @@ class Settings(BaseSettings):
     redis: RedisSettings = RedisSettings()
     spark: SparkSettings = SparkSettings()
     pipeline: PipelineSettings = PipelineSettings()
+    apply: ApplySettings = ApplySettings()
 
     @field_validator("data_dir", "cache_dir", "java_home")
     @classmethod

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -57,8 +56,8 @@ def test_down_leaves_nothing_behind_and_up_starts_again(stack: RunningStack) -> 
     assert all(entry["up"] for entry in status_json(stack.env).values())
 
 
-def test_a_port_already_taken_is_one_clear_line_and_starts_nothing() -> None:
-    data_dir = Path(tempfile.mkdtemp(prefix="cdc-test-port-"))
+def test_a_port_already_taken_is_one_clear_line_and_starts_nothing(tmp_path: Path) -> None:
+    data_dir = tmp_path
     env = stack_env(data_dir)
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", int(env["CDC_REDIS__PORT"])))
@@ -72,8 +71,8 @@ def test_a_port_already_taken_is_one_clear_line_and_starts_nothing() -> None:
     assert not any(data_dir.glob("*/*.pid")), "a component was started"
 
 
-def test_a_missing_install_is_one_clear_line() -> None:
-    data_dir = Path(tempfile.mkdtemp(prefix="cdc-test-noinstall-"))
+def test_a_missing_install_is_one_clear_line(tmp_path: Path) -> None:
+    data_dir = tmp_path
     env = {**stack_env(data_dir), "CDC_CACHE_DIR": str(data_dir / "empty-cache")}
     result = run_cdc("up", env=env)
     assert result.returncode == 3

@@ -1,0 +1,165 @@
+"""The apply job keeps the stores equal to the source, and replays converge."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+from rich.console import Console
+
+from cdc.pipeline import drop_pipeline
+from materializers.apply import checkpoint_dir, run_apply, warehouse_root
+from materializers.stores.cache import cache_key, cache_text
+from materializers.stores.search import index_name, plain_value
+from materializers.stores.warehouse import current_path
+from snapshot.initial import run_snapshot
+from tests.conftest import RunningStack
+from tests.logcheck import pipeline_for, source_rows, table_info, wait_until_equal
+
+pytestmark = pytest.mark.integration
+
+
+def cache_contents(settings, table: str) -> dict[str, dict[str, str]]:  # type: ignore[no-untyped-def]
+    client = redis.Redis.from_url(settings.redis.url, decode_responses=True)
+    prefix = cache_key(settings.pipeline.topic_prefix, table, "")
+    rows = {}
+    for key in client.scan_iter(match=prefix + "*", count=1000):
+        entry = client.hgetall(key)
+        if "_deleted" not in entry:
+            rows[key[len(prefix) :]] = {k: v for k, v in entry.items() if not k.startswith("_")}
+    return rows
+
+
+def expected_cache(settings, table: str) -> dict[str, dict[str, str]]:  # type: ignore[no-untyped-def]
+    """The source table in the cache's terms."""
+    info = table_info(settings, table)
+    return {
+        json.dumps(dict(zip(info.key, key, strict=True)), separators=(",", ":")): {
+            name: cache_text(value) for name, value in row.items() if value is not None
+        }
+        for key, row in source_rows(settings, info).items()
+    }
+
+
+def search_contents(settings, table: str) -> dict[str, dict]:  # type: ignore[no-untyped-def]
+    from opensearchpy import OpenSearch, helpers
+
+    client = OpenSearch(hosts=[settings.opensearch.url])
+    index = index_name(settings.pipeline.topic_prefix, table)
+    client.indices.refresh(index=index)
+    return {
+        hit["_id"]: {k: v for k, v in hit["_source"].items() if not k.startswith("_cdc")}
+        for hit in helpers.scan(client, index=index, query={"query": {"match_all": {}}})
+    }
+
+
+def expected_search(settings, table: str) -> dict[str, dict]:  # type: ignore[no-untyped-def]
+    info = table_info(settings, table)
+
+    def plain(value):  # type: ignore[no-untyped-def]
+        return [plain(v) for v in value] if isinstance(value, list) else plain_value(value)
+
+    return {
+        json.dumps(dict(zip(info.key, key, strict=True)), separators=(",", ":")): {
+            name: plain(value) for name, value in row.items()
+        }
+        for key, row in source_rows(settings, info).items()
+    }
+
+
+def warehouse_contents(settings, table: str) -> tuple[dict[int, tuple], int]:  # type: ignore[no-untyped-def]
+    """Live rows of the Delta current table (id -> values), and the number of deleted markers."""
+    from pyspark.sql import functions as F
+
+    from cdc.spark import spark_session
+
+    spark = spark_session(settings, "test")
+    frame = spark.read.format("delta").load(current_path(warehouse_root(settings), table))
+    live = frame.where("NOT _cdc_deleted").select(
+        "id", "name", "price", "tags", F.unix_micros("seen").alias("seen_us")
+    )
+    rows = {r["id"]: (r["name"], r["price"], r["tags"], r["seen_us"]) for r in live.collect()}
+    return rows, frame.where("_cdc_deleted").count()
+
+
+def expected_warehouse(settings, table: str) -> dict[int, tuple]:  # type: ignore[no-untyped-def]
+    with psycopg.connect(settings.postgres.dsn()) as conn:
+        return {
+            r[0]: tuple(r[1:])
+            for r in conn.execute(
+                "SELECT id, name, price, tags, (extract(epoch FROM seen) * 1000000)::bigint "
+                f"FROM {table}"
+            ).fetchall()
+        }
+
+
+def test_every_store_follows_the_source_and_replays_converge(stack: RunningStack) -> None:
+    name = "app_" + uuid.uuid4().hex[:8]
+    settings = pipeline_for(stack.settings, [f"public.{name}"])
+    dsn = settings.postgres.dsn()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE {name} (id int PRIMARY KEY, name text, price numeric(10,2), "
+            "seen timestamptz, tags text[])"
+        )
+        conn.execute(
+            f"INSERT INTO {name} SELECT g, 'item ' || g, g * 1.5, now(), ARRAY['a', 'b'] "
+            "FROM generate_series(1, 500) g"
+        )
+    table = f"public.{name}"
+    try:
+        run_snapshot(settings, Console(file=io.StringIO()))
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"UPDATE {name} SET price = price + 1 WHERE id <= 100")
+            conn.execute(f"DELETE FROM {name} WHERE id > 450")
+            conn.execute(f"UPDATE {name} SET name = NULL WHERE id = 7")
+            conn.execute(f"INSERT INTO {name} VALUES (1000, 'new', 9.99, now(), '{{}}')")
+        wait_until_equal(settings, table_info(settings, table))  # all of it is in the log
+        run_apply(settings, ["cache", "search", "warehouse"], once=True)
+        expected = expected_cache(settings, table)
+        assert len(expected) == 451
+        assert cache_contents(settings, table) == expected
+        searchable = expected_search(settings, table)
+        assert search_contents(settings, table) == searchable
+
+        warehouse = expected_warehouse(settings, table)
+        assert warehouse_contents(settings, table) == (warehouse, 50)
+
+        # warehouse: checkpoint and tables reset, replayed from offset 0
+        shutil.rmtree(checkpoint_dir(settings, "warehouse"))
+        shutil.rmtree(Path(warehouse_root(settings)) / "public" / name)
+        run_apply(settings, ["warehouse"], once=True)
+        assert warehouse_contents(settings, table) == (warehouse, 50)
+        # and replayed over itself: the position guard refuses every write
+        shutil.rmtree(checkpoint_dir(settings, "warehouse"))
+        run_apply(settings, ["warehouse"], once=True)
+        assert warehouse_contents(settings, table) == (warehouse, 50)
+
+        # search: a replay with the index kept is refused document by document by
+        # OpenSearch's external versions, and changes nothing
+        shutil.rmtree(checkpoint_dir(settings, "search"))
+        run_apply(settings, ["search"], once=True)
+        assert search_contents(settings, table) == searchable
+
+        # replay from offset 0: checkpoint and contents reset, same result
+        shutil.rmtree(checkpoint_dir(settings, "cache"))
+        client = redis.Redis.from_url(settings.redis.url)
+        for key in client.scan_iter(match=cache_key(settings.pipeline.topic_prefix, table, "*")):
+            client.delete(key)
+        run_apply(settings, ["cache"], once=True)
+        assert cache_contents(settings, table) == expected
+
+        # a replay over a current cache changes nothing (every write is stale)
+        shutil.rmtree(checkpoint_dir(settings, "cache"))
+        run_apply(settings, ["cache"], once=True)
+        assert cache_contents(settings, table) == expected
+    finally:
+        drop_pipeline(settings)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {name}")
