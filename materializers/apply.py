@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from cdc.catalog import Table, describe_table
+from cdc.decode import UNAVAILABLE
 from cdc.settings import Settings
 from cdc.source import admin_connection
 from cdc.spark import spark_session
-from materializers.events import last_per_key, parse_events
+from materializers.events import parse_events
 from materializers.stores.base import Event, Store
 
 __all__ = ["checkpoint_dir", "make_store", "run_apply", "warehouse_root"]
@@ -74,17 +75,38 @@ def _captured_tables(settings: Settings) -> dict[str, Table]:
 
 
 def _events(rows: Iterator[Any]) -> Iterator[Event]:
+    """Each key's last event of the batch, from rows sorted by (topic, key, offset).
+
+    An unchanged TOASTed value arrives as a placeholder; when an earlier event of the
+    same key in this batch carried the value, the last event gets it, since only the
+    last event is written.
+    """
+    current: Event | None = None
     for row in rows:
-        yield Event(
+        after = json.loads(row["after"]) if row["after"] and row["op"] != "d" else None
+        same_key = current is not None and (current.table, current.key) == (
+            row["table"],
+            row["key"],
+        )
+        if same_key and after is not None and current.after is not None:  # type: ignore[union-attr]
+            for name, value in after.items():
+                earlier = current.after.get(name, UNAVAILABLE)  # type: ignore[union-attr]
+                if value == UNAVAILABLE and earlier != UNAVAILABLE:
+                    after[name] = earlier
+        elif not same_key and current is not None:
+            yield current
+        current = Event(
             table=row["table"],
             key=row["key"],
             partition=row["partition"],
             offset=row["offset"],
             op=row["op"],
-            after=json.loads(row["after"]) if row["after"] else None,
+            after=after,
             commit_ms=row["commit_ms"],
             lsn=row["lsn"],
         )
+    if current is not None:
+        yield current
 
 
 def _batch_writer(
@@ -93,10 +115,11 @@ def _batch_writer(
     def write(batch: Any, batch_id: int) -> None:
         tables = _captured_tables(settings)
         topics = {settings.pipeline.topic(t): t for t in tables}
-        events = last_per_key(parse_events(batch, topics)).where("table IS NOT NULL")
+        events = parse_events(batch, topics).where("table IS NOT NULL")
         if getattr(store, "spark_native", False):
             store.write_frame(tables, events)  # type: ignore[attr-defined]
             return
+        events = events.orderBy("topic", "key", "offset")
         pending: list[Event] = []
         written = stale = 0
         for event in _events(events.toLocalIterator()):

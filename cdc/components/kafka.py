@@ -84,7 +84,9 @@ class Kafka(Component):
         (self.state_dir / "log4j2.properties").write_text(LOG4J2_PROPERTIES)
         if (log_dir / "meta.properties").exists():
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = "-"
+        while cluster_id.startswith("-"):  # as Kafka's own Uuid: "-..." would read as an option
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         proc = subprocess.run(
             [
                 java(self.settings),
@@ -105,7 +107,10 @@ class Kafka(Component):
         )
         if proc.returncode != 0:
             self.log_file.write_text(proc.stdout + proc.stderr)
-            raise ComponentError(f"kafka: formatting the storage failed; see {self.log_file}")
+            last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
+            raise ComponentError(
+                f"kafka: formatting the storage failed ({last[:200]}); see {self.log_file}"
+            )
 
     def _log_flags(self) -> list[str]:
         return [f"-Dlog4j2.configurationFile=file:{self.state_dir / 'log4j2.properties'}"]

@@ -73,7 +73,12 @@ class WarehouseStore(Store):
         raise NotImplementedError("the warehouse writes Spark frames: use write_frame")
 
     def write_frame(self, tables: dict[str, Table], events: Any) -> None:
-        """MERGE each table's last events of the batch into its current table."""
+        """MERGE each key's last event of the batch into its table's current state.
+
+        A TOAST placeholder in the last event is filled from the key's latest earlier
+        event in the batch that carried the value (if none did, the stored value stays).
+        """
+        from pyspark.sql import Window
         from pyspark.sql import functions as F
 
         present = {r["table"] for r in events.select("table").distinct().collect()}
@@ -94,7 +99,8 @@ class WarehouseStore(Store):
                 F.col("key"),
                 prefix="k_",
             )
-            source = rows.select(
+            decoded = rows.select(
+                "key",
                 "op",
                 "offset",
                 "partition",
@@ -103,7 +109,31 @@ class WarehouseStore(Store):
                 *key_image,
                 *typed_image(table, F.col("after")),
             )
-            placeholders = {c for c in source.columns if c.startswith("__ph_")}
+            placeholders = {c for c in decoded.columns if c.startswith("__ph_")}
+            by_key = Window.partitionBy("key").orderBy("offset")
+            history = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+            types = {c.name: spark_type(c) for c in table.columns}
+            for flag in placeholders:
+                c = flag[len("__ph_") :]
+                # the key's latest known value of c in the batch up to this event: a real
+                # value is known, a placeholder tells nothing, a delete forgets
+                value = F.when(
+                    F.col("op") == "d",
+                    F.struct(F.lit(None).cast(types[c]).alias("v"), F.lit(False).alias("known")),
+                ).when(
+                    ~F.col(flag), F.struct(F.col(f"`{c}`").alias("v"), F.lit(True).alias("known"))
+                )
+                decoded = decoded.withColumn(
+                    f"__carried_{c}", F.last(value, ignorenulls=True).over(history)
+                )
+            newest = Window.partitionBy("key").orderBy(F.col("offset").desc())
+            source = decoded.withColumn("__rank", F.row_number().over(newest)).where("__rank = 1")
+            for flag in placeholders:
+                c = flag[len("__ph_") :]
+                known = F.coalesce(F.col(f"__carried_{c}.known"), F.lit(False))
+                source = source.withColumn(
+                    c, F.when(known, F.col(f"__carried_{c}.v")).otherwise(F.col(f"`{c}`"))
+                ).withColumn(flag, F.col(flag) & ~known)
             condition = " AND ".join(f"t.`{k}` <=> s.`k_{k}`" for k in table.key)
             meta = {
                 "_cdc_offset": "s.offset",
