@@ -25,6 +25,8 @@ class PipelineStatus:
     slot: dict[str, Any] | None  # active, wal_retained_bytes, confirmed_flush_lsn
     connector: dict[str, Any] | None  # state, tasks, trace of a failed task
     topics: dict[str, int] = field(default_factory=dict)  # end offset summed over partitions
+    stores: dict[str, dict[str, Any]] = field(default_factory=dict)  # per store: backlog, lag
+    dead_letters: int = 0
     error: str | None = None
 
 
@@ -75,10 +77,13 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
                 status.connector["error"] = summarize_trace(failed[0].get("trace", ""))
         if tables:
             topics = [pipe.topic(t) for t in tables]
-            status.topics = {
-                t: sum(parts.values())
-                for t, parts in end_offsets(settings.kafka.bootstrap_servers, topics).items()
-            }
+            ends = end_offsets(
+                settings.kafka.bootstrap_servers, [*topics, f"{pipe.topic_prefix}.dlq"]
+            )
+            dlq = ends.pop(f"{pipe.topic_prefix}.dlq", {})
+            status.dead_letters = sum(dlq.values())
+            status.topics = {t: sum(parts.values()) for t, parts in ends.items()}
+            status.stores = _store_progress(settings, ends)
     except CdcError as exc:
         status.error = str(exc)
     return status
@@ -135,6 +140,39 @@ def sync_pipeline(settings: Settings) -> SyncResult:
 
 def pipe_streams(settings: Settings) -> bool:
     return settings.pipeline.connector in ConnectClient(settings.connect.url).connectors()
+
+
+def _store_progress(
+    settings: Settings, ends: dict[str, dict[int, int]]
+) -> dict[str, dict[str, Any]]:
+    """Per store: the events it has still to apply, and how far behind the source it is."""
+    from materializers.apply import read_progress
+
+    stores = {}
+    now_ms = time.time() * 1000
+    for store in settings.apply.stores:
+        progress = read_progress(settings, store)
+        if progress is None:
+            continue
+        applied = progress.get("applied", {})
+        backlog = sum(
+            max(end - (applied[f"{t}:{p}"] + 1 if f"{t}:{p}" in applied else 0), 0)
+            for t, parts in ends.items()
+            for p, end in parts.items()
+        )
+        commit_ms = progress.get("commit_ms")
+        if commit_ms is None:
+            lag = None
+        elif backlog:
+            lag = (now_ms - commit_ms) / 1000  # at least this far behind
+        else:
+            lag = (progress["applied_ms"] - commit_ms) / 1000  # the last batch's latency
+        stores[store] = {
+            "backlog_events": backlog,
+            "lag_s": round(lag, 3) if lag is not None else None,
+            "applied_at_ms": progress.get("applied_ms"),
+        }
+    return stores
 
 
 def drop_pipeline(settings: Settings) -> list[str]:

@@ -86,4 +86,9 @@ def pipeline_table(p: PipelineStatus) -> Table:
         table.add_row("connector", "none")
     for topic, end in p.topics.items():
         table.add_row(f"topic {topic}", f"end offset {end}")
+    for store, s in p.stores.items():
+        lag = "?" if s["lag_s"] is None else f"{s['lag_s']:.1f}s"
+        table.add_row(f"store {store}", f"backlog {s['backlog_events']} events; lag {lag}")
+    dead = f"[red]{p.dead_letters}[/red]" if p.dead_letters else "0"
+    table.add_row("dead letters", dead)
     return table

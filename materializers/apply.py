@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,13 +24,66 @@ from cdc.spark import spark_session
 from materializers.events import parse_events
 from materializers.stores.base import Event, Store
 
-__all__ = ["checkpoint_dir", "make_store", "run_apply", "warehouse_root"]
+__all__ = [
+    "checkpoint_dir",
+    "dead_letter_topic",
+    "make_store",
+    "read_progress",
+    "run_apply",
+    "warehouse_root",
+]
 
 log = logging.getLogger(__name__)
 
 
 def checkpoint_dir(settings: Settings, store: str) -> Path:
     return settings.data_dir / "checkpoints" / settings.pipeline.name / store
+
+
+def progress_file(settings: Settings, store: str) -> Path:
+    """Written after every micro-batch: what the store has applied, for `cdc status`."""
+    return settings.data_dir / "checkpoints" / settings.pipeline.name / f"{store}.progress.json"
+
+
+def dead_letter_topic(settings: Settings) -> str:
+    return f"{settings.pipeline.topic_prefix}.dlq"
+
+
+class DeadLetters:
+    """Poison events go to the pipeline's dead-letter topic with the error and where they
+    came from (topic, partition, offset); the pipeline goes on."""
+
+    def __init__(self, settings: Settings, store: str) -> None:
+        self.settings, self.store = settings, store
+        self._producer: Any = None
+
+    def send(
+        self, topic: str, partition: int, offset: int, key: Any, value: Any, error: str
+    ) -> None:
+        if self._producer is None:
+            from kafka import KafkaProducer
+
+            self._producer = KafkaProducer(
+                bootstrap_servers=self.settings.kafka.bootstrap_servers, acks="all"
+            )
+        record = {
+            "store": self.store,
+            "error": error,
+            "topic": topic,
+            "partition": partition,
+            "offset": offset,
+            "key": key,
+            "value": value,
+        }
+        self._producer.send(
+            dead_letter_topic(self.settings),
+            key=(key or "").encode(),
+            value=json.dumps(record, default=str).encode(),
+        )
+
+    def flush(self) -> None:
+        if self._producer is not None:
+            self._producer.flush()
 
 
 def warehouse_root(settings: Settings) -> str:
@@ -112,27 +166,95 @@ def _events(rows: Iterator[Any]) -> Iterator[Event]:
 def _batch_writer(
     settings: Settings, store: Store, chunk: int = 5000
 ) -> Callable[[Any, int], None]:
+    dead = DeadLetters(settings, store.name)
+
     def write(batch: Any, batch_id: int) -> None:
         tables = _captured_tables(settings)
         topics = {settings.pipeline.topic(t): t for t in tables}
-        events = parse_events(batch, topics).where("table IS NOT NULL")
+        parsed = parse_events(batch, topics).where("table IS NOT NULL").cache()
+        try:
+            _write(parsed, tables, batch_id)
+        finally:
+            parsed.unpersist()
+
+    def _write(parsed: Any, tables: dict[str, Table], batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        for row in parsed.where("error IS NOT NULL").toLocalIterator():
+            dead.send(
+                row["topic"],
+                row["partition"],
+                row["offset"],
+                row["key"],
+                row["value"],
+                row["error"],
+            )
+        events = parsed.where("error IS NULL")
+        summary = events.agg(F.max("commit_ms").alias("commit_ms"), F.count("*").alias("n")).first()
+        offsets = {
+            f"{r['topic']}:{r['partition']}": r["offset"]
+            for r in parsed.groupBy("topic", "partition")
+            .agg(F.max("offset").alias("offset"))
+            .collect()
+        }
         if getattr(store, "spark_native", False):
             store.write_frame(tables, events)  # type: ignore[attr-defined]
+            dead.flush()
+            _record(batch_id, summary, offsets, None)
             return
-        events = events.orderBy("topic", "key", "offset")
         pending: list[Event] = []
         written = stale = 0
-        for event in _events(events.toLocalIterator()):
+
+        def flush_pending() -> None:
+            nonlocal written, stale, pending
+            result = store.write(tables, pending)
+            written, stale, pending = written + result.written, stale + result.stale, []
+            for event, error in result.rejected or []:
+                dead.send(
+                    settings.pipeline.topic(event.table),
+                    event.partition,
+                    event.offset,
+                    event.key,
+                    event.after,
+                    error,
+                )
+
+        for event in _events(events.orderBy("topic", "key", "offset").toLocalIterator()):
             pending.append(event)
             if len(pending) >= chunk:
-                result = store.write(tables, pending)
-                written, stale, pending = written + result.written, stale + result.stale, []
+                flush_pending()
         if pending:
-            result = store.write(tables, pending)
-            written, stale = written + result.written, stale + result.stale
+            flush_pending()
+        dead.flush()
         log.info("%s batch %d: %d written, %d stale", store.name, batch_id, written, stale)
+        _record(batch_id, summary, offsets, {"written": written, "stale": stale})
+
+    def _record(batch_id: int, summary: Any, offsets: dict[str, int], counts: Any) -> None:
+        previous = read_progress(settings, store.name) or {}
+        applied = dict(previous.get("applied", {}))
+        applied.update(offsets)
+        commit_ms = summary["commit_ms"] if summary and summary["n"] else previous.get("commit_ms")
+        record = {
+            "batch": batch_id,
+            "applied": applied,
+            "commit_ms": commit_ms,
+            "applied_ms": int(time.time() * 1000),
+            "last_batch": counts,
+        }
+        path = progress_file(settings, store.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        tmp.replace(path)
 
     return write
+
+
+def read_progress(settings: Settings, store: str) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(progress_file(settings, store).read_text()))
+    except (OSError, ValueError):
+        return None
 
 
 def run_apply(

@@ -87,6 +87,8 @@ def topic_specs(settings: Settings, tables: list[Table]) -> list[TopicSpec]:
     specs.append(TopicSpec(heartbeat_topic(settings), 1, {"retention.ms": "86400000"}))
     specs.append(TopicSpec(transaction_topic(settings), 1, {"retention.ms": "604800000"}))
     specs.append(TopicSpec(f"{pipe.topic_prefix}.notifications", 1, {"retention.ms": "604800000"}))
+    # poison events, with the error and where they came from; kept a month
+    specs.append(TopicSpec(f"{pipe.topic_prefix}.dlq", 1, {"retention.ms": "2592000000"}))
     return specs
 
 

@@ -112,3 +112,65 @@ def test_toast_placeholders_key_changes_and_new_columns(stack: RunningStack) -> 
         drop_pipeline(settings)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+def test_a_poison_event_goes_to_the_dead_letter_topic_and_the_pipeline_goes_on(
+    stack: RunningStack,
+) -> None:
+    from kafka import KafkaProducer
+
+    from cdc.pipeline import pipeline_status
+    from materializers.apply import dead_letter_topic
+
+    name = "poison_" + uuid.uuid4().hex[:8]
+    table = f"public.{name}"
+    settings = pipeline_for(stack.settings, [table])
+    dsn = settings.postgres.dsn()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, qty int)")
+        conn.execute(f"INSERT INTO {name} SELECT g, g FROM generate_series(1, 50) g")
+    try:
+        run_snapshot(settings, Console(file=io.StringIO()))
+        producer = KafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
+        sent = producer.send(
+            settings.pipeline.topic(table), key=b'{"id":7}', value=b"\x00 not json {"
+        ).get(timeout=30)
+        producer.close()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"UPDATE {name} SET qty = -qty WHERE id <= 5")
+        deadline = time.monotonic() + 60
+        topic = settings.pipeline.topic(table)
+
+        def updates() -> int:  # the poison record is not JSON: look at bytes only
+            found = read_topic(settings.kafka.bootstrap_servers, topic)
+            return sum(1 for r in found if b'"op":"u"' in (r.value_bytes or b""))
+
+        while updates() < 5:
+            assert time.monotonic() < deadline
+            time.sleep(1)
+        run_apply(settings, ["cache", "search", "warehouse"], once=True)
+
+        assert cache_contents(settings, table) == expected_cache(settings, table)
+        assert search_contents(settings, table) == expected_search(settings, table)
+        assert warehouse_rows(settings, table, ["qty"]) == source_tuples(settings, table, ["qty"])
+        letters = [
+            r.value
+            for r in read_topic(settings.kafka.bootstrap_servers, dead_letter_topic(settings))
+        ]
+        assert len(letters) == 3  # one per store
+        assert {(d["topic"], d["partition"], d["offset"]) for d in letters} == {
+            (topic, sent.partition, sent.offset)
+        }
+        assert {d["store"] for d in letters} == {"cache", "search", "warehouse"}
+        assert all(d["error"] for d in letters)
+        status = pipeline_status(settings, [table])
+        assert status.dead_letters == 3
+        assert {s: v["backlog_events"] for s, v in status.stores.items()} == {
+            "cache": 0,
+            "search": 0,
+            "warehouse": 0,
+        }
+    finally:
+        drop_pipeline(settings)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {name}")
