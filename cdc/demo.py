@@ -1,5 +1,6 @@
 """The demo people run first: the stack comes up, the demo tables are snapshotted at a known
-offset, and changes made in PostgreSQL appear as Debezium change events in Kafka."""
+offset, changes made in PostgreSQL appear as Debezium change events in Kafka, and the apply
+job brings them into the warehouse, the search index and the cache."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ import psycopg
 from rich.console import Console
 from rich.table import Table
 
+from cdc.components.redis import redis_client
 from cdc.pipeline import pipe_streams, pipeline_status, sync_pipeline
 from cdc.render import pipeline_table, status_table
 from cdc.settings import PROJECT_ROOT, Settings
 from cdc.stack import Stack
 from cdc.topics import read_topic, wait_for_records
+from materializers.apply import run_apply
+from materializers.stores.cache import cache_key
 from snapshot.initial import run_snapshot
 
 __all__ = ["run_demo"]
@@ -82,6 +86,16 @@ def run_demo(
             after,
         )
     out.print(table)
+
+    progress("applying the change topics to the warehouse, the search index and the cache")
+    run_apply(settings, once=True)
+    entry = redis_client(settings.redis).hgetall(
+        cache_key(settings.pipeline.topic_prefix, TABLE, '{"id":1}')
+    )
+    out.print(
+        "cache entry of customer 1: "
+        + json.dumps({k.decode(): v.decode() for k, v in entry.items()}, ensure_ascii=False)
+    )
     out.print(status_table(stack.status()))
     out.print(pipeline_table(pipeline_status(settings)))
     if not keep:
