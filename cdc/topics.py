@@ -159,13 +159,18 @@ class ChangeRecord:
         return None if value is None else value.get("op")
 
 
-def read_topic(bootstrap_servers: str, topic: str, timeout: float = 10.0) -> list[ChangeRecord]:
-    """Every record of topic, partition by partition in offset order, up to its end now."""
+def read_topic(bootstrap_servers: str, topic: str, timeout: float = 300.0) -> list[ChangeRecord]:
+    """Every record of topic, partition by partition in offset order, up to its end now.
+
+    Raises TimeoutError rather than return part of the topic.
+    """
     consumer = KafkaConsumer(
         bootstrap_servers=bootstrap_servers,
         enable_auto_commit=False,
-        consumer_timeout_ms=int(timeout * 1000),
         request_timeout_ms=30000,
+        max_poll_records=20000,
+        max_partition_fetch_bytes=16 * 1024 * 1024,
+        fetch_max_bytes=64 * 1024 * 1024,
     )
     try:
         partitions = consumer.partitions_for_topic(topic) or set()
@@ -179,7 +184,7 @@ def read_topic(bootstrap_servers: str, topic: str, timeout: float = 10.0) -> lis
         deadline = time.monotonic() + timeout
         while any(consumer.position(tp) < end[tp] for tp in tps):
             if time.monotonic() > deadline:
-                break
+                raise TimeoutError(f"could not read topic {topic} to its end within {timeout:.0f}s")
             for tp, batch in consumer.poll(timeout_ms=500).items():
                 records += [ChangeRecord(tp.partition, r.offset, r.key, r.value) for r in batch]
         return sorted(records, key=lambda r: (r.partition, r.offset))

@@ -51,7 +51,7 @@ def test_connect_killed_and_restarted_loses_nothing(stack: RunningStack) -> None
         assert writer.error is None
 
         table = table_info(settings, f"public.{name}")
-        _, records = wait_until_equal(settings, table, timeout=120)
+        _, records = wait_until_equal(settings, table, timeout=300)
         for key, events in events_by_key(records).items():
             versions = [e.value["after"]["version"] for e in events if e.op in ("r", "c", "u")]
             # a restart replays from the last committed offset: duplicates are allowed,
