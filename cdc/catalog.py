@@ -11,7 +11,14 @@ import psycopg
 from cdc.errors import SourceError
 from cdc.settings import PipelineSettings
 
-__all__ = ["Column", "Table", "check_wal_level", "describe_table", "resolve_tables"]
+__all__ = [
+    "Column",
+    "Table",
+    "check_wal_level",
+    "describe_table",
+    "published_tables",
+    "resolve_tables",
+]
 
 # our own bookkeeping (signal, heartbeat, snapshot state) is never captured as data
 OWN_SCHEMA = "cdc"
@@ -44,6 +51,16 @@ class Table:
 
     def column(self, name: str) -> Column:
         return next(c for c in self.columns if c.name == name)
+
+
+def published_tables(conn: psycopg.Connection[Any], publication: str) -> list[str]:
+    """The captured tables a publication holds ("schema.table"), without the pipeline's own."""
+    rows = conn.execute(
+        "SELECT schemaname, tablename FROM pg_publication_tables "
+        "WHERE pubname = %s AND schemaname <> %s ORDER BY 1, 2",
+        (publication, OWN_SCHEMA),
+    ).fetchall()
+    return [f"{schema}.{name}" for schema, name in rows]
 
 
 def check_wal_level(conn: psycopg.Connection[Any]) -> None:

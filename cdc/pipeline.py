@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from cdc.catalog import published_tables
 from cdc.connect import ConnectClient
 from cdc.errors import CdcError
 from cdc.settings import Settings
@@ -54,14 +55,7 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
                     "wal_status": row[3],
                 }
             if tables is None:
-                tables = [
-                    f"{s}.{t}"
-                    for s, t in conn.execute(
-                        "SELECT schemaname, tablename FROM pg_publication_tables "
-                        "WHERE pubname = %s AND schemaname <> 'cdc' ORDER BY 1, 2",
-                        (pipe.publication,),
-                    ).fetchall()
-                ]
+                tables = published_tables(conn, pipe.publication)
         connectors = ConnectClient(settings.connect.url).connectors()
         entry = connectors.get(pipe.connector, {}).get("status")
         if entry:
@@ -100,14 +94,7 @@ class SyncResult:
 
 def _published(settings: Settings) -> list[str]:
     with admin_connection(settings) as conn:
-        return [
-            f"{s}.{t}"
-            for s, t in conn.execute(
-                "SELECT schemaname, tablename FROM pg_publication_tables "
-                "WHERE pubname = %s AND schemaname <> 'cdc' ORDER BY 1, 2",
-                (settings.pipeline.publication,),
-            ).fetchall()
-        ]
+        return published_tables(conn, settings.pipeline.publication)
 
 
 def sync_pipeline(settings: Settings) -> SyncResult:

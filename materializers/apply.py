@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from cdc.catalog import Table, describe_table
+from cdc.catalog import Table, describe_table, published_tables
 from cdc.decode import UNAVAILABLE
 from cdc.settings import Settings
 from cdc.source import admin_connection
@@ -117,14 +117,7 @@ def _captured_tables(settings: Settings) -> dict[str, Table]:
     schema change reaches the stores without a restart)."""
     pipe = settings.pipeline
     with admin_connection(settings) as conn:
-        names = [
-            f"{s}.{t}"
-            for s, t in conn.execute(
-                "SELECT schemaname, tablename FROM pg_publication_tables "
-                "WHERE pubname = %s AND schemaname <> 'cdc' ORDER BY 1, 2",
-                (pipe.publication,),
-            ).fetchall()
-        ]
+        names = published_tables(conn, pipe.publication)
         return {name: describe_table(conn, name, pipe) for name in names}
 
 
