@@ -12,7 +12,7 @@ from cdc.components.connect import DEBEZIUM_POSTGRES
 from cdc.connect import ConnectClient
 from cdc.errors import ConnectorError
 from cdc.settings import Settings
-from cdc.source import HEARTBEAT_TABLE, SIGNAL_TABLE
+from cdc.source import HEARTBEAT_TABLE, SIGNAL_TABLE, TRUNCATIONS_TABLE
 
 __all__ = [
     "connector_config",
@@ -83,7 +83,8 @@ def pipeline_connector_config(settings: Settings, tables: Sequence[Table]) -> di
     config = connector_config(
         settings,
         topic_prefix=pipe.topic_prefix,
-        tables=[t.qualified for t in tables],
+        # cdc.truncations: a TRUNCATE of a captured table, as a keyed row
+        tables=[*(t.qualified for t in tables), TRUNCATIONS_TABLE],
         slot=pipe.slot,
         publication=pipe.publication,
         user=pipe.replication_user,

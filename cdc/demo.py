@@ -14,16 +14,34 @@ from rich.table import Table
 from cdc.components.redis import redis_client
 from cdc.pipeline import pipe_streams, pipeline_status, sync_pipeline
 from cdc.render import pipeline_table, status_table
-from cdc.settings import PROJECT_ROOT, Settings
+from cdc.settings import PROJECT_ROOT, JoinView, Settings, WindowAggregate
 from cdc.stack import Stack
 from cdc.topics import read_topic, wait_for_records
 from materializers.apply import run_apply
 from materializers.stores.cache import cache_key
 from snapshot.initial import run_snapshot
 
-__all__ = ["run_demo"]
+__all__ = ["DEMO_JOIN", "DEMO_WINDOW", "run_demo", "with_demo_views"]
 
 TABLE = "public.customers"
+# the derived data the demo keeps in the warehouse
+DEMO_JOIN = JoinView(
+    name="orders_enriched",
+    table="public.orders",
+    references="public.customers",
+    on="customer_id",
+    columns=["name", "email", "country"],
+)
+DEMO_WINDOW = WindowAggregate(name="orders_per_minute", table="public.orders", sum="total")
+
+
+def with_demo_views(settings: Settings) -> Settings:
+    """The settings with the demo's join view and window aggregate, unless views are set."""
+    apply = settings.apply
+    if apply.joins or apply.windows:
+        return settings
+    views = apply.model_copy(update={"joins": [DEMO_JOIN], "windows": [DEMO_WINDOW]})
+    return settings.model_copy(update={"apply": views})
 
 
 def run_demo(
@@ -37,14 +55,10 @@ def run_demo(
         conn.execute((PROJECT_ROOT / "sql" / "demo_schema.sql").read_text())
         count = conn.execute("SELECT count(*) FROM customers").fetchone()
         if count and count[0] == 0:
-            conn.execute(
-                "INSERT INTO customers (email, name, country, balance, attributes) "
-                "SELECT 'customer' || g || '@example.com', 'Customer ' || g, "
-                "(ARRAY['NL', 'DE', 'FR', 'GB', 'US'])[1 + g % 5], (g * 7.31) % 1000, "
-                "jsonb_build_object('tier', (ARRAY['gold', 'silver', 'bronze'])[1 + g % 3]) "
-                "FROM generate_series(1, 5000) g"
-            )
-            conn.execute("ANALYZE customers")
+            progress("adding the demo rows (sql/demo_seed.sql)")
+            with conn.transaction():
+                conn.execute((PROJECT_ROOT / "sql" / "demo_seed.sql").read_text())
+    settings = with_demo_views(settings)
 
     if pipe_streams(settings):
         progress(f"pipeline {settings.pipeline.name} already streams; checking its tables")

@@ -14,6 +14,7 @@ __all__ = [
     "NotInstalledError",
     "PortInUseError",
     "SourceError",
+    "StoreError",
 ]
 
 
@@ -57,3 +58,9 @@ class SourceError(CdcError):
     """The source database is not as the pipeline needs it (a table, a key, a privilege)."""
 
     exit_code = 7
+
+
+class StoreError(CdcError):
+    """A store refused what the apply job had to do (a write, a schema change)."""
+
+    exit_code = 8

@@ -28,6 +28,7 @@ class PipelineStatus:
     topics: dict[str, int] = field(default_factory=dict)  # end offset summed over partitions
     stores: dict[str, dict[str, Any]] = field(default_factory=dict)  # per store: backlog, lag
     dead_letters: int = 0
+    late_events: dict[str, int] = field(default_factory=dict)  # per window aggregate
     error: str | None = None
 
 
@@ -78,6 +79,7 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
             status.dead_letters = sum(dlq.values())
             status.topics = {t: sum(parts.values()) for t, parts in ends.items()}
             status.stores = _store_progress(settings, ends)
+            status.late_events = _late_events(settings)
     except CdcError as exc:
         status.error = str(exc)
     return status
@@ -160,6 +162,18 @@ def _store_progress(
             "applied_at_ms": progress.get("applied_ms"),
         }
     return stores
+
+
+def _late_events(settings: Settings) -> dict[str, int]:
+    """Per window aggregate: the events that came after its watermark (not counted)."""
+    from materializers.apply import read_progress
+
+    late = {}
+    for window in settings.apply.windows:
+        progress = read_progress(settings, f"window-{window.name}")
+        if progress is not None:
+            late[window.name] = int(progress.get("late", 0))
+    return late
 
 
 def drop_pipeline(settings: Settings) -> list[str]:

@@ -89,6 +89,8 @@ def pipeline_table(p: PipelineStatus) -> Table:
     for store, s in p.stores.items():
         lag = "?" if s["lag_s"] is None else f"{s['lag_s']:.1f}s"
         table.add_row(f"store {store}", f"backlog {s['backlog_events']} events; lag {lag}")
+    for window, late in p.late_events.items():
+        table.add_row(f"window {window}", f"{late} events too late for the watermark")
     dead = f"[red]{p.dead_letters}[/red]" if p.dead_letters else "0"
     table.add_row("dead letters", dead)
     return table

@@ -111,6 +111,49 @@ class SparkSettings(BaseModel):
 StoreName = Literal["warehouse", "search", "cache"]
 
 
+ViewName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,62}$")]
+QualifiedTable = Annotated[str, Field(pattern=r"^[^.\s]+\.[^.\s]+$")]
+
+
+class JoinView(BaseModel):
+    """A table joined with the table one of its columns references, kept in the warehouse.
+
+    Each row of `table` with `columns` of the `references` row whose primary key equals
+    its `on` column (NULLs when there is none), named `<prefix><column>`. A change on
+    either side updates the joined rows.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: ViewName
+    table: QualifiedTable
+    references: QualifiedTable
+    on: str = Field(description="the column of `table` holding the referenced primary key")
+    columns: list[str] = Field(min_length=1, description="the referenced table's columns")
+    prefix: str | None = Field(None, description="default: `on` without _id, then _")
+
+    @property
+    def column_prefix(self) -> str:
+        return self.prefix if self.prefix is not None else self.on.removesuffix("_id") + "_"
+
+
+class WindowAggregate(BaseModel):
+    """Rows created in `table` per tumbling window of commit time, and the sum of a column.
+
+    A Structured Streaming aggregation with a watermark: an event whose commit time is
+    older than the newest commit time seen minus `watermark` is too late and not
+    counted (`cdc status` shows how many were).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: ViewName
+    table: QualifiedTable
+    sum: str | None = Field(None, description="a numeric column to add up")
+    window: str = Field("1 minute", pattern=r"^\d+ (second|minute|hour|day)s?$")
+    watermark: str = Field("10 minutes", pattern=r"^\d+ (second|minute|hour|day)s?$")
+
+
 class ApplySettings(BaseModel):
     """The apply job: how often it runs, how much it takes per micro-batch, where it keeps state."""
 
@@ -126,6 +169,10 @@ class ApplySettings(BaseModel):
     )
     warehouse_path: str | None = Field(
         None, description="Delta tables' root (any Spark filesystem); default data_dir/warehouse"
+    )
+    joins: list[JoinView] = Field(default_factory=list, description="join views to keep")
+    windows: list[WindowAggregate] = Field(
+        default_factory=list, description="windowed aggregates to keep"
     )
 
 

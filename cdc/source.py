@@ -4,7 +4,9 @@
 leaves nothing half made): the pipeline's own schema (signal, heartbeat and
 snapshot-state tables), the replication role, its grants on exactly the
 captured tables, the configured replica identities, and the publication that
-holds exactly the captured tables plus the signal and heartbeat tables.
+holds exactly the captured tables plus the signal, heartbeat and truncations
+tables, and a TRUNCATE trigger on every table some pipeline captures (and on no
+other).
 """
 
 from __future__ import annotations
@@ -19,11 +21,19 @@ from cdc.catalog import OWN_SCHEMA, Table, check_wal_level, resolve_tables
 from cdc.errors import ComponentError, SourceError
 from cdc.settings import PROJECT_ROOT, Settings
 
-__all__ = ["admin_connection", "drop_publication", "prepare_source", "replication_dsn"]
+__all__ = [
+    "admin_connection",
+    "drop_publication",
+    "prepare_source",
+    "replication_dsn",
+    "sync_truncate_triggers",
+]
 
 log = logging.getLogger(__name__)
 SIGNAL_TABLE = f"{OWN_SCHEMA}.debezium_signal"
 HEARTBEAT_TABLE = f"{OWN_SCHEMA}.heartbeat"
+TRUNCATIONS_TABLE = f"{OWN_SCHEMA}.truncations"
+TRUNCATE_TRIGGER = "cdc_record_truncate"
 
 
 def admin_connection(settings: Settings) -> psycopg.Connection[Any]:
@@ -87,6 +97,7 @@ def prepare_source(settings: Settings) -> list[Table]:
                 )
                 _grant_reading(conn, pipe.replication_user, tables)
                 _publish(conn, pipe.publication, tables)
+                sync_truncate_triggers(conn)
         except errors.InsufficientPrivilege as exc:
             raise SourceError(
                 f"PostgreSQL user {settings.postgres.user} lacks a privilege the setup needs "
@@ -130,6 +141,7 @@ def _publish(conn: psycopg.Connection[Any], publication: str, tables: list[Table
     names = [sql.Identifier(t.schema, t.name) for t in tables] + [
         sql.Identifier(*SIGNAL_TABLE.split(".")),
         sql.Identifier(*HEARTBEAT_TABLE.split(".")),
+        sql.Identifier(*TRUNCATIONS_TABLE.split(".")),
     ]
     exists = conn.execute(
         "SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)
@@ -147,5 +159,43 @@ def drop_publication(settings: Settings) -> bool:
             conn.execute(
                 sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(settings.pipeline.publication))
             )
+            sync_truncate_triggers(conn)
             conn.commit()
         return bool(exists)
+
+
+def sync_truncate_triggers(conn: psycopg.Connection[Any]) -> None:
+    """A TRUNCATE trigger on exactly the tables a pipeline's publication holds.
+
+    The trigger records the TRUNCATE as a row of cdc.truncations (see
+    sql/pipeline_schema.sql); a table no pipeline captures any more loses it.
+    """
+    wanted = {
+        (r[0], r[1])
+        for r in conn.execute(
+            "SELECT p.schemaname, p.tablename FROM pg_publication_tables p "
+            "WHERE p.pubname IN (SELECT pubname FROM pg_publication_tables "
+            "  WHERE schemaname = %s AND tablename = 'truncations') AND p.schemaname <> %s",
+            (OWN_SCHEMA, OWN_SCHEMA),
+        )
+    }
+    have = {
+        (r[0], r[1])
+        for r in conn.execute(
+            "SELECT n.nspname, c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE t.tgname = %s",
+            (TRUNCATE_TRIGGER,),
+        )
+    }
+    trigger = sql.Identifier(TRUNCATE_TRIGGER)
+    for schema, name in sorted(wanted - have):
+        conn.execute(
+            sql.SQL(
+                "CREATE TRIGGER {} AFTER TRUNCATE ON {} FOR EACH STATEMENT "
+                "EXECUTE FUNCTION cdc.record_truncate()"
+            ).format(trigger, sql.Identifier(schema, name))
+        )
+    for schema, name in sorted(have - wanted):
+        conn.execute(
+            sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(trigger, sql.Identifier(schema, name))
+        )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,10 +20,11 @@ from typing import Any
 from cdc.catalog import Table, describe_table, published_tables
 from cdc.decode import UNAVAILABLE
 from cdc.settings import Settings
-from cdc.source import admin_connection
+from cdc.source import TRUNCATIONS_TABLE, admin_connection
 from cdc.spark import spark_session
 from materializers.events import parse_events
 from materializers.stores.base import Event, Store
+from materializers.views import check_views, window_query
 
 __all__ = [
     "checkpoint_dir",
@@ -108,7 +110,7 @@ def make_store(settings: Settings, name: str, spark: Any = None) -> Store:
     if name == "warehouse":
         from materializers.stores.warehouse import WarehouseStore
 
-        return WarehouseStore(spark, warehouse_root(settings))
+        return WarehouseStore(spark, warehouse_root(settings), settings.apply.joins)
     raise ValueError(f"unknown store {name}")
 
 
@@ -163,7 +165,7 @@ def _batch_writer(
 
     def write(batch: Any, batch_id: int) -> None:
         tables = _captured_tables(settings)
-        topics = {settings.pipeline.topic(t): t for t in tables}
+        topics = {settings.pipeline.topic(t): t for t in [*tables, TRUNCATIONS_TABLE]}
         parsed = parse_events(batch, topics).where("table IS NOT NULL").cache()
         try:
             _write(parsed, tables, batch_id)
@@ -182,7 +184,7 @@ def _batch_writer(
                 row["value"],
                 row["error"],
             )
-        events = parsed.where("error IS NULL")
+        events = _truncated(parsed.where("error IS NULL"), tables)
         summary = events.agg(F.max("commit_ms").alias("commit_ms"), F.count("*").alias("n")).first()
         offsets = {
             f"{r['topic']}:{r['partition']}": r["offset"]
@@ -222,6 +224,36 @@ def _batch_writer(
         log.info("%s batch %d: %d written, %d stale", store.name, batch_id, written, stale)
         _record(batch_id, summary, offsets, {"written": written, "stale": stale})
 
+    def _truncated(events: Any, tables: dict[str, Table]) -> Any:
+        """Apply the batch's TRUNCATEs (rows of cdc.truncations) to the store, in LSN
+        order, and drop every event of a truncated table from before its TRUNCATE. The
+        cut-offs are kept in the progress file, so an event from before a TRUNCATE that
+        comes in a later batch (another topic, read further behind) is dropped too."""
+        from pyspark.sql import functions as F
+
+        cutoffs = dict((read_progress(settings, store.name) or {}).get("truncated", {}))
+        found = (
+            events.where(F.col("table") == TRUNCATIONS_TABLE)
+            .where("op IN ('c', 'r')")
+            .select(F.get_json_object("after", "$.table_name").alias("name"), "lsn", "commit_ms")
+            .orderBy("lsn")
+            .collect()
+        )
+        for row in found:
+            if row["name"] in tables:
+                store.truncate(tables[row["name"]], row["lsn"], row["commit_ms"])
+                cutoffs[row["name"]] = max(row["lsn"], cutoffs.get(row["name"], 0))
+        truncations[0] = cutoffs
+        events = events.where(F.col("table") != TRUNCATIONS_TABLE)
+        for name, lsn in cutoffs.items():
+            # tombstones (no LSN) follow their delete event, which the cut-off judges
+            events = events.where(
+                (F.col("table") != name) | F.col("lsn").isNull() | (F.col("lsn") > lsn)
+            )
+        return events
+
+    truncations: list[dict[str, int]] = [{}]
+
     def _record(batch_id: int, summary: Any, offsets: dict[str, int], counts: Any) -> None:
         previous = read_progress(settings, store.name) or {}
         applied = dict(previous.get("applied", {}))
@@ -233,6 +265,7 @@ def _batch_writer(
             "commit_ms": commit_ms,
             "applied_ms": int(time.time() * 1000),
             "last_batch": counts,
+            "truncated": truncations[0],
         }
         path = progress_file(settings, store.name)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -241,6 +274,31 @@ def _batch_writer(
         tmp.replace(path)
 
     return write
+
+
+def _note_late(settings: Settings, windows: dict[str, Any]) -> None:
+    """Events a windowed aggregate did not count (later than its watermark), added up
+    per window in `window-<name>.progress.json` for `cdc status`."""
+    for name, query in windows.items():
+        path = progress_file(settings, f"window-{name}")
+        try:
+            noted = json.loads(path.read_text())
+        except (OSError, ValueError):
+            noted = {"late": 0, "batch": -1}
+        fresh = [p for p in query.recentProgress if p["batchId"] > noted["batch"]]
+        if not fresh:
+            continue
+        for progress in fresh:
+            for operator in progress.get("stateOperators", []):
+                noted["late"] += int(operator.get("numRowsDroppedByWatermark", 0))
+        noted["batch"] = max(p["batchId"] for p in fresh)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(noted))
+
+
+def change_topic_pattern(settings: Settings) -> str:
+    """`<prefix>.<schema>.<table>`: not the transaction, notification or dead-letter topics."""
+    return rf"^{re.escape(settings.pipeline.topic_prefix)}\.[^.]+\.[^.]+$"
 
 
 def read_progress(settings: Settings, store: str) -> dict[str, Any] | None:
@@ -259,15 +317,18 @@ def run_apply(
     """Run the apply job. once: apply what the topics hold now, then return."""
     spark = spark_session(settings, f"cdc-apply-{settings.pipeline.name}")
     tables = _captured_tables(settings)
-    topics = [settings.pipeline.topic(t) for t in tables]
+    selected = stores or list(settings.apply.stores)
+    if "warehouse" in selected:
+        check_views(settings, tables)
     queries = []
-    for name in stores or list(settings.apply.stores):
+    for name in selected:
         store = make_store(settings, name, spark)
         store.prepare(tables.values())
         source = (
             spark.readStream.format("kafka")
             .option("kafka.bootstrap.servers", settings.kafka.bootstrap_servers)
-            .option("subscribe", ",".join(topics))
+            # every change topic of the pipeline, also of tables added while it runs
+            .option("subscribePattern", change_topic_pattern(settings))
             .option("startingOffsets", "earliest")
             # records a re-snapshot deleted are gone on purpose; start from what is there
             .option("failOnDataLoss", "false")
@@ -285,15 +346,28 @@ def run_apply(
             else writer.trigger(processingTime=f"{settings.apply.trigger_interval_s} seconds")
         )
         queries.append(writer.start())
+    windows: dict[str, Any] = {}
+    for window in settings.apply.windows if "warehouse" in selected else []:
+        checkpoint = str(checkpoint_dir(settings, f"window-{window.name}"))
+        writer = window_query(spark, settings, window, tables[window.table], checkpoint)
+        writer = (
+            writer.trigger(availableNow=True)
+            if once
+            else writer.trigger(processingTime=f"{settings.apply.trigger_interval_s} seconds")
+        )
+        windows[window.name] = writer.start()
+        queries.append(windows[window.name])
     if once:
         for query in queries:
             query.awaitTermination()
+        _note_late(settings, windows)
         return
     try:
         while not (stop and stop.is_set()):
             for query in queries:
                 if query.exception() is not None:
                     raise RuntimeError(str(query.exception()))
+            _note_late(settings, windows)
             if stop is None:
                 queries[0].awaitTermination(1)
             else:

@@ -38,7 +38,7 @@ from cdc.catalog import Table
 from cdc.connect import ConnectClient
 from cdc.errors import CdcError, ConnectorError
 from cdc.settings import Settings
-from cdc.source import admin_connection, prepare_source, replication_dsn
+from cdc.source import TRUNCATIONS_TABLE, admin_connection, prepare_source, replication_dsn
 from cdc.spark import spark_session
 from cdc.topics import TopicSpec, change_topic_spec, end_offsets, ensure_topics, truncate_topics
 from snapshot.encoding import SnapshotPoint, event_query, int_to_lsn
@@ -84,6 +84,7 @@ def ctid_ranges(pages: int, pages_per_reader: int) -> list[str]:
 def topic_specs(settings: Settings, tables: list[Table]) -> list[TopicSpec]:
     pipe = settings.pipeline
     specs = [change_topic_spec(pipe, t.qualified) for t in tables]
+    specs.append(change_topic_spec(pipe, TRUNCATIONS_TABLE))
     specs.append(TopicSpec(heartbeat_topic(settings), 1, {"retention.ms": "86400000"}))
     specs.append(TopicSpec(transaction_topic(settings), 1, {"retention.ms": "604800000"}))
     specs.append(TopicSpec(f"{pipe.topic_prefix}.notifications", 1, {"retention.ms": "604800000"}))

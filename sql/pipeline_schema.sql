@@ -28,3 +28,21 @@ CREATE TABLE IF NOT EXISTS cdc.snapshots (
     finished_at  timestamptz,
     rows         bigint
 );
+
+-- A TRUNCATE of a captured table, recorded by a statement trigger in the truncating
+-- transaction. Debezium's own truncate events carry no key, and a compacted topic
+-- refuses keyless records; this row is keyed, and its LSN orders it among the
+-- table's changes, so every store empties the table as of that point.
+CREATE TABLE IF NOT EXISTS cdc.truncations (
+    id           bigserial PRIMARY KEY,
+    table_name   text NOT NULL,
+    truncated_at timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE OR REPLACE FUNCTION cdc.record_truncate() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+BEGIN
+    INSERT INTO cdc.truncations (table_name) VALUES (TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME);
+    RETURN NULL;
+END
+$$;

@@ -12,3 +12,4 @@ ALTER ROLE {role} WITH LOGIN REPLICATION PASSWORD {password};
 GRANT CONNECT ON DATABASE {database} TO {role};
 GRANT USAGE ON SCHEMA cdc TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON cdc.debezium_signal, cdc.heartbeat, cdc.snapshots TO {role};
+GRANT SELECT ON cdc.truncations TO {role};

@@ -124,6 +124,8 @@ class Postgres(Component):
             "shared_buffers": "256MB",
             "max_wal_size": "2GB",
             "logging_collector": "off",
+            # commit times of rows (pg_xact_commit_timestamp), for checking window aggregates
+            "track_commit_timestamp": "on",
         }
         argv = [self._bin("postgres"), "-D", str(self.data_path)]
         for key, value in settings.items():

@@ -47,5 +47,9 @@ class Store(ABC):
     def write(self, tables: dict[str, Table], events: list[Event]) -> WriteResult:
         """Write each event if it is newer than what the store holds for its key."""
 
+    @abstractmethod
+    def truncate(self, table: Table, before_lsn: int, commit_ms: int) -> None:
+        """A TRUNCATE at before_lsn: every row written before it goes (idempotent)."""
+
     def close(self) -> None:  # noqa: B027 - optional
         """Release connections."""

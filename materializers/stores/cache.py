@@ -58,6 +58,21 @@ return 1
 """
 
 
+# KEYS[1] a row's hash. ARGV: the TRUNCATE's LSN, marker ttl. A row written before the
+# TRUNCATE becomes a deleted marker that keeps its position.
+_TRUNCATE = """
+if redis.call('HEXISTS', KEYS[1], '_deleted') == 1 then return 0 end
+local lsn = redis.call('HGET', KEYS[1], '_lsn')
+if lsn and lsn ~= '' and tonumber(lsn) >= tonumber(ARGV[1]) then return 0 end
+local offset = redis.call('HGET', KEYS[1], '_offset')
+local partition = redis.call('HGET', KEYS[1], '_partition')
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], '_offset', offset, '_partition', partition, '_deleted', '1')
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
+return 1
+"""
+
+
 def cache_key(prefix: str, table: str, key: str) -> str:
     return f"{prefix}:{table}:{key}"
 
@@ -87,6 +102,7 @@ class CacheStore(Store):
         self.prefix = prefix
         self.marker_ttl_s = marker_ttl_s
         self.script = self.client.register_script(_WRITE)
+        self.truncate_script = self.client.register_script(_TRUNCATE)
 
     def prepare(self, tables: Iterable[Table]) -> None:
         self.client.ping()
@@ -122,6 +138,13 @@ class CacheStore(Store):
             else:
                 result.stale += 1
         return result
+
+    def truncate(self, table: Table, before_lsn: int, commit_ms: int) -> None:
+        pattern = cache_key(self.prefix, table.qualified, "*")
+        pipe = self.client.pipeline(transaction=False)
+        for key in self.client.scan_iter(match=pattern, count=1000):
+            self.truncate_script(keys=[key], args=[before_lsn, self.marker_ttl_s], client=pipe)
+        pipe.execute()
 
     def close(self) -> None:
         self.client.close()

@@ -19,17 +19,20 @@ from opensearchpy import OpenSearch, helpers
 
 from cdc.catalog import Column, Table
 from cdc.decode import UNAVAILABLE, decode_value
+from cdc.errors import StoreError
 from materializers.stores.base import Event, Store, WriteResult
 from materializers.stores.cache import cache_text
 
 __all__ = ["SearchStore", "document_value", "field_mapping", "index_name", "plain_value"]
 
 _NUMERIC = {
-    "int2": "short",
-    "int4": "integer",
+    # integers as long and floats as double: widening a column's type in PostgreSQL
+    # never conflicts with the index's mapping
+    "int2": "long",
+    "int4": "long",
     "int8": "long",
     "oid": "long",
-    "float4": "float",
+    "float4": "double",
     "float8": "double",
     "numeric": "double",
     "money": "double",
@@ -160,6 +163,37 @@ class SearchStore(Store):
                 event = by_id[(info["_index"], info["_id"])]
                 result.rejected.append((event, str(info.get("error"))[:500]))  # type: ignore[union-attr]
         return result
+
+    def truncate(self, table: Table, before_lsn: int, commit_ms: int) -> None:
+        """Delete every document written before the TRUNCATE, each at its own version
+        (external_gte), so that its key's later events still win."""
+        index = index_name(self.prefix, table.qualified)
+        if not self.client.indices.exists(index=index):
+            return
+        self.client.indices.refresh(index=index)
+        hits = helpers.scan(
+            self.client,
+            index=index,
+            query={"query": {"range": {"_cdc_lsn": {"lt": before_lsn}}}, "version": True},
+            _source=False,
+        )
+        actions = (
+            {
+                "_op_type": "delete",
+                "_index": index,
+                "_id": hit["_id"],
+                "version": hit["_version"],
+                "version_type": "external_gte",
+            }
+            for hit in hits
+        )
+        for ok, item in helpers.streaming_bulk(
+            self.client, actions, raise_on_error=False, chunk_size=2000, max_retries=3
+        ):
+            status = next(iter(item.values())).get("status")
+            if not ok and status not in (404, 409):  # gone, or rewritten since: both fine
+                raise StoreError(f"OpenSearch refused a delete for a TRUNCATE of {index}: {item}")
+        self.client.indices.refresh(index=index)
 
     def _current(self, events: list[Event]) -> dict[tuple[str, str], dict[str, Any]]:
         if not events:

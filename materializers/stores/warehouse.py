@@ -11,15 +11,17 @@ unchanged TOASTed value keeps the stored column.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from cdc.catalog import Table
+from cdc.errors import StoreError
+from cdc.settings import JoinView
 from materializers.stores.base import Event, Store, WriteResult
 from materializers.typed import spark_type, typed_image
 
-__all__ = ["WarehouseStore", "current_path"]
+__all__ = ["WarehouseStore", "current_path", "ensure_delta", "history_path"]
 
 META = ["_cdc_offset", "_cdc_partition", "_cdc_lsn", "_cdc_commit_ts", "_cdc_deleted"]
 
@@ -29,45 +31,200 @@ def current_path(root: str, table: str) -> str:
     return f"{root.rstrip('/')}/{schema}/{name}/current"
 
 
+def history_path(root: str, table: str) -> str:
+    schema, name = table.split(".", 1)
+    return f"{root.rstrip('/')}/{schema}/{name}/history"
+
+
+def ensure_delta(spark: Any, path: str, fields: list[Any]) -> Any:
+    """The Delta table at `path`, created with `fields` or given the ones it lacks."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import types as T
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        if "://" not in path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        DeltaTable.createIfNotExists(spark).location(path).addColumns(
+            T.StructType(fields)
+        ).execute()
+    target = DeltaTable.forPath(spark, path)
+    have = {f.name: f.dataType for f in target.toDF().schema.fields}
+    added = [f for f in fields if f.name not in have]
+    if added:  # a column added in PostgreSQL
+        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in added)
+        spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
+    changed = [f for f in fields if f.name in have and have[f.name] != f.dataType]
+    if changed:  # a column whose type PostgreSQL widened: Delta's type widening
+        spark.sql(
+            f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableTypeWidening' = true)"
+        )
+        for f in changed:
+            try:
+                spark.sql(
+                    f"ALTER TABLE delta.`{path}` ALTER COLUMN `{f.name}` "
+                    f"TYPE {f.dataType.simpleString()}"
+                )
+            except Exception as exc:  # AnalysisException: not a widening Delta supports
+                raise StoreError(
+                    f"column {f.name} changed from {have[f.name].simpleString()} to "
+                    f"{f.dataType.simpleString()}, which Delta cannot widen in place; rebuild "
+                    f"{path} from the log (stop `cdc apply`, remove it and the warehouse "
+                    f"checkpoint, start `cdc apply`): {str(exc).splitlines()[0][:200]}"
+                ) from None
+    if added or changed:
+        target = DeltaTable.forPath(spark, path)
+    return target
+
+
 class WarehouseStore(Store):
     name = "warehouse"
     spark_native = True
 
-    def __init__(self, spark: Any, root: str) -> None:
+    def __init__(self, spark: Any, root: str, joins: Sequence[JoinView] = ()) -> None:
         self.spark = spark
         self.root = root
+        self.joins = list(joins)
+        self._truncated: set[str] = set()
 
     def prepare(self, tables: Iterable[Table]) -> None:
         for table in tables:
             self._ensure(table)
 
     def _ensure(self, table: Table) -> Any:
-        from delta.tables import DeltaTable
+        """The table's current state (SCD type 1), created or widened to its columns."""
         from pyspark.sql import types as T
 
-        path = current_path(self.root, table.qualified)
-        fields = [T.StructField(c.name, spark_type(c)) for c in table.columns]
-        fields += [
-            T.StructField("_cdc_offset", T.LongType()),
-            T.StructField("_cdc_partition", T.IntegerType()),
-            T.StructField("_cdc_lsn", T.LongType()),
-            T.StructField("_cdc_commit_ts", T.TimestampType()),
-            T.StructField("_cdc_deleted", T.BooleanType()),
-        ]
-        if not DeltaTable.isDeltaTable(self.spark, path):
-            if not path.startswith(("s3", "gs", "abfs", "hdfs")):
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-            DeltaTable.createIfNotExists(self.spark).location(path).addColumns(
-                T.StructType(fields)
-            ).execute()
-        target = DeltaTable.forPath(self.spark, path)
-        have = set(target.toDF().columns)
-        added = [f for f in fields if f.name not in have]
-        if added:  # a column added in PostgreSQL
-            columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in added)
-            self.spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
-            target = DeltaTable.forPath(self.spark, path)
-        return target
+        return self._delta(
+            current_path(self.root, table.qualified),
+            [
+                T.StructField("_cdc_offset", T.LongType()),
+                T.StructField("_cdc_partition", T.IntegerType()),
+                T.StructField("_cdc_lsn", T.LongType()),
+                T.StructField("_cdc_commit_ts", T.TimestampType()),
+                T.StructField("_cdc_deleted", T.BooleanType()),
+            ],
+            table,
+        )
+
+    def _history(self, table: Table) -> Any:
+        """The table's history (SCD type 2), created or widened to its columns."""
+        from pyspark.sql import types as T
+
+        return self._delta(
+            history_path(self.root, table.qualified),
+            [
+                T.StructField("_cdc_op", T.StringType()),
+                T.StructField("_cdc_offset", T.LongType()),
+                T.StructField("_cdc_partition", T.IntegerType()),
+                T.StructField("_cdc_lsn", T.LongType()),
+                T.StructField("valid_from", T.TimestampType()),
+                T.StructField("valid_to", T.TimestampType()),
+            ],
+            table,
+        )
+
+    def _delta(self, path: str, meta: list[Any], table: Table) -> Any:
+        from pyspark.sql import types as T
+
+        fields = [T.StructField(c.name, spark_type(c)) for c in table.columns] + meta
+        return ensure_delta(self.spark, path, fields)
+
+    def _write_history(
+        self, table: Table, decoded: Any, placeholders: set[str], current: Any
+    ) -> None:
+        """Every change event of the batch becomes a version (SCD type 2), once.
+
+        Versions are keyed by (key, offset), so a replay adds nothing. valid_from is the
+        commit time and valid_to the next version's valid_from (NULL for the newest); a
+        delete is a version with _cdc_op 'd' and no values (a tombstone is not a
+        version). An unchanged TOASTed value is taken from the key's previous version in
+        the batch, else from the current table. One MERGE inserts the batch's versions
+        and closes each key's open version older than them: a key has at most one open
+        version, and a replayed batch holds the same offsets, so a crash between batches
+        leaves nothing to mend.
+        """
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        history = self._history(table)
+        versions = decoded.where("lsn IS NOT NULL")  # tombstones carry no envelope
+        if placeholders:
+            stored = current.toDF().select(
+                *[F.col(f"`{k}`").alias(f"cur_{k}") for k in table.key],
+                *[F.col(f"`{f[5:]}`").alias(f"cur_{f[5:]}") for f in placeholders],
+            )
+            on = [F.col(f"k_{k}").eqNullSafe(F.col(f"cur_{k}")) for k in table.key]
+            versions = versions.join(stored, on, "left")
+        columns = []
+        for column in table.columns:
+            c = column.name
+            if c in table.key:
+                columns.append(F.col(f"k_{c}").alias(c))
+                continue
+            value = F.col(f"`{c}`")
+            if f"__ph_{c}" in placeholders:
+                known = F.coalesce(F.col(f"__carried_{c}.known"), F.lit(False))
+                value = (
+                    F.when(~F.col(f"__ph_{c}"), value)
+                    .when(known, F.col(f"__carried_{c}.v"))
+                    .otherwise(F.col(f"cur_{c}"))
+                )
+            columns.append(F.when(F.col("op") == "d", None).otherwise(value).alias(c))
+        following = Window.partitionBy("key").orderBy("offset")
+        rows = versions.select(
+            *columns,
+            F.col("op").alias("_cdc_op"),
+            F.col("offset").alias("_cdc_offset"),
+            F.col("partition").alias("_cdc_partition"),
+            F.col("lsn").alias("_cdc_lsn"),
+            F.timestamp_millis("commit_ms").alias("valid_from"),
+            F.lead(F.timestamp_millis("commit_ms")).over(following).alias("valid_to"),
+            F.lit("v").alias("_kind"),
+            F.row_number().over(following).alias("_n"),
+        )
+        # one closer per key: its first version in the batch ends the key's open version
+        closers = rows.where("_n = 1").withColumn("_kind", F.lit("c"))
+        key = " AND ".join(f"h.`{k}` <=> s.`{k}`" for k in table.key)
+        (
+            history.alias("h")
+            .merge(
+                rows.unionByName(closers).drop("_n").alias("s"),
+                f"{key} AND ((s._kind = 'v' AND h._cdc_offset = s._cdc_offset) OR "
+                "(s._kind = 'c' AND h.valid_to IS NULL AND h._cdc_offset < s._cdc_offset))",
+            )
+            .whenMatchedUpdate(condition="s._kind = 'c'", set={"valid_to": "s.valid_from"})
+            .whenNotMatchedInsert(
+                condition="s._kind = 'v'",
+                values={f"`{c}`": f"s.`{c}`" for c in rows.columns if c not in ("_kind", "_n")},
+            )
+            .execute()
+        )
+
+    def truncate(self, table: Table, before_lsn: int, commit_ms: int) -> None:
+        """Rows written before the TRUNCATE become deleted markers; their open history
+        versions end at the TRUNCATE's commit time."""
+        cut = f"_cdc_lsn < {int(before_lsn)}"
+        self._ensure(table).update(
+            condition=f"{cut} AND NOT _cdc_deleted", set={"_cdc_deleted": "true"}
+        )
+        self._history(table).update(
+            condition=f"{cut} AND valid_to IS NULL AND _cdc_op <> 'd'",
+            set={"valid_to": f"timestamp_millis({int(commit_ms)})"},
+        )
+        self._truncated.add(table.qualified)  # its join views are rebuilt after the batch
+
+    def _refresh_joins(self, tables: dict[str, Table], touched: dict[str, Any]) -> None:
+        """Join views over a table the batch changed: their rows for the touched keys,
+        or all their rows after a TRUNCATE of either side."""
+        from materializers.views import refresh_join
+
+        truncated, self._truncated = self._truncated, set()
+        for join in self.joins:
+            sides = {join.table, join.references}
+            if not sides & (set(touched) | truncated) or not sides <= set(tables):
+                continue
+            keys = {} if sides & truncated else {t: touched[t] for t in sides & set(touched)}
+            refresh_join(self.spark, self.root, join, tables, keys)
 
     def write(self, tables: dict[str, Table], events: list[Event]) -> WriteResult:
         raise NotImplementedError("the warehouse writes Spark frames: use write_frame")
@@ -82,6 +239,8 @@ class WarehouseStore(Store):
         from pyspark.sql import functions as F
 
         present = {r["table"] for r in events.select("table").distinct().collect()}
+        joined = {t for j in self.joins for t in (j.table, j.references)}
+        touched: dict[str, Any] = {}
         for name in sorted(present & set(tables)):
             table = tables[name]
             target = self._ensure(table)
@@ -111,7 +270,7 @@ class WarehouseStore(Store):
             )
             placeholders = {c for c in decoded.columns if c.startswith("__ph_")}
             by_key = Window.partitionBy("key").orderBy("offset")
-            history = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+            so_far = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
             types = {c.name: spark_type(c) for c in table.columns}
             for flag in placeholders:
                 c = flag[len("__ph_") :]
@@ -124,8 +283,10 @@ class WarehouseStore(Store):
                     ~F.col(flag), F.struct(F.col(f"`{c}`").alias("v"), F.lit(True).alias("known"))
                 )
                 decoded = decoded.withColumn(
-                    f"__carried_{c}", F.last(value, ignorenulls=True).over(history)
+                    f"__carried_{c}", F.last(value, ignorenulls=True).over(so_far)
                 )
+            decoded = decoded.cache()  # read by the history MERGE and the current one
+            self._write_history(table, decoded, placeholders, target)
             newest = Window.partitionBy("key").orderBy(F.col("offset").desc())
             source = decoded.withColumn("__rank", F.row_number().over(newest)).where("__rank = 1")
             for flag in placeholders:
@@ -189,3 +350,11 @@ class WarehouseStore(Store):
                 )
                 .execute()
             )
+            if name in joined:  # the keys, for the join views' refresh
+                touched[name] = (
+                    decoded.select(*[F.col(f"k_{k}").alias(k) for k in table.key])
+                    .distinct()
+                    .localCheckpoint()
+                )
+            decoded.unpersist()
+        self._refresh_joins(tables, touched)

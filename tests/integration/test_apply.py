@@ -17,7 +17,7 @@ from cdc.pipeline import drop_pipeline
 from materializers.apply import checkpoint_dir, run_apply, warehouse_root
 from materializers.stores.cache import cache_key, cache_text
 from materializers.stores.search import index_name, plain_value
-from materializers.stores.warehouse import current_path
+from materializers.stores.warehouse import current_path, history_path
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.logcheck import pipeline_for, source_rows, table_info, wait_until_equal
@@ -88,6 +88,36 @@ def warehouse_contents(settings, table: str) -> tuple[dict[int, tuple], int]:  #
     return rows, frame.where("_cdc_deleted").count()
 
 
+def history_summary(settings, table: str) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    from pyspark.sql import functions as F
+
+    from cdc.spark import spark_session
+
+    spark = spark_session(settings, "test")
+    h = spark.read.format("delta").load(history_path(warehouse_root(settings), table))
+    per_key = h.groupBy("id").agg(
+        F.count("*").alias("n"),
+        F.sort_array(F.collect_list(F.struct("_cdc_offset", "_cdc_op"))).alias("ops"),
+        F.sum(F.when(F.col("valid_to").isNull(), 1).otherwise(0)).alias("open"),
+    )
+    return {
+        "versions": h.count(),
+        "distinct": h.select("id", "_cdc_offset").distinct().count(),
+        "ops": {r["id"]: [o["_cdc_op"] for o in r["ops"]] for r in per_key.collect()},
+        "one_open_each": per_key.where("open <> 1").count() == 0,
+        "closed_at_next": h.alias("a")
+        .join(
+            h.alias("b"),
+            (F.col("a.id") == F.col("b.id")) & (F.col("a._cdc_offset") < F.col("b._cdc_offset")),
+        )
+        .groupBy("a.id", "a._cdc_offset", "a.valid_to")
+        .agg(F.min_by("b.valid_from", "b._cdc_offset").alias("next_from"))
+        .where("NOT (valid_to <=> next_from)")
+        .count()
+        == 0,
+    }
+
+
 def expected_warehouse(settings, table: str) -> dict[int, tuple]:  # type: ignore[no-untyped-def]
     with psycopg.connect(settings.postgres.dsn()) as conn:
         return {
@@ -130,16 +160,25 @@ def test_every_store_follows_the_source_and_replays_converge(stack: RunningStack
 
         warehouse = expected_warehouse(settings, table)
         assert warehouse_contents(settings, table) == (warehouse, 50)
+        history = history_summary(settings, table)
+        assert history["versions"] == history["distinct"] == 500 + 100 + 50 + 1 + 1
+        assert history["ops"][3] == ["r", "u"] and history["ops"][460] == ["r", "d"]
+        assert history["ops"][7] == ["r", "u", "u"] and history["ops"][1000] == ["c"]
+        assert history["one_open_each"]  # the newest version of every key is open
+        assert history["closed_at_next"]  # every other one ends where the next begins
 
         # warehouse: checkpoint and tables reset, replayed from offset 0
         shutil.rmtree(checkpoint_dir(settings, "warehouse"))
         shutil.rmtree(Path(warehouse_root(settings)) / "public" / name)
         run_apply(settings, ["warehouse"], once=True)
         assert warehouse_contents(settings, table) == (warehouse, 50)
-        # and replayed over itself: the position guard refuses every write
+        assert history_summary(settings, table) == history
+        # and replayed over itself: the position guard refuses every write, and no
+        # history version is added twice
         shutil.rmtree(checkpoint_dir(settings, "warehouse"))
         run_apply(settings, ["warehouse"], once=True)
         assert warehouse_contents(settings, table) == (warehouse, 50)
+        assert history_summary(settings, table) == history
 
         # search: a replay with the index kept is refused document by document by
         # OpenSearch's external versions, and changes nothing

@@ -12,6 +12,7 @@ import redis
 from rich.console import Console
 
 from cdc.pipeline import drop_pipeline
+from cdc.source import TRUNCATE_TRIGGER, TRUNCATIONS_TABLE
 from cdc.topics import read_topic
 from materializers.apply import run_apply
 from snapshot.initial import run_snapshot
@@ -22,7 +23,7 @@ from tests.integration.test_apply import (
     expected_search,
     search_contents,
 )
-from tests.logcheck import pipeline_for
+from tests.logcheck import pipeline_for, poll
 
 pytestmark = pytest.mark.integration
 
@@ -39,6 +40,15 @@ def warehouse_rows(settings, table: str, columns: list[str]) -> dict:  # type: i
     }
 
 
+def history_rows(settings, table: str):  # type: ignore[no-untyped-def]
+    from cdc.spark import spark_session
+    from materializers.apply import warehouse_root
+    from materializers.stores.warehouse import history_path
+
+    spark = spark_session(settings, "test")
+    return spark.read.format("delta").load(history_path(warehouse_root(settings), table))
+
+
 def source_tuples(settings, table: str, columns: list[str]) -> dict:  # type: ignore[no-untyped-def]
     with psycopg.connect(settings.postgres.dsn()) as conn:
         cols = ", ".join(columns)
@@ -47,7 +57,7 @@ def source_tuples(settings, table: str, columns: list[str]) -> dict:  # type: ig
         }
 
 
-def test_toast_placeholders_key_changes_and_new_columns(stack: RunningStack) -> None:
+def test_toast_placeholders_key_changes_and_schema_changes(stack: RunningStack) -> None:
     name = "edge_" + uuid.uuid4().hex[:8]
     table = f"public.{name}"
     settings = pipeline_for(stack.settings, [table])
@@ -108,6 +118,35 @@ def test_toast_placeholders_key_changes_and_new_columns(stack: RunningStack) -> 
         assert (
             len(client.hget(f'{settings.pipeline.topic_prefix}:{table}:{{"id":1}}', "big")) == 12800
         )
+
+        # a type widened and a column dropped in PostgreSQL, capture running throughout
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE {name} ALTER COLUMN qty TYPE bigint")
+            conn.execute(f"UPDATE {name} SET qty = 5000000000 WHERE id = 2")
+            conn.execute(f"ALTER TABLE {name} DROP COLUMN note")
+            conn.execute(f"UPDATE {name} SET qty = qty + 1 WHERE id = 11")
+            conn.execute(f"INSERT INTO {name} (id, qty, big) VALUES (2000, 7, 'x')")
+        poll(
+            lambda: any(
+                b'"id":2000' in (r.key_bytes or b"")
+                for r in read_topic(
+                    settings.kafka.bootstrap_servers, settings.pipeline.topic(table)
+                )
+            ),
+            60,
+            "the changes after the schema changes in the log",
+        )
+        run_apply(settings, ["cache", "search", "warehouse"], once=True)
+        rows = warehouse_rows(settings, table, ["qty", "note"])
+        assert rows[2] == (5000000000, None) and rows[2000] == (7, None)
+        assert rows[11] == (12, "n11")  # the dropped column keeps the value it had
+        search_now = search_contents(settings, table)
+        assert search_now['{"id":2}']["qty"] == 5000000000
+        assert "note" not in search_now['{"id":11}']  # documents are rewritten whole
+        prefix = settings.pipeline.topic_prefix
+        assert client.hget(f'{prefix}:{table}:{{"id":2}}', "qty") == "5000000000"
+        assert client.hget(f'{prefix}:{table}:{{"id":11}}', "note") is None
+        assert client.hget(f'{prefix}:{table}:{{"id":11}}', "qty") == "12"
     finally:
         drop_pipeline(settings)
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -170,6 +209,74 @@ def test_a_poison_event_goes_to_the_dead_letter_topic_and_the_pipeline_goes_on(
             "search": 0,
             "warehouse": 0,
         }
+    finally:
+        drop_pipeline(settings)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+def test_a_truncate_empties_the_table_in_every_store(stack: RunningStack) -> None:
+    name = "trunc_" + uuid.uuid4().hex[:8]
+    table = f"public.{name}"
+    settings = pipeline_for(stack.settings, [table])
+    dsn = settings.postgres.dsn()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, qty int)")
+        conn.execute(f"INSERT INTO {name} SELECT g, g FROM generate_series(1, 40) g")
+    stores = ["cache", "search", "warehouse"]
+    try:
+        run_snapshot(settings, Console(file=io.StringIO()))
+        run_apply(settings, stores, once=True)
+        assert len(cache_contents(settings, table)) == 40
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"UPDATE {name} SET qty = 0 WHERE id <= 10")  # before the truncate
+            conn.execute(f"TRUNCATE {name}")
+            conn.execute(f"INSERT INTO {name} VALUES (5, 55), (100, 1)")  # after it
+            with conn.transaction():  # inserts on both sides of a TRUNCATE in one transaction
+                conn.execute(f"INSERT INTO {name} VALUES (200, 2)")
+                conn.execute(f"TRUNCATE {name}")
+                conn.execute(f"INSERT INTO {name} VALUES (5, 555), (300, 3)")
+        bootstrap = settings.kafka.bootstrap_servers
+        truncations = settings.pipeline.topic(TRUNCATIONS_TABLE)
+        poll(
+            lambda: (
+                sum(
+                    f'"{table}"'.encode() in (r.value_bytes or b"")
+                    for r in read_topic(bootstrap, truncations)
+                )
+                == 2
+            ),
+            60,
+            "both TRUNCATEs as rows of cdc.truncations in the log",
+        )
+        poll(
+            lambda: any(
+                b'"id":300' in (r.key_bytes or b"")
+                for r in read_topic(bootstrap, settings.pipeline.topic(table))
+            ),
+            60,
+            "the rows inserted after the TRUNCATEs in the log",
+        )
+        run_apply(settings, stores, once=True)
+        assert set(cache_contents(settings, table)) == {'{"id":5}', '{"id":300}'}
+        assert cache_contents(settings, table) == expected_cache(settings, table)
+        assert search_contents(settings, table) == expected_search(settings, table)
+        assert warehouse_rows(settings, table, ["qty"]) == {5: (555,), 300: (3,)}
+        # history: the truncated rows' versions are closed; only the survivors are open
+        open_versions = history_rows(settings, table).where("valid_to IS NULL")
+        assert sorted(r["id"] for r in open_versions.collect()) == [5, 300]
+
+        def truncate_triggers() -> int:
+            with psycopg.connect(dsn) as conn:
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_trigger WHERE tgname = %s AND tgrelid = %s::regclass",
+                    (TRUNCATE_TRIGGER, name),
+                ).fetchone()
+            return int(row[0]) if row else -1
+
+        assert truncate_triggers() == 1
+        drop_pipeline(settings)  # a table no pipeline captures loses the trigger
+        assert truncate_triggers() == 0
     finally:
         drop_pipeline(settings)
         with psycopg.connect(dsn, autocommit=True) as conn:

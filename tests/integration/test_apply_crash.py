@@ -1,0 +1,94 @@
+"""The apply job killed with SIGKILL mid-batch and restarted: every store equals the source."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import psycopg
+import pytest
+from rich.console import Console
+
+from cdc.pipeline import drop_pipeline
+from materializers.apply import read_progress
+from snapshot.initial import run_snapshot
+from tests.conftest import RunningStack
+from tests.helpers import ROOT, run_cdc
+from tests.integration.test_apply import (
+    cache_contents,
+    expected_cache,
+    expected_search,
+    search_contents,
+)
+from tests.integration.test_apply_edges import history_rows, source_tuples, warehouse_rows
+from tests.integration.test_snapshot import Writer
+from tests.logcheck import pipeline_for, table_info, wait_until_equal
+
+pytestmark = pytest.mark.integration
+
+
+def test_apply_killed_mid_batch_and_restarted_converges(stack: RunningStack) -> None:
+    name = "kill_" + uuid.uuid4().hex[:8]
+    table = f"public.{name}"
+    settings = pipeline_for(stack.settings, [table])
+    dsn = settings.postgres.dsn()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, version int NOT NULL, note text)")
+        conn.execute(f"INSERT INTO {name} SELECT g, 0, 'seed' FROM generate_series(1, 6000) g")
+    env = {
+        **stack.env,
+        "CDC_PIPELINE__NAME": settings.pipeline.name,
+        "CDC_PIPELINE__TOPIC_PREFIX": settings.pipeline.topic_prefix,
+        "CDC_PIPELINE__TABLES": json.dumps([table]),
+        "CDC_APPLY__MAX_OFFSETS_PER_TRIGGER": "2000",  # many small batches: one is cut short
+    }
+    writer = Writer(dsn, name, first_new_id=100_000, max_id=6_000)
+    apply = None
+    try:
+        run_snapshot(settings, Console(file=io.StringIO()))
+        writer.start()
+        apply = subprocess.Popen(
+            [sys.executable, "-m", "cdc", "apply"],
+            env={**os.environ, **env},
+            cwd=ROOT,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 180
+        while not all(read_progress(settings, s) for s in ("cache", "search", "warehouse")):
+            assert time.monotonic() < deadline, "the apply job made no progress"
+            assert apply.poll() is None, "the apply job died"
+            time.sleep(0.5)
+        os.killpg(apply.pid, signal.SIGKILL)  # the job and its Spark JVM, mid-stream
+        apply.wait()
+        writer.stop.set()
+        writer.join()
+        assert writer.error is None
+        wait_until_equal(settings, table_info(settings, table))  # the log holds everything
+
+        result = run_cdc("apply", "--once", env=env)
+        assert result.returncode == 0, result.stderr
+        assert cache_contents(settings, table) == expected_cache(settings, table)
+        assert search_contents(settings, table) == expected_search(settings, table)
+        assert warehouse_rows(settings, table, ["version", "note"]) == source_tuples(
+            settings, table, ["version", "note"]
+        )
+        history = history_rows(settings, table)
+        assert history.count() == history.select("id", "_cdc_offset").distinct().count()
+        assert (
+            history.where("valid_to IS NULL").groupBy("id").count().where("count > 1").count() == 0
+        )
+    finally:
+        writer.stop.set()
+        if apply is not None and apply.poll() is None:
+            os.killpg(apply.pid, signal.SIGKILL)
+        drop_pipeline(settings)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {name}")

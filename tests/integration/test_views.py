@@ -1,0 +1,126 @@
+"""Derived data in the warehouse: a join view and a windowed aggregate equal the same
+queries run on PostgreSQL, after changes on either side of the join."""
+
+from __future__ import annotations
+
+import io
+import uuid
+from datetime import UTC
+from decimal import Decimal
+
+import psycopg
+import pytest
+from rich.console import Console
+
+from cdc.pipeline import drop_pipeline, pipeline_status
+from cdc.settings import JoinView, Settings, WindowAggregate
+from materializers.apply import run_apply, warehouse_root
+from materializers.views import view_path
+from snapshot.initial import run_snapshot
+from tests.conftest import RunningStack
+from tests.logcheck import pipeline_for, table_info, wait_until_equal
+
+pytestmark = pytest.mark.integration
+
+
+def view_rows(settings: Settings, name: str) -> list[tuple]:  # type: ignore[type-arg]
+    from cdc.spark import spark_session
+
+    spark = spark_session(settings, "test")
+    frame = spark.read.format("delta").load(view_path(warehouse_root(settings), name))
+    return sorted(tuple(r) for r in frame.collect())
+
+
+def test_join_view_and_window_aggregate_equal_postgres(stack: RunningStack) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    customers, orders = f"cust_{suffix}", f"ord_{suffix}"
+    settings = pipeline_for(stack.settings, [f"public.{customers}", f"public.{orders}"])
+    join = JoinView(
+        name=f"enriched_{suffix}",
+        table=f"public.{orders}",
+        references=f"public.{customers}",
+        on="customer_id",
+        columns=["name", "country"],
+    )
+    window = WindowAggregate(name=f"per_minute_{suffix}", table=f"public.{orders}", sum="total")
+    apply = settings.apply.model_copy(update={"joins": [join], "windows": [window]})
+    settings = settings.model_copy(update={"apply": apply})
+    dsn = settings.postgres.dsn()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE {customers} (id int PRIMARY KEY, name text NOT NULL, country char(2))"
+        )
+        conn.execute(
+            f"CREATE TABLE {orders} (id int PRIMARY KEY, customer_id int REFERENCES "
+            f"{customers} (id) ON DELETE CASCADE, total numeric(12, 2) NOT NULL)"
+        )
+        conn.execute(
+            f"INSERT INTO {customers} SELECT g, 'Customer ' || g, 'NL' "
+            "FROM generate_series(1, 20) g"
+        )
+        conn.execute(
+            f"INSERT INTO {orders} SELECT g, 1 + g % 20, g * 1.25 FROM generate_series(1, 50) g"
+        )
+
+    def expected_join() -> list[tuple]:  # type: ignore[type-arg]
+        with psycopg.connect(dsn) as conn:
+            return sorted(
+                conn.execute(
+                    f"SELECT o.id, o.customer_id, o.total, c.name, c.country FROM {orders} o "
+                    f"LEFT JOIN {customers} c ON c.id = o.customer_id"
+                ).fetchall()
+            )
+
+    def expected_windows() -> list[tuple]:  # type: ignore[type-arg]
+        # orders created after the snapshot (id > 50), never updated: their xmin is the
+        # inserting transaction, whose commit time is the event time
+        with psycopg.connect(dsn) as conn:
+            rows = conn.execute(
+                "SELECT date_trunc('minute', pg_xact_commit_timestamp(xmin)) AS w, "
+                f"count(*), sum(total) FROM {orders} WHERE id > 50 GROUP BY 1"
+            ).fetchall()
+        return sorted((w.astimezone(UTC).replace(tzinfo=None), n, total) for w, n, total in rows)
+
+    def windows_now() -> list[tuple]:  # type: ignore[type-arg]
+        return [
+            (start, n, Decimal(total)) for start, _end, n, total in view_rows(settings, window.name)
+        ]
+
+    try:
+        run_snapshot(settings, Console(file=io.StringIO()))
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for first in range(51, 111, 6):  # new orders, six per transaction
+                conn.execute(
+                    f"INSERT INTO {orders} SELECT g, 1 + g % 10, g * 0.5 "
+                    f"FROM generate_series({first}, {first + 5}) g"
+                )
+            conn.execute(f"UPDATE {customers} SET name = 'Renamed ' || id WHERE id <= 5")
+            conn.execute(f"UPDATE {orders} SET customer_id = 7 WHERE id BETWEEN 1 AND 4")
+            conn.execute(f"DELETE FROM {orders} WHERE id BETWEEN 5 AND 8")
+            # cascades to its orders (all from before the snapshot: not creations)
+            conn.execute(f"DELETE FROM {customers} WHERE id = 20")
+        for name in (customers, orders):
+            wait_until_equal(settings, table_info(settings, f"public.{name}"))
+        run_apply(settings, ["warehouse"], once=True)
+        first_join = view_rows(settings, join.name)
+        assert first_join == expected_join()
+        assert any(row[3].startswith("Renamed") for row in first_join)
+        assert windows_now() == expected_windows()
+        assert sum(n for _, n, _ in windows_now()) == 60
+        assert pipeline_status(settings).late_events == {window.name: 0}
+
+        # a change on the referenced side only: the joined rows follow
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"UPDATE {customers} SET country = 'FR' WHERE id BETWEEN 6 AND 9")
+            conn.execute(f"INSERT INTO {orders} VALUES (200, 6, 99.99)")
+        for name in (customers, orders):
+            wait_until_equal(settings, table_info(settings, f"public.{name}"))
+        run_apply(settings, ["warehouse"], once=True)
+        assert view_rows(settings, join.name) == expected_join()
+        assert windows_now() == expected_windows()
+        assert sum(n for _, n, _ in windows_now()) == 61
+    finally:
+        drop_pipeline(settings)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {orders}")
+            conn.execute(f"DROP TABLE IF EXISTS {customers}")

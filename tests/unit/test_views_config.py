@@ -1,0 +1,88 @@
+"""Join views and window aggregates: their settings and the checks before the apply job starts."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from cdc.catalog import Column, Table
+from cdc.errors import ConfigError
+from cdc.settings import ApplySettings, JoinView, Settings, WindowAggregate
+from materializers.views import check_views
+
+
+def table(name: str, *columns: str, key: tuple[str, ...] = ("id",)) -> Table:
+    cols = tuple(Column(c, "int8", "int8", "N", False, None, False) for c in ("id", *columns))
+    return Table("public", name, cols, key, "d", 0, 0)
+
+
+TABLES = {
+    "public.orders": table("orders", "customer_id", "total"),
+    "public.customers": table("customers", "name"),
+}
+
+
+def settings_with(**apply: object) -> Settings:
+    return Settings().model_copy(update={"apply": ApplySettings(**apply)})  # type: ignore[arg-type]
+
+
+def join(**changes: object) -> JoinView:
+    fields = {
+        "name": "enriched",
+        "table": "public.orders",
+        "references": "public.customers",
+        "on": "customer_id",
+        "columns": ["name"],
+    } | changes
+    return JoinView(**fields)  # type: ignore[arg-type]
+
+
+def test_the_joined_columns_are_named_after_the_referencing_column() -> None:
+    assert join().column_prefix == "customer_"
+    assert join(prefix="c_").column_prefix == "c_"
+    assert join(on="buyer").column_prefix == "buyer_"
+
+
+def test_valid_views_pass_the_check() -> None:
+    window = WindowAggregate(name="per_minute", table="public.orders", sum="total")
+    check_views(settings_with(joins=[join()], windows=[window]), TABLES)
+
+
+@pytest.mark.parametrize(
+    ("view", "message"),
+    [
+        (join(table="public.nope"), "reads public.nope, which pipeline cdc does not capture"),
+        (join(on="buyer_id"), "public.orders has no column buyer_id"),
+        (join(columns=["name", "age"]), "public.customers has no column age"),
+    ],
+)
+def test_a_join_on_what_is_not_there_is_refused_in_one_line(view: JoinView, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as caught:
+        check_views(settings_with(joins=[view]), TABLES)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_join_needs_a_single_column_key_on_the_referenced_side() -> None:
+    tables = TABLES | {"public.customers": table("customers", "name", key=("id", "name"))}
+    with pytest.raises(ConfigError, match="composite key"):
+        check_views(settings_with(joins=[join()]), tables)
+
+
+def test_window_settings_are_checked() -> None:
+    with pytest.raises(ConfigError, match="no column revenue"):
+        check_views(
+            settings_with(
+                windows=[WindowAggregate(name="w", table="public.orders", sum="revenue")]
+            ),
+            TABLES,
+        )
+    with pytest.raises(ValidationError):
+        WindowAggregate(name="w", table="public.orders", window="one minute")
+    with pytest.raises(ConfigError, match="unique"):
+        check_views(
+            settings_with(
+                joins=[join(name="same")],
+                windows=[WindowAggregate(name="same", table="public.orders")],
+            ),
+            TABLES,
+        )
