@@ -14,7 +14,8 @@ from typing import Annotated
 
 import typer
 
-from cdc.errors import CdcError
+from cdc.catalog import Table
+from cdc.errors import CdcError, ConfigError
 from cdc.render import console, pipeline_table, status_table
 from cdc.settings import Settings, load_settings
 from cdc.stack import Stack
@@ -286,6 +287,190 @@ def apply_(
         f"applying pipeline {s.pipeline.name} to {', '.join(stores)}" + (" once" if once else "")
     )
     run_apply(s, stores, once=once)
+
+
+class RowsOutput(StrEnum):
+    text = "text"
+    json = "json"
+    csv = "csv"
+
+
+RowsOutputOption = Annotated[
+    RowsOutput, typer.Option("--output", "-o", help="text for people, json or csv for scripts")
+]
+
+
+def _emit_json(document: object) -> None:
+    """JSON for scripts, as is (no wrapping or highlighting, whatever its width)."""
+    sys.stdout.write(json.dumps(document, default=str, ensure_ascii=False, indent=2) + "\n")
+
+
+def _print_rows(columns: list[str], rows: list[tuple[object, ...]], output: RowsOutput) -> None:
+    if output is RowsOutput.json:
+        records = [dict(zip(columns, row, strict=True)) for row in rows]
+        _emit_json(records)
+    elif output is RowsOutput.csv:
+        import csv
+
+        writer = csv.writer(sys.stdout)
+        writer.writerow(columns)
+        writer.writerows(["" if v is None else v for v in row] for row in rows)
+    else:
+        from rich.table import Table as RichTable
+
+        table = RichTable(*columns, caption=f"{len(rows)} rows")
+        for row in rows:
+            table.add_row(*("NULL" if v is None else str(v) for v in row))
+        out.print(table)
+
+
+def _captured_table(s: Settings, name: str) -> Table:
+    """A captured table by `schema.table`, or by its bare name when that is unique."""
+    from cdc.catalog import describe_table, published_tables
+    from cdc.source import admin_connection
+
+    with admin_connection(s) as conn:
+        names = published_tables(conn, s.pipeline.publication)
+        matches = [n for n in names if n == name or n.split(".", 1)[1] == name]
+        if len(matches) != 1:
+            what = "ambiguous" if matches else "not captured"
+            raise ConfigError(
+                f"table {name} is {what} in pipeline {s.pipeline.name}; "
+                f"captured: {', '.join(names) or 'none'}"
+            )
+        return describe_table(conn, matches[0], s.pipeline)
+
+
+@app.command()
+def query(
+    sql: Annotated[str, typer.Argument(help='Spark SQL, e.g. "SELECT count(*) FROM customers"')],
+    as_of: Annotated[
+        str | None,
+        typer.Option("--as-of", help="Delta time travel: a version number or a timestamp"),
+    ] = None,
+    output: RowsOutputOption = RowsOutput.text,
+) -> None:
+    """Run Spark SQL over the warehouse.
+
+    Tables are registered by name: <table> (live rows of its current state),
+    <table>_history (every version, SCD type 2), and each join view and window
+    aggregate by its name.
+    """
+    from cdc.catalog import published_tables
+    from cdc.source import admin_connection
+    from materializers.query import run_query
+
+    s = settings()
+    with admin_connection(s) as conn:
+        tables = published_tables(conn, s.pipeline.publication)
+    result = run_query(s, sql, tables, as_of)
+    _print_rows(result.columns, result.rows, output)
+
+
+@app.command()
+def search(
+    table: Annotated[str, typer.Argument(help="a captured table: schema.table or its name")],
+    text: Annotated[str, typer.Argument(help="words to find (simple query string syntax)")],
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="at most this many")] = 10,
+    output: RowsOutputOption = RowsOutput.text,
+) -> None:
+    """Search a table's OpenSearch index; the best matches first."""
+    from materializers.query import search_table
+
+    s = settings()
+    result = search_table(s, _captured_table(s, table), text, limit)
+    _print_rows(result.columns, result.rows, output)
+
+
+@app.command()
+def get(
+    table: Annotated[str, typer.Argument(help="a captured table: schema.table or its name")],
+    key: Annotated[str, typer.Argument(help='the primary key: 42, or JSON {"a": 1, "b": "x"}')],
+    output: OutputOption = Output.text,
+) -> None:
+    """Read a row's cache entry (Redis)."""
+    from materializers.query import cache_entry
+
+    s = settings()
+    entry = cache_entry(s, _captured_table(s, table), key)
+    if output is Output.json:
+        _emit_json(entry)
+    else:
+        _print_rows(["field", "value"], sorted(entry.items()), RowsOutput.text)
+
+
+@app.command()
+def verify(
+    table: Annotated[
+        list[str] | None, typer.Option("--table", "-t", help="a captured table (repeat)")
+    ] = None,
+    store: Annotated[
+        list[str] | None,
+        typer.Option("--store", "-s", help="warehouse, search or cache (repeat; default: all)"),
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="seconds to wait for the stores to reach the cut")
+    ] = 120.0,
+    repair: Annotated[
+        bool,
+        typer.Option("--repair", help="backfill the drifted keys (or table), then verify again"),
+    ] = False,
+    output: OutputOption = Output.text,
+) -> None:
+    """Reconcile each store with the source at a consistent cut; exit 1 on drift.
+
+    Notes the source's current LSN, waits until every store has applied past it,
+    then compares row counts and per-key content hashes, narrowing to the keys that
+    differ, and reports them with examples. With --repair, drifted keys are
+    backfilled through the log (keys only a store has are removed from it) and the
+    stores verified again once the running apply job has taken the backfill.
+    """
+    from dataclasses import asdict
+
+    from cdc.catalog import published_tables
+    from cdc.source import admin_connection
+    from materializers.verify import EXAMPLES
+    from materializers.verify import verify as run_verify
+
+    s = settings()
+    stores = store or list(s.apply.stores)
+    with admin_connection(s) as conn:
+        names = table or published_tables(conn, s.pipeline.publication)
+    tables = [_captured_table(s, name) for name in names]
+    progress(f"verifying {len(tables)} tables in {', '.join(stores)} at a consistent cut")
+    results = run_verify(s, tables, stores, timeout)
+    if repair and any(not d.ok for d in results):
+        from materializers.verify import repair as run_repair
+
+        for line in run_repair(s, tables, results):
+            progress(line)
+        progress("verifying again once the stores have applied the repair")
+        results = run_verify(s, tables, stores, timeout)
+    drifted = [d for d in results if not d.ok]
+    if output is Output.json:
+        _emit_json({"ok": not drifted, "results": [asdict(d) for d in results]})
+    else:
+        from rich.table import Table as RichTable
+
+        report = RichTable("store", "table", "source rows", "store rows", "drift")
+        for d in results:
+            if d.ok:
+                verdict = "[green]none[/green]"
+            else:
+                parts = [
+                    f"{len(keys)} {what} (e.g. {', '.join(keys[:EXAMPLES])})"
+                    for what, keys in (
+                        ("missing", d.missing),
+                        ("extra", d.extra),
+                        ("different", d.different),
+                    )
+                    if keys
+                ]
+                verdict = "[red]" + "; ".join(parts) + "[/red]"
+            report.add_row(d.store, d.table, str(d.source_rows), str(d.store_rows), verdict)
+        out.print(report)
+    if drifted:
+        raise typer.Exit(1)
 
 
 tables_app = typer.Typer(help="List, add and remove the pipeline's tables.", no_args_is_help=True)

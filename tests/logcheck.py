@@ -6,17 +6,15 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
-from datetime import UTC, datetime
-from ipaddress import IPv4Address, IPv6Address
 from typing import Any
 
 import psycopg
-from psycopg.types.string import TextLoader
 
 from cdc.catalog import Table, describe_table
-from cdc.decode import decode_row, parse_interval
+from cdc.decode import decode_row
 from cdc.settings import PipelineSettings, Settings
 from cdc.topics import ChangeRecord, read_topic
+from materializers.verify import source_rows as verify_source_rows
 
 
 def pipeline_for(settings: Settings, tables: list[str], **extra: Any) -> Settings:
@@ -51,44 +49,10 @@ def table_info(settings: Settings, qualified: str) -> Table:
         return describe_table(conn, qualified, settings.pipeline)
 
 
-def normalize(value: Any) -> Any:
-    """psycopg's value of a column in the decoder's terms."""
-    if isinstance(value, list):
-        return [normalize(v) for v in value]
-    if isinstance(value, uuid.UUID | IPv4Address | IPv6Address):
-        return str(value)
-    if isinstance(value, datetime) and value.tzinfo is not None:
-        return value.astimezone(UTC)
-    if isinstance(value, memoryview):
-        return bytes(value)
-    return value
-
-
 def source_rows(settings: Settings, table: Table) -> dict[tuple[Any, ...], dict[str, Any]]:
     """Every row of the table now, keyed by its key columns, values normalized."""
-    with psycopg.connect(settings.postgres.dsn()) as conn:
-        conn.execute("SET intervalstyle = iso_8601")
-        conn.adapters.register_loader("interval", TextLoader)
-        cur = conn.execute(
-            psycopg.sql.SQL("SELECT * FROM {}").format(
-                psycopg.sql.Identifier(table.schema, table.name)
-            )
-        )
-        names = [d.name for d in cur.description or []]
-        result = {}
-        intervals = {c.name for c in table.columns if c.base == "interval"}
-        for row in cur.fetchall():
-            values = {}
-            for name, value in zip(names, row, strict=True):
-                if name in intervals and value is not None:
-                    value = (
-                        [parse_interval(v) for v in value]
-                        if isinstance(value, list)
-                        else parse_interval(value)
-                    )
-                values[name] = normalize(value)
-            result[tuple(values[k] for k in table.key)] = values
-    return result
+    rows = verify_source_rows(settings, table)
+    return {tuple(row[k] for k in table.key): row for row in rows.values()}
 
 
 def log_rows(records: list[ChangeRecord], table: Table) -> dict[tuple[Any, ...], dict[str, Any]]:

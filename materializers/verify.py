@@ -1,0 +1,444 @@
+"""Reconcile each store with the source at a consistent cut.
+
+The cut: note PostgreSQL's current LSN, wait until the slot has confirmed it (every
+change before it is in Kafka), note the change topics' end offsets, and wait until
+each store has applied up to them. Then each table is read from the source and from
+each store, every row brought to one canonical form per store, and compared: row
+counts first, then per-key content hashes, narrowing to the keys that differ. A key
+that differs is compared again after a fresh cut (the source may have moved on since
+it was read); only what still differs is drift.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from datetime import time as clock
+from decimal import Decimal
+from ipaddress import IPv4Address, IPv6Address
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg import sql
+from psycopg.types.string import TextLoader
+
+from cdc.catalog import Column, Table
+from cdc.decode import Interval, parse_interval
+from cdc.errors import CdcError
+from cdc.settings import Settings
+from cdc.source import TRUNCATIONS_TABLE, admin_connection
+
+__all__ = [
+    "Drift",
+    "VerifyError",
+    "consistent_cut",
+    "key_text",
+    "normalize",
+    "source_rows",
+    "store_rows",
+    "verify",
+]
+
+EXAMPLES = 5
+
+
+class VerifyError(CdcError):
+    """Verification could not be made (a store behind the cut, a component down)."""
+
+    exit_code = 10
+
+
+@dataclass
+class Drift:
+    """One store's differences from the source for one table."""
+
+    store: str
+    table: str
+    source_rows: int
+    store_rows: int
+    missing: list[str] = field(default_factory=list)  # keys the store lacks
+    extra: list[str] = field(default_factory=list)  # keys only the store has
+    different: list[str] = field(default_factory=list)  # keys whose values differ
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.extra or self.different)
+
+
+def normalize(value: Any) -> Any:
+    """psycopg's value of a column in the decoder's terms (cdc.decode)."""
+    if isinstance(value, list):
+        return [normalize(v) for v in value]
+    if isinstance(value, UUID | IPv4Address | IPv6Address):
+        return str(value)
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value.astimezone(UTC)
+    if isinstance(value, memoryview):
+        return bytes(value)
+    return value
+
+
+def key_text(table: Table, row: dict[str, Any]) -> str:
+    """The row's key as the change events carry it (compact JSON, key columns in order)."""
+    key = {}
+    for name in table.key:
+        value = row[name]
+        key[name] = value if isinstance(value, int | str) or value is None else str(value)
+    return json.dumps(key, separators=(",", ":"), ensure_ascii=False)
+
+
+def source_rows(
+    settings: Settings, table: Table, keys: list[str] | None = None
+) -> dict[str, dict[str, Any]]:
+    """The table's rows now (or only those with `keys`), by key text, values normalized."""
+    with psycopg.connect(settings.postgres.dsn()) as conn:
+        conn.execute("SET intervalstyle = iso_8601")
+        conn.adapters.register_loader("interval", TextLoader)
+        query = sql.SQL("SELECT * FROM {}").format(sql.Identifier(table.schema, table.name))
+        intervals = {c.name for c in table.columns if c.base == "interval"}
+        result = {}
+        with conn.cursor(name="verify") as cursor:
+            cursor.itersize = 5000
+            cursor.execute(query)
+            names = [d.name for d in cursor.description or []]
+            for record in cursor:
+                values = {}
+                for name, value in zip(names, record, strict=True):
+                    if name in intervals and value is not None:
+                        value = (
+                            [parse_interval(v) for v in value]
+                            if isinstance(value, list)
+                            else parse_interval(value)
+                        )
+                    values[name] = normalize(value)
+                result[key_text(table, values)] = values
+    if keys is not None:
+        wanted = set(keys)
+        result = {k: v for k, v in result.items() if k in wanted}
+    return result
+
+
+# ---- one canonical form per store ---------------------------------------------------
+
+
+def _cache_form(table: Table, row: dict[str, Any]) -> dict[str, str]:
+    from materializers.stores.cache import cache_text
+
+    return {name: cache_text(value) for name, value in row.items() if value is not None}
+
+
+def _search_form(table: Table, row: dict[str, Any]) -> dict[str, Any]:
+    from materializers.stores.search import plain_value
+
+    def plain(value: Any) -> Any:
+        return [plain(v) for v in value] if isinstance(value, list) else plain_value(value)
+
+    names = {c.name for c in table.columns}
+    return {name: plain(row.get(name)) for name in names}
+
+
+def _warehouse_value(column: Column, value: Any) -> Any:
+    """A value from either side in one form: text for most types."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [_warehouse_value(column, v) for v in value]
+    base = column.base
+    if base in ("json", "jsonb"):
+        parsed = json.loads(value) if isinstance(value, str) else value
+        return json.dumps(parsed, sort_keys=True, ensure_ascii=False)
+    if base == "interval":
+        parsed = parse_interval(value) if isinstance(value, str) else value
+        return json.dumps(parsed.__dict__) if isinstance(parsed, Interval) else str(parsed)
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC).replace(tzinfo=None)
+        return value.isoformat()
+    if isinstance(value, clock):
+        return value.strftime("%H:%M:%S.%f")
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).hex()
+    if base == "float4":
+        return f"{float(value):.6g}"
+    if isinstance(value, Decimal):
+        return str(value)
+    return str(value) if not isinstance(value, bool | int | float) else value
+
+
+def _warehouse_form(table: Table, row: dict[str, Any]) -> dict[str, Any]:
+    return {c.name: _warehouse_value(c, row.get(c.name)) for c in table.columns}
+
+
+FORMS = {"cache": _cache_form, "search": _search_form, "warehouse": _warehouse_form}
+
+
+def store_rows(settings: Settings, store: str, table: Table) -> dict[str, dict[str, Any]]:
+    """The live rows a store holds for `table`, by key text, in that store's form."""
+    if store == "cache":
+        return _cache_rows(settings, table)
+    if store == "search":
+        return _search_rows(settings, table)
+    return _warehouse_rows(settings, table)
+
+
+def _cache_rows(settings: Settings, table: Table) -> dict[str, dict[str, Any]]:
+    from cdc.components.redis import redis_client
+    from materializers.stores.cache import cache_key
+
+    client = redis_client(settings.redis)
+    prefix = cache_key(settings.pipeline.topic_prefix, table.qualified, "")
+    rows = {}
+    keys = list(client.scan_iter(match=prefix.replace("[", "\\[") + "*", count=2000))
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.hgetall(key)
+    for key, entry in zip(keys, pipe.execute(), strict=True):
+        fields = {k.decode(): v.decode() for k, v in entry.items()}
+        if fields and "_deleted" not in fields:
+            rows[key.decode()[len(prefix) :]] = {
+                k: v for k, v in fields.items() if not k.startswith("_")
+            }
+    return rows
+
+
+def _search_rows(settings: Settings, table: Table) -> dict[str, dict[str, Any]]:
+    from opensearchpy import OpenSearch, helpers
+
+    from materializers.stores.search import index_name
+
+    client = OpenSearch(hosts=[settings.opensearch.url], timeout=60)
+    index = index_name(settings.pipeline.topic_prefix, table.qualified)
+    if not client.indices.exists(index=index):
+        return {}
+    client.indices.refresh(index=index)
+    names = {c.name for c in table.columns}
+    return {
+        hit["_id"]: {name: hit["_source"].get(name) for name in names}
+        for hit in helpers.scan(client, index=index, query={"query": {"match_all": {}}})
+    }
+
+
+def _warehouse_rows(settings: Settings, table: Table) -> dict[str, dict[str, Any]]:
+    from delta.tables import DeltaTable
+
+    from cdc.spark import spark_session
+    from materializers.apply import warehouse_root
+    from materializers.stores.warehouse import current_path
+
+    spark = spark_session(settings, "cdc-verify")
+    path = current_path(warehouse_root(settings), table.qualified)
+    if not DeltaTable.isDeltaTable(spark, path):
+        return {}
+    frame = spark.read.format("delta").load(path).where("NOT _cdc_deleted")
+    names = [c.name for c in table.columns]
+    rows = {}
+    for record in frame.select(*[f"`{n}`" for n in names]).toLocalIterator():
+        values = dict(zip(names, record, strict=True))
+        rows[key_text(table, values)] = _warehouse_form(table, values)
+    return rows
+
+
+# ---- the cut and the comparison -----------------------------------------------------
+
+
+def consistent_cut(
+    settings: Settings, tables: list[Table], stores: list[str], timeout: float
+) -> None:
+    """Wait until every store has applied every change committed before now."""
+    from cdc.topics import end_offsets
+    from materializers.apply import read_progress
+
+    deadline = time.monotonic() + timeout
+    with admin_connection(settings) as conn:
+        conn.autocommit = True
+        lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]  # type: ignore[index]
+        while True:
+            row = conn.execute(
+                "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots "
+                "WHERE slot_name = %s",
+                (lsn, settings.pipeline.slot),
+            ).fetchone()
+            if row is None:
+                raise VerifyError(
+                    f"pipeline {settings.pipeline.name} has no slot {settings.pipeline.slot}: "
+                    "run `cdc snapshot` first"
+                )
+            if row[0]:
+                break
+            if time.monotonic() > deadline:
+                raise VerifyError(
+                    f"the connector has not confirmed LSN {lsn} within {timeout:.0f}s: "
+                    "check `cdc status` (is Kafka Connect running?)"
+                )
+            time.sleep(0.5)
+    topics = [settings.pipeline.topic(t.qualified) for t in tables]
+    topics.append(settings.pipeline.topic(TRUNCATIONS_TABLE))
+    ends = end_offsets(settings.kafka.bootstrap_servers, topics)
+    for store in stores:
+        while True:
+            applied = (read_progress(settings, store) or {}).get("applied", {})
+            behind = [
+                f"{t}:{p}"
+                for t, parts in ends.items()
+                for p, end in parts.items()
+                if end > 0 and applied.get(f"{t}:{p}", -1) < end - 1
+            ]
+            if not behind:
+                break
+            if time.monotonic() > deadline:
+                raise VerifyError(
+                    f"store {store} has not applied up to the cut within {timeout:.0f}s "
+                    f"({len(behind)} partitions behind, e.g. {behind[0]}): is `cdc apply` "
+                    "running? (`cdc apply --once` applies what the topics hold)"
+                )
+            time.sleep(0.5)
+
+
+def _digest(form: dict[str, Any]) -> str:
+    text = json.dumps(form, sort_keys=True, default=str, ensure_ascii=False)
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def _compare(
+    store: str, table: Table, source: dict[str, dict[str, Any]], held: dict[str, dict[str, Any]]
+) -> Drift:
+    form = FORMS[store]
+    drift = Drift(store, table.qualified, len(source), len(held))
+    if len(source) == len(held) and _fingerprint(source, form, table) == _fingerprint(
+        held, None, table
+    ):
+        return drift  # the cheap aggregate agrees: no need to look key by key
+    drift.missing = sorted(set(source) - set(held))
+    drift.extra = sorted(set(held) - set(source))
+    drift.different = sorted(
+        k for k in set(source) & set(held) if _digest(form(table, source[k])) != _digest(held[k])
+    )
+    return drift
+
+
+def _fingerprint(rows: dict[str, dict[str, Any]], form: Any, table: Table) -> int:
+    """An order-free aggregate of every (key, content) pair."""
+    total = 0
+    for key, row in rows.items():
+        content = _digest(form(table, row) if form else row)
+        total ^= int(hashlib.sha1(f"{key}\0{content}".encode()).hexdigest()[:15], 16)
+    return total
+
+
+def verify(
+    settings: Settings,
+    tables: list[Table],
+    stores: list[str],
+    timeout: float = 120.0,
+    rounds: int = 3,
+) -> list[Drift]:
+    """Each (store, table)'s drift from the source; an empty difference means in sync."""
+    consistent_cut(settings, tables, stores, timeout)
+    results = []
+    for table in tables:
+        source = source_rows(settings, table)
+        for store in stores:
+            results.append(_compare(store, table, source, store_rows(settings, store, table)))
+    for _ in range(rounds - 1):  # what differs may have changed since: look again
+        suspects = [d for d in results if not d.ok]
+        if not suspects:
+            break
+        time.sleep(1)
+        consistent_cut(settings, tables, stores, timeout)
+        for drift in suspects:
+            table = next(t for t in tables if t.qualified == drift.table)
+            keys = drift.missing + drift.extra + drift.different
+            source = source_rows(settings, table, keys)
+            held = store_rows(settings, drift.store, table)
+            again = _compare(drift.store, table, source, {k: held[k] for k in keys if k in held})
+            drift.missing, drift.extra, drift.different = (
+                again.missing,
+                again.extra,
+                again.different,
+            )
+    return results
+
+
+# ---- repair -------------------------------------------------------------------------
+
+REPAIR_WHOLE_TABLE = 5000  # more drifted keys than this: backfill the whole table
+
+
+def repair(settings: Settings, tables: list[Table], drifts: list[Drift]) -> list[str]:
+    """Mend what verify found; returns what was done, one line each.
+
+    Keys a store lacks or holds different values for are backfilled (Debezium's
+    incremental snapshot of just those keys, or of the table when many drifted): the
+    rows come through the log again at new positions and every store takes them. Keys
+    only a store has (no such row in the source) are removed from that store.
+    """
+    from snapshot.backfill import start_backfill, watch_backfill
+
+    done = []
+    by_name = {t.qualified: t for t in tables}
+    for name in sorted({d.table for d in drifts if not d.ok}):
+        table = by_name[name]
+        stale = sorted({k for d in drifts if d.table == name for k in d.missing + d.different})
+        if stale:
+            where = None if len(stale) > REPAIR_WHOLE_TABLE else _key_filter(table, stale)
+            signal, offset = start_backfill(settings, name, where)
+            watch_backfill(settings, offset, lambda _: None, timeout=600)
+            what = "the whole table" if where is None else f"{len(stale)} keys"
+            done.append(f"{name}: backfilled {what} (signal {signal})")
+        for drift in drifts:
+            if drift.table == name and drift.extra:
+                _remove(settings, drift.store, table, drift.extra)
+                done.append(f"{name}: removed {len(drift.extra)} keys only {drift.store} had")
+    return done
+
+
+def _key_filter(table: Table, keys: list[str]) -> str:
+    """A WHERE clause matching exactly these keys (key texts as verify reports them)."""
+    columns = sql.SQL(", ").join(sql.Identifier(k) for k in table.key)
+    rows = sql.SQL(", ").join(
+        sql.SQL("({})").format(sql.SQL(", ").join(sql.Literal(json.loads(k)[c]) for c in table.key))
+        for k in keys
+    )
+    return sql.SQL("({}) IN ({})").format(columns, rows).as_string(None)
+
+
+def _remove(settings: Settings, store: str, table: Table, keys: list[str]) -> None:
+    if store == "cache":
+        from cdc.components.redis import redis_client
+        from materializers.stores.cache import cache_key
+
+        prefix = settings.pipeline.topic_prefix
+        redis_client(settings.redis).delete(*[cache_key(prefix, table.qualified, k) for k in keys])
+    elif store == "search":
+        from opensearchpy import OpenSearch, helpers
+
+        from materializers.stores.search import index_name
+
+        index = index_name(settings.pipeline.topic_prefix, table.qualified)
+        client = OpenSearch(hosts=[settings.opensearch.url], timeout=60)
+        actions = ({"_op_type": "delete", "_index": index, "_id": k} for k in keys)
+        helpers.bulk(client, actions, raise_on_error=False, refresh=True)
+    else:
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
+
+        from cdc.spark import spark_session
+        from materializers.apply import warehouse_root
+        from materializers.stores.warehouse import current_path
+
+        spark = spark_session(settings, "cdc-verify")
+        target = DeltaTable.forPath(spark, current_path(warehouse_root(settings), table.qualified))
+        condition = F.lit(False)
+        for key in keys:
+            values = json.loads(key)
+            match = F.lit(True)
+            for column in table.key:
+                match = match & (F.col(f"`{column}`") == F.lit(values[column]))
+            condition = condition | match
+        target.update(condition, {"_cdc_deleted": F.lit(True)})

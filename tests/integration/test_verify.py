@@ -1,0 +1,130 @@
+"""Query, search, get and verify against the real stores."""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+
+import psycopg
+import pytest
+import redis
+from rich.console import Console
+
+from cdc.pipeline import drop_pipeline
+from materializers.apply import run_apply, warehouse_root
+from materializers.stores.cache import cache_key
+from materializers.stores.search import index_name
+from materializers.stores.warehouse import current_path
+from materializers.verify import Drift, repair, verify
+from snapshot.initial import run_snapshot
+from tests.conftest import RunningStack
+from tests.helpers import run_cdc
+from tests.logcheck import pipeline_for, table_info, wait_until_equal
+
+pytestmark = pytest.mark.integration
+
+
+def test_query_search_get_and_verify_finds_drift(stack: RunningStack) -> None:
+    name = "ver_" + uuid.uuid4().hex[:8]
+    table = f"public.{name}"
+    settings = pipeline_for(stack.settings, [table])
+    env = {
+        **stack.env,
+        "CDC_PIPELINE__NAME": settings.pipeline.name,
+        "CDC_PIPELINE__TOPIC_PREFIX": settings.pipeline.topic_prefix,
+        "CDC_PIPELINE__TABLES": json.dumps([table]),
+    }
+    dsn = settings.postgres.dsn()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE {name} (id int PRIMARY KEY, name text NOT NULL, price numeric(10, 2), "
+            "tags text[], seen timestamptz, attrs jsonb, ratio real)"
+        )
+        conn.execute(
+            f"INSERT INTO {name} SELECT g, 'item ' || g || CASE WHEN g % 10 = 0 THEN ' walnut' "
+            "ELSE '' END, g * 1.5, ARRAY['t' || g % 3], now() - g * interval '1 hour', "
+            "jsonb_build_object('n', g, 'odd', g % 2 = 1), g / 7.0 FROM generate_series(1, 200) g"
+        )
+    try:
+        run_snapshot(settings, Console(file=io.StringIO()))
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"UPDATE {name} SET price = price + 1, tags = NULL WHERE id <= 20")
+            conn.execute(f"DELETE FROM {name} WHERE id BETWEEN 190 AND 200")
+        wait_until_equal(settings, table_info(settings, table))
+        run_apply(settings, ["cache", "search", "warehouse"], once=True)
+        info = table_info(settings, table)
+
+        results = verify(settings, [info], ["cache", "search", "warehouse"], timeout=60)
+        assert [(d.store, d.ok, d.source_rows, d.store_rows) for d in results] == [
+            ("cache", True, 189, 189),
+            ("search", True, 189, 189),
+            ("warehouse", True, 189, 189),
+        ]
+
+        # query, search and get return what PostgreSQL holds
+        queried = run_cdc(
+            "query",
+            f"SELECT id, name, price FROM {name} WHERE id <= 3 ORDER BY id",
+            "-o",
+            "json",
+            env=env,
+        )
+        assert queried.returncode == 0, queried.stderr
+        assert json.loads(queried.stdout) == [
+            {"id": i, "name": f"item {i}", "price": f"{i * 1.5 + 1:.2f}"} for i in (1, 2, 3)
+        ]
+        missing = run_cdc("query", "SELECT * FROM nope", env=env)
+        assert missing.returncode == 9
+        assert f"no table nope in the warehouse; tables: {name}, {name}_history" in missing.stderr
+        found = run_cdc("search", name, "walnut", "-n", "50", "-o", "json", env=env)
+        assert found.returncode == 0, found.stderr
+        assert sorted(hit["id"] for hit in json.loads(found.stdout)) == list(range(10, 190, 10))
+        entry = run_cdc("get", name, "5", "-o", "json", env=env)
+        assert entry.returncode == 0, entry.stderr
+        assert json.loads(entry.stdout)["name"] == "item 5"
+        gone = run_cdc("get", name, "195", env=env)
+        assert gone.returncode == 9 and "was deleted" in gone.stderr
+
+        # drift injected behind the pipeline's back, one kind per store
+        from delta.tables import DeltaTable
+
+        from cdc.spark import spark_session
+
+        spark = spark_session(settings, "test")
+        DeltaTable.forPath(spark, current_path(warehouse_root(settings), table)).update(
+            "id = 7", {"name": "'tampered'"}
+        )
+        from opensearchpy import OpenSearch
+
+        OpenSearch(hosts=[settings.opensearch.url]).delete(
+            index=index_name(settings.pipeline.topic_prefix, table), id='{"id":8}', refresh=True
+        )
+        cache = redis.Redis.from_url(settings.redis.url)
+        cache.hset(cache_key(settings.pipeline.topic_prefix, table, '{"id":9}'), "price", "0.00")
+
+        def drifts() -> list[Drift]:
+            return verify(settings, [info], ["cache", "search", "warehouse"], rounds=1)
+
+        drift = {d.store: d for d in drifts()}
+        assert (drift["warehouse"].different, drift["warehouse"].missing) == (['{"id":7}'], [])
+        assert (drift["search"].missing, drift["search"].different) == (['{"id":8}'], [])
+        assert (drift["cache"].different, drift["cache"].extra) == (['{"id":9}'], [])
+        reported = run_cdc("verify", "--table", name, env=env)
+        assert reported.returncode == 1
+        assert '{"id":7}' in reported.stdout and '{"id":8}' in reported.stdout
+
+        # a key only a store has (no such row in the source) is drift too
+        cache.hset(cache_key(settings.pipeline.topic_prefix, table, '{"id":5000}'), "name", "x")
+        drift = {d.store: d for d in verify(settings, [info], ["cache"])}
+        assert drift["cache"].extra == ['{"id":5000}']
+
+        # --repair: the drifted keys are backfilled through the log, the extra one removed
+        done = repair(settings, [info], drifts())
+        assert any("backfilled 3 keys" in line for line in done), done
+        run_apply(settings, ["cache", "search", "warehouse"], once=True)
+        assert all(d.ok for d in verify(settings, [info], ["cache", "search", "warehouse"]))
+    finally:
+        drop_pipeline(settings)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {name}")
