@@ -447,8 +447,22 @@ def verify(
         progress("verifying again once the stores have applied the repair")
         results = run_verify(s, tables, stores, timeout)
     drifted = [d for d in results if not d.ok]
+    checks = []
+    if "warehouse" in stores:  # Great Expectations suites over the warehouse tables
+        from materializers.quality import warehouse_checks
+
+        counts = {d.table: d.source_rows for d in results if d.store == "warehouse"}
+        for t in tables:
+            checks += warehouse_checks(s, t, counts[t.qualified])
+    failed = [c for c in checks if not c.ok]
     if output is Output.json:
-        _emit_json({"ok": not drifted, "results": [asdict(d) for d in results]})
+        _emit_json(
+            {
+                "ok": not drifted and not failed,
+                "results": [asdict(d) for d in results],
+                "expectations": [asdict(c) for c in checks],
+            }
+        )
     else:
         from rich.table import Table as RichTable
 
@@ -469,7 +483,15 @@ def verify(
                 verdict = "[red]" + "; ".join(parts) + "[/red]"
             report.add_row(d.store, d.table, str(d.source_rows), str(d.store_rows), verdict)
         out.print(report)
-    if drifted:
+        if checks:
+            suites = RichTable(
+                "table", "expectation", "column", "result", title="Great Expectations"
+            )
+            for c in checks:
+                verdict = "[green]ok[/green]" if c.ok else "[red]failed[/red]"
+                suites.add_row(c.table, c.expectation, c.column or "", f"{verdict} ({c.observed})")
+            out.print(suites)
+    if drifted or failed:
         raise typer.Exit(1)
 
 

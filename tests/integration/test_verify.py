@@ -92,9 +92,9 @@ def test_query_search_get_and_verify_finds_drift(stack: RunningStack) -> None:
         from cdc.spark import spark_session
 
         spark = spark_session(settings, "test")
-        DeltaTable.forPath(spark, current_path(warehouse_root(settings), table)).update(
-            "id = 7", {"name": "'tampered'"}
-        )
+        delta = DeltaTable.forPath(spark, current_path(warehouse_root(settings), table))
+        delta.update("id = 7", {"name": "'tampered'"})
+        delta.update("id = 10", {"name": "'__debezium_unavailable_value'"})  # a placeholder
         from opensearchpy import OpenSearch
 
         OpenSearch(hosts=[settings.opensearch.url]).delete(
@@ -107,12 +107,16 @@ def test_query_search_get_and_verify_finds_drift(stack: RunningStack) -> None:
             return verify(settings, [info], ["cache", "search", "warehouse"], rounds=1)
 
         drift = {d.store: d for d in drifts()}
-        assert (drift["warehouse"].different, drift["warehouse"].missing) == (['{"id":7}'], [])
+        assert drift["warehouse"].different == ['{"id":10}', '{"id":7}']
+        assert drift["warehouse"].missing == []
         assert (drift["search"].missing, drift["search"].different) == (['{"id":8}'], [])
         assert (drift["cache"].different, drift["cache"].extra) == (['{"id":9}'], [])
-        reported = run_cdc("verify", "--table", name, env=env)
-        assert reported.returncode == 1
-        assert '{"id":7}' in reported.stdout and '{"id":8}' in reported.stdout
+        reported = run_cdc("verify", "--table", name, "-o", "json", env=env)
+        assert reported.returncode == 1, reported.stderr
+        document = json.loads(reported.stdout)
+        assert ['{"id":8}'] in [r["missing"] for r in document["results"]]
+        failed = [(e["expectation"], e["column"]) for e in document["expectations"] if not e["ok"]]
+        assert failed == [("expect_column_values_to_not_be_in_set", "name")]
 
         # a key only a store has (no such row in the source) is drift too
         cache.hset(cache_key(settings.pipeline.topic_prefix, table, '{"id":5000}'), "name", "x")
@@ -121,9 +125,13 @@ def test_query_search_get_and_verify_finds_drift(stack: RunningStack) -> None:
 
         # --repair: the drifted keys are backfilled through the log, the extra one removed
         done = repair(settings, [info], drifts())
-        assert any("backfilled 3 keys" in line for line in done), done
+        assert any("backfilled 4 keys" in line for line in done), done
         run_apply(settings, ["cache", "search", "warehouse"], once=True)
-        assert all(d.ok for d in verify(settings, [info], ["cache", "search", "warehouse"]))
+        clean = run_cdc("verify", "--table", name, "-o", "json", env=env)
+        assert clean.returncode == 0, clean.stdout + clean.stderr
+        document = json.loads(clean.stdout)
+        # key unique, key not null, no placeholder in name and attrs, row count = source
+        assert document["ok"] and len(document["expectations"]) == 5
     finally:
         drop_pipeline(settings)
         with psycopg.connect(dsn, autocommit=True) as conn:
