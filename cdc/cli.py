@@ -495,6 +495,36 @@ def verify(
         raise typer.Exit(1)
 
 
+@app.command()
+def metrics(
+    port: Annotated[int, typer.Option("--port", "-p", min=1, max=65535)] = 9464,
+    host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
+) -> None:
+    """Serve Prometheus metrics (the figures of `cdc status`) until Ctrl-C.
+
+    Per component: up; per pipeline: slot active and WAL retained, connector
+    running, change topic end offsets, per store backlog (events) and lag
+    (seconds), dead letters, window events too late for the watermark.
+    """
+    import time
+
+    from cdc.metrics import serve
+    from cdc.pipeline import pipeline_status
+
+    s = settings()
+    stack = Stack(s)
+    try:
+        server = serve(lambda: (stack.status(), pipeline_status(s)), port, host)
+    except OSError as exc:
+        raise CdcError(f"cannot listen on {host}:{port} ({exc.strerror}): use --port") from None
+    progress(f"metrics at http://{host}:{port}/metrics (Ctrl-C stops)")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.shutdown()
+
+
 tables_app = typer.Typer(help="List, add and remove the pipeline's tables.", no_args_is_help=True)
 app.add_typer(tables_app, name="tables")
 

@@ -1,0 +1,101 @@
+"""Prometheus metrics: the figures of `cdc status`, computed when scraped.
+
+`cdc metrics --port 9464` serves them at http://HOST:PORT/metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from cdc.components.base import ComponentStatus
+from cdc.pipeline import PipelineStatus
+
+__all__ = ["StatusCollector", "families", "serve"]
+
+
+def families(components: Sequence[ComponentStatus], pipeline: PipelineStatus) -> list[Any]:
+    """The metric families for one look at the stack and the pipeline."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    up = GaugeMetricFamily("cdc_component_up", "1 when the component answers", labels=["component"])
+    for c in components:
+        up.add_metric([c.name], 1.0 if c.up else 0.0)
+    name = [pipeline.name]
+    slot_active = GaugeMetricFamily(
+        "cdc_slot_active", "1 when the replication slot has a reader", labels=["pipeline"]
+    )
+    retained = GaugeMetricFamily(
+        "cdc_slot_wal_retained_bytes",
+        "WAL the slot keeps PostgreSQL from recycling",
+        labels=["pipeline"],
+    )
+    if pipeline.slot:
+        slot_active.add_metric(name, 1.0 if pipeline.slot["active"] else 0.0)
+        retained.add_metric(name, float(pipeline.slot["wal_retained_bytes"] or 0))
+    running = GaugeMetricFamily(
+        "cdc_connector_running", "1 when the connector and its tasks run", labels=["pipeline"]
+    )
+    if pipeline.connector:
+        tasks = pipeline.connector.get("tasks") or []
+        ok = pipeline.connector.get("state") == "RUNNING" and all(t == "RUNNING" for t in tasks)
+        running.add_metric(name, 1.0 if ok else 0.0)
+    ends = GaugeMetricFamily(
+        "cdc_topic_end_offset",
+        "records in the change topic (end offsets summed)",
+        labels=["topic"],
+    )
+    for topic, end in pipeline.topics.items():
+        ends.add_metric([topic], float(end))
+    backlog = GaugeMetricFamily(
+        "cdc_store_backlog_events",
+        "events the store has still to apply",
+        labels=["pipeline", "store"],
+    )
+    lag = GaugeMetricFamily(
+        "cdc_store_lag_seconds",
+        "how far the store is behind the source (commit time)",
+        labels=["pipeline", "store"],
+    )
+    for store, figures in pipeline.stores.items():
+        backlog.add_metric([pipeline.name, store], float(figures["backlog_events"]))
+        if figures.get("lag_s") is not None:
+            lag.add_metric([pipeline.name, store], float(figures["lag_s"]))
+    dead = CounterMetricFamily(
+        "cdc_dead_letters", "events in the dead-letter topic", labels=["pipeline"]
+    )
+    dead.add_metric(name, float(pipeline.dead_letters))
+    late = CounterMetricFamily(
+        "cdc_window_late_events",
+        "events too late for a window aggregate's watermark",
+        labels=["pipeline", "window"],
+    )
+    for window, count in pipeline.late_events.items():
+        late.add_metric([pipeline.name, window], float(count))
+    return [up, slot_active, retained, running, ends, backlog, lag, dead, late]
+
+
+class StatusCollector:
+    """A prometheus_client collector that looks at the stack on every scrape."""
+
+    def __init__(self, look: Callable[[], tuple[Sequence[ComponentStatus], PipelineStatus]]):
+        self.look = look
+
+    def collect(self) -> Iterator[Any]:
+        components, pipeline = self.look()
+        yield from families(components, pipeline)
+
+
+def serve(
+    look: Callable[[], tuple[Sequence[ComponentStatus], PipelineStatus]],
+    port: int,
+    host: str = "127.0.0.1",
+) -> Any:
+    """Serve the metrics in a background thread; returns the server."""
+    from prometheus_client import start_http_server
+    from prometheus_client.core import CollectorRegistry
+
+    registry = CollectorRegistry()
+    registry.register(StatusCollector(look))  # type: ignore[arg-type]
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return server

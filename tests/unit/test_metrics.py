@@ -1,0 +1,55 @@
+"""The Prometheus endpoint shows what `cdc status` shows."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from cdc.components.base import ComponentStatus
+from cdc.metrics import serve
+from cdc.pipeline import PipelineStatus
+from tests.helpers import free_ports
+
+
+def look() -> tuple[list[ComponentStatus], PipelineStatus]:
+    components = [
+        ComponentStatus("kafka", True, "127.0.0.1:9092", True),
+        ComponentStatus("redis", False, "127.0.0.1:6379", True),
+    ]
+    pipeline = PipelineStatus(
+        "cdc",
+        "done",
+        "0/1",
+        {"active": True, "wal_retained_bytes": 4096},
+        {"state": "RUNNING", "tasks": ["FAILED"]},
+        topics={"cdc.public.customers": 5004},
+        stores={
+            "cache": {"backlog_events": 3, "lag_s": 1.5},
+            "warehouse": {"backlog_events": 0, "lag_s": None},
+        },
+        dead_letters=2,
+        late_events={"orders_per_minute": 7},
+    )
+    return components, pipeline
+
+
+def test_the_endpoint_serves_the_status_figures() -> None:
+    (port,) = free_ports(1)
+    server = serve(look, port)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+    finally:
+        server.shutdown()
+    lines = set(text.splitlines())
+    assert 'cdc_component_up{component="kafka"} 1.0' in lines
+    assert 'cdc_component_up{component="redis"} 0.0' in lines
+    assert 'cdc_slot_wal_retained_bytes{pipeline="cdc"} 4096.0' in lines
+    assert 'cdc_connector_running{pipeline="cdc"} 0.0' in lines  # a task failed
+    assert 'cdc_topic_end_offset{topic="cdc.public.customers"} 5004.0' in lines
+    assert 'cdc_store_backlog_events{pipeline="cdc",store="cache"} 3.0' in lines
+    assert 'cdc_store_lag_seconds{pipeline="cdc",store="cache"} 1.5' in lines
+    assert not any(
+        line.startswith('cdc_store_lag_seconds{pipeline="cdc",store="warehouse"') for line in lines
+    )
+    assert 'cdc_dead_letters_total{pipeline="cdc"} 2.0' in lines
+    assert 'cdc_window_late_events_total{pipeline="cdc",window="orders_per_minute"} 7.0' in lines
