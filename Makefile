@@ -8,7 +8,7 @@ RUFF := $(VENV)/bin/ruff
 .PHONY: help install demo up down status test test-fast test-integration lint format
 
 help:
-	@echo "make demo              install, start the stack, show a change flowing into Kafka"
+	@echo "make demo              install, start the stack, run the demo shop with a live dashboard"
 	@echo "make test              install, lint, then every test (unit + integration on the real stack)"
 	@echo "make test-fast         unit tests only (pure logic, seconds)"
 	@echo "make test-integration  integration tests against the real stack"

@@ -134,15 +134,32 @@ def demo(
     keep: Annotated[
         bool, typer.Option("--keep/--no-keep", help="leave the stack running at the end")
     ] = True,
+    duration: Annotated[
+        float | None,
+        typer.Option(
+            "--duration", help="seconds of workload (default: until Ctrl-C; 30 without a terminal)"
+        ),
+    ] = None,
+    rate: Annotated[
+        float, typer.Option("--rate", min=0.1, help="workload transactions per second")
+    ] = 50.0,
 ) -> None:
-    """Start the stack, capture a demo table and show its changes arrive in Kafka.
+    """Run the whole pipeline on a demo shop, with a live dashboard, then verify it.
 
-    Rows are inserted, updated and deleted in PostgreSQL; the Debezium change events
-    (c, u, d and the tombstone) are read back from the change topic.
+    Starts the stack, creates and snapshots the demo schema (customers, products,
+    orders, order_items), streams changes, applies them to the warehouse (with a join
+    view and a per-minute window aggregate), the search index and the cache, runs a
+    shop workload while a dashboard shows events/s, lag and dead letters, then shows
+    query, search and get examples and verifies every store. Exits 1 on drift.
     """
     from cdc.demo import run_demo
 
-    run_demo(settings(), out, progress, keep=keep)
+    result = run_demo(settings(), out, progress, keep=keep, duration=duration, rate=rate)
+    if result.interrupted:
+        progress("stopped (Ctrl-C); the stack keeps running: `cdc down` stops it")
+        raise typer.Exit(130)
+    if not result.ok:
+        raise typer.Exit(1)
 
 
 @app.command()

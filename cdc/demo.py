@@ -1,29 +1,37 @@
-"""The demo people run first: the stack comes up, the demo tables are snapshotted at a known
-offset, changes made in PostgreSQL appear as Debezium change events in Kafka, and the apply
-job brings them into the warehouse, the search index and the cache."""
+"""The demo people run first.
+
+The stack comes up; the demo shop (customers, products, orders, order_items) is
+created and snapshotted at a known offset; capture streams; the apply job keeps the
+warehouse (with a join view and a window aggregate), the search index and the cache;
+a workload of shop transactions runs while a live dashboard shows events per second
+per table, lag per store and dead letters; then a few queries, a search, a cache read
+and `cdc verify`. Without a terminal (or with CI=true) it runs for a fixed time and
+succeeds only if verify finds no drift.
+"""
 
 from __future__ import annotations
 
-import json
+import os
+import sys
+import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.table import Table
 
-from cdc.components.redis import redis_client
 from cdc.pipeline import pipe_streams, pipeline_status, sync_pipeline
-from cdc.render import pipeline_table, status_table
 from cdc.settings import PROJECT_ROOT, JoinView, Settings, WindowAggregate
 from cdc.stack import Stack
-from cdc.topics import read_topic, wait_for_records
-from materializers.apply import run_apply
-from materializers.stores.cache import cache_key
-from snapshot.initial import run_snapshot
+from cdc.topics import end_offsets
+from cdc.workload import Workload
 
-__all__ = ["DEMO_JOIN", "DEMO_WINDOW", "run_demo", "with_demo_views"]
+__all__ = ["DEMO_JOIN", "DEMO_WINDOW", "DemoResult", "run_demo", "with_demo_views"]
 
-TABLE = "public.customers"
+TABLES = ["public.customers", "public.products", "public.orders", "public.order_items"]
 # the derived data the demo keeps in the warehouse
 DEMO_JOIN = JoinView(
     name="orders_enriched",
@@ -44,13 +52,97 @@ def with_demo_views(settings: Settings) -> Settings:
     return settings.model_copy(update={"apply": views})
 
 
+class DemoResult:
+    def __init__(self) -> None:
+        self.ok = False
+        self.transactions = 0
+        self.lag: dict[str, float | None] = {}  # per store, as the dashboard last showed it
+        self.interrupted = False
+
+
+def interactive() -> bool:
+    return sys.stdout.isatty() and os.environ.get("CI", "").lower() not in ("1", "true", "yes")
+
+
 def run_demo(
-    settings: Settings, out: Console, progress: Callable[[str], None], keep: bool = True
-) -> None:
+    settings: Settings,
+    out: Console,
+    progress: Callable[[str], None],
+    keep: bool = True,
+    duration: float | None = None,
+    rate: float = 50.0,
+) -> DemoResult:
+    """Run the demo; `duration` None runs the workload until Ctrl-C when interactive
+    (else 30 s)."""
+    result = DemoResult()
+    if duration is None and not interactive():
+        duration = 30.0
     stack = Stack(settings)
     stack.up(progress)
+    _create_shop(settings, progress)
+    settings = with_demo_views(settings)
+    if pipe_streams(settings):
+        progress(f"pipeline {settings.pipeline.name} already streams; checking its tables")
+        sync_pipeline(settings)
+    else:
+        from snapshot.initial import run_snapshot
 
-    progress("creating the demo schema (sql/demo_schema.sql)")
+        snap = run_snapshot(settings, out, progress)
+        out.print(
+            f"initial snapshot at LSN {snap.lsn}: {snap.total_rows} rows in "
+            f"{snap.seconds:.1f}s; the connector streams from that point on"
+        )
+
+    from materializers.apply import run_apply
+
+    stop_apply = threading.Event()
+    failure: list[BaseException] = []
+
+    def apply() -> None:
+        try:
+            run_apply(settings, stop=stop_apply)
+        except BaseException as exc:  # shown below
+            failure.append(exc)
+
+    progress("starting the apply job (warehouse, search, cache) and the shop's workload")
+    applier = threading.Thread(target=apply, name="apply", daemon=True)
+    applier.start()
+    workload = Workload(settings.postgres.dsn(), rate=rate)
+    workload.start()
+    try:
+        _dashboard(settings, out, workload, duration, result, failure)
+    except KeyboardInterrupt:
+        result.interrupted = True
+    finally:
+        workload.stop.set()
+        workload.join()
+        result.transactions = sum(workload.done.values())
+    if workload.error is not None:
+        progress(f"the workload stopped: {workload.error}")
+    try:
+        if not result.interrupted and not failure:
+            result.ok = _show_and_verify(settings, out, progress)
+    except KeyboardInterrupt:
+        result.interrupted = True
+    finally:
+        stop_apply.set()
+        applier.join(timeout=60)
+    if failure:
+        progress(f"the apply job failed: {str(failure[0]).splitlines()[0]}")
+        result.ok = False
+    if not keep:
+        stack.down(progress=progress)
+    else:
+        out.print(
+            '\nnext: `cdc status`, `cdc query "SELECT * FROM orders_enriched LIMIT 5"`, '
+            '`cdc search products "walnut"`, `cdc get customers 1`, `cdc verify`, '
+            "`cdc apply` to keep applying, `cdc metrics` for Prometheus, `cdc down` to stop"
+        )
+    return result
+
+
+def _create_shop(settings: Settings, progress: Callable[[str], None]) -> None:
+    progress("creating the demo shop (sql/demo_schema.sql)")
     with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
         conn.execute((PROJECT_ROOT / "sql" / "demo_schema.sql").read_text())
         count = conn.execute("SELECT count(*) FROM customers").fetchone()
@@ -58,61 +150,119 @@ def run_demo(
             progress("adding the demo rows (sql/demo_seed.sql)")
             with conn.transaction():
                 conn.execute((PROJECT_ROOT / "sql" / "demo_seed.sql").read_text())
-    settings = with_demo_views(settings)
 
-    if pipe_streams(settings):
-        progress(f"pipeline {settings.pipeline.name} already streams; checking its tables")
-        sync_pipeline(settings)
-    else:
-        result = run_snapshot(settings, out, progress)
-        out.print(
-            f"initial snapshot at LSN {result.lsn}: {result.total_rows} rows in "
-            f"{result.seconds:.1f}s; the connector streams from that point on"
-        )
 
-    topic = settings.pipeline.topic(TABLE)
-    before = len(read_topic(settings.kafka.bootstrap_servers, topic))
-    progress("inserting, updating and deleting a customer in PostgreSQL")
-    with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
-        row = conn.execute(
-            "INSERT INTO customers (email, name, country, balance) "
-            "VALUES ('ada-' || gen_random_uuid() || '@example.com', 'Ada Lovelace', 'GB', 10.50) "
-            "RETURNING id"
-        ).fetchone()
-        assert row is not None
-        conn.execute(
-            "UPDATE customers SET balance = balance + 5, updated_at = now() WHERE id = %s", row
-        )
-        conn.execute("DELETE FROM customers WHERE id = %s", row)
+def _dashboard(
+    settings: Settings,
+    out: Console,
+    workload: Workload,
+    duration: float | None,
+    result: DemoResult,
+    failure: list[BaseException],
+) -> None:
+    """Refresh the dashboard every second until `duration` is over (or Ctrl-C)."""
+    topics = {settings.pipeline.topic(t): t for t in TABLES}
+    started = time.monotonic()
+    last: dict[str, int] = {}
+    last_at = started
+    rates: dict[str, float] = {}
+    live = Live(console=out, auto_refresh=False, transient=False) if interactive() else None
+    printed = 0.0
+    if live:
+        live.start()
+    try:
+        while duration is None or time.monotonic() - started < duration:
+            if failure or (workload.error is not None):
+                break
+            time.sleep(1)
+            now = time.monotonic()
+            ends = {
+                t: sum(parts.values())
+                for t, parts in end_offsets(settings.kafka.bootstrap_servers, list(topics)).items()
+            }
+            if last:
+                rates = {t: (ends[t] - last.get(t, 0)) / (now - last_at) for t in ends}
+            last, last_at = ends, now
+            status = pipeline_status(settings, TABLES)
+            result.lag = {s: f.get("lag_s") for s, f in status.stores.items()}
+            view = _view(topics, rates, status, workload, now - started, duration)
+            if live:
+                live.update(view, refresh=True)
+            elif now - printed >= 10:  # without a terminal: a snapshot every 10 s
+                out.print(view)
+                printed = now
+    finally:
+        if live:
+            live.stop()
 
-    records = wait_for_records(settings.kafka.bootstrap_servers, topic, before + 4)
-    ours = [r for r in records if r.key == {"id": row[0]}]
-    table = Table(title=f"change events on Kafka topic {topic}", title_justify="left")
-    for column in ("partition:offset", "key", "op", "after"):
-        table.add_column(column, overflow="fold")
-    for record in ours:
-        value = record.value
-        after = json.dumps(value.get("after")) if value else "(tombstone)"
-        table.add_row(
-            f"{record.partition}:{record.offset}",
-            record.key_bytes.decode() if record.key_bytes else "",
-            record.op or "",
-            after,
-        )
-    out.print(table)
 
-    progress("applying the change topics to the warehouse, the search index and the cache")
-    run_apply(settings, once=True)
-    entry = redis_client(settings.redis).hgetall(
-        cache_key(settings.pipeline.topic_prefix, TABLE, '{"id":1}')
-    )
+def _view(
+    topics: dict[str, str],
+    rates: dict[str, float],
+    status: Any,
+    workload: Workload,
+    elapsed: float,
+    duration: float | None,
+) -> Group:
+    left = "Ctrl-C to stop" if duration is None else f"{max(0, duration - elapsed):.0f}s left"
+    tables = Table(title=f"cdc demo: {elapsed:.0f}s, {left}", title_justify="left")
+    tables.add_column("table")
+    tables.add_column("events/s", justify="right")
+    tables.add_column("in the log", justify="right")
+    for topic, table in topics.items():
+        tables.add_row(table, f"{rates.get(topic, 0):.0f}", str(status.topics.get(topic, 0)))
+    stores = Table()
+    for column in ("store", "backlog (events)", "lag (s)"):
+        stores.add_column(column, justify="right" if column != "store" else "left")
+    for store, figures in status.stores.items():
+        lag = figures.get("lag_s")
+        stores.add_row(store, str(figures["backlog_events"]), "?" if lag is None else f"{lag:.1f}")
+    done = sum(workload.done.values())
+    dead = f"[red]{status.dead_letters}[/red]" if status.dead_letters else "0"
+    footer = f"workload: {done} transactions ({workload.rate:.0f}/s target); dead letters: {dead}"
+    return Group(tables, stores, footer)
+
+
+def _show_and_verify(settings: Settings, out: Console, progress: Callable[[str], None]) -> bool:
+    """A few queries, a search and a cache read, then verify; True when nothing drifted."""
+    from cdc.catalog import describe_table
+    from cdc.source import admin_connection
+    from materializers.quality import warehouse_checks
+    from materializers.query import cache_entry, run_query, search_table
+    from materializers.verify import verify
+
+    with admin_connection(settings) as conn:
+        tables = [describe_table(conn, name, settings.pipeline) for name in TABLES]
+    progress("verifying every store against PostgreSQL at a consistent cut")
+    drifts = verify(settings, tables, list(settings.apply.stores), timeout=300)
+    for sql in (
+        "SELECT status, count(*) AS orders, sum(total) AS revenue FROM orders "
+        "GROUP BY status ORDER BY status",
+        "SELECT id, status, total, customer_name, customer_country FROM orders_enriched "
+        "ORDER BY id DESC LIMIT 5",
+        "SELECT window_start, rows AS orders, total AS revenue FROM orders_per_minute "
+        "ORDER BY window_start DESC LIMIT 3",
+    ):
+        answer = run_query(settings, sql, TABLES)
+        table = Table(*answer.columns, title=f"cdc query {sql!r}", title_justify="left")
+        for row in answer.rows:
+            table.add_row(*("NULL" if v is None else str(v) for v in row))
+        out.print(table)
+    found = search_table(settings, tables[1], "walnut lamp", limit=3)
+    out.print(f'cdc search products "walnut lamp": {[row[2] for row in found.rows]}')
+    entry = cache_entry(settings, tables[0], "1")
+    out.print(f"cdc get customers 1: {entry.get('name')}, balance {entry.get('balance')}")
+    counts = {d.table: d.source_rows for d in drifts if d.store == "warehouse"}
+    checks = [c for t in tables for c in warehouse_checks(settings, t, counts[t.qualified])]
+    report = Table("store", "table", "rows", "drift", title="cdc verify", title_justify="left")
+    for d in drifts:
+        keys = d.missing + d.extra + d.different
+        verdict = "[green]none[/green]" if d.ok else f"[red]{len(keys)} keys, e.g. {keys[:3]}[/red]"
+        report.add_row(d.store, d.table, str(d.store_rows), verdict)
+    out.print(report)
+    failed = [c for c in checks if not c.ok]
     out.print(
-        "cache entry of customer 1: "
-        + json.dumps({k.decode(): v.decode() for k, v in entry.items()}, ensure_ascii=False)
+        f"Great Expectations: {len(checks) - len(failed)} of {len(checks)} expectations met"
+        + "".join(f"\n  [red]failed[/red] {c.table} {c.expectation} {c.column}" for c in failed)
     )
-    out.print(status_table(stack.status()))
-    out.print(pipeline_table(pipeline_status(settings)))
-    if not keep:
-        stack.down(progress=progress)
-    else:
-        progress("the stack keeps running: `cdc status`, `cdc down` to stop it")
+    return all(d.ok for d in drifts) and not failed

@@ -46,7 +46,7 @@ def test_apply_killed_mid_batch_and_restarted_converges(stack: RunningStack) -> 
         "CDC_PIPELINE__NAME": settings.pipeline.name,
         "CDC_PIPELINE__TOPIC_PREFIX": settings.pipeline.topic_prefix,
         "CDC_PIPELINE__TABLES": json.dumps([table]),
-        "CDC_APPLY__MAX_OFFSETS_PER_TRIGGER": "2000",  # many small batches: one is cut short
+        "CDC_APPLY__MAX_OFFSETS_PER_TRIGGER": "1500",  # many small batches: one is cut short
     }
     writer = Writer(dsn, name, first_new_id=100_000, max_id=6_000)
     apply = None
@@ -61,7 +61,11 @@ def test_apply_killed_mid_batch_and_restarted_converges(stack: RunningStack) -> 
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 300
+        while writer.commits < 3000:  # a bounded backlog, spread over several batches
+            assert time.monotonic() < deadline and writer.error is None, "the writer is stuck"
+            time.sleep(0.2)
+        writer.stop.set()
         while not all(read_progress(settings, s) for s in ("cache", "search", "warehouse")):
             assert time.monotonic() < deadline, "the apply job made no progress"
             assert apply.poll() is None, "the apply job died"
