@@ -234,7 +234,8 @@ def _show_and_verify(settings: Settings, out: Console, progress: Callable[[str],
     with admin_connection(settings) as conn:
         tables = [describe_table(conn, name, settings.pipeline) for name in TABLES]
     progress("verifying every store against PostgreSQL at a consistent cut")
-    drifts = verify(settings, tables, list(settings.apply.stores), timeout=300)
+    # the first warehouse batch holds the whole snapshot: on 2 cores it takes minutes
+    drifts = verify(settings, tables, list(settings.apply.stores), timeout=900)
     for sql in (
         "SELECT status, count(*) AS orders, sum(total) AS revenue FROM orders "
         "GROUP BY status ORDER BY status",

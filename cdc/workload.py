@@ -75,20 +75,22 @@ class Workload(threading.Thread):
         customer = self._one(conn, "SELECT id FROM customers ORDER BY random() LIMIT 1")
         if customer is None:
             return
-        order = self._one(
-            conn, f"INSERT INTO orders (customer_id) VALUES ({int(customer)}) RETURNING id"
+        lines = conn.execute(
+            "SELECT id, price FROM products ORDER BY random() LIMIT %s", (rng.randint(1, 4),)
+        ).fetchall()
+        quantities = [rng.randint(1, 3) for _ in lines]
+        total = sum((price * q for (_, price), q in zip(lines, quantities, strict=True)), 0)
+        order = self._one(  # placed with its total, so the order's creation carries it
+            conn,
+            f"INSERT INTO orders (customer_id, total) VALUES ({int(customer)}, {total}) "
+            "RETURNING id",
         )
-        for line in range(1, rng.randint(1, 4) + 1):
+        for line, ((product, price), quantity) in enumerate(zip(lines, quantities, strict=True)):
             conn.execute(
                 "INSERT INTO order_items (order_id, line, product_id, quantity, unit_price) "
-                "SELECT %s, %s, id, %s, price FROM products ORDER BY random() LIMIT 1",
-                (order, line, rng.randint(1, 3)),
+                "VALUES (%s, %s, %s, %s, %s)",
+                (order, line + 1, product, quantity, price),
             )
-        conn.execute(
-            "UPDATE orders SET total = (SELECT coalesce(sum(quantity * unit_price), 0) "
-            "FROM order_items WHERE order_id = %s), updated_at = now() WHERE id = %s",
-            (order, order),
-        )
 
     def _order_status(self, conn: psycopg.Connection[Any], rng: random.Random) -> None:
         conn.execute(

@@ -1,0 +1,44 @@
+"""The demo runs to completion without a terminal and ends with verify finding no drift."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+
+from cdc.demo import TABLES
+from cdc.pipeline import drop_pipeline
+from tests.conftest import RunningStack
+from tests.helpers import run_cdc
+from tests.logcheck import pipeline_for
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_demo_runs_non_interactively_and_verifies(stack: RunningStack) -> None:
+    settings = pipeline_for(stack.settings, TABLES)
+    env = {
+        **stack.env,
+        "CI": "true",
+        "CDC_PIPELINE__NAME": settings.pipeline.name,
+        "CDC_PIPELINE__TOPIC_PREFIX": settings.pipeline.topic_prefix,
+        "CDC_PIPELINE__TABLES": json.dumps(TABLES),
+    }
+    try:
+        result = run_cdc("demo", "--duration", "20", "--rate", "20", env=env, timeout=1800)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        out = result.stdout
+        assert "cdc demo:" in out  # the dashboard, printed without a terminal
+        assert "orders_enriched" in out and "orders_per_minute" in out
+        met = next(line for line in out.splitlines() if line.startswith("Great Expectations:"))
+        have, _, total = met.split(":")[1].split()[:3]
+        assert have == total and int(total) > 0
+        with psycopg.connect(settings.postgres.dsn()) as conn:
+            orders = conn.execute("SELECT count(*) FROM orders").fetchone()
+        assert orders is not None and orders[0] > 10_000  # the workload placed orders
+    finally:
+        drop_pipeline(settings)
+        with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
+            conn.execute("DROP TABLE IF EXISTS order_items, orders, products, customers")
+            conn.execute("DROP TYPE IF EXISTS order_status")
