@@ -97,13 +97,16 @@ def prepare_source(settings: Settings) -> list[Table]:
                 )
                 _grant_reading(conn, pipe.replication_user, tables)
                 _publish(conn, pipe.publication, tables)
-                sync_truncate_triggers(conn)
         except errors.InsufficientPrivilege as exc:
             raise SourceError(
                 f"PostgreSQL user {settings.postgres.user} lacks a privilege the setup needs "
                 f"({exc.diag.message_primary}); run it as a superuser, or as a user with "
                 "CREATEROLE that owns the captured tables"
             ) from None
+        # outside the setup's transaction, and without waiting on a busy table (a long
+        # transaction, or one the snapshot's slot waits for): `cdc snapshot` installs the
+        # ones left when it has finished
+        sync_truncate_triggers(conn, wait=False)
     return tables
 
 
@@ -164,11 +167,13 @@ def drop_publication(settings: Settings) -> bool:
         return bool(exists)
 
 
-def sync_truncate_triggers(conn: psycopg.Connection[Any]) -> None:
+def sync_truncate_triggers(conn: psycopg.Connection[Any], wait: bool = True) -> list[str]:
     """A TRUNCATE trigger on exactly the tables a pipeline's publication holds.
 
     The trigger records the TRUNCATE as a row of cdc.truncations (see
     sql/pipeline_schema.sql); a table no pipeline captures any more loses it.
+    CREATE TRIGGER locks the table against writes: with wait=False a table that
+    stays busy for 3 s is left for later. Returns the tables left.
     """
     wanted = {
         (r[0], r[1])
@@ -188,14 +193,33 @@ def sync_truncate_triggers(conn: psycopg.Connection[Any]) -> None:
         )
     }
     trigger = sql.Identifier(TRUNCATE_TRIGGER)
-    for schema, name in sorted(wanted - have):
-        conn.execute(
+    changes = [
+        (
+            f"{schema}.{name}",
             sql.SQL(
                 "CREATE TRIGGER {} AFTER TRUNCATE ON {} FOR EACH STATEMENT "
                 "EXECUTE FUNCTION cdc.record_truncate()"
-            ).format(trigger, sql.Identifier(schema, name))
+            ).format(trigger, sql.Identifier(schema, name)),
         )
-    for schema, name in sorted(have - wanted):
-        conn.execute(
-            sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(trigger, sql.Identifier(schema, name))
+        for schema, name in sorted(wanted - have)
+    ] + [
+        (
+            f"{schema}.{name}",
+            sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
+                trigger, sql.Identifier(schema, name)
+            ),
         )
+        for schema, name in sorted(have - wanted)
+    ]
+    busy = []
+    for table, statement in changes:
+        try:
+            with conn.transaction():
+                if not wait:
+                    conn.execute("SET LOCAL lock_timeout = '3s'")
+                conn.execute(statement)
+        except errors.LockNotAvailable:
+            busy.append(table)
+    if busy:
+        log.warning("TRUNCATE trigger left for later on busy tables: %s", ", ".join(busy))
+    return busy

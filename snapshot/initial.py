@@ -38,7 +38,13 @@ from cdc.catalog import Table
 from cdc.connect import ConnectClient
 from cdc.errors import CdcError, ConnectorError
 from cdc.settings import Settings
-from cdc.source import TRUNCATIONS_TABLE, admin_connection, prepare_source, replication_dsn
+from cdc.source import (
+    TRUNCATIONS_TABLE,
+    admin_connection,
+    prepare_source,
+    replication_dsn,
+    sync_truncate_triggers,
+)
 from cdc.spark import spark_session
 from cdc.topics import TopicSpec, change_topic_spec, end_offsets, ensure_topics, truncate_topics
 from snapshot.encoding import SnapshotPoint, event_query, int_to_lsn
@@ -166,6 +172,8 @@ def run_snapshot(
         raise ConnectorError(
             f"{exc} (the snapshot is complete and kept: rerun `cdc snapshot` to start streaming)"
         ) from None
+    with admin_connection(settings) as conn:
+        sync_truncate_triggers(conn)  # those a busy table kept setup from installing
     return SnapshotResult(lsn=lsn, rows=rows, seconds=time.monotonic() - started)
 
 
