@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import sys
 import time
 import uuid
@@ -25,7 +24,7 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.snapshot_throughput import machine
+from bench.snapshot_throughput import record
 from cdc.pipeline import drop_pipeline
 from cdc.settings import PipelineSettings, load_settings
 from cdc.spark import spark_session
@@ -96,13 +95,8 @@ def main() -> None:
     figures |= {
         "max_offsets_per_trigger": settings.apply.max_offsets_per_trigger,
         "partitions": settings.pipeline.partitions,
-        "machine": machine(),
-        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    print(json.dumps(figures, indent=2))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    with RESULTS.open("a") as fh:
-        fh.write(json.dumps(figures) + "\n")
+    record(figures, RESULTS)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,18 @@ def machine() -> dict[str, object]:
     }
 
 
+def record(figures: dict[str, object], results: Path) -> None:
+    """Print the figures with the machine and the time, and append them to `results`."""
+    figures = figures | {
+        "machine": machine(),
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    print(json.dumps(figures, indent=2))
+    results.parent.mkdir(parents=True, exist_ok=True)
+    with results.open("a") as fh:
+        fh.write(json.dumps(figures) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=int, default=20)
@@ -102,13 +114,8 @@ def main() -> None:
         "snapshot_read_write_s": round(copy_done - read_started, 2),
         "snapshot_rows_per_s": round(rows / (copy_done - read_started)),
         "ratio_to_copy": round((copy_done - read_started) / copy_s, 1),
-        "machine": machine(),
-        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    print(json.dumps(figures, indent=2))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    with RESULTS.open("a") as fh:
-        fh.write(json.dumps(figures) + "\n")
+    record(figures, RESULTS)
 
 
 if __name__ == "__main__":

@@ -184,7 +184,7 @@ def _batch_writer(
                 row["value"],
                 row["error"],
             )
-        events = _truncated(parsed.where("error IS NULL"), tables)
+        events, cutoffs = _truncated(parsed.where("error IS NULL"), tables)
         summary = events.agg(F.max("commit_ms").alias("commit_ms"), F.count("*").alias("n")).first()
         offsets = {
             f"{r['topic']}:{r['partition']}": r["offset"]
@@ -195,7 +195,7 @@ def _batch_writer(
         if getattr(store, "spark_native", False):
             store.write_frame(tables, events)  # type: ignore[attr-defined]
             dead.flush()
-            _record(batch_id, summary, offsets, None)
+            _record(batch_id, summary, offsets, None, cutoffs)
             return
         pending: list[Event] = []
         written = stale = 0
@@ -222,9 +222,9 @@ def _batch_writer(
             flush_pending()
         dead.flush()
         log.info("%s batch %d: %d written, %d stale", store.name, batch_id, written, stale)
-        _record(batch_id, summary, offsets, {"written": written, "stale": stale})
+        _record(batch_id, summary, offsets, {"written": written, "stale": stale}, cutoffs)
 
-    def _truncated(events: Any, tables: dict[str, Table]) -> Any:
+    def _truncated(events: Any, tables: dict[str, Table]) -> tuple[Any, dict[str, int]]:
         """Apply the batch's TRUNCATEs (rows of cdc.truncations) to the store, in LSN
         order, and drop every event of a truncated table from before its TRUNCATE. The
         cut-offs are kept in the progress file, so an event from before a TRUNCATE that
@@ -243,18 +243,17 @@ def _batch_writer(
             if row["name"] in tables:
                 store.truncate(tables[row["name"]], row["lsn"], row["commit_ms"])
                 cutoffs[row["name"]] = max(row["lsn"], cutoffs.get(row["name"], 0))
-        truncations[0] = cutoffs
         events = events.where(F.col("table") != TRUNCATIONS_TABLE)
         for name, lsn in cutoffs.items():
             # tombstones (no LSN) follow their delete event, which the cut-off judges
             events = events.where(
                 (F.col("table") != name) | F.col("lsn").isNull() | (F.col("lsn") > lsn)
             )
-        return events
+        return events, cutoffs
 
-    truncations: list[dict[str, int]] = [{}]
-
-    def _record(batch_id: int, summary: Any, offsets: dict[str, int], counts: Any) -> None:
+    def _record(
+        batch_id: int, summary: Any, offsets: dict[str, int], counts: Any, cutoffs: dict[str, int]
+    ) -> None:
         previous = read_progress(settings, store.name) or {}
         applied = dict(previous.get("applied", {}))
         applied.update(offsets)
@@ -265,7 +264,7 @@ def _batch_writer(
             "commit_ms": commit_ms,
             "applied_ms": int(time.time() * 1000),
             "last_batch": counts,
-            "truncated": truncations[0],
+            "truncated": cutoffs,
         }
         path = progress_file(settings, store.name)
         path.parent.mkdir(parents=True, exist_ok=True)
