@@ -1,121 +1,193 @@
-"""Initial-snapshot throughput on pgbench_accounts (scale 20 = 2 M rows by default).
+"""Initial snapshot of pgbench_accounts (scale 20 = 2 M rows), side by side with \\copy
+and with Debezium's own initial snapshot.
 
-    .venv/bin/python bench/snapshot_throughput.py [--scale 20]
+    .venv/bin/python bench/snapshot_throughput.py [--scale 20] [--no-warehouse]
 
 Needs the local stack (`cdc up`). Loads pgbench at the given scale into the stack's
-PostgreSQL, measures `\\copy pgbench_accounts TO /dev/null` as the floor, then runs
-the pipeline's initial snapshot of that table into Kafka (a pipeline of its own),
-and appends the figures with the machine's description to bench/results/.
+PostgreSQL if it is not there, then, in one run:
+  1. `\\copy pgbench_accounts TO /dev/null`: what reading the table costs at least;
+  2. our initial snapshot into Kafka (a pipeline of its own), and on into the warehouse
+     (`cdc apply --store warehouse --once` over the snapshot's events);
+  3. Debezium's initial snapshot (`snapshot.mode=initial`, same connector settings,
+     same Connect worker, topic with as many partitions) of the same table into Kafka,
+     timed from registering the connector until its topic holds every row.
+Prints rows/s and the ratios and appends them to bench/results/snapshot.jsonl.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
-import platform
 import subprocess
+import sys
 import time
-import uuid
 from pathlib import Path
 
 import psycopg
 from rich.console import Console
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import bench_settings, cleanup, record
+from cdc.capture import connector_config
 from cdc.components.postgres import postgres_bin_dir
-from cdc.pipeline import drop_pipeline
-from cdc.settings import PipelineSettings, load_settings
+from cdc.connect import ConnectClient
+from cdc.settings import Settings, load_settings
+from cdc.spark import spark_session
+from cdc.topics import end_offsets
+from materializers.apply import run_apply
 from snapshot.initial import run_snapshot
 
-RESULTS = Path(__file__).parent / "results" / "snapshot.jsonl"
+TABLE = "public.pgbench_accounts"
 
 
-def machine() -> dict[str, object]:
-    import pyspark
+def load_pgbench(settings: Settings, scale: int) -> int:
+    pg = settings.postgres
+    with psycopg.connect(pg.dsn()) as conn:
+        have = conn.execute("SELECT to_regclass('public.pgbench_accounts') IS NOT NULL").fetchone()
+        rows = conn.execute("SELECT count(*) FROM pgbench_accounts").fetchone() if have[0] else (0,)  # type: ignore[index]
+    if rows[0] != scale * 100_000:  # type: ignore[index]
+        print(f"loading pgbench at scale {scale} ...", flush=True)
+        bin_dir = postgres_bin_dir()
+        assert bin_dir is not None
+        subprocess.run(
+            [str(bin_dir / "pgbench"), "-i", "-q", "-s", str(scale), *psql_args(settings)],
+            check=True,
+            env=psql_env(settings),
+            capture_output=True,
+        )
+    return scale * 100_000
 
-    memory = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)
-    return {
-        "cores": os.cpu_count(),
-        "memory_gib": memory,
-        "python": platform.python_version(),
-        "pyspark": pyspark.__version__,
-    }
+
+def psql_args(settings: Settings) -> list[str]:
+    pg = settings.postgres
+    return ["-h", pg.host, "-p", str(pg.port), "-U", pg.user, "-d", pg.database]
 
 
-def record(figures: dict[str, object], results: Path) -> None:
-    """Print the figures with the machine and the time, and append them to `results`."""
-    figures = figures | {
-        "machine": machine(),
-        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    print(json.dumps(figures, indent=2))
-    results.parent.mkdir(parents=True, exist_ok=True)
-    with results.open("a") as fh:
-        fh.write(json.dumps(figures) + "\n")
+def psql_env(settings: Settings) -> dict[str, str]:
+    return {**os.environ, "PGPASSWORD": settings.postgres.password.get_secret_value()}
+
+
+def copy_seconds(settings: Settings) -> float:
+    started = time.monotonic()
+    subprocess.run(
+        ["psql", *psql_args(settings), "-c", r"\copy pgbench_accounts TO /dev/null"],
+        check=True,
+        env=psql_env(settings),
+        capture_output=True,
+    )
+    return time.monotonic() - started
+
+
+def debezium_snapshot(settings: Settings, rows: int) -> tuple[float, float]:
+    """Debezium's own initial snapshot of the table: (seconds from registering the
+    connector to the last row in Kafka, seconds from the first row to the last)."""
+    pipe = settings.pipeline
+    name = f"{pipe.connector}-debezium"
+    prefix = f"{pipe.topic_prefix}dbz"
+    config = connector_config(
+        settings,
+        topic_prefix=prefix,
+        tables=[TABLE],
+        slot=f"{pipe.slot}_dbz",
+        publication=f"{pipe.publication}_dbz",
+        snapshot_mode="initial",
+    )
+    config["topic.creation.default.partitions"] = str(pipe.partitions)
+    config["slot.drop.on.stop"] = "true"
+    topic = f"{prefix}.{TABLE}"
+    client = ConnectClient(settings.connect.url)
+    started = time.monotonic()
+    client.put_config(name, config)
+    first = None
+    try:
+        while True:
+            try:
+                written = sum(
+                    end_offsets(settings.kafka.bootstrap_servers, [topic])[topic].values()
+                )
+            except Exception:  # the topic is not there yet
+                written = 0
+            now = time.monotonic()
+            if written and first is None:
+                first = now
+            if written >= rows:
+                return now - started, now - (first or started)
+            if now - started > 1800:
+                raise SystemExit("Debezium's snapshot did not finish within 30 minutes")
+            time.sleep(0.2)
+    finally:
+        client.delete(name)
+        time.sleep(2)
+        with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                "WHERE slot_name = %s AND NOT active",
+                (f"{pipe.slot}_dbz",),
+            )
+            conn.execute(f"DROP PUBLICATION IF EXISTS {pipe.publication}_dbz")
+        from kafka.admin import KafkaAdminClient
+
+        admin = KafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
+        try:
+            admin.delete_topics([t for t in admin.list_topics() if t.startswith(prefix)])
+        finally:
+            admin.close()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=int, default=20)
+    parser.add_argument(
+        "--no-warehouse", action="store_true", help="skip applying the snapshot to Delta"
+    )
     args = parser.parse_args()
     settings = load_settings()
-    pg = settings.postgres
-    env = {**os.environ, "PGPASSWORD": pg.password.get_secret_value()}
-    conn_args = ["-h", pg.host, "-p", str(pg.port), "-U", pg.user]
-    bin_dir = postgres_bin_dir()
-    assert bin_dir is not None
-    with psycopg.connect(pg.dsn()) as conn:
-        have = conn.execute("SELECT to_regclass('public.pgbench_accounts') IS NOT NULL").fetchone()
-        rows = conn.execute("SELECT count(*) FROM pgbench_accounts").fetchone() if have[0] else (0,)  # type: ignore[index]
-    if rows[0] != args.scale * 100_000:  # type: ignore[index]
-        print(f"loading pgbench at scale {args.scale} ...", flush=True)
-        subprocess.run(
-            [str(bin_dir / "pgbench"), "-i", "-q", "-s", str(args.scale), *conn_args, pg.database],
-            check=True,
-            env=env,
-            capture_output=True,
-        )
-    rows = args.scale * 100_000
+    rows = load_pgbench(settings, args.scale)
+    copy_s = copy_seconds(settings)
+    print(f"\\copy: {copy_s:.2f} s", flush=True)
 
-    started = time.monotonic()
-    subprocess.run(
-        ["psql", *conn_args, "-d", pg.database, "-c", r"\copy pgbench_accounts TO /dev/null"],
-        check=True,
-        env=env,
-        capture_output=True,
-    )
-    copy_s = time.monotonic() - started
-
-    name = "bench" + uuid.uuid4().hex[:6]
-    bench = settings.model_copy(
-        update={
-            "pipeline": PipelineSettings(
-                name=name, topic_prefix=name, tables=["public.pgbench_accounts"]
-            )
-        }
-    )
+    bench = bench_settings(settings, [TABLE])
     notes: list[tuple[float, str]] = []
+    figures: dict[str, object] = {"benchmark": "snapshot", "table": TABLE, "rows": rows}
     try:
         result = run_snapshot(
             bench, Console(file=io.StringIO()), lambda n: notes.append((time.monotonic(), n))
         )
+        read_started = next(t for t, n in notes if n.startswith("snapshot "))
+        copy_done = next(t for t, n in notes if n.startswith("snapshot done"))
+        ours_s = copy_done - read_started
+        print(f"our snapshot into Kafka: {ours_s:.2f} s", flush=True)
+        if not args.no_warehouse:
+            spark_session(bench, "bench-snapshot-warehouse")  # started before the clock
+            started = time.monotonic()
+            run_apply(bench, ["warehouse"], once=True)
+            warehouse_s = time.monotonic() - started
+            print(f"and into the warehouse: {warehouse_s:.2f} s", flush=True)
+            figures |= {
+                "warehouse_apply_s": round(warehouse_s, 1),
+                "warehouse_rows_per_s": round(rows / warehouse_s),
+            }
     finally:
-        drop_pipeline(bench)
-    read_started = next(t for t, n in notes if n.startswith("snapshot "))
-    copy_done = next(t for t, n in notes if n.startswith("snapshot done"))
-    figures = {
-        "benchmark": "snapshot",
-        "table": "pgbench_accounts",
-        "rows": rows,
+        cleanup(bench)
+    dbz_total_s, dbz_stream_s = debezium_snapshot(bench, rows)
+    print(f"Debezium's snapshot into Kafka: {dbz_total_s:.2f} s", flush=True)
+    figures |= {
         "copy_to_devnull_s": round(copy_s, 2),
         "copy_rows_per_s": round(rows / copy_s),
         "snapshot_total_s": round(result.seconds, 2),
-        "snapshot_read_write_s": round(copy_done - read_started, 2),
-        "snapshot_rows_per_s": round(rows / (copy_done - read_started)),
-        "ratio_to_copy": round((copy_done - read_started) / copy_s, 1),
+        "snapshot_read_write_s": round(ours_s, 2),
+        "snapshot_rows_per_s": round(rows / ours_s),
+        "ratio_to_copy": round(ours_s / copy_s, 1),
+        "debezium_total_s": round(dbz_total_s, 2),
+        "debezium_first_to_last_s": round(dbz_stream_s, 2),
+        "debezium_rows_per_s": round(rows / dbz_total_s),
+        "speedup_over_debezium": round(dbz_total_s / ours_s, 1),
+        "speedup_over_debezium_total": round(dbz_total_s / result.seconds, 1),
+        "partitions": bench.pipeline.partitions,
     }
-    record(figures, RESULTS)
+    record(figures, "snapshot", settings)
 
 
 if __name__ == "__main__":

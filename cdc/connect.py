@@ -63,6 +63,12 @@ class ConnectClient:
     def status(self, name: str) -> dict[str, Any]:
         return dict(self._call("GET", f"/connectors/{name}/status"))
 
+    def pause(self, name: str) -> None:
+        self._call("PUT", f"/connectors/{name}/pause")
+
+    def resume(self, name: str) -> None:
+        self._call("PUT", f"/connectors/{name}/resume")
+
     def delete(self, name: str) -> None:
         self._call("DELETE", f"/connectors/{name}")
 

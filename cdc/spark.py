@@ -79,6 +79,9 @@ def spark_session(settings: Settings, app_name: str) -> SparkSession:
         .config("spark.driver.memory", spark.driver_memory)
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log_config}")
         .config("spark.sql.shuffle.partitions", str(spark.shuffle_partitions))
+        # the stores' queries share the cores: a store's small batch never waits for the
+        # end of another store's large one (each query runs in a pool of its own)
+        .config("spark.scheduler.mode", "FAIR")
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config(
             "spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"

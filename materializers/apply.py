@@ -164,6 +164,7 @@ def _batch_writer(
     dead = DeadLetters(settings, store.name)
 
     def write(batch: Any, batch_id: int) -> None:
+        batch.sparkSession.sparkContext.setLocalProperty("spark.scheduler.pool", store.name)
         tables = _captured_tables(settings)
         topics = {settings.pipeline.topic(t): t for t in [*tables, TRUNCATIONS_TABLE]}
         parsed = parse_events(batch, topics).where("table IS NOT NULL").cache()
@@ -348,6 +349,8 @@ def run_apply(
     windows: dict[str, Any] = {}
     for window in settings.apply.windows if "warehouse" in selected else []:
         checkpoint = str(checkpoint_dir(settings, f"window-{window.name}"))
+        # a pool of its own (the query's thread inherits it from this one)
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", f"window-{window.name}")
         writer = window_query(spark, settings, window, tables[window.table], checkpoint)
         writer = (
             writer.trigger(availableNow=True)

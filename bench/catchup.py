@@ -1,0 +1,135 @@
+"""Catch-up: a backlog of changes, captured and then applied, stage by stage.
+
+    .venv/bin/python bench/catchup.py [--rows 500000] [--changes 1000000]
+
+Needs the local stack (`cdc up`). Creates a table of --rows rows, takes the initial
+snapshot of it (a pipeline of its own) and applies it to every store. Then, with the
+connector paused and apply stopped, makes --changes single-row updates (in
+transactions of 10,000), and measures
+  * capture alone: the connector resumed, until every change is in Kafka;
+  * apply per store: `cdc apply --store S --once` over the backlog, until caught up
+    (Spark's start excluded; each store alone, so each has both cores).
+Prints changes/s per stage and appends them to bench/results/catchup.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+from rich.console import Console
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import bench_settings, cleanup, record
+from cdc.connect import ConnectClient
+from cdc.settings import load_settings
+from cdc.spark import spark_session
+from cdc.topics import end_offsets
+from materializers.apply import run_apply
+from snapshot.initial import run_snapshot
+
+STORES = ("cache", "search", "warehouse")
+
+
+def wait_for_log(settings, topic: str, total: int, timeout: float = 1800) -> float:  # type: ignore[no-untyped-def]
+    """Seconds until the topic holds `total` records."""
+    started = time.monotonic()
+    while sum(end_offsets(settings.kafka.bootstrap_servers, [topic])[topic].values()) < total:
+        if time.monotonic() - started > timeout:
+            raise SystemExit(f"the log did not receive every change within {timeout:.0f} s")
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=500_000)
+    parser.add_argument("--changes", type=int, default=1_000_000)
+    parser.add_argument("--stores", default=",".join(STORES))
+    args = parser.parse_args()
+    stores = args.stores.split(",")
+    settings = load_settings()
+    bench = bench_settings(settings, [])
+    table = f"public.{bench.pipeline.name}"
+    bench = bench.model_copy(
+        update={"pipeline": bench.pipeline.model_copy(update={"tables": [table]})}
+    )
+    topic = bench.pipeline.topic(table)
+    dsn = settings.postgres.dsn()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE {table} (id int PRIMARY KEY, version int NOT NULL, "
+            "amount numeric(12, 2) NOT NULL, note text, updated_at timestamptz DEFAULT now())"
+        )
+        conn.execute(
+            f"INSERT INTO {table} (id, version, amount, note) SELECT g, 0, g * 0.01, "
+            f"md5(g::text) FROM generate_series(1, {args.rows}) g"
+        )
+    figures: dict[str, object] = {
+        "benchmark": "catchup",
+        "rows": args.rows,
+        "changes": args.changes,
+    }
+    try:
+        print(f"snapshot of {args.rows} rows, applied to {', '.join(stores)} ...", flush=True)
+        run_snapshot(bench, Console(file=io.StringIO()))
+        spark_session(bench, f"bench-catchup-{bench.pipeline.name}")
+        for store in stores:
+            started = time.monotonic()
+            run_apply(bench, [store], once=True)
+            figures[f"snapshot_{store}_rows_per_s"] = round(
+                args.rows / (time.monotonic() - started)
+            )
+        client = ConnectClient(settings.connect.url)
+        client.pause(bench.pipeline.connector)
+        time.sleep(2)
+        print(f"{args.changes} changes with capture paused ...", flush=True)
+        started = time.monotonic()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            done = 0
+            while done < args.changes:
+                n = min(10_000, args.changes - done)
+                first = done % args.rows + 1
+                last = min(first + n - 1, args.rows)
+                conn.execute(
+                    f"UPDATE {table} SET version = version + 1, amount = amount + 1, "
+                    f"updated_at = now() WHERE id BETWEEN {first} AND {last}"
+                )
+                done += last - first + 1
+        figures["source_changes_per_s"] = round(args.changes / (time.monotonic() - started))
+        before = sum(end_offsets(settings.kafka.bootstrap_servers, [topic])[topic].values())
+        print("capture alone ...", flush=True)
+        client.resume(bench.pipeline.connector)
+        capture_s = wait_for_log(settings, topic, before + args.changes)
+        figures |= {
+            "capture_s": round(capture_s, 1),
+            "capture_changes_per_s": round(args.changes / capture_s),
+        }
+        for store in stores:
+            print(f"applying {args.changes} changes to {store} ...", flush=True)
+            started = time.monotonic()
+            run_apply(bench, [store], once=True)
+            seconds = time.monotonic() - started
+            figures[f"{store}_s"] = round(seconds, 1)
+            figures[f"{store}_changes_per_s"] = round(args.changes / seconds)
+    finally:
+        cleanup(bench)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {table}")
+    slowest = min(int(figures[f"{s}_changes_per_s"]) for s in stores)  # type: ignore[call-overload]
+    figures |= {
+        "slowest_store_changes_per_s": slowest,
+        "apply_keeps_up_with_capture": slowest >= int(figures["capture_changes_per_s"]),  # type: ignore[call-overload]
+        "max_offsets_per_trigger": bench.apply.max_offsets_per_trigger,
+        "partitions": bench.pipeline.partitions,
+    }
+    record(figures, "catchup", settings)
+
+
+if __name__ == "__main__":
+    main()
