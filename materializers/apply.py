@@ -8,23 +8,24 @@ hands it to the store, which writes it only if it is newer than what it holds.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from cdc.catalog import Table, describe_table, published_tables
-from cdc.decode import UNAVAILABLE
 from cdc.settings import Settings
 from cdc.source import TRUNCATIONS_TABLE, admin_connection
 from cdc.spark import spark_session
 from materializers.events import parse_events
-from materializers.stores.base import Event, Store
+from materializers.stores.base import Store
 from materializers.views import check_views, window_query
+from materializers.writer import RESULT_DDL, partition_writer
 
 __all__ = [
     "checkpoint_dir",
@@ -123,57 +124,30 @@ def _captured_tables(settings: Settings) -> dict[str, Table]:
         return {name: describe_table(conn, name, pipe) for name in names}
 
 
-def _events(rows: Iterator[Any]) -> Iterator[Event]:
-    """Each key's last event of the batch, from rows sorted by (topic, key, offset).
-
-    An unchanged TOASTed value arrives as a placeholder; when an earlier event of the
-    same key in this batch carried the value, the last event gets it, since only the
-    last event is written.
-    """
-    current: Event | None = None
-    for row in rows:
-        after = json.loads(row["after"]) if row["after"] and row["op"] != "d" else None
-        same_key = current is not None and (current.table, current.key) == (
-            row["table"],
-            row["key"],
-        )
-        if same_key and after is not None and current.after is not None:  # type: ignore[union-attr]
-            for name, value in after.items():
-                earlier = current.after.get(name, UNAVAILABLE)  # type: ignore[union-attr]
-                if value == UNAVAILABLE and earlier != UNAVAILABLE:
-                    after[name] = earlier
-        elif not same_key and current is not None:
-            yield current
-        current = Event(
-            table=row["table"],
-            key=row["key"],
-            partition=row["partition"],
-            offset=row["offset"],
-            op=row["op"],
-            after=after,
-            commit_ms=row["commit_ms"],
-            lsn=row["lsn"],
-        )
-    if current is not None:
-        yield current
-
-
 def _batch_writer(
     settings: Settings, store: Store, chunk: int = 5000
 ) -> Callable[[Any, int], None]:
     dead = DeadLetters(settings, store.name)
 
     def write(batch: Any, batch_id: int) -> None:
+        # each store's queries run in a scheduler pool of their own (FAIR between pools)
         batch.sparkSession.sparkContext.setLocalProperty("spark.scheduler.pool", store.name)
         tables = _captured_tables(settings)
         topics = {settings.pipeline.topic(t): t for t in [*tables, TRUNCATIONS_TABLE]}
         parsed = parse_events(batch, topics).where("table IS NOT NULL").cache()
         try:
-            _write(parsed, tables, batch_id)
+            keep, cutoffs = _truncated(parsed, tables)
+            if getattr(store, "spark_native", False):
+                _write_frame(parsed, keep, tables, batch_id, cutoffs)
+            else:
+                _write_partitions(parsed, keep, tables, batch_id, cutoffs)
         finally:
             parsed.unpersist()
 
-    def _write(parsed: Any, tables: dict[str, Table], batch_id: int) -> None:
+    def _write_frame(
+        parsed: Any, keep: Any, tables: dict[str, Table], batch_id: int, cutoffs: dict[str, int]
+    ) -> None:
+        """A store that writes Spark frames (the warehouse) takes the batch as one."""
         from pyspark.sql import functions as F
 
         for row in parsed.where("error IS NOT NULL").toLocalIterator():
@@ -185,7 +159,7 @@ def _batch_writer(
                 row["value"],
                 row["error"],
             )
-        events, cutoffs = _truncated(parsed.where("error IS NULL"), tables)
+        events = parsed.where(F.col("error").isNull() & keep)
         summary = events.agg(F.max("commit_ms").alias("commit_ms"), F.count("*").alias("n")).first()
         offsets = {
             f"{r['topic']}:{r['partition']}": r["offset"]
@@ -193,49 +167,74 @@ def _batch_writer(
             .agg(F.max("offset").alias("offset"))
             .collect()
         }
-        if getattr(store, "spark_native", False):
-            store.write_frame(tables, events)  # type: ignore[attr-defined]
-            dead.flush()
-            _record(batch_id, summary, offsets, None, cutoffs)
-            return
-        pending: list[Event] = []
-        written = stale = 0
-
-        def flush_pending() -> None:
-            nonlocal written, stale, pending
-            result = store.write(tables, pending)
-            written, stale, pending = written + result.written, stale + result.stale, []
-            for event, error in result.rejected or []:
-                dead.send(
-                    settings.pipeline.topic(event.table),
-                    event.partition,
-                    event.offset,
-                    event.key,
-                    event.after,
-                    error,
-                )
-
-        for event in _events(events.orderBy("topic", "key", "offset").toLocalIterator()):
-            pending.append(event)
-            if len(pending) >= chunk:
-                flush_pending()
-        if pending:
-            flush_pending()
+        store.write_frame(tables, events)  # type: ignore[attr-defined]
         dead.flush()
-        log.info("%s batch %d: %d written, %d stale", store.name, batch_id, written, stale)
-        _record(batch_id, summary, offsets, {"written": written, "stale": stale}, cutoffs)
+        _record(batch_id, summary, offsets, None, cutoffs)
 
-    def _truncated(events: Any, tables: dict[str, Table]) -> tuple[Any, dict[str, int]]:
+    def _write_partitions(
+        parsed: Any, keep: Any, tables: dict[str, Table], batch_id: int, cutoffs: dict[str, int]
+    ) -> None:
+        """A Python store is written by Spark's Python workers, partition by partition
+        (materializers/writer.py); the driver gets the counts and the dead letters."""
+        from pyspark.sql import functions as F
+
+        frame = parsed.select(
+            "table",
+            "topic",
+            "partition",
+            "offset",
+            "key",
+            "op",
+            "after",
+            "commit_ms",
+            "lsn",
+            F.when(F.col("error").isNotNull(), F.col("value")).alias("value"),
+            "error",
+            F.coalesce(~keep, F.lit(False)).alias("skip"),
+        ).sortWithinPartitions("topic", "key", "offset")
+        run = partition_writer(
+            functools.partial(make_store, settings, store.name),
+            tables,
+            settings.pipeline.topic,
+            chunk,
+        )
+        offsets: dict[str, int] = {}
+        counts = {"written": 0, "stale": 0}
+        summary: dict[str, Any] = {"n": 0, "commit_ms": None}
+        for row in frame.mapInArrow(run, RESULT_DDL).collect():
+            if row["kind"] == "dead":
+                dead.send(
+                    row["topic"],
+                    row["partition"],
+                    row["offset"],
+                    row["key"],
+                    row["value"],
+                    row["error"],
+                )
+                continue
+            where = f"{row['topic']}:{row['partition']}"
+            offsets[where] = max(row["offset"], offsets.get(where, -1))
+            summary["n"] += row["n"] or 0
+            if row["commit_ms"] is not None:
+                summary["commit_ms"] = max(row["commit_ms"], summary["commit_ms"] or 0)
+            counts["written"] += row["written"] or 0
+            counts["stale"] += row["stale"] or 0
+        dead.flush()
+        log.info("%s batch %d: %s", store.name, batch_id, counts)
+        _record(batch_id, summary, offsets, counts, cutoffs)
+
+    def _truncated(parsed: Any, tables: dict[str, Table]) -> tuple[Any, dict[str, int]]:
         """Apply the batch's TRUNCATEs (rows of cdc.truncations) to the store, in LSN
-        order, and drop every event of a truncated table from before its TRUNCATE. The
-        cut-offs are kept in the progress file, so an event from before a TRUNCATE that
-        comes in a later batch (another topic, read further behind) is dropped too."""
+        order. Returns which events to write: none of cdc.truncations, and none of a
+        truncated table from before its TRUNCATE. The cut-offs are kept in the progress
+        file, so an event from before a TRUNCATE that comes in a later batch (another
+        topic, read further behind) is dropped too."""
         from pyspark.sql import functions as F
 
         cutoffs = dict((read_progress(settings, store.name) or {}).get("truncated", {}))
         found = (
-            events.where(F.col("table") == TRUNCATIONS_TABLE)
-            .where("op IN ('c', 'r')")
+            parsed.where(F.col("table") == TRUNCATIONS_TABLE)
+            .where("error IS NULL AND op IN ('c', 'r')")
             .select(F.get_json_object("after", "$.table_name").alias("name"), "lsn", "commit_ms")
             .orderBy("lsn")
             .collect()
@@ -244,13 +243,11 @@ def _batch_writer(
             if row["name"] in tables:
                 store.truncate(tables[row["name"]], row["lsn"], row["commit_ms"])
                 cutoffs[row["name"]] = max(row["lsn"], cutoffs.get(row["name"], 0))
-        events = events.where(F.col("table") != TRUNCATIONS_TABLE)
+        keep = F.col("table") != TRUNCATIONS_TABLE
         for name, lsn in cutoffs.items():
             # tombstones (no LSN) follow their delete event, which the cut-off judges
-            events = events.where(
-                (F.col("table") != name) | F.col("lsn").isNull() | (F.col("lsn") > lsn)
-            )
-        return events, cutoffs
+            keep &= (F.col("table") != name) | F.col("lsn").isNull() | (F.col("lsn") > lsn)
+        return keep, cutoffs
 
     def _record(
         batch_id: int, summary: Any, offsets: dict[str, int], counts: Any, cutoffs: dict[str, int]
