@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import logging
 import sys
 import time
 from pathlib import Path
@@ -52,6 +53,9 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=1_000_000)
     parser.add_argument("--stores", default=",".join(STORES))
     args = parser.parse_args()
+    # the apply job's per-batch figures (what each store wrote, the warehouse's MERGEs)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    logging.getLogger("materializers").setLevel(logging.INFO)
     stores = args.stores.split(",")
     settings = load_settings()
     bench = bench_settings(settings, [])

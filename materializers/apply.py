@@ -167,8 +167,16 @@ def _batch_writer(
             .agg(F.max("offset").alias("offset"))
             .collect()
         }
+        started = time.monotonic()
         store.write_frame(tables, events)  # type: ignore[attr-defined]
         dead.flush()
+        log.info(
+            "%s batch %d: %d events in %.1f s",
+            store.name,
+            batch_id,
+            summary["n"],
+            time.monotonic() - started,
+        )
         _record(batch_id, summary, offsets, None, cutoffs)
 
     def _write_partitions(

@@ -11,6 +11,8 @@ unchanged TOASTed value keeps the stored column.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,8 @@ from materializers.stores.base import Event, Store, WriteResult
 from materializers.typed import spark_type, typed_image
 
 __all__ = ["WarehouseStore", "current_path", "ensure_delta", "history_path"]
+
+log = logging.getLogger(__name__)
 
 META = ["_cdc_offset", "_cdc_partition", "_cdc_lsn", "_cdc_commit_ts", "_cdc_deleted"]
 
@@ -286,7 +290,9 @@ class WarehouseStore(Store):
                     f"__carried_{c}", F.last(value, ignorenulls=True).over(so_far)
                 )
             decoded = decoded.cache()  # read by the history MERGE and the current one
+            started = time.monotonic()
             self._write_history(table, decoded, placeholders, target)
+            history_s = time.monotonic() - started
             newest = Window.partitionBy("key").orderBy(F.col("offset").desc())
             source = decoded.withColumn("__rank", F.row_number().over(newest)).where("__rank = 1")
             for flag in placeholders:
@@ -349,6 +355,12 @@ class WarehouseStore(Store):
                     }
                 )
                 .execute()
+            )
+            log.info(
+                "warehouse %s: history %.1f s, current %.1f s",
+                name,
+                history_s,
+                time.monotonic() - started - history_s,
             )
             if name in joined:  # the keys, for the join views' refresh
                 touched[name] = (
