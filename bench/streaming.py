@@ -1,0 +1,277 @@
+"""Streaming: pgbench at fixed rates with the whole pipeline running; end-to-end latency
+per store, whether lag stays bounded, and the peak memory of each component.
+
+    .venv/bin/python bench/streaming.py [--rates 500,1000] [--seconds 60] [--scale 4]
+
+Needs the local stack (`cdc up`). Loads pgbench (TPC-B-like; pgbench_history gets a
+primary key, since the pipeline refuses tables without one) into a database of its
+own, takes the initial snapshot of its four tables, runs `cdc apply` for every store
+in this process and waits until the stores hold the snapshot. Then for each rate:
+pgbench -R RATE -T SECONDS, after which it waits until every store has caught up.
+
+Latency of an event = the moment the store's micro-batch that holds it finished
+(the store's progress record, polled every 50 ms; a missed record only makes a
+later, larger figure) minus the event's commit time in PostgreSQL. Capture latency =
+the Kafka record's timestamp minus the commit time. Lag is bounded when the p95 of
+the last third of the run is not above twice that of the first third (plus 1 s).
+Appends the figures to bench/results/streaming.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from kafka import KafkaConsumer, TopicPartition
+from rich.console import Console
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import MemorySampler, bench_settings, cleanup, record
+from bench.snapshot_throughput import psql_args, psql_env
+from cdc.components.postgres import postgres_bin_dir
+from cdc.pipeline import pipeline_status
+from cdc.settings import Settings, load_settings
+from cdc.topics import end_offsets
+from materializers.apply import read_progress, run_apply
+from snapshot.initial import run_snapshot
+
+DATABASE = "cdcbench"
+TABLES = [f"public.pgbench_{t}" for t in ("accounts", "branches", "tellers", "history")]
+STORES = ("cache", "search", "warehouse")
+
+
+def load(settings: Settings, scale: int) -> None:
+    with psycopg.connect(settings.postgres.dsn("postgres"), autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone():
+            conn.execute(f"CREATE DATABASE {DATABASE}")
+    bin_dir = postgres_bin_dir()
+    assert bin_dir is not None
+    subprocess.run(
+        [str(bin_dir / "pgbench"), "-i", "-q", "-s", str(scale), *psql_args(settings)],
+        check=True,
+        env=psql_env(settings),
+        capture_output=True,
+    )
+    with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
+        conn.execute(
+            "ALTER TABLE pgbench_history ADD COLUMN id bigint GENERATED ALWAYS AS IDENTITY "
+            "PRIMARY KEY"
+        )
+
+
+def wait_caught_up(settings: Settings, timeout: float) -> float:
+    """Seconds until every store's backlog is zero."""
+    started = time.monotonic()
+    while True:
+        stores = pipeline_status(settings).stores
+        if stores and all(stores.get(s, {}).get("backlog_events") == 0 for s in STORES):
+            return time.monotonic() - started
+        if time.monotonic() - started > timeout:
+            raise SystemExit(f"the stores did not catch up within {timeout:.0f} s: {stores}")
+        time.sleep(0.5)
+
+
+class BatchLog:
+    """Each store's micro-batches as they finish: (finished at ms, applied offsets)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.batches: dict[str, list[tuple[int, dict[str, int]]]] = {s: [] for s in STORES}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> BatchLog:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        seen: dict[str, Any] = {}
+        while not self._stop.wait(0.05):
+            for store in STORES:
+                progress = read_progress(self.settings, store)
+                if progress and progress.get("batch") != seen.get(store):
+                    seen[store] = progress["batch"]
+                    self.batches[store].append((progress["applied_ms"], progress["applied"]))
+
+
+def read_events(
+    settings: Settings, start: dict[str, dict[int, int]], end: dict[str, dict[int, int]]
+) -> list[tuple[str, int, int, int, int]]:
+    """(topic, partition, offset, commit_ms, kafka timestamp ms) of each change event
+    between start and end (tombstones left out: no commit time)."""
+    import json
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        enable_auto_commit=False,
+        max_poll_records=20000,
+        fetch_max_bytes=64 * 1024 * 1024,
+    )
+    events = []
+    try:
+        wanted = {
+            TopicPartition(t, p): (start[t].get(p, 0), end_offset)
+            for t, parts in end.items()
+            for p, end_offset in parts.items()
+            if end_offset > start[t].get(p, 0)
+        }
+        consumer.assign(list(wanted))
+        for tp, (first, _) in wanted.items():
+            consumer.seek(tp, first)
+        deadline = time.monotonic() + 600
+        while any(consumer.position(tp) < last for tp, (_, last) in wanted.items()):
+            if time.monotonic() > deadline:
+                raise SystemExit("could not read the run's events within 10 minutes")
+            for tp, batch in consumer.poll(timeout_ms=500).items():
+                for r in batch:
+                    if r.offset >= wanted[tp][1] or r.value is None:
+                        continue
+                    source = json.loads(r.value).get("source", {})
+                    events.append((tp.topic, tp.partition, r.offset, source["ts_ms"], r.timestamp))
+    finally:
+        consumer.close()
+    return events
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    if not ordered:
+        return {}
+
+    def at(q: float) -> float:
+        return round(ordered[min(int(q * len(ordered)), len(ordered) - 1)] / 1000, 3)
+
+    return {"p50_s": at(0.50), "p95_s": at(0.95), "p99_s": at(0.99), "max_s": at(1.0)}
+
+
+def store_latencies(
+    events: list[tuple[str, int, int, int, int]], batches: list[tuple[int, dict[str, int]]]
+) -> list[tuple[int, int]]:
+    """(commit_ms, latency ms) per event: the first batch whose applied offset reaches it."""
+    out = []
+    for topic, partition, offset, commit_ms, _ in events:
+        where = f"{topic}:{partition}"
+        done = next((at for at, applied in batches if applied.get(where, -1) >= offset), None)
+        if done is not None:
+            out.append((commit_ms, done - commit_ms))
+    return out
+
+
+def bounded(latencies: list[tuple[int, int]]) -> bool:
+    ordered = [ms for _, ms in sorted(latencies)]
+    third = len(ordered) // 3
+    if third == 0:
+        return True
+    first = sorted(ordered[:third])[int(0.95 * third)]
+    last = sorted(ordered[-third:])[int(0.95 * third)]
+    return last <= 2 * first + 1000
+
+
+def run_rate(bench: Settings, rate: int, seconds: int, clients: int) -> dict[str, object]:
+    topics = [bench.pipeline.topic(t) for t in TABLES]
+    start = end_offsets(bench.kafka.bootstrap_servers, topics)
+    bin_dir = postgres_bin_dir()
+    assert bin_dir is not None
+    with BatchLog(bench) as log:
+        result = subprocess.run(
+            [
+                str(bin_dir / "pgbench"),
+                "-n",
+                "-c",
+                str(clients),
+                "-j",
+                "2",
+                "-R",
+                str(rate),
+                "-T",
+                str(seconds),
+                *psql_args(bench),
+            ],
+            check=True,
+            env=psql_env(bench),
+            capture_output=True,
+            text=True,
+        )
+        drain_s = wait_caught_up(bench, 900)
+        time.sleep(0.2)
+    tps = re.search(r"tps = ([\d.]+)", result.stdout)
+    end = end_offsets(bench.kafka.bootstrap_servers, topics)
+    events = read_events(bench, start, end)
+    figures: dict[str, object] = {
+        "target_tps": rate,
+        "achieved_tps": round(float(tps.group(1)), 1) if tps else None,
+        "events": len(events),
+        "caught_up_s_after_load": round(drain_s, 1),
+        "capture": percentiles([float(ts - commit) for _, _, _, commit, ts in events]),
+    }
+    for store in STORES:
+        latencies = store_latencies(events, log.batches[store])
+        figures[store] = percentiles([float(ms) for _, ms in latencies]) | {
+            "lag_bounded": bounded(latencies),
+            "batches": len(log.batches[store]),
+        }
+    print(f"{rate} TPS: {figures}", flush=True)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rates", default="500,1000", help="transactions per second")
+    parser.add_argument("--seconds", type=int, default=60)
+    parser.add_argument("--scale", type=int, default=4)
+    parser.add_argument("--clients", type=int, default=8)
+    args = parser.parse_args()
+    settings = load_settings()
+    source = settings.model_copy(
+        update={"postgres": settings.postgres.model_copy(update={"database": DATABASE})}
+    )
+    print(f"loading pgbench at scale {args.scale} into database {DATABASE} ...", flush=True)
+    load(source, args.scale)
+    bench = bench_settings(source, TABLES)
+    stop = threading.Event()
+    figures: dict[str, object] = {
+        "benchmark": "streaming",
+        "scale": args.scale,
+        "seconds": args.seconds,
+        "clients": args.clients,
+    }
+    runs = []
+    try:
+        run_snapshot(bench, Console(file=io.StringIO()))
+        with MemorySampler() as memory:
+            apply = threading.Thread(
+                target=run_apply, args=(bench,), kwargs={"stop": stop}, daemon=True
+            )
+            apply.start()
+            print("applying the snapshot to every store ...", flush=True)
+            wait_caught_up(bench, 1800)
+            for rate in (int(r) for r in args.rates.split(",")):
+                runs.append(run_rate(bench, rate, args.seconds, args.clients))
+            stop.set()
+            apply.join(timeout=120)
+        figures |= {"runs": runs, "peak_memory_mib": memory.peak_mib}
+    finally:
+        stop.set()
+        cleanup(bench)
+    figures |= {
+        "trigger_interval_s": bench.apply.trigger_interval_s,
+        "partitions": bench.pipeline.partitions,
+    }
+    record(figures, "streaming", settings)
+
+
+if __name__ == "__main__":
+    main()
