@@ -5,13 +5,17 @@ CDC := $(VENV)/bin/cdc
 PYTEST := $(VENV)/bin/pytest
 RUFF := $(VENV)/bin/ruff
 
-.PHONY: help install demo up down status test test-fast test-integration lint format
+.PHONY: help install demo up down status test test-fast test-integration lint format \
+	bench-snapshot bench-catchup bench-streaming
 
 help:
 	@echo "make demo              install, start the stack, run the demo shop with a live dashboard"
 	@echo "make test              install, lint, then every test (unit + integration on the real stack)"
 	@echo "make test-fast         unit tests only (pure logic, seconds)"
 	@echo "make test-integration  integration tests against the real stack"
+	@echo "make bench-snapshot    snapshot of 2 M rows: ours, copy-to-null and Debezium's"
+	@echo "make bench-catchup     1 M changes: capture alone, then apply per store"
+	@echo "make bench-streaming   pgbench at 500 and 1,000 TPS: latency per store, memory"
 	@echo "make install | up | down | status | lint | format"
 
 install:
@@ -45,3 +49,14 @@ test-fast:
 
 test-integration:
 	$(PYTEST) tests/integration
+
+# each benchmark starts the local stack if it is not up, prints its figures and
+# appends them to bench/results/<name>.jsonl
+bench-snapshot: up
+	$(VENV)/bin/python bench/snapshot_throughput.py
+
+bench-catchup: up
+	$(VENV)/bin/python bench/catchup.py
+
+bench-streaming: up
+	$(VENV)/bin/python bench/streaming.py
