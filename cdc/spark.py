@@ -58,6 +58,8 @@ logger.kafka.name = org.apache.kafka
 logger.kafka.level = error
 logger.sparkconf.name = org.apache.spark.SparkConf
 logger.sparkconf.level = error
+logger.localcheckpoint.name = org.apache.spark.rdd.MapPartitionsRDD
+logger.localcheckpoint.level = error
 """
 
 
