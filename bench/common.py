@@ -1,5 +1,5 @@
 """What every benchmark shares: the machine's description, the results files, a
-pipeline of its own, and the memory of each component sampled while it runs."""
+pipeline of its own, and the memory and CPU of each component sampled while it runs."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from cdc.settings import PipelineSettings, Settings
 
-__all__ = ["MemorySampler", "bench_settings", "cleanup", "machine", "record"]
+__all__ = ["ResourceSampler", "bench_settings", "cleanup", "machine", "record"]
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -75,7 +75,7 @@ _JAVA = [
     ("connect", "ConnectDistributed"),
     ("opensearch", "org.opensearch.bootstrap.OpenSearch"),
 ]
-_PROGRAMS = {"postgres": "postgres", "redis-server": "redis"}
+_PROGRAMS = {"postgres": "postgres", "redis-server": "redis", "pgbench": "pgbench"}
 
 
 def _component(pid: str) -> str | None:
@@ -101,19 +101,22 @@ def _pss_kib(pid: str) -> int:
     return 0
 
 
-class MemorySampler:
-    """Samples, every `interval` seconds, the proportional set size (PSS: shared pages
-    counted once across processes) of each component's processes, and keeps the peak
-    of their sum per component. The Spark driver JVM and its Python workers count as
-    `spark`; this process (which runs the apply job's driver) as `apply driver`."""
+class ResourceSampler:
+    """Samples, every `interval` seconds, each component's processes: the proportional
+    set size (PSS: shared pages counted once across processes), keeping the peak of
+    their sum per component, and the CPU time they have used. The Spark driver JVM and
+    its Python workers count as `spark`; this process (which runs the apply job's
+    driver) as `apply driver`."""
 
     def __init__(self, interval: float = 1.0) -> None:
         self.interval = interval
         self.peak_mib: dict[str, int] = {}
+        self._ticks: dict[str, tuple[str, int]] = {}  # pid -> (component, CPU ticks)
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> MemorySampler:
+    def __enter__(self) -> ResourceSampler:
         self._thread.start()
         return self
 
@@ -126,7 +129,21 @@ class MemorySampler:
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit() and (component := _component(entry.name)):
                 totals[component] = totals.get(component, 0) + _pss_kib(entry.name)
+                ticks = _cpu_ticks(entry.name)
+                if ticks is not None:
+                    with self._lock:
+                        self._ticks[entry.name] = (component, ticks)
         return {name: kib // 1024 for name, kib in totals.items()}
+
+    def cpu(self) -> CpuMark:
+        """CPU seconds used so far per component (a process that ended counts what it
+        had used when last sampled), and the whole machine's busy seconds."""
+        self.sample()
+        per: dict[str, float] = {}
+        with self._lock:
+            for component, ticks in self._ticks.values():
+                per[component] = per.get(component, 0.0) + ticks / _HZ
+        return CpuMark(time.monotonic(), per, _machine_busy_s())
 
     def _run(self) -> None:
         while True:
@@ -134,6 +151,42 @@ class MemorySampler:
                 self.peak_mib[name] = max(mib, self.peak_mib.get(name, 0))
             if self._stop.wait(self.interval):
                 return
+
+
+_HZ = os.sysconf("SC_CLK_TCK")
+
+
+class CpuMark:
+    """CPU used up to a moment; `cores_since(earlier)` is the cores each component kept
+    busy in between (1.0 = one core all the time)."""
+
+    def __init__(self, at: float, per: dict[str, float], busy_s: float) -> None:
+        self.at, self.per, self.busy_s = at, per, busy_s
+
+    def cores_since(self, earlier: CpuMark) -> dict[str, float]:
+        wall = max(self.at - earlier.at, 1e-9)
+        cores = {
+            name: round((seconds - earlier.per.get(name, 0.0)) / wall, 2)
+            for name, seconds in sorted(self.per.items())
+        }
+        cores["machine (all processes)"] = round((self.busy_s - earlier.busy_s) / wall, 2)
+        return cores
+
+
+def _cpu_ticks(pid: str) -> int | None:
+    """utime + stime of a process, in clock ticks (fields 14 and 15 of its stat)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _machine_busy_s() -> float:
+    """Seconds all cores spent on anything but idle and I/O wait since boot."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(values[:8]) - values[3] - values[4]) / _HZ
 
 
 def cleanup(settings: Settings) -> None:

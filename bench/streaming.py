@@ -1,5 +1,6 @@
 """Streaming: pgbench at fixed rates with the whole pipeline running; end-to-end latency
-per store, whether lag stays bounded, and the peak memory of each component.
+per store, whether lag stays bounded, the peak memory of each component and the cores
+each kept busy.
 
     .venv/bin/python bench/streaming.py [--rates 500,1000] [--seconds 60] [--scale 4]
 
@@ -35,7 +36,7 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import MemorySampler, bench_settings, cleanup, record
+from bench.common import ResourceSampler, bench_settings, cleanup, record
 from bench.snapshot_throughput import psql_args, psql_env
 from cdc.components.postgres import postgres_bin_dir
 from cdc.pipeline import pipeline_status
@@ -180,12 +181,15 @@ def bounded(latencies: list[tuple[int, int]]) -> bool:
     return last <= 2 * first + 1000
 
 
-def run_rate(bench: Settings, rate: int, seconds: int, clients: int) -> dict[str, object]:
+def run_rate(
+    bench: Settings, rate: int, seconds: int, clients: int, resources: ResourceSampler
+) -> dict[str, object]:
     topics = [bench.pipeline.topic(t) for t in TABLES]
     start = end_offsets(bench.kafka.bootstrap_servers, topics)
     bin_dir = postgres_bin_dir()
     assert bin_dir is not None
     with BatchLog(bench) as log:
+        before = resources.cpu()
         result = subprocess.run(
             [
                 str(bin_dir / "pgbench"),
@@ -205,6 +209,7 @@ def run_rate(bench: Settings, rate: int, seconds: int, clients: int) -> dict[str
             capture_output=True,
             text=True,
         )
+        cores = resources.cpu().cores_since(before)
         drain_s = wait_caught_up(bench, 900)
         time.sleep(0.2)
     tps = re.search(r"tps = ([\d.]+)", result.stdout)
@@ -216,6 +221,7 @@ def run_rate(bench: Settings, rate: int, seconds: int, clients: int) -> dict[str
         "events": len(events),
         "caught_up_s_after_load": round(drain_s, 1),
         "capture": percentiles([float(ts - commit) for _, _, _, commit, ts in events]),
+        "cores_busy_during_load": cores,
     }
     for store in STORES:
         latencies = store_latencies(events, log.batches[store])
@@ -251,7 +257,7 @@ def main() -> None:
     runs = []
     try:
         run_snapshot(bench, Console(file=io.StringIO()))
-        with MemorySampler() as memory:
+        with ResourceSampler() as resources:
             apply = threading.Thread(
                 target=run_apply, args=(bench,), kwargs={"stop": stop}, daemon=True
             )
@@ -259,10 +265,10 @@ def main() -> None:
             print("applying the snapshot to every store ...", flush=True)
             wait_caught_up(bench, 1800)
             for rate in (int(r) for r in args.rates.split(",")):
-                runs.append(run_rate(bench, rate, args.seconds, args.clients))
+                runs.append(run_rate(bench, rate, args.seconds, args.clients, resources))
             stop.set()
             apply.join(timeout=120)
-        figures |= {"runs": runs, "peak_memory_mib": memory.peak_mib}
+        figures |= {"runs": runs, "peak_memory_mib": resources.peak_mib}
     finally:
         stop.set()
         cleanup(bench)

@@ -1,8 +1,9 @@
 """The streaming benchmark's arithmetic: when an event became visible in a store,
-percentiles, and whether lag stayed bounded."""
+percentiles, whether lag stayed bounded, and the cores each component kept busy."""
 
 from __future__ import annotations
 
+from bench.common import CpuMark
 from bench.streaming import bounded, percentiles, store_latencies
 
 
@@ -24,3 +25,14 @@ def test_lag_is_bounded_unless_the_last_third_is_much_slower_than_the_first() ->
     growing = [(t, 500 + 50 * t) for t in range(300)]
     assert bounded(steady)
     assert not bounded(growing)
+
+
+def test_cores_busy_are_cpu_seconds_over_wall_seconds_per_component() -> None:
+    before = CpuMark(100.0, {"spark": 10.0, "kafka": 2.0}, 50.0)
+    after = CpuMark(110.0, {"spark": 25.0, "kafka": 3.0, "pgbench": 1.0}, 69.0)
+    assert after.cores_since(before) == {
+        "kafka": 0.1,
+        "pgbench": 0.1,
+        "spark": 1.5,
+        "machine (all processes)": 1.9,
+    }
