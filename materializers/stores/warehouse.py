@@ -12,8 +12,10 @@ unchanged TOASTed value keeps the stored column.
 from __future__ import annotations
 
 import logging
+import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +91,8 @@ class WarehouseStore(Store):
         self.root = root
         self.joins = list(joins)
         self._truncated: set[str] = set()
+        # MERGEs of a batch at once: twice the cores, as much of a MERGE is driver work
+        self.parallel = min(2 * (os.cpu_count() or 1), 8)
 
     def prepare(self, tables: Iterable[Table]) -> None:
         for table in tables:
@@ -134,7 +138,7 @@ class WarehouseStore(Store):
         return ensure_delta(self.spark, path, fields)
 
     def _write_history(
-        self, table: Table, decoded: Any, placeholders: set[str], current: Any
+        self, table: Table, decoded: Any, placeholders: set[str], current: Any, history: Any
     ) -> None:
         """Every change event of the batch becomes a version (SCD type 2), once.
 
@@ -150,7 +154,6 @@ class WarehouseStore(Store):
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
-        history = self._history(table)
         versions = decoded.where("lsn IS NOT NULL")  # tombstones carry no envelope
         if placeholders:
             stored = current.toDF().select(
@@ -233,140 +236,170 @@ class WarehouseStore(Store):
     def write(self, tables: dict[str, Table], events: list[Event]) -> WriteResult:
         raise NotImplementedError("the warehouse writes Spark frames: use write_frame")
 
+    def _timed(self, work: Callable[..., Any], *args: Any) -> float:
+        """Run `work` in this thread, in the warehouse's scheduler pool; its seconds."""
+        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.name)
+        started = time.monotonic()
+        work(*args)
+        return time.monotonic() - started
+
+    def _merge(self, table: Table, events: Any, pool: ThreadPoolExecutor) -> tuple[Any, Any, Any]:
+        """Start the MERGEs of a table's events of the batch into its history and its
+        current state. Returns the decoded events (cached: the caller unpersists them)
+        and the two MERGEs' futures (each gives its seconds)."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        target = self._ensure(table)
+        rows = events.where(F.col("table") == table.qualified)
+        key_image = typed_image(
+            table.__class__(
+                table.schema,
+                table.name,
+                tuple(table.column(k) for k in table.key),
+                table.key,
+                table.replica_identity,
+                0,
+                0,
+            ),
+            F.col("key"),
+            prefix="k_",
+        )
+        decoded = rows.select(
+            "key",
+            "op",
+            "offset",
+            "partition",
+            "lsn",
+            "commit_ms",
+            *key_image,
+            *typed_image(table, F.col("after")),
+        )
+        placeholders = {c for c in decoded.columns if c.startswith("__ph_")}
+        by_key = Window.partitionBy("key").orderBy("offset")
+        so_far = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        types = {c.name: spark_type(c) for c in table.columns}
+        for flag in placeholders:
+            c = flag[len("__ph_") :]
+            # the key's latest known value of c in the batch up to this event: a real
+            # value is known, a placeholder tells nothing, a delete forgets
+            value = F.when(
+                F.col("op") == "d",
+                F.struct(F.lit(None).cast(types[c]).alias("v"), F.lit(False).alias("known")),
+            ).when(~F.col(flag), F.struct(F.col(f"`{c}`").alias("v"), F.lit(True).alias("known")))
+            decoded = decoded.withColumn(
+                f"__carried_{c}", F.last(value, ignorenulls=True).over(so_far)
+            )
+        decoded = decoded.cache()  # read by the history MERGE and the current one
+        history = pool.submit(
+            self._timed,
+            self._write_history,
+            table,
+            decoded,
+            placeholders,
+            target,
+            self._history(table),
+        )
+        newest = Window.partitionBy("key").orderBy(F.col("offset").desc())
+        source = decoded.withColumn("__rank", F.row_number().over(newest)).where("__rank = 1")
+        for flag in placeholders:
+            c = flag[len("__ph_") :]
+            known = F.coalesce(F.col(f"__carried_{c}.known"), F.lit(False))
+            source = source.withColumn(
+                c, F.when(known, F.col(f"__carried_{c}.v")).otherwise(F.col(f"`{c}`"))
+            ).withColumn(flag, F.col(flag) & ~known)
+        condition = " AND ".join(f"t.`{k}` <=> s.`k_{k}`" for k in table.key)
+        meta = {
+            "_cdc_offset": "s.offset",
+            "_cdc_partition": "s.partition",
+            "_cdc_lsn": "s.lsn",
+            "_cdc_commit_ts": "timestamp_millis(s.commit_ms)",
+        }
+        values = {}
+        for column in table.columns:
+            c = column.name
+            if column.name in table.key:
+                values[c] = f"s.`k_{c}`"
+            elif f"__ph_{c}" in placeholders:
+                values[c] = f"CASE WHEN s.`__ph_{c}` THEN t.`{c}` ELSE s.`{c}` END"
+            else:
+                values[c] = f"s.`{c}`"
+        insert = {
+            c: (
+                v
+                if not v.startswith("CASE")
+                else f"CASE WHEN s.`__ph_{c}` THEN NULL ELSE s.`{c}` END"
+            )
+            for c, v in values.items()
+        }
+        merge = (
+            target.alias("t")
+            .merge(source.alias("s"), condition)
+            .whenMatchedUpdate(
+                condition="s.offset > t._cdc_offset AND s.op = 'd'",
+                set={**meta, "_cdc_deleted": "true"},
+            )
+            .whenMatchedUpdate(
+                condition="s.offset > t._cdc_offset",
+                set={
+                    **{f"`{c}`": v for c, v in values.items()},
+                    **meta,
+                    "_cdc_deleted": "false",
+                },
+            )
+            .whenNotMatchedInsert(
+                values={
+                    **{
+                        f"`{c}`": (
+                            v if c in table.key else f"CASE WHEN s.op = 'd' THEN NULL ELSE {v} END"
+                        )
+                        for c, v in insert.items()
+                    },
+                    **meta,
+                    "_cdc_deleted": "s.op = 'd'",
+                }
+            )
+        )
+        return decoded, history, pool.submit(self._timed, merge.execute)
+
     def write_frame(self, tables: dict[str, Table], events: Any) -> None:
         """MERGE each key's last event of the batch into its table's current state.
 
         A TOAST placeholder in the last event is filled from the key's latest earlier
         event in the batch that carried the value (if none did, the stored value stays).
+
+        The MERGEs of the batch (each table's history and current state: separate Delta
+        tables) run side by side, so the cores work while a MERGE's driver plans, reads a
+        log or commits. The history reads the current state only for values an unchanged
+        TOASTed column leaves out, which a concurrent MERGE of the same batch does not
+        change (it keeps the stored value, or writes the batch's own, which the history
+        takes from the batch).
         """
-        from pyspark.sql import Window
         from pyspark.sql import functions as F
 
         present = {r["table"] for r in events.select("table").distinct().collect()}
         joined = {t for j in self.joins for t in (j.table, j.references)}
         touched: dict[str, Any] = {}
-        for name in sorted(present & set(tables)):
-            table = tables[name]
-            target = self._ensure(table)
-            rows = events.where(F.col("table") == name)
-            key_image = typed_image(
-                table.__class__(
-                    table.schema,
-                    table.name,
-                    tuple(table.column(k) for k in table.key),
-                    table.key,
-                    table.replica_identity,
-                    0,
-                    0,
-                ),
-                F.col("key"),
-                prefix="k_",
-            )
-            decoded = rows.select(
-                "key",
-                "op",
-                "offset",
-                "partition",
-                "lsn",
-                "commit_ms",
-                *key_image,
-                *typed_image(table, F.col("after")),
-            )
-            placeholders = {c for c in decoded.columns if c.startswith("__ph_")}
-            by_key = Window.partitionBy("key").orderBy("offset")
-            so_far = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-            types = {c.name: spark_type(c) for c in table.columns}
-            for flag in placeholders:
-                c = flag[len("__ph_") :]
-                # the key's latest known value of c in the batch up to this event: a real
-                # value is known, a placeholder tells nothing, a delete forgets
-                value = F.when(
-                    F.col("op") == "d",
-                    F.struct(F.lit(None).cast(types[c]).alias("v"), F.lit(False).alias("known")),
-                ).when(
-                    ~F.col(flag), F.struct(F.col(f"`{c}`").alias("v"), F.lit(True).alias("known"))
+        pool = ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="merge")
+        merges = []
+        try:
+            for name in sorted(present & set(tables)):
+                merges.append((name, *self._merge(tables[name], events, pool)))
+            for name, decoded, history, current in merges:
+                log.info(
+                    "warehouse %s: history %.1f s, current %.1f s",
+                    name,
+                    history.result(),
+                    current.result(),
                 )
-                decoded = decoded.withColumn(
-                    f"__carried_{c}", F.last(value, ignorenulls=True).over(so_far)
-                )
-            decoded = decoded.cache()  # read by the history MERGE and the current one
-            started = time.monotonic()
-            self._write_history(table, decoded, placeholders, target)
-            history_s = time.monotonic() - started
-            newest = Window.partitionBy("key").orderBy(F.col("offset").desc())
-            source = decoded.withColumn("__rank", F.row_number().over(newest)).where("__rank = 1")
-            for flag in placeholders:
-                c = flag[len("__ph_") :]
-                known = F.coalesce(F.col(f"__carried_{c}.known"), F.lit(False))
-                source = source.withColumn(
-                    c, F.when(known, F.col(f"__carried_{c}.v")).otherwise(F.col(f"`{c}`"))
-                ).withColumn(flag, F.col(flag) & ~known)
-            condition = " AND ".join(f"t.`{k}` <=> s.`k_{k}`" for k in table.key)
-            meta = {
-                "_cdc_offset": "s.offset",
-                "_cdc_partition": "s.partition",
-                "_cdc_lsn": "s.lsn",
-                "_cdc_commit_ts": "timestamp_millis(s.commit_ms)",
-            }
-            values = {}
-            for column in table.columns:
-                c = column.name
-                if column.name in table.key:
-                    values[c] = f"s.`k_{c}`"
-                elif f"__ph_{c}" in placeholders:
-                    values[c] = f"CASE WHEN s.`__ph_{c}` THEN t.`{c}` ELSE s.`{c}` END"
-                else:
-                    values[c] = f"s.`{c}`"
-            insert = {
-                c: (
-                    v
-                    if not v.startswith("CASE")
-                    else f"CASE WHEN s.`__ph_{c}` THEN NULL ELSE s.`{c}` END"
-                )
-                for c, v in values.items()
-            }
-            (
-                target.alias("t")
-                .merge(source.alias("s"), condition)
-                .whenMatchedUpdate(
-                    condition="s.offset > t._cdc_offset AND s.op = 'd'",
-                    set={**meta, "_cdc_deleted": "true"},
-                )
-                .whenMatchedUpdate(
-                    condition="s.offset > t._cdc_offset",
-                    set={
-                        **{f"`{c}`": v for c, v in values.items()},
-                        **meta,
-                        "_cdc_deleted": "false",
-                    },
-                )
-                .whenNotMatchedInsert(
-                    values={
-                        **{
-                            f"`{c}`": (
-                                v
-                                if c in table.key
-                                else f"CASE WHEN s.op = 'd' THEN NULL ELSE {v} END"
-                            )
-                            for c, v in insert.items()
-                        },
-                        **meta,
-                        "_cdc_deleted": "s.op = 'd'",
-                    }
-                )
-                .execute()
-            )
-            log.info(
-                "warehouse %s: history %.1f s, current %.1f s",
-                name,
-                history_s,
-                time.monotonic() - started - history_s,
-            )
-            if name in joined:  # the keys, for the join views' refresh
-                touched[name] = (
-                    decoded.select(*[F.col(f"k_{k}").alias(k) for k in table.key])
-                    .distinct()
-                    .localCheckpoint()
-                )
-            decoded.unpersist()
+                if name in joined:  # the keys, for the join views' refresh
+                    touched[name] = (
+                        decoded.select(*[F.col(f"k_{k}").alias(k) for k in tables[name].key])
+                        .distinct()
+                        .localCheckpoint()
+                    )
+        finally:
+            pool.shutdown(wait=True)  # every MERGE has ended before the batch does
+            for _, decoded, _, _ in merges:
+                decoded.unpersist()
         self._refresh_joins(tables, touched)
