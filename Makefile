@@ -6,7 +6,7 @@ PYTEST := $(VENV)/bin/pytest
 RUFF := $(VENV)/bin/ruff
 
 .PHONY: help install demo up down status test test-fast test-integration lint format \
-	bench-snapshot bench-catchup bench-streaming
+	bench-snapshot bench-catchup bench-streaming bench-report
 
 help:
 	@echo "make demo              install, start the stack, run the demo shop with a live dashboard"
@@ -15,7 +15,8 @@ help:
 	@echo "make test-integration  integration tests against the real stack"
 	@echo "make bench-snapshot    snapshot of 2 M rows: ours, copy-to-null and Debezium's"
 	@echo "make bench-catchup     1 M changes: capture alone, then apply per store"
-	@echo "make bench-streaming   pgbench at 500 and 1,000 TPS: latency per store, memory"
+	@echo "make bench-streaming   pgbench at 500 and 1,000 TPS: latency per store, memory, cores"
+	@echo "make bench-report      the latest figures into the README's table"
 	@echo "make install | up | down | status | lint | format"
 
 install:
@@ -60,3 +61,6 @@ bench-catchup: up
 
 bench-streaming: up
 	$(VENV)/bin/python bench/streaming.py
+
+bench-report:
+	$(VENV)/bin/python bench/report.py --readme

@@ -3,6 +3,7 @@ per store, whether lag stays bounded, the peak memory of each component and the 
 each kept busy.
 
     .venv/bin/python bench/streaming.py [--rates 500,1000] [--seconds 60] [--scale 4]
+                                        [--stores cache,search,warehouse]
 
 Needs the local stack (`cdc up`). Loads pgbench (TPC-B-like; pgbench_history gets a
 primary key, since the pipeline refuses tables without one) into a database of its
@@ -69,24 +70,24 @@ def load(settings: Settings, scale: int) -> None:
         )
 
 
-def wait_caught_up(settings: Settings, timeout: float) -> float:
+def wait_caught_up(settings: Settings, timeout: float, stores: tuple[str, ...] = STORES) -> float:
     """Seconds until every store's backlog is zero."""
     started = time.monotonic()
     while True:
-        stores = pipeline_status(settings).stores
-        if stores and all(stores.get(s, {}).get("backlog_events") == 0 for s in STORES):
+        status = pipeline_status(settings).stores
+        if status and all(status.get(s, {}).get("backlog_events") == 0 for s in stores):
             return time.monotonic() - started
         if time.monotonic() - started > timeout:
-            raise SystemExit(f"the stores did not catch up within {timeout:.0f} s: {stores}")
+            raise SystemExit(f"the stores did not catch up within {timeout:.0f} s: {status}")
         time.sleep(0.5)
 
 
 class BatchLog:
     """Each store's micro-batches as they finish: (finished at ms, applied offsets)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, stores: tuple[str, ...]) -> None:
         self.settings = settings
-        self.batches: dict[str, list[tuple[int, dict[str, int]]]] = {s: [] for s in STORES}
+        self.batches: dict[str, list[tuple[int, dict[str, int]]]] = {s: [] for s in stores}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -101,7 +102,7 @@ class BatchLog:
     def _run(self) -> None:
         seen: dict[str, Any] = {}
         while not self._stop.wait(0.05):
-            for store in STORES:
+            for store in self.batches:
                 progress = read_progress(self.settings, store)
                 if progress and progress.get("batch") != seen.get(store):
                     seen[store] = progress["batch"]
@@ -182,13 +183,18 @@ def bounded(latencies: list[tuple[int, int]]) -> bool:
 
 
 def run_rate(
-    bench: Settings, rate: int, seconds: int, clients: int, resources: ResourceSampler
+    bench: Settings,
+    rate: int,
+    seconds: int,
+    clients: int,
+    resources: ResourceSampler,
+    stores: tuple[str, ...],
 ) -> dict[str, object]:
     topics = [bench.pipeline.topic(t) for t in TABLES]
     start = end_offsets(bench.kafka.bootstrap_servers, topics)
     bin_dir = postgres_bin_dir()
     assert bin_dir is not None
-    with BatchLog(bench) as log:
+    with BatchLog(bench, stores) as log:
         before = resources.cpu()
         result = subprocess.run(
             [
@@ -210,7 +216,7 @@ def run_rate(
             text=True,
         )
         cores = resources.cpu().cores_since(before)
-        drain_s = wait_caught_up(bench, 900)
+        drain_s = wait_caught_up(bench, 900, stores)
         time.sleep(0.2)
     tps = re.search(r"tps = ([\d.]+)", result.stdout)
     end = end_offsets(bench.kafka.bootstrap_servers, topics)
@@ -223,7 +229,7 @@ def run_rate(
         "capture": percentiles([float(ts - commit) for _, _, _, commit, ts in events]),
         "cores_busy_during_load": cores,
     }
-    for store in STORES:
+    for store in stores:
         latencies = store_latencies(events, log.batches[store])
         figures[store] = percentiles([float(ms) for _, ms in latencies]) | {
             "lag_bounded": bounded(latencies),
@@ -239,7 +245,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=60)
     parser.add_argument("--scale", type=int, default=4)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument(
+        "--stores",
+        default=",".join(STORES),
+        help="the stores to apply to (fewer: what the others cost the ones left)",
+    )
     args = parser.parse_args()
+    stores = tuple(s for s in STORES if s in args.stores.split(","))
     settings = load_settings()
     source = settings.model_copy(
         update={"postgres": settings.postgres.model_copy(update={"database": DATABASE})}
@@ -253,19 +265,23 @@ def main() -> None:
         "scale": args.scale,
         "seconds": args.seconds,
         "clients": args.clients,
+        "stores": list(stores),
     }
     runs = []
     try:
         run_snapshot(bench, Console(file=io.StringIO()))
         with ResourceSampler() as resources:
             apply = threading.Thread(
-                target=run_apply, args=(bench,), kwargs={"stop": stop}, daemon=True
+                target=run_apply,
+                args=(bench, list(stores)),
+                kwargs={"stop": stop},
+                daemon=True,
             )
             apply.start()
             print("applying the snapshot to every store ...", flush=True)
-            wait_caught_up(bench, 1800)
+            wait_caught_up(bench, 1800, stores)
             for rate in (int(r) for r in args.rates.split(",")):
-                runs.append(run_rate(bench, rate, args.seconds, args.clients, resources))
+                runs.append(run_rate(bench, rate, args.seconds, args.clients, resources, stores))
             stop.set()
             apply.join(timeout=120)
         figures |= {"runs": runs, "peak_memory_mib": resources.peak_mib}

@@ -1,0 +1,205 @@
+"""The README's table of the latest benchmark figures, from bench/results/*.jsonl.
+
+    .venv/bin/python bench/report.py            # print the table
+    .venv/bin/python bench/report.py --readme   # and put it in README.md
+
+The table goes between the README's `<!-- bench:begin -->` and `<!-- bench:end -->`
+lines. A benchmark not run yet is left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results"
+README = Path(__file__).parent.parent / "README.md"
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+STORES = ("cache", "search", "warehouse")
+
+
+def latest(name: str, wanted: Any = None) -> dict[str, Any] | None:
+    """The newest record of results/<name>.jsonl (that `wanted` accepts)."""
+    path = RESULTS / f"{name}.jsonl"
+    if not path.exists():
+        return None
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return next((r for r in reversed(records) if wanted is None or wanted(r)), None)
+
+
+def _n(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
+
+
+def _met(ok: bool) -> str:
+    return "yes" if ok else "**no**"
+
+
+def snapshot_rows(r: dict[str, Any]) -> list[list[str]]:
+    rows = [
+        [
+            f"Snapshot of {_n(r['rows'])} rows into Kafka",
+            f"{_n(r['snapshot_read_write_s'])} s = {_n(r['snapshot_rows_per_s'])} rows/s "
+            f"({_n(r['snapshot_total_s'])} s with Spark's start, slot, connector)",
+            f"Debezium `snapshot.mode=initial`: {_n(r['debezium_total_s'])} s = "
+            f"{_n(r['debezium_rows_per_s'])} rows/s",
+            f"≥ 5× Debezium: {r['speedup_over_debezium']}× "
+            f"({r['speedup_over_debezium_total']}× counting our start-up)",
+            _met(r["speedup_over_debezium"] >= 5),
+        ],
+        [
+            "… against reading the table",
+            f"{_n(r['snapshot_read_write_s'])} s",
+            f"`\\copy … TO /dev/null`: {r['copy_to_devnull_s']} s = "
+            f"{_n(r['copy_rows_per_s'])} rows/s",
+            f"within 10× of `\\copy`: {r['ratio_to_copy']}×",
+            _met(r["ratio_to_copy"] <= 10),
+        ],
+    ]
+    if "warehouse_rows_per_s" in r:
+        rows.append(
+            [
+                "… and on into Delta (current + history)",
+                f"{_n(r['warehouse_apply_s'])} s = {_n(r['warehouse_rows_per_s'])} rows/s",
+                "",
+                "",
+                "",
+            ]
+        )
+    return rows
+
+
+def catchup_rows(r: dict[str, Any]) -> list[list[str]]:
+    capture = r["capture_changes_per_s"]
+    rows = [
+        [
+            f"Catch-up, {_n(r['changes'])} changes: capture alone",
+            f"{_n(capture)} changes/s ({r['capture_s']} s)",
+            "Debezium → Kafka",
+            "",
+            "",
+        ]
+    ]
+    for store in STORES:
+        if f"{store}_changes_per_s" not in r:
+            continue
+        rate = r[f"{store}_changes_per_s"]
+        rows.append(
+            [
+                f"… apply into {store}",
+                f"{_n(rate)} changes/s ({r[f'{store}_s']} s)",
+                "",
+                f"≥ 25,000/s and ≥ capture ({_n(capture)}/s)",
+                _met(rate >= 25_000 and rate >= capture),
+            ]
+        )
+    return rows
+
+
+def streaming_rows(r: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    stores = r.get("stores", list(STORES))
+    alone = "" if len(stores) == len(STORES) else f" ({' + '.join(stores)} only)"
+    for run in r["runs"]:
+        tps = f"{run['target_tps']:,} TPS ({run['achieved_tps']} achieved){alone}"
+        capture = run["capture"]
+        rows.append(
+            [
+                f"Streaming {tps}: capture",
+                f"p50 {capture['p50_s']} s, p99 {capture['p99_s']} s",
+                "commit → Kafka",
+                "",
+                "",
+            ]
+        )
+        for store in stores:
+            f = run[store]
+            limit = 5.0 if store == "warehouse" else 2.0
+            target = f"p99 ≤ {limit:g} s at 1,000 TPS" if run["target_tps"] == 1000 else ""
+            rows.append(
+                [
+                    f"… {store}: commit → visible",
+                    f"p50 {f['p50_s']} s, p95 {f['p95_s']} s, p99 {f['p99_s']} s; "
+                    f"lag {'bounded' if f['lag_bounded'] else '**growing**'}",
+                    "",
+                    target,
+                    _met(f["p99_s"] <= limit) if target else "",
+                ]
+            )
+        if "cores_busy_during_load" in run:
+            busy = dict(run["cores_busy_during_load"])
+            machine = busy.pop("machine (all processes)", None)
+            top = sorted(busy.items(), key=lambda kv: -kv[1])[:4]
+            rows.append(
+                [
+                    "… cores busy during the load",
+                    f"{machine} of {r['machine']['cores']}: "
+                    + ", ".join(f"{k} {v}" for k, v in top),
+                    "",
+                    "",
+                    "",
+                ]
+            )
+    return rows
+
+
+def memory_row(r: dict[str, Any]) -> list[str]:
+    peaks = sorted(r["peak_memory_mib"].items(), key=lambda kv: -kv[1])
+    return [
+        "Peak memory (PSS) while streaming",
+        ", ".join(f"{k} {v:,} MiB" for k, v in peaks),
+        "",
+        "",
+        "",
+    ]
+
+
+def table() -> str:
+    rows: list[list[str]] = []
+    machine: dict[str, Any] = {}
+    if snapshot := latest("snapshot", lambda r: "debezium_total_s" in r):
+        rows += snapshot_rows(snapshot)
+        machine = snapshot["machine"]
+    if catchup := latest("catchup", lambda r: "capture_changes_per_s" in r):
+        rows += catchup_rows(catchup)
+        machine = catchup["machine"]
+    every = latest("streaming", lambda r: r.get("stores", list(STORES)) == list(STORES))
+    if every:
+        rows += streaming_rows(every)
+    if fewer := latest("streaming", lambda r: r.get("stores", list(STORES)) != list(STORES)):
+        rows += streaming_rows(fewer)
+    if every:
+        rows.append(memory_row(every))
+        machine = every["machine"]
+    header = ["Benchmark", "Ours", "Side by side", "Target", "Met"]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+    if machine:
+        described = ", ".join(f"{k} {v}" for k, v in machine.items())
+        lines.append("")
+        lines.append(f"Measured on: {described}.")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--readme", action="store_true", help="write the table into README.md")
+    args = parser.parse_args()
+    text = table()
+    print(text)
+    if args.readme:
+        readme = README.read_text()
+        if BEGIN not in readme or END not in readme:
+            raise SystemExit(f"README.md has no {BEGIN} … {END} lines to put the table between")
+        head, rest = readme.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        README.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+
+
+if __name__ == "__main__":
+    main()
