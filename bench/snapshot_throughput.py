@@ -49,15 +49,20 @@ def load_pgbench(settings: Settings, scale: int) -> int:
         rows = conn.execute("SELECT count(*) FROM pgbench_accounts").fetchone() if have[0] else (0,)  # type: ignore[index]
     if rows[0] != scale * 100_000:  # type: ignore[index]
         print(f"loading pgbench at scale {scale} ...", flush=True)
-        bin_dir = postgres_bin_dir()
-        assert bin_dir is not None
-        subprocess.run(
-            [str(bin_dir / "pgbench"), "-i", "-q", "-s", str(scale), *psql_args(settings)],
-            check=True,
-            env=psql_env(settings),
-            capture_output=True,
-        )
+        pgbench_init(settings, scale)
     return scale * 100_000
+
+
+def pgbench_init(settings: Settings, scale: int) -> None:
+    """pgbench's tables at `scale` (100,000 accounts each) in the settings' database."""
+    bin_dir = postgres_bin_dir()
+    assert bin_dir is not None
+    subprocess.run(
+        [str(bin_dir / "pgbench"), "-i", "-q", "-s", str(scale), *psql_args(settings)],
+        check=True,
+        env=psql_env(settings),
+        capture_output=True,
+    )
 
 
 def psql_args(settings: Settings) -> list[str]:

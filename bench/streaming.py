@@ -38,7 +38,7 @@ from rich.console import Console
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ResourceSampler, bench_settings, cleanup, record
-from bench.snapshot_throughput import psql_args, psql_env
+from bench.snapshot_throughput import pgbench_init, psql_args, psql_env
 from cdc.components.postgres import postgres_bin_dir
 from cdc.pipeline import pipeline_status
 from cdc.settings import Settings, load_settings
@@ -55,14 +55,7 @@ def load(settings: Settings, scale: int) -> None:
     with psycopg.connect(settings.postgres.dsn("postgres"), autocommit=True) as conn:
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone():
             conn.execute(f"CREATE DATABASE {DATABASE}")
-    bin_dir = postgres_bin_dir()
-    assert bin_dir is not None
-    subprocess.run(
-        [str(bin_dir / "pgbench"), "-i", "-q", "-s", str(scale), *psql_args(settings)],
-        check=True,
-        env=psql_env(settings),
-        capture_output=True,
-    )
+    pgbench_init(settings, scale)
     with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
         conn.execute(
             "ALTER TABLE pgbench_history ADD COLUMN id bigint GENERATED ALWAYS AS IDENTITY "
