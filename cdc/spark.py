@@ -60,6 +60,9 @@ logger.sparkconf.name = org.apache.spark.SparkConf
 logger.sparkconf.level = error
 logger.localcheckpoint.name = org.apache.spark.rdd.MapPartitionsRDD
 logger.localcheckpoint.level = error
+# "Current batch is falling behind": `cdc status` and the dashboard show the lag
+logger.trigger.name = org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor
+logger.trigger.level = error
 """
 
 
