@@ -20,13 +20,19 @@ BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 STORES = ("cache", "search", "warehouse")
 
 
-def latest(name: str, wanted: Any = None) -> dict[str, Any] | None:
-    """The newest record of results/<name>.jsonl (that `wanted` accepts)."""
+def records(name: str) -> list[dict[str, Any]]:
+    """Every record of results/<name>.jsonl, oldest first (not those of an experiment
+    with settings the code does not have)."""
     path = RESULTS / f"{name}.jsonl"
     if not path.exists():
-        return None
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return next((r for r in reversed(records) if wanted is None or wanted(r)), None)
+        return []
+    found = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in found if "experiment" not in r]
+
+
+def latest(name: str, wanted: Any = None) -> dict[str, Any] | None:
+    """The newest record of results/<name>.jsonl (that `wanted` accepts)."""
+    return next((r for r in reversed(records(name)) if wanted is None or wanted(r)), None)
 
 
 def _n(value: Any) -> str:
@@ -162,14 +168,17 @@ def table() -> str:
     if snapshot := latest("snapshot", lambda r: "debezium_total_s" in r):
         rows += snapshot_rows(snapshot)
         machine = snapshot["machine"]
-    if catchup := latest("catchup", lambda r: "capture_changes_per_s" in r):
+    if catchup := latest("catchup", lambda r: all(f"{s}_changes_per_s" in r for s in STORES)):
         rows += catchup_rows(catchup)
         machine = catchup["machine"]
-    every = latest("streaming", lambda r: r.get("stores", list(STORES)) == list(STORES))
+    every = latest("streaming", lambda r: tuple(r.get("stores", STORES)) == STORES)
     if every:
         rows += streaming_rows(every)
-    if fewer := latest("streaming", lambda r: r.get("stores", list(STORES)) != list(STORES)):
-        rows += streaming_rows(fewer)
+    # the latest run of each smaller set of stores: what the others cost the ones left
+    subsets = {tuple(r.get("stores", STORES)) for r in records("streaming")} - {STORES}
+    for subset in sorted(subsets, key=len, reverse=True):
+        if fewer := latest("streaming", lambda r, s=subset: tuple(r.get("stores", ())) == s):
+            rows += streaming_rows(fewer)
     if every:
         rows.append(memory_row(every))
         machine = every["machine"]
