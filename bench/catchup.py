@@ -9,7 +9,8 @@ transactions of 10,000), and measures
   * capture alone: the connector resumed, until every change is in Kafka;
   * apply per store: `cdc apply --store S --once` over the backlog, until caught up
     (Spark's start excluded; each store alone, so each has both cores).
-Prints changes/s per stage and appends them to bench/results/catchup.jsonl.
+Prints changes/s per stage, the cores each component kept busy and the CPU time the
+machine spent per change, and appends them to bench/results/catchup.jsonl.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import bench_settings, cleanup, record
+from bench.common import CpuMark, ResourceSampler, bench_settings, cleanup, record
 from cdc.connect import ConnectClient
 from cdc.settings import load_settings
 from cdc.spark import spark_session
@@ -45,6 +46,14 @@ def wait_for_log(settings, topic: str, total: int, timeout: float = 1800) -> flo
             raise SystemExit(f"the log did not receive every change within {timeout:.0f} s")
         time.sleep(0.2)
     return time.monotonic() - started
+
+
+def cpu_figures(stage: str, done: CpuMark, mark: CpuMark, changes: int) -> dict[str, object]:
+    """The cores each component kept busy during a stage, and the machine's CPU time
+    per change (µs): whether the stage was bound by the CPU, and whose."""
+    cores = done.cores_since(mark)
+    busy = cores["machine (all processes)"] * (done.at - mark.at)
+    return {f"{stage}_cores": cores, f"{stage}_cpu_us_per_change": round(busy / changes * 1e6)}
 
 
 def main() -> None:
@@ -108,19 +117,23 @@ def main() -> None:
         figures["source_changes_per_s"] = round(args.changes / (time.monotonic() - started))
         before = sum(end_offsets(settings.kafka.bootstrap_servers, [topic])[topic].values())
         print("capture alone ...", flush=True)
-        client.resume(bench.pipeline.connector)
-        capture_s = wait_for_log(settings, topic, before + args.changes)
-        figures |= {
-            "capture_s": round(capture_s, 1),
-            "capture_changes_per_s": round(args.changes / capture_s),
-        }
-        for store in stores:
-            print(f"applying {args.changes} changes to {store} ...", flush=True)
-            started = time.monotonic()
-            run_apply(bench, [store], once=True)
-            seconds = time.monotonic() - started
-            figures[f"{store}_s"] = round(seconds, 1)
-            figures[f"{store}_changes_per_s"] = round(args.changes / seconds)
+        with ResourceSampler() as resources:
+            mark = resources.cpu()
+            client.resume(bench.pipeline.connector)
+            capture_s = wait_for_log(settings, topic, before + args.changes)
+            figures |= {
+                "capture_s": round(capture_s, 1),
+                "capture_changes_per_s": round(args.changes / capture_s),
+            } | cpu_figures("capture", resources.cpu(), mark, args.changes)
+            for store in stores:
+                print(f"applying {args.changes} changes to {store} ...", flush=True)
+                mark = resources.cpu()
+                run_apply(bench, [store], once=True)
+                done = resources.cpu()
+                seconds = done.at - mark.at
+                figures[f"{store}_s"] = round(seconds, 1)
+                figures[f"{store}_changes_per_s"] = round(args.changes / seconds)
+                figures |= cpu_figures(store, done, mark, args.changes)
     finally:
         cleanup(bench)
         with psycopg.connect(dsn, autocommit=True) as conn:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from cdc.settings import PipelineSettings, Settings
 
-__all__ = ["ResourceSampler", "bench_settings", "cleanup", "machine", "record"]
+__all__ = ["CpuMark", "ResourceSampler", "bench_settings", "cleanup", "machine", "record"]
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -68,9 +68,9 @@ def bench_settings(settings: Settings, tables: list[str], **pipeline: object) ->
 
 # (component, what its command line holds) for the JVMs and Spark's Python workers
 _JAVA = [
-    ("spark", "org.apache.spark.deploy.SparkSubmit"),
-    ("spark", "pyspark.daemon"),
-    ("spark", "pyspark.worker"),
+    ("spark (JVM)", "org.apache.spark.deploy.SparkSubmit"),
+    ("spark (Python workers)", "pyspark.daemon"),
+    ("spark (Python workers)", "pyspark.worker"),
     ("kafka", "kafka.Kafka "),
     ("connect", "ConnectDistributed"),
     ("opensearch", "org.opensearch.bootstrap.OpenSearch"),
@@ -104,9 +104,9 @@ def _pss_kib(pid: str) -> int:
 class ResourceSampler:
     """Samples, every `interval` seconds, each component's processes: the proportional
     set size (PSS: shared pages counted once across processes), keeping the peak of
-    their sum per component, and the CPU time they have used. The Spark driver JVM and
-    its Python workers count as `spark`; this process (which runs the apply job's
-    driver) as `apply driver`."""
+    their sum per component, and the CPU time they have used. Spark's JVM and its
+    Python workers (which write cache and search) count apart; this process (which
+    runs the apply job's driver) is `apply driver`."""
 
     def __init__(self, interval: float = 1.0) -> None:
         self.interval = interval

@@ -77,12 +77,25 @@ def snapshot_rows(r: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _cpu(r: dict[str, Any], stage: str) -> str:
+    """ "; 1.9 cores busy (spark (JVM) 1.2, …), 150 µs CPU per change", if measured."""
+    if f"{stage}_cores" not in r:
+        return ""
+    busy = dict(r[f"{stage}_cores"])
+    machine = busy.pop("machine (all processes)")
+    top = sorted(busy.items(), key=lambda kv: -kv[1])[:3]
+    return (
+        f"; {machine} cores busy ({', '.join(f'{k} {v}' for k, v in top)}), "
+        f"{r[f'{stage}_cpu_us_per_change']} µs of CPU per change"
+    )
+
+
 def catchup_rows(r: dict[str, Any]) -> list[list[str]]:
     capture = r["capture_changes_per_s"]
     rows = [
         [
             f"Catch-up, {_n(r['changes'])} changes: capture alone",
-            f"{_n(capture)} changes/s ({r['capture_s']} s)",
+            f"{_n(capture)} changes/s ({r['capture_s']} s){_cpu(r, 'capture')}",
             "Debezium → Kafka",
             "",
             "",
@@ -95,7 +108,7 @@ def catchup_rows(r: dict[str, Any]) -> list[list[str]]:
         rows.append(
             [
                 f"… apply into {store}",
-                f"{_n(rate)} changes/s ({r[f'{store}_s']} s)",
+                f"{_n(rate)} changes/s ({r[f'{store}_s']} s){_cpu(r, store)}",
                 "",
                 f"≥ 25,000/s and ≥ capture ({_n(capture)}/s)",
                 _met(rate >= 25_000 and rate >= capture),

@@ -28,10 +28,19 @@ def test_catch_up_needs_25000_per_second_and_the_capture_rate() -> None:
     record = {"changes": 1_000_000, "capture_changes_per_s": 30_000, "capture_s": 33.3}
     record |= {"cache_changes_per_s": 27_000, "cache_s": 37.0}
     record |= {"search_changes_per_s": 31_000, "search_s": 32.3}
-    rows = {row[0]: row[-1] for row in catchup_rows(record)}
-    assert rows["… apply into cache"] == "**no**"  # above 25,000/s but slower than capture
-    assert rows["… apply into search"] == "yes"
+    record |= {
+        "cache_cores": {"spark (JVM)": 1.1, "redis": 0.2, "machine (all processes)": 1.9},
+        "cache_cpu_us_per_change": 70,
+    }
+    rows = {row[0]: row for row in catchup_rows(record)}
+    assert rows["… apply into cache"][-1] == "**no**"  # above 25,000/s, slower than capture
+    assert rows["… apply into search"][-1] == "yes"
     assert "… apply into warehouse" not in rows  # not measured: not reported
+    assert rows["… apply into cache"][1] == (
+        "27,000 changes/s (37.0 s); 1.9 cores busy (spark (JVM) 1.1, redis 0.2), "
+        "70 µs of CPU per change"
+    )
+    assert "cores busy" not in rows["… apply into search"][1]
 
 
 def test_streaming_targets_apply_at_1000_tps_only() -> None:
