@@ -15,6 +15,8 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import orjson
+
 from cdc.catalog import Table
 from cdc.decode import UNAVAILABLE
 from materializers.stores.base import Event, Store
@@ -59,7 +61,7 @@ def last_events(rows: Iterable[dict[str, Any]]) -> Iterator[Event]:
     """
     current: Event | None = None
     for row in rows:
-        after = json.loads(row["after"]) if row["after"] and row["op"] != "d" else None
+        after = orjson.loads(row["after"]) if row["after"] and row["op"] != "d" else None
         same_key = current is not None and (current.table, current.key) == (
             row["table"],
             row["key"],

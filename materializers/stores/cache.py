@@ -79,6 +79,13 @@ def cache_key(prefix: str, table: str, key: str) -> str:
 
 def cache_text(value: Any) -> str:
     """A decoded value as the text a cache reader gets."""
+    kind = type(value)
+    if kind is str:  # the common cases first: this runs for every column of every row
+        return value
+    if kind is int:
+        return str(value)
+    if kind is bool:
+        return "true" if value else "false"
     if isinstance(value, bool | int | float | list | dict):
         return json.dumps(value, default=cache_text, ensure_ascii=False)
     if isinstance(value, datetime | date | time):
@@ -102,6 +109,7 @@ class CacheStore(Store):
         self.prefix = prefix
         self.marker_ttl_s = marker_ttl_s
         self.script = self.client.register_script(_WRITE)
+        self.client.script_load(_WRITE)  # write() calls it by its SHA in a pipeline
         self.truncate_script = self.client.register_script(_TRUNCATE)
 
     def prepare(self, tables: Iterable[Table]) -> None:
@@ -110,8 +118,14 @@ class CacheStore(Store):
     def write(self, tables: dict[str, Table], events: list[Event]) -> WriteResult:
         result = WriteResult(rejected=[])
         pipe = self.client.pipeline(transaction=False)
+        sha = self.script.sha
+        columns_of: dict[str, dict[str, Any]] = {}
         for event in events:
             args: list[Any] = [
+                "EVALSHA",
+                sha,
+                1,
+                cache_key(self.prefix, event.table, event.key),
                 event.offset,
                 event.partition,
                 event.lsn or "",
@@ -121,7 +135,11 @@ class CacheStore(Store):
             ]
             kept: list[str] = []
             if event.op != "d" and event.after is not None:
-                columns = {c.name: c for c in tables[event.table].columns}
+                columns = columns_of.get(event.table)
+                if columns is None:
+                    columns = columns_of[event.table] = {
+                        c.name: c for c in tables[event.table].columns
+                    }
                 for name, raw in event.after.items():
                     if raw == UNAVAILABLE:
                         kept.append(name)
@@ -129,9 +147,7 @@ class CacheStore(Store):
                         args += [name, cache_text(decode_value(columns[name], raw))]
             args.append("--")
             args += kept
-            self.script(
-                keys=[cache_key(self.prefix, event.table, event.key)], args=args, client=pipe
-            )
+            pipe.execute_command(*args)
         for applied in pipe.execute():
             if applied:
                 result.written += 1

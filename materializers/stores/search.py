@@ -12,10 +12,12 @@ document is read and merged before the write).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
-from opensearchpy import OpenSearch, helpers
+import orjson
+from opensearchpy import JSONSerializer, OpenSearch, helpers
 
 from cdc.catalog import Column, Table
 from cdc.decode import UNAVAILABLE, decode_value
@@ -63,7 +65,7 @@ def field_mapping(column: Column) -> dict[str, Any]:
 
 def document_value(column: Column, raw: Any) -> Any:
     value = decode_value(column, raw)
-    if value is None or isinstance(value, bool | int | float | str | dict):
+    if value is None or isinstance(value, bool | int | str | dict):
         return value
     if isinstance(value, list):
         return [plain_value(v) for v in value]
@@ -71,17 +73,33 @@ def document_value(column: Column, raw: Any) -> Any:
 
 
 def plain_value(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return cache_text(value)  # "NaN", "Infinity": JSON has no number for them
     if value is None or isinstance(value, bool | int | float | str | dict):
         return value
     return cache_text(value)
+
+
+class FastJSON(JSONSerializer):
+    """opensearch-py's serializer, with orjson doing the work (every bulk action and
+    every bulk response goes through it)."""
+
+    def dumps(self, data: Any) -> str:
+        if isinstance(data, str):
+            return data
+        return orjson.dumps(data, default=self.default).decode()
+
+    def loads(self, s: str) -> Any:
+        return orjson.loads(s)
 
 
 class SearchStore(Store):
     name = "search"
 
     def __init__(self, url: str, prefix: str) -> None:
-        self.client = OpenSearch(hosts=[url], timeout=60)
+        self.client = OpenSearch(hosts=[url], timeout=60, serializer=FastJSON())
         self.prefix = prefix
+        self._indexes: dict[str, str] = {}
 
     def prepare(self, tables: Iterable[Table]) -> None:
         for table in tables:
@@ -114,8 +132,11 @@ class SearchStore(Store):
         ]
         current = self._current(placeholders)
         actions = []
+        columns_of: dict[str, dict[str, Column]] = {}
         for event in events:
-            index = index_name(self.prefix, event.table)
+            index = self._indexes.get(event.table)
+            if index is None:
+                index = self._indexes[event.table] = index_name(self.prefix, event.table)
             meta = {
                 "_index": index,
                 "_id": event.key,
@@ -125,7 +146,9 @@ class SearchStore(Store):
             if event.op == "d" or event.after is None:
                 actions.append({"_op_type": "delete", **meta})
                 continue
-            columns = {c.name: c for c in tables[event.table].columns}
+            columns = columns_of.get(event.table)
+            if columns is None:
+                columns = columns_of[event.table] = {c.name: c for c in tables[event.table].columns}
             doc: dict[str, Any] = {}
             for name, raw in event.after.items():
                 if name not in columns:
@@ -143,13 +166,14 @@ class SearchStore(Store):
                 "_cdc_commit_ms": event.commit_ms,
             }
             actions.append({"_op_type": "index", "_source": doc, **meta})
-        by_id = {(index_name(self.prefix, e.table), e.key): e for e in events}
+        by_id = {(self._indexes[e.table], e.key): e for e in events}
         for ok, item in helpers.streaming_bulk(
             self.client,
             actions,
             raise_on_error=False,
             raise_on_exception=False,
-            chunk_size=2000,
+            chunk_size=5000,
+            max_chunk_bytes=20 * 1024 * 1024,
             max_retries=3,
         ):
             info = next(iter(item.values()))

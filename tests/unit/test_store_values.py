@@ -1,0 +1,66 @@
+"""The text and JSON the Python stores write for each kind of value (pure logic)."""
+
+import json
+import math
+from datetime import UTC, date, datetime
+from decimal import Decimal
+
+import pytest
+
+from cdc.catalog import Column
+from materializers.stores.cache import cache_text
+from materializers.stores.search import FastJSON, document_value
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        ("plain", "plain"),
+        ("", ""),
+        (0, "0"),
+        (-5_000_000_000, "-5000000000"),
+        (True, "true"),
+        (False, "false"),
+        (1.5, "1.5"),
+        ([1, 2], "[1, 2]"),
+        ({"a": "é"}, '{"a": "é"}'),
+        (Decimal("12.30"), "12.30"),
+        (date(2026, 1, 2), "2026-01-02"),
+        (datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), "2026-01-02T03:04:05+00:00"),
+        (b"\x00\x01", "AAE="),
+    ],
+)
+def test_cache_text(value: object, text: str) -> None:
+    assert cache_text(value) == text
+
+
+def test_cache_text_of_numbers_is_their_json() -> None:
+    for value in (0, 1, -1, 2**63 - 1, True, False, 0.1, 1e300):
+        assert cache_text(value) == json.dumps(value)
+
+
+def _column(base: str) -> Column:
+    return Column("c", base, base, "N", False, None, False)
+
+
+def test_search_documents_serialize_as_json_does() -> None:
+    doc = {
+        "id": 7,
+        "name": "Ada ü",
+        "price": document_value(_column("numeric"), "12.50"),
+        "ok": True,
+        "attrs": {"k": [1, "x"]},
+        "none": None,
+    }
+    text = FastJSON().dumps(doc)
+    assert json.loads(text) == doc
+    assert FastJSON().loads(text) == doc
+    assert FastJSON().dumps("already text") == "already text"
+
+
+def test_non_finite_floats_are_not_silently_nulled() -> None:
+    # JSON has no NaN: the value goes as text (the index refuses it: a dead letter),
+    # never as null
+    value = document_value(_column("float8"), "NaN")
+    assert isinstance(value, str) and math.isnan(float(value))
+    assert FastJSON().loads(FastJSON().dumps({"v": value}))["v"] == value
