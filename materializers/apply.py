@@ -134,41 +134,55 @@ def _batch_writer(
         batch.sparkSession.sparkContext.setLocalProperty("spark.scheduler.pool", store.name)
         tables = _captured_tables(settings)
         topics = {settings.pipeline.topic(t): t for t in [*tables, TRUNCATIONS_TABLE]}
+        cutoffs = dict((read_progress(settings, store.name) or {}).get("truncated", {}))
+        if not getattr(store, "spark_native", False):
+            _write_partitions(batch, topics, tables, batch_id, cutoffs)
+            return
         parsed = parse_events(batch, topics).where("table IS NOT NULL").cache()
         try:
-            keep, cutoffs = _truncated(parsed, tables)
-            if getattr(store, "spark_native", False):
-                _write_frame(parsed, keep, tables, batch_id, cutoffs)
-            else:
-                _write_partitions(parsed, keep, tables, batch_id, cutoffs)
+            _write_frame(parsed, tables, batch_id, cutoffs)
         finally:
             parsed.unpersist()
 
     def _write_frame(
-        parsed: Any, keep: Any, tables: dict[str, Table], batch_id: int, cutoffs: dict[str, int]
+        parsed: Any, tables: dict[str, Table], batch_id: int, cutoffs: dict[str, int]
     ) -> None:
-        """A store that writes Spark frames (the warehouse) takes the batch as one."""
+        """A store that writes Spark frames (the warehouse) takes the batch as one. One
+        job tells what the batch holds (per topic partition: last offset, events, newest
+        commit time, poison events); the dead-letter and TRUNCATE jobs run only when the
+        batch has some, as each Spark job costs a few hundred ms on a small machine."""
         from pyspark.sql import functions as F
 
-        for row in parsed.where("error IS NOT NULL").toLocalIterator():
-            dead.send(
-                row["topic"],
-                row["partition"],
-                row["offset"],
-                row["key"],
-                row["value"],
-                row["error"],
+        valid = F.col("error").isNull()
+        parts = (
+            parsed.groupBy("table", "topic", "partition")
+            .agg(
+                F.max("offset").alias("offset"),
+                F.count(F.when(valid, 1)).alias("n"),
+                F.max(F.when(valid, F.col("commit_ms"))).alias("commit_ms"),
+                F.count("error").alias("errors"),
             )
-        events = parsed.where(F.col("error").isNull() & keep)
-        summary = events.agg(F.max("commit_ms").alias("commit_ms"), F.count("*").alias("n")).first()
-        offsets = {
-            f"{r['topic']}:{r['partition']}": r["offset"]
-            for r in parsed.groupBy("topic", "partition")
-            .agg(F.max("offset").alias("offset"))
             .collect()
-        }
+        )
+        if any(p["errors"] for p in parts):
+            for row in parsed.where("error IS NOT NULL").toLocalIterator():
+                dead.send(
+                    row["topic"],
+                    row["partition"],
+                    row["offset"],
+                    row["key"],
+                    row["value"],
+                    row["error"],
+                )
+        truncated = any(p["table"] == TRUNCATIONS_TABLE and p["n"] for p in parts)
+        keep = _truncated(parsed, tables, cutoffs, found=truncated)
+        data = [p for p in parts if p["table"] != TRUNCATIONS_TABLE]
+        commits = [p["commit_ms"] for p in data if p["commit_ms"] is not None]
+        summary = {"n": sum(p["n"] for p in data), "commit_ms": max(commits, default=None)}
+        offsets = {f"{p['topic']}:{p['partition']}": p["offset"] for p in parts}
+        present = {p["table"] for p in data if p["n"]}
         started = time.monotonic()
-        store.write_frame(tables, events)  # type: ignore[attr-defined]
+        store.write_frame(tables, parsed.where(valid & keep), present)  # type: ignore[attr-defined]
         dead.flush()
         log.info(
             "%s batch %d: %d events in %.1f s",
@@ -180,35 +194,40 @@ def _batch_writer(
         _record(batch_id, summary, offsets, None, cutoffs)
 
     def _write_partitions(
-        parsed: Any, keep: Any, tables: dict[str, Table], batch_id: int, cutoffs: dict[str, int]
+        batch: Any,
+        topics: dict[str, str],
+        tables: dict[str, Table],
+        batch_id: int,
+        cutoffs: dict[str, int],
     ) -> None:
         """A Python store is written by Spark's Python workers, partition by partition
-        (materializers/writer.py); the driver gets the counts and the dead letters."""
+        (materializers/writer.py); the driver gets the counts, the dead letters and the
+        batch's TRUNCATEs. A TRUNCATE is applied after the batch's writes: it empties
+        what was written before its LSN, which is what applying it first and leaving out
+        the older events would have left."""
         from pyspark.sql import functions as F
 
-        frame = parsed.select(
-            "table",
+        mapping = F.create_map(*[x for t, n in topics.items() for x in (F.lit(t), F.lit(n))])
+        frame = batch.select(
+            mapping[F.col("topic")].alias("table"),
             "topic",
             "partition",
             "offset",
-            "key",
-            "op",
-            "after",
-            "commit_ms",
-            "lsn",
-            F.when(F.col("error").isNotNull(), F.col("value")).alias("value"),
-            "error",
-            F.coalesce(~keep, F.lit(False)).alias("skip"),
-        ).sortWithinPartitions("topic", "key", "offset")
+            F.col("key").cast("string").alias("key"),
+            F.col("value").cast("string").alias("value"),
+        ).where("table IS NOT NULL")
         run = partition_writer(
             functools.partial(make_store, settings, store.name),
             tables,
             settings.pipeline.topic,
+            TRUNCATIONS_TABLE,
+            cutoffs,
             chunk,
         )
         offsets: dict[str, int] = {}
         counts = {"written": 0, "stale": 0}
         summary: dict[str, Any] = {"n": 0, "commit_ms": None}
+        truncations = []
         for row in frame.mapInArrow(run, RESULT_DDL).collect():
             if row["kind"] == "dead":
                 dead.send(
@@ -220,6 +239,9 @@ def _batch_writer(
                     row["error"],
                 )
                 continue
+            if row["kind"] == "truncate":
+                truncations.append(row)
+                continue
             where = f"{row['topic']}:{row['partition']}"
             offsets[where] = max(row["offset"], offsets.get(where, -1))
             summary["n"] += row["n"] or 0
@@ -228,26 +250,34 @@ def _batch_writer(
             counts["written"] += row["written"] or 0
             counts["stale"] += row["stale"] or 0
         dead.flush()
+        for row in sorted(truncations, key=lambda r: r["lsn"]):
+            if row["table"] in tables:
+                store.truncate(tables[row["table"]], row["lsn"], row["commit_ms"])
+                cutoffs[row["table"]] = max(row["lsn"], cutoffs.get(row["table"], 0))
         log.info("%s batch %d: %s", store.name, batch_id, counts)
         _record(batch_id, summary, offsets, counts, cutoffs)
 
-    def _truncated(parsed: Any, tables: dict[str, Table]) -> tuple[Any, dict[str, int]]:
-        """Apply the batch's TRUNCATEs (rows of cdc.truncations) to the store, in LSN
-        order. Returns which events to write: none of cdc.truncations, and none of a
-        truncated table from before its TRUNCATE. The cut-offs are kept in the progress
-        file, so an event from before a TRUNCATE that comes in a later batch (another
-        topic, read further behind) is dropped too."""
+    def _truncated(
+        parsed: Any, tables: dict[str, Table], cutoffs: dict[str, int], found: bool
+    ) -> Any:
+        """Apply the batch's TRUNCATEs (rows of cdc.truncations; `found`: the batch has
+        some) to the store, in LSN order, adding them to `cutoffs`. Returns which events
+        to write: none of cdc.truncations, and none of a truncated table from before its
+        TRUNCATE. The cut-offs are kept in the progress file, so an event from before a
+        TRUNCATE that comes in a later batch (another topic, read further behind) is
+        dropped too."""
         from pyspark.sql import functions as F
 
-        cutoffs = dict((read_progress(settings, store.name) or {}).get("truncated", {}))
-        found = (
+        rows = (
             parsed.where(F.col("table") == TRUNCATIONS_TABLE)
             .where("error IS NULL AND op IN ('c', 'r')")
             .select(F.get_json_object("after", "$.table_name").alias("name"), "lsn", "commit_ms")
             .orderBy("lsn")
             .collect()
+            if found
+            else []
         )
-        for row in found:
+        for row in rows:
             if row["name"] in tables:
                 store.truncate(tables[row["name"]], row["lsn"], row["commit_ms"])
                 cutoffs[row["name"]] = max(row["lsn"], cutoffs.get(row["name"], 0))
@@ -255,7 +285,7 @@ def _batch_writer(
         for name, lsn in cutoffs.items():
             # tombstones (no LSN) follow their delete event, which the cut-off judges
             keep &= (F.col("table") != name) | F.col("lsn").isNull() | (F.col("lsn") > lsn)
-        return keep, cutoffs
+        return keep
 
     def _record(
         batch_id: int, summary: Any, offsets: dict[str, int], counts: Any, cutoffs: dict[str, int]

@@ -1,18 +1,19 @@
 """The Python stores' side of a micro-batch, run by Spark's Python workers.
 
 The Kafka source gives each micro-batch one Spark partition per topic partition (no
-`minPartitions` is ever set), and a key lives in one topic partition, so every event
-of a key is in one Spark partition. Each partition, sorted by (topic, key, offset),
-is written by its own worker with its own connection to the store, as Arrow batches:
-the stores are written on every core, and no row passes through the driver. What
-comes back is small: per topic partition the last offset seen, the counts, and the
-events to send to the dead-letter topic.
+`minPartitions` is ever set), in offset order, and a key lives in one topic
+partition, so every event of a key reaches one worker, oldest first. Each worker
+parses the raw Kafka values itself (orjson: Spark neither parses nor sorts them),
+keeps each key's last event per chunk of keys and writes the chunk through its own
+connection to the store, as Arrow batches arrive: the stores are written on every
+core, and no row passes through the driver. What comes back is small: per topic
+partition the last offset seen, the counts, the TRUNCATEs seen (rows of
+cdc.truncations), and the events to send to the dead-letter topic.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
@@ -21,22 +22,26 @@ from cdc.catalog import Table
 from cdc.decode import UNAVAILABLE
 from materializers.stores.base import Event, Store
 
-__all__ = ["RESULT_DDL", "last_events", "partition_writer"]
+__all__ = ["INPUT_COLUMNS", "RESULT_DDL", "latest", "parse_value", "partition_writer"]
+
+# what each worker takes: the Kafka record with its table's name (key and value as text)
+INPUT_COLUMNS = ("table", "topic", "partition", "offset", "key", "value")
 
 # what each partition's worker returns: kind 'applied' (one row per topic partition:
-# its last offset, the newest commit time and the counts) or 'dead' (an event the
-# store refused or that is not a change event, with the error)
+# its last offset, the newest commit time and the counts), 'dead' (an event the store
+# refused or that is not a change event, with the error) or 'truncate' (a TRUNCATE of
+# `table` at `lsn`, committed at commit_ms)
 RESULT_DDL = (
     "kind string, topic string, partition int, offset long, key string, value string, "
-    "error string, commit_ms long, n long, written long, stale long"
+    "error string, commit_ms long, n long, written long, stale long, table string, lsn long"
 )
-_DEAD = ("topic", "partition", "offset", "key", "value", "error")
+NOT_A_CHANGE_EVENT = "not a change event"
 
 
 def _result_schema() -> Any:
     import pyarrow as pa
 
-    strings = ("kind", "topic", "key", "value", "error")
+    strings = ("kind", "topic", "key", "value", "error", "table")
     return pa.schema(
         [
             (
@@ -52,107 +57,138 @@ def _result_schema() -> Any:
     )
 
 
-def last_events(rows: Iterable[dict[str, Any]]) -> Iterator[Event]:
-    """Each key's last event of the batch, from rows sorted by (topic, key, offset).
+def parse_value(value: str | None) -> tuple[str, dict[str, Any] | None, int | None, int | None]:
+    """A Kafka value as (op, after, commit_ms, lsn). A tombstone (no value) is a delete
+    with no position in the source. Raises ValueError for what is not a Debezium
+    change event."""
+    if value is None:
+        return "d", None, None, None
+    try:
+        envelope = orjson.loads(value)
+        op = envelope["op"]
+        source = envelope.get("source") or {}
+        after = envelope.get("after")
+    except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError):
+        raise ValueError(NOT_A_CHANGE_EVENT) from None
+    if not isinstance(op, str) or not (after is None or isinstance(after, dict)):
+        raise ValueError(NOT_A_CHANGE_EVENT)
+    return op, (None if op == "d" else after), source.get("ts_ms"), source.get("lsn")
 
-    An unchanged TOASTed value arrives as a placeholder; when an earlier event of the
-    same key in this batch carried the value, the last event gets it, since only the
-    last event is written.
-    """
-    current: Event | None = None
-    for row in rows:
-        after = orjson.loads(row["after"]) if row["after"] and row["op"] != "d" else None
-        same_key = current is not None and (current.table, current.key) == (
-            row["table"],
-            row["key"],
-        )
-        if same_key and after is not None and current.after is not None:  # type: ignore[union-attr]
-            for name, value in after.items():
-                earlier = current.after.get(name, UNAVAILABLE)  # type: ignore[union-attr]
-                if value == UNAVAILABLE and earlier != UNAVAILABLE:
-                    after[name] = earlier
-        elif not same_key and current is not None:
-            yield current
-        current = Event(
-            table=row["table"],
-            key=row["key"],
-            partition=row["partition"],
-            offset=row["offset"],
-            op=row["op"],
-            after=after,
-            commit_ms=row["commit_ms"],
-            lsn=row["lsn"],
-        )
-    if current is not None:
-        yield current
+
+def latest(earlier: Event | None, event: Event) -> Event:
+    """`event`, the key's newer event, with the unchanged TOASTed values it lacks taken
+    from `earlier` (the key's previous event in the same chunk), which is never written:
+    only a key's last event is."""
+    if earlier is None or earlier.after is None or event.after is None:
+        return event
+    after = event.after
+    for name, value in after.items():
+        if value == UNAVAILABLE:
+            known = earlier.after.get(name, UNAVAILABLE)
+            if known != UNAVAILABLE:
+                after[name] = known
+    return event
 
 
 def partition_writer(
     open_store: Callable[[], Store],
     tables: dict[str, Table],
     topic_of: Callable[[str], str],
+    truncations_table: str,
+    cutoffs: dict[str, int],
     chunk: int = 5000,
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The function mapInArrow runs on each partition. Rows with `skip` set are counted
-    as applied but not written (cdc.truncations rows, events cut off by a TRUNCATE)."""
+    """The function mapInArrow runs on each partition.
+
+    Rows of `truncations_table` are reported, not written. An event of a table from
+    before its last TRUNCATE (`cutoffs`: table -> the TRUNCATE's LSN) is counted as
+    applied but not written. Writing a chunk as soon as it holds `chunk` keys is safe:
+    a later event of the same key in the next chunk is newer and overwrites it.
+    """
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
         applied: dict[tuple[str, int], int] = {}
-        dead: list[dict[str, Any]] = []
-        seen = {"n": 0, "commit_ms": None}
-
-        def rows() -> Iterator[dict[str, Any]]:
-            for batch in batches:
-                for row in batch.to_pylist():
-                    where = (row["topic"], row["partition"])
-                    applied[where] = max(row["offset"], applied.get(where, -1))
-                    if row["error"] is not None:
-                        dead.append({"kind": "dead"} | {k: row[k] for k in _DEAD})
-                    elif not row["skip"]:
-                        seen["n"] += 1
-                        if row["commit_ms"] is not None:
-                            seen["commit_ms"] = max(row["commit_ms"], seen["commit_ms"] or 0)
-                        yield row
-
+        out: list[dict[str, Any]] = []  # dead letters and TRUNCATEs
+        seen: dict[str, Any] = {"n": 0, "commit_ms": None, "written": 0, "stale": 0}
+        pending: dict[tuple[str, str], Event] = {}
         store = open_store()
-        written = stale = 0
-        pending: list[Event] = []
 
         def flush() -> None:
-            nonlocal written, stale, pending
-            result = store.write(tables, pending)
-            written, stale, pending = written + result.written, stale + result.stale, []
+            if not pending:
+                return
+            result = store.write(tables, list(pending.values()))
+            pending.clear()
+            seen["written"] += result.written
+            seen["stale"] += result.stale
             for event, error in result.rejected or []:
-                dead.append(
+                out.append(
                     {
                         "kind": "dead",
                         "topic": topic_of(event.table),
                         "partition": event.partition,
                         "offset": event.offset,
                         "key": event.key,
-                        "value": json.dumps(event.after, default=str),
+                        "value": orjson.dumps(event.after, default=str).decode(),
                         "error": error,
                     }
                 )
 
         try:
-            for event in last_events(rows()):
-                pending.append(event)
-                if len(pending) >= chunk:
-                    flush()
-            if pending:
-                flush()
+            for batch in batches:
+                columns = [batch.column(name).to_pylist() for name in INPUT_COLUMNS]
+                for table, topic, partition, offset, key, value in zip(*columns, strict=True):
+                    where = (topic, partition)
+                    if offset > applied.get(where, -1):
+                        applied[where] = offset
+                    try:
+                        op, after, commit_ms, lsn = parse_value(value)
+                    except ValueError as exc:
+                        out.append(
+                            {
+                                "kind": "dead",
+                                "topic": topic,
+                                "partition": partition,
+                                "offset": offset,
+                                "key": key,
+                                "value": value,
+                                "error": str(exc),
+                            }
+                        )
+                        continue
+                    if table == truncations_table:
+                        if op in ("c", "r") and after and after.get("table_name"):
+                            out.append(
+                                {
+                                    "kind": "truncate",
+                                    "table": after["table_name"],
+                                    "lsn": lsn,
+                                    "commit_ms": commit_ms,
+                                }
+                            )
+                        continue
+                    cut = cutoffs.get(table)
+                    # tombstones (no LSN) follow their delete event, which the cut-off judges
+                    if cut is not None and lsn is not None and lsn <= cut:
+                        continue
+                    seen["n"] += 1
+                    if commit_ms is not None and commit_ms > (seen["commit_ms"] or 0):
+                        seen["commit_ms"] = commit_ms
+                    event = Event(table, key, partition, offset, op, after, commit_ms, lsn)
+                    slot = (table, key)
+                    pending[slot] = latest(pending.pop(slot, None), event)
+                    if len(pending) >= chunk:
+                        flush()
+            flush()
         finally:
             store.close()
-        out = [
+        rows = [
             {"kind": "applied", "topic": topic, "partition": partition, "offset": offset}
             for (topic, partition), offset in applied.items()
         ]
-        if out:  # the partition's totals ride on its first row
-            out[0] |= {"n": seen["n"], "commit_ms": seen["commit_ms"]}
-            out[0] |= {"written": written, "stale": stale}
-        yield pa.RecordBatch.from_pylist(out + dead, schema=_result_schema())
+        if rows:  # the partition's totals ride on its first row
+            rows[0] |= {k: seen[k] for k in ("n", "commit_ms", "written", "stale")}
+        yield pa.RecordBatch.from_pylist(rows + out, schema=_result_schema())
 
     return run

@@ -24,38 +24,48 @@ from materializers.stores.base import Event, Store, WriteResult
 
 __all__ = ["CacheStore", "cache_key", "cache_text"]
 
-# KEYS[1] the row's hash. ARGV: offset, partition, lsn, commit_ms, op, marker ttl,
-# then field/value pairs, then "--", then the fields whose stored value is kept.
+# Many rows in one call (a script call costs Redis more than the work inside it).
+# KEYS: the rows' hashes. ARGV[1]: the deleted markers' ttl; then per row: offset,
+# partition, lsn, commit_ms, op, the number of field/value pairs, the number of kept
+# fields, the pairs, and the fields whose stored value is kept (unchanged TOASTed
+# values). Returns 1 (written) or 0 (the hash holds this position or a newer one) per row.
 _WRITE = """
-local current = redis.call('HGET', KEYS[1], '_offset')
-if current and tonumber(current) >= tonumber(ARGV[1]) then return 0 end
-if ARGV[5] == 'd' then
-  redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[1], '_offset', ARGV[1], '_partition', ARGV[2], '_deleted', '1')
-  redis.call('EXPIRE', KEYS[1], tonumber(ARGV[6]))
-  return 1
-end
-local i = 7
-local pairs = {}
-while ARGV[i] ~= '--' do
-  table.insert(pairs, ARGV[i]); table.insert(pairs, ARGV[i + 1]); i = i + 2
-end
-local kept = {}
-i = i + 1
-while ARGV[i] do
-  if redis.call('HEXISTS', KEYS[1], '_deleted') == 0 then
-    local v = redis.call('HGET', KEYS[1], ARGV[i])
-    if v then table.insert(kept, ARGV[i]); table.insert(kept, v) end
+local ttl = tonumber(ARGV[1])
+local i = 2
+local out = {}
+for k = 1, #KEYS do
+  local key = KEYS[k]
+  local offset, partition, lsn, commit, op = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3],
+    ARGV[i + 4]
+  local npairs, nkept = tonumber(ARGV[i + 5]), tonumber(ARGV[i + 6])
+  i = i + 7
+  local current = redis.call('HGET', key, '_offset')
+  if current and tonumber(current) >= tonumber(offset) then
+    out[k] = 0
+  elseif op == 'd' then
+    redis.call('DEL', key)
+    redis.call('HSET', key, '_offset', offset, '_partition', partition, '_deleted', '1')
+    redis.call('EXPIRE', key, ttl)
+    out[k] = 1
+  else
+    local fields = {key, '_offset', offset, '_partition', partition, '_lsn', lsn,
+                    '_commit_ms', commit}
+    for j = i, i + 2 * npairs - 1 do fields[#fields + 1] = ARGV[j] end
+    if nkept > 0 and redis.call('HEXISTS', key, '_deleted') == 0 then
+      for j = i + 2 * npairs, i + 2 * npairs + nkept - 1 do
+        local v = redis.call('HGET', key, ARGV[j])
+        if v then fields[#fields + 1] = ARGV[j]; fields[#fields + 1] = v end
+      end
+    end
+    redis.call('DEL', key)
+    redis.call('HSET', unpack(fields))
+    out[k] = 1
   end
-  i = i + 1
+  i = i + 2 * npairs + nkept
 end
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], '_offset', ARGV[1], '_partition', ARGV[2], '_lsn', ARGV[3],
-           '_commit_ms', ARGV[4])
-if #pairs > 0 then redis.call('HSET', KEYS[1], unpack(pairs)) end
-if #kept > 0 then redis.call('HSET', KEYS[1], unpack(kept)) end
-return 1
+return out
 """
+_ROWS_PER_CALL = 200
 
 
 # KEYS[1] a row's hash. ARGV: the TRUNCATE's LSN, marker ttl. A row written before the
@@ -118,41 +128,41 @@ class CacheStore(Store):
     def write(self, tables: dict[str, Table], events: list[Event]) -> WriteResult:
         result = WriteResult(rejected=[])
         pipe = self.client.pipeline(transaction=False)
-        sha = self.script.sha
         columns_of: dict[str, dict[str, Any]] = {}
-        for event in events:
-            args: list[Any] = [
-                "EVALSHA",
-                sha,
-                1,
-                cache_key(self.prefix, event.table, event.key),
-                event.offset,
-                event.partition,
-                event.lsn or "",
-                event.commit_ms or "",
-                event.op,
-                self.marker_ttl_s,
-            ]
-            kept: list[str] = []
-            if event.op != "d" and event.after is not None:
-                columns = columns_of.get(event.table)
-                if columns is None:
-                    columns = columns_of[event.table] = {
-                        c.name: c for c in tables[event.table].columns
-                    }
-                for name, raw in event.after.items():
-                    if raw == UNAVAILABLE:
-                        kept.append(name)
-                    elif raw is not None and name in columns:
-                        args += [name, cache_text(decode_value(columns[name], raw))]
-            args.append("--")
-            args += kept
-            pipe.execute_command(*args)
+        for start in range(0, len(events), _ROWS_PER_CALL):
+            keys: list[str] = []
+            args: list[Any] = [self.marker_ttl_s]
+            for event in events[start : start + _ROWS_PER_CALL]:
+                keys.append(cache_key(self.prefix, event.table, event.key))
+                pairs: list[str] = []
+                kept: list[str] = []
+                if event.op != "d" and event.after is not None:
+                    columns = columns_of.get(event.table)
+                    if columns is None:
+                        columns = columns_of[event.table] = {
+                            c.name: c for c in tables[event.table].columns
+                        }
+                    for name, raw in event.after.items():
+                        if raw == UNAVAILABLE:
+                            kept.append(name)
+                        elif raw is not None and name in columns:
+                            pairs += [name, cache_text(decode_value(columns[name], raw))]
+                args += [
+                    event.offset,
+                    event.partition,
+                    event.lsn or "",
+                    event.commit_ms or "",
+                    event.op,
+                    len(pairs) // 2,
+                    len(kept),
+                ]
+                args += pairs
+                args += kept
+            pipe.execute_command("EVALSHA", self.script.sha, len(keys), *keys, *args)
         for applied in pipe.execute():
-            if applied:
-                result.written += 1
-            else:
-                result.stale += 1
+            written = sum(applied)
+            result.written += written
+            result.stale += len(applied) - written
         return result
 
     def truncate(self, table: Table, before_lsn: int, commit_ms: int) -> None:

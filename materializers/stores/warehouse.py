@@ -91,6 +91,8 @@ class WarehouseStore(Store):
         self.root = root
         self.joins = list(joins)
         self._truncated: set[str] = set()
+        # each Delta table's handle, kept while the columns it was checked for hold
+        self._tables: dict[str, tuple[list[Any], Any]] = {}
         # MERGEs of a batch at once: twice the cores, as much of a MERGE is driver work
         self.parallel = min(2 * (os.cpu_count() or 1), 8)
 
@@ -135,7 +137,12 @@ class WarehouseStore(Store):
         from pyspark.sql import types as T
 
         fields = [T.StructField(c.name, spark_type(c)) for c in table.columns] + meta
-        return ensure_delta(self.spark, path, fields)
+        known = self._tables.get(path)
+        if known is not None and known[0] == fields:
+            return known[1]  # a handle always reads the table's latest version
+        target = ensure_delta(self.spark, path, fields)
+        self._tables[path] = (fields, target)
+        return target
 
     def _write_history(
         self, table: Table, decoded: Any, placeholders: set[str], current: Any, history: Any
@@ -362,8 +369,9 @@ class WarehouseStore(Store):
         )
         return decoded, history, pool.submit(self._timed, merge.execute)
 
-    def write_frame(self, tables: dict[str, Table], events: Any) -> None:
-        """MERGE each key's last event of the batch into its table's current state.
+    def write_frame(self, tables: dict[str, Table], events: Any, present: set[str]) -> None:
+        """MERGE each key's last event of the batch into its table's current state
+        (`present`: the tables the batch has events of).
 
         A TOAST placeholder in the last event is filled from the key's latest earlier
         event in the batch that carried the value (if none did, the stored value stays).
@@ -377,7 +385,6 @@ class WarehouseStore(Store):
         """
         from pyspark.sql import functions as F
 
-        present = {r["table"] for r in events.select("table").distinct().collect()}
         joined = {t for j in self.joins for t in (j.table, j.references)}
         touched: dict[str, Any] = {}
         pool = ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="merge")

@@ -1,5 +1,6 @@
-"""The Python stores' partition writer: each key's last event, TOAST carried within the
-batch, skipped rows counted as applied, refusals and poison rows sent back as dead."""
+"""The Python stores' partition writer: each key's last event, TOAST carried within a
+chunk, skipped rows counted as applied, TRUNCATEs reported, refusals and poison rows
+sent back as dead."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pyarrow as pa
 from cdc.catalog import Column, Table
 from cdc.decode import UNAVAILABLE
 from materializers.stores.base import Event, Store, WriteResult
-from materializers.writer import last_events, partition_writer
+from materializers.writer import partition_writer
 
 TABLE = Table(
     "public",
@@ -28,21 +29,21 @@ TABLE = Table(
 )
 
 
+def envelope(key: int, offset: int, op: str = "u", body: Any = "x") -> str:
+    after = None if op == "d" else {"id": key, "body": body}
+    source = {"ts_ms": 1000 + offset, "lsn": 10 + offset, "table": "t"}
+    return json.dumps({"before": None, "after": after, "op": op, "source": source})
+
+
 def row(key: int, offset: int, op: str = "u", body: Any = "x", **extra: Any) -> dict[str, Any]:
-    after = None if op == "d" else json.dumps({"id": key, "body": body})
+    """A Kafka record as the workers get it: the value is Debezium's JSON text."""
     return {
         "table": "public.t",
         "topic": "p.public.t",
         "partition": 0,
         "offset": offset,
         "key": json.dumps({"id": key}),
-        "op": op,
-        "after": after,
-        "commit_ms": 1000 + offset,
-        "lsn": 10 + offset,
-        "value": None,
-        "error": None,
-        "skip": False,
+        "value": envelope(key, offset, op, body),
     } | extra
 
 
@@ -76,43 +77,82 @@ class Recorder(Store):
         self.closed = True
 
 
-def test_last_events_keeps_each_keys_last_event_and_carries_toasted_values() -> None:
-    rows = [
-        row(1, 0, body="full text"),
-        row(1, 3, body=UNAVAILABLE),
-        row(2, 1, body="a"),
-        row(2, 4, op="d"),
-        row(3, 2, body=UNAVAILABLE),
-    ]
-    events = {e.key: e for e in last_events(rows)}
-    assert set(events) == {'{"id": 1}', '{"id": 2}', '{"id": 3}'}
+def write(rows: list[dict[str, Any]], store: Store, **options: Any) -> list[dict[str, Any]]:
+    batches = [pa.RecordBatch.from_pylist(rows[i : i + 3]) for i in range(0, len(rows), 3)]
+    run = partition_writer(
+        lambda: store,
+        {"public.t": TABLE},
+        lambda t: f"p.{t}",
+        "cdc.truncations",
+        options.pop("cutoffs", {}),
+        **options,
+    )
+    return pa.Table.from_batches(list(run(iter(batches)))).to_pylist()
+
+
+def test_each_keys_last_event_is_written_with_toasted_values_carried() -> None:
+    store = Recorder()
+    write(
+        [
+            row(1, 0, body="full text"),
+            row(2, 1, body="a"),
+            row(3, 2, body=UNAVAILABLE),
+            row(1, 3, body=UNAVAILABLE),
+            row(2, 4, op="d"),
+            row(2, 5, value=None),  # the delete's tombstone
+        ],
+        store,
+    )
+    events = {e.key: e for e in store.written}
+    assert len(store.written) == 3
     assert events['{"id": 1}'].offset == 3
     assert events['{"id": 1}'].after == {"id": 1, "body": "full text"}
-    assert events['{"id": 2}'].op == "d" and events['{"id": 2}'].after is None
+    assert (events['{"id": 2}'].op, events['{"id": 2}'].offset) == ("d", 5)
+    assert events['{"id": 2}'].after is None
     # nothing earlier in the batch: the placeholder stays, the store keeps its value
     assert events['{"id": 3}'].after == {"id": 3, "body": UNAVAILABLE}
 
 
-def test_partition_writer_reports_offsets_counts_and_dead_letters() -> None:
-    store = Recorder(refuse=['{"id": 4}'])
-    rows = [
-        row(1, 0),
-        row(1, 1),
-        row(2, 2, skip=True),  # before a TRUNCATE: counted as applied, never written
-        row(4, 3),
-        row(9, 5, op=None, after=None, error="not a change event", value="garbage"),
-        row(5, 4, partition=1),
+def test_a_full_chunk_is_written_before_the_keys_later_events() -> None:
+    store = Recorder()
+    write([row(1, 0, body="full"), row(2, 1), row(1, 2, body=UNAVAILABLE)], store, chunk=2)
+    # key 1's first event went out with the first chunk; its later one keeps the
+    # placeholder, which the store resolves to what it holds (the value just written)
+    assert [(e.key, e.offset) for e in store.written] == [
+        ('{"id": 1}', 0),
+        ('{"id": 2}', 1),
+        ('{"id": 1}', 2),
     ]
-    batches = [pa.RecordBatch.from_pylist(rows[:3]), pa.RecordBatch.from_pylist(rows[3:])]
-    run = partition_writer(lambda: store, {"public.t": TABLE}, lambda t: f"p.{t}")
-    result = pa.Table.from_batches(list(run(iter(batches)))).to_pylist()
+    assert store.written[-1].after == {"id": 1, "body": UNAVAILABLE}
 
+
+def test_partition_writer_reports_offsets_counts_truncates_and_dead_letters() -> None:
+    store = Recorder(refuse=['{"id": 4}'])
+    truncate = json.dumps(
+        {"op": "c", "after": {"id": 1, "table_name": "public.t"}, "source": {"lsn": 99}}
+    )
+    result = write(
+        [
+            row(1, 0),
+            row(1, 1),
+            row(2, 2, value=envelope(2, -8)),  # before the last TRUNCATE: never written
+            row(4, 3),
+            row(9, 5, value="garbage"),
+            row(9, 6, value='{"no": "envelope"}'),
+            row(5, 4, partition=1),
+            row(1, 0, table="cdc.truncations", topic="p.cdc.truncations", value=truncate),
+        ],
+        store,
+        cutoffs={"public.t": 5},
+    )
     applied = {(r["topic"], r["partition"]): r["offset"] for r in result if r["kind"] == "applied"}
-    assert applied == {("p.public.t", 0): 5, ("p.public.t", 1): 4}
+    assert applied == {("p.public.t", 0): 6, ("p.public.t", 1): 4, ("p.cdc.truncations", 0): 0}
     totals = next(r for r in result if r["kind"] == "applied" and r["n"] is not None)
     assert (totals["n"], totals["written"], totals["stale"]) == (4, 2, 0)
     assert totals["commit_ms"] == 1004
     assert [(e.key, e.offset) for e in store.written] == [('{"id": 1}', 1), ('{"id": 5}', 4)]
     dead = sorted((r["offset"], r["error"]) for r in result if r["kind"] == "dead")
-    assert dead == [(3, "refused"), (5, "not a change event")]
+    assert dead == [(3, "refused"), (5, "not a change event"), (6, "not a change event")]
+    truncates = [(r["table"], r["lsn"]) for r in result if r["kind"] == "truncate"]
+    assert truncates == [("public.t", 99)]
     assert store.closed
