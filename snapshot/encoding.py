@@ -25,7 +25,7 @@ from psycopg import sql
 
 from cdc.catalog import Column, Table
 
-__all__ = ["SnapshotPoint", "column_json", "event_query"]
+__all__ = ["SnapshotPoint", "column_json", "envelope", "event_query"]
 
 # Types whose to_json() is already what Debezium writes (numbers, booleans).
 _NATIVE = {"int2", "int4", "int8", "oid", "float4", "float8", "bool"}
@@ -129,21 +129,26 @@ def source_block(table: Table, point: SnapshotPoint, topic_prefix: str, database
     )
 
 
-def event_query(
+def event_query(table: Table) -> sql.Composable:
+    """SELECT key, after FROM the table: each row's key and `after` image as Debezium's
+    JSON (filter appended by caller). The rest of the envelope is the same for every
+    row of a snapshot (envelope()), so it is added on Spark's side rather than built by
+    PostgreSQL and carried through JDBC for each row."""
+    return sql.SQL("SELECT {key} AS key, {after} AS after FROM {table}").format(
+        key=_object(table, table.key),
+        after=_object(table, tuple(c.name for c in table.columns)),
+        table=sql.Identifier(table.schema, table.name),
+    )
+
+
+def envelope(
     table: Table, point: SnapshotPoint, topic_prefix: str, database: str, now_ms: int
-) -> sql.Composable:
-    """SELECT key, value FROM the table: one snapshot event per row (filter appended by caller)."""
-    after = _object(table, tuple(c.name for c in table.columns))
+) -> tuple[str, str]:
+    """The text before and after the `after` image in each snapshot event's value."""
     head = '{"before":null,"after":'
     tail = (
         f',"source":{source_block(table, point, topic_prefix, database)},'
         f'"transaction":null,"op":"r","ts_ms":{now_ms},"ts_us":{now_ms * 1000},'
         f'"ts_ns":{now_ms * 1_000_000}}}'
     )
-    return sql.SQL("SELECT {key} AS key, {head} || {after} || {tail} AS value FROM {table}").format(
-        key=_object(table, table.key),
-        head=sql.Literal(head),
-        after=after,
-        tail=sql.Literal(tail),
-        table=sql.Identifier(table.schema, table.name),
-    )
+    return head, tail

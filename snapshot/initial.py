@@ -47,7 +47,7 @@ from cdc.source import (
 )
 from cdc.spark import spark_session
 from cdc.topics import TopicSpec, change_topic_spec, end_offsets, ensure_topics, truncate_topics
-from snapshot.encoding import SnapshotPoint, event_query, int_to_lsn
+from snapshot.encoding import SnapshotPoint, envelope, event_query, int_to_lsn
 from snapshot.slot import InFlight, drop_slot, exported_snapshot, slot_state
 from snapshot.state import mark_done, mark_running, read_state
 
@@ -204,15 +204,16 @@ def _copy_tables(
     frames = []
     with admin_connection(settings) as conn:
         for table in tables:
-            query = event_query(table, point, pipe.topic_prefix, pg.database, now_ms).as_string(
-                conn
-            )
+            query = event_query(table).as_string(conn)
+            head, tail = envelope(table, point, pipe.topic_prefix, pg.database, now_ms)
             topic = pipe.topic(table.qualified)
             for where in ctid_ranges(table.pages, pipe.snapshot_pages_per_reader):
                 subquery = f"({query} WHERE {where}) AS snapshot_rows"
                 frames.append(
-                    spark.read.jdbc(url, subquery, properties=props).withColumn(
-                        "topic", F.lit(topic)
+                    spark.read.jdbc(url, subquery, properties=props).select(
+                        "key",
+                        F.concat(F.lit(head), F.col("after"), F.lit(tail)).alias("value"),
+                        F.lit(topic).alias("topic"),
                     )
                 )
     events = reduce(lambda a, b: a.unionAll(b), frames)
