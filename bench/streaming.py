@@ -37,7 +37,7 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ResourceSampler, bench_settings, cleanup, record
+from bench.common import ResourceSampler, bench_settings, cleanup, in_database, record
 from bench.snapshot_throughput import pgbench_init, psql_args, psql_env
 from cdc.components.postgres import postgres_bin_dir
 from cdc.pipeline import pipeline_status
@@ -52,9 +52,6 @@ STORES = ("cache", "search", "warehouse")
 
 
 def load(settings: Settings, scale: int) -> None:
-    with psycopg.connect(settings.postgres.dsn("postgres"), autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone():
-            conn.execute(f"CREATE DATABASE {DATABASE}")
     pgbench_init(settings, scale)
     with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
         conn.execute(
@@ -246,9 +243,7 @@ def main() -> None:
     args = parser.parse_args()
     stores = tuple(s for s in STORES if s in args.stores.split(","))
     settings = load_settings()
-    source = settings.model_copy(
-        update={"postgres": settings.postgres.model_copy(update={"database": DATABASE})}
-    )
+    source = in_database(settings, DATABASE)
     print(f"loading pgbench at scale {args.scale} into database {DATABASE} ...", flush=True)
     load(source, args.scale)
     bench = bench_settings(source, TABLES)

@@ -15,7 +15,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import psycopg
@@ -185,7 +185,9 @@ def _dashboard(
             last, last_at = ends, now
             status = pipeline_status(settings, TABLES)
             result.lag = {s: f.get("lag_s") for s, f in status.stores.items()}
-            view = _view(topics, rates, status, workload, now - started, duration)
+            view = _view(
+                topics, rates, status, workload, now - started, duration, settings.apply.stores
+            )
             if live:
                 live.update(view, refresh=True)
             elif now - printed >= 10:  # without a terminal: a snapshot every 10 s
@@ -203,6 +205,7 @@ def _view(
     workload: Workload,
     elapsed: float,
     duration: float | None,
+    applying: Iterable[str] = (),
 ) -> Group:
     left = "Ctrl-C to stop" if duration is None else f"{max(0, duration - elapsed):.0f}s left"
     tables = Table(title=f"cdc demo: {elapsed:.0f}s, {left}", title_justify="left")
@@ -217,6 +220,9 @@ def _view(
     for store, figures in status.stores.items():
         lag = figures.get("lag_s")
         stores.add_row(store, str(figures["backlog_events"]), "?" if lag is None else f"{lag:.1f}")
+    for store in applying:
+        if store not in status.stores:  # no micro-batch has finished yet
+            stores.add_row(store, "[dim]first batch running[/dim]", "–")
     done = sum(workload.done.values())
     dead = f"[red]{status.dead_letters}[/red]" if status.dead_letters else "0"
     footer = f"workload: {done} transactions ({workload.rate:.0f}/s target); dead letters: {dead}"
