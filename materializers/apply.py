@@ -84,6 +84,12 @@ class DeadLetters:
             value=json.dumps(record, default=str).encode(),
         )
 
+    def send_row(self, row: Any) -> None:
+        """A row (mapping) with topic, partition, offset, key, value and error."""
+        self.send(
+            row["topic"], row["partition"], row["offset"], row["key"], row["value"], row["error"]
+        )
+
     def flush(self) -> None:
         if self._producer is not None:
             self._producer.flush()
@@ -166,14 +172,7 @@ def _batch_writer(
         )
         if any(p["errors"] for p in parts):
             for row in parsed.where("error IS NOT NULL").toLocalIterator():
-                dead.send(
-                    row["topic"],
-                    row["partition"],
-                    row["offset"],
-                    row["key"],
-                    row["value"],
-                    row["error"],
-                )
+                dead.send_row(row)
         truncated = any(p["table"] == TRUNCATIONS_TABLE and p["n"] for p in parts)
         keep = _truncated(parsed, tables, cutoffs, found=truncated)
         data = [p for p in parts if p["table"] != TRUNCATIONS_TABLE]
@@ -230,14 +229,7 @@ def _batch_writer(
         truncations = []
         for row in frame.mapInArrow(run, RESULT_DDL).collect():
             if row["kind"] == "dead":
-                dead.send(
-                    row["topic"],
-                    row["partition"],
-                    row["offset"],
-                    row["key"],
-                    row["value"],
-                    row["error"],
-                )
+                dead.send_row(row)
                 continue
             if row["kind"] == "truncate":
                 truncations.append(row)
