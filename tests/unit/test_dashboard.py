@@ -1,0 +1,32 @@
+"""The demo's dashboard (pure rendering, no services)."""
+
+from types import SimpleNamespace
+
+from rich.console import Console
+
+from cdc.demo import _view
+from cdc.workload import Workload
+
+
+def render(stores: dict[str, dict[str, object]], applying: list[str]) -> str:
+    status = SimpleNamespace(topics={"cdc.public.orders": 12}, stores=stores, dead_letters=0)
+    view = _view(
+        {"cdc.public.orders": "public.orders"},
+        {"cdc.public.orders": 3.0},
+        status,
+        Workload("postgresql://unused", rate=5),
+        elapsed=12,
+        duration=30,
+        applying=applying,
+    )
+    console = Console(record=True, width=120)
+    console.print(view)
+    return console.export_text()
+
+
+def test_a_store_without_a_finished_batch_is_shown_as_running() -> None:
+    text = render({"cache": {"backlog_events": 4, "lag_s": 1.25}}, ["warehouse", "cache"])
+    lines = {line.split("│")[1].strip(): line for line in text.splitlines() if "│" in line}
+    assert "first batch running" in lines["warehouse"]
+    assert "1.2" in lines["cache"] and "4" in lines["cache"]
+    assert "public.orders" in text and "18s left" in text
