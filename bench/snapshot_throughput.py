@@ -40,8 +40,6 @@ from materializers.apply import run_apply
 from snapshot.initial import run_snapshot
 
 TABLE = "public.pgbench_accounts"
-
-
 DATABASE = "cdcbench_snapshot"
 
 
