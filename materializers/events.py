@@ -1,4 +1,5 @@
-"""Change events in a micro-batch: parsed from the Kafka records, and each key's last one kept."""
+"""Change events in a micro-batch, parsed from the Kafka records by Spark (the warehouse and
+the window aggregates; the Python stores parse theirs in materializers/writer.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["ENVELOPE_DDL", "last_per_key", "parse_events"]
+__all__ = ["ENVELOPE_DDL", "parse_events"]
 
 # The envelope fields the stores need; `after` stays JSON text, decoded per table.
 ENVELOPE_DDL = (
@@ -53,12 +54,3 @@ def parse_events(records: DataFrame, topic_tables: dict[str, str]) -> DataFrame:
         ).alias("error"),
         "value",
     )
-
-
-def last_per_key(events: DataFrame) -> DataFrame:
-    """Each (table, key)'s event with the highest offset in the batch (contract point 4)."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    newest = Window.partitionBy("topic", "key").orderBy(F.col("offset").desc())
-    return events.withColumn("_rank", F.row_number().over(newest)).where("_rank = 1").drop("_rank")

@@ -22,10 +22,10 @@ from cdc.catalog import Table
 from cdc.decode import UNAVAILABLE
 from materializers.stores.base import Event, Store
 
-__all__ = ["INPUT_COLUMNS", "RESULT_DDL", "latest", "parse_value", "partition_writer"]
+__all__ = ["RESULT_DDL", "partition_writer"]
 
 # what each worker takes: the Kafka record with its table's name (key and value as text)
-INPUT_COLUMNS = ("table", "topic", "partition", "offset", "key", "value")
+_INPUT_COLUMNS = ("table", "topic", "partition", "offset", "key", "value")
 
 # what each partition's worker returns: kind 'applied' (one row per topic partition:
 # its last offset, the newest commit time and the counts), 'dead' (an event the store
@@ -35,7 +35,7 @@ RESULT_DDL = (
     "kind string, topic string, partition int, offset long, key string, value string, "
     "error string, commit_ms long, n long, written long, stale long, table string, lsn long"
 )
-NOT_A_CHANGE_EVENT = "not a change event"
+_NOT_A_CHANGE_EVENT = "not a change event"
 
 
 def _result_schema() -> Any:
@@ -57,7 +57,7 @@ def _result_schema() -> Any:
     )
 
 
-def parse_value(value: str | None) -> tuple[str, dict[str, Any] | None, int | None, int | None]:
+def _parse_value(value: str | None) -> tuple[str, dict[str, Any] | None, int | None, int | None]:
     """A Kafka value as (op, after, commit_ms, lsn). A tombstone (no value) is a delete
     with no position in the source. Raises ValueError for what is not a Debezium
     change event."""
@@ -69,13 +69,13 @@ def parse_value(value: str | None) -> tuple[str, dict[str, Any] | None, int | No
         source = envelope.get("source") or {}
         after = envelope.get("after")
     except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError):
-        raise ValueError(NOT_A_CHANGE_EVENT) from None
+        raise ValueError(_NOT_A_CHANGE_EVENT) from None
     if not isinstance(op, str) or not (after is None or isinstance(after, dict)):
-        raise ValueError(NOT_A_CHANGE_EVENT)
+        raise ValueError(_NOT_A_CHANGE_EVENT)
     return op, (None if op == "d" else after), source.get("ts_ms"), source.get("lsn")
 
 
-def latest(earlier: Event | None, event: Event) -> Event:
+def _latest(earlier: Event | None, event: Event) -> Event:
     """`event`, the key's newer event, with the unchanged TOASTed values it lacks taken
     from `earlier` (the key's previous event in the same chunk), which is never written:
     only a key's last event is."""
@@ -137,13 +137,13 @@ def partition_writer(
 
         try:
             for batch in batches:
-                columns = [batch.column(name).to_pylist() for name in INPUT_COLUMNS]
+                columns = [batch.column(name).to_pylist() for name in _INPUT_COLUMNS]
                 for table, topic, partition, offset, key, value in zip(*columns, strict=True):
                     where = (topic, partition)
                     if offset > applied.get(where, -1):
                         applied[where] = offset
                     try:
-                        op, after, commit_ms, lsn = parse_value(value)
+                        op, after, commit_ms, lsn = _parse_value(value)
                     except ValueError as exc:
                         out.append(
                             {
@@ -177,7 +177,7 @@ def partition_writer(
                         seen["commit_ms"] = commit_ms
                     event = Event(table, key, partition, offset, op, after, commit_ms, lsn)
                     slot = (table, key)
-                    pending[slot] = latest(pending.pop(slot, None), event)
+                    pending[slot] = _latest(pending.pop(slot, None), event)
                     if len(pending) >= chunk:
                         flush()
             flush()

@@ -118,8 +118,7 @@ class CacheStore(Store):
         self.client = redis.Redis.from_url(url, password=password, socket_timeout=10)
         self.prefix = prefix
         self.marker_ttl_s = marker_ttl_s
-        self.script = self.client.register_script(_WRITE)
-        self.client.script_load(_WRITE)  # write() calls it by its SHA in a pipeline
+        self.write_sha = self.client.script_load(_WRITE)  # called by its SHA in a pipeline
         self.truncate_script = self.client.register_script(_TRUNCATE)
 
     def prepare(self, tables: Iterable[Table]) -> None:
@@ -158,7 +157,7 @@ class CacheStore(Store):
                 ]
                 args += pairs
                 args += kept
-            pipe.execute_command("EVALSHA", self.script.sha, len(keys), *keys, *args)
+            pipe.execute_command("EVALSHA", self.write_sha, len(keys), *keys, *args)
         for applied in pipe.execute():
             written = sum(applied)
             result.written += written
