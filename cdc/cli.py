@@ -589,6 +589,41 @@ def _edit_tables(add: list[str], remove: list[str]) -> None:
 
 
 @app.command()
+def rebuild(
+    store: Annotated[str, typer.Option("--store", "-s", help="warehouse, search or cache")],
+    table: Annotated[
+        list[str] | None, typer.Option("--table", "-t", help="schema.table (repeat; default: all)")
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
+) -> None:
+    """Rebuild a store's tables from the log: empty them, restart the store's checkpoint,
+    and backfill the tables through the log. Stop `cdc apply` first; run it afterwards.
+
+    For a change topic deleted and created again (`cdc apply` stops and names this
+    command), a store found drifting, or a store lost.
+    """
+    from materializers.rebuild import reset_store
+    from snapshot.backfill import start_backfill, watch_backfill
+
+    if store not in ("warehouse", "search", "cache"):
+        raise typer.BadParameter(f"unknown store {store}: use warehouse, search, cache")
+    s = settings()
+    names = [t if "." in t else f"public.{t}" for t in table or []]
+    what = f"the {store}'s copy of " + (", ".join(names) if names else "every captured table")
+    if not yes:
+        if not sys.stdin.isatty():
+            raise typer.BadParameter(f"rebuilding {what} needs confirmation: pass --yes")
+        typer.confirm(f"Empty and rebuild {what}?", abort=True)
+    chosen = reset_store(s, store, names or None, progress)
+    for name in chosen:
+        _, offset = start_backfill(s, name)
+        progress(f"backfilling {name} through the log")
+        done = watch_backfill(s, offset, lambda p: None)
+        progress(f"backfill of {name} completed: {done.rows_scanned or 0} rows read")
+    progress(f"now run `cdc apply` (or `cdc apply --store {store}`): it rebuilds the {store}")
+
+
+@app.command()
 def drop(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
 ) -> None:

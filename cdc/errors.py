@@ -11,10 +11,12 @@ __all__ = [
     "ComponentError",
     "ConfigError",
     "ConnectorError",
+    "LogRewoundError",
     "NotInstalledError",
     "PortInUseError",
     "SourceError",
     "StoreError",
+    "StoreUnavailableError",
 ]
 
 
@@ -64,3 +66,17 @@ class StoreError(CdcError):
     """A store refused what the apply job had to do (a write, a schema change)."""
 
     exit_code = 8
+
+
+class StoreUnavailableError(StoreError):
+    """A store does not answer (refused, timed out, 5xx, 429): its apply waits and retries;
+    nothing is committed or dropped meanwhile."""
+
+    exit_code = 8
+
+
+class LogRewoundError(CdcError):
+    """A change topic no longer holds what a store has applied (deleted and created
+    again): the store must be rebuilt from the log (`cdc rebuild`)."""
+
+    exit_code = 11

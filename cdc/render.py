@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -88,7 +89,14 @@ def pipeline_table(p: PipelineStatus) -> Table:
         table.add_row(f"topic {topic}", f"end offset {end}")
     for store, s in p.stores.items():
         lag = "?" if s["lag_s"] is None else f"{s['lag_s']:.1f}s"
-        table.add_row(f"store {store}", f"backlog {s['backlog_events']} events; lag {lag}")
+        state = f"backlog {s['backlog_events']} events; lag {lag}"
+        if s.get("waiting"):
+            since = s["waiting"]["since_ms"]
+            state = (
+                f"[yellow]waiting for the store[/yellow] ({s['waiting']['reason']}) for "
+                f"{max(time.time() - since / 1000, 0):.0f}s, nothing dropped; " + state
+            )
+        table.add_row(f"store {store}", state)
     for window, late in p.late_events.items():
         table.add_row(f"window {window}", f"{late} events too late for the watermark")
     dead = f"[red]{p.dead_letters}[/red]" if p.dead_letters else "0"

@@ -167,6 +167,12 @@ class ApplySettings(BaseModel):
     deleted_marker_ttl_s: int = Field(
         86_400, ge=1, description="how long the cache keeps a deleted key's position"
     )
+    store_retry_s: float = Field(
+        30.0,
+        gt=0,
+        description="how long a write to a store that does not answer is retried before its "
+        "batch waits, uncommitted, for the store to answer again",
+    )
     warehouse_path: str | None = Field(
         None, description="Delta tables' root (any Spark filesystem); default data_dir/warehouse"
     )

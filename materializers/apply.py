@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc.catalog import Table, describe_table, published_tables
+from cdc.errors import CdcError, LogRewoundError, StoreError, StoreUnavailableError
 from cdc.settings import Settings
 from cdc.source import TRUNCATIONS_TABLE, admin_connection
 from cdc.spark import spark_session
@@ -28,12 +30,14 @@ from materializers.views import check_views, window_query
 from materializers.writer import RESULT_DDL, partition_writer
 
 __all__ = [
+    "captured_tables",
     "checkpoint_dir",
     "dead_letter_topic",
     "make_store",
     "read_progress",
     "run_apply",
     "warehouse_root",
+    "write_progress",
 ]
 
 log = logging.getLogger(__name__)
@@ -59,6 +63,7 @@ class DeadLetters:
     def __init__(self, settings: Settings, store: str) -> None:
         self.settings, self.store = settings, store
         self._producer: Any = None
+        self._sent: list[Any] = []  # futures of this batch's sends
 
     def send(
         self, topic: str, partition: int, offset: int, key: Any, value: Any, error: str
@@ -78,10 +83,12 @@ class DeadLetters:
             "key": key,
             "value": value,
         }
-        self._producer.send(
-            dead_letter_topic(self.settings),
-            key=(key or "").encode(),
-            value=json.dumps(record, default=str).encode(),
+        self._sent.append(
+            self._producer.send(
+                dead_letter_topic(self.settings),
+                key=(key or "").encode(),
+                value=json.dumps(record, default=str).encode(),
+            )
         )
 
     def send_row(self, row: Any) -> None:
@@ -91,8 +98,24 @@ class DeadLetters:
         )
 
     def flush(self) -> None:
-        if self._producer is not None:
-            self._producer.flush()
+        """Wait until Kafka has confirmed every dead letter of the batch (acks=all); raise
+        if one was not, so that the batch is not committed."""
+        if self._producer is None or not self._sent:
+            return
+        sent, self._sent = self._sent, []
+        self._producer.flush(timeout=60)
+        failed = []
+        for future in sent:
+            try:
+                future.get(timeout=1)
+            except Exception as exc:  # KafkaError, or a timeout
+                failed.append(exc)
+        if failed:
+            raise StoreUnavailableError(
+                f"the dead-letter topic {dead_letter_topic(self.settings)} did not take "
+                f"{len(failed)} of {len(sent)} dead letter(s) ({type(failed[0]).__name__}: "
+                f"{str(failed[0])[:200]}); the batch is not committed"
+            )
 
 
 def warehouse_root(settings: Settings) -> str:
@@ -109,11 +132,14 @@ def make_store(settings: Settings, name: str, spark: Any = None) -> Store:
             settings.pipeline.topic_prefix,
             r.password.get_secret_value() if r.password else None,
             settings.apply.deleted_marker_ttl_s,
+            settings.apply.store_retry_s,
         )
     if name == "search":
         from materializers.stores.search import SearchStore
 
-        return SearchStore(settings.opensearch.url, settings.pipeline.topic_prefix)
+        return SearchStore(
+            settings.opensearch.url, settings.pipeline.topic_prefix, settings.apply.store_retry_s
+        )
     if name == "warehouse":
         from materializers.stores.warehouse import WarehouseStore
 
@@ -121,7 +147,7 @@ def make_store(settings: Settings, name: str, spark: Any = None) -> Store:
     raise ValueError(f"unknown store {name}")
 
 
-def _captured_tables(settings: Settings) -> dict[str, Table]:
+def captured_tables(settings: Settings) -> dict[str, Table]:
     """The pipeline's tables as the catalog describes them now (read every batch, so a
     schema change reaches the stores without a restart)."""
     pipe = settings.pipeline
@@ -138,9 +164,34 @@ def _batch_writer(
     def write(batch: Any, batch_id: int) -> None:
         # each store's queries run in a scheduler pool of their own (FAIR between pools)
         batch.sparkSession.sparkContext.setLocalProperty("spark.scheduler.pool", store.name)
-        tables = _captured_tables(settings)
+        waited = False
+        while True:
+            try:
+                write_once(batch, batch_id)
+            except Exception as exc:
+                why = unavailable_reason(exc)
+                if why is None:
+                    raise
+                # a store that is down blocks its own batch: nothing is committed, nothing
+                # goes to the dead-letter topic; the batch is written again once it answers
+                _wait_for_store(settings, store, why, batch_id)
+                waited = True
+                continue
+            if waited:
+                notify(f"{store.name}: answers again; batch {batch_id} written")
+            return
+
+    ends = _EndOffsets(settings)
+    cut_times: dict[str, int] = {}  # table -> commit time of its last TRUNCATE (warehouse)
+
+    def write_once(batch: Any, batch_id: int) -> None:
+        tables = captured_tables(settings)
         topics = {settings.pipeline.topic(t): t for t in [*tables, TRUNCATIONS_TABLE]}
-        cutoffs = dict((read_progress(settings, store.name) or {}).get("truncated", {}))
+        progress = read_progress(settings, store.name)
+        ends.check_not_rewound(store.name, topics, progress)
+        cutoffs = _cutoffs(progress)
+        cut_times.clear()
+        cut_times.update((progress or {}).get("truncated_ms", {}))
         if not getattr(store, "spark_native", False):
             _write_partitions(batch, topics, tables, batch_id, cutoffs)
             return
@@ -151,7 +202,7 @@ def _batch_writer(
             parsed.unpersist()
 
     def _write_frame(
-        parsed: Any, tables: dict[str, Table], batch_id: int, cutoffs: dict[str, int]
+        parsed: Any, tables: dict[str, Table], batch_id: int, cutoffs: dict[str, tuple[int, int]]
     ) -> None:
         """A store that writes Spark frames (the warehouse) takes the batch as one. One
         job tells what the batch holds (per topic partition: last offset, events, newest
@@ -174,14 +225,16 @@ def _batch_writer(
             for row in parsed.where("error IS NOT NULL").toLocalIterator():
                 dead.send_row(row)
         truncated = any(p["table"] == TRUNCATIONS_TABLE and p["n"] for p in parts)
-        keep = _truncated(parsed, tables, cutoffs, found=truncated)
+        cut_ms = _truncated(parsed, tables, cutoffs, found=truncated)
         data = [p for p in parts if p["table"] != TRUNCATIONS_TABLE]
         commits = [p["commit_ms"] for p in data if p["commit_ms"] is not None]
         summary = {"n": sum(p["n"] for p in data), "commit_ms": max(commits, default=None)}
         offsets = {f"{p['topic']}:{p['partition']}": p["offset"] for p in parts}
         present = {p["table"] for p in data if p["n"]}
         started = time.monotonic()
-        store.write_frame(tables, parsed.where(valid & keep), present)  # type: ignore[attr-defined]
+        events = parsed.where(valid & (F.col("table") != TRUNCATIONS_TABLE))
+        # an event from before its table's last TRUNCATE is history, not current state
+        store.write_frame(tables, events.withColumn("cut_ms", cut_ms), present)  # type: ignore[attr-defined]
         dead.flush()
         log.info(
             "%s batch %d: %d events in %.1f s",
@@ -197,7 +250,7 @@ def _batch_writer(
         topics: dict[str, str],
         tables: dict[str, Table],
         batch_id: int,
-        cutoffs: dict[str, int],
+        cutoffs: dict[str, tuple[int, int]],
     ) -> None:
         """A Python store is written by Spark's Python workers, partition by partition
         (materializers/writer.py); the driver gets the counts, the dead letters and the
@@ -242,45 +295,66 @@ def _batch_writer(
             counts["written"] += row["written"] or 0
             counts["stale"] += row["stale"] or 0
         dead.flush()
-        for row in sorted(truncations, key=lambda r: r["lsn"]):
+        for row in sorted(truncations, key=lambda r: (r["commit_lsn"], r["lsn"])):
             if row["table"] in tables:
-                store.truncate(tables[row["table"]], row["lsn"], row["commit_ms"])
-                cutoffs[row["table"]] = max(row["lsn"], cutoffs.get(row["table"], 0))
+                at = (row["commit_lsn"], row["lsn"])
+                store.truncate(tables[row["table"]], at, row["commit_ms"])
+                cutoffs[row["table"]] = max(at, cutoffs.get(row["table"], (0, 0)))
         log.info("%s batch %d: %s", store.name, batch_id, counts)
         _record(batch_id, summary, offsets, counts, cutoffs)
 
     def _truncated(
-        parsed: Any, tables: dict[str, Table], cutoffs: dict[str, int], found: bool
+        parsed: Any, tables: dict[str, Table], cutoffs: dict[str, tuple[int, int]], found: bool
     ) -> Any:
         """Apply the batch's TRUNCATEs (rows of cdc.truncations; `found`: the batch has
-        some) to the store, in LSN order, adding them to `cutoffs`. Returns which events
-        to write: none of cdc.truncations, and none of a truncated table from before its
-        TRUNCATE. The cut-offs are kept in the progress file, so an event from before a
-        TRUNCATE that comes in a later batch (another topic, read further behind) is
-        dropped too."""
+        some) to the store, in position order, adding them to `cutoffs` (and their commit
+        times to `cut_times`). Returns, per event, the commit time of the TRUNCATE it
+        comes before (NULL for the events after their table's last TRUNCATE). The
+        cut-offs are kept in the progress file, so an event from before a TRUNCATE that
+        comes in a later batch (another topic, read further behind) is known as such."""
         from pyspark.sql import functions as F
 
         rows = (
             parsed.where(F.col("table") == TRUNCATIONS_TABLE)
             .where("error IS NULL AND op IN ('c', 'r')")
-            .select(F.get_json_object("after", "$.table_name").alias("name"), "lsn", "commit_ms")
-            .orderBy("lsn")
+            .select(
+                F.get_json_object("after", "$.table_name").alias("name"),
+                "commit_lsn",
+                "lsn",
+                "commit_ms",
+            )
+            .orderBy("commit_lsn", "lsn")
             .collect()
             if found
             else []
         )
         for row in rows:
             if row["name"] in tables:
-                store.truncate(tables[row["name"]], row["lsn"], row["commit_ms"])
-                cutoffs[row["name"]] = max(row["lsn"], cutoffs.get(row["name"], 0))
-        keep = F.col("table") != TRUNCATIONS_TABLE
-        for name, lsn in cutoffs.items():
-            # tombstones (no LSN) follow their delete event, which the cut-off judges
-            keep &= (F.col("table") != name) | F.col("lsn").isNull() | (F.col("lsn") > lsn)
-        return keep
+                at = (row["commit_lsn"], row["lsn"])
+                store.truncate(tables[row["name"]], at, row["commit_ms"])
+                if at > cutoffs.get(row["name"], (0, 0)):
+                    cutoffs[row["name"]] = at
+                    cut_times[row["name"]] = row["commit_ms"]
+        cut_ms = F.lit(None).cast("long")
+        for name, (commit, lsn) in cutoffs.items():
+            # tombstones (no position) follow their delete event, which the cut-off judges
+            before = (
+                (F.col("table") == name)
+                & F.col("commit_lsn").isNotNull()
+                & (
+                    (F.col("commit_lsn") < commit)
+                    | ((F.col("commit_lsn") == commit) & (F.col("lsn") <= lsn))
+                )
+            )
+            cut_ms = F.when(before, F.lit(cut_times.get(name, 0))).otherwise(cut_ms)
+        return cut_ms
 
     def _record(
-        batch_id: int, summary: Any, offsets: dict[str, int], counts: Any, cutoffs: dict[str, int]
+        batch_id: int,
+        summary: Any,
+        offsets: dict[str, int],
+        counts: Any,
+        cutoffs: dict[str, tuple[int, int]],
     ) -> None:
         previous = read_progress(settings, store.name) or {}
         applied = dict(previous.get("applied", {}))
@@ -293,14 +367,119 @@ def _batch_writer(
             "applied_ms": int(time.time() * 1000),
             "last_batch": counts,
             "truncated": cutoffs,
+            "truncated_ms": cut_times,
         }
-        path = progress_file(settings, store.name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record))
-        tmp.replace(path)
+        write_progress(settings, store.name, record)
 
     return write
+
+
+class _EndOffsets:
+    """The change topics' end offsets, asked of Kafka by the driver before each batch."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._consumer: Any = None
+
+    def check_not_rewound(
+        self, store: str, topics: dict[str, str], progress: dict[str, Any] | None
+    ) -> None:
+        """Raise LogRewoundError if a topic ends before what `store` has applied of it
+        (the topic was deleted and created again: its offsets started over, and what the
+        store holds no longer matches the log)."""
+        applied = (progress or {}).get("applied", {})
+        wanted = {}
+        for where, offset in applied.items():
+            topic, _, partition = where.rpartition(":")
+            if topic in topics:
+                wanted[(topic, int(partition))] = offset
+        if not wanted:
+            return
+        from kafka import KafkaConsumer, TopicPartition
+
+        if self._consumer is None:
+            self._consumer = KafkaConsumer(
+                bootstrap_servers=self.settings.kafka.bootstrap_servers,
+                enable_auto_commit=False,
+            )
+        existing = {
+            (t, p)
+            for t in {t for t, _ in wanted}
+            for p in (self._consumer.partitions_for_topic(t) or ())
+        }
+        parts = [TopicPartition(t, p) for (t, p) in wanted if (t, p) in existing]
+        for tp, end in self._consumer.end_offsets(parts).items():
+            if end <= wanted[(tp.topic, tp.partition)]:
+                table = topics[tp.topic]
+                raise LogRewoundError(
+                    f"change topic {tp.topic} partition {tp.partition} ends at offset {end}, "
+                    f"before offset {wanted[(tp.topic, tp.partition)]} that the {store} has "
+                    "applied: the topic was deleted and created again; rebuild that store's "
+                    f"table from the log with `cdc rebuild --store {store} --table {table}`"
+                )
+
+
+def _cutoffs(progress: dict[str, Any] | None) -> dict[str, tuple[int, int]]:
+    """The TRUNCATE cut-offs a store keeps in its progress record: table -> position."""
+    cutoffs = {}
+    for table, at in (progress or {}).get("truncated", {}).items():
+        cutoffs[table] = (int(at[0]), int(at[1])) if isinstance(at, list) else (int(at), 0)
+    return cutoffs
+
+
+def unavailable_reason(exc: BaseException) -> str | None:
+    """The one-line reason when `exc` says a store does not answer (raised here, or in a
+    Python worker and carried back by Spark as text); None for any other error."""
+    if isinstance(exc, StoreUnavailableError):
+        return str(exc)
+    text = str(exc)
+    marker = f"{StoreUnavailableError.__name__}: "
+    if marker not in text:
+        return None
+    return text[text.rindex(marker) + len(marker) :].splitlines()[0].strip()
+
+
+def notify(line: str) -> None:
+    """One line for the person running `cdc apply` (a store's state changed)."""
+    print(f"cdc apply: {line}", file=sys.stderr, flush=True)
+
+
+def _wait_for_store(settings: Settings, store: Store, why: str, batch_id: int) -> None:
+    """Wait until `store` answers again, saying so once, and showing it in `cdc status`
+    (the progress record's `waiting`) meanwhile."""
+    notify(f"{store.name}: {why}; batch {batch_id} waits (nothing committed or dropped)")
+    _set_waiting(settings, store.name, why)
+    pause = 1.0
+    try:
+        while True:
+            time.sleep(pause)
+            try:
+                store.ping()
+                return
+            except StoreUnavailableError:
+                pause = min(pause * 2, 10.0)
+            except Exception as exc:  # any other answer: try the batch again
+                log.info("%s: ping: %s", store.name, exc)
+                return
+    finally:
+        _set_waiting(settings, store.name, None)
+
+
+def _set_waiting(settings: Settings, store: str, why: str | None) -> None:
+    record = read_progress(settings, store) or {}
+    if why is None:
+        record.pop("waiting", None)
+    else:
+        record["waiting"] = {"reason": why, "since_ms": int(time.time() * 1000)}
+    write_progress(settings, store, record)
+
+
+def write_progress(settings: Settings, store: str, record: dict[str, Any]) -> None:
+    path = progress_file(settings, store)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(path)
 
 
 def _note_late(settings: Settings, windows: dict[str, Any]) -> None:
@@ -343,64 +522,122 @@ def run_apply(
 ) -> None:
     """Run the apply job. once: apply what the topics hold now, then return."""
     spark = spark_session(settings, f"cdc-apply-{settings.pipeline.name}")
-    tables = _captured_tables(settings)
+    tables = captured_tables(settings)
     selected = stores or list(settings.apply.stores)
     if "warehouse" in selected:
         check_views(settings, tables)
-    queries = []
+    starters: dict[str, Callable[[], Any]] = {}
     for name in selected:
         store = make_store(settings, name, spark)
-        store.prepare(tables.values())
-        source = (
-            spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", settings.kafka.bootstrap_servers)
-            # every change topic of the pipeline, also of tables added while it runs
-            .option("subscribePattern", change_topic_pattern(settings))
-            .option("startingOffsets", "earliest")
-            # records a re-snapshot deleted are gone on purpose; start from what is there
-            .option("failOnDataLoss", "false")
-            .option("maxOffsetsPerTrigger", settings.apply.max_offsets_per_trigger)
-            .load()
-        )
-        writer = (
-            source.writeStream.queryName(f"cdc-{settings.pipeline.name}-{name}")
-            .option("checkpointLocation", str(checkpoint_dir(settings, name)))
-            .foreachBatch(_batch_writer(settings, store))
-        )
-        writer = (
-            writer.trigger(availableNow=True)
-            if once
-            else writer.trigger(processingTime=f"{settings.apply.trigger_interval_s} seconds")
-        )
-        queries.append(writer.start())
-    windows: dict[str, Any] = {}
+        _prepare(settings, store, tables)
+        starters[name] = functools.partial(_start_store_query, spark, settings, store, once)
     for window in settings.apply.windows if "warehouse" in selected else []:
-        checkpoint = str(checkpoint_dir(settings, f"window-{window.name}"))
-        # a pool of its own (the query's thread inherits it from this one)
-        spark.sparkContext.setLocalProperty("spark.scheduler.pool", f"window-{window.name}")
-        writer = window_query(spark, settings, window, tables[window.table], checkpoint)
-        writer = (
-            writer.trigger(availableNow=True)
-            if once
-            else writer.trigger(processingTime=f"{settings.apply.trigger_interval_s} seconds")
+        starters[f"window-{window.name}"] = functools.partial(
+            _start_window_query, spark, settings, window, tables[window.table], once
         )
-        windows[window.name] = writer.start()
-        queries.append(windows[window.name])
+    queries = {name: start() for name, start in starters.items()}
+    windows = {n[len("window-") :]: q for n, q in queries.items() if n.startswith("window-")}
     if once:
-        for query in queries:
-            query.awaitTermination()
+        try:
+            for query in queries.values():
+                try:
+                    query.awaitTermination()
+                except Exception as exc:
+                    raise _fatal(exc) or StoreError(
+                        f"the apply job stopped: {_first_line(exc)}"
+                    ) from None
+        finally:
+            for query in queries.values():
+                query.stop()
         _note_late(settings, windows)
         return
+    failures: dict[str, int] = {}
     try:
         while not (stop and stop.is_set()):
-            for query in queries:
-                if query.exception() is not None:
-                    raise RuntimeError(str(query.exception()))
+            for name, query in list(queries.items()):
+                error = query.exception()
+                if error is None:
+                    continue
+                fatal = _fatal(error)
+                if fatal is not None:
+                    raise fatal
+                # a query stopped (Kafka or the store went away, a batch failed): say so
+                # and start it again from its checkpoint, as a restart of `cdc apply` would
+                failures[name] = failures.get(name, 0) + 1
+                pause = min(2 ** failures[name], 60)
+                notify(f"{name}: stopped ({_first_line(error)}); starting it again in {pause} s")
+                if stop is not None and stop.wait(pause):
+                    return
+                if stop is None:
+                    time.sleep(pause)
+                queries[name] = starters[name]()
+                if name.startswith("window-"):
+                    windows[name[len("window-") :]] = queries[name]
             _note_late(settings, windows)
             if stop is None:
-                queries[0].awaitTermination(1)
+                next(iter(queries.values())).awaitTermination(1)
             else:
                 stop.wait(1)
     finally:
-        for query in queries:
+        for query in queries.values():
             query.stop()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def _fatal(exc: BaseException) -> CdcError | None:
+    """The error that must stop the apply job (not be retried), from a query's failure."""
+    marker = f"{LogRewoundError.__name__}: "
+    text = str(exc)
+    if marker in text:
+        return LogRewoundError(text[text.rindex(marker) + len(marker) :].splitlines()[0])
+    return None
+
+
+def _prepare(settings: Settings, store: Store, tables: dict[str, Table]) -> None:
+    """The store's indexes, tables...; a store that does not answer yet is waited for."""
+    while True:
+        try:
+            store.prepare(tables.values())
+            return
+        except StoreUnavailableError as exc:
+            _wait_for_store(settings, store, str(exc), -1)
+
+
+def _start_store_query(spark: Any, settings: Settings, store: Store, once: bool) -> Any:
+    source = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", settings.kafka.bootstrap_servers)
+        # every change topic of the pipeline, also of tables added while it runs
+        .option("subscribePattern", change_topic_pattern(settings))
+        .option("startingOffsets", "earliest")
+        # records a re-snapshot deleted are gone on purpose; start from what is there
+        .option("failOnDataLoss", "false")
+        .option("maxOffsetsPerTrigger", settings.apply.max_offsets_per_trigger)
+        .load()
+    )
+    writer = (
+        source.writeStream.queryName(f"cdc-{settings.pipeline.name}-{store.name}")
+        .option("checkpointLocation", str(checkpoint_dir(settings, store.name)))
+        .foreachBatch(_batch_writer(settings, store))
+    )
+    return _triggered(settings, writer, once).start()
+
+
+def _start_window_query(
+    spark: Any, settings: Settings, window: Any, table: Table, once: bool
+) -> Any:
+    checkpoint = str(checkpoint_dir(settings, f"window-{window.name}"))
+    # a pool of its own (the query's thread inherits it from this one)
+    spark.sparkContext.setLocalProperty("spark.scheduler.pool", f"window-{window.name}")
+    writer = window_query(spark, settings, window, table, checkpoint)
+    return _triggered(settings, writer, once).start()
+
+
+def _triggered(settings: Settings, writer: Any, once: bool) -> Any:
+    if once:
+        return writer.trigger(availableNow=True)
+    return writer.trigger(processingTime=f"{settings.apply.trigger_interval_s} seconds")

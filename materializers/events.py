@@ -13,7 +13,8 @@ __all__ = ["ENVELOPE_DDL", "parse_events"]
 # The envelope fields the stores need; `after` stays JSON text, decoded per table.
 ENVELOPE_DDL = (
     "op STRING, after STRING, ts_ms BIGINT, "
-    "source STRUCT<ts_ms: BIGINT, lsn: BIGINT, snapshot: STRING, `schema`: STRING, `table`: STRING>"
+    "source STRUCT<ts_ms: BIGINT, lsn: BIGINT, sequence: STRING, snapshot: STRING, "
+    "`schema`: STRING, `table`: STRING>"
 )
 
 
@@ -21,8 +22,9 @@ def parse_events(records: DataFrame, topic_tables: dict[str, str]) -> DataFrame:
     """Kafka records -> one row per change event.
 
     Columns: table, topic, partition, offset, key (the key's JSON text), op (c, u, d, r,
-    t; "d" for a tombstone), after (JSON text, null for deletes), commit_ms, lsn,
-    and `error` for a value that is not a Debezium envelope.
+    t; "d" for a tombstone), after (JSON text, null for deletes), commit_ms, the position
+    (commit_lsn, lsn) as materializers/position.py defines it (null for a tombstone), and
+    `error` for a value that is not a Debezium envelope.
     """
     from pyspark.sql import functions as F
 
@@ -31,26 +33,42 @@ def parse_events(records: DataFrame, topic_tables: dict[str, str]) -> DataFrame:
     )
     value = F.col("value").cast("string")
     envelope = F.from_json(value, ENVELOPE_DDL, {"mode": "PERMISSIVE"})
-    return records.select(
-        mapping[F.col("topic")].alias("table"),
-        "topic",
-        "partition",
-        "offset",
-        F.col("key").cast("string").alias("key"),
-        value.alias("value"),
-        envelope.alias("e"),
-    ).select(
-        "table",
-        "topic",
-        "partition",
-        "offset",
-        "key",
-        F.when(F.col("value").isNull(), F.lit("d")).otherwise(F.col("e.op")).alias("op"),
-        F.col("e.after").alias("after"),
-        F.col("e.source.ts_ms").alias("commit_ms"),
-        F.col("e.source.lsn").alias("lsn"),
-        F.when(
-            F.col("value").isNotNull() & F.col("e.op").isNull(), F.lit("not a change event")
-        ).alias("error"),
-        "value",
+    return (
+        records.select(
+            mapping[F.col("topic")].alias("table"),
+            "topic",
+            "partition",
+            "offset",
+            F.col("key").cast("string").alias("key"),
+            value.alias("value"),
+            envelope.alias("e"),
+        )
+        .withColumn(
+            "seq0", F.from_json(F.col("e.source.sequence"), "array<string>")[0].cast("long")
+        )
+        .select(
+            "table",
+            "topic",
+            "partition",
+            "offset",
+            "key",
+            F.when(F.col("value").isNull(), F.lit("d")).otherwise(F.col("e.op")).alias("op"),
+            F.col("e.after").alias("after"),
+            F.col("e.source.ts_ms").alias("commit_ms"),
+            F.when(F.col("seq0").isNotNull(), F.col("seq0"))
+            .otherwise(F.col("e.source.lsn"))
+            .alias("commit_lsn"),
+            F.when(
+                F.col("seq0").isNull() & (F.col("e.op") == "r") & F.col("e.source.lsn").isNotNull(),
+                0,
+            )
+            .otherwise(F.col("e.source.lsn"))
+            .alias("lsn"),
+            F.when(
+                F.col("value").isNotNull()
+                & (F.col("e.op").isNull() | F.col("e.source.lsn").isNull()),
+                F.lit("not a change event"),
+            ).alias("error"),
+            "value",
+        )
     )

@@ -1,12 +1,25 @@
-"""The write rule every store follows (contract point 4).
+"""The write rule every store follows (contract point 4), and where a change sits.
 
-Each change event has a log position: its partition and offset in the change
-topic. A key always lives in one partition, so for one key the offset orders
-its events. A store keeps, per key, the position of the event that last wrote
-it (also for a deleted key, as a marker) and takes a write only if the write's
-position is newer. Within a micro-batch only each key's last event is written.
-Replays, retries and restarts from any checkpoint therefore converge to the
-state of applying each key's last event once.
+A change's position is where it sits in the source, not in Kafka: Debezium's
+`source.sequence` is `[lastCommitLsn, lsn]`, the LSN of the last commit before the
+change's transaction (the same for every change of a transaction, and growing with
+commit order) and the change's own LSN (growing within its transaction). So
+`(commit_lsn, lsn)` orders the changes of a key the way the source committed them, a
+change re-delivered by Debezium (at-least-once, at a new Kafka offset) has the position
+it had the first time, and positions survive the log being rebuilt. An initial snapshot
+row sits at `(consistent point, 0)`: before every change streamed after it (the
+connector of a generation starts with its last commit at the consistent point). A
+backfill row sits where Debezium emitted its chunk (the window's closing watermark):
+after every change of its key that the chunk read saw.
+
+A store keeps, per key, the position of the change that last wrote it (also for a
+deleted key, as a marker) and takes a write only if the write's position is newer;
+within a micro-batch only each key's newest change is written. A tombstone (null value,
+no position) follows its key's delete in the same partition: it deletes only what an
+earlier offset of that partition wrote, and its marker sits just below the position it
+deleted (`below`). Replays, retries,
+duplicates and restarts from any checkpoint therefore converge to the state of applying
+each key's newest change once.
 """
 
 from __future__ import annotations
@@ -15,43 +28,95 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Change", "Stored", "apply_changes", "is_newer", "last_per_key"]
+import orjson
+
+__all__ = [
+    "Change",
+    "Position",
+    "Stored",
+    "apply_changes",
+    "below",
+    "event_position",
+    "is_newer",
+    "newest_per_key",
+]
+
+Position = tuple[int, int]  # (commit_lsn, lsn)
+
+
+def event_position(op: str, source: Mapping[str, Any]) -> Position | None:
+    """A change event's position from its `source` block (None: no LSN in it)."""
+    lsn = source.get("lsn")
+    if lsn is None:
+        return None
+    sequence = source.get("sequence")
+    commit = None
+    if sequence:
+        try:
+            commit = orjson.loads(sequence)[0]
+        except (orjson.JSONDecodeError, TypeError, IndexError, KeyError):
+            commit = None
+    if commit is None:
+        if op == "r":  # an initial snapshot row: at its consistent point, before the stream
+            return (int(lsn), 0)
+        return (int(lsn), int(lsn))  # a connector started without an offset (not by cdc)
+    return (int(commit), int(lsn))
 
 
 @dataclass(frozen=True)
 class Change:
-    """One event of a change topic, as the stores see it."""
+    """One event of a change topic, as the stores see it (position None: a tombstone)."""
 
     key: Hashable
     partition: int
     offset: int
+    position: Position | None
     row: Mapping[str, Any] | None  # None: the key was deleted (a delete or a tombstone)
 
 
 @dataclass(frozen=True)
 class Stored:
-    """What a store holds for a key: the row (None: a deleted marker) and its position."""
+    """What a store holds for a key: the row (None: a deleted marker), its position, and
+    the offset of the record that last touched it."""
 
-    offset: int
+    position: Position
     row: Mapping[str, Any] | None
+    offset: int = -1
 
 
-def is_newer(offset: int, stored: Stored | None) -> bool:
-    return stored is None or offset > stored.offset
+def below(position: Position) -> Position:
+    """The position a tombstone's deleted marker keeps: just below the change it deleted,
+    so that every older change is refused and that change itself, if Debezium delivers it
+    again after a tombstone it delivered again, is taken again."""
+    return (position[0], position[1] - 1)
 
 
-def last_per_key(changes: Iterable[Change]) -> dict[Hashable, Change]:
-    """Each key's last event in a batch (the batch may hold them in any order)."""
-    last: dict[Hashable, Change] = {}
+def is_newer(position: Position, stored: Stored | None) -> bool:
+    return stored is None or position > stored.position
+
+
+def newest_per_key(changes: Iterable[Change]) -> dict[Hashable, Change]:
+    """Each key's newest change in a batch: the highest position; a tombstone only when it
+    is the last record of its key and no change of the key shares the batch."""
+    newest: dict[Hashable, Change] = {}
     for change in changes:
-        seen = last.get(change.key)
-        if seen is None or change.offset > seen.offset:
-            last[change.key] = change
-    return last
+        seen = newest.get(change.key)
+        if seen is None:
+            newest[change.key] = change
+        elif change.position is None:
+            if seen.position is None and change.offset > seen.offset:
+                newest[change.key] = change
+        elif seen.position is None or change.position > seen.position:
+            newest[change.key] = change
+    return newest
 
 
 def apply_changes(state: dict[Hashable, Stored], batch: Iterable[Change]) -> None:
     """Apply one micro-batch to state by the write rule (the model every store implements)."""
-    for key, change in last_per_key(batch).items():
-        if is_newer(change.offset, state.get(key)):
-            state[key] = Stored(change.offset, change.row)
+    for key, change in newest_per_key(batch).items():
+        stored = state.get(key)
+        if change.position is None:  # a tombstone: deletes what an earlier record wrote
+            if stored is not None and stored.row is not None and stored.offset < change.offset:
+                state[key] = Stored(below(stored.position), None, change.offset)
+        elif is_newer(change.position, stored):
+            state[key] = Stored(change.position, change.row, change.offset)

@@ -20,6 +20,7 @@ import orjson
 
 from cdc.catalog import Table
 from cdc.decode import UNAVAILABLE
+from materializers.position import event_position
 from materializers.stores.base import Event, Store
 
 __all__ = ["RESULT_DDL", "partition_writer"]
@@ -33,7 +34,8 @@ _INPUT_COLUMNS = ("table", "topic", "partition", "offset", "key", "value")
 # `table` at `lsn`, committed at commit_ms)
 RESULT_DDL = (
     "kind string, topic string, partition int, offset long, key string, value string, "
-    "error string, commit_ms long, n long, written long, stale long, table string, lsn long"
+    "error string, commit_ms long, n long, written long, stale long, table string, lsn long, "
+    "commit_lsn long"
 )
 _NOT_A_CHANGE_EVENT = "not a change event"
 
@@ -57,10 +59,9 @@ def _result_schema() -> Any:
     )
 
 
-def _parse_value(value: str | None) -> tuple[str, dict[str, Any] | None, int | None, int | None]:
-    """A Kafka value as (op, after, commit_ms, lsn). A tombstone (no value) is a delete
-    with no position in the source. Raises ValueError for what is not a Debezium
-    change event."""
+def _parse_value(value: str | None) -> tuple[str, dict[str, Any] | None, int | None, Any]:
+    """A Kafka value as (op, after, commit_ms, position). A tombstone (no value) is a
+    delete with no position. Raises ValueError for what is not a Debezium change event."""
     if value is None:
         return "d", None, None, None
     try:
@@ -68,11 +69,25 @@ def _parse_value(value: str | None) -> tuple[str, dict[str, Any] | None, int | N
         op = envelope["op"]
         source = envelope.get("source") or {}
         after = envelope.get("after")
-    except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError):
+        position = event_position(op, source)
+    except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError, ValueError):
         raise ValueError(_NOT_A_CHANGE_EVENT) from None
     if not isinstance(op, str) or not (after is None or isinstance(after, dict)):
         raise ValueError(_NOT_A_CHANGE_EVENT)
-    return op, (None if op == "d" else after), source.get("ts_ms"), source.get("lsn")
+    if position is None:  # a change event always has a position in the source
+        raise ValueError(_NOT_A_CHANGE_EVENT)
+    return op, (None if op == "d" else after), source.get("ts_ms"), position
+
+
+def _supersedes(event: Event, seen: Event | None) -> bool:
+    """Whether `event` replaces `seen` as its key's newest in a chunk (the rule of
+    materializers/position.newest_per_key: the higher position; a tombstone only over a
+    tombstone, and any change over a tombstone)."""
+    if seen is None:
+        return True
+    if event.position is None:
+        return seen.position is None and event.offset > seen.offset
+    return seen.position is None or event.position > seen.position
 
 
 def _latest(earlier: Event | None, event: Event) -> Event:
@@ -101,9 +116,10 @@ def partition_writer(
     """The function mapInArrow runs on each partition.
 
     Rows of `truncations_table` are reported, not written. An event of a table from
-    before its last TRUNCATE (`cutoffs`: table -> the TRUNCATE's LSN) is counted as
+    before its last TRUNCATE (`cutoffs`: table -> the TRUNCATE's position) is counted as
     applied but not written. Writing a chunk as soon as it holds `chunk` keys is safe:
-    a later event of the same key in the next chunk is newer and overwrites it.
+    each write is guarded by its position, so whatever order the chunks reach the store
+    in, the key's newest change wins.
     """
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
@@ -143,7 +159,7 @@ def partition_writer(
                     if offset > applied.get(where, -1):
                         applied[where] = offset
                     try:
-                        op, after, commit_ms, lsn = _parse_value(value)
+                        op, after, commit_ms, position = _parse_value(value)
                     except ValueError as exc:
                         out.append(
                             {
@@ -163,21 +179,30 @@ def partition_writer(
                                 {
                                     "kind": "truncate",
                                     "table": after["table_name"],
-                                    "lsn": lsn,
+                                    "commit_lsn": position[0],
+                                    "lsn": position[1],
                                     "commit_ms": commit_ms,
                                 }
                             )
                         continue
                     cut = cutoffs.get(table)
-                    # tombstones (no LSN) follow their delete event, which the cut-off judges
-                    if cut is not None and lsn is not None and lsn <= cut:
+                    # tombstones (no position) follow their delete event, which the cut-off
+                    # judges
+                    if cut is not None and position is not None and position <= cut:
                         continue
                     seen["n"] += 1
                     if commit_ms is not None and commit_ms > (seen["commit_ms"] or 0):
                         seen["commit_ms"] = commit_ms
-                    event = Event(table, key, partition, offset, op, after, commit_ms, lsn)
+                    commit_lsn, lsn = position if position is not None else (None, None)
+                    event = Event(
+                        table, key, partition, offset, op, after, commit_ms, lsn, commit_lsn
+                    )
                     slot = (table, key)
-                    pending[slot] = _latest(pending.pop(slot, None), event)
+                    earlier = pending.get(slot)
+                    if not _supersedes(event, earlier):
+                        seen["stale"] += 1  # a duplicate, or older than what the chunk holds
+                        continue
+                    pending[slot] = _latest(earlier, event)
                     if len(pending) >= chunk:
                         flush()
             flush()

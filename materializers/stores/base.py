@@ -1,5 +1,10 @@
-"""What a store is to the apply job: it takes each key's last change of a micro-batch and
-writes it by the write rule (materializers/position.py)."""
+"""What a store is to the apply job: it takes each key's newest change of a micro-batch and
+writes it by the write rule (materializers/position.py).
+
+A store that does not answer (refused connections, timeouts, 5xx, 429) retries, then
+raises StoreUnavailableError: the batch is not committed and is written again once the
+store answers. Only a deterministic refusal of one record goes back as `rejected`, for
+the dead-letter topic."""
 
 from __future__ import annotations
 
@@ -25,6 +30,13 @@ class Event:
     after: dict[str, Any] | None  # Debezium-encoded values (None for deletes)
     commit_ms: int | None
     lsn: int | None
+    commit_lsn: int | None = None  # with lsn, the change's position (None: a tombstone)
+
+    @property
+    def position(self) -> tuple[int, int] | None:
+        if self.commit_lsn is None or self.lsn is None:
+            return None
+        return (self.commit_lsn, self.lsn)
 
 
 @dataclass
@@ -48,8 +60,15 @@ class Store(ABC):
         """Write each event if it is newer than what the store holds for its key."""
 
     @abstractmethod
-    def truncate(self, table: Table, before_lsn: int, commit_ms: int) -> None:
-        """A TRUNCATE at before_lsn: every row written before it goes (idempotent)."""
+    def truncate(self, table: Table, before: tuple[int, int], commit_ms: int) -> None:
+        """A TRUNCATE at position `before`: every row written before it goes (idempotent)."""
+
+    @abstractmethod
+    def reset(self, table: Table) -> None:
+        """Remove everything the store holds of `table` (for a rebuild from the log)."""
+
+    def ping(self) -> None:  # noqa: B027 - optional
+        """Raise StoreUnavailableError if the store does not answer."""
 
     def close(self) -> None:  # noqa: B027 - optional
         """Release connections."""

@@ -2,15 +2,18 @@
 
 Key `<prefix>:<schema.table>:<key JSON>`; fields: one per non-NULL column (values as
 text: numbers and booleans as JSON, times in ISO 8601, bytea as base64, json as its
-text), plus `_offset`, `_partition`, `_lsn`, `_commit_ms`. A delete replaces the
-hash by a marker {_offset, _deleted} that expires after `marker_ttl_s`, long enough to
-refuse a stale write. An unchanged TOASTed value (Debezium's placeholder) keeps the
-stored field.
+text), plus the position `_commit_lsn`, `_lsn` (materializers/position.py), `_offset`,
+`_partition` and `_commit_ms`. A delete replaces the hash by a marker {position, _offset,
+_deleted} that expires after `marker_ttl_s`, long enough to refuse a stale write. An
+unchanged TOASTed value (Debezium's placeholder) keeps the stored field. A Redis that
+does not answer is retried for `retry_s`, then StoreUnavailableError.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import time as clock
 from collections.abc import Iterable
 from datetime import date, datetime, time
 from decimal import Decimal
@@ -20,45 +23,71 @@ import redis
 
 from cdc.catalog import Table
 from cdc.decode import UNAVAILABLE, Interval, decode_value
+from cdc.errors import StoreUnavailableError
 from materializers.stores.base import Event, Store, WriteResult
 
 __all__ = ["CacheStore", "cache_key", "cache_text"]
 
+log = logging.getLogger(__name__)
+
 # Many rows in one call (a script call costs Redis more than the work inside it).
-# KEYS: the rows' hashes. ARGV[1]: the deleted markers' ttl; then per row: offset,
-# partition, lsn, commit_ms, op, the number of field/value pairs, the number of kept
-# fields, the pairs, and the fields whose stored value is kept (unchanged TOASTed
-# values). Returns 1 (written) or 0 (the hash holds this position or a newer one) per row.
+# KEYS: the rows' hashes. ARGV[1]: the deleted markers' ttl; then per row: commit_lsn and
+# lsn (the position; empty for a tombstone), offset, partition, commit_ms, op, the number
+# of field/value pairs, the number of kept fields, the pairs, and the fields whose stored
+# value is kept (unchanged TOASTed values). Returns 1 (written) or 0 (the hash holds this
+# position or a newer one) per row.
 _WRITE = """
 local ttl = tonumber(ARGV[1])
 local i = 2
 local out = {}
+local function older(key, commit, lsn)
+  local c = redis.call('HGET', key, '_commit_lsn')
+  if not c then return true end
+  c = tonumber(c)
+  if c ~= commit then return c < commit end
+  return tonumber(redis.call('HGET', key, '_lsn')) < lsn
+end
 for k = 1, #KEYS do
   local key = KEYS[k]
-  local offset, partition, lsn, commit, op = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3],
-    ARGV[i + 4]
-  local npairs, nkept = tonumber(ARGV[i + 5]), tonumber(ARGV[i + 6])
-  i = i + 7
-  local current = redis.call('HGET', key, '_offset')
-  if current and tonumber(current) >= tonumber(offset) then
-    out[k] = 0
-  elseif op == 'd' then
-    redis.call('DEL', key)
-    redis.call('HSET', key, '_offset', offset, '_partition', partition, '_deleted', '1')
-    redis.call('EXPIRE', key, ttl)
-    out[k] = 1
-  else
-    local fields = {key, '_offset', offset, '_partition', partition, '_lsn', lsn,
-                    '_commit_ms', commit}
-    for j = i, i + 2 * npairs - 1 do fields[#fields + 1] = ARGV[j] end
-    if nkept > 0 and redis.call('HEXISTS', key, '_deleted') == 0 then
-      for j = i + 2 * npairs, i + 2 * npairs + nkept - 1 do
-        local v = redis.call('HGET', key, ARGV[j])
-        if v then fields[#fields + 1] = ARGV[j]; fields[#fields + 1] = v end
-      end
+  local commit, lsn, offset, partition, ms, op = ARGV[i], ARGV[i + 1], ARGV[i + 2],
+    ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
+  local npairs, nkept = tonumber(ARGV[i + 6]), tonumber(ARGV[i + 7])
+  i = i + 8
+  out[k] = 0
+  if commit == '' then
+    -- a tombstone: deletes what an earlier record of its partition wrote
+    local stored = redis.call('HGET', key, '_offset')
+    if stored and redis.call('HEXISTS', key, '_deleted') == 0
+        and redis.call('HGET', key, '_partition') == partition
+        and tonumber(stored) < tonumber(offset) then
+      -- the marker sits just below the change it deleted (materializers/position.below)
+      local c = redis.call('HGET', key, '_commit_lsn') or '0'
+      local l = string.format('%.0f', tonumber(redis.call('HGET', key, '_lsn') or '0') - 1)
+      redis.call('DEL', key)
+      redis.call('HSET', key, '_commit_lsn', c, '_lsn', l, '_offset', offset,
+        '_partition', partition, '_deleted', '1')
+      redis.call('EXPIRE', key, ttl)
+      out[k] = 1
     end
-    redis.call('DEL', key)
-    redis.call('HSET', unpack(fields))
+  elseif older(key, tonumber(commit), tonumber(lsn)) then
+    if op == 'd' then
+      redis.call('DEL', key)
+      redis.call('HSET', key, '_commit_lsn', commit, '_lsn', lsn, '_offset', offset,
+        '_partition', partition, '_deleted', '1')
+      redis.call('EXPIRE', key, ttl)
+    else
+      local fields = {key, '_commit_lsn', commit, '_lsn', lsn, '_offset', offset,
+                      '_partition', partition, '_commit_ms', ms}
+      for j = i, i + 2 * npairs - 1 do fields[#fields + 1] = ARGV[j] end
+      if nkept > 0 and redis.call('HEXISTS', key, '_deleted') == 0 then
+        for j = i + 2 * npairs, i + 2 * npairs + nkept - 1 do
+          local v = redis.call('HGET', key, ARGV[j])
+          if v then fields[#fields + 1] = ARGV[j]; fields[#fields + 1] = v end
+        end
+      end
+      redis.call('DEL', key)
+      redis.call('HSET', unpack(fields))
+    end
     out[k] = 1
   end
   i = i + 2 * npairs + nkept
@@ -68,19 +97,26 @@ return out
 _ROWS_PER_CALL = 200
 
 
-# KEYS[1] a row's hash. ARGV: the TRUNCATE's LSN, marker ttl. A row written before the
-# TRUNCATE becomes a deleted marker that keeps its position.
+# KEYS[1] a row's hash. ARGV: the TRUNCATE's position (commit_lsn, lsn), marker ttl. A
+# row written before the TRUNCATE becomes a deleted marker that keeps its position.
 _TRUNCATE = """
 if redis.call('HEXISTS', KEYS[1], '_deleted') == 1 then return 0 end
-local lsn = redis.call('HGET', KEYS[1], '_lsn')
-if lsn and lsn ~= '' and tonumber(lsn) >= tonumber(ARGV[1]) then return 0 end
+local c = tonumber(redis.call('HGET', KEYS[1], '_commit_lsn') or '-1')
+local l = tonumber(redis.call('HGET', KEYS[1], '_lsn') or '-1')
+local tc, tl = tonumber(ARGV[1]), tonumber(ARGV[2])
+if c > tc or (c == tc and l >= tl) then return 0 end
 local offset = redis.call('HGET', KEYS[1], '_offset')
 local partition = redis.call('HGET', KEYS[1], '_partition')
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], '_offset', offset, '_partition', partition, '_deleted', '1')
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
+redis.call('HSET', KEYS[1], '_commit_lsn', string.format('%.0f', c),
+  '_lsn', string.format('%.0f', l), '_offset', offset,
+  '_partition', partition, '_deleted', '1')
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
 return 1
 """
+
+# what a store that is down raises (a restarted Redis answers LOADING for a while)
+_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
 
 def cache_key(prefix: str, table: str, key: str) -> str:
@@ -114,25 +150,76 @@ def cache_text(value: Any) -> str:
 class CacheStore(Store):
     name = "cache"
 
-    def __init__(self, url: str, prefix: str, password: str | None, marker_ttl_s: int) -> None:
-        self.client = redis.Redis.from_url(url, password=password, socket_timeout=10)
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        password: str | None,
+        marker_ttl_s: int,
+        retry_s: float = 30.0,
+    ) -> None:
+        self.url = url
+        self.client = redis.Redis.from_url(
+            url, password=password, socket_timeout=10, socket_connect_timeout=5
+        )
         self.prefix = prefix
         self.marker_ttl_s = marker_ttl_s
-        self.write_sha = self.client.script_load(_WRITE)  # called by its SHA in a pipeline
+        self.retry_s = retry_s
+        self._write_sha: str | None = None
         self.truncate_script = self.client.register_script(_TRUNCATE)
 
     def prepare(self, tables: Iterable[Table]) -> None:
-        self.client.ping()
+        self.ping()
+
+    def ping(self) -> None:
+        try:
+            self.client.ping()
+        except _DOWN as exc:
+            raise StoreUnavailableError(self._down(exc)) from None
+
+    def _down(self, exc: BaseException) -> str:
+        return f"Redis at {self.url.split('@')[-1]} does not answer ({type(exc).__name__})"
 
     def write(self, tables: dict[str, Table], events: list[Event]) -> WriteResult:
         result = WriteResult(rejected=[])
-        pipe = self.client.pipeline(transaction=False)
+        calls = self._calls(tables, events, result)
+        deadline = clock.monotonic() + self.retry_s
+        pause = 0.2
+        while True:
+            try:
+                if self._write_sha is None:  # called by its SHA in a pipeline
+                    self._write_sha = self.client.script_load(_WRITE)
+                pipe = self.client.pipeline(transaction=False)
+                for keys, args in calls:
+                    pipe.execute_command("EVALSHA", self._write_sha, len(keys), *keys, *args)
+                replies = pipe.execute()
+                break
+            except redis.exceptions.NoScriptError:
+                self._write_sha = None  # a restarted Redis forgot the script
+            except _DOWN as exc:
+                # every write is guarded by its position: sending them again is harmless
+                if clock.monotonic() > deadline:
+                    raise StoreUnavailableError(self._down(exc)) from None
+                log.warning("%s; retrying", self._down(exc))
+                clock.sleep(pause)
+                pause = min(pause * 2, 5.0)
+        for applied in replies:
+            written = sum(applied)
+            result.written += written
+            result.stale += len(applied) - written
+        return result
+
+    def _calls(
+        self, tables: dict[str, Table], events: list[Event], result: WriteResult
+    ) -> list[tuple[list[str], list[Any]]]:
+        """The script calls that write `events`; an event whose value cannot be decoded
+        goes to result.rejected."""
+        calls = []
         columns_of: dict[str, dict[str, Any]] = {}
         for start in range(0, len(events), _ROWS_PER_CALL):
             keys: list[str] = []
             args: list[Any] = [self.marker_ttl_s]
             for event in events[start : start + _ROWS_PER_CALL]:
-                keys.append(cache_key(self.prefix, event.table, event.key))
                 pairs: list[str] = []
                 kept: list[str] = []
                 if event.op != "d" and event.after is not None:
@@ -141,15 +228,21 @@ class CacheStore(Store):
                         columns = columns_of[event.table] = {
                             c.name: c for c in tables[event.table].columns
                         }
-                    for name, raw in event.after.items():
-                        if raw == UNAVAILABLE:
-                            kept.append(name)
-                        elif raw is not None and name in columns:
-                            pairs += [name, cache_text(decode_value(columns[name], raw))]
+                    try:
+                        for name, raw in event.after.items():
+                            if raw == UNAVAILABLE:
+                                kept.append(name)
+                            elif raw is not None and name in columns:
+                                pairs += [name, cache_text(decode_value(columns[name], raw))]
+                    except Exception as exc:  # a value this store cannot hold: this record
+                        result.rejected.append((event, f"cannot decode: {exc}"[:500]))  # type: ignore[union-attr]
+                        continue
+                position = event.position
+                keys.append(cache_key(self.prefix, event.table, event.key))
                 args += [
+                    *(position if position is not None else ("", "")),
                     event.offset,
                     event.partition,
-                    event.lsn or "",
                     event.commit_ms or "",
                     event.op,
                     len(pairs) // 2,
@@ -157,18 +250,26 @@ class CacheStore(Store):
                 ]
                 args += pairs
                 args += kept
-            pipe.execute_command("EVALSHA", self.write_sha, len(keys), *keys, *args)
-        for applied in pipe.execute():
-            written = sum(applied)
-            result.written += written
-            result.stale += len(applied) - written
-        return result
+            if keys:
+                calls.append((keys, args))
+        return calls
 
-    def truncate(self, table: Table, before_lsn: int, commit_ms: int) -> None:
+    def truncate(self, table: Table, before: tuple[int, int], commit_ms: int) -> None:
         pattern = cache_key(self.prefix, table.qualified, "*")
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for key in self.client.scan_iter(match=pattern, count=1000):
+                self.truncate_script(
+                    keys=[key], args=[before[0], before[1], self.marker_ttl_s], client=pipe
+                )
+            pipe.execute()
+        except _DOWN as exc:
+            raise StoreUnavailableError(self._down(exc)) from None
+
+    def reset(self, table: Table) -> None:
         pipe = self.client.pipeline(transaction=False)
-        for key in self.client.scan_iter(match=pattern, count=1000):
-            self.truncate_script(keys=[key], args=[before_lsn, self.marker_ttl_s], client=pipe)
+        for key in self.client.scan_iter(match=cache_key(self.prefix, table.qualified, "*")):
+            pipe.delete(key)
         pipe.execute()
 
     def close(self) -> None:

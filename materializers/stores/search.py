@@ -2,9 +2,9 @@
 versioning on the log position so that OpenSearch itself refuses a stale write.
 
 Index `<prefix>.<schema>.<table>` (lower case), mapping derived from the PostgreSQL
-column types; document `_id` = the key's JSON text; `_version` = the event's offset
-(external versioning: a write whose version is not higher than the stored one is
-rejected with a conflict, which counts as stale). A delete is versioned too, and
+column types; document `_id` = the key's JSON text; `_version` = `search_version` of the
+change's position (external versioning: a write whose version is lower than the stored
+one is rejected with a conflict, which counts as stale). A delete is versioned too, and
 `index.gc_deletes` keeps its version for a day so a stale write cannot bring the
 document back. An unchanged TOASTed value keeps the stored field (the current
 document is read and merged before the write).
@@ -12,20 +12,63 @@ document is read and merged before the write).
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from collections.abc import Iterable
 from typing import Any
 
 import orjson
-from opensearchpy import JSONSerializer, OpenSearch, helpers
+from opensearchpy import ConnectionError, JSONSerializer, OpenSearch, TransportError, helpers
 
 from cdc.catalog import Column, Table
 from cdc.decode import UNAVAILABLE, decode_value
-from cdc.errors import StoreError
+from cdc.errors import StoreError, StoreUnavailableError
 from materializers.stores.base import Event, Store, WriteResult
 from materializers.stores.cache import cache_text
 
-__all__ = ["SearchStore", "document_value", "field_mapping", "index_name", "plain_value"]
+__all__ = [
+    "SearchStore",
+    "document_value",
+    "field_mapping",
+    "index_name",
+    "plain_value",
+    "search_version",
+]
+
+log = logging.getLogger(__name__)
+
+
+def search_version(position: tuple[int, int]) -> int:
+    """The external version of a change at `position` (commit_lsn, lsn): max of the two.
+
+    OpenSearch keeps one number per document. Changes of one key never interleave in
+    the WAL (a row's change holds its lock until its transaction commits), so the next
+    transaction's change of the key has a commit_lsn (the commit before it) at or past
+    the previous change's own commit, which is past both numbers of that change: the
+    version grows strictly from transaction to transaction, and within one transaction
+    it grows with the change's LSN, except between changes made before the previous
+    commit (a long transaction), which tie. Ties are taken (`external_gte`): the batch
+    holds each key's newest change, so only a duplicate Debezium delivers again can
+    bring back, for a moment, an earlier value of that same transaction.
+    """
+    return max(position)
+
+
+def _retryable(status: Any) -> bool:
+    """A bulk item's or request's status that says the store is down or overloaded."""
+    return status in ("N/A", None, 429) or (isinstance(status, int) and status >= 500)
+
+
+def _written_before(stored: dict[str, Any], tombstone: Event) -> bool:
+    """Whether the stored document was written by an earlier record of the tombstone's
+    partition (so the tombstone, which follows its key's delete, is newer)."""
+    source = stored.get("_source", {})
+    return (
+        source.get("_cdc_partition") == tombstone.partition
+        and source.get("_cdc_offset", tombstone.offset) < tombstone.offset
+    )
+
 
 _NUMERIC = {
     # integers as long and floats as double: widening a column's type in PostgreSQL
@@ -96,19 +139,33 @@ class FastJSON(JSONSerializer):
 class SearchStore(Store):
     name = "search"
 
-    def __init__(self, url: str, prefix: str) -> None:
-        self.client = OpenSearch(hosts=[url], timeout=60, serializer=FastJSON())
+    def __init__(self, url: str, prefix: str, retry_s: float = 30.0) -> None:
+        self.url = url
+        self.client = OpenSearch(hosts=[url], timeout=30, serializer=FastJSON())
         self.prefix = prefix
+        self.retry_s = retry_s
         self._indexes: dict[str, str] = {}
 
     def prepare(self, tables: Iterable[Table]) -> None:
+        self.ping()
         for table in tables:
             self.ensure_index(table)
+
+    def ping(self) -> None:
+        try:
+            health = self.client.cluster.health(timeout="5s")
+        except (ConnectionError, TransportError) as exc:
+            raise StoreUnavailableError(
+                f"OpenSearch at {self.url} does not answer ({type(exc).__name__})"
+            ) from None
+        if health.get("status") == "red":
+            raise StoreUnavailableError(f"OpenSearch at {self.url} is red")
 
     def ensure_index(self, table: Table) -> None:
         index = index_name(self.prefix, table.qualified)
         properties = {c.name: field_mapping(c) for c in table.columns}
         properties |= {
+            "_cdc_commit_lsn": {"type": "long"},
             "_cdc_offset": {"type": "long"},
             "_cdc_partition": {"type": "integer"},
             "_cdc_lsn": {"type": "long"},
@@ -126,22 +183,61 @@ class SearchStore(Store):
             self.client.indices.put_mapping(index=index, body={"properties": properties})
 
     def write(self, tables: dict[str, Table], events: list[Event]) -> WriteResult:
+        deadline = time.monotonic() + self.retry_s
+        pause = 0.2
+        while True:
+            try:
+                result, failed = self._write_once(tables, events)
+                if not failed:
+                    return result
+                why = f"{failed} write(s) answered {result.retry_reason}"
+            except (ConnectionError, TransportError) as exc:
+                if isinstance(exc, TransportError) and not _retryable(exc.status_code):
+                    raise StoreError(f"OpenSearch at {self.url} refused a request: {exc}") from None
+                why = type(exc).__name__
+            # every write is guarded by its version: sending the batch again is harmless
+            if time.monotonic() > deadline:
+                raise StoreUnavailableError(f"OpenSearch at {self.url} does not answer ({why})")
+            log.warning("OpenSearch at %s: %s; retrying", self.url, why)
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
+
+    def _write_once(self, tables: dict[str, Table], events: list[Event]) -> tuple[Any, int]:
+        """One attempt at the batch: its result, and how many writes failed in a way that
+        says the store is down or overloaded (5xx, 429, no answer)."""
         result = WriteResult(rejected=[])
+        result.retry_reason = ""  # type: ignore[attr-defined]
         placeholders = [
             e for e in events if e.after and any(v == UNAVAILABLE for v in e.after.values())
         ]
-        current = self._current(placeholders)
+        tombstones = [e for e in events if e.position is None]
+        current = self._current(placeholders + tombstones)
         actions = []
         columns_of: dict[str, dict[str, Column]] = {}
         for event in events:
             index = self._indexes.get(event.table)
             if index is None:
                 index = self._indexes[event.table] = index_name(self.prefix, event.table)
+            if event.position is None:  # a tombstone: deletes what an earlier record wrote
+                stored = current.get((index, event.key))
+                if stored is None or not _written_before(stored, event):
+                    result.stale += 1
+                    continue
+                actions.append(
+                    {
+                        "_op_type": "delete",
+                        "_index": index,
+                        "_id": event.key,
+                        "version": stored["_version"],
+                        "version_type": "external_gte",
+                    }
+                )
+                continue
             meta = {
                 "_index": index,
                 "_id": event.key,
-                "version": event.offset,
-                "version_type": "external",
+                "version": search_version(event.position),
+                "version_type": "external_gte",
             }
             if event.op == "d" or event.after is None:
                 actions.append({"_op_type": "delete", **meta})
@@ -150,23 +246,29 @@ class SearchStore(Store):
             if columns is None:
                 columns = columns_of[event.table] = {c.name: c for c in tables[event.table].columns}
             doc: dict[str, Any] = {}
-            for name, raw in event.after.items():
-                if name not in columns:
-                    continue
-                if raw == UNAVAILABLE:
-                    stored = current.get((index, event.key), {})
-                    if name in stored:
-                        doc[name] = stored[name]
-                    continue
-                doc[name] = document_value(columns[name], raw)
+            try:
+                for name, raw in event.after.items():
+                    if name not in columns:
+                        continue
+                    if raw == UNAVAILABLE:
+                        kept = current.get((index, event.key), {}).get("_source", {})
+                        if name in kept:
+                            doc[name] = kept[name]
+                        continue
+                    doc[name] = document_value(columns[name], raw)
+            except Exception as exc:  # a value this store cannot hold: this record alone
+                result.rejected.append((event, f"cannot decode: {exc}"[:500]))
+                continue
             doc |= {
+                "_cdc_commit_lsn": event.commit_lsn,
+                "_cdc_lsn": event.lsn,
                 "_cdc_offset": event.offset,
                 "_cdc_partition": event.partition,
-                "_cdc_lsn": event.lsn,
                 "_cdc_commit_ms": event.commit_ms,
             }
             actions.append({"_op_type": "index", "_source": doc, **meta})
         by_id = {(self._indexes[e.table], e.key): e for e in events}
+        failed = 0
         for ok, item in helpers.streaming_bulk(
             self.client,
             actions,
@@ -177,29 +279,55 @@ class SearchStore(Store):
             max_retries=3,
         ):
             info = next(iter(item.values()))
+            status = info.get("status")
             if ok:
                 result.written += 1
-            elif info.get("status") == 409:
-                result.stale += 1  # OpenSearch holds a newer (or the same) version
-            elif info.get("status") == 404 and next(iter(item)) == "delete":
+            elif status == 409:
+                result.stale += 1  # OpenSearch holds a newer version
+            elif status == 404 and next(iter(item)) == "delete":
                 result.written += 1  # deleting what is not there: the version is recorded
+            elif _retryable(status):
+                failed += 1
+                result.retry_reason = str(status)  # type: ignore[attr-defined]
             else:
                 event = by_id[(info["_index"], info["_id"])]
                 result.rejected.append((event, str(info.get("error"))[:500]))  # type: ignore[union-attr]
-        return result
+        return result, failed
 
-    def truncate(self, table: Table, before_lsn: int, commit_ms: int) -> None:
-        """Delete every document written before the TRUNCATE, each at its own version
-        (external_gte), so that its key's later events still win."""
+    def truncate(self, table: Table, before: tuple[int, int], commit_ms: int) -> None:
+        """Delete every document written before the TRUNCATE (position `before`), each at
+        its own version (external_gte), so that its key's later events still win."""
+        try:
+            self._truncate(table, before)
+        except (ConnectionError, TransportError) as exc:
+            raise StoreUnavailableError(
+                f"OpenSearch at {self.url} does not answer ({type(exc).__name__})"
+            ) from None
+
+    def _truncate(self, table: Table, before: tuple[int, int]) -> None:
         index = index_name(self.prefix, table.qualified)
         if not self.client.indices.exists(index=index):
             return
         self.client.indices.refresh(index=index)
+        commit, lsn = before
+        older = {
+            "bool": {
+                "should": [
+                    {"range": {"_cdc_commit_lsn": {"lt": commit}}},
+                    {
+                        "bool": {
+                            "filter": [
+                                {"term": {"_cdc_commit_lsn": commit}},
+                                {"range": {"_cdc_lsn": {"lt": lsn}}},
+                            ]
+                        }
+                    },
+                ],
+                "minimum_should_match": 1,
+            }
+        }
         hits = helpers.scan(
-            self.client,
-            index=index,
-            query={"query": {"range": {"_cdc_lsn": {"lt": before_lsn}}}, "version": True},
-            _source=False,
+            self.client, index=index, query={"query": older, "version": True}, _source=False
         )
         actions = (
             {
@@ -220,11 +348,19 @@ class SearchStore(Store):
         self.client.indices.refresh(index=index)
 
     def _current(self, events: list[Event]) -> dict[tuple[str, str], dict[str, Any]]:
+        """The stored documents of `events`' keys (with `_version` and `_source`)."""
         if not events:
             return {}
         docs = [{"_index": index_name(self.prefix, e.table), "_id": e.key} for e in events]
         found = self.client.mget(body={"docs": docs})["docs"]
-        return {(d["_index"], d["_id"]): d.get("_source", {}) for d in found if d.get("found")}
+        return {(d["_index"], d["_id"]): d for d in found if d.get("found")}
+
+    def reset(self, table: Table) -> None:
+        index = index_name(self.prefix, table.qualified)
+        if self.client.indices.exists(index=index):
+            self.client.indices.delete(index=index)
+        self._indexes.pop(table.qualified, None)
+        self.ensure_index(table)
 
     def close(self) -> None:
         self.client.close()

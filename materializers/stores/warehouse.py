@@ -1,12 +1,14 @@
 """Delta Lake: per source table, the current state kept by MERGE with a position guard.
 
 `<warehouse>/<schema>/<table>/current` holds one row per key ever seen: the
-columns typed from the PostgreSQL catalog, plus `_cdc_offset`, `_cdc_partition`,
-`_cdc_lsn`, `_cdc_commit_ts` and `_cdc_deleted`. A delete keeps the row as a deleted
-marker (`_cdc_deleted = true`, columns as they were) with its position, so a stale
-write is refused for ever; readers see live rows through the `<table>` view
-(`WHERE NOT _cdc_deleted`). A MERGE updates a row only from a newer position; an
-unchanged TOASTed value keeps the stored column.
+columns typed from the PostgreSQL catalog, plus the position `_cdc_commit_lsn`,
+`_cdc_lsn` (materializers/position.py), `_cdc_offset`, `_cdc_partition`,
+`_cdc_commit_ts` and `_cdc_deleted`. A delete keeps the row as a deleted marker
+(`_cdc_deleted = true`, columns as they were) with its position, so a stale write is
+refused for ever; readers see live rows through the `<table>` view (`WHERE NOT
+_cdc_deleted`). A MERGE updates a row only from a newer position; an unchanged TOASTed
+value keeps the stored column. A tombstone deletes only what an earlier record of its
+partition wrote.
 """
 
 from __future__ import annotations
@@ -29,7 +31,21 @@ __all__ = ["WarehouseStore", "current_path", "ensure_delta", "history_path"]
 
 log = logging.getLogger(__name__)
 
-META = ["_cdc_offset", "_cdc_partition", "_cdc_lsn", "_cdc_commit_ts", "_cdc_deleted"]
+META = [
+    "_cdc_commit_lsn",
+    "_cdc_lsn",
+    "_cdc_offset",
+    "_cdc_partition",
+    "_cdc_commit_ts",
+    "_cdc_deleted",
+]
+
+# the position (materializers/position.py) of the target row `t` is older than the
+# source row `s`'s; a row written before positions were kept counts as older
+_OLDER = (
+    "(t._cdc_commit_lsn IS NULL OR t._cdc_commit_lsn < s.commit_lsn OR "
+    "(t._cdc_commit_lsn = s.commit_lsn AND t._cdc_lsn < s.lsn))"
+)
 
 
 def current_path(root: str, table: str) -> str:
@@ -112,6 +128,7 @@ class WarehouseStore(Store):
                 T.StructField("_cdc_lsn", T.LongType()),
                 T.StructField("_cdc_commit_ts", T.TimestampType()),
                 T.StructField("_cdc_deleted", T.BooleanType()),
+                T.StructField("_cdc_commit_lsn", T.LongType()),
             ],
             table,
         )
@@ -129,6 +146,7 @@ class WarehouseStore(Store):
                 T.StructField("_cdc_lsn", T.LongType()),
                 T.StructField("valid_from", T.TimestampType()),
                 T.StructField("valid_to", T.TimestampType()),
+                T.StructField("_cdc_commit_lsn", T.LongType()),
             ],
             table,
         )
@@ -145,28 +163,31 @@ class WarehouseStore(Store):
         return target
 
     def _write_history(
-        self, table: Table, decoded: Any, placeholders: set[str], current: Any, history: Any
+        self, table: Table, decoded: Any, placeholders: set[str], stored: Any, history: Any
     ) -> None:
-        """Every change event of the batch becomes a version (SCD type 2), once.
+        """Every change of the batch becomes a version (SCD type 2), once.
 
-        Versions are keyed by (key, offset), so a replay adds nothing. valid_from is the
-        commit time and valid_to the next version's valid_from (NULL for the newest); a
-        delete is a version with _cdc_op 'd' and no values (a tombstone is not a
-        version). An unchanged TOASTed value is taken from the key's previous version in
-        the batch, else from the current table. One MERGE inserts the batch's versions
-        and closes each key's open version older than them: a key has at most one open
-        version, and a replayed batch holds the same offsets, so a crash between batches
-        leaves nothing to mend.
+        A version is identified by its key and its position in the source (commit LSN,
+        change LSN), never by its Kafka offset: a change Debezium delivered twice (at
+        another offset) is one version, in the batch and against the table. valid_from
+        is the commit time and valid_to the next version's valid_from in position order
+        (NULL for the newest); a delete is a version with _cdc_op 'd' and no values (a
+        tombstone is not a version). An unchanged TOASTed value is taken from the key's
+        previous version in the batch, else from `stored`: the current state as it was
+        before the batch's MERGEs began (read once, so the history does not depend on
+        which MERGE commits first). One MERGE inserts the batch's versions and closes
+        each key's open version older than them: a key has at most one open version, and
+        a replayed batch holds the same positions, so a crash between batches leaves
+        nothing to mend.
         """
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
-        versions = decoded.where("lsn IS NOT NULL")  # tombstones carry no envelope
+        # tombstones carry no envelope; a change delivered twice is one version
+        versions = decoded.where("commit_lsn IS NOT NULL").dropDuplicates(
+            ["key", "commit_lsn", "lsn"]
+        )
         if placeholders:
-            stored = current.toDF().select(
-                *[F.col(f"`{k}`").alias(f"cur_{k}") for k in table.key],
-                *[F.col(f"`{f[5:]}`").alias(f"cur_{f[5:]}") for f in placeholders],
-            )
             on = [F.col(f"k_{k}").eqNullSafe(F.col(f"cur_{k}")) for k in table.key]
             versions = versions.join(stored, on, "left")
         columns = []
@@ -184,27 +205,37 @@ class WarehouseStore(Store):
                     .otherwise(F.col(f"cur_{c}"))
                 )
             columns.append(F.when(F.col("op") == "d", None).otherwise(value).alias(c))
-        following = Window.partitionBy("key").orderBy("offset")
+        following = Window.partitionBy("key").orderBy("commit_lsn", "lsn")
         rows = versions.select(
             *columns,
             F.col("op").alias("_cdc_op"),
             F.col("offset").alias("_cdc_offset"),
             F.col("partition").alias("_cdc_partition"),
+            F.col("commit_lsn").alias("_cdc_commit_lsn"),
             F.col("lsn").alias("_cdc_lsn"),
             F.timestamp_millis("commit_ms").alias("valid_from"),
-            F.lead(F.timestamp_millis("commit_ms")).over(following).alias("valid_to"),
+            # a version from before its table's TRUNCATE ends there at the latest
+            F.least(
+                F.lead(F.timestamp_millis("commit_ms")).over(following),
+                F.timestamp_millis("cut_ms"),
+            ).alias("valid_to"),
             F.lit("v").alias("_kind"),
             F.row_number().over(following).alias("_n"),
         )
         # one closer per key: its first version in the batch ends the key's open version
         closers = rows.where("_n = 1").withColumn("_kind", F.lit("c"))
         key = " AND ".join(f"h.`{k}` <=> s.`{k}`" for k in table.key)
+        same = "h._cdc_commit_lsn = s._cdc_commit_lsn AND h._cdc_lsn = s._cdc_lsn"
+        older = (
+            "(h._cdc_commit_lsn IS NULL OR h._cdc_commit_lsn < s._cdc_commit_lsn OR "
+            "(h._cdc_commit_lsn = s._cdc_commit_lsn AND h._cdc_lsn < s._cdc_lsn))"
+        )
         (
             history.alias("h")
             .merge(
                 rows.unionByName(closers).drop("_n").alias("s"),
-                f"{key} AND ((s._kind = 'v' AND h._cdc_offset = s._cdc_offset) OR "
-                "(s._kind = 'c' AND h.valid_to IS NULL AND h._cdc_offset < s._cdc_offset))",
+                f"{key} AND ((s._kind = 'v' AND {same}) OR "
+                f"(s._kind = 'c' AND h.valid_to IS NULL AND {older}))",
             )
             .whenMatchedUpdate(condition="s._kind = 'c'", set={"valid_to": "s.valid_from"})
             .whenNotMatchedInsert(
@@ -214,10 +245,14 @@ class WarehouseStore(Store):
             .execute()
         )
 
-    def truncate(self, table: Table, before_lsn: int, commit_ms: int) -> None:
-        """Rows written before the TRUNCATE become deleted markers; their open history
-        versions end at the TRUNCATE's commit time."""
-        cut = f"_cdc_lsn < {int(before_lsn)}"
+    def truncate(self, table: Table, before: tuple[int, int], commit_ms: int) -> None:
+        """Rows written before the TRUNCATE (position `before`) become deleted markers;
+        their open history versions end at the TRUNCATE's commit time."""
+        commit, lsn = int(before[0]), int(before[1])
+        cut = (
+            f"(_cdc_commit_lsn IS NULL OR _cdc_commit_lsn < {commit} OR "
+            f"(_cdc_commit_lsn = {commit} AND _cdc_lsn < {lsn}))"
+        )
         self._ensure(table).update(
             condition=f"{cut} AND NOT _cdc_deleted", set={"_cdc_deleted": "true"}
         )
@@ -239,6 +274,13 @@ class WarehouseStore(Store):
                 continue
             keys = {} if sides & truncated else {t: touched[t] for t in sides & set(touched)}
             refresh_join(self.spark, self.root, join, tables, keys)
+
+    def reset(self, table: Table) -> None:
+        """Every row of the table's current state and history goes (a Delta version of
+        its own: time travel still reaches what was there)."""
+        self._ensure(table).delete()
+        self._history(table).delete()
+        self._truncated.add(table.qualified)
 
     def write(self, tables: dict[str, Table], events: list[Event]) -> WriteResult:
         raise NotImplementedError("the warehouse writes Spark frames: use write_frame")
@@ -277,13 +319,15 @@ class WarehouseStore(Store):
             "op",
             "offset",
             "partition",
+            "commit_lsn",
             "lsn",
             "commit_ms",
+            "cut_ms",
             *key_image,
             *typed_image(table, F.col("after")),
         )
         placeholders = {c for c in decoded.columns if c.startswith("__ph_")}
-        by_key = Window.partitionBy("key").orderBy("offset")
+        by_key = Window.partitionBy("key").orderBy("commit_lsn", "lsn", "offset")
         so_far = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
         types = {c.name: spark_type(c) for c in table.columns}
         for flag in placeholders:
@@ -298,17 +342,39 @@ class WarehouseStore(Store):
                 f"__carried_{c}", F.last(value, ignorenulls=True).over(so_far)
             )
         decoded = decoded.cache()  # read by the history MERGE and the current one
+        stored = None
+        if placeholders:  # the stored values the history may need, read before any MERGE
+            keys = decoded.select(*[F.col(f"k_{k}") for k in table.key]).distinct()
+            stored = (
+                target.toDF()
+                .select(
+                    *[F.col(f"`{k}`").alias(f"cur_{k}") for k in table.key],
+                    *[F.col(f"`{f[5:]}`").alias(f"cur_{f[5:]}") for f in placeholders],
+                )
+                .join(
+                    keys,
+                    [F.col(f"cur_{k}").eqNullSafe(F.col(f"k_{k}")) for k in table.key],
+                    "left_semi",
+                )
+                .localCheckpoint()
+            )
         history = pool.submit(
             self._timed,
             self._write_history,
             table,
             decoded,
             placeholders,
-            target,
+            stored,
             self._history(table),
         )
-        newest = Window.partitionBy("key").orderBy(F.col("offset").desc())
-        source = decoded.withColumn("__rank", F.row_number().over(newest)).where("__rank = 1")
+        newest = Window.partitionBy("key").orderBy(
+            F.col("commit_lsn").desc_nulls_last(), F.col("lsn").desc(), F.col("offset").desc()
+        )
+        source = (
+            decoded.where("cut_ms IS NULL")  # what a later TRUNCATE emptied is history only
+            .withColumn("__rank", F.row_number().over(newest))
+            .where("__rank = 1")
+        )
         for flag in placeholders:
             c = flag[len("__ph_") :]
             known = F.coalesce(F.col(f"__carried_{c}.known"), F.lit(False))
@@ -317,9 +383,10 @@ class WarehouseStore(Store):
             ).withColumn(flag, F.col(flag) & ~known)
         condition = " AND ".join(f"t.`{k}` <=> s.`k_{k}`" for k in table.key)
         meta = {
+            "_cdc_commit_lsn": "s.commit_lsn",
+            "_cdc_lsn": "s.lsn",
             "_cdc_offset": "s.offset",
             "_cdc_partition": "s.partition",
-            "_cdc_lsn": "s.lsn",
             "_cdc_commit_ts": "timestamp_millis(s.commit_ms)",
         }
         values = {}
@@ -342,12 +409,22 @@ class WarehouseStore(Store):
         merge = (
             target.alias("t")
             .merge(source.alias("s"), condition)
+            .whenMatchedUpdate(  # a tombstone: deletes what an earlier record wrote
+                condition="s.commit_lsn IS NULL AND NOT t._cdc_deleted AND "
+                "t._cdc_partition = s.partition AND t._cdc_offset < s.offset",
+                # its marker sits just below the change it deleted (position.below)
+                set={
+                    "_cdc_offset": "s.offset",
+                    "_cdc_lsn": "t._cdc_lsn - 1",
+                    "_cdc_deleted": "true",
+                },
+            )
             .whenMatchedUpdate(
-                condition="s.offset > t._cdc_offset AND s.op = 'd'",
+                condition=f"s.commit_lsn IS NOT NULL AND s.op = 'd' AND {_OLDER}",
                 set={**meta, "_cdc_deleted": "true"},
             )
             .whenMatchedUpdate(
-                condition="s.offset > t._cdc_offset",
+                condition=f"s.commit_lsn IS NOT NULL AND {_OLDER}",
                 set={
                     **{f"`{c}`": v for c, v in values.items()},
                     **meta,
@@ -355,6 +432,7 @@ class WarehouseStore(Store):
                 },
             )
             .whenNotMatchedInsert(
+                condition="s.commit_lsn IS NOT NULL",
                 values={
                     **{
                         f"`{c}`": (
@@ -364,14 +442,15 @@ class WarehouseStore(Store):
                     },
                     **meta,
                     "_cdc_deleted": "s.op = 'd'",
-                }
+                },
             )
         )
         return decoded, history, pool.submit(self._timed, merge.execute)
 
     def write_frame(self, tables: dict[str, Table], events: Any, present: set[str]) -> None:
-        """MERGE each key's last event of the batch into its table's current state
-        (`present`: the tables the batch has events of).
+        """MERGE each key's newest event of the batch into its table's current state, and
+        every event into its history (`present`: the tables the batch has events of;
+        `cut_ms`, per event: the commit time of the TRUNCATE it came before, if any).
 
         A TOAST placeholder in the last event is filled from the key's latest earlier
         event in the batch that carried the value (if none did, the stored value stays).

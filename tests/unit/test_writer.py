@@ -70,7 +70,10 @@ class Recorder(Store):
                 result.written += 1
         return result
 
-    def truncate(self, table: Table, before_lsn: int, commit_ms: int) -> None:
+    def truncate(self, table: Table, before: tuple[int, int], commit_ms: int) -> None:
+        pass
+
+    def reset(self, table: Table) -> None:
         pass
 
     def close(self) -> None:
@@ -107,7 +110,8 @@ def test_each_keys_last_event_is_written_with_toasted_values_carried() -> None:
     assert len(store.written) == 3
     assert events['{"id": 1}'].offset == 3
     assert events['{"id": 1}'].after == {"id": 1, "body": "full text"}
-    assert (events['{"id": 2}'].op, events['{"id": 2}'].offset) == ("d", 5)
+    # the delete carries the position; its tombstone adds nothing
+    assert (events['{"id": 2}'].op, events['{"id": 2}'].offset) == ("d", 4)
     assert events['{"id": 2}'].after is None
     # nothing earlier in the batch: the placeholder stays, the store keeps its value
     assert events['{"id": 3}'].after == {"id": 3, "body": UNAVAILABLE}
@@ -143,7 +147,7 @@ def test_partition_writer_reports_offsets_counts_truncates_and_dead_letters() ->
             row(1, 0, table="cdc.truncations", topic="p.cdc.truncations", value=truncate),
         ],
         store,
-        cutoffs={"public.t": 5},
+        cutoffs={"public.t": (5, 5)},
     )
     applied = {(r["topic"], r["partition"]): r["offset"] for r in result if r["kind"] == "applied"}
     assert applied == {("p.public.t", 0): 6, ("p.public.t", 1): 4, ("p.cdc.truncations", 0): 0}
@@ -153,6 +157,25 @@ def test_partition_writer_reports_offsets_counts_truncates_and_dead_letters() ->
     assert [(e.key, e.offset) for e in store.written] == [('{"id": 1}', 1), ('{"id": 5}', 4)]
     dead = sorted((r["offset"], r["error"]) for r in result if r["kind"] == "dead")
     assert dead == [(3, "refused"), (5, "not a change event"), (6, "not a change event")]
-    truncates = [(r["table"], r["lsn"]) for r in result if r["kind"] == "truncate"]
-    assert truncates == [("public.t", 99)]
+    truncates = [(r["table"], r["commit_lsn"], r["lsn"]) for r in result if r["kind"] == "truncate"]
+    assert truncates == [("public.t", 99, 99)]
     assert store.closed
+
+
+def test_a_change_delivered_again_after_a_newer_one_is_not_written() -> None:
+    """Debezium re-delivers changes at new offsets after a crash: the chunk keeps each
+    key's newest change by source position, not its last record."""
+    store = Recorder()
+    first = row(1, 0, body="old")
+    newer = row(1, 1, body="new")
+    again = dict(first, offset=2)  # the same change (same position) at a later offset
+    out = write([first, newer, again], store)
+    assert [(e.offset, e.after["body"]) for e in store.written] == [(1, "new")]  # type: ignore[index]
+    applied = next(r for r in out if r["kind"] == "applied")
+    assert applied["offset"] == 2 and applied["stale"] == 1
+
+
+def test_a_value_without_a_position_is_a_dead_letter() -> None:
+    no_lsn = json.dumps({"op": "u", "after": {"id": 1, "body": "x"}, "source": {"ts_ms": 1}})
+    out = write([row(1, 0, value=no_lsn)], Recorder())
+    assert [r["error"] for r in out if r["kind"] == "dead"] == ["not a change event"]

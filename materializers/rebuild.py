@@ -1,0 +1,55 @@
+"""Rebuild a store's tables from the log: what the store holds of them goes, its
+checkpoint starts over, and the tables are backfilled through the log (so a rebuild
+ends with the source's values even where the topic lost them: a topic deleted and
+created again, or a compacted key left with only a TOAST placeholder)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+
+from cdc.errors import ConfigError
+from cdc.settings import Settings
+from materializers.apply import (
+    captured_tables,
+    checkpoint_dir,
+    make_store,
+    read_progress,
+    write_progress,
+)
+
+__all__ = ["reset_store"]
+
+
+def reset_store(
+    settings: Settings, store: str, tables: list[str] | None, note: Callable[[str], None]
+) -> list[str]:
+    """Empty `store` of `tables` (default: every captured table) and restart its
+    checkpoint; returns the tables, for the caller to backfill. `cdc apply` must not
+    run meanwhile."""
+    captured = captured_tables(settings)
+    chosen = tables or sorted(captured)
+    unknown = [t for t in chosen if t not in captured]
+    if unknown:
+        raise ConfigError(
+            f"not a captured table: {', '.join(unknown)}; the pipeline captures "
+            f"{', '.join(sorted(captured)) or 'nothing'} (`cdc tables list`)"
+        )
+    spark = None
+    if store == "warehouse":
+        from cdc.spark import spark_session
+
+        spark = spark_session(settings, f"cdc-rebuild-{settings.pipeline.name}")
+    target = make_store(settings, store, spark)
+    try:
+        for name in chosen:
+            note(f"{store}: removing what it holds of {name}")
+            target.reset(captured[name])
+    finally:
+        target.close()
+    # the whole log is read again; what the store holds of the other tables refuses
+    # every write that is not newer, so only the emptied tables change
+    shutil.rmtree(checkpoint_dir(settings, store), ignore_errors=True)
+    progress = read_progress(settings, store) or {}
+    write_progress(settings, store, {"truncated": progress.get("truncated", {})})
+    return chosen

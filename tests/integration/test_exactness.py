@@ -1,0 +1,154 @@
+"""Every guard acts: changes Debezium delivers again (at new offsets, after newer ones) and
+older changes arriving after newer ones change nothing in any store, and add no history
+version. The stores are read with readers of this test's own (redis-py hashes,
+OpenSearch documents over HTTP, the Delta files through a Spark reader)."""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+
+import psycopg
+import pytest
+import redis
+import requests
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from rich.console import Console
+
+from cdc.pipeline import drop_pipeline
+from materializers.apply import run_apply, warehouse_root
+from materializers.stores.warehouse import current_path, history_path
+from snapshot.initial import run_snapshot
+from tests.conftest import RunningStack
+from tests.logcheck import pipeline_for, table_info, wait_until_equal
+
+pytestmark = pytest.mark.integration
+
+
+def topic_records(servers: str, topic: str) -> list:  # type: ignore[type-arg]
+    """Every record of the topic, in partition and offset order (kafka-python)."""
+    consumer = KafkaConsumer(bootstrap_servers=servers, enable_auto_commit=False)
+    parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or []]
+    consumer.assign(parts)
+    consumer.seek_to_beginning(*parts)
+    ends = consumer.end_offsets(parts)
+    records = []
+    while any(consumer.position(p) < ends[p] for p in parts):
+        for batch in consumer.poll(timeout_ms=1000).values():
+            records += batch
+    consumer.close()
+    return sorted(records, key=lambda r: (r.partition, r.offset))
+
+
+def deliver_again(servers: str, topic: str, records: list) -> None:  # type: ignore[type-arg]
+    """What Debezium does after a crash: the same events again, at new offsets."""
+    producer = KafkaProducer(bootstrap_servers=servers, acks="all")
+    for r in records:
+        producer.send(topic, key=r.key, value=r.value, partition=r.partition).get(timeout=30)
+    producer.close()
+
+
+def redis_rows(settings, table: str) -> dict[str, dict[str, str]]:  # type: ignore[no-untyped-def]
+    client = redis.Redis.from_url(settings.redis.url, decode_responses=True)
+    prefix = f"{settings.pipeline.topic_prefix}:{table}:"
+    rows = {}
+    for key in client.scan_iter(match=prefix + "*"):
+        entry = client.hgetall(key)
+        if "_deleted" not in entry:
+            rows[json.loads(key[len(prefix) :])["id"]] = entry["body"]
+    return rows
+
+
+def search_rows(settings, table: str) -> dict[int, str]:  # type: ignore[no-untyped-def]
+    index = f"{settings.pipeline.topic_prefix}.{table}".lower()
+    url = settings.opensearch.url
+    requests.post(f"{url}/{index}/_refresh", timeout=30).raise_for_status()
+    hits = requests.post(f"{url}/{index}/_search", json={"size": 10000}, timeout=30).json()["hits"][
+        "hits"
+    ]
+    return {h["_source"]["id"]: h["_source"]["body"] for h in hits}
+
+
+def delta_frames(settings, table: str):  # type: ignore[no-untyped-def]
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    assert spark is not None  # the apply job's session, still open in this process
+    root = warehouse_root(settings)
+    current = spark.read.format("delta").load(current_path(root, table))
+    history = spark.read.format("delta").load(history_path(root, table))
+    return current, history
+
+
+def source(dsn: str, name: str) -> dict[int, str]:
+    with psycopg.connect(dsn) as conn:
+        return dict(conn.execute(f"SELECT id, body FROM {name}").fetchall())  # type: ignore[arg-type]
+
+
+def test_redelivered_and_older_changes_change_nothing(stack: RunningStack) -> None:
+    name = "exact_" + uuid.uuid4().hex[:8]
+    table = f"public.{name}"
+    settings = pipeline_for(stack.settings, [table])
+    servers = settings.kafka.bootstrap_servers
+    topic = settings.pipeline.topic(table)
+    dsn = settings.postgres.dsn()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, body text)")
+        conn.execute(f"INSERT INTO {name} SELECT g, 'v0' FROM generate_series(1, 20) g")
+    try:
+        run_snapshot(settings, Console(file=io.StringIO()))
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"UPDATE {name} SET body = 'v1' WHERE id <= 10")
+            conn.execute(f"UPDATE {name} SET body = 'v2' WHERE id <= 5")
+            with conn.transaction():  # two changes of a key in one transaction
+                conn.execute(f"UPDATE {name} SET body = 'v3a' WHERE id = 6")
+                conn.execute(f"UPDATE {name} SET body = 'v3b' WHERE id = 6")
+            conn.execute(f"DELETE FROM {name} WHERE id IN (11, 12)")
+            conn.execute(f"INSERT INTO {name} VALUES (30, 'new')")
+        wait_until_equal(settings, table_info(settings, table))
+        run_apply(settings, ["cache", "search", "warehouse"], once=True)
+        expected = source(dsn, name)
+        assert redis_rows(settings, table) == expected
+        assert search_rows(settings, table) == expected
+        current, history = delta_frames(settings, table)
+        versions = history.count()
+        assert versions == 20 + 10 + 5 + 2 + 2 + 1
+
+        records = topic_records(servers, topic)
+        by_key: dict[int, list] = {}  # type: ignore[type-arg]
+        for r in records:
+            by_key.setdefault(json.loads(r.key)["id"], []).append(r)
+        # older changes, alone in a batch after the newer ones were applied: key 1's first
+        # update (live key), key 11's snapshot row (deleted key), key 6's first change of
+        # its two-change transaction
+        older = [by_key[1][1], by_key[11][0], by_key[6][2]]
+        assert json.loads(older[2].value)["after"]["body"] == "v3a"
+        deliver_again(servers, topic, older)
+        run_apply(settings, ["cache", "search", "warehouse"], once=True)
+        assert redis_rows(settings, table) == expected
+        assert search_rows(settings, table) == expected
+        current, history = delta_frames(settings, table)
+        live = current.where("NOT _cdc_deleted").select("id", "body").collect()
+        assert {r["id"]: r["body"] for r in live} == expected
+        assert history.count() == versions  # nothing delivered again is a new version
+
+        # Debezium after a crash: everything from some point on, again, in order
+        deliver_again(servers, topic, records[len(records) // 3 :])
+        run_apply(settings, ["cache", "search", "warehouse"], once=True)
+        assert redis_rows(settings, table) == expected
+        assert search_rows(settings, table) == expected
+        current, history = delta_frames(settings, table)
+        live = current.where("NOT _cdc_deleted").select("id", "body").collect()
+        assert {r["id"]: r["body"] for r in live} == expected
+        assert history.count() == versions
+        assert history.select("id", "_cdc_commit_lsn", "_cdc_lsn").distinct().count() == versions
+        open_versions = history.where("valid_to IS NULL").groupBy("id").count()
+        assert open_versions.where("count > 1").count() == 0  # at most one open per key
+        assert history.where("valid_to < valid_from").count() == 0
+        key6 = history.where("id = 6").orderBy("_cdc_commit_lsn", "_cdc_lsn").collect()
+        assert [r["body"] for r in key6] == ["v0", "v1", "v3a", "v3b"]
+    finally:
+        drop_pipeline(settings)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {name}")

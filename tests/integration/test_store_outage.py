@@ -1,0 +1,145 @@
+"""A store that is down blocks its own apply; it never drops. Redis killed (SIGKILL) and
+OpenSearch frozen (SIGSTOP) while changes stream: nothing goes to the dead-letter topic,
+`cdc status` says the store is waiting and why, and once each store answers again it
+equals the source (read with this test's own readers)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+import requests
+from kafka import KafkaConsumer, TopicPartition
+from rich.console import Console
+
+from cdc.pipeline import drop_pipeline
+from snapshot.initial import run_snapshot
+from tests.conftest import RunningStack
+from tests.helpers import ROOT, run_cdc
+from tests.logcheck import pipeline_for, poll
+
+pytestmark = pytest.mark.integration
+
+
+def pid_of(data_dir: Path, component: str) -> int:
+    return int((data_dir / component / f"{component}.pid").read_text().split()[0])
+
+
+def source_rows(dsn: str, name: str) -> dict[int, int]:
+    with psycopg.connect(dsn) as conn:
+        return dict(conn.execute(f"SELECT id, n FROM {name}").fetchall())  # type: ignore[arg-type]
+
+
+def redis_rows(url: str, prefix: str) -> dict[int, int]:
+    client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
+    rows = {}
+    for key in client.scan_iter(match=prefix + "*", count=1000):
+        entry = client.hgetall(key)
+        if "_deleted" not in entry:
+            rows[json.loads(key[len(prefix) :])["id"]] = int(entry["n"])
+    return rows
+
+
+def search_rows(url: str, index: str) -> dict[int, int]:
+    requests.post(f"{url}/{index}/_refresh", timeout=30).raise_for_status()
+    body = {"size": 10000, "_source": ["id", "n"]}
+    hits = requests.post(f"{url}/{index}/_search", json=body, timeout=30).json()["hits"]["hits"]
+    return {h["_source"]["id"]: h["_source"]["n"] for h in hits}
+
+
+def dead_letters(servers: str, topic: str) -> int:
+    consumer = KafkaConsumer(bootstrap_servers=servers)
+    partitions = consumer.partitions_for_topic(topic) or set()
+    ends = consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
+    consumer.close()
+    return sum(ends.values())
+
+
+def test_a_store_that_is_down_blocks_its_apply_and_loses_nothing(stack: RunningStack) -> None:
+    name = "down_" + uuid.uuid4().hex[:8]
+    table = f"public.{name}"
+    settings = pipeline_for(stack.settings, [table])
+    data_dir = settings.data_dir
+    dsn = settings.postgres.dsn()
+    prefix = settings.pipeline.topic_prefix
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, n int NOT NULL)")
+        conn.execute(f"INSERT INTO {name} SELECT g, 0 FROM generate_series(1, 2000) g")
+    env = {
+        **stack.env,
+        "CDC_PIPELINE__NAME": settings.pipeline.name,
+        "CDC_PIPELINE__TOPIC_PREFIX": prefix,
+        "CDC_PIPELINE__TABLES": json.dumps([table]),
+        "CDC_APPLY__STORE_RETRY_S": "3",
+    }
+    log = data_dir / f"{name}-apply.log"
+    apply = None
+    frozen = None
+    try:
+        run_snapshot(settings, Console(file=io.StringIO()))
+        with log.open("w") as out:
+            apply = subprocess.Popen(
+                [sys.executable, "-m", "cdc", "apply", "--store", "cache", "--store", "search"],
+                env={**os.environ, **env},
+                cwd=ROOT,
+                start_new_session=True,
+                stdout=subprocess.DEVNULL,
+                stderr=out,
+            )
+        expected = source_rows(dsn, name)
+        cache_prefix = f"{prefix}:{table}:"
+        index = f"{prefix}.{table}".lower()
+        poll(lambda: redis_rows(settings.redis.url, cache_prefix) == expected, 300, "the cache")
+
+        os.kill(pid_of(data_dir, "redis"), signal.SIGKILL)
+        frozen = pid_of(data_dir, "opensearch")
+        os.kill(frozen, signal.SIGSTOP)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for step in range(1, 6):
+                conn.execute(f"UPDATE {name} SET n = n + 1 WHERE id % 5 < {step}")
+            conn.execute(f"DELETE FROM {name} WHERE id > 1900")
+            conn.execute(f"INSERT INTO {name} SELECT g, 7 FROM generate_series(3001, 3100) g")
+
+        def cache_waits() -> bool:
+            status = run_cdc("status", "-o", "json", env=env)
+            document = json.loads(status.stdout)
+            waiting = document["pipeline"]["stores"].get("cache", {}).get("waiting")
+            return bool(waiting and "Redis" in waiting["reason"])
+
+        poll(cache_waits, 120, "`cdc status` to show the cache waiting for Redis")
+        assert apply.poll() is None, "the apply job died while Redis was down"
+        time.sleep(35)  # OpenSearch frozen past the client's timeout and the retries
+        assert apply.poll() is None, "the apply job died while OpenSearch was frozen"
+
+        os.kill(frozen, signal.SIGCONT)
+        frozen = None
+        started = run_cdc("up", env=stack.env)  # Redis again (its AOF holds what it took)
+        assert started.returncode == 0, started.stderr
+        expected = source_rows(dsn, name)
+        assert len(expected) == 2000
+        poll(lambda: redis_rows(settings.redis.url, cache_prefix) == expected, 300, "the cache")
+        poll(lambda: search_rows(settings.opensearch.url, index) == expected, 300, "the index")
+        assert dead_letters(settings.kafka.bootstrap_servers, f"{prefix}.dlq") == 0
+        assert apply.poll() is None
+        said = log.read_text()
+        assert "cache: Redis at" in said and "nothing committed or dropped" in said, said
+        assert "cache: answers again" in said, said
+    finally:
+        if frozen is not None:
+            os.kill(frozen, signal.SIGCONT)
+        if apply is not None and apply.poll() is None:
+            os.killpg(apply.pid, signal.SIGKILL)
+        run_cdc("up", env=stack.env)
+        drop_pipeline(settings)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {name}")
