@@ -153,7 +153,7 @@ class SearchStore(Store):
 
     def ping(self) -> None:
         try:
-            health = self.client.cluster.health(timeout="5s")
+            health = self.client.cluster.health(request_timeout=5)
         except (ConnectionError, TransportError) as exc:
             raise StoreUnavailableError(
                 f"OpenSearch at {self.url} does not answer ({type(exc).__name__})"
