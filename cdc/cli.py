@@ -588,6 +588,66 @@ def _edit_tables(add: list[str], remove: list[str]) -> None:
     setup(Output.text)
 
 
+dlq_app = typer.Typer(
+    help="The dead-letter topic: what a store refused, and a replay once it is fixed.",
+    no_args_is_help=True,
+)
+app.add_typer(dlq_app, name="dlq")
+StoreOption = Annotated[
+    str | None, typer.Option("--store", "-s", help="warehouse, search or cache (default: all)")
+]
+
+
+def _check_store(store: str | None) -> None:
+    if store is not None and store not in ("warehouse", "search", "cache"):
+        raise typer.BadParameter(f"unknown store {store}: use warehouse, search, cache")
+
+
+@dlq_app.command("list")
+def dlq_list(
+    store: StoreOption = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", help="the newest N")] = 50,
+    output: OutputOption = Output.text,
+) -> None:
+    """The dead letters: store, error, and where each change came from."""
+    from materializers.dead_letters import read_dead_letters
+
+    _check_store(store)
+    letters = read_dead_letters(settings(), store)
+    shown = letters[-limit:] if limit > 0 else letters
+    if output is Output.json:
+        out.print_json(json.dumps([letter.__dict__ for letter in shown]))
+        return
+    for x in shown:
+        out.print(
+            f"{x.offset}: {x.store} refused {x.topic}[{x.source_partition}]@{x.source_offset} "
+            f"key {x.key}: {x.error}",
+            highlight=False,
+        )
+    progress(
+        f"{len(letters)} dead letter(s)"
+        + (f", the newest {len(shown)} shown" if shown != letters else "")
+    )
+
+
+@dlq_app.command("replay")
+def dlq_replay(store: StoreOption = None) -> None:
+    """Apply the dead letters again once their cause is fixed: their keys are backfilled
+    through the log, so every store takes the source's rows through its guarded writes.
+    Each dead letter is replayed once (a replay takes those that came after the last)."""
+    from materializers.dead_letters import replay_dead_letters
+
+    _check_store(store)
+    s = settings()
+    stores = [store] if store else list(s.apply.stores)
+    replayed = replay_dead_letters(s, stores, progress)
+    if not replayed:
+        progress("no dead letters to replay")
+        return
+    for table, keys in sorted(replayed.items()):
+        progress(f"{table}: {keys} key(s) backfilled; `cdc apply` writes them")
+
+
 @app.command()
 def rebuild(
     store: Annotated[str, typer.Option("--store", "-s", help="warehouse, search or cache")],
