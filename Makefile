@@ -6,7 +6,7 @@ PYTEST := $(VENV)/bin/pytest
 RUFF := $(VENV)/bin/ruff
 
 .PHONY: help install demo up down status test test-fast test-integration lint format \
-	bench-snapshot bench-catchup bench-streaming bench-report
+	bench-snapshot bench-catchup bench-streaming bench-report chaos mutants
 
 help:
 	@echo "make demo              install, start the stack, run the demo shop with a live dashboard"
@@ -17,6 +17,8 @@ help:
 	@echo "make bench-catchup     1 M changes: capture alone, then apply per store"
 	@echo "make bench-streaming   pgbench at 500 and 1,000 TPS: latency per store, memory, cores"
 	@echo "make bench-report      the latest figures into the README's table"
+	@echo "make chaos             the long chaos run (>= 12 min, every fault 3 times): figures to bench/results/chaos.jsonl"
+	@echo "make mutants           one-line mutants of the write guards, each against its tests (all must fail)"
 	@echo "make install | up | down | status | lint | format"
 
 install:
@@ -64,3 +66,13 @@ bench-streaming: up
 
 bench-report:
 	$(VENV)/bin/python bench/report.py --readme
+
+# a stack of its own on free ports; every fault kind 3 times under load, then every store
+# compared with PostgreSQL; prints its figures and appends them to bench/results/chaos.jsonl
+chaos: install
+	$(VENV)/bin/python -m tests.chaos.run --minutes 12 --rounds 3 --results bench/results/chaos.jsonl
+
+# one-line mutants of the guards (positions, TOAST, deletes, the snapshot seam, verify),
+# each run against the tests meant to kill it on a shared stack of its own
+mutants: install
+	$(VENV)/bin/python -m tests.mutants

@@ -28,6 +28,7 @@ from materializers.events import parse_events
 from materializers.stores.base import Store
 from materializers.views import check_views, window_query
 from materializers.writer import RESULT_DDL, partition_writer
+from snapshot.generation import read_generation
 
 __all__ = [
     "captured_tables",
@@ -194,12 +195,28 @@ def _batch_writer(
         cut_times.update((progress or {}).get("truncated_ms", {}))
         if not getattr(store, "spark_native", False):
             _write_partitions(batch, topics, tables, batch_id, cutoffs)
+        else:
+            parsed = parse_events(batch, topics).where("table IS NOT NULL").cache()
+            try:
+                _write_frame(parsed, tables, batch_id, cutoffs)
+            finally:
+                parsed.unpersist()
+        _sweep_generation(tables)
+
+    def _sweep_generation(tables: dict[str, Table]) -> None:
+        """Once the store holds a new snapshot generation whole, remove what it still
+        holds from before it (snapshot/generation.py)."""
+        generation = read_generation(settings)
+        progress = read_progress(settings, store.name) or {}
+        if generation is None or progress.get("generation", -1) >= generation.lsn:
             return
-        parsed = parse_events(batch, topics).where("table IS NOT NULL").cache()
-        try:
-            _write_frame(parsed, tables, batch_id, cutoffs)
-        finally:
-            parsed.unpersist()
+        if not generation.applied_by(progress.get("applied", {})):
+            return
+        for table in tables.values():
+            store.truncate(table, (generation.lsn, 0), generation.ts_ms)
+        progress["generation"] = generation.lsn
+        write_progress(settings, store.name, progress)
+        log.info("%s: generation %d whole; rows from before it removed", store.name, generation.lsn)
 
     def _write_frame(
         parsed: Any, tables: dict[str, Table], batch_id: int, cutoffs: dict[str, tuple[int, int]]
@@ -368,6 +385,7 @@ def _batch_writer(
             "last_batch": counts,
             "truncated": cutoffs,
             "truncated_ms": cut_times,
+            "generation": previous.get("generation", -1),  # the last one swept
         }
         write_progress(settings, store.name, record)
 

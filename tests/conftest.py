@@ -6,6 +6,7 @@ a temporary directory, and always stops it.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -59,6 +60,11 @@ def settings_for(env: dict[str, str]) -> Settings:
 
 @pytest.fixture(scope="session")
 def stack() -> Iterator[RunningStack]:
+    reuse = os.environ.get("CDC_TEST_STACK")
+    if reuse:  # a stack someone else runs (tests/mutants.py): its CDC_* environment
+        env = json.loads(Path(reuse).read_text())
+        yield RunningStack(settings_for(env), env)
+        return
     # PostgreSQL and OpenSearch run as the unprivileged service user when tests run as root:
     # the state directory must be reachable by it.
     data_dir = Path(tempfile.mkdtemp(prefix="cdc-test-"))

@@ -85,7 +85,10 @@ def test_apply_killed_mid_batch_and_restarted_converges(stack: RunningStack) -> 
             settings, table, ["version", "note"]
         )
         history = history_rows(settings, table)
-        assert history.count() == history.select("id", "_cdc_offset").distinct().count()
+        assert (
+            history.count()
+            == history.select("id", "_cdc_commit_lsn", "_cdc_lsn").distinct().count()
+        )
         assert (
             history.where("valid_to IS NULL").groupBy("id").count().where("count > 1").count() == 0
         )

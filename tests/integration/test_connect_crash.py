@@ -1,4 +1,5 @@
-"""Kafka Connect killed mid-stream and restarted: nothing is lost."""
+"""Kafka Connect killed mid-stream and restarted: nothing is lost, and what Debezium
+delivers twice adds nothing to any store or to the history."""
 
 from __future__ import annotations
 
@@ -14,9 +15,17 @@ from rich.console import Console
 
 from cdc.components import Connect
 from cdc.pipeline import drop_pipeline
+from materializers.apply import run_apply
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.helpers import run_cdc
+from tests.integration.test_apply import (
+    cache_contents,
+    expected_cache,
+    expected_search,
+    search_contents,
+)
+from tests.integration.test_apply_edges import history_rows, source_tuples, warehouse_rows
 from tests.integration.test_snapshot import Writer
 from tests.logcheck import events_by_key, pipeline_for, table_info, wait_until_equal
 
@@ -58,6 +67,27 @@ def test_connect_killed_and_restarted_loses_nothing(stack: RunningStack) -> None
             # a missing version is not, and the last event is the newest
             assert sorted(set(versions)) == list(range(versions[0], max(versions) + 1)), key
             assert versions[-1] == max(versions), key
+
+        # the apply job: one history version per change, however often it is in the log
+        changes = {
+            (r.key_bytes, r.value["source"].get("sequence"), r.value["source"]["lsn"])
+            for r in records
+            if r.value is not None
+        }
+        print(f"{len(records)} records, {len(changes)} distinct changes")
+        run_apply(settings, ["cache", "search", "warehouse"], once=True)
+        qualified = f"public.{name}"
+        assert cache_contents(settings, qualified) == expected_cache(settings, qualified)
+        assert search_contents(settings, qualified) == expected_search(settings, qualified)
+        columns = ["version", "note"]
+        assert warehouse_rows(settings, qualified, columns) == source_tuples(
+            settings, qualified, columns
+        )
+        history = history_rows(settings, qualified)
+        assert history.count() == len(changes)
+        assert (
+            history.where("valid_to IS NULL").groupBy("id").count().where("count > 1").count() == 0
+        )
     finally:
         writer.stop.set()
         drop_pipeline(settings)

@@ -1,0 +1,209 @@
+"""One-line mutants of the guards that keep the stores exact, each run against the tests
+meant to kill it (`make mutants`).
+
+Each mutant replaces one line's text in one file; the tests named for it must then fail.
+The integration tests of every mutant share one stack (started here, stopped at the
+end). Prints a line per mutant and appends the result to bench/results/mutants.jsonl.
+Exit 1 if a mutant survives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.conftest import stack_env
+from tests.helpers import ROOT, run_cdc
+
+EXACT = "tests/integration/test_exactness.py"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str
+    before: str
+    after: str
+    tests: tuple[str, ...]
+
+
+MUTANTS = (
+    Mutant(
+        "cache guard takes an older transaction",
+        "materializers/stores/cache.py",
+        "if c ~= commit then return c < commit end",
+        "if c ~= commit then return true end",
+        (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),
+    ),
+    Mutant(
+        "cache guard takes an earlier change of the same transaction",
+        "materializers/stores/cache.py",
+        "return tonumber(redis.call('HGET', key, '_lsn')) < lsn",
+        "return true",
+        (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),
+    ),
+    Mutant(
+        "warehouse MERGE guard takes anything",
+        "materializers/stores/warehouse.py",
+        '    "(t._cdc_commit_lsn IS NULL OR t._cdc_commit_lsn < s.commit_lsn OR "',
+        '    "(true OR t._cdc_commit_lsn < s.commit_lsn OR "',
+        (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),
+    ),
+    Mutant(
+        "history identifies a version by its offset",
+        "materializers/stores/warehouse.py",
+        'same = "h._cdc_commit_lsn = s._cdc_commit_lsn AND h._cdc_lsn = s._cdc_lsn"',
+        'same = "h._cdc_offset = s._cdc_offset"',
+        (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),
+    ),
+    Mutant(
+        "search versions by Kafka offset",
+        "materializers/stores/search.py",
+        '"version": search_version(event.position),',
+        '"version": event.offset,',
+        (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),
+    ),
+    Mutant(
+        "a chunk keeps the last record, not the newest change",
+        "materializers/writer.py",
+        "return seen.position is None or event.position > seen.position",
+        "return True",
+        ("tests/unit/test_writer.py",),
+    ),
+    Mutant(
+        "the write rule takes an equal or older position",
+        "materializers/position.py",
+        "return stored is None or position > stored.position",
+        "return True",
+        ("tests/unit/test_write_rule.py",),
+    ),
+    Mutant(
+        "snapshot readers do not read under the exported snapshot",
+        "snapshot/initial.py",
+        "f\"SET TRANSACTION SNAPSHOT '{point.snapshot_name}'; SET intervalstyle = 'iso_8601'\"",
+        "\"SET intervalstyle = 'iso_8601'\"",
+        ("tests/integration/test_snapshot.py",),
+    ),
+    Mutant(
+        "the cache writes Debezium's TOAST placeholder",
+        "materializers/stores/cache.py",
+        "if raw == UNAVAILABLE:",
+        "if False:",
+        (f"{EXACT}::test_a_stored_toasted_value_is_kept_across_batches",),
+    ),
+    Mutant(
+        "search writes Debezium's TOAST placeholder",
+        "materializers/stores/search.py",
+        "if raw == UNAVAILABLE:",
+        "if False:",
+        (f"{EXACT}::test_a_stored_toasted_value_is_kept_across_batches",),
+    ),
+    Mutant(
+        "the warehouse writes Debezium's TOAST placeholder",
+        "materializers/stores/warehouse.py",
+        'values[c] = f"CASE WHEN s.`__ph_{c}` THEN t.`{c}` ELSE s.`{c}` END"',
+        'values[c] = f"s.`{c}`"',
+        (f"{EXACT}::test_a_stored_toasted_value_is_kept_across_batches",),
+    ),
+    Mutant(
+        "the cache writes a delete as a row",
+        "materializers/stores/cache.py",
+        "    if op == 'd' then",
+        "    if op == 'x' then",
+        (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),
+    ),
+    Mutant(
+        "search writes a delete as a document",
+        "materializers/stores/search.py",
+        'if event.op == "d" or event.after is None:',
+        "if False:",
+        (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),
+    ),
+    Mutant(
+        "the warehouse keeps a deleted row live",
+        "materializers/stores/warehouse.py",
+        "condition=f\"s.commit_lsn IS NOT NULL AND s.op = 'd' AND {_OLDER}\",",
+        "condition=f\"s.commit_lsn IS NOT NULL AND s.op = 'x' AND {_OLDER}\",",
+        (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),
+    ),
+    Mutant(
+        "verify trusts equal row counts",
+        "materializers/verify.py",
+        "if len(source) == len(held) and _fingerprint(source, form, table) == _fingerprint(",
+        "if len(source) == len(held) or _fingerprint(source, form, table) == _fingerprint(",
+        ("tests/integration/test_verify.py",),
+    ),
+)
+
+
+def run(mutant: Mutant, env_file: Path) -> tuple[bool, float]:
+    """Apply the mutant, run its tests, restore the file. Returns (killed, seconds)."""
+    path = ROOT / mutant.path
+    original = path.read_text()
+    if original.count(mutant.before) != 1:
+        raise SystemExit(f"mutant '{mutant.name}': the line is not in {mutant.path} exactly once")
+    started = time.monotonic()
+    try:
+        path.write_text(original.replace(mutant.before, mutant.after))
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutant.tests],
+            cwd=ROOT,
+            env={**_clean_env(), "CDC_TEST_STACK": str(env_file)},
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
+    finally:
+        path.write_text(original)
+    return result.returncode != 0, time.monotonic() - started
+
+
+def _clean_env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="run the mutants whose name contains this text")
+    args = parser.parse_args()
+    chosen = [m for m in MUTANTS if not args.only or args.only in m.name]
+    data_dir = Path(tempfile.mkdtemp(prefix="cdc-mutants-"))
+    data_dir.chmod(0o755)
+    env = stack_env(data_dir)
+    env_file = data_dir / "stack.json"
+    env_file.write_text(json.dumps(env))
+    results = []
+    try:
+        up = run_cdc("up", env=env)
+        if up.returncode != 0:
+            raise SystemExit(f"`cdc up` failed: {up.stderr.strip()}")
+        for mutant in chosen:
+            killed, seconds = run(mutant, env_file)
+            results.append({"mutant": mutant.name, "killed": killed, "seconds": round(seconds)})
+            print(
+                f"{'killed  ' if killed else 'SURVIVED'} {mutant.name} ({seconds:.0f} s)",
+                flush=True,
+            )
+    finally:
+        run_cdc("down", "--purge", env=env)
+        shutil.rmtree(data_dir, ignore_errors=True)
+    survived = [r["mutant"] for r in results if not r["killed"]]
+    print(f"{len(results) - len(survived)} of {len(results)} mutants killed")
+    out = ROOT / "bench" / "results" / "mutants.jsonl"
+    line = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": results}
+    with out.open("a") as f:
+        f.write(json.dumps(line) + "\n")
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
