@@ -219,7 +219,10 @@ def _view(
         stores.add_column(column, justify="right" if column != "store" else "left")
     for store, figures in status.stores.items():
         lag = figures.get("lag_s")
-        stores.add_row(store, str(figures["backlog_events"]), "?" if lag is None else f"{lag:.1f}")
+        backlog = str(figures["backlog_events"])
+        if figures.get("waiting"):  # the store does not answer: its batch waits
+            backlog += f" [yellow](waiting: {figures['waiting']['reason']})[/yellow]"
+        stores.add_row(store, backlog, "?" if lag is None else f"{lag:.1f}")
     for store in applying:
         if store not in status.stores:  # no micro-batch has finished yet
             stores.add_row(store, "[dim]first batch running[/dim]", "–")

@@ -57,10 +57,16 @@ def families(components: Sequence[ComponentStatus], pipeline: PipelineStatus) ->
         "how far the store is behind the source (commit time)",
         labels=["pipeline", "store"],
     )
+    waiting = GaugeMetricFamily(
+        "cdc_store_waiting",
+        "1 while the store does not answer and its batch waits, uncommitted",
+        labels=["pipeline", "store"],
+    )
     for store, figures in pipeline.stores.items():
         backlog.add_metric([pipeline.name, store], float(figures["backlog_events"]))
         if figures.get("lag_s") is not None:
             lag.add_metric([pipeline.name, store], float(figures["lag_s"]))
+        waiting.add_metric([pipeline.name, store], 1.0 if figures.get("waiting") else 0.0)
     dead = CounterMetricFamily(
         "cdc_dead_letters", "events in the dead-letter topic", labels=["pipeline"]
     )
@@ -72,7 +78,7 @@ def families(components: Sequence[ComponentStatus], pipeline: PipelineStatus) ->
     )
     for window, count in pipeline.late_events.items():
         late.add_metric([pipeline.name, window], float(count))
-    return [up, slot_active, retained, running, ends, backlog, lag, dead, late]
+    return [up, slot_active, retained, running, ends, backlog, lag, waiting, dead, late]
 
 
 class StatusCollector:

@@ -23,7 +23,11 @@ def look() -> tuple[list[ComponentStatus], PipelineStatus]:
         {"state": "RUNNING", "tasks": ["FAILED"]},
         topics={"cdc.public.customers": 5004},
         stores={
-            "cache": {"backlog_events": 3, "lag_s": 1.5},
+            "cache": {
+                "backlog_events": 3,
+                "lag_s": 1.5,
+                "waiting": {"reason": "Redis at 127.0.0.1:6379 does not answer", "since_ms": 1},
+            },
             "warehouse": {"backlog_events": 0, "lag_s": None},
         },
         dead_letters=2,
@@ -47,6 +51,8 @@ def test_the_endpoint_serves_the_status_figures() -> None:
     assert 'cdc_connector_running{pipeline="cdc"} 0.0' in lines  # a task failed
     assert 'cdc_topic_end_offset{topic="cdc.public.customers"} 5004.0' in lines
     assert 'cdc_store_backlog_events{pipeline="cdc",store="cache"} 3.0' in lines
+    assert 'cdc_store_waiting{pipeline="cdc",store="cache"} 1.0' in lines
+    assert 'cdc_store_waiting{pipeline="cdc",store="warehouse"} 0.0' in lines
     assert 'cdc_store_lag_seconds{pipeline="cdc",store="cache"} 1.5' in lines
     assert not any(
         line.startswith('cdc_store_lag_seconds{pipeline="cdc",store="warehouse"') for line in lines
