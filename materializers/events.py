@@ -43,9 +43,10 @@ def parse_events(records: DataFrame, topic_tables: dict[str, str]) -> DataFrame:
             value.alias("value"),
             envelope.alias("e"),
         )
-        .withColumn(
-            "seq0", F.from_json(F.col("e.source.sequence"), "array<string>")[0].cast("long")
-        )
+        .withColumn("seq", F.from_json(F.col("e.source.sequence"), "array<string>"))
+        .withColumn("seq0", F.col("seq")[0].cast("long"))
+        # a backfill (incremental snapshot) row has no source.lsn, only its sequence
+        .withColumn("lsn", F.coalesce(F.col("e.source.lsn"), F.col("seq")[1].cast("long")))
         .select(
             "table",
             "topic",
@@ -56,17 +57,15 @@ def parse_events(records: DataFrame, topic_tables: dict[str, str]) -> DataFrame:
             F.col("e.after").alias("after"),
             F.col("e.source.ts_ms").alias("commit_ms"),
             F.when(F.col("seq0").isNotNull(), F.col("seq0"))
-            .otherwise(F.col("e.source.lsn"))
+            .otherwise(F.col("lsn"))
             .alias("commit_lsn"),
-            F.when(
-                F.col("seq0").isNull() & (F.col("e.op") == "r") & F.col("e.source.lsn").isNotNull(),
-                0,
-            )
-            .otherwise(F.col("e.source.lsn"))
+            # an initial snapshot row, and a backfill row: before their commit's stream
+            F.when(F.col("seq0").isNull() & (F.col("e.op") == "r") & F.col("lsn").isNotNull(), 0)
+            .when((F.col("e.op") == "r") & (F.col("e.source.snapshot") == "incremental"), 0)
+            .otherwise(F.col("lsn"))
             .alias("lsn"),
             F.when(
-                F.col("value").isNotNull()
-                & (F.col("e.op").isNull() | F.col("e.source.lsn").isNull()),
+                F.col("value").isNotNull() & (F.col("e.op").isNull() | F.col("lsn").isNull()),
                 F.lit("not a change event"),
             ).alias("error"),
             "value",

@@ -9,8 +9,9 @@ change re-delivered by Debezium (at-least-once, at a new Kafka offset) has the p
 it had the first time, and positions survive the log being rebuilt. An initial snapshot
 row sits at `(consistent point, 0)`: before every change streamed after it (the
 connector of a generation starts with its last commit at the consistent point). A
-backfill row sits where Debezium emitted its chunk (the window's closing watermark):
-after every change of its key that the chunk read saw.
+backfill row sits at `(the commit Debezium had last seen when it emitted its chunk, 0)`:
+after every change of its key that the chunk read saw (changes inside the chunk's window
+were taken out of it), before every change of a transaction committed later.
 
 A store keeps, per key, the position of the change that last wrote it (also for a
 deleted key, as a marker) and takes a write only if the write's position is newer;
@@ -45,22 +46,31 @@ Position = tuple[int, int]  # (commit_lsn, lsn)
 
 
 def event_position(op: str, source: Mapping[str, Any]) -> Position | None:
-    """A change event's position from its `source` block (None: no LSN in it)."""
+    """A change event's position from its `source` block (None: no position in it).
+
+    Debezium's incremental-snapshot (backfill) rows carry no `lsn`, only their sequence."""
     lsn = source.get("lsn")
-    if lsn is None:
-        return None
     sequence = source.get("sequence")
-    commit = None
+    commit = change = None
     if sequence:
         try:
-            commit = orjson.loads(sequence)[0]
-        except (orjson.JSONDecodeError, TypeError, IndexError, KeyError):
-            commit = None
+            commit, change = orjson.loads(sequence)[:2]
+        except (orjson.JSONDecodeError, TypeError, ValueError):
+            commit = change = None
+    if change is None:
+        change = lsn
+    if change is None:
+        return None
     if commit is None:
         if op == "r":  # an initial snapshot row: at its consistent point, before the stream
-            return (int(lsn), 0)
-        return (int(lsn), int(lsn))  # a connector started without an offset (not by cdc)
-    return (int(commit), int(lsn))
+            return (int(change), 0)
+        return (int(change), int(change))  # a connector started without an offset (not by cdc)
+    if op == "r" and source.get("snapshot") == "incremental":
+        # a backfill row: read before its window's closing watermark committed (`commit`),
+        # so before any change of a later transaction, whose commit_lsn is at least that
+        # even when its change's own LSN is lower (it began before the watermark)
+        return (int(commit), 0)
+    return (int(commit), int(change))
 
 
 @dataclass(frozen=True)

@@ -267,6 +267,17 @@ def test_dead_letters_are_listed_and_replayed(stack: RunningStack) -> None:
         replayed = run_cdc("dlq", "replay", "--store", "cache", env=env)
         assert replayed.returncode == 0, replayed.stderr
         assert "1 key(s) backfilled" in replayed.stderr
+
+        def backfilled() -> bool:
+            return any(
+                r.value and b'"incremental"' in r.value and json.loads(r.key)["id"] == 2
+                for r in topic_records(servers, topic)
+            )
+
+        deadline = time.monotonic() + 60
+        while not backfilled():  # Debezium's chunk may reach the topic after its notice
+            assert time.monotonic() < deadline, "the backfilled row never reached the log"
+            time.sleep(1)
         run_apply(settings, ["cache"], once=True)
         assert redis_rows(settings, table) == source(dsn, name)
         again = run_cdc("dlq", "replay", "--store", "cache", env=env)

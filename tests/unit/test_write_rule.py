@@ -107,8 +107,11 @@ def test_positions_from_debezium_source_blocks() -> None:
     streamed = {"lsn": 4000, "sequence": '["3900","4000"]'}
     assert event_position("u", streamed) == (3900, 4000)
     assert event_position("r", {"lsn": 3000, "sequence": None}) == (3000, 0)  # initial snapshot
-    backfill = {"lsn": 5000, "sequence": '["4950","5000"]', "snapshot": "incremental"}
-    assert event_position("r", backfill) == (4950, 5000)
+    # Debezium's backfill rows: no lsn, the sequence after the watermark's commit
+    backfill = {"lsn": None, "sequence": '["5000","5000"]', "snapshot": "incremental"}
+    assert event_position("r", backfill) == (5000, 0)
+    # a transaction that began before the watermark and committed after it comes later
+    assert event_position("u", {"lsn": 4990, "sequence": '["5000","4990"]'}) > (5000, 0)
     # a first transaction of a connector started without an offset (not by cdc)
     assert event_position("c", {"lsn": 4100, "sequence": '[null,"4100"]'}) == (4100, 4100)
     assert event_position("c", {"ts_ms": 1}) is None
