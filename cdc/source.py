@@ -2,11 +2,12 @@
 
 `prepare_source` creates or updates, in one transaction (so that a failure
 leaves nothing half made): the pipeline's own schema (signal, heartbeat and
-snapshot-state tables), the replication role, its grants on exactly the
-captured tables, the configured replica identities, and the publication that
-holds exactly the captured tables plus the signal, heartbeat and truncations
-tables, and a TRUNCATE trigger on every table some pipeline captures (and on no
-other).
+snapshot-state tables; a signal table from before, holding `data varchar(2048)`,
+is widened to `text` first in a short transaction of its own), the replication
+role, its grants on exactly the captured tables, the configured replica
+identities, and the publication that holds exactly the captured tables plus the
+signal, heartbeat and truncations tables, and a TRUNCATE trigger on every table
+some pipeline captures (and on no other).
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ __all__ = [
     "drop_publication",
     "prepare_source",
     "replication_dsn",
+    "signal_data_width",
     "sync_truncate_triggers",
+    "widen_signal_table",
 ]
 
 log = logging.getLogger(__name__)
@@ -34,6 +37,7 @@ SIGNAL_TABLE = f"{OWN_SCHEMA}.debezium_signal"
 HEARTBEAT_TABLE = f"{OWN_SCHEMA}.heartbeat"
 TRUNCATIONS_TABLE = f"{OWN_SCHEMA}.truncations"
 TRUNCATE_TRIGGER = "cdc_record_truncate"
+SIGNAL_LOCK_TIMEOUT = "3s"  # how long widening the signal table may wait for its lock
 
 
 def admin_connection(settings: Settings) -> psycopg.Connection[Any]:
@@ -81,6 +85,7 @@ def prepare_source(settings: Settings) -> list[Table]:
     """Make the source ready for the pipeline; returns the captured tables."""
     pipe = settings.pipeline
     with admin_connection(settings) as conn:
+        widen_signal_table(conn)  # before the setup's transaction: its lock is held briefly
         check_wal_level(conn)
         try:
             with conn.transaction():
@@ -223,3 +228,50 @@ def sync_truncate_triggers(conn: psycopg.Connection[Any], wait: bool = True) -> 
     if busy:
         log.warning("TRUNCATE trigger left for later on busy tables: %s", ", ".join(busy))
     return busy
+
+
+def signal_data_width(conn: psycopg.Connection[Any], table: str = SIGNAL_TABLE) -> int | None:
+    """How many characters the signal table's data column holds: None for any (text)."""
+    schema, name = table.split(".", 1)
+    row = conn.execute(
+        "SELECT character_maximum_length FROM information_schema.columns "
+        "WHERE table_schema = %s AND table_name = %s AND column_name = 'data'",
+        (schema, name),
+    ).fetchone()
+    return None if row is None else row[0]
+
+
+def widen_signal_table(conn: psycopg.Connection[Any], table: str = SIGNAL_TABLE) -> bool:
+    """The signal table's data column as text, so that a signal carries a filter of any length.
+
+    Pipelines set up before held it as varchar(2048) (the width Debezium's docs show),
+    too short for a backfill of more than about 190 keys. varchar to text rewrites
+    nothing, but ALTER TABLE takes the table's exclusive lock: it waits at most
+    SIGNAL_LOCK_TIMEOUT for it (Debezium's watermark writes queue behind it meanwhile;
+    the application never touches this table), and gives up rather than wait longer.
+    Idempotent. Returns whether the column is now text (or the table does not exist yet).
+    """
+    with conn.transaction():
+        if signal_data_width(conn, table) is None:
+            return True
+        previous = conn.execute("SELECT current_setting('lock_timeout')").fetchone()[0]  # type: ignore[index]
+        try:
+            with conn.transaction():
+                conn.execute("SELECT set_config('lock_timeout', %s, true)", (SIGNAL_LOCK_TIMEOUT,))
+                conn.execute(
+                    sql.SQL("ALTER TABLE {} ALTER COLUMN data TYPE text").format(
+                        sql.Identifier(*table.split(".", 1))
+                    )
+                )
+        except errors.LockNotAvailable:
+            log.warning(
+                "%s.data left as it is: the table stayed locked for %s", table, SIGNAL_LOCK_TIMEOUT
+            )
+            return False
+        except errors.InsufficientPrivilege:
+            log.warning("%s.data left as it is: only the table's owner can widen it", table)
+            return False
+        finally:
+            conn.execute("SELECT set_config('lock_timeout', %s, true)", (previous,))
+    log.info("%s.data widened to text", table)
+    return True

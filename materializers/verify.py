@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from datetime import time as clock
@@ -367,54 +368,142 @@ def verify(
 
 # ---- repair -------------------------------------------------------------------------
 
-REPAIR_WHOLE_TABLE = 5000  # more drifted keys than this: backfill the whole table
+REPAIR_WHOLE_TABLE_SHARE = 0.5  # at least this share of a table's rows drifted: backfill it all
+REPAIR_FILTER_CHARS = 64 * 1024  # one backfill signal's key filter at most (a few thousand keys)
+REPAIR_TIMEOUT = 600.0  # seconds each signal's backfill may take
 
 
-def repair(settings: Settings, tables: list[Table], drifts: list[Drift]) -> list[str]:
+def repair(
+    settings: Settings,
+    tables: list[Table],
+    drifts: list[Drift],
+    report: Callable[[str], None] | None = None,
+) -> list[str]:
     """Mend what verify found; returns what was done, one line each.
 
     Keys a store lacks or holds different values for are backfilled (Debezium's
-    incremental snapshot of just those keys, or of the table when many drifted): the
-    rows come through the log again at new positions and every store takes them. Keys
-    only a store has (no such row in the source) are removed from that store.
+    incremental snapshot of just those keys, or of the table when at least half its
+    rows drifted): the rows come through the log again at new positions and every
+    store takes them. The keys go in signals of at most REPAIR_FILTER_CHARS of filter
+    each, one after the other (Debezium keeps a running backfill's filter in its
+    offsets, and reads a queue of them one by one anyway); `report` hears of each.
+    Keys only a store has (no such row in the source) are removed from that store.
     """
-    from snapshot.backfill import start_backfill, watch_backfill
-
     done = []
     by_name = {t.qualified: t for t in tables}
     for name in sorted({d.table for d in drifts if not d.ok}):
         table = by_name[name]
-        stale = sorted({k for d in drifts if d.table == name for k in d.missing + d.different})
+        mine = [d for d in drifts if d.table == name]
+        stale = sorted({k for d in mine for k in d.missing + d.different})
         if stale:
-            where = None if len(stale) > REPAIR_WHOLE_TABLE else _key_filter(table, stale)
-            signal, offset = start_backfill(settings, name, where)
-            watch_backfill(settings, offset, lambda _: None, timeout=600)
-            what = "the whole table" if where is None else f"{len(stale)} keys"
-            done.append(f"{name}: backfilled {what} (signal {signal})")
-        for drift in drifts:
-            if drift.table == name and drift.extra:
+            filters = repair_filters(table, stale, max(d.source_rows for d in mine))
+            _backfill(settings, table, filters, len(stale), report)
+            if filters is None:
+                done.append(f"{name}: backfilled the whole table ({len(stale)} keys drifted)")
+            else:
+                signals = f"{len(filters)} signal" + ("s" if len(filters) > 1 else "")
+                done.append(f"{name}: backfilled {len(stale)} keys ({signals})")
+        for drift in mine:
+            if drift.extra:
                 _remove(settings, drift.store, table, drift.extra)
                 done.append(f"{name}: removed {len(drift.extra)} keys only {drift.store} had")
     return done
 
 
+def repair_filters(table: Table, stale: list[str], source_rows: int) -> list[str] | None:
+    """The backfill filters that bring back the `stale` keys: None for the whole table."""
+    if len(stale) >= REPAIR_WHOLE_TABLE_SHARE * source_rows:
+        return None
+    return key_filters(table, stale)
+
+
+def key_filters(table: Table, keys: list[str], limit: int = REPAIR_FILTER_CHARS) -> list[str]:
+    """WHERE clauses that together match exactly these keys, each at most `limit` long
+    (a single key longer than that gets a clause of its own)."""
+    head = _key_columns(table)
+    filters: list[str] = []
+    rows: list[str] = []
+    size = len(head) + 1
+    for key in keys:
+        row = _key_row(table, key)
+        if rows and size + len(row) + 2 > limit:
+            filters.append(f"{head}{', '.join(rows)})")
+            rows, size = [], len(head) + 1
+        rows.append(row)
+        size += len(row) + 2
+    if rows:
+        filters.append(f"{head}{', '.join(rows)})")
+    return filters
+
+
 def _key_filter(table: Table, keys: list[str]) -> str:
     """A WHERE clause matching exactly these keys (key texts as verify reports them)."""
-    columns = sql.SQL(", ").join(sql.Identifier(k) for k in table.key)
-    rows = sql.SQL(", ").join(
-        sql.SQL("({})").format(sql.SQL(", ").join(sql.Literal(json.loads(k)[c]) for c in table.key))
-        for k in keys
+    return f"{_key_columns(table)}{', '.join(_key_row(table, k) for k in keys)})"
+
+
+def _key_columns(table: Table) -> str:
+    columns = sql.SQL(", ").join(sql.Identifier(k) for k in table.key).as_string(None)
+    return f"({columns}) IN ("
+
+
+def _key_row(table: Table, key: str) -> str:
+    values = json.loads(key)
+    return (
+        sql.SQL("({})")
+        .format(sql.SQL(", ").join(sql.Literal(values[c]) for c in table.key))
+        .as_string(None)
     )
-    return sql.SQL("({}) IN ({})").format(columns, rows).as_string(None)
+
+
+def _backfill(
+    settings: Settings,
+    table: Table,
+    filters: list[str] | None,
+    keys: int,
+    report: Callable[[str], None] | None,
+) -> None:
+    """One incremental snapshot per filter (or of the whole table), each to its end."""
+    from snapshot.backfill import BackfillError, start_backfill, watch_backfill
+
+    parts: list[str | None] = [None] if filters is None else list(filters)
+    for number, where in enumerate(parts, 1):
+        try:
+            signal, offset = start_backfill(settings, table.qualified, where)
+            watch_backfill(settings, offset, lambda _: None, REPAIR_TIMEOUT, signal_id=signal)
+        except BackfillError as exc:
+            part = f" (signal {number} of {len(parts)})" if len(parts) > 1 else ""
+            raise VerifyError(f"the repair of {table.qualified} failed{part}: {exc}") from None
+        if report is not None:
+            report(f"{table.qualified}: backfill {number} of {len(parts)} done ({keys} keys)")
 
 
 def _remove(settings: Settings, store: str, table: Table, keys: list[str]) -> None:
+    try:
+        _remove_from(settings, store, table, keys)
+    except CdcError:
+        raise
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise VerifyError(
+            f"could not remove {len(keys)} keys only {store} has from {table.qualified} "
+            f"({first}): check `cdc status`, then run `cdc verify --repair` again"
+        ) from None
+
+
+REMOVE_BATCH = 1000  # keys per cache DEL, per warehouse UPDATE of a many-column key
+
+
+def _remove_from(settings: Settings, store: str, table: Table, keys: list[str]) -> None:
     if store == "cache":
         from cdc.components.redis import redis_client
         from materializers.stores.cache import cache_key
 
         prefix = settings.pipeline.topic_prefix
-        redis_client(settings.redis).delete(*[cache_key(prefix, table.qualified, k) for k in keys])
+        client = redis_client(settings.redis)
+        for at in range(0, len(keys), REMOVE_BATCH):
+            client.delete(
+                *[cache_key(prefix, table.qualified, k) for k in keys[at : at + REMOVE_BATCH]]
+            )
     elif store == "search":
         from opensearchpy import OpenSearch, helpers
 
@@ -434,11 +523,25 @@ def _remove(settings: Settings, store: str, table: Table, keys: list[str]) -> No
 
         spark = spark_session(settings, "cdc-verify")
         target = DeltaTable.forPath(spark, current_path(warehouse_root(settings), table.qualified))
-        condition = F.lit(False)
-        for key in keys:
-            values = json.loads(key)
-            match = F.lit(True)
-            for column in table.key:
-                match = match & (F.col(f"`{column}`") == F.lit(values[column]))
-            condition = condition | match
-        target.update(condition, {"_cdc_deleted": F.lit(True)})
+        values = [json.loads(k) for k in keys]
+        if len(table.key) == 1:  # one IN list (Spark makes it a hash set)
+            column = table.key[0]
+            condition = F.col(f"`{column}`").isin([v[column] for v in values])
+            target.update(condition, {"_cdc_deleted": F.lit(True)})
+            return
+        for at in range(0, len(values), REMOVE_BATCH):
+            matches = []
+            for value in values[at : at + REMOVE_BATCH]:
+                match = F.lit(True)
+                for column in table.key:
+                    match = match & (F.col(f"`{column}`") == F.lit(value[column]))
+                matches.append(match)
+            target.update(_any_of(matches), {"_cdc_deleted": F.lit(True)})
+
+
+def _any_of(conditions: list[Any]) -> Any:
+    """OR of the conditions as a balanced tree (a chain of thousands is too deep for Spark)."""
+    while len(conditions) > 1:
+        pairs = [conditions[i : i + 2] for i in range(0, len(conditions), 2)]
+        conditions = [p[0] | p[1] if len(p) == 2 else p[0] for p in pairs]
+    return conditions[0]

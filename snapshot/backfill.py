@@ -13,17 +13,26 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError
 
 from cdc.connect import ConnectClient
 from cdc.errors import CdcError
 from cdc.settings import Settings
-from cdc.source import SIGNAL_TABLE, admin_connection
+from cdc.source import (
+    SIGNAL_LOCK_TIMEOUT,
+    SIGNAL_TABLE,
+    admin_connection,
+    signal_data_width,
+    widen_signal_table,
+)
 
 __all__ = [
+    "MAX_FILTER_CHARS",
     "BackfillError",
     "BackfillProgress",
     "notification_topic",
@@ -35,6 +44,11 @@ __all__ = [
 
 class BackfillError(CdcError):
     """A backfill cannot start, or it was aborted."""
+
+
+# Debezium keeps a running backfill's filter in the connector's offsets, escaped twice
+# (JSON in JSON); Kafka Connect writes them as one record, at most 1 MiB by default.
+MAX_FILTER_CHARS = 512 * 1024
 
 
 def notification_topic(settings: Settings) -> str:
@@ -50,6 +64,9 @@ class BackfillProgress:
     last_key: str | None = None
     max_key: str | None = None
     rows_scanned: int | None = None
+    failures: list[str] = field(default_factory=list)  # "table: STATUS" of a scan that failed
+    signal_id: str | None = None  # when given: what follows Debezium taking this signal
+    taken: bool = False  # Debezium has taken signal_id
 
     @property
     def finished(self) -> bool:
@@ -66,14 +83,35 @@ class BackfillProgress:
 
 
 def send_signal(settings: Settings, kind: str, data: dict[str, Any] | None) -> str:
-    """Write a signal to Debezium's signal table; returns its id."""
+    """Write a signal to Debezium's signal table; returns its id.
+
+    A signal table from before, whose data column is too short for this signal, is
+    widened to text first (cdc.source.widen_signal_table).
+    """
     signal_id = str(uuid.uuid4())
+    text = json.dumps(data) if data is not None else None
     with admin_connection(settings) as conn:
-        conn.execute(
-            f"INSERT INTO {SIGNAL_TABLE} (id, type, data) VALUES (%s, %s, %s)",
-            (signal_id, kind, json.dumps(data) if data is not None else None),
-        )
-        conn.commit()
+        try:
+            width = signal_data_width(conn)
+            too_long = text is not None and width is not None and len(text) > width
+            if too_long and not widen_signal_table(conn):
+                raise BackfillError(
+                    f"the signal ({len(text or '')} characters) does not fit {SIGNAL_TABLE}.data "
+                    f"(varchar({width})) and could not be widened to text (another transaction "
+                    f"held the table for {SIGNAL_LOCK_TIMEOUT}, or user {settings.postgres.user} "
+                    "does not own it): run the command again once the table is free, or have its "
+                    f"owner run ALTER TABLE {SIGNAL_TABLE} ALTER COLUMN data TYPE text"
+                )
+            conn.execute(
+                f"INSERT INTO {SIGNAL_TABLE} (id, type, data) VALUES (%s, %s, %s)",
+                (signal_id, kind, text),
+            )
+            conn.commit()
+        except psycopg.Error as exc:
+            raise BackfillError(
+                f"could not write the {kind} signal to {SIGNAL_TABLE}: "
+                f"{str(exc).strip().splitlines()[0]}; run `cdc snapshot` to set the pipeline up"
+            ) from None
     return signal_id
 
 
@@ -106,14 +144,34 @@ def start_backfill(settings: Settings, table: str, where: str | None = None) -> 
     """
     if "." not in table:
         table = f"public.{table}"
+    if where is not None and not where.strip():
+        where = None
+    if where:
+        _check_filter_size(where)
     _check_streaming(settings, table)
     if where:
         _check_filter(settings, table, where)
     start = _end_offset(settings)
     data: dict[str, Any] = {"data-collections": [table], "type": "incremental"}
     if where:
-        data["additional-conditions"] = [{"data-collection": table, "filter": where}]
+        # Debezium appends the filter to its chunk query as it is (`WHERE <chunk bounds>
+        # AND <filter>`): an OR at its top level would escape the chunk's bounds
+        data["additional-conditions"] = [{"data-collection": table, "filter": f"({where})"}]
     return send_signal(settings, "execute-snapshot", data), start
+
+
+def filter_chars(where: str) -> int:
+    """How long the filter is once Debezium keeps it in its offsets (JSON in JSON)."""
+    return len(json.dumps(json.dumps(where)))
+
+
+def _check_filter_size(where: str) -> None:
+    if filter_chars(where) > MAX_FILTER_CHARS:
+        raise BackfillError(
+            f"--where is {len(where):,} characters: Debezium keeps a running backfill's filter "
+            "in the connector's offsets, which Kafka Connect stores as one record of at most "
+            "1 MiB; give a shorter filter (a range of keys), or split it into several backfills"
+        )
 
 
 def _check_filter(settings: Settings, table: str, where: str) -> None:
@@ -121,18 +179,35 @@ def _check_filter(settings: Settings, table: str, where: str) -> None:
     with admin_connection(settings) as conn:
         try:
             schema, name = table.split(".", 1)
-            conn.execute(f'EXPLAIN SELECT 1 FROM "{schema}"."{name}" WHERE {where}')
+            conn.execute(f'EXPLAIN SELECT 1 FROM "{schema}"."{name}" WHERE ({where})')
         except Exception as exc:
+            shown = where if len(where) <= 200 else where[:200] + "..."
             raise BackfillError(
-                f"--where {where!r} is not a valid filter on {table}: {str(exc).splitlines()[0]}"
+                f"--where {shown!r} is not a valid filter on {table}: "
+                f"{str(exc).strip().splitlines()[0]}"
             ) from None
 
 
+def _consumer(settings: Settings) -> KafkaConsumer:
+    try:
+        return KafkaConsumer(bootstrap_servers=settings.kafka.bootstrap_servers)
+    except KafkaError:
+        raise BackfillError(
+            f"Kafka at {settings.kafka.bootstrap_servers} does not answer: start it (`cdc up`) "
+            "or fix kafka.host/port"
+        ) from None
+
+
 def _end_offset(settings: Settings) -> int:
-    consumer = KafkaConsumer(bootstrap_servers=settings.kafka.bootstrap_servers)
+    consumer = _consumer(settings)
     try:
         tp = TopicPartition(notification_topic(settings), 0)
         return consumer.end_offsets([tp])[tp]
+    except KafkaError as exc:
+        raise BackfillError(
+            f"cannot read the notification topic {notification_topic(settings)} ({exc}): "
+            "check `cdc status`"
+        ) from None
     finally:
         consumer.close()
 
@@ -142,29 +217,67 @@ def watch_backfill(
     from_offset: int,
     on_progress: Callable[[BackfillProgress], None],
     timeout: float | None = None,
+    signal_id: str | None = None,
 ) -> BackfillProgress:
-    """Follow the notifications until the incremental snapshot completes or is aborted."""
+    """Follow the notifications until the incremental snapshot completes or is aborted.
+
+    With signal_id (start_backfill's), only what follows Debezium taking that signal
+    counts (see _follow). A table scan that failed (Debezium reports SQL_EXCEPTION
+    and goes on) is an error here.
+    """
     tp = TopicPartition(notification_topic(settings), 0)
-    consumer = KafkaConsumer(bootstrap_servers=settings.kafka.bootstrap_servers)
-    progress = BackfillProgress()
+    consumer = _consumer(settings)
+    progress = BackfillProgress(signal_id=signal_id)
     deadline = None if timeout is None else time.monotonic() + timeout
+    log_file = settings.data_dir / "connect" / "connect.log"
     try:
         consumer.assign([tp])
         consumer.seek(tp, from_offset)
         while not progress.finished:
             for record in consumer.poll(timeout_ms=1000).get(tp, []):
-                note = json.loads(record.value) if record.value else {}
-                if note.get("aggregate_type") != "Incremental Snapshot":
-                    continue
-                _apply(progress, note)
-                on_progress(progress)
+                if _follow(progress, json.loads(record.value) if record.value else {}):
+                    on_progress(progress)
             if deadline is not None and time.monotonic() > deadline:
-                raise BackfillError(f"the backfill did not finish within {timeout:.0f}s")
+                waiting = signal_id is not None and not progress.taken
+                raise BackfillError(
+                    f"the backfill did not finish within {timeout:.0f}s"
+                    + (" (Debezium has not taken its signal yet)" if waiting else "")
+                    + f": see `cdc status` and the Connect log {log_file}"
+                )
+    except KafkaError as exc:
+        raise BackfillError(
+            f"lost the notification topic {notification_topic(settings)} ({exc}): check "
+            "`cdc status`; the backfill itself goes on"
+        ) from None
     finally:
         consumer.close()
     if progress.state == "ABORTED":
         raise BackfillError("the backfill was stopped before it finished")
+    if progress.failures:
+        raise BackfillError(
+            f"Debezium could not read {', '.join(progress.failures)}: see the Connect log "
+            f"{log_file}, then run the backfill again"
+        )
     return progress
+
+
+def _follow(progress: BackfillProgress, note: dict[str, Any]) -> bool:
+    """Take one notification in; returns whether it concerned this backfill.
+
+    Debezium queues a signal that arrives while a backfill runs, and its notifications
+    carry the id of the signal that joined the queue last; COMPLETED comes once the
+    queue is empty. So once a notification carries progress.signal_id, Debezium has
+    taken the signal, and the next COMPLETED covers it; a COMPLETED before that (of a
+    backfill that was running already) does not.
+    """
+    if note.get("aggregate_type") != "Incremental Snapshot":
+        return False
+    if progress.signal_id is not None and not progress.taken:
+        if note.get("id") != progress.signal_id:
+            return False
+        progress.taken = True
+    _apply(progress, note)
+    return True
 
 
 def _apply(progress: BackfillProgress, note: dict[str, Any]) -> None:
@@ -179,3 +292,6 @@ def _apply(progress: BackfillProgress, note: dict[str, Any]) -> None:
     progress.max_key = extra.get("maximum_key", progress.max_key)
     if "total_rows_scanned" in extra:
         progress.rows_scanned = (progress.rows_scanned or 0) + int(extra["total_rows_scanned"])
+    status = extra.get("status")
+    if progress.state == "TABLE_SCAN_COMPLETED" and status not in (None, "SUCCEEDED", "EMPTY"):
+        progress.failures.append(f"{extra.get('scanned_collection', progress.table)}: {status}")

@@ -6,7 +6,7 @@ CREATE SCHEMA IF NOT EXISTS cdc;
 CREATE TABLE IF NOT EXISTS cdc.debezium_signal (
     id   varchar(64) PRIMARY KEY,
     type varchar(32) NOT NULL,
-    data varchar(2048)
+    data text  -- a backfill's filter, of any length (pipelines from before: widened by cdc/source.py)
 );
 
 -- Written by the connector's heartbeat action query: keeps the slot advancing when the

@@ -1,13 +1,34 @@
-"""Verify's pure parts: key texts, key filters and the warehouse's canonical values."""
+"""Verify's pure parts: key texts, key filters and the warehouse's canonical values; the
+repair's plan and the backfill's bookkeeping it relies on."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, time
 from decimal import Decimal
 
+import pytest
+
 from cdc.catalog import Column, Table
 from cdc.decode import Interval
-from materializers.verify import Drift, _compare, _key_filter, _warehouse_value, key_text
+from materializers.verify import (
+    REPAIR_FILTER_CHARS,
+    Drift,
+    _any_of,
+    _compare,
+    _key_filter,
+    _warehouse_value,
+    key_filters,
+    key_text,
+    repair_filters,
+)
+from snapshot.backfill import (
+    MAX_FILTER_CHARS,
+    BackfillError,
+    BackfillProgress,
+    _check_filter_size,
+    _follow,
+    filter_chars,
+)
 
 
 def col(name: str, base: str, array: bool = False) -> Column:
@@ -68,3 +89,107 @@ def test_compare_narrows_to_the_keys_that_differ() -> None:
         ['{"id":9}'],
         ['{"id":2}'],
     )
+
+
+ONE_KEY = Table("public", "t", (col("id", "int8"), col("name", "text")), ("id",), "d", 0, 0)
+
+
+def test_key_filters_split_many_keys_into_bounded_filters() -> None:
+    keys = [f'{{"id":{i}}}' for i in range(1, 10_001)]
+    filters = key_filters(ONE_KEY, keys, limit=2048)
+    assert len(filters) > 1
+    assert all(len(f) <= 2048 for f in filters)
+    assert all(f.startswith('("id") IN ((') and f.endswith("))") for f in filters)
+    # together they name every key once, in order
+    named = [int(v) for f in filters for v in f[len('("id") IN (') : -1].strip("()").split("), (")]
+    assert named == list(range(1, 10_001))
+    # each one is the single filter of its own keys
+    first = filters[0].count("(") - 2
+    assert filters[0] == _key_filter(ONE_KEY, keys[:first])
+
+
+def test_key_filters_keep_a_few_keys_in_one_filter_and_an_oversized_key_alone() -> None:
+    assert key_filters(ONE_KEY, ['{"id":1}', '{"id":2}']) == ['("id") IN ((1), (2))']
+    long = "x" * 100
+    keys = ['{"id":1,"code":"a"}', f'{{"id":2,"code":"{long}"}}', '{"id":3,"code":"b"}']
+    head = '("id", "code") IN ('
+    assert key_filters(TABLE, keys, limit=60) == [
+        head + "(1, 'a'))",
+        head + f"(2, '{long}'))",
+        head + "(3, 'b'))",
+    ]
+    assert key_filters(TABLE, keys[::2], limit=60) == [head + "(1, 'a'), (3, 'b'))"]
+    assert key_filters(ONE_KEY, []) == []
+
+
+def test_ten_thousand_keys_fit_a_few_signals_of_bounded_size() -> None:
+    keys = [f'{{"id":{i}}}' for i in range(100_000, 110_000)]
+    filters = repair_filters(ONE_KEY, keys, source_rows=30_000)
+    assert filters is not None and 1 < len(filters) <= 3
+    assert all(filter_chars(f) <= MAX_FILTER_CHARS for f in filters)
+    assert all(len(f) <= REPAIR_FILTER_CHARS for f in filters)
+
+
+def test_repair_backfills_the_whole_table_when_half_of_it_drifted() -> None:
+    keys = [f'{{"id":{i}}}' for i in range(100)]
+    assert repair_filters(ONE_KEY, keys, source_rows=200) is None
+    assert repair_filters(ONE_KEY, keys, source_rows=201) == [_key_filter(ONE_KEY, keys)]
+
+
+def test_any_of_is_a_balanced_or() -> None:
+    assert _any_of([1, 2, 4, 8, 16]) == 31
+    assert _any_of([True]) is True
+    assert _any_of([{i} for i in range(1000)]) == set(range(1000))
+
+
+def test_a_backfill_filter_is_bounded_by_what_the_connector_offsets_hold() -> None:
+    _check_filter_size("id IN (" + ", ".join(str(i) for i in range(50_000)) + ")")
+    with pytest.raises(BackfillError, match="shorter filter"):
+        _check_filter_size("id IN (" + ", ".join(str(i) for i in range(100_000)) + ")")
+    assert filter_chars('"a"') > len('"a"') * 2  # escaped twice
+
+
+def note(kind: str, signal: str, **extra: str) -> dict[str, object]:
+    return {
+        "aggregate_type": "Incremental Snapshot",
+        "id": signal,
+        "type": kind,
+        "additional_data": extra,
+    }
+
+
+def test_a_backfill_counts_only_what_follows_debezium_taking_its_signal() -> None:
+    progress = BackfillProgress(signal_id="mine")
+    # a backfill that ran before completes first: not this one's completion
+    assert not _follow(progress, note("IN_PROGRESS", "earlier"))
+    assert not _follow(progress, note("COMPLETED", "earlier"))
+    assert not progress.finished
+    assert not _follow(progress, {"aggregate_type": "Initial Snapshot", "id": "mine"})
+    assert _follow(progress, note("STARTED", "mine", data_collections="public.t"))
+    assert _follow(
+        progress,
+        note(
+            "TABLE_SCAN_COMPLETED",
+            "mine",
+            scanned_collection="public.t",
+            total_rows_scanned="42",
+            status="SUCCEEDED",
+        ),
+    )
+    # queued behind it, a later signal's id is on the notes from now on
+    assert _follow(progress, note("COMPLETED", "later"))
+    assert progress.finished and progress.rows_scanned == 42 and progress.failures == []
+
+
+def test_a_table_scan_that_failed_is_a_failure_of_the_backfill() -> None:
+    progress = BackfillProgress()
+    _follow(progress, note("STARTED", "x"))
+    _follow(
+        progress,
+        note("TABLE_SCAN_COMPLETED", "x", scanned_collection="public.t", status="SQL_EXCEPTION"),
+    )
+    _follow(
+        progress, note("TABLE_SCAN_COMPLETED", "x", scanned_collection="public.u", status="EMPTY")
+    )
+    _follow(progress, note("COMPLETED", "x"))
+    assert progress.finished and progress.failures == ["public.t: SQL_EXCEPTION"]
