@@ -250,7 +250,7 @@ def backfill(
         return
     if not table:
         raise typer.BadParameter("name the TABLE to backfill")
-    _, offset = start_backfill(s, table, where)
+    signal, offset = start_backfill(s, table, where)
     progress(f"backfill of {table} requested" + (f" (where {where})" if where else ""))
     if no_wait:
         return
@@ -269,7 +269,7 @@ def backfill(
                 detail += f", key {p.last_key} of {p.max_key}"
             bar.update(task, completed=p.fraction or 0.0, detail=detail)
 
-        done = watch_backfill(s, offset, show)
+        done = watch_backfill(s, offset, show, signal_id=signal)
         bar.update(task, completed=1.0, detail="completed")
     out.print(f"backfill of {table} completed: {done.rows_scanned or 0} rows read")
 
@@ -459,7 +459,7 @@ def verify(
     if repair and any(not d.ok for d in results):
         from materializers.verify import repair as run_repair
 
-        for line in run_repair(s, tables, results):
+        for line in run_repair(s, tables, results, report=progress):
             progress(line)
         progress("verifying again once the stores have applied the repair")
         results = run_verify(s, tables, stores, timeout)
@@ -676,9 +676,9 @@ def rebuild(
         typer.confirm(f"Empty and rebuild {what}?", abort=True)
     chosen = reset_store(s, store, names or None, progress)
     for name in chosen:
-        _, offset = start_backfill(s, name)
+        signal, offset = start_backfill(s, name)
         progress(f"backfilling {name} through the log")
-        done = watch_backfill(s, offset, lambda p: None)
+        done = watch_backfill(s, offset, lambda p: None, signal_id=signal)
         progress(f"backfill of {name} completed: {done.rows_scanned or 0} rows read")
     progress(f"now run `cdc apply` (or `cdc apply --store {store}`): it rebuilds the {store}")
 

@@ -95,7 +95,7 @@ def replay_dead_letters(
 ) -> dict[str, int]:
     """Backfill the keys of the dead letters of `stores` not replayed yet; returns per
     table the keys backfilled. Dead letters whose key names no row are reported."""
-    from materializers.verify import _backfill, key_filters
+    from materializers.verify import backfill_keys, key_filters
 
     tables = captured_tables(settings)
     by_topic = {settings.pipeline.topic(name): name for name in tables}
@@ -118,7 +118,7 @@ def replay_dead_letters(
             pending.setdefault(table, set()).add(letter.key)
     for name, keys in sorted(pending.items()):
         table = tables[name]
-        _backfill(settings, table, key_filters(table, sorted(keys)), len(keys), note)
+        backfill_keys(settings, table, key_filters(table, sorted(keys)), len(keys), note)
     for store, mark in marks.items():
         path = _replayed_file(settings, store)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,9 @@ from cdc.source import TRUNCATIONS_TABLE, admin_connection
 __all__ = [
     "Drift",
     "VerifyError",
+    "backfill_keys",
     "consistent_cut",
+    "key_filters",
     "key_text",
     "normalize",
     "source_rows",
@@ -397,7 +399,7 @@ def repair(
         stale = sorted({k for d in mine for k in d.missing + d.different})
         if stale:
             filters = repair_filters(table, stale, max(d.source_rows for d in mine))
-            _backfill(settings, table, filters, len(stale), report)
+            backfill_keys(settings, table, filters, len(stale), report)
             if filters is None:
                 done.append(f"{name}: backfilled the whole table ({len(stale)} keys drifted)")
             else:
@@ -455,7 +457,7 @@ def _key_row(table: Table, key: str) -> str:
     )
 
 
-def _backfill(
+def backfill_keys(
     settings: Settings,
     table: Table,
     filters: list[str] | None,
