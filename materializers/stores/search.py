@@ -56,8 +56,11 @@ def search_version(position: tuple[int, int]) -> int:
 
 
 def _retryable(status: Any) -> bool:
-    """A bulk item's or request's status that says the store is down or overloaded."""
-    return status in ("N/A", None, 429) or (isinstance(status, int) and status >= 500)
+    """A bulk item's or request's status that says the store is down or overloaded: 429,
+    5xx, or no HTTP status at all (refused, reset, "TIMEOUT": the request got no answer)."""
+    if not isinstance(status, int):
+        return True
+    return status == 429 or status >= 500
 
 
 def _written_before(stored: dict[str, Any], tombstone: Event) -> bool:

@@ -64,3 +64,12 @@ def test_non_finite_floats_are_not_silently_nulled() -> None:
     value = document_value(_column("float8"), "NaN")
     assert isinstance(value, str) and math.isnan(float(value))
     assert FastJSON().loads(FastJSON().dumps({"v": value}))["v"] == value
+
+
+def test_search_retries_what_says_the_store_is_down_and_dead_letters_the_rest() -> None:
+    from materializers.stores.search import _retryable
+
+    for status in ("N/A", "TIMEOUT", None, 429, 500, 503):
+        assert _retryable(status), status
+    for status in (400, 404, 409):  # a document OpenSearch refuses is that record's fault
+        assert not _retryable(status), status
