@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import psycopg
 
@@ -17,11 +19,15 @@ from cdc.source import HEARTBEAT_TABLE, SIGNAL_TABLE, TRUNCATIONS_TABLE
 __all__ = [
     "connector_config",
     "heartbeat_topic",
+    "offset_reaches",
     "pipeline_connector_config",
     "register_connector",
+    "start_offset",
     "transaction_topic",
     "wait_slot_active",
 ]
+
+log = logging.getLogger(__name__)
 
 
 def heartbeat_topic(settings: Settings) -> str:
@@ -146,21 +152,72 @@ def secret_reference(settings: Settings, key: str, value: str) -> str:
     return f"${{file:{path}:{key}}}"
 
 
-def register_connector(settings: Settings, tables: Sequence[Table], timeout: float = 90.0) -> None:
-    """Create or update the pipeline's connector and wait until it streams from the slot."""
+def start_offset(lsn: int, ts_ms: int | None = None) -> dict[str, int | str]:
+    """The source offset that starts Debezium at a slot's consistent point `lsn`.
+
+    It is the offset Debezium keeps after a COMMIT at `lsn` (PostgresOffsetContext.getOffset:
+    lsn, lsn_commit, messageType, ts_usec) less lsn_proc, on purpose. Without lsn_proc
+    Debezium skips its WAL position search and streams from `lsn` as it is: PostgreSQL sends
+    every transaction that commits at or after `lsn`, whole, even one that began before it,
+    exactly as to a connector with no offset. With lsn_proc = `lsn`, the search
+    (WalPositionLocator, Debezium 3.6) would take a change at exactly `lsn` (the record right
+    after the point, written by a transaction open across it) for the last one processed and
+    resume after it, dropping that transaction's BEGIN and earlier changes. And the last
+    commit loaded is `lsn` (with no offset it is null until the first COMMIT), so the first
+    transaction's events carry source.sequence [lsn, <own LSN>] like every later one.
+    """
+    offset: dict[str, int | str] = {"lsn": lsn, "lsn_commit": lsn, "messageType": "COMMIT"}
+    if ts_ms is not None:
+        offset["ts_usec"] = ts_ms * 1000
+    return offset
+
+
+def offset_reaches(offset: dict[str, Any], lsn: int) -> bool:
+    """Whether a stored Debezium offset is at or past `lsn`, a slot's consistent point.
+
+    The connector of a generation starts at its point and only moves forward, so one that
+    is not holds an older generation's position, from before the slot existed.
+    """
+    positions = [offset.get(k) for k in ("lsn_commit", "lsn", "lsn_proc")]
+    return any(isinstance(p, int) and p >= lsn for p in positions)
+
+
+def register_connector(
+    settings: Settings,
+    tables: Sequence[Table],
+    timeout: float = 90.0,
+    *,
+    start_lsn: int | None = None,
+    start_ts_ms: int | None = None,
+) -> None:
+    """Create or update the pipeline's connector and wait until it streams from the slot.
+
+    start_lsn, the consistent point of the slot the pipeline's snapshot made, says where a
+    connector this call creates starts: it is created stopped, its offset is set to
+    start_offset(start_lsn) unless the one Connect holds under its name is of this
+    generation already (an earlier generation's, which outlives `cdc drop`, would resume
+    from before the slot and fail), and it is resumed. A connector found stopped (its start
+    was interrupted) is started the same way. A running connector keeps its offsets.
+    """
     client = ConnectClient(settings.connect.url)
     name = settings.pipeline.connector
     config = pipeline_connector_config(settings, tables)
     config["database.password"] = secret_reference(
         settings, "database.password", config["database.password"]
     )
-    existing = name in client.connectors()
-    if existing and client.config(name) == config:
+    connectors = client.connectors()
+    existing = name in connectors
+    state = connectors.get(name, {}).get("status", {}).get("connector", {}).get("state")
+    old_reader = None
+    if start_lsn is not None and (not existing or state == "STOPPED"):
+        _start_at(client, settings, config, start_lsn, start_ts_ms, existing)
+    elif existing and client.config(name) == config:
         client.wait_running(name, timeout=timeout)
         wait_slot_active(settings, settings.pipeline.slot, timeout=timeout)
         return
-    old_reader = _slot_reader(settings)
-    client.put_config(name, config)
+    else:
+        old_reader = _slot_reader(settings) if existing else None
+        client.put_config(name, config)
     # a reconfigured connector restarts its task: wait for the task that runs the new
     # configuration, and for its own replication connection, before anyone relies on it
     deadline = time.monotonic() + timeout
@@ -181,8 +238,32 @@ def register_connector(settings: Settings, tables: Sequence[Table], timeout: flo
         settings,
         settings.pipeline.slot,
         timeout=max(deadline - time.monotonic(), 5),
-        not_pid=old_reader if existing else None,
+        not_pid=old_reader,
     )
+
+
+def _start_at(
+    client: ConnectClient,
+    settings: Settings,
+    config: dict[str, str],
+    lsn: int,
+    ts_ms: int | None,
+    existing: bool,
+) -> None:
+    """Create the connector stopped (or reconfigure it, stopped), put its offset at `lsn`
+    unless it is there already, and resume it."""
+    name = settings.pipeline.connector
+    if not existing:
+        client.create_stopped(name, config)
+    elif client.config(name) != config:
+        client.put_config(name, config)  # a stopped connector stays stopped
+    partition = {"server": settings.pipeline.topic_prefix}
+    stored = [o["offset"] for o in client.offsets(name) if o.get("partition") == partition]
+    if not (stored and offset_reaches(stored[0], lsn)):
+        offset = start_offset(lsn, ts_ms)
+        log.info("connector %s starts at offset %s (was %s)", name, offset, stored or "none")
+        client.set_offsets(name, [{"partition": partition, "offset": offset}])
+    client.resume(name)
 
 
 def _slot_reader(settings: Settings) -> int | None:

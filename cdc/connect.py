@@ -53,6 +53,12 @@ class ConnectClient:
         """Create the connector, or update its configuration (idempotent)."""
         self._call("PUT", f"/connectors/{name}/config", json=config)
 
+    def create_stopped(self, name: str, config: dict[str, str]) -> None:
+        """Create the connector in the STOPPED state (no tasks until resume(), KIP-980), so
+        that its offsets can be set before it reads anything."""
+        body = {"name": name, "config": config, "initial_state": "STOPPED"}
+        self._call("POST", "/connectors", json=body)
+
     def task_configs(self, name: str) -> list[dict[str, str]]:
         """The configuration each running task was started with."""
         return [dict(t["config"]) for t in self._call("GET", f"/connectors/{name}/tasks")]
@@ -69,8 +75,55 @@ class ConnectClient:
     def resume(self, name: str) -> None:
         self._call("PUT", f"/connectors/{name}/resume")
 
+    def stop(self, name: str) -> None:
+        """Stop the connector and its tasks; it keeps its configuration (resume() restarts it)."""
+        self._call("PUT", f"/connectors/{name}/stop")
+
     def delete(self, name: str) -> None:
         self._call("DELETE", f"/connectors/{name}")
+
+    def offsets(self, name: str) -> list[dict[str, Any]]:
+        """The source offsets Connect holds for the connector's name: partition and offset."""
+        return list(self._call("GET", f"/connectors/{name}/offsets")["offsets"])
+
+    def set_offsets(self, name: str, offsets: list[dict[str, Any]], timeout: float = 30.0) -> None:
+        """Replace the offset of each given partition (KIP-875); the connector must be stopped."""
+        self._while_stopping(
+            "PATCH", f"/connectors/{name}/offsets", timeout, json={"offsets": offsets}
+        )
+
+    def reset_offsets(self, name: str, timeout: float = 30.0) -> None:
+        """Remove every offset of the connector (KIP-875); the connector must be stopped."""
+        self._while_stopping("DELETE", f"/connectors/{name}/offsets", timeout)
+
+    def _while_stopping(self, method: str, path: str, timeout: float, **kwargs: Any) -> None:
+        """Call, retrying while Connect still winds the connector's tasks down (or rebalances)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._call(method, path, **kwargs)
+                return
+            except ConnectorError as exc:
+                message = str(exc).lower()
+                transient = ("stopped state", "rebalance", "momentarily")
+                if not any(t in message for t in transient) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.5)
+
+    def wait_stopped(self, name: str, timeout: float = 60.0) -> None:
+        """Wait until the connector is STOPPED and none of its tasks is left."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.status(name)
+            if status.get("connector", {}).get("state") == "STOPPED" and not status.get("tasks"):
+                return
+            if time.monotonic() > deadline:
+                raise ConnectorError(
+                    f"connector {name} has not stopped after {timeout:.0f}s "
+                    f"(state {status.get('connector', {}).get('state', 'unknown')}); "
+                    "see the Connect log"
+                )
+            time.sleep(0.3)
 
     def wait_running(self, name: str, timeout: float = 60.0) -> None:
         """Wait until the connector and its tasks run; a failed task raises with its trace."""

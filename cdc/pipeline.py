@@ -177,13 +177,23 @@ def _late_events(settings: Settings) -> dict[str, int]:
 
 
 def drop_pipeline(settings: Settings) -> list[str]:
-    """Remove the connector, the slot and the publication; the topics stay. Returns what went."""
+    """Remove the connector, its offsets, the slot and the publication; the topics stay.
+    Returns what went.
+
+    Connect keeps a deleted connector's offsets under its name, and a connector created
+    with that name later would resume from them, before its own slot: they are removed
+    first (the connector stopped, its offsets reset). The next snapshot sets the offset of
+    its connector in any case (a generation starts at its slot's consistent point).
+    """
     pipe = settings.pipeline
     gone = []
     client = ConnectClient(settings.connect.url)
     if pipe.connector in client.connectors():
+        client.stop(pipe.connector)
+        client.wait_stopped(pipe.connector)
+        client.reset_offsets(pipe.connector)
         client.delete(pipe.connector)
-        gone.append(f"connector {pipe.connector}")
+        gone.append(f"connector {pipe.connector} and its offsets")
         time.sleep(0.5)
     with admin_connection(settings) as conn:
         conn.autocommit = True

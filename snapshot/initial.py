@@ -6,7 +6,9 @@
    Spark; PostgreSQL formats each row as a Debezium `op: "r"` event and Spark
    writes it to the table's change topic with the key Debezium would write;
 4. mark the snapshot done, then start the connector on that slot with
-   snapshot.mode=no_data: it streams exactly what committed after the point.
+   snapshot.mode=no_data, its offset set to the slot's consistent point (created
+   stopped, offset set, resumed): it streams exactly what committed after the point,
+   whatever offset an earlier generation left under the connector's name.
 
 A run that stops before 4 leaves state `running`; the next run drops the
 unused slot, removes what the interrupted run wrote and starts again.
@@ -47,7 +49,7 @@ from cdc.source import (
 )
 from cdc.spark import spark_session
 from cdc.topics import TopicSpec, change_topic_spec, end_offsets, ensure_topics, truncate_topics
-from snapshot.encoding import SnapshotPoint, envelope, event_query, int_to_lsn
+from snapshot.encoding import SnapshotPoint, envelope, event_query, int_to_lsn, lsn_to_int
 from snapshot.slot import InFlight, drop_slot, exported_snapshot, slot_state
 from snapshot.state import mark_done, mark_running, read_state
 
@@ -110,23 +112,26 @@ def run_snapshot(
     note(f"preparing the source for pipeline {pipe.name}")
     tables = prepare_source(settings)
     ensure_topics(settings.kafka.bootstrap_servers, topic_specs(settings, tables))
-    connect = ConnectClient(settings.connect.url)
-    connector_exists = pipe.connector in connect.connectors()
+    connector = ConnectClient(settings.connect.url).connectors().get(pipe.connector)
+    # a connector stays STOPPED if its start was interrupted: a rerun starts it
+    stopped = (connector or {}).get("status", {}).get("connector", {}).get("state") == "STOPPED"
 
     with admin_connection(settings) as conn:
         conn.autocommit = True
         state = read_state(conn, pipe.name)
         slot = slot_state(conn, pipe.slot)
         if state is not None and state.status == "done" and slot is not None:
-            if connector_exists:
+            if connector is not None and not stopped:
                 raise SnapshotError(
                     f"pipeline {pipe.name} already took its snapshot and streams; to load rows "
                     "again use `cdc backfill TABLE`, or `cdc drop` then `cdc snapshot`"
                 )
             note(f"snapshot at {state.lsn} is complete; starting the connector on slot {pipe.slot}")
-            register_connector(settings, tables)
+            # at the snapshot's point, unless Connect holds this generation's offset already
+            start_lsn = lsn_to_int(state.lsn) if state.lsn else None
+            register_connector(settings, tables, start_lsn=start_lsn)
             return SnapshotResult(lsn=state.lsn or "", resumed=True)
-        if connector_exists:
+        if connector is not None:
             raise SnapshotError(
                 f"connector {pipe.connector} exists but pipeline {pipe.name} has no complete "
                 "snapshot; remove it first with `cdc drop`"
@@ -167,7 +172,9 @@ def run_snapshot(
         mark_done(conn, pipe.name, lsn, point.ts_ms, sum(rows.values()))
     note(f"snapshot done: {sum(rows.values())} rows; starting the connector on slot {pipe.slot}")
     try:
-        register_connector(settings, tables)
+        # a new generation: the connector starts at the slot's consistent point, whatever
+        # offset an earlier connector of this name left in Connect (contract point 11)
+        register_connector(settings, tables, start_lsn=point.lsn, start_ts_ms=point.ts_ms)
     except ConnectorError as exc:
         raise ConnectorError(
             f"{exc} (the snapshot is complete and kept: rerun `cdc snapshot` to start streaming)"

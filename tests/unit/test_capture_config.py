@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from cdc.capture import connector_config
+from cdc.capture import connector_config, offset_reaches, start_offset
 from cdc.connect import summarize_trace
 from cdc.settings import Settings
 
@@ -43,3 +43,29 @@ def test_a_task_trace_is_summarized_by_its_deepest_cause() -> None:
         "org.postgresql.util.PSQLException: FATAL: password authentication failed"
     )
     assert summarize_trace("") == "no trace given"
+
+
+def test_a_generation_starts_at_its_consistent_point_like_after_a_commit_there() -> None:
+    offset = start_offset(26_487_640, ts_ms=1_795_437_462_960)
+    # the last commit is the point, so the first streamed transaction has a non-null
+    # source.sequence[0]; no lsn_proc, so Debezium streams from the point without a WAL search
+    assert offset == {
+        "lsn": 26_487_640,
+        "lsn_commit": 26_487_640,
+        "messageType": "COMMIT",
+        "ts_usec": 1_795_437_462_960_000,
+    }
+    assert "ts_usec" not in start_offset(26_487_640)
+
+
+def test_a_stored_offset_before_the_consistent_point_is_an_older_generation() -> None:
+    point = 26_487_640
+    older = {"lsn": 26_400_000, "lsn_proc": 26_400_000, "lsn_commit": 26_400_000, "txId": 733}
+    assert not offset_reaches(older, point)
+    assert offset_reaches(start_offset(point), point)
+    # a change of a transaction begun before the point: its own LSN is older, its last
+    # commit is not
+    assert offset_reaches({"lsn": point - 800, "lsn_proc": point - 800, "lsn_commit": point}, point)
+    # a connector started with no offset stores the WAL position it found, past the point
+    assert offset_reaches({"lsn": point + 56, "txId": 740}, point)
+    assert not offset_reaches({}, point)
