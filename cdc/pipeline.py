@@ -160,6 +160,8 @@ def _store_progress(
             "backlog_events": backlog,
             "lag_s": round(lag, 3) if lag is not None else None,
             "applied_at_ms": progress.get("applied_ms"),
+            # the store did not answer: its batch waits, uncommitted (reason, since_ms)
+            "waiting": progress.get("waiting"),
         }
     return stores
 

@@ -210,6 +210,8 @@ def _batch_writer(
         progress = read_progress(settings, store.name) or {}
         if generation is None or progress.get("generation", -1) >= generation.lsn:
             return
+        if generation.previous is None:  # the first: nothing from before it to remove
+            return
         if not generation.applied_by(progress.get("applied", {})):
             return
         for table in tables.values():

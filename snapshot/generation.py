@@ -25,6 +25,7 @@ class Generation:
     lsn: int  # the slot's consistent point
     ts_ms: int  # when the snapshot was taken
     ends: dict[str, int]  # "topic:partition" -> end offset after the snapshot's rows
+    previous: int | None = None  # the consistent point of the generation before, if any
 
     def applied_by(self, applied: dict[str, int]) -> bool:
         """Whether a store that applied up to `applied` ("topic:partition" -> last offset)
@@ -50,7 +51,8 @@ def record_generation(settings: Settings, lsn: int, ts_ms: int, topics: list[str
         }
     finally:
         consumer.close()
-    generation = Generation(lsn, ts_ms, ends)
+    before = read_generation(settings)
+    generation = Generation(lsn, ts_ms, ends, before.lsn if before else None)
     path = generation_file(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -62,6 +64,8 @@ def record_generation(settings: Settings, lsn: int, ts_ms: int, topics: list[str
 def read_generation(settings: Settings) -> Generation | None:
     try:
         data: dict[str, Any] = json.loads(generation_file(settings).read_text())
-        return Generation(int(data["lsn"]), int(data["ts_ms"]), dict(data["ends"]))
+        return Generation(
+            int(data["lsn"]), int(data["ts_ms"]), dict(data["ends"]), data.get("previous")
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -50,6 +50,7 @@ from cdc.source import (
 from cdc.spark import spark_session
 from cdc.topics import TopicSpec, change_topic_spec, end_offsets, ensure_topics, truncate_topics
 from snapshot.encoding import SnapshotPoint, envelope, event_query, int_to_lsn, lsn_to_int
+from snapshot.generation import record_generation
 from snapshot.slot import InFlight, drop_slot, exported_snapshot, slot_state
 from snapshot.state import mark_done, mark_running, read_state
 
@@ -166,6 +167,8 @@ def run_snapshot(
         lsn = int_to_lsn(point.lsn)
         note(f"snapshot {point.snapshot_name} at LSN {lsn}: reading {len(tables)} table(s)")
         rows = _copy_tables(settings, spark, tables, point, console)
+    # a generation: stores that hold it whole drop what they hold from before it
+    record_generation(settings, point.lsn, point.ts_ms, [pipe.topic(t.qualified) for t in tables])
 
     with admin_connection(settings) as conn:
         conn.autocommit = True

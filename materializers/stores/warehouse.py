@@ -222,7 +222,9 @@ class WarehouseStore(Store):
             F.lit("v").alias("_kind"),
             F.row_number().over(following).alias("_n"),
         )
-        # one closer per key: its first version in the batch ends the key's open version
+        # one closer per key: its first version in the batch ends the key's older versions
+        # still valid then (the open one; or one a TRUNCATE ended later than a change of
+        # its key that reaches this batch late)
         closers = rows.where("_n = 1").withColumn("_kind", F.lit("c"))
         key = " AND ".join(f"h.`{k}` <=> s.`{k}`" for k in table.key)
         same = "h._cdc_commit_lsn = s._cdc_commit_lsn AND h._cdc_lsn = s._cdc_lsn"
@@ -234,8 +236,8 @@ class WarehouseStore(Store):
             history.alias("h")
             .merge(
                 rows.unionByName(closers).drop("_n").alias("s"),
-                f"{key} AND ((s._kind = 'v' AND {same}) OR "
-                f"(s._kind = 'c' AND h.valid_to IS NULL AND {older}))",
+                f"{key} AND ((s._kind = 'v' AND {same}) OR (s._kind = 'c' AND {older} "
+                "AND (h.valid_to IS NULL OR h.valid_to > s.valid_from)))",
             )
             .whenMatchedUpdate(condition="s._kind = 'c'", set={"valid_to": "s.valid_from"})
             .whenNotMatchedInsert(

@@ -312,3 +312,54 @@ def test_a_new_generation_starts_at_its_point_over_an_older_generations_offset(
     (update,) = [e for e in events if e.op == "u"]
     assert update.key["id"] == 3
     assert int(update.sequence[0]) >= point  # type: ignore[arg-type]
+
+
+def test_rows_deleted_between_two_snapshots_leave_every_store(
+    stack: RunningStack, table: tuple[str, Settings]
+) -> None:
+    """A snapshot is a generation: what the new one does not hold goes from every store
+    once the store holds it whole, and its history version is closed (read with readers
+    of the test's own: Redis hashes, OpenSearch over HTTP, the Delta files)."""
+    import redis
+    import requests
+
+    from materializers.apply import run_apply, warehouse_root
+    from materializers.stores.warehouse import current_path, history_path
+
+    name, settings = table
+    qualified = f"public.{name}"
+    env = env_for(stack, settings)
+    stores = ["cache", "search", "warehouse"]
+    assert run_cdc("snapshot", env=env).returncode == 0
+    run_apply(settings, stores, once=True)
+    assert run_cdc("drop", "--yes", env=env).returncode == 0
+    execute(settings, f"DELETE FROM {name} WHERE id BETWEEN 11 AND 15")  # not captured
+    assert run_cdc("snapshot", env=env).returncode == 0
+    run_apply(settings, stores, once=True)
+
+    with psycopg.connect(settings.postgres.dsn()) as conn:
+        expected = {r[0] for r in conn.execute(f"SELECT id FROM {name}").fetchall()}
+    assert len(expected) == 95
+    client = redis.Redis.from_url(settings.redis.url, decode_responses=True)
+    prefix = f"{settings.pipeline.topic_prefix}:{qualified}:"
+    cached = {
+        json.loads(k[len(prefix) :])["id"]
+        for k in client.scan_iter(match=prefix + "*")
+        if not client.hexists(k, "_deleted")
+    }
+    assert cached == expected
+    index = f"{settings.pipeline.topic_prefix}.{qualified}".lower()
+    url = settings.opensearch.url
+    requests.post(f"{url}/{index}/_refresh", timeout=30).raise_for_status()
+    hits = requests.post(f"{url}/{index}/_search", json={"size": 1000}, timeout=30).json()
+    assert {h["_source"]["id"] for h in hits["hits"]["hits"]} == expected
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    assert spark is not None
+    root = warehouse_root(settings)
+    current = spark.read.format("delta").load(current_path(root, qualified))
+    assert {r["id"] for r in current.where("NOT _cdc_deleted").collect()} == expected
+    history = spark.read.format("delta").load(history_path(root, qualified))
+    still_open = {r["id"] for r in history.where("valid_to IS NULL").collect()}
+    assert still_open == expected  # the deleted rows' versions are closed
