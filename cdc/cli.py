@@ -687,10 +687,11 @@ def rebuild(
 def drop(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
 ) -> None:
-    """Remove the pipeline's connector, replication slot and publication.
+    """Remove the pipeline's connector (with its offsets), replication slot and publication.
 
     The change topics and the derived stores stay. Streaming stops; a new
-    `cdc snapshot` starts the pipeline again from a fresh snapshot.
+    `cdc snapshot` starts the pipeline again from a fresh snapshot (a new generation:
+    what it does not hold leaves each store once the store has applied it).
     """
     from cdc.pipeline import drop_pipeline
 
