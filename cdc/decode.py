@@ -2,11 +2,32 @@
 
 The inverse of the connector's encoding under the project's settings (and of
 snapshot/encoding.py, which writes the same encoding for snapshot rows).
+
+Every value a column can hold decodes, and never raises:
+
+- `infinity` / `-infinity` (date, timestamp, timestamptz) decode to the text
+  'infinity' / '-infinity', PostgreSQL's own spelling: neither date nor datetime can
+  hold them, and a date.max stand-in would be taken for a real 9999-12-31.
+- Dates and times outside 0001..9999 (BC, or after year 9999) decode to their ISO 8601
+  text with an expanded year, as java.time writes it and Debezium sends it: astronomical
+  years (1 BC is 0000, 44 BC is -0043), a sign beyond four digits ('+12345-06-07',
+  '-0043-03-15T12:34:56.123456', '+12345-06-07T01:02:03+00:00'); inside that range the
+  value is a date / datetime as before, whose isoformat() is the same text.
+- numeric NaN / Infinity / -Infinity decode to Decimal('NaN'), Decimal('Infinity'),
+  Decimal('-Infinity') (Debezium sends them as 'NAN', 'POSITIVE_INFINITY',
+  'NEGATIVE_INFINITY'); float4/float8 ones to float nan / inf.
+- time 24:00:00 decodes to the text '24:00:00' (a time stops at 23:59:59.999999).
+
+So the cache (text) and the search documents hold what PostgreSQL prints. A value
+that is not what the column's encoding can be (malformed, of the wrong JSON type, or a
+timestamp Debezium's MicroTimestamp overflowed, whose seconds are lost) raises
+ValueDecodeError naming the column: the caller dead-letters that record for its store.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import re
 from dataclasses import dataclass
@@ -15,13 +36,62 @@ from decimal import Decimal
 from typing import Any
 
 from cdc.catalog import Column, Table
+from cdc.errors import CdcError
 
-__all__ = ["UNAVAILABLE", "Interval", "decode_row", "decode_value", "parse_interval"]
+__all__ = [
+    "DATE_INFINITY",
+    "INFINITY",
+    "MICROS_INFINITY",
+    "MILLIS_INFINITY",
+    "NEGATIVE_INFINITY",
+    "NUMERIC_SPECIAL",
+    "UNAVAILABLE",
+    "Interval",
+    "ValueDecodeError",
+    "decode_row",
+    "decode_value",
+    "parse_interval",
+]
 
 # Debezium's placeholder for an unchanged TOASTed value that the WAL did not carry
 UNAVAILABLE = "__debezium_unavailable_value"
+INFINITY, NEGATIVE_INFINITY = "infinity", "-infinity"
+
+# What Debezium 3.6.3 writes for PostgreSQL's infinities (PostgresValueConverter), as
+# (infinity, -infinity): io.debezium.time.Date of LocalDate -5877611-06-21 / -22;
+# MicroTimestamp and Timestamp of PGStatement.DATE_POSITIVE/NEGATIVE_INFINITY;
+# ZonedTimestamp sends the words themselves.
+DATE_INFINITY = (-2147472692, -2147472691)
+MICROS_INFINITY = (9223372036825200000, -9223372036832400000)
+MILLIS_INFINITY = (9223372036825200, -9223372036832400)
+# numeric special values as Debezium writes them (decimal.handling.mode=string) -> text
+NUMERIC_SPECIAL = {"NAN": "NaN", "POSITIVE_INFINITY": "Infinity", "NEGATIVE_INFINITY": "-Infinity"}
+
 _EPOCH = datetime(1970, 1, 1)
 _EPOCH_DATE = date(1970, 1, 1)
+_DAY_US = 86_400_000_000
+_PY_DAYS = (-719162, 2932896)  # date.min, date.max in days since the epoch
+# PostgreSQL's first timestamp (4714-11-24 00:00:00 BC): a MicroTimestamp before it is
+# Debezium's long overflow (after 294247-01-10T04:00:54Z its seconds saturate and wrap)
+_PG_MIN_US = -210866803200000000
+_LONG_MAX = 2**63 - 1
+_DATE_WORDS = {DATE_INFINITY[0]: INFINITY, DATE_INFINITY[1]: NEGATIVE_INFINITY}
+_MICROS_WORDS = {MICROS_INFINITY[0]: INFINITY, MICROS_INFINITY[1]: NEGATIVE_INFINITY}
+_MILLIS_WORDS = {MILLIS_INFINITY[0]: INFINITY, MILLIS_INFINITY[1]: NEGATIVE_INFINITY}
+_NUMERIC = {k: Decimal(v) for k, v in NUMERIC_SPECIAL.items()}
+_ZONED = re.compile(
+    r"^(?P<y>[+-]?\d{4,})-(?P<mo>\d\d)-(?P<d>\d\d)T(?P<h>\d\d):(?P<mi>\d\d)(?::(?P<s>\d\d))?"
+    r"(?:\.(?P<f>\d{1,9}))?(?P<tz>Z|[+-]\d\d(?::?\d\d(?::?\d\d)?)?)$"
+)
+
+
+class ValueDecodeError(CdcError):
+    """A change event holds a value its column's encoding cannot be: dead-letter the
+    record for the store that decodes it; other records and stores keep going."""
+
+    def __init__(self, column: str, value: Any, reason: str) -> None:
+        self.column, self.value, self.reason = column, value, reason
+        super().__init__(f"column {column}: cannot decode {str(value)[:80]!r}: {reason}")
 
 
 @dataclass(frozen=True)
@@ -54,8 +124,103 @@ def parse_interval(text: str) -> Interval:
     return Interval(months, days, micros)
 
 
-def _float(value: Any) -> float:
-    return float(value)  # numbers, and "NaN" / "Infinity" / "-Infinity" strings
+def _civil(days: int) -> tuple[int, int, int]:
+    """Days since 1970-01-01 -> (astronomical year, month, day), proleptic Gregorian as
+    PostgreSQL and java.time count (H. Hinnant's civil_from_days)."""
+    z = days + 719468
+    era, doe = divmod(z, 146097)
+    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    month = mp + 3 if mp < 10 else mp - 9
+    return yoe + era * 400 + (month <= 2), month, doy - (153 * mp + 2) // 5 + 1
+
+
+def _epoch_days(year: int, month: int, day: int) -> int:
+    """The inverse of _civil."""
+    year -= month <= 2
+    era, yoe = divmod(year, 400)
+    doy = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    return era * 146097 + yoe * 365 + yoe // 4 - yoe // 100 + doy - 719468
+
+
+def _year(year: int) -> str:
+    """ISO 8601 year as java.time writes it: four digits, a sign beyond them or below 0."""
+    if 0 <= year <= 9999:
+        return f"{year:04d}"
+    return f"+{year}" if year > 0 else f"-{-year:04d}"
+
+
+def _date_text(days: int) -> str:
+    year, month, day = _civil(days)
+    return f"{_year(year)}-{month:02d}-{day:02d}"
+
+
+def _timestamp_text(micros: int, zone: str = "") -> str:
+    """ISO 8601 text of a timestamp outside datetime's years, the way isoformat() writes
+    the ones inside them (fraction only when not zero)."""
+    days, of_day = divmod(micros, _DAY_US)
+    seconds, fraction = divmod(of_day, 1_000_000)
+    clock = f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+    return f"{_date_text(days)}T{clock}{f'.{fraction:06d}' if fraction else ''}{zone}"
+
+
+def _date(days: int) -> date | str:
+    if _PY_DAYS[0] <= days <= _PY_DAYS[1]:
+        return _EPOCH_DATE + timedelta(days=days)
+    return _DATE_WORDS.get(days) or _date_text(days)
+
+
+def _timestamp(column: Column, value: int) -> datetime | str:
+    millis = column.precision is not None and column.precision <= 3
+    word = (_MILLIS_WORDS if millis else _MICROS_WORDS).get(value)
+    if word:
+        return word
+    micros = value * 1000 if millis else value
+    if _PY_DAYS[0] * _DAY_US <= micros < (_PY_DAYS[1] + 1) * _DAY_US:
+        return _EPOCH + timedelta(microseconds=micros)
+    if micros < _PG_MIN_US or micros == _LONG_MAX:
+        raise ValueError(
+            "a MicroTimestamp Debezium overflowed (the source value is after "
+            "294247-01-10T04:00:54Z; its seconds are lost)"
+        )
+    return _timestamp_text(micros)
+
+
+def _zoned_timestamp(value: str) -> datetime | str:
+    try:
+        return datetime.fromisoformat(value).astimezone(UTC)
+    except (ValueError, OverflowError):
+        if value in (INFINITY, NEGATIVE_INFINITY):
+            return value
+    match = _ZONED.match(value)  # a year before 0001 or after 9999
+    if not match:
+        raise ValueError("not an ISO 8601 timestamp with a zone")
+    g = match.groupdict()
+    days = _epoch_days(int(g["y"]), int(g["mo"]), int(g["d"]))
+    seconds = int(g["h"]) * 3600 + int(g["mi"]) * 60 + int(g["s"] or 0)
+    micros = (days * 86400 + seconds) * 1_000_000 + int((g["f"] or "").ljust(6, "0")[:6])
+    if g["tz"] != "Z":
+        sign = -1 if g["tz"][0] == "-" else 1
+        parts = [int(p) for p in re.findall(r"\d\d", g["tz"])]
+        offset = parts[0] * 3600 + (parts[1] * 60 if len(parts) > 1 else 0)
+        micros -= sign * (offset + (parts[2] if len(parts) > 2 else 0)) * 1_000_000
+    if _PY_DAYS[0] * _DAY_US <= micros < (_PY_DAYS[1] + 1) * _DAY_US:
+        return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
+    return _timestamp_text(micros, "+00:00")
+
+
+def _time(value: int) -> time | str:
+    if 0 <= value < _DAY_US:
+        return (datetime.min + timedelta(microseconds=value)).time()
+    if value == _DAY_US:
+        return "24:00:00"
+    raise ValueError("a time of day outside 00:00:00..24:00:00")
+
+
+def _decimal(value: str) -> Decimal:
+    special = _NUMERIC.get(value)
+    return special if special is not None else Decimal(value)
 
 
 def _element(column: Column, value: Any) -> Any:
@@ -65,22 +230,21 @@ def _element(column: Column, value: Any) -> Any:
     if base in ("int2", "int4", "int8", "oid", "bool"):
         return value
     if base in ("float4", "float8"):
-        return _float(value)
+        return float(value)  # numbers, and "NaN" / "Infinity" / "-Infinity" strings
     if base in ("numeric", "money"):
-        return Decimal(value)
+        return _decimal(value)
     if base in ("json", "jsonb"):
         return json.loads(value)
     if base == "bytea":
         return base64.b64decode(value)
     if base == "date":
-        return _EPOCH_DATE + timedelta(days=value)
+        return _date(value)
     if base == "time":
-        return (datetime.min + timedelta(microseconds=value)).time()
+        return _time(value)
     if base == "timestamp":
-        unit = 1000 if column.precision is not None and column.precision <= 3 else 1
-        return _EPOCH + timedelta(microseconds=value * unit)
+        return _timestamp(column, value)
     if base == "timestamptz":
-        return datetime.fromisoformat(value).astimezone(UTC)
+        return _zoned_timestamp(value)
     if base == "timetz":
         return time.fromisoformat(value.replace("Z", "+00:00"))
     if base == "interval":
@@ -89,12 +253,18 @@ def _element(column: Column, value: Any) -> Any:
 
 
 def decode_value(column: Column, value: Any) -> Any:
-    """One column's value from a change event; UNAVAILABLE passes through untouched."""
+    """One column's value from a change event; UNAVAILABLE passes through untouched.
+
+    Raises ValueDecodeError, naming the column, for a value its encoding cannot be.
+    """
     if value is None or value == UNAVAILABLE:
         return value
-    if column.is_array:
-        return [_element(column, v) for v in value]
-    return _element(column, value)
+    try:
+        if column.is_array:
+            return [_element(column, v) for v in value]
+        return _element(column, value)
+    except (ValueError, TypeError, ArithmeticError, AttributeError, binascii.Error) as exc:
+        raise ValueDecodeError(column.name, value, str(exc) or type(exc).__name__) from None
 
 
 def decode_row(table: Table, image: dict[str, Any]) -> dict[str, Any]:

@@ -3,25 +3,69 @@
 The schema is derived from the catalog (cdc.catalog.Table), read again every
 micro-batch, so a column added, dropped or widened in PostgreSQL reaches the
 stores without a restart.
+
+Every value a column can hold converts, and no expression here ever fails a batch
+(Spark runs with ANSI on: casts and parses are the try_ kind). What the warehouse holds
+for PostgreSQL's special values:
+
+- dates and timestamps BC or after year 9999: the exact value (Spark's date and
+  timestamp are proleptic Gregorian days and microseconds; Delta stores them as they
+  are; Spark prints them '-0043-03-15', '+12345-06-07 01:02:03.456789');
+- `infinity` / `-infinity`: the last / first value of the Spark type: date
+  +5881580-07-11 / -5877641-06-23, timestamp +294247-01-10 04:00:54.775807 /
+  -290308-12-21 19:59:05.224192. They sort after / before every value PostgreSQL can
+  hold. (Spark's own PostgreSQL JDBC dialect clamps them to 9999-12-31 23:59:59.999999
+  and 0001-01-01, the range Spark documents; the warehouse keeps later years, so that
+  would put infinity before year 10000.)
+- numeric NaN / Infinity / -Infinity: NULL in a decimal(p,s) column (Spark's decimal has
+  no such values); their PostgreSQL text ('NaN', 'Infinity', '-Infinity') in the exact
+  text column of an unbounded numeric; float NaN / Infinity stay themselves;
+- time 24:00:00: '24:00:00.000000';
+- a value the Spark type cannot hold (a timestamp after 294247-01-10T04:00:54Z, which
+  Debezium's MicroTimestamp overflows, or a decimal special value) becomes NULL, and
+  `unheld_columns` names its column, so the caller can dead-letter the record or take
+  the NULL.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import TYPE_CHECKING, Any
 
 from cdc.catalog import Column, Table
-from cdc.decode import UNAVAILABLE
+from cdc.decode import (
+    DATE_INFINITY,
+    INFINITY,
+    MICROS_INFINITY,
+    MILLIS_INFINITY,
+    NEGATIVE_INFINITY,
+    NUMERIC_SPECIAL,
+    UNAVAILABLE,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column as SparkColumn
     from pyspark.sql.types import DataType
 
-__all__ = ["PLACEHOLDER_BYTES_B64", "json_type", "spark_type", "typed_column", "typed_image"]
+__all__ = [
+    "PLACEHOLDER_BYTES_B64",
+    "json_type",
+    "spark_type",
+    "typed_column",
+    "typed_image",
+    "unheld_columns",
+]
 
 # Debezium's placeholder for an unchanged TOASTed bytea, as JsonConverter writes it
 PLACEHOLDER_BYTES_B64 = "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=="
 _NUMERIC = re.compile(r"numeric\((\d+),(\d+)\)")
+_INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
+_LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+# PostgreSQL's first timestamp (4714-11-24 00:00:00 BC) in microseconds: a MicroTimestamp
+# before it (or Long.MAX) is Debezium's overflow of a value after 294247-01-10T04:00:54Z
+_PG_MIN_US = -210866803200000000
+_DAY_US = 86_400_000_000
 
 
 def _decimal(column: Column) -> tuple[int, int] | None:
@@ -86,23 +130,54 @@ def spark_type(column: Column) -> DataType:
     return T.ArrayType(element) if column.is_array else element
 
 
+def _timestamp(micros: Any) -> SparkColumn:
+    from pyspark.sql import functions as F
+
+    return F.timestamp_micros(F.lit(micros) if isinstance(micros, int) else micros)
+
+
 def _convert(column: Column, value: SparkColumn) -> SparkColumn:
     from pyspark.sql import functions as F
+    from pyspark.sql import types as T
 
     base = column.base
     target = _element_spark_type(column)
     if base in ("numeric", "money"):
-        return value.cast(target)
+        if isinstance(target, T.DecimalType):
+            return value.try_cast(target)  # NaN, Infinity: NULL (see unheld_columns)
+        text = value  # an unbounded numeric: its exact text, specials as PostgreSQL writes them
+        for word, written in NUMERIC_SPECIAL.items():
+            text = F.when(value == word, F.lit(written)).otherwise(text)
+        return text
     if base == "date":
-        return F.date_add(F.lit("1970-01-01").cast("date"), value)
+        return (
+            F.when(value == DATE_INFINITY[0], F.date_from_unix_date(F.lit(_INT_MAX)))
+            .when(value == DATE_INFINITY[1], F.date_from_unix_date(F.lit(_INT_MIN)))
+            .otherwise(F.date_from_unix_date(value))
+        )
     if base == "timestamp":
-        millis = column.precision is not None and column.precision <= 3
-        instant = F.timestamp_millis(value) if millis else F.timestamp_micros(value)
+        if column.precision is not None and column.precision <= 3:
+            words, millis = MILLIS_INFINITY, _LONG_MAX // 1000
+            held = F.when(value.between(-millis, millis), F.timestamp_millis(value))
+        else:
+            words = MICROS_INFINITY
+            held = F.when((value >= _PG_MIN_US) & (value < _LONG_MAX), _timestamp(value))
+        instant = (
+            F.when(value == words[0], _timestamp(_LONG_MAX))
+            .when(value == words[1], _timestamp(_LONG_MIN))
+            .otherwise(held)
+        )
         return instant.cast("timestamp_ntz")  # the session time zone is UTC
     if base == "timestamptz":
-        return F.to_timestamp(value)
+        return (
+            F.when(value == INFINITY, _timestamp(_LONG_MAX))
+            .when(value == NEGATIVE_INFINITY, _timestamp(_LONG_MIN))
+            .otherwise(F.try_to_timestamp(value))  # NULL after year 294247
+        )
     if base == "time":
-        return F.date_format(F.timestamp_micros(value), "HH:mm:ss.SSSSSS")
+        return F.when(value == _DAY_US, F.lit("24:00:00.000000")).otherwise(
+            F.date_format(F.timestamp_micros(value), "HH:mm:ss.SSSSSS")
+        )
     if base == "bytea":
         return F.unbase64(value)
     return value
@@ -130,6 +205,41 @@ def is_placeholder(column: Column, raw: SparkColumn) -> SparkColumn | None:
     if isinstance(json_type(column), T.StringType):
         return F.coalesce(raw == F.lit(UNAVAILABLE), F.lit(False))
     return None
+
+
+def _lost(column: Column, raw: SparkColumn) -> SparkColumn:
+    """True where a value (not a TOAST placeholder) converts to NULL."""
+    from pyspark.sql import functions as F
+
+    held = _convert(column, raw).isNotNull()
+    if column.base == "timestamp":  # a number: never a placeholder
+        return raw.isNotNull() & ~held
+    return raw.isNotNull() & (raw != F.lit(UNAVAILABLE)) & ~held
+
+
+def unheld_columns(table: Table, image: SparkColumn) -> SparkColumn:
+    """An array of the names of the columns whose value in the JSON image (text) the
+    warehouse cannot hold, and holds as NULL (see the module's docstring); empty when
+    it holds every value. A record with any is the caller's to dead-letter or keep."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    parsed = F.from_json(
+        image, T.StructType([T.StructField(c.name, json_type(c)) for c in table.columns])
+    )
+    names = []
+    for column in table.columns:
+        if column.base not in ("numeric", "money", "timestamp", "timestamptz"):
+            continue
+        raw = parsed[column.name]
+        if column.is_array:
+            flag = F.exists(raw, functools.partial(_lost, column))
+        else:
+            flag = _lost(column, raw)
+        names.append(F.when(flag, F.lit(column.name)))
+    if not names:
+        return F.array().cast("array<string>")
+    return F.filter(F.array(*names), lambda name: name.isNotNull())
 
 
 def typed_image(table: Table, image: SparkColumn, prefix: str = "") -> list[Any]:
