@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from cdc.catalog import Table
-from cdc.decode import UNAVAILABLE, Interval, decode_value
+from cdc.decode import UNAVAILABLE, Interval, ValueDecodeError, decode_value
 from cdc.errors import StoreUnavailableError
 from materializers.stores.base import Event, Store, WriteResult
 
@@ -234,8 +234,8 @@ class CacheStore(Store):
                                 kept.append(name)
                             elif raw is not None and name in columns:
                                 pairs += [name, cache_text(decode_value(columns[name], raw))]
-                    except Exception as exc:  # a value this store cannot hold: this record
-                        result.rejected.append((event, f"cannot decode: {exc}"[:500]))  # type: ignore[union-attr]
+                    except ValueDecodeError as exc:  # a value this store cannot hold
+                        result.rejected.append((event, str(exc)[:500]))  # type: ignore[union-attr]
                         continue
                 position = event.position
                 keys.append(cache_key(self.prefix, event.table, event.key))

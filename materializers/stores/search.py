@@ -22,7 +22,7 @@ import orjson
 from opensearchpy import ConnectionError, JSONSerializer, OpenSearch, TransportError, helpers
 
 from cdc.catalog import Column, Table
-from cdc.decode import UNAVAILABLE, decode_value
+from cdc.decode import UNAVAILABLE, ValueDecodeError, decode_value
 from cdc.errors import StoreError, StoreUnavailableError
 from materializers.stores.base import Event, Store, WriteResult
 from materializers.stores.cache import cache_text
@@ -94,12 +94,14 @@ def index_name(prefix: str, table: str) -> str:
 def field_mapping(column: Column) -> dict[str, Any]:
     """The OpenSearch field for a column (arrays map to their element's field)."""
     base = column.base
+    # ignore_malformed: a value the field type cannot index (infinity dates, NaN
+    # numerics, which the document holds as text) is kept in _source, not refused
     if base in _NUMERIC:
-        return {"type": _NUMERIC[base]}
+        return {"type": _NUMERIC[base], "ignore_malformed": True}
     if base == "bool":
         return {"type": "boolean"}
     if base in ("date", "timestamp", "timestamptz"):
-        return {"type": "date"}
+        return {"type": "date", "ignore_malformed": True}
     if base in ("json", "jsonb"):
         return {"type": "flat_object"}
     if base == "bytea":
@@ -259,8 +261,8 @@ class SearchStore(Store):
                             doc[name] = kept[name]
                         continue
                     doc[name] = document_value(columns[name], raw)
-            except Exception as exc:  # a value this store cannot hold: this record alone
-                result.rejected.append((event, f"cannot decode: {exc}"[:500]))
+            except ValueDecodeError as exc:  # a value this store cannot hold: this record alone
+                result.rejected.append((event, str(exc)[:500]))
                 continue
             doc |= {
                 "_cdc_commit_lsn": event.commit_lsn,
