@@ -152,17 +152,21 @@ def run(mutant: Mutant, env_file: Path) -> tuple[bool, float]:
     started = time.monotonic()
     try:
         path.write_text(original.replace(mutant.before, mutant.after))
-        result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutant.tests],
-            cwd=ROOT,
-            env={**_clean_env(), "CDC_TEST_STACK": str(env_file)},
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-        )
+        result = _pytest(list(mutant.tests), env_file)
     finally:
         path.write_text(original)
     return result.returncode != 0, time.monotonic() - started
+
+
+def _pytest(tests: list[str], env_file: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+        cwd=ROOT,
+        env={**_clean_env(), "CDC_TEST_STACK": str(env_file)},
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _clean_env() -> dict[str, str]:
@@ -186,6 +190,13 @@ def main() -> int:
         up = run_cdc("up", env=env)
         if up.returncode != 0:
             raise SystemExit(f"`cdc up` failed: {up.stderr.strip()}")
+        # the tests must pass as they are, or a failure says nothing of a mutant
+        baseline = sorted({t for m in chosen for t in m.tests})
+        clean = _pytest(baseline, env_file)
+        if clean.returncode != 0:
+            print(clean.stdout[-3000:])
+            raise SystemExit("the tests fail without any mutant: fix them first")
+        print(f"baseline: {len(baseline)} test selections pass", flush=True)
         for mutant in chosen:
             killed, seconds = run(mutant, env_file)
             results.append({"mutant": mutant.name, "killed": killed, "seconds": round(seconds)})
