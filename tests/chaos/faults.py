@@ -1,0 +1,197 @@
+"""The faults, one at a time, each followed by the recovery a user would make.
+
+    apply-kill        SIGKILL of the `cdc apply` process group; start `cdc apply` again
+    connect-kill      SIGKILL of Kafka Connect; `cdc up`
+    kafka-kill        SIGKILL of the Kafka broker; `cdc up`
+    opensearch-kill   SIGKILL of OpenSearch; `cdc up`
+    redis-kill        SIGKILL of Redis; `cdc up`
+    postgres-restart  fast shutdown of PostgreSQL (SIGINT to the postmaster, what
+                      `pg_ctl restart -m fast` sends); `cdc up`
+    postgres-kill     SIGKILL of the postmaster; its backends end; `cdc up` (crash recovery)
+    opensearch-stop   SIGSTOP of OpenSearch for `stop_s` (60 s), then SIGCONT
+    redis-stop        SIGSTOP of Redis for `stop_s`, then SIGCONT
+
+After every fault the connector must run again (`cdc status -o json`), and an apply job
+that ended by itself is noted and started again.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from tests.chaos.stack import ChaosError, ChaosStack
+
+__all__ = ["FaultKind", "FaultRecord", "inject", "plan", "wait_pipeline_healthy"]
+
+
+class FaultKind(StrEnum):
+    APPLY_KILL = "apply-kill"
+    CONNECT_KILL = "connect-kill"
+    KAFKA_KILL = "kafka-kill"
+    OPENSEARCH_KILL = "opensearch-kill"
+    REDIS_KILL = "redis-kill"
+    POSTGRES_RESTART = "postgres-restart"
+    POSTGRES_KILL = "postgres-kill"
+    OPENSEARCH_STOP = "opensearch-stop"
+    REDIS_STOP = "redis-stop"
+
+
+_KILLED_COMPONENT = {
+    FaultKind.CONNECT_KILL: "connect",
+    FaultKind.KAFKA_KILL: "kafka",
+    FaultKind.OPENSEARCH_KILL: "opensearch",
+    FaultKind.REDIS_KILL: "redis",
+}
+_FROZEN_COMPONENT = {FaultKind.OPENSEARCH_STOP: "opensearch", FaultKind.REDIS_STOP: "redis"}
+
+
+@dataclass
+class FaultRecord:
+    kind: FaultKind
+    at_s: float  # since the load started
+    recovery_s: float = 0.0  # from the fault to the pipeline running again
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": str(self.kind),
+            "at_s": round(self.at_s, 1),
+            "recovery_s": round(self.recovery_s, 1),
+            "notes": self.notes,
+        }
+
+
+def plan(kinds: list[FaultKind], rounds: int, rng: random.Random) -> list[FaultKind]:
+    """Every kind `rounds` times, in a random order with no kind twice in a row."""
+    order: list[FaultKind] = []
+    for _ in range(rounds):
+        batch = list(kinds)
+        rng.shuffle(batch)
+        if order and len(batch) > 1 and batch[0] == order[-1]:
+            batch[0], batch[-1] = batch[-1], batch[0]
+        order += batch
+    return order
+
+
+def inject(stack: ChaosStack, kind: FaultKind, at_s: float, stop_s: float) -> FaultRecord:
+    """Inject one fault, recover from it, and wait until the pipeline runs again."""
+    record = FaultRecord(kind, at_s)
+    began = time.monotonic()
+    if kind is FaultKind.APPLY_KILL:
+        stack.kill_apply()
+        stack.start_apply()
+    elif kind in _KILLED_COMPONENT:
+        _kill_component(stack, _KILLED_COMPONENT[kind], record)
+    elif kind in _FROZEN_COMPONENT:
+        _freeze_component(stack, _FROZEN_COMPONENT[kind], stop_s, record)
+    elif kind is FaultKind.POSTGRES_RESTART:
+        _stop_postgres(stack, signal.SIGINT, record)
+    elif kind is FaultKind.POSTGRES_KILL:
+        _stop_postgres(stack, signal.SIGKILL, record)
+    wait_pipeline_healthy(stack, record)
+    record.recovery_s = time.monotonic() - began
+    return record
+
+
+def _pid(stack: ChaosStack, component: str) -> int:
+    pid = stack.pid(component)
+    if pid is None:
+        raise ChaosError(f"{component} does not run before the fault (no live pid in its pid file)")
+    return pid
+
+
+def _kill_component(stack: ChaosStack, component: str, record: FaultRecord) -> None:
+    pid = _pid(stack, component)
+    stack.signal_group(pid, signal.SIGKILL)
+    if not stack.wait_gone([pid], 30):
+        raise ChaosError(f"{component} (pid {pid}) survived SIGKILL")
+    stack.up()
+    if stack.pid(component) in (None, pid):
+        raise ChaosError(f"`cdc up` did not start {component} again")
+
+
+def _freeze_component(
+    stack: ChaosStack, component: str, stop_s: float, record: FaultRecord
+) -> None:
+    pid = _pid(stack, component)
+    stack.freeze(pid)
+    try:
+        time.sleep(stop_s)
+    finally:
+        stack.thaw(pid)
+    record.notes.append(f"frozen {stop_s:.0f} s")
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _stop_postgres(stack: ChaosStack, sig: signal.Signals, record: FaultRecord) -> None:
+    pid = _pid(stack, "postgres")
+    backends = _children(pid)
+    os.kill(pid, sig)  # the postmaster alone
+    # after a SIGKILL the backends notice their postmaster is gone and end; a new
+    # postmaster refuses to start while one of them still holds the shared memory
+    if not stack.wait_gone([pid, *backends], 60):
+        record.notes.append("backends still alive 60 s after the postmaster went")
+    stack.up()
+    if stack.pid("postgres") in (None, pid):
+        raise ChaosError("`cdc up` did not start postgres again")
+
+
+def wait_pipeline_healthy(stack: ChaosStack, record: FaultRecord, timeout: float = 240) -> None:
+    """Until `cdc status` shows the connector and its task running and the apply job runs.
+
+    A failed task is restarted through Connect's REST API (the project has no command
+    for it) and noted; an apply job that ended by itself is noted and started again.
+    """
+    deadline = time.monotonic() + timeout
+    restarted_task = False
+    while True:
+        ended = stack.restart_apply_if_ended()
+        if ended:
+            record.notes.append(ended)
+        pipeline = stack.status().get("pipeline") or {}
+        connector = pipeline.get("connector") or {}
+        tasks = connector.get("tasks") or []
+        if connector.get("state") == "RUNNING" and tasks and all(t == "RUNNING" for t in tasks):
+            return
+        if "FAILED" in tasks and not restarted_task:
+            record.notes.append(
+                f"connector task FAILED after recovery ({connector.get('error', '?')}); "
+                "restarted through Connect's REST API"
+            )
+            _restart_failed(stack)
+            restarted_task = True
+        if time.monotonic() > deadline:
+            raise ChaosError(
+                f"the connector does not run {timeout:.0f} s after {record.kind}: {connector}"
+            )
+        time.sleep(4)
+
+
+def _restart_failed(stack: ChaosStack) -> None:
+    url = stack.settings.connect.url
+    name = stack.settings.pipeline.connector
+    requests.post(
+        f"{url}/connectors/{name}/restart",
+        params={"includeTasks": "true", "onlyFailed": "true"},
+        timeout=30,
+    )
