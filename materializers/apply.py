@@ -594,8 +594,10 @@ def run_apply(
                 if name.startswith("window-"):
                     windows[name[len("window-") :]] = queries[name]
             _note_late(settings, windows)
+            # (never a query's awaitTermination here: it raises the query's failure,
+            # which the loop above restarts the query for)
             if stop is None:
-                next(iter(queries.values())).awaitTermination(1)
+                time.sleep(1)
             else:
                 stop.wait(1)
     finally:
