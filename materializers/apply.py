@@ -590,7 +590,11 @@ def run_apply(
                     return
                 if stop is None:
                     time.sleep(pause)
-                queries[name] = starters[name]()
+                try:
+                    queries[name] = starters[name]()
+                except Exception as exc:  # e.g. Kafka not back yet: the next round tries again
+                    notify(f"{name}: could not start again ({_first_line(exc)})")
+                    continue
                 if name.startswith("window-"):
                     windows[name[len("window-") :]] = queries[name]
             _note_late(settings, windows)
