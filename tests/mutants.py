@@ -177,9 +177,11 @@ def _clean_env() -> dict[str, str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", help="run the mutants whose name contains this text")
+    parser.add_argument(
+        "--only", action="append", help="run the mutants whose name contains this (repeat)"
+    )
     args = parser.parse_args()
-    chosen = [m for m in MUTANTS if not args.only or args.only in m.name]
+    chosen = [m for m in MUTANTS if not args.only or any(o in m.name for o in args.only)]
     data_dir = Path(tempfile.mkdtemp(prefix="cdc-mutants-"))
     data_dir.chmod(0o755)
     env = stack_env(data_dir)
