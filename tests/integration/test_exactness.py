@@ -118,6 +118,19 @@ def test_redelivered_and_older_changes_change_nothing(stack: RunningStack) -> No
         versions = history.count()
         assert versions == 20 + 10 + 5 + 2 + 2 + 1
 
+        # a delete applied in a later batch than the row it deletes
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DELETE FROM {name} WHERE id = 20")
+        wait_until_equal(settings, table_info(settings, table))
+        run_apply(settings, ["cache", "search", "warehouse"], once=True)
+        expected = source(dsn, name)
+        versions += 1
+        assert 20 not in expected and redis_rows(settings, table) == expected
+        assert search_rows(settings, table) == expected
+        current, _ = delta_frames(settings, table)
+        live = current.where("NOT _cdc_deleted").select("id", "body").collect()
+        assert {r["id"]: r["body"] for r in live} == expected
+
         records = topic_records(servers, topic)
         by_key: dict[int, list] = {}  # type: ignore[type-arg]
         for r in records:
