@@ -52,6 +52,8 @@ def _root(
     )
     if not verbose:
         logging.getLogger("kafka").setLevel(logging.CRITICAL)
+        # a store that does not answer is told in one line by `cdc apply`, not per request
+        logging.getLogger("opensearch").setLevel(logging.CRITICAL)
 
 
 def settings() -> Settings:

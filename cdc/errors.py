@@ -50,6 +50,12 @@ class ComponentError(CdcError):
     exit_code = 5
 
 
+class SourceUnavailableError(ComponentError):
+    """PostgreSQL does not answer (down, restarting): `cdc apply` waits for it."""
+
+    exit_code = 5
+
+
 class ConnectorError(CdcError):
     """Kafka Connect refused or failed a connector."""
 

@@ -93,7 +93,7 @@ def pipeline_table(p: PipelineStatus) -> Table:
         if s.get("waiting"):
             since = s["waiting"]["since_ms"]
             state = (
-                f"[yellow]waiting for the store[/yellow] ({s['waiting']['reason']}) for "
+                f"[yellow]waiting[/yellow] ({s['waiting']['reason']}) for "
                 f"{max(time.time() - since / 1000, 0):.0f}s, nothing dropped; " + state
             )
         table.add_row(f"store {store}", state)

@@ -19,7 +19,7 @@ import psycopg
 from psycopg import errors, sql
 
 from cdc.catalog import OWN_SCHEMA, Table, check_wal_level, resolve_tables
-from cdc.errors import ComponentError, SourceError
+from cdc.errors import SourceError, SourceUnavailableError
 from cdc.settings import PROJECT_ROOT, Settings
 
 __all__ = [
@@ -71,7 +71,7 @@ def _connect_error(settings: Settings, user: str, exc: Exception) -> Exception:
         return SourceError(
             f"database {pg.database} does not exist: create it or fix postgres.database"
         )
-    return ComponentError(
+    return SourceUnavailableError(
         f"PostgreSQL at {pg.host}:{pg.port} does not answer; start it (`cdc up`) or fix "
         "postgres.host/port"
     )

@@ -19,8 +19,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 from cdc.catalog import Table, describe_table, published_tables
-from cdc.errors import CdcError, LogRewoundError, StoreError, StoreUnavailableError
+from cdc.errors import (
+    CdcError,
+    LogRewoundError,
+    SourceUnavailableError,
+    StoreError,
+    StoreUnavailableError,
+)
 from cdc.settings import Settings
 from cdc.source import TRUNCATIONS_TABLE, admin_connection
 from cdc.spark import spark_session
@@ -148,13 +156,24 @@ def make_store(settings: Settings, name: str, spark: Any = None) -> Store:
     raise ValueError(f"unknown store {name}")
 
 
+def ping_source(settings: Settings) -> None:
+    """Raises SourceUnavailableError while PostgreSQL does not answer."""
+    admin_connection(settings).close()
+
+
 def captured_tables(settings: Settings) -> dict[str, Table]:
     """The pipeline's tables as the catalog describes them now (read every batch, so a
     schema change reaches the stores without a restart)."""
     pipe = settings.pipeline
-    with admin_connection(settings) as conn:
-        names = published_tables(conn, pipe.publication)
-        return {name: describe_table(conn, name, pipe) for name in names}
+    try:
+        with admin_connection(settings) as conn:
+            names = published_tables(conn, pipe.publication)
+            return {name: describe_table(conn, name, pipe) for name in names}
+    except psycopg.OperationalError as exc:  # the connection went (a restart)
+        pg = settings.postgres
+        raise SourceUnavailableError(
+            f"PostgreSQL at {pg.host}:{pg.port} does not answer ({str(exc).strip()[:120]})"
+        ) from None
 
 
 def _batch_writer(
@@ -171,11 +190,18 @@ def _batch_writer(
                 write_once(batch, batch_id)
             except Exception as exc:
                 why = unavailable_reason(exc)
-                if why is None:
+                if why is not None:
+                    # a store that is down blocks its own batch: nothing is committed,
+                    # nothing goes to the dead-letter topic; the batch is written again
+                    # once it answers
+                    _wait_for(settings, store.name, why, batch_id, store.ping)
+                elif isinstance(exc, SourceUnavailableError):
+                    # the catalog is read every batch: it waits for PostgreSQL likewise
+                    _wait_for(
+                        settings, store.name, str(exc), batch_id, lambda: ping_source(settings)
+                    )
+                else:
                     raise
-                # a store that is down blocks its own batch: nothing is committed, nothing
-                # goes to the dead-letter topic; the batch is written again once it answers
-                _wait_for_store(settings, store, why, batch_id)
                 waited = True
                 continue
             if waited:
@@ -464,25 +490,27 @@ def notify(line: str) -> None:
     print(f"cdc apply: {line}", file=sys.stderr, flush=True)
 
 
-def _wait_for_store(settings: Settings, store: Store, why: str, batch_id: int) -> None:
-    """Wait until `store` answers again, saying so once, and showing it in `cdc status`
-    (the progress record's `waiting`) meanwhile."""
-    notify(f"{store.name}: {why}; batch {batch_id} waits (nothing committed or dropped)")
-    _set_waiting(settings, store.name, why)
+def _wait_for(
+    settings: Settings, store: str, why: str, batch_id: int, ping: Callable[[], None]
+) -> None:
+    """Wait until `ping` passes (the store, or PostgreSQL, answers again), saying so once,
+    and showing it in `cdc status` (the progress record's `waiting`) meanwhile."""
+    notify(f"{store}: {why}; batch {batch_id} waits (nothing committed or dropped)")
+    _set_waiting(settings, store, why)
     pause = 1.0
     try:
         while True:
             time.sleep(pause)
             try:
-                store.ping()
+                ping()
                 return
-            except StoreUnavailableError:
+            except (StoreUnavailableError, SourceUnavailableError):
                 pause = min(pause * 2, 10.0)
             except Exception as exc:  # any other answer: try the batch again
-                log.info("%s: ping: %s", store.name, exc)
+                log.info("%s: ping: %s", store, exc)
                 return
     finally:
-        _set_waiting(settings, store.name, None)
+        _set_waiting(settings, store, None)
 
 
 def _set_waiting(settings: Settings, store: str, why: str | None) -> None:
@@ -564,7 +592,7 @@ def run_apply(
                     query.awaitTermination()
                 except Exception as exc:
                     raise _fatal(exc) or StoreError(
-                        f"the apply job stopped: {_first_line(exc)}"
+                        f"the apply job stopped: {failure_line(exc)}"
                     ) from None
         finally:
             for query in queries.values():
@@ -585,7 +613,7 @@ def run_apply(
                 # and start it again from its checkpoint, as a restart of `cdc apply` would
                 failures[name] = failures.get(name, 0) + 1
                 pause = min(2 ** failures[name], 60)
-                notify(f"{name}: stopped ({_first_line(error)}); starting it again in {pause} s")
+                notify(f"{name}: stopped ({failure_line(error)}); starting it again in {pause} s")
                 if stop is not None and stop.wait(pause):
                     return
                 if stop is None:
@@ -593,7 +621,7 @@ def run_apply(
                 try:
                     queries[name] = starters[name]()
                 except Exception as exc:  # e.g. Kafka not back yet: the next round tries again
-                    notify(f"{name}: could not start again ({_first_line(exc)})")
+                    notify(f"{name}: could not start again ({failure_line(exc)})")
                     continue
                 if name.startswith("window-"):
                     windows[name[len("window-") :]] = queries[name]
@@ -609,9 +637,22 @@ def run_apply(
             query.stop()
 
 
-def _first_line(exc: BaseException) -> str:
+_RAISED = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$")
+
+
+def failure_line(exc: BaseException) -> str:
+    """One line saying why a query failed: the Python exception at the end of the
+    traceback Spark carries back as text (not "Traceback (most recent call last):"),
+    else the error's first line."""
     text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
+    if not text:
+        return type(exc).__name__
+    marker = "Traceback (most recent call last)"
+    if marker in text:  # the last traceback's exception: the first line naming one
+        for line in text[text.rindex(marker) :].splitlines()[1:]:
+            if not line.startswith(" ") and (m := _RAISED.match(line.strip())):
+                return f"{m[1]}: {m[2]}"[:300]
+    return text.splitlines()[0][:300]
 
 
 def _fatal(exc: BaseException) -> CdcError | None:
@@ -630,7 +671,7 @@ def _prepare(settings: Settings, store: Store, tables: dict[str, Table]) -> None
             store.prepare(tables.values())
             return
         except StoreUnavailableError as exc:
-            _wait_for_store(settings, store, str(exc), -1)
+            _wait_for(settings, store.name, str(exc), -1, store.ping)
 
 
 def _start_store_query(spark: Any, settings: Settings, store: Store, once: bool) -> Any:

@@ -170,15 +170,20 @@ class WarehouseStore(Store):
         A version is identified by its key and its position in the source (commit LSN,
         change LSN), never by its Kafka offset: a change Debezium delivered twice (at
         another offset) is one version, in the batch and against the table. valid_from
-        is the commit time and valid_to the next version's valid_from in position order
-        (NULL for the newest); a delete is a version with _cdc_op 'd' and no values (a
-        tombstone is not a version). An unchanged TOASTed value is taken from the key's
-        previous version in the batch, else from `stored`: the current state as it was
-        before the batch's MERGEs began (read once, so the history does not depend on
-        which MERGE commits first). One MERGE inserts the batch's versions and closes
-        each key's open version older than them: a key has at most one open version, and
-        a replayed batch holds the same positions, so a crash between batches leaves
-        nothing to mend.
+        is the commit time; valid_to is the next version's valid_from in position order
+        (NULL for the newest), capped by the TRUNCATE that ended the version. A delete is
+        a version with _cdc_op 'd' and no values (a tombstone is not a version). An
+        unchanged TOASTed value is taken from the key's previous version in the batch,
+        else from `stored`: the current state as it was before the batch's MERGEs began
+        (read once, so the history does not depend on which MERGE commits first).
+
+        valid_to is derived again for every version of the keys the batch touches, its
+        stored versions and its new ones together, so a batch that holds changes already
+        stored (Debezium's redelivery after a crash), new ones, or one older than a
+        stored version still leaves each key one chain: one open version, each version
+        ending where the next begins. A stored valid_to only ever shortens (a TRUNCATE's
+        cut stays). One MERGE writes the new versions and the changed ends; a replayed
+        batch finds nothing to change.
         """
         from pyspark.sql import Window
         from pyspark.sql import functions as F
@@ -205,7 +210,6 @@ class WarehouseStore(Store):
                     .otherwise(F.col(f"cur_{c}"))
                 )
             columns.append(F.when(F.col("op") == "d", None).otherwise(value).alias(c))
-        following = Window.partitionBy("key").orderBy("commit_lsn", "lsn")
         rows = versions.select(
             *columns,
             F.col("op").alias("_cdc_op"),
@@ -215,34 +219,44 @@ class WarehouseStore(Store):
             F.col("lsn").alias("_cdc_lsn"),
             F.timestamp_millis("commit_ms").alias("valid_from"),
             # a version from before its table's TRUNCATE ends there at the latest
-            F.least(
-                F.lead(F.timestamp_millis("commit_ms")).over(following),
-                F.timestamp_millis("cut_ms"),
-            ).alias("valid_to"),
-            F.lit("v").alias("_kind"),
-            F.row_number().over(following).alias("_n"),
+            F.timestamp_millis("cut_ms").alias("_cap"),
+            F.lit(True).alias("_new"),
         )
-        # one closer per key: its first version in the batch ends the key's older versions
-        # still valid then (the open one; or one a TRUNCATE ended later than a change of
-        # its key that reaches this batch late)
-        closers = rows.where("_n = 1").withColumn("_kind", F.lit("c"))
-        key = " AND ".join(f"h.`{k}` <=> s.`{k}`" for k in table.key)
-        same = "h._cdc_commit_lsn = s._cdc_commit_lsn AND h._cdc_lsn = s._cdc_lsn"
-        older = (
-            "(h._cdc_commit_lsn IS NULL OR h._cdc_commit_lsn < s._cdc_commit_lsn OR "
-            "(h._cdc_commit_lsn = s._cdc_commit_lsn AND h._cdc_lsn < s._cdc_lsn))"
+        keys = [f"`{k}`" for k in table.key]
+        chain = ["_cdc_commit_lsn", "_cdc_lsn", "valid_from", "valid_to"]
+        # the stored versions of the touched keys, their valid_to the most they may end
+        known = (
+            history.toDF()
+            .select(*keys, *chain)
+            .join(rows.select(*keys).distinct(), list(table.key), "left_semi")
+            .withColumnRenamed("valid_to", "_cap")
+            .withColumn("_new", F.lit(False))
+        )
+        values = [c for c in rows.columns if c not in (*table.key, *chain, "_cap", "_new")]
+        for c in values:
+            known = known.withColumn(c, F.lit(None).cast(rows.schema[c].dataType))
+        # a position both stored and in the batch is the stored version
+        position = Window.partitionBy(*keys, "_cdc_commit_lsn", "_cdc_lsn").orderBy("_new")
+        following = Window.partitionBy(*keys).orderBy("_cdc_commit_lsn", "_cdc_lsn")
+        derived = (
+            known.unionByName(rows)
+            .withColumn("_n", F.row_number().over(position))
+            .where("_n = 1")
+            .withColumn("valid_to", F.least(F.lead("valid_from").over(following), F.col("_cap")))
+            .where("_new OR NOT (_cap <=> valid_to)")  # inserted, or ending sooner
+            .drop("_n", "_cap")
+        )
+        same = " AND ".join(
+            [f"h.{k} <=> s.{k}" for k in keys]
+            + [f"h.{c} <=> s.{c}" for c in ("_cdc_commit_lsn", "_cdc_lsn")]
         )
         (
             history.alias("h")
-            .merge(
-                rows.unionByName(closers).drop("_n").alias("s"),
-                f"{key} AND ((s._kind = 'v' AND {same}) OR (s._kind = 'c' AND {older} "
-                "AND (h.valid_to IS NULL OR h.valid_to > s.valid_from)))",
-            )
-            .whenMatchedUpdate(condition="s._kind = 'c'", set={"valid_to": "s.valid_from"})
+            .merge(derived.alias("s"), same)
+            .whenMatchedUpdate(condition="NOT s._new", set={"valid_to": "s.valid_to"})
             .whenNotMatchedInsert(
-                condition="s._kind = 'v'",
-                values={f"`{c}`": f"s.`{c}`" for c in rows.columns if c not in ("_kind", "_n")},
+                condition="s._new",
+                values={f"`{c}`": f"s.`{c}`" for c in derived.columns if c != "_new"},
             )
             .execute()
         )

@@ -1,7 +1,8 @@
 """A store that is down blocks its own apply; it never drops. Redis killed (SIGKILL) and
-OpenSearch frozen (SIGSTOP) while changes stream: nothing goes to the dead-letter topic,
-`cdc status` says the store is waiting and why, and once each store answers again it
-equals the source (read with this test's own readers)."""
+OpenSearch frozen (SIGSTOP) while changes stream, then PostgreSQL stopped while they come
+back: nothing goes to the dead-letter topic, `cdc status` says the store is waiting and
+why, the apply job waits for PostgreSQL (it reads the catalog every batch), and once each
+answers again every store equals the source (read with this test's own readers)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from kafka import KafkaConsumer, TopicPartition
 from rich.console import Console
 
 from cdc.pipeline import drop_pipeline
+from cdc.stack import Stack
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.helpers import ROOT, run_cdc
@@ -121,9 +123,24 @@ def test_a_store_that_is_down_blocks_its_apply_and_loses_nothing(stack: RunningS
         time.sleep(35)  # OpenSearch frozen past the client's timeout and the retries
         assert apply.poll() is None, "the apply job died while OpenSearch was frozen"
 
+        # PostgreSQL stops too (a fast shutdown); the stores answer again before it does
+        postgres = pid_of(data_dir, "postgres")
+        os.kill(postgres, signal.SIGINT)
+        poll(lambda: not Path(f"/proc/{postgres}").exists(), 60, "PostgreSQL to stop")
         os.kill(frozen, signal.SIGCONT)
         frozen = None
-        started = run_cdc("up", env=stack.env)  # Redis again (its AOF holds what it took)
+        Stack(settings).redis.start()  # Redis again (its AOF holds what it took)
+        poll(
+            lambda: any(
+                "PostgreSQL at" in line and "waits (nothing committed" in line
+                for line in log.read_text().splitlines()
+            ),
+            120,
+            "`cdc apply` to wait for PostgreSQL (the catalog it reads every batch)",
+        )
+        time.sleep(10)
+        assert apply.poll() is None, "the apply job died while PostgreSQL was down"
+        started = run_cdc("up", env=stack.env)  # PostgreSQL again
         assert started.returncode == 0, started.stderr
         expected = source_rows(dsn, name)
         assert len(expected) == 2000

@@ -1,0 +1,46 @@
+"""What `cdc apply` says and does about a failed batch: a store or PostgreSQL that does
+not answer is waited for; any other failure is told in one line."""
+
+from __future__ import annotations
+
+from cdc.errors import StoreUnavailableError
+from materializers.apply import failure_line, unavailable_reason
+
+# what Spark's query.exception() carried back when PostgreSQL restarted under a batch
+PROXY_FAILURE = """[FOREACH_BATCH_USER_FUNCTION_ERROR] An error occurred in the user provided \
+function in foreach batch sink. Reason: An exception was raised by the Python Proxy. Return \
+Message: Traceback (most recent call last):
+  File "/x/pyspark/sql/utils.py", line 163, in call
+    self.func(DataFrame(jdf, wrapped_session_jdf), batch_id)
+  File "/x/materializers/apply.py", line 171, in write
+    write_once(batch, batch_id)
+psycopg.OperationalError: connection failed: Connection refused
+
+During handling of the above exception, another exception occurred:
+
+Traceback (most recent call last):
+  File "/x/materializers/apply.py", line 189, in write_once
+    tables = captured_tables(settings)
+cdc.errors.SourceUnavailableError: PostgreSQL at 127.0.0.1:5432 does not answer
+
+\tat py4j.Protocol.getReturnValue(Protocol.java:476)
+Caused by: org.apache.spark.SparkException: Job aborted
+"""
+
+
+def test_a_failure_carried_back_by_spark_is_told_by_its_python_exception() -> None:
+    assert failure_line(RuntimeError(PROXY_FAILURE)) == (
+        "SourceUnavailableError: PostgreSQL at 127.0.0.1:5432 does not answer"
+    )
+
+
+def test_a_failure_without_a_traceback_is_its_first_line() -> None:
+    assert failure_line(RuntimeError("Kafka went away\nmore")) == "Kafka went away"
+    assert failure_line(RuntimeError("")) == "RuntimeError"
+
+
+def test_a_store_that_does_not_answer_is_recognised_also_as_text() -> None:
+    assert unavailable_reason(StoreUnavailableError("Redis down")) == "Redis down"
+    worker = "Traceback...\ncdc.errors.StoreUnavailableError: OpenSearch at x does not answer\n"
+    assert unavailable_reason(RuntimeError(worker)) == "OpenSearch at x does not answer"
+    assert unavailable_reason(RuntimeError("ValueError: bad")) is None
