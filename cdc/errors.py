@@ -15,6 +15,8 @@ __all__ = [
     "NotInstalledError",
     "PortInUseError",
     "SourceError",
+    "SourceRewoundError",
+    "SourceUnavailableError",
     "StoreError",
     "StoreUnavailableError",
 ]
@@ -84,5 +86,12 @@ class StoreUnavailableError(StoreError):
 class LogRewoundError(CdcError):
     """A change topic no longer holds what a store has applied (deleted and created
     again): the store must be rebuilt from the log (`cdc rebuild`)."""
+
+    exit_code = 11
+
+
+class SourceRewoundError(LogRewoundError):
+    """PostgreSQL's WAL is behind what a store has applied (the database was restored
+    from a backup or replaced): its new changes would be refused as older."""
 
     exit_code = 11

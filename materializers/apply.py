@@ -25,6 +25,7 @@ from cdc.catalog import Table, describe_table, published_tables
 from cdc.errors import (
     CdcError,
     LogRewoundError,
+    SourceRewoundError,
     SourceUnavailableError,
     StoreError,
     StoreUnavailableError,
@@ -36,15 +37,20 @@ from materializers.events import parse_events
 from materializers.stores.base import Store
 from materializers.views import check_views, window_query
 from materializers.writer import RESULT_DDL, partition_writer
+from snapshot.encoding import int_to_lsn
 from snapshot.generation import read_generation
 
 __all__ = [
     "captured_tables",
+    "check_source_not_rewound",
     "checkpoint_dir",
     "dead_letter_topic",
+    "failure_line",
     "make_store",
     "read_progress",
+    "read_source",
     "run_apply",
+    "unavailable_reason",
     "warehouse_root",
     "write_progress",
 ]
@@ -162,13 +168,24 @@ def ping_source(settings: Settings) -> None:
 
 
 def captured_tables(settings: Settings) -> dict[str, Table]:
+    """The pipeline's tables as the catalog describes them now."""
+    return read_source(settings)[0]
+
+
+def read_source(settings: Settings) -> tuple[dict[str, Table], int]:
     """The pipeline's tables as the catalog describes them now (read every batch, so a
-    schema change reaches the stores without a restart)."""
+    schema change reaches the stores without a restart), and the source's WAL position
+    (where its next change will be written, or a standby has replayed to)."""
     pipe = settings.pipeline
     try:
         with admin_connection(settings) as conn:
             names = published_tables(conn, pipe.publication)
-            return {name: describe_table(conn, name, pipe) for name in names}
+            tables = {name: describe_table(conn, name, pipe) for name in names}
+            row = conn.execute(
+                "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+                "ELSE pg_current_wal_lsn() END) - '0/0'::pg_lsn"
+            ).fetchone()
+            return tables, int(row[0]) if row and row[0] is not None else 0
     except psycopg.OperationalError as exc:  # the connection went (a restart)
         pg = settings.postgres
         raise SourceUnavailableError(
@@ -212,9 +229,10 @@ def _batch_writer(
     cut_times: dict[str, int] = {}  # table -> commit time of its last TRUNCATE (warehouse)
 
     def write_once(batch: Any, batch_id: int) -> None:
-        tables = captured_tables(settings)
+        tables, wal = read_source(settings)
         topics = {settings.pipeline.topic(t): t for t in [*tables, TRUNCATIONS_TABLE]}
         progress = read_progress(settings, store.name)
+        check_source_not_rewound(store.name, wal, progress)
         ends.check_not_rewound(store.name, topics, progress)
         cutoffs = _cutoffs(progress)
         cut_times.clear()
@@ -262,6 +280,7 @@ def _batch_writer(
                 F.max("offset").alias("offset"),
                 F.count(F.when(valid, 1)).alias("n"),
                 F.max(F.when(valid, F.col("commit_ms"))).alias("commit_ms"),
+                F.max(F.when(valid, F.col("commit_lsn"))).alias("commit_lsn"),
                 F.count("error").alias("errors"),
             )
             .collect()
@@ -273,7 +292,11 @@ def _batch_writer(
         cut_ms = _truncated(parsed, tables, cutoffs, found=truncated)
         data = [p for p in parts if p["table"] != TRUNCATIONS_TABLE]
         commits = [p["commit_ms"] for p in data if p["commit_ms"] is not None]
-        summary = {"n": sum(p["n"] for p in data), "commit_ms": max(commits, default=None)}
+        summary = {
+            "n": sum(p["n"] for p in data),
+            "commit_ms": max(commits, default=None),
+            "commit_lsn": max((p["commit_lsn"] or 0 for p in parts), default=0),
+        }
         offsets = {f"{p['topic']}:{p['partition']}": p["offset"] for p in parts}
         present = {p["table"] for p in data if p["n"]}
         started = time.monotonic()
@@ -323,7 +346,7 @@ def _batch_writer(
         )
         offsets: dict[str, int] = {}
         counts = {"written": 0, "stale": 0}
-        summary: dict[str, Any] = {"n": 0, "commit_ms": None}
+        summary: dict[str, Any] = {"n": 0, "commit_ms": None, "commit_lsn": 0}
         truncations = []
         for row in frame.mapInArrow(run, RESULT_DDL).collect():
             if row["kind"] == "dead":
@@ -332,6 +355,7 @@ def _batch_writer(
             if row["kind"] == "truncate":
                 truncations.append(row)
                 continue
+            summary["commit_lsn"] = max(row["commit_lsn"] or 0, summary["commit_lsn"])
             where = f"{row['topic']}:{row['partition']}"
             offsets[where] = max(row["offset"], offsets.get(where, -1))
             summary["n"] += row["n"] or 0
@@ -405,9 +429,12 @@ def _batch_writer(
         applied = dict(previous.get("applied", {}))
         applied.update(offsets)
         commit_ms = summary["commit_ms"] if summary and summary["n"] else previous.get("commit_ms")
+        newest = [summary.get("commit_lsn") or 0, previous.get("commit_lsn") or 0]
+        newest += [commit for commit, _ in cutoffs.values()]
         record = {
             "batch": batch_id,
             "applied": applied,
+            "commit_lsn": max(newest),  # the newest source position the store took
             "commit_ms": commit_ms,
             "applied_ms": int(time.time() * 1000),
             "last_batch": counts,
@@ -657,11 +684,29 @@ def failure_line(exc: BaseException) -> str:
 
 def _fatal(exc: BaseException) -> CdcError | None:
     """The error that must stop the apply job (not be retried), from a query's failure."""
-    marker = f"{LogRewoundError.__name__}: "
     text = str(exc)
-    if marker in text:
-        return LogRewoundError(text[text.rindex(marker) + len(marker) :].splitlines()[0])
+    for kind in (SourceRewoundError, LogRewoundError):
+        marker = f"{kind.__name__}: "
+        if marker in text:
+            return kind(text[text.rindex(marker) + len(marker) :].splitlines()[0])
     return None
+
+
+def check_source_not_rewound(store: str, wal: int, progress: dict[str, Any] | None) -> None:
+    """Raise SourceRewoundError if the source's WAL is behind a position `store` has
+    applied (a change or a TRUNCATE): the database was restored from a backup or
+    replaced, and every change it makes now would be refused as older."""
+    progress = progress or {}
+    taken = [progress.get("commit_lsn") or 0]
+    taken += [int(at[0]) for at in (progress.get("truncated") or {}).values()]
+    if wal and wal < max(taken):
+        raise SourceRewoundError(
+            f"PostgreSQL's WAL is at {int_to_lsn(wal)}, behind changes the {store} store "
+            f"has applied (up to {int_to_lsn(max(taken))}): the database was restored or "
+            "replaced, and its changes would be refused as older. Stop `cdc apply`, run "
+            "`cdc drop`, set a new pipeline.topic_prefix (the old topics hold what it "
+            "lost), `cdc snapshot`, then `cdc rebuild --store S` for each store"
+        )
 
 
 def _prepare(settings: Settings, store: Store, tables: dict[str, Table]) -> None:

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from cdc.errors import ConfigError
 from cdc.settings import Settings
 from materializers.apply import (
-    captured_tables,
     checkpoint_dir,
     make_store,
     read_progress,
+    read_source,
     write_progress,
 )
 
@@ -27,7 +27,7 @@ def reset_store(
     """Empty `store` of `tables` (default: every captured table) and restart its
     checkpoint; returns the tables, for the caller to backfill. `cdc apply` must not
     run meanwhile."""
-    captured = captured_tables(settings)
+    captured, wal = read_source(settings)
     chosen = tables or sorted(captured)
     unknown = [t for t in chosen if t not in captured]
     if unknown:
@@ -51,5 +51,9 @@ def reset_store(
     # every write that is not newer, so only the emptied tables change
     shutil.rmtree(checkpoint_dir(settings, store), ignore_errors=True)
     progress = read_progress(settings, store) or {}
-    write_progress(settings, store, {"truncated": progress.get("truncated", {})})
+    # the TRUNCATEs the source still has (a restored source has lost those past its WAL)
+    kept = {
+        t: at for t, at in progress.get("truncated", {}).items() if not wal or int(at[0]) <= wal
+    }
+    write_progress(settings, store, {"truncated": kept})
     return chosen

@@ -127,7 +127,13 @@ def partition_writer(
 
         applied: dict[tuple[str, int], int] = {}
         out: list[dict[str, Any]] = []  # dead letters and TRUNCATEs
-        seen: dict[str, Any] = {"n": 0, "commit_ms": None, "written": 0, "stale": 0}
+        seen: dict[str, Any] = {
+            "n": 0,
+            "commit_ms": None,
+            "commit_lsn": None,
+            "written": 0,
+            "stale": 0,
+        }
         pending: dict[tuple[str, str], Event] = {}
         store = open_store()
 
@@ -194,6 +200,8 @@ def partition_writer(
                     if commit_ms is not None and commit_ms > (seen["commit_ms"] or 0):
                         seen["commit_ms"] = commit_ms
                     commit_lsn, lsn = position if position is not None else (None, None)
+                    if commit_lsn is not None and commit_lsn > (seen["commit_lsn"] or 0):
+                        seen["commit_lsn"] = commit_lsn
                     event = Event(
                         table, key, partition, offset, op, after, commit_ms, lsn, commit_lsn
                     )
@@ -213,7 +221,7 @@ def partition_writer(
             for (topic, partition), offset in applied.items()
         ]
         if rows:  # the partition's totals ride on its first row
-            rows[0] |= {k: seen[k] for k in ("n", "commit_ms", "written", "stale")}
+            rows[0] |= {k: seen[k] for k in ("n", "commit_ms", "commit_lsn", "written", "stale")}
         yield pa.RecordBatch.from_pylist(rows + out, schema=_result_schema())
 
     return run

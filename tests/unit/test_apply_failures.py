@@ -3,8 +3,10 @@ not answer is waited for; any other failure is told in one line."""
 
 from __future__ import annotations
 
-from cdc.errors import StoreUnavailableError
-from materializers.apply import failure_line, unavailable_reason
+import pytest
+
+from cdc.errors import SourceRewoundError, StoreUnavailableError
+from materializers.apply import check_source_not_rewound, failure_line, unavailable_reason
 
 # what Spark's query.exception() carried back when PostgreSQL restarted under a batch
 PROXY_FAILURE = """[FOREACH_BATCH_USER_FUNCTION_ERROR] An error occurred in the user provided \
@@ -44,3 +46,14 @@ def test_a_store_that_does_not_answer_is_recognised_also_as_text() -> None:
     worker = "Traceback...\ncdc.errors.StoreUnavailableError: OpenSearch at x does not answer\n"
     assert unavailable_reason(RuntimeError(worker)) == "OpenSearch at x does not answer"
     assert unavailable_reason(RuntimeError("ValueError: bad")) is None
+
+
+def test_a_source_behind_what_a_store_applied_stops_it() -> None:
+    applied = {"commit_lsn": 0x2_0000_0000, "truncated": {"public.t": [0x1_0000_0000, 5]}}
+    check_source_not_rewound("cache", 0x2_0000_0000, applied)  # caught up: fine
+    check_source_not_rewound("cache", 0x1_0000_0000, None)  # nothing applied yet
+    with pytest.raises(SourceRewoundError, match=r"WAL is at 1/FF.*up to 2/0.*cdc rebuild"):
+        check_source_not_rewound("cache", 0x1_0000_00FF, applied)
+    # a TRUNCATE's position counts as applied too
+    with pytest.raises(SourceRewoundError, match=r"up to 1/0"):
+        check_source_not_rewound("cache", 0xFFFF, {"truncated": {"public.t": [0x1_0000_0000, 5]}})

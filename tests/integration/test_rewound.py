@@ -1,0 +1,152 @@
+"""A log or a source that goes back behind what a store applied: the apply job stops with
+one line naming `cdc rebuild` (exit 11), never refusing the new changes in silence; the
+rebuild then leaves the store equal to the source (read with redis-py, not our code)."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+from kafka.admin import KafkaAdminClient, NewTopic
+from rich.console import Console
+
+from cdc.pipeline import drop_pipeline
+from cdc.settings import Settings
+from materializers.apply import progress_file
+from snapshot.initial import run_snapshot
+from tests.conftest import RunningStack
+from tests.helpers import run_cdc
+from tests.logcheck import pipeline_for, poll, table_info, wait_until_equal
+
+pytestmark = pytest.mark.integration
+
+
+def cache_rows(settings: Settings, table: str) -> dict[int, str]:
+    client = redis.Redis.from_url(settings.redis.url, decode_responses=True)
+    prefix = f"{settings.pipeline.topic_prefix}:{table}:"
+    rows = {}
+    for key in client.scan_iter(match=prefix + "*"):
+        entry = client.hgetall(key)
+        if "_deleted" not in entry:
+            rows[json.loads(key[len(prefix) :])["id"]] = entry["body"]
+    return rows
+
+
+def source(dsn: str, name: str) -> dict[int, str]:
+    with psycopg.connect(dsn) as conn:
+        return dict(conn.execute(f"SELECT id, body FROM {name}").fetchall())  # type: ignore[arg-type]
+
+
+class Pipeline:
+    """A table of its own, snapshotted and streaming, applied to the cache by `cdc`."""
+
+    def __init__(self, stack: RunningStack) -> None:
+        self.name = "rew_" + uuid.uuid4().hex[:8]
+        self.table = f"public.{self.name}"
+        self.settings = pipeline_for(stack.settings, [self.table])
+        self.dsn = self.settings.postgres.dsn()
+        self.env = {
+            **stack.env,
+            "CDC_PIPELINE__NAME": self.settings.pipeline.name,
+            "CDC_PIPELINE__TOPIC_PREFIX": self.settings.pipeline.topic_prefix,
+            "CDC_PIPELINE__TABLES": json.dumps([self.table]),
+        }
+
+    def start(self) -> None:
+        self.sql(f"CREATE TABLE {self.name} (id int PRIMARY KEY, body text)")
+        self.sql(f"INSERT INTO {self.name} SELECT g, 'v0' FROM generate_series(1, 30) g")
+        run_snapshot(self.settings, Console(file=io.StringIO()))
+        self.sql(f"UPDATE {self.name} SET body = 'v1' WHERE id <= 20")
+        wait_until_equal(self.settings, table_info(self.settings, self.table))
+
+    def sql(self, statement: str) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(statement)
+
+    def apply(self) -> Any:
+        return run_cdc("apply", "--once", "--store", "cache", env=self.env)
+
+    def equal(self) -> bool:
+        return cache_rows(self.settings, self.table) == source(self.dsn, self.name)
+
+    def close(self) -> None:
+        drop_pipeline(self.settings)
+        self.sql(f"DROP TABLE IF EXISTS {self.name}")
+
+
+def _ends(p: Pipeline) -> int:
+    from kafka import KafkaConsumer, TopicPartition
+
+    topic = p.settings.pipeline.topic(p.table)
+    consumer = KafkaConsumer(bootstrap_servers=p.settings.kafka.bootstrap_servers)
+    try:
+        parts = [TopicPartition(topic, n) for n in consumer.partitions_for_topic(topic) or ()]
+        return sum(consumer.end_offsets(parts).values()) if parts else 0
+    finally:
+        consumer.close()
+
+
+def rebuilt(p: Pipeline) -> None:
+    done = run_cdc("rebuild", "--store", "cache", "--yes", env=p.env)
+    assert done.returncode == 0, done.stderr
+    applied = p.apply()
+    assert applied.returncode == 0, applied.stderr
+    assert p.equal()
+
+
+def test_a_change_topic_deleted_and_created_again_stops_the_apply(stack: RunningStack) -> None:
+    p = Pipeline(stack)
+    try:
+        p.start()
+        assert p.apply().returncode == 0
+        assert p.equal()
+        topic = p.settings.pipeline.topic(p.table)
+        admin = KafkaAdminClient(bootstrap_servers=p.settings.kafka.bootstrap_servers)
+        try:  # someone deletes the topic and creates it again: its offsets start at 0
+            admin.delete_topics([topic])
+            poll(lambda: topic not in admin.list_topics(), 60, f"{topic} to go")
+            time.sleep(2)
+            admin.create_topics([NewTopic(topic, 1, 1)])
+        finally:
+            admin.close()
+        p.sql(f"UPDATE {p.name} SET body = 'v2' WHERE id <= 3")
+        poll(lambda: _ends(p) > 0, 120, f"{topic} to be written again")
+        stopped = p.apply()
+        assert stopped.returncode == 11, stopped.stderr
+        said = stopped.stderr.strip().splitlines()[-1]
+        assert topic in said and "cdc rebuild --store cache" in said, said
+        assert not p.equal()  # nothing applied in silence meanwhile
+        rebuilt(p)
+    finally:
+        p.close()
+
+
+def test_a_source_behind_what_a_store_applied_stops_the_apply(stack: RunningStack) -> None:
+    """A database restored from a backup (or replaced) writes at LSNs below those the
+    store holds: simulated by the progress the store recorded, as a restore cannot be
+    done to the shared PostgreSQL."""
+    p = Pipeline(stack)
+    try:
+        p.start()
+        assert p.apply().returncode == 0
+        path = progress_file(p.settings, "cache")
+        progress = json.loads(path.read_text())
+        assert progress["commit_lsn"] > 0  # the newest source position it applied
+        progress["commit_lsn"] += 1 << 40  # as if applied from a timeline the source lost
+        path.write_text(json.dumps(progress))
+        p.sql(f"INSERT INTO {p.name} VALUES (100, 'after the restore')")
+        wait_until_equal(p.settings, table_info(p.settings, p.table))
+        stopped = p.apply()
+        assert stopped.returncode == 11, stopped.stderr
+        said = stopped.stderr.strip().splitlines()[-1]
+        assert "restored or replaced" in said and "cdc rebuild" in said, said
+        assert 100 not in cache_rows(p.settings, p.table)
+        rebuilt(p)
+    finally:
+        p.close()
