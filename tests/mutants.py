@@ -23,6 +23,8 @@ from tests.conftest import stack_env
 from tests.helpers import ROOT, run_cdc
 
 EXACT = "tests/integration/test_exactness.py"
+HISTORY = "tests/integration/test_warehouse_history.py"
+REWOUND = "tests/integration/test_rewound.py"
 
 
 @dataclass(frozen=True)
@@ -59,9 +61,30 @@ MUTANTS = (
     Mutant(
         "history identifies a version by its offset",
         "materializers/stores/warehouse.py",
-        'same = "h._cdc_commit_lsn = s._cdc_commit_lsn AND h._cdc_lsn = s._cdc_lsn"',
-        'same = "h._cdc_offset = s._cdc_offset"',
+        'position = Window.partitionBy(*keys, "_cdc_commit_lsn", "_cdc_lsn").orderBy("_new")',
+        'position = Window.partitionBy(*keys, "_cdc_offset").orderBy("_new")',
         (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),
+    ),
+    Mutant(
+        "history ends a stored version only at a TRUNCATE",
+        "materializers/stores/warehouse.py",
+        '.withColumn("valid_to", F.least(F.lead("valid_from").over(following), F.col("_cap")))',
+        '.withColumn("valid_to", F.col("_cap"))',
+        (f"{HISTORY}::test_a_batch_of_redelivered_and_new_changes_leaves_one_open_version",),
+    ),
+    Mutant(
+        "apply reads a change topic created again as if nothing happened",
+        "materializers/apply.py",
+        "        ends.check_not_rewound(store.name, topics, progress)",
+        "        pass",
+        (f"{REWOUND}::test_a_change_topic_deleted_and_created_again_stops_the_apply",),
+    ),
+    Mutant(
+        "apply writes to a store ahead of the source",
+        "materializers/apply.py",
+        "        check_source_not_rewound(store.name, wal, progress)",
+        "        pass",
+        (f"{REWOUND}::test_a_source_behind_what_a_store_applied_stops_the_apply",),
     ),
     Mutant(
         "search versions by Kafka offset",
