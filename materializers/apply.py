@@ -35,6 +35,7 @@ from cdc.source import TRUNCATIONS_TABLE, admin_connection
 from cdc.spark import spark_session
 from materializers.events import parse_events
 from materializers.stores.base import Store
+from materializers.typed import unheld_columns
 from materializers.views import check_views, window_query
 from materializers.writer import RESULT_DDL, partition_writer
 from snapshot.encoding import int_to_lsn
@@ -240,7 +241,9 @@ def _batch_writer(
         if not getattr(store, "spark_native", False):
             _write_partitions(batch, topics, tables, batch_id, cutoffs)
         else:
-            parsed = parse_events(batch, topics).where("table IS NOT NULL").cache()
+            parsed = _unheld_as_errors(
+                parse_events(batch, topics).where("table IS NOT NULL"), tables
+            ).cache()
             try:
                 _write_frame(parsed, tables, batch_id, cutoffs)
             finally:
@@ -498,6 +501,33 @@ def _cutoffs(progress: dict[str, Any] | None) -> dict[str, tuple[int, int]]:
     for table, at in (progress or {}).get("truncated", {}).items():
         cutoffs[table] = (int(at[0]), int(at[1])) if isinstance(at, list) else (int(at), 0)
     return cutoffs
+
+
+def _unheld_as_errors(parsed: Any, tables: dict[str, Table]) -> Any:
+    """The warehouse's events, those holding a value it cannot hold (NaN or an infinity
+    in a numeric(p,s), a time beyond Spark's types) marked as errors: they go to the
+    dead-letter topic for the warehouse alone, never in as NULL."""
+    from pyspark.sql import functions as F
+
+    lost = None
+    for name, table in sorted(tables.items()):
+        names = unheld_columns(table, F.col("after"))
+        if not table.columns or names is None:
+            continue
+        mine = F.col("table") == name
+        lost = F.when(mine, names) if lost is None else lost.when(mine, names)
+    if lost is None:
+        return parsed
+    lost = F.coalesce(lost, F.array().cast("array<string>"))
+    said = F.concat(
+        F.lit("the warehouse cannot hold the value of "),
+        F.array_join(lost, ", "),
+        F.lit(" (NaN or an infinity in a numeric(p,s), or a time beyond Spark's types)"),
+    )
+    return parsed.withColumn(
+        "error",
+        F.when(F.col("error").isNull() & (F.size(lost) > 0), said).otherwise(F.col("error")),
+    )
 
 
 def unavailable_reason(exc: BaseException) -> str | None:

@@ -17,14 +17,14 @@ for PostgreSQL's special values:
   hold. (Spark's own PostgreSQL JDBC dialect clamps them to 9999-12-31 23:59:59.999999
   and 0001-01-01, the range Spark documents; the warehouse keeps later years, so that
   would put infinity before year 10000.)
-- numeric NaN / Infinity / -Infinity: NULL in a decimal(p,s) column (Spark's decimal has
-  no such values); their PostgreSQL text ('NaN', 'Infinity', '-Infinity') in the exact
+- numeric NaN / Infinity / -Infinity: none in a decimal(p,s) column (Spark's decimal has
+  no such values: see below); their PostgreSQL text ('NaN', 'Infinity', '-Infinity') in the exact
   text column of an unbounded numeric; float NaN / Infinity stay themselves;
 - time 24:00:00: '24:00:00.000000';
 - a value the Spark type cannot hold (a timestamp after 294247-01-10T04:00:54Z, which
-  Debezium's MicroTimestamp overflows, or a decimal special value) becomes NULL, and
-  `unheld_columns` names its column, so the caller can dead-letter the record or take
-  the NULL.
+  Debezium's MicroTimestamp overflows, or a decimal special value) converts to NULL, and
+  `unheld_columns` names its column: the apply job sends such a record to the
+  dead-letter topic (for the warehouse alone) rather than write the NULL.
 """
 
 from __future__ import annotations
@@ -217,10 +217,11 @@ def _lost(column: Column, raw: SparkColumn) -> SparkColumn:
     return raw.isNotNull() & (raw != F.lit(UNAVAILABLE)) & ~held
 
 
-def unheld_columns(table: Table, image: SparkColumn) -> SparkColumn:
+def unheld_columns(table: Table, image: SparkColumn) -> SparkColumn | None:
     """An array of the names of the columns whose value in the JSON image (text) the
-    warehouse cannot hold, and holds as NULL (see the module's docstring); empty when
-    it holds every value. A record with any is the caller's to dead-letter or keep."""
+    warehouse cannot hold, and would hold as NULL (see the module's docstring); None when
+    the table has no column that can hold such a value. The apply job dead-letters a
+    record with any."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -238,7 +239,7 @@ def unheld_columns(table: Table, image: SparkColumn) -> SparkColumn:
             flag = _lost(column, raw)
         names.append(F.when(flag, F.lit(column.name)))
     if not names:
-        return F.array().cast("array<string>")
+        return None
     return F.filter(F.array(*names), lambda name: name.isNotNull())
 
 
