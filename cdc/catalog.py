@@ -14,9 +14,11 @@ from cdc.settings import PipelineSettings
 __all__ = [
     "Column",
     "Table",
+    "check_publishable",
     "check_wal_level",
     "describe_table",
     "published_tables",
+    "publishing_relations",
     "resolve_tables",
 ]
 
@@ -42,8 +44,14 @@ class Table:
     columns: tuple[Column, ...]
     key: tuple[str, ...]  # primary key, or the configured key columns
     replica_identity: str  # d(efault), f(ull), i(ndex), n(othing)
-    pages: int
+    pages: int  # of its largest partition, for a partitioned table
     estimated_rows: int
+    partitioned: bool = False  # a partitioned table, captured through its root
+
+    @property
+    def regclass(self) -> str:
+        """The table as a regclass literal (quoted identifiers)."""
+        return ".".join('"' + part.replace('"', '""') + '"' for part in (self.schema, self.name))
 
     @property
     def qualified(self) -> str:
@@ -54,13 +62,64 @@ class Table:
 
 
 def published_tables(conn: psycopg.Connection[Any], publication: str) -> list[str]:
-    """The captured tables a publication holds ("schema.table"), without the pipeline's own."""
+    """The captured tables a publication holds ("schema.table"), without the pipeline's own:
+    the tables put in it (a partitioned table's root, never its partitions)."""
     rows = conn.execute(
-        "SELECT schemaname, tablename FROM pg_publication_tables "
-        "WHERE pubname = %s AND schemaname <> %s ORDER BY 1, 2",
+        "SELECT n.nspname, c.relname FROM pg_publication_rel r "
+        "JOIN pg_publication p ON p.oid = r.prpubid JOIN pg_class c ON c.oid = r.prrelid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE p.pubname = %s AND n.nspname <> %s ORDER BY 1, 2",
         (publication, OWN_SCHEMA),
     ).fetchall()
     return [f"{schema}.{name}" for schema, name in rows]
+
+
+def publishing_relations(conn: psycopg.Connection[Any], table: Table) -> list[str]:
+    """The partitions of a partitioned table, at every level (each has its own replica
+    identity); none for another table."""
+    if not table.partitioned:
+        return []
+    rows = conn.execute(
+        "SELECT n.nspname, c.relname FROM pg_partition_tree(%s::regclass) t "
+        "JOIN pg_class c ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE t.relid <> %s::regclass ORDER BY t.level, 1, 2",
+        (table.regclass, table.regclass),
+    ).fetchall()
+    return [f"{schema}.{name}" for schema, name in rows]
+
+
+def check_publishable(conn: psycopg.Connection[Any], table: Table) -> None:
+    """Refuse a table whose UPDATEs and DELETEs PostgreSQL would reject once published: a
+    relation (the table, or a partition) with REPLICA IDENTITY NOTHING, one whose identity
+    index is gone, or DEFAULT without a primary key. Capturing it would break the
+    application's writes."""
+    for qualified in publishing_relations(conn, table) or [table.qualified]:
+        schema, name = qualified.split(".", 1)
+        row = conn.execute(
+            "SELECT c.relreplident, c.relkind, "
+            "EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary), "
+            "EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident) "
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = %s",
+            (schema, name),
+        ).fetchone()
+        if row is None or row[1] == "p":  # a partitioned table holds no rows itself
+            continue
+        identity, _, has_primary_key, has_identity_index = row
+        if identity == "n":
+            why = "has REPLICA IDENTITY NOTHING"
+        elif identity == "i" and not has_identity_index:
+            why = "has REPLICA IDENTITY USING INDEX, and that index is gone"
+        elif identity == "d" and not has_primary_key:
+            why = "has REPLICA IDENTITY DEFAULT but no primary key"
+        else:
+            continue
+        of = f"{qualified} (a partition of {table.qualified})" if table.partitioned else qualified
+        raise SourceError(
+            f"table {of} {why}: once published, PostgreSQL would refuse its UPDATEs and "
+            f"DELETEs; run ALTER TABLE {qualified} REPLICA IDENTITY DEFAULT (with a primary "
+            f'key) or FULL, or set pipeline.replica_identity."{table.qualified}" = "full"'
+        )
 
 
 def check_wal_level(conn: psycopg.Connection[Any]) -> None:
@@ -108,14 +167,10 @@ def describe_table(
     conn: psycopg.Connection[Any], qualified: str, pipeline: PipelineSettings
 ) -> Table:
     schema, name = qualified.split(".", 1)
-    head = conn.execute(
-        "SELECT c.oid, c.relreplident, c.relpages, c.reltuples::bigint FROM pg_class c "
-        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
-        (schema, name),
-    ).fetchone()
+    head = conn.execute(_HEAD, (schema, name)).fetchone()
     if head is None:
         raise SourceError(f"table {qualified} does not exist; create it or fix pipeline.tables")
-    oid, replident, pages, reltuples = head
+    oid, replident, pages, reltuples, relkind = head
     columns = tuple(
         Column(
             name=r[0],
@@ -168,7 +223,25 @@ def describe_table(
         replica_identity=replident,
         pages=max(int(pages), 0),
         estimated_rows=max(int(reltuples), 0),
+        partitioned=relkind == "p",
     )
+
+
+# a partitioned table: its partitions' figures (a CTID range reads each partition's pages)
+_HEAD = """
+SELECT c.oid, c.relreplident,
+       CASE WHEN c.relkind = 'p' THEN (
+           SELECT coalesce(max(l.relpages), 0) FROM pg_partition_tree(c.oid) t
+           JOIN pg_class l ON l.oid = t.relid WHERE t.isleaf)
+       ELSE c.relpages END,
+       (CASE WHEN c.relkind = 'p' THEN (
+           SELECT coalesce(sum(greatest(l.reltuples, 0)), 0) FROM pg_partition_tree(c.oid) t
+           JOIN pg_class l ON l.oid = t.relid WHERE t.isleaf)
+       ELSE c.reltuples END)::bigint,
+       c.relkind
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND c.relname = %s
+"""
 
 
 _IDENTITY = {"d": "default", "f": "full", "i": "index", "n": "nothing"}

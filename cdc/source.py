@@ -18,7 +18,14 @@ from typing import Any
 import psycopg
 from psycopg import errors, sql
 
-from cdc.catalog import OWN_SCHEMA, Table, check_wal_level, resolve_tables
+from cdc.catalog import (
+    OWN_SCHEMA,
+    Table,
+    check_publishable,
+    check_wal_level,
+    publishing_relations,
+    resolve_tables,
+)
 from cdc.errors import SourceError, SourceUnavailableError
 from cdc.settings import PROJECT_ROOT, Settings
 
@@ -38,6 +45,7 @@ HEARTBEAT_TABLE = f"{OWN_SCHEMA}.heartbeat"
 TRUNCATIONS_TABLE = f"{OWN_SCHEMA}.truncations"
 TRUNCATE_TRIGGER = "cdc_record_truncate"
 SIGNAL_LOCK_TIMEOUT = "3s"  # how long widening the signal table may wait for its lock
+SETUP_LOCK_TIMEOUT = "10s"  # how long the setup may wait for a captured table's lock
 
 
 def admin_connection(settings: Settings) -> psycopg.Connection[Any]:
@@ -89,9 +97,14 @@ def prepare_source(settings: Settings) -> list[Table]:
         check_wal_level(conn)
         try:
             with conn.transaction():
+                # a table a long transaction holds is not waited for (its writers would
+                # queue behind the setup's locks)
+                conn.execute(f"SET LOCAL lock_timeout = '{SETUP_LOCK_TIMEOUT}'")
                 conn.execute(_sql_file("pipeline_schema.sql"))
                 tables = resolve_tables(conn, pipe)
                 _apply_replica_identity(conn, tables, pipe.replica_identity)
+                for table in tables:
+                    check_publishable(conn, table)
                 conn.execute(
                     sql.SQL(_sql_file("replication_role.sql")).format(
                         role=sql.Identifier(pipe.replication_user),
@@ -102,6 +115,11 @@ def prepare_source(settings: Settings) -> list[Table]:
                 )
                 _grant_reading(conn, pipe.replication_user, tables)
                 _publish(conn, pipe.publication, tables)
+        except errors.LockNotAvailable:
+            raise SourceError(
+                f"a captured table stayed locked for {SETUP_LOCK_TIMEOUT} (a long transaction or "
+                "a migration holds it); nothing was changed: run the command again when it ends"
+            ) from None
         except errors.InsufficientPrivilege as exc:
             raise SourceError(
                 f"PostgreSQL user {settings.postgres.user} lacks a privilege the setup needs "
@@ -118,16 +136,26 @@ def prepare_source(settings: Settings) -> list[Table]:
 def _apply_replica_identity(
     conn: psycopg.Connection[Any], tables: list[Table], wanted: dict[str, str]
 ) -> None:
-    current = {"d": "default", "f": "full"}
+    """The configured replica identities, on a partitioned table's partitions too (it
+    does not pass down, and a partition's own is the one its changes are published with)."""
     for table in tables:
         identity = wanted.get(table.qualified)
-        if identity and current.get(table.replica_identity) != identity:
-            conn.execute(
-                sql.SQL("ALTER TABLE {} REPLICA IDENTITY {}").format(
-                    sql.Identifier(table.schema, table.name), sql.SQL(identity.upper())
+        if not identity:
+            continue
+        for qualified in [table.qualified, *publishing_relations(conn, table)]:
+            schema, name = qualified.split(".", 1)
+            row = conn.execute(
+                "SELECT c.relreplident FROM pg_class c JOIN pg_namespace n "
+                "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+                (schema, name),
+            ).fetchone()
+            if row and {"d": "default", "f": "full"}.get(row[0]) != identity:
+                conn.execute(
+                    sql.SQL("ALTER TABLE {} REPLICA IDENTITY {}").format(
+                        sql.Identifier(schema, name), sql.SQL(identity.upper())
+                    )
                 )
-            )
-            log.info("replica identity of %s set to %s", table.qualified, identity)
+                log.info("replica identity of %s set to %s", qualified, identity)
 
 
 def _grant_reading(conn: psycopg.Connection[Any], role: str, tables: list[Table]) -> None:
@@ -154,8 +182,25 @@ def _publish(conn: psycopg.Connection[Any], publication: str, tables: list[Table
     exists = conn.execute(
         "SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)
     ).fetchone()
-    verb = "ALTER PUBLICATION {} SET TABLE {}" if exists else "CREATE PUBLICATION {} FOR TABLE {}"
-    conn.execute(sql.SQL(verb).format(sql.Identifier(publication), sql.SQL(", ").join(names)))
+    # a partitioned table's changes are published as its root's (one table, one topic),
+    # never under each partition's name
+    if exists:
+        conn.execute(
+            sql.SQL("ALTER PUBLICATION {} SET TABLE {}").format(
+                sql.Identifier(publication), sql.SQL(", ").join(names)
+            )
+        )
+        conn.execute(
+            sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(
+                sql.Identifier(publication)
+            )
+        )
+    else:
+        conn.execute(
+            sql.SQL(
+                "CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true)"
+            ).format(sql.Identifier(publication), sql.SQL(", ").join(names))
+        )
 
 
 def drop_publication(settings: Settings) -> bool:
@@ -220,8 +265,7 @@ def sync_truncate_triggers(conn: psycopg.Connection[Any], wait: bool = True) -> 
     for table, statement in changes:
         try:
             with conn.transaction():
-                if not wait:
-                    conn.execute("SET LOCAL lock_timeout = '3s'")
+                conn.execute(f"SET LOCAL lock_timeout = '{'30s' if wait else '3s'}'")
                 conn.execute(statement)
         except errors.LockNotAvailable:
             busy.append(table)

@@ -243,9 +243,12 @@ def unheld_columns(table: Table, image: SparkColumn) -> SparkColumn | None:
     return F.filter(F.array(*names), lambda name: name.isNotNull())
 
 
-def typed_image(table: Table, image: SparkColumn, prefix: str = "") -> list[Any]:
+def typed_image(
+    table: Table, image: SparkColumn, prefix: str = "", placeholders: bool = True
+) -> list[Any]:
     """Columns decoding a JSON image (text) into the table's typed columns, plus, per column
-    that can hold a TOAST placeholder, a `__ph_<name>` flag."""
+    that can hold a TOAST placeholder (unless `placeholders` is false: a key never holds
+    one), a `__ph_<name>` flag."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -255,7 +258,7 @@ def typed_image(table: Table, image: SparkColumn, prefix: str = "") -> list[Any]
     for column in table.columns:
         raw = parsed[column.name]
         columns.append(typed_column(column, raw).alias(prefix + column.name))
-        flag = is_placeholder(column, raw)
+        flag = is_placeholder(column, raw) if placeholders else None
         if flag is not None:
             columns.append(flag.alias(f"__ph_{column.name}"))
     return columns

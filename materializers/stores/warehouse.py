@@ -329,6 +329,7 @@ class WarehouseStore(Store):
             ),
             F.col("key"),
             prefix="k_",
+            placeholders=False,
         )
         decoded = rows.select(
             "key",
@@ -342,7 +343,10 @@ class WarehouseStore(Store):
             *key_image,
             *typed_image(table, F.col("after")),
         )
-        placeholders = {c for c in decoded.columns if c.startswith("__ph_")}
+        # a key column's value comes from the event's key, never a placeholder
+        placeholders = {
+            c for c in decoded.columns if c.startswith("__ph_") and c[5:] not in table.key
+        }
         by_key = Window.partitionBy("key").orderBy("commit_lsn", "lsn", "offset")
         so_far = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
         types = {c.name: spark_type(c) for c in table.columns}

@@ -1,0 +1,189 @@
+"""Partitioned tables are captured through their root, and the source never breaks: a
+table with a list-partitioned root (a default partition, a range-subpartitioned one) gets
+one topic and one table in every store, through the snapshot, inserts, updates, an
+update moving a row to another partition, and deletes; the stores are read with readers
+of this test's own. A table whose UPDATEs PostgreSQL would refuse once published
+(REPLICA IDENTITY NOTHING, on the table or on one partition) is refused by `cdc setup`,
+and the application's writes go on."""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+import requests
+from kafka.admin import KafkaAdminClient
+from rich.console import Console
+
+from cdc.pipeline import drop_pipeline
+from materializers.apply import warehouse_root
+from materializers.stores.warehouse import current_path
+from snapshot.initial import run_snapshot
+from tests.conftest import RunningStack
+from tests.helpers import run_cdc
+from tests.logcheck import pipeline_for, table_info, wait_until_equal
+
+pytestmark = pytest.mark.integration
+
+Rows = dict[tuple[int, str], str]
+
+
+def source(dsn: str, name: str) -> Rows:
+    with psycopg.connect(dsn) as conn:
+        return {(i, r): b for i, r, b in conn.execute(f"SELECT id, region, body FROM {name}")}
+
+
+def cache(settings: Any, table: str) -> Rows:
+    client = redis.Redis.from_url(settings.redis.url, decode_responses=True)
+    prefix = f"{settings.pipeline.topic_prefix}:{table}:"
+    rows = {}
+    for key in client.scan_iter(match=prefix + "*"):
+        entry = client.hgetall(key)
+        if "_deleted" not in entry:
+            k = json.loads(key[len(prefix) :])
+            rows[(k["id"], k["region"])] = entry["body"]
+    return rows
+
+
+def search(settings: Any, table: str) -> Rows:
+    index = f"{settings.pipeline.topic_prefix}.{table}".lower()
+    url = settings.opensearch.url
+    requests.post(f"{url}/{index}/_refresh", timeout=30).raise_for_status()
+    body = {"size": 10000}
+    hits = requests.post(f"{url}/{index}/_search", json=body, timeout=30).json()["hits"]["hits"]
+    return {(h["_source"]["id"], h["_source"]["region"]): h["_source"]["body"] for h in hits}
+
+
+def warehouse(settings: Any, table: str) -> Rows:
+    from cdc.spark import spark_session
+
+    spark = spark_session(settings, "test-partitioned")
+    frame = spark.read.format("delta").load(current_path(warehouse_root(settings), table))
+    return {
+        (r["id"], r["region"]): r["body"]
+        for r in frame.where("NOT _cdc_deleted").select("id", "region", "body").collect()
+    }
+
+
+def test_a_partitioned_table_is_one_table_in_every_store(stack: RunningStack) -> None:
+    name = "part_" + uuid.uuid4().hex[:8]
+    table = f"public.{name}"
+    # the pattern matches the root and its partitions: the root is taken
+    settings = pipeline_for(stack.settings, [f"public.{name}*"])
+    pipe = settings.pipeline
+    dsn = settings.postgres.dsn()
+    env = {
+        **stack.env,
+        "CDC_PIPELINE__NAME": pipe.name,
+        "CDC_PIPELINE__TOPIC_PREFIX": pipe.topic_prefix,
+        "CDC_PIPELINE__TABLES": json.dumps([f"public.{name}*"]),
+    }
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE {name} (id int, region text, body text, PRIMARY KEY (id, region)) "
+            "PARTITION BY LIST (region)"
+        )
+        conn.execute(f"CREATE TABLE {name}_eu PARTITION OF {name} FOR VALUES IN ('eu')")
+        conn.execute(
+            f"CREATE TABLE {name}_us PARTITION OF {name} FOR VALUES IN ('us') "
+            "PARTITION BY RANGE (id)"
+        )
+        conn.execute(
+            f"CREATE TABLE {name}_us_lo PARTITION OF {name}_us FOR VALUES FROM (0) TO (50)"
+        )
+        conn.execute(
+            f"CREATE TABLE {name}_us_hi PARTITION OF {name}_us FOR VALUES FROM (50) TO (MAXVALUE)"
+        )
+        conn.execute(f"CREATE TABLE {name}_other PARTITION OF {name} DEFAULT")
+        conn.execute(
+            f"INSERT INTO {name} SELECT g, (ARRAY['eu','us','asia'])[g % 3 + 1], 'v0' "
+            "FROM generate_series(1, 90) g"
+        )
+    try:
+        run_snapshot(settings, Console(file=io.StringIO()))
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"INSERT INTO {name} VALUES (100, 'eu', 'new'), (101, 'us', 'new')")
+            conn.execute(f"UPDATE {name} SET body = 'v1' WHERE id <= 30")  # every partition
+            # moved to another partition (eu -> us; us_lo -> us_hi; asia -> eu)
+            conn.execute(f"UPDATE {name} SET region = 'us', body = 'moved' WHERE id = 3")
+            conn.execute(f"UPDATE {name} SET id = id + 1000, body = 'moved' WHERE id = 4")
+            conn.execute(f"UPDATE {name} SET region = 'eu', body = 'moved' WHERE id = 5")
+            conn.execute(f"DELETE FROM {name} WHERE id IN (7, 8, 9)")
+        wait_until_equal(settings, table_info(settings, table))
+
+        admin = KafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
+        try:
+            topics = {t for t in admin.list_topics() if t.startswith(f"{pipe.topic_prefix}.")}
+        finally:
+            admin.close()
+        assert not {t for t in topics if f"{name}_" in t}, topics  # no topic per partition
+        assert pipe.topic(table) in topics
+
+        applied = run_cdc("apply", "--once", env=env)
+        assert applied.returncode == 0, applied.stderr[-3000:]
+        expected = source(dsn, name)
+        assert len(expected) == 90 + 2 - 3
+        assert expected[(3, "us")] == expected[(1004, "us")] == expected[(5, "eu")] == "moved"
+        assert cache(settings, table) == expected
+        assert search(settings, table) == expected
+        assert warehouse(settings, table) == expected
+
+        verified = run_cdc("verify", "-o", "json", env=env)
+        assert verified.returncode == 0, verified.stdout[-2000:] + verified.stderr[-2000:]
+        assert f"{name}_" not in verified.stdout  # one table checked, not its partitions
+        assert table in verified.stdout
+    finally:
+        drop_pipeline(settings)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+@pytest.mark.parametrize("where", ["table", "partition"])
+def test_a_table_whose_updates_would_be_refused_is_not_captured(
+    stack: RunningStack, where: str
+) -> None:
+    name = "noid_" + uuid.uuid4().hex[:8]
+    table = f"public.{name}"
+    settings = pipeline_for(stack.settings, [table])
+    pipe = settings.pipeline
+    dsn = settings.postgres.dsn()
+    env = {
+        **stack.env,
+        "CDC_PIPELINE__NAME": pipe.name,
+        "CDC_PIPELINE__TOPIC_PREFIX": pipe.topic_prefix,
+        "CDC_PIPELINE__TABLES": json.dumps([table]),
+    }
+    nothing = name if where == "table" else f"{name}_b"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if where == "table":
+            conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, body text)")
+        else:
+            conn.execute(
+                f"CREATE TABLE {name} (id int PRIMARY KEY, body text) PARTITION BY RANGE (id)"
+            )
+            conn.execute(f"CREATE TABLE {name}_a PARTITION OF {name} FOR VALUES FROM (0) TO (10)")
+            conn.execute(f"CREATE TABLE {name}_b PARTITION OF {name} FOR VALUES FROM (10) TO (20)")
+        conn.execute(f"ALTER TABLE {nothing} REPLICA IDENTITY NOTHING")
+        conn.execute(f"INSERT INTO {name} VALUES (1, 'a'), (15, 'b')")
+    try:
+        refused = run_cdc("setup", env=env)
+        assert refused.returncode == 7, refused.stdout + refused.stderr
+        said = refused.stderr.strip().splitlines()
+        assert len(said) == 1 and "REPLICA IDENTITY NOTHING" in said[0], said
+        assert f"public.{nothing}" in said[0] and "ALTER TABLE" in said[0], said
+        with psycopg.connect(dsn, autocommit=True) as conn:  # the application goes on
+            conn.execute(f"UPDATE {name} SET body = 'changed'")
+            conn.execute(f"DELETE FROM {name} WHERE id = 1")
+            published = conn.execute(
+                "SELECT count(*) FROM pg_publication WHERE pubname = %s", (pipe.publication,)
+            ).fetchone()
+        assert published == (0,)
+    finally:
+        drop_pipeline(settings)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {name}")
