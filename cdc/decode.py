@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import re
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
@@ -45,16 +47,33 @@ __all__ = [
     "MILLIS_INFINITY",
     "NEGATIVE_INFINITY",
     "NUMERIC_SPECIAL",
+    "PLACEHOLDER_ARRAYS",
+    "PLACEHOLDER_B64",
+    "PLACEHOLDER_CODES",
+    "PLACEHOLDER_HSTORE",
+    "PLACEHOLDER_UUID",
     "UNAVAILABLE",
     "Interval",
     "ValueDecodeError",
     "decode_row",
     "decode_value",
+    "is_unavailable",
+    "mark_unavailable",
     "parse_interval",
 ]
 
 # Debezium's placeholder for an unchanged TOASTed value that the WAL did not carry
 UNAVAILABLE = "__debezium_unavailable_value"
+# ... as Debezium 3.6 writes it for other types (UnchangedToastedReplicationMessageColumn,
+# PostgresValueConverter): bytea as the placeholder's bytes (base64 in JSON); text,
+# json, bytea and uuid arrays as a one-element array; int4/int8/date arrays as the
+# placeholder's bytes; hstore as a map. An unchanged TOASTed array of any other type
+# arrives as NULL: nothing tells it from a NULL (README: REPLICA IDENTITY FULL).
+PLACEHOLDER_B64 = base64.b64encode(UNAVAILABLE.encode()).decode()
+PLACEHOLDER_UUID = str(uuid.UUID(bytes=hashlib.md5(UNAVAILABLE.encode()).digest(), version=3))
+PLACEHOLDER_CODES = list(UNAVAILABLE.encode())
+PLACEHOLDER_ARRAYS = ([UNAVAILABLE], [PLACEHOLDER_B64], [PLACEHOLDER_UUID], PLACEHOLDER_CODES)
+PLACEHOLDER_HSTORE = json.dumps({UNAVAILABLE: UNAVAILABLE}, separators=(",", ":"))
 INFINITY, NEGATIVE_INFINITY = "infinity", "-infinity"
 
 # What Debezium 3.6.3 writes for PostgreSQL's infinities (PostgresValueConverter), as
@@ -271,3 +290,34 @@ def decode_row(table: Table, image: dict[str, Any]) -> dict[str, Any]:
     """A before/after image decoded column by column (columns the table lacks are dropped)."""
     by_name = {c.name: c for c in table.columns}
     return {k: decode_value(by_name[k], v) for k, v in image.items() if k in by_name}
+
+
+def is_unavailable(column: Column, raw: Any) -> bool:
+    """Whether `raw` (a value of the JSON `after` image) is Debezium's placeholder for an
+    unchanged TOASTed value, in whichever form it takes for the column's type."""
+    if raw is None:
+        return False
+    if raw == UNAVAILABLE:
+        return True
+    if column.is_array:
+        return isinstance(raw, list) and raw in PLACEHOLDER_ARRAYS
+    if column.base == "bytea":
+        return raw == PLACEHOLDER_B64
+    if column.base == "hstore":
+        return raw in (PLACEHOLDER_HSTORE, {UNAVAILABLE: UNAVAILABLE})
+    return False
+
+
+def mark_unavailable(table: Table, op: str, after: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`after` with each placeholder, of any type, as UNAVAILABLE (the stores keep the
+    stored value). In a create it is None instead: an INSERT carries every value, so a
+    create with a placeholder is a key change (the row came from another key), and the
+    value kept under this key belongs to another row: it is not known."""
+    if not after:
+        return after
+    columns = {c.name: c for c in table.columns}
+    for name, raw in after.items():
+        column = columns.get(name)
+        if column is not None and is_unavailable(column, raw):
+            after[name] = None if op == "c" else UNAVAILABLE
+    return after

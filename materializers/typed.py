@@ -30,6 +30,7 @@ for PostgreSQL's special values:
 from __future__ import annotations
 
 import functools
+import json
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,9 @@ from cdc.decode import (
     MILLIS_INFINITY,
     NEGATIVE_INFINITY,
     NUMERIC_SPECIAL,
+    PLACEHOLDER_ARRAYS,
+    PLACEHOLDER_B64,
+    PLACEHOLDER_HSTORE,
     UNAVAILABLE,
 )
 
@@ -58,7 +62,7 @@ __all__ = [
 ]
 
 # Debezium's placeholder for an unchanged TOASTed bytea, as JsonConverter writes it
-PLACEHOLDER_BYTES_B64 = "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=="
+PLACEHOLDER_BYTES_B64 = PLACEHOLDER_B64
 _NUMERIC = re.compile(r"numeric\((\d+),(\d+)\)")
 _INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
 _LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
@@ -196,10 +200,13 @@ def is_placeholder(column: Column, raw: SparkColumn) -> SparkColumn | None:
     """True where the value is Debezium's unchanged-TOAST placeholder (None: never)."""
     from pyspark.sql import functions as F
 
-    if column.is_array:
-        return None
+    if column.is_array:  # the forms cdc.decode.PLACEHOLDER_ARRAYS lists, as JSON text
+        forms = [json.dumps(f, separators=(",", ":")) for f in PLACEHOLDER_ARRAYS]
+        return F.coalesce(F.to_json(raw).isin(forms), F.lit(False))
     if column.base == "bytea":
         return F.coalesce(raw == F.lit(PLACEHOLDER_BYTES_B64), F.lit(False))
+    if column.base == "hstore":
+        return F.coalesce(raw.isin(PLACEHOLDER_HSTORE, UNAVAILABLE), F.lit(False))
     from pyspark.sql import types as T
 
     if isinstance(json_type(column), T.StringType):

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from cdc.catalog import Table
-from cdc.decode import UNAVAILABLE
+from cdc.decode import UNAVAILABLE, mark_unavailable
 from materializers.position import event_position
 from materializers.stores.base import Event, Store
 
@@ -196,6 +196,8 @@ def partition_writer(
                     # judges
                     if cut is not None and position is not None and position <= cut:
                         continue
+                    if table in tables:  # every type's placeholder, as the stores know it
+                        after = mark_unavailable(tables[table], op, after)
                     seen["n"] += 1
                     if commit_ms is not None and commit_ms > (seen["commit_ms"] or 0):
                         seen["commit_ms"] = commit_ms

@@ -347,6 +347,18 @@ class WarehouseStore(Store):
         placeholders = {
             c for c in decoded.columns if c.startswith("__ph_") and c[5:] not in table.key
         }
+        for flag in placeholders:
+            # a create carrying a placeholder is a key change (an INSERT carries every
+            # value): the value kept under this key belongs to another row, so it is
+            # not known (NULL), never kept
+            c = flag[len("__ph_") :]
+            created = F.col(flag) & (F.col("op") == "c")
+            decoded = decoded.withColumn(
+                c,
+                F.when(created, F.lit(None).cast(decoded.schema[c].dataType)).otherwise(
+                    F.col(f"`{c}`")
+                ),
+            ).withColumn(flag, F.col(flag) & ~created)
         by_key = Window.partitionBy("key").orderBy("commit_lsn", "lsn", "offset")
         so_far = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
         types = {c.name: spark_type(c) for c in table.columns}
@@ -369,7 +381,11 @@ class WarehouseStore(Store):
                 target.toDF()
                 .select(
                     *[F.col(f"`{k}`").alias(f"cur_{k}") for k in table.key],
-                    *[F.col(f"`{f[5:]}`").alias(f"cur_{f[5:]}") for f in placeholders],
+                    # a deleted row's values are no one's to keep
+                    *[
+                        F.when(~F.col("_cdc_deleted"), F.col(f"`{f[5:]}`")).alias(f"cur_{f[5:]}")
+                        for f in placeholders
+                    ],
                 )
                 .join(
                     keys,
@@ -414,8 +430,11 @@ class WarehouseStore(Store):
             c = column.name
             if column.name in table.key:
                 values[c] = f"s.`k_{c}`"
-            elif f"__ph_{c}" in placeholders:
-                values[c] = f"CASE WHEN s.`__ph_{c}` THEN t.`{c}` ELSE s.`{c}` END"
+            elif f"__ph_{c}" in placeholders:  # a deleted row's values are no one's to keep
+                values[c] = (
+                    f"CASE WHEN s.`__ph_{c}` THEN (CASE WHEN t._cdc_deleted THEN NULL "
+                    f"ELSE t.`{c}` END) ELSE s.`{c}` END"
+                )
             else:
                 values[c] = f"s.`{c}`"
         insert = {
