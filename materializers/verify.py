@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from psycopg import sql
 from psycopg.types.string import TextLoader
 
 from cdc.catalog import Column, Table
-from cdc.decode import Interval, parse_interval
+from cdc.decode import Interval, decode_value, parse_interval
 from cdc.errors import CdcError
 from cdc.settings import Settings
 from cdc.source import TRUNCATIONS_TABLE, admin_connection
@@ -86,12 +87,45 @@ def normalize(value: Any) -> Any:
 
 
 def key_text(table: Table, row: dict[str, Any]) -> str:
-    """The row's key as the change events carry it (compact JSON, key columns in order)."""
+    """The row's key in one form whichever side it comes from (psycopg's values, a change
+    event's key decoded, a Delta row): compact JSON, key columns in order, each value as
+    PostgreSQL reads it back in a filter (times in ISO 8601, a timestamptz in UTC, bytea
+    as `\\x` hex, a real at the digits that tell it apart)."""
     key = {}
     for name in table.key:
-        value = row[name]
-        key[name] = value if isinstance(value, int | str) or value is None else str(value)
+        key[name] = _key_value(table.column(name), row[name])
     return json.dumps(key, separators=(",", ":"), ensure_ascii=False)
+
+
+def _key_value(column: Column, value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, datetime):
+        if column.base == "timestamptz":  # a Delta timestamp is UTC without its zone
+            value = (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC)
+        return value.isoformat()
+    if isinstance(value, date | clock):
+        return value.isoformat()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return "\\x" + bytes(value).hex()
+    if isinstance(value, float) and column.base == "float4":
+        # the shortest decimal of the real's binary value (Delta's float holds the binary)
+        packed = struct.pack("<f", value)
+        for digits in range(6, 10):
+            short = float(f"{value:.{digits}g}")
+            if struct.pack("<f", short) == packed:
+                return short
+        return value
+    if isinstance(value, float):
+        return value
+    return str(value)
+
+
+def store_key_text(table: Table, key: str) -> str:
+    """A change event's key (Debezium's JSON: a cache key's tail, a document's _id) in
+    key_text's form."""
+    raw = json.loads(key)
+    return key_text(table, {c: decode_value(table.column(c), raw.get(c)) for c in table.key})
 
 
 def source_rows(
@@ -204,7 +238,7 @@ def _cache_rows(settings: Settings, table: Table) -> dict[str, dict[str, Any]]:
     for key, entry in zip(keys, pipe.execute(), strict=True):
         fields = {k.decode(): v.decode() for k, v in entry.items()}
         if fields and "_deleted" not in fields:
-            rows[key.decode()[len(prefix) :]] = {
+            rows[store_key_text(table, key.decode()[len(prefix) :])] = {
                 k: v for k, v in fields.items() if not k.startswith("_")
             }
     return rows
@@ -222,7 +256,7 @@ def _search_rows(settings: Settings, table: Table) -> dict[str, dict[str, Any]]:
     client.indices.refresh(index=index)
     names = {c.name for c in table.columns}
     return {
-        hit["_id"]: {name: hit["_source"].get(name) for name in names}
+        store_key_text(table, hit["_id"]): {name: hit["_source"].get(name) for name in names}
         for hit in helpers.scan(client, index=index, query={"query": {"match_all": {}}})
     }
 
@@ -500,12 +534,17 @@ def _remove_from(settings: Settings, store: str, table: Table, keys: list[str]) 
         from cdc.components.redis import redis_client
         from materializers.stores.cache import cache_key
 
-        prefix = settings.pipeline.topic_prefix
+        # the store's own keys (Debezium's JSON) of the keys to remove
         client = redis_client(settings.redis)
-        for at in range(0, len(keys), REMOVE_BATCH):
-            client.delete(
-                *[cache_key(prefix, table.qualified, k) for k in keys[at : at + REMOVE_BATCH]]
-            )
+        prefix = cache_key(settings.pipeline.topic_prefix, table.qualified, "").encode()
+        wanted = set(keys)
+        held = [
+            k
+            for k in client.scan_iter(match=prefix.replace(b"[", b"\\[") + b"*", count=2000)
+            if store_key_text(table, k[len(prefix) :].decode()) in wanted
+        ]
+        for at in range(0, len(held), REMOVE_BATCH):
+            client.delete(*held[at : at + REMOVE_BATCH])
     elif store == "search":
         from opensearchpy import OpenSearch, helpers
 
@@ -513,7 +552,15 @@ def _remove_from(settings: Settings, store: str, table: Table, keys: list[str]) 
 
         index = index_name(settings.pipeline.topic_prefix, table.qualified)
         client = OpenSearch(hosts=[settings.opensearch.url], timeout=60)
-        actions = ({"_op_type": "delete", "_index": index, "_id": k} for k in keys)
+        wanted = set(keys)
+        ids = [
+            hit["_id"]
+            for hit in helpers.scan(
+                client, index=index, query={"query": {"match_all": {}}}, _source=False
+            )
+            if store_key_text(table, hit["_id"]) in wanted
+        ]
+        actions = ({"_op_type": "delete", "_index": index, "_id": k} for k in ids)
         helpers.bulk(client, actions, raise_on_error=False, refresh=True)
     else:
         from delta.tables import DeltaTable
@@ -525,7 +572,16 @@ def _remove_from(settings: Settings, store: str, table: Table, keys: list[str]) 
 
         spark = spark_session(settings, "cdc-verify")
         target = DeltaTable.forPath(spark, current_path(warehouse_root(settings), table.qualified))
-        values = [json.loads(k) for k in keys]
+        # the Delta values of the keys to remove (a key's text is not its Delta value)
+        wanted = set(keys)
+        live = target.toDF().where("NOT _cdc_deleted").select(*[f"`{k}`" for k in table.key])
+        values = [
+            row.asDict()
+            for row in live.toLocalIterator()
+            if key_text(table, row.asDict()) in wanted
+        ]
+        if not values:
+            return
         if len(table.key) == 1:  # one IN list (Spark makes it a hash set)
             column = table.key[0]
             condition = F.col(f"`{column}`").isin([v[column] for v in values])

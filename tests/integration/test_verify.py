@@ -136,3 +136,59 @@ def test_query_search_get_and_verify_finds_drift(stack: RunningStack) -> None:
         drop_pipeline(settings)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+def test_verify_reads_every_key_type_as_the_log_keys_it(stack: RunningStack) -> None:
+    """Keys of date, timestamp, timestamptz, bytea, real, numeric and uuid: verify finds the
+    stores in sync (no row both missing and extra), and --repair removes nothing the source
+    has; a key only a store has is still found and removed."""
+    name = "keys_" + uuid.uuid4().hex[:8]
+    table = f"public.{name}"
+    settings = pipeline_for(stack.settings, [table])
+    dsn = settings.postgres.dsn()
+    stores = ["cache", "search", "warehouse"]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE {name} (d date, ts timestamp(3), tz timestamptz, b bytea, r real, "
+            "n numeric(8,2), u uuid, body text, PRIMARY KEY (d, ts, tz, b, r, n, u))"
+        )
+        conn.execute(
+            f"INSERT INTO {name} SELECT date '2024-02-29' + g, "
+            "timestamp '2024-02-29 12:34:56.789' + g * interval '1 minute', "
+            "timestamptz '2024-02-29 12:34:56.123456+05:30' + g * interval '1 second', "
+            "decode(md5(g::text), 'hex'), g / 10.0, g * 1.25, md5(g::text)::uuid, 'v' || g "
+            "FROM generate_series(1, 30) g"
+        )
+    try:
+        run_snapshot(settings, Console(file=io.StringIO()))
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"UPDATE {name} SET body = 'changed' WHERE r < 1")
+        wait_until_equal(settings, table_info(settings, table))
+        run_apply(settings, stores, once=True)
+        info = table_info(settings, table)
+        results = verify(settings, [info], stores, timeout=60)
+        assert [(d.store, d.ok, d.store_rows) for d in results] == [
+            (s, True, 30) for s in stores
+        ], [(d.store, d.missing[:2], d.extra[:2], d.different[:2]) for d in results]
+
+        # a row only the cache holds (written behind the pipeline's back): found, removed
+        client = redis.Redis.from_url(settings.redis.url)
+        ghost = cache_key(
+            settings.pipeline.topic_prefix,
+            table,
+            '{"d":0,"ts":0,"tz":"1970-01-01T00:00:00Z","b":"AA==","r":0.5,"n":"1.00",'
+            '"u":"b68a35a7-17ad-35b3-af2a-ae46edb4545a"}',
+        )
+        client.hset(ghost, mapping={"body": "ghost", "_commit_lsn": "1", "_lsn": "1"})
+        drifts = verify(settings, [info], stores, timeout=60)
+        assert [(d.store, len(d.extra), len(d.missing)) for d in drifts if not d.ok] == [
+            ("cache", 1, 0)
+        ]
+        repair(settings, [info], drifts)
+        assert not client.exists(ghost)
+        after = verify(settings, [info], stores, timeout=60)
+        assert [(d.store, d.ok, d.store_rows) for d in after] == [(s, True, 30) for s in stores]
+    finally:
+        drop_pipeline(settings)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {name}")

@@ -193,3 +193,64 @@ def test_a_table_scan_that_failed_is_a_failure_of_the_backfill() -> None:
     )
     _follow(progress, note("COMPLETED", "x"))
     assert progress.finished and progress.failures == ["public.t: SQL_EXCEPTION"]
+
+
+KEYED = Table(
+    "public",
+    "k",
+    (
+        col("d", "date"),
+        col("ts", "timestamp"),
+        col("tz", "timestamptz"),
+        col("b", "bytea"),
+        col("r", "float4"),
+        col("f", "float8"),
+        col("n", "numeric"),
+        col("t", "time"),
+        col("u", "uuid"),
+    ),
+    ("d", "ts", "tz", "b", "r", "f", "n", "t", "u"),
+    "d",
+    0,
+    0,
+)
+
+
+def test_a_key_reads_the_same_from_the_source_the_log_and_delta() -> None:
+    """The same row's key from psycopg (normalized), from Debezium's key JSON, and from a
+    Delta row (a real as its binary value, a timestamptz without its zone, bytes as a
+    bytearray) is one text, so no row reads as missing and extra at once."""
+    from datetime import date
+    from datetime import time as clock
+    from uuid import UUID
+
+    from materializers.verify import normalize, store_key_text
+
+    psycopg_row = {
+        "d": date(2024, 2, 29),
+        "ts": datetime(2024, 2, 29, 12, 34, 56, 123456),
+        "tz": datetime(2024, 2, 29, 12, 34, 56, 123456, tzinfo=UTC),
+        "b": memoryview(b"\x00\x01\xff"),
+        "r": 1.1,
+        "f": 0.1,
+        "n": Decimal("12.50"),
+        "t": clock(12, 34, 56, 789000),
+        "u": UUID("b68a35a7-17ad-35b3-af2a-ae46edb4545a"),
+    }
+    source = key_text(KEYED, {k: normalize(v) for k, v in psycopg_row.items()})
+    debezium = (
+        '{"d":19782,"ts":1709210096123456,"tz":"2024-02-29T12:34:56.123456Z","b":"AAH/",'
+        '"r":1.1,"f":0.1,"n":"12.50","t":45296789000,'
+        '"u":"b68a35a7-17ad-35b3-af2a-ae46edb4545a"}'
+    )
+    delta = {
+        **psycopg_row,
+        "tz": datetime(2024, 2, 29, 12, 34, 56, 123456),  # UTC, no zone
+        "b": bytearray(b"\x00\x01\xff"),
+        "r": 1.100000023841858,  # the real's binary value as a double
+        "u": "b68a35a7-17ad-35b3-af2a-ae46edb4545a",
+    }
+    assert store_key_text(KEYED, debezium) == source
+    assert key_text(KEYED, delta) == source
+    assert '"b":"\\\\x0001ff"' in source and '"r":1.1' in source
+    assert '"tz":"2024-02-29T12:34:56.123456+00:00"' in source
