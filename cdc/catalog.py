@@ -20,6 +20,7 @@ __all__ = [
     "published_tables",
     "publishing_relations",
     "resolve_tables",
+    "toast_blind_columns",
 ]
 
 # our own bookkeeping (signal, heartbeat, snapshot state) is never captured as data
@@ -120,6 +121,25 @@ def check_publishable(conn: psycopg.Connection[Any], table: Table) -> None:
             f"DELETEs; run ALTER TABLE {qualified} REPLICA IDENTITY DEFAULT (with a primary "
             f'key) or FULL, or set pipeline.replica_identity."{table.qualified}" = "full"'
         )
+
+
+# array element types whose unchanged TOASTed value Debezium 3.6 sends with a placeholder
+# (cdc.decode.PLACEHOLDER_ARRAYS); for any other it sends NULL
+_ARRAYS_WITH_PLACEHOLDER = {"text", "varchar", "bpchar", "json", "jsonb", "bytea", "uuid"}
+_ARRAYS_WITH_PLACEHOLDER |= {"int4", "int8", "date"}
+
+
+def toast_blind_columns(table: Table) -> list[Column]:
+    """The columns whose unchanged TOASTed value would reach the stores as NULL: arrays
+    Debezium sends no placeholder for, unless the table's replica identity is FULL (the
+    old row is then logged whole, and Debezium takes the value from it)."""
+    if table.replica_identity == "f":
+        return []
+    return [
+        c
+        for c in table.columns
+        if c.is_array and c.base not in _ARRAYS_WITH_PLACEHOLDER and c.name not in table.key
+    ]
 
 
 def check_wal_level(conn: psycopg.Connection[Any]) -> None:

@@ -25,6 +25,7 @@ from cdc.catalog import (
     check_wal_level,
     publishing_relations,
     resolve_tables,
+    toast_blind_columns,
 )
 from cdc.errors import SourceError, SourceUnavailableError
 from cdc.settings import PROJECT_ROOT, Settings
@@ -126,6 +127,18 @@ def prepare_source(settings: Settings) -> list[Table]:
                 f"({exc.diag.message_primary}); run it as a superuser, or as a user with "
                 "CREATEROLE that owns the captured tables"
             ) from None
+        for table in tables:
+            blind = toast_blind_columns(table)
+            if blind and pipe.replica_identity.get(table.qualified) != "full":
+                names = ", ".join(f"{c.name} ({c.type})" for c in blind)
+                log.warning(
+                    "table %s: an update that leaves %s unchanged sends it as NULL once it "
+                    "is TOASTed (Debezium has no placeholder for these arrays), and the "
+                    'stores would take the NULL; set pipeline.replica_identity."%s" = "full"',
+                    table.qualified,
+                    names,
+                    table.qualified,
+                )
         # outside the setup's transaction, and without waiting on a busy table (a long
         # transaction, or one the snapshot's slot waits for): `cdc snapshot` installs the
         # ones left when it has finished

@@ -80,3 +80,19 @@ def test_an_update_keeps_the_stored_value_and_a_create_does_not() -> None:
     create = mark_unavailable(TABLE, "c", {"id": 2, "b": PLACEHOLDER_B64, "ts": ["x"]})
     assert create == {"id": 2, "b": None, "ts": ["x"]}
     assert mark_unavailable(TABLE, "d", None) is None
+
+
+def test_arrays_debezium_sends_as_null_when_unchanged_are_named() -> None:
+    from cdc.catalog import toast_blind_columns
+
+    columns = (
+        column("id", "int4"),
+        column("tags", "text", True),
+        column("nums", "int4", True),
+        column("prices", "numeric", True),
+        column("flags", "bool", True),
+    )
+    table = Table("public", "t", columns, ("id",), "d", 1, 1)
+    assert [c.name for c in toast_blind_columns(table)] == ["prices", "flags"]
+    full = Table("public", "t", columns, ("id",), "f", 1, 1)
+    assert toast_blind_columns(full) == []
