@@ -180,7 +180,25 @@ def resolve_tables(conn: psycopg.Connection[Any], pipeline: PipelineSettings) ->
     ]
     if not chosen:
         raise SourceError("pipeline.tables selects no table: name at least one schema.table")
+    _check_names_apart(chosen, pipeline)
     return [describe_table(conn, t, pipeline) for t in chosen]
+
+
+def _check_names_apart(tables: list[str], pipeline: PipelineSettings) -> None:
+    """Refuse two tables that would share a change topic (Debezium replaces the characters
+    a topic name cannot hold) or a search index (index names are lower case)."""
+    for what, name_of in (
+        ("change topic", pipeline.topic),
+        ("search index", lambda t: pipeline.topic(t).lower()),
+    ):
+        seen: dict[str, str] = {}
+        for table in tables:
+            other = seen.setdefault(name_of(table), table)
+            if other != table:
+                raise SourceError(
+                    f"tables {other} and {table} would share the {what} {name_of(table)}: "
+                    "capture one of them (pipeline.tables, pipeline.exclude_tables) or rename it"
+                )
 
 
 def describe_table(

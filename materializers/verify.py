@@ -226,7 +226,7 @@ def store_rows(settings: Settings, store: str, table: Table) -> dict[str, dict[s
 
 def _cache_rows(settings: Settings, table: Table) -> dict[str, dict[str, Any]]:
     from cdc.components.redis import redis_client
-    from materializers.stores.cache import cache_key
+    from materializers.stores.cache import cache_key, column_fields
 
     client = redis_client(settings.redis)
     prefix = cache_key(settings.pipeline.topic_prefix, table.qualified, "")
@@ -238,9 +238,7 @@ def _cache_rows(settings: Settings, table: Table) -> dict[str, dict[str, Any]]:
     for key, entry in zip(keys, pipe.execute(), strict=True):
         fields = {k.decode(): v.decode() for k, v in entry.items()}
         if fields and "_deleted" not in fields:
-            rows[store_key_text(table, key.decode()[len(prefix) :])] = {
-                k: v for k, v in fields.items() if not k.startswith("_")
-            }
+            rows[store_key_text(table, key.decode()[len(prefix) :])] = column_fields(fields)
     return rows
 
 

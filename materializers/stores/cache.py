@@ -3,10 +3,12 @@
 Key `<prefix>:<schema.table>:<key JSON>`; fields: one per non-NULL column (values as
 text: numbers and booleans as JSON, times in ISO 8601, bytea as base64, json as its
 text), plus the position `_commit_lsn`, `_lsn` (materializers/position.py), `_offset`,
-`_partition` and `_commit_ms`. A delete replaces the hash by a marker {position, _offset,
-_deleted} that expires after `marker_ttl_s`, long enough to refuse a stale write. An
-unchanged TOASTed value (Debezium's placeholder) keeps the stored field. A Redis that
-does not answer is retried for `retry_s`, then StoreUnavailableError.
+`_partition` and `_commit_ms`. A column whose name begins with `_` is the field of that
+name with one more `_` (`_lsn` -> `__lsn`), so no column reaches the metadata. A delete
+replaces the hash by a marker {position, _offset, _deleted} that expires after
+`marker_ttl_s`, long enough to refuse a stale write. An unchanged TOASTed value
+(Debezium's placeholder) keeps the stored field. A Redis that does not answer is retried
+for `retry_s`, then StoreUnavailableError.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from cdc.decode import UNAVAILABLE, Interval, ValueDecodeError, decode_value
 from cdc.errors import StoreUnavailableError
 from materializers.stores.base import Event, Store, WriteResult
 
-__all__ = ["CacheStore", "cache_key", "cache_text"]
+__all__ = ["CacheStore", "cache_key", "cache_text", "column_fields", "field_name"]
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +123,21 @@ _DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
 def cache_key(prefix: str, table: str, key: str) -> str:
     return f"{prefix}:{table}:{key}"
+
+
+def field_name(column: str) -> str:
+    """A column's field in its row's hash: metadata fields begin with one `_` and a
+    letter, so a column beginning with `_` gets one more."""
+    return "_" + column if column.startswith("_") else column
+
+
+def column_fields(entry: dict[str, str]) -> dict[str, str]:
+    """A hash's fields that are the row's columns, by column name (metadata left out)."""
+    return {
+        (name[1:] if name.startswith("__") else name): value
+        for name, value in entry.items()
+        if not name.startswith("_") or name.startswith("__")
+    }
 
 
 def cache_text(value: Any) -> str:
@@ -231,9 +248,10 @@ class CacheStore(Store):
                     try:
                         for name, raw in event.after.items():
                             if raw == UNAVAILABLE:
-                                kept.append(name)
+                                kept.append(field_name(name))
                             elif raw is not None and name in columns:
-                                pairs += [name, cache_text(decode_value(columns[name], raw))]
+                                text = cache_text(decode_value(columns[name], raw))
+                                pairs += [field_name(name), text]
                     except ValueDecodeError as exc:  # a value this store cannot hold
                         result.rejected.append((event, str(exc)[:500]))  # type: ignore[union-attr]
                         continue

@@ -24,6 +24,7 @@ from opensearchpy import ConnectionError, JSONSerializer, OpenSearch, TransportE
 from cdc.catalog import Column, Table
 from cdc.decode import UNAVAILABLE, ValueDecodeError, decode_value
 from cdc.errors import StoreError, StoreUnavailableError
+from cdc.settings import topic_name
 from materializers.stores.base import Event, Store, WriteResult
 from materializers.stores.cache import cache_text
 
@@ -88,7 +89,9 @@ _NUMERIC = {
 
 
 def index_name(prefix: str, table: str) -> str:
-    return f"{prefix}.{table}".lower()
+    """The table's index: its change topic's name (no character OpenSearch refuses), in
+    lower case."""
+    return topic_name(prefix, table).lower()
 
 
 def field_mapping(column: Column) -> dict[str, Any]:

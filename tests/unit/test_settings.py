@@ -122,3 +122,12 @@ def test_a_bad_setting_stops_the_cli_with_one_line() -> None:
 def test_paths_are_made_absolute(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("CDC_DATA_DIR", "relative/data")
     assert Settings().data_dir == tmp_path / "relative" / "data"
+
+
+def test_topics_are_named_as_debezium_names_them() -> None:
+    from cdc.settings import topic_name
+
+    assert topic_name("shop", "public.orders") == "shop.public.orders"
+    assert topic_name("shop", "public.Order Items") == "shop.public.Order_Items"
+    assert topic_name("shop", "sales.café-2024") == "shop.sales.caf_-2024"
+    assert len(topic_name("p", "public." + "x" * 300)) == 249

@@ -73,3 +73,15 @@ def test_search_retries_what_says_the_store_is_down_and_dead_letters_the_rest() 
         assert _retryable(status), status
     for status in (400, 404, 409):  # a document OpenSearch refuses is that record's fault
         assert not _retryable(status), status
+
+
+def test_no_column_reaches_the_cache_metadata() -> None:
+    from materializers.stores.cache import column_fields, field_name
+
+    columns = ["body", "_lsn", "_deleted", "__x", "a_b"]
+    fields = [field_name(c) for c in columns]
+    assert fields == ["body", "__lsn", "__deleted", "___x", "a_b"]
+    metadata = ["_commit_lsn", "_lsn", "_offset", "_partition", "_commit_ms", "_deleted"]
+    assert not set(fields) & set(metadata)
+    entry = dict.fromkeys(fields + metadata, "v")
+    assert sorted(column_fields(entry)) == sorted(columns)

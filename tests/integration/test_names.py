@@ -1,0 +1,126 @@
+"""Column names that look like the stores' own metadata: a table with columns `_lsn`,
+`_deleted`, `_offset` and `_commit_lsn` is applied to the cache like any other (the row
+is neither hidden nor its position overwritten, so a later change still lands); read
+with redis-py."""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+
+import psycopg
+import pytest
+import redis
+from rich.console import Console
+
+from cdc.pipeline import drop_pipeline
+from materializers.apply import run_apply
+from snapshot.initial import run_snapshot
+from tests.conftest import RunningStack
+from tests.logcheck import pipeline_for, table_info, wait_until_equal
+
+pytestmark = pytest.mark.integration
+
+
+def test_columns_named_like_the_cache_metadata(stack: RunningStack) -> None:
+    name = "meta_" + uuid.uuid4().hex[:8]
+    table = f"public.{name}"
+    settings = pipeline_for(stack.settings, [table])
+    dsn = settings.postgres.dsn()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            f'CREATE TABLE {name} (id int PRIMARY KEY, "_lsn" bigint, "_deleted" text, '
+            '"_offset" int, "_commit_lsn" text, body text)'
+        )
+        conn.execute(
+            f"INSERT INTO {name} SELECT g, 99999999999, 'yes', -1, 'zzz', 'v0' "
+            "FROM generate_series(1, 5) g"
+        )
+    try:
+        run_snapshot(settings, Console(file=io.StringIO()))
+        run_apply(settings, ["cache"], once=True)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"UPDATE {name} SET body = 'v1', \"_lsn\" = 7 WHERE id <= 3")
+        wait_until_equal(settings, table_info(settings, table))
+        run_apply(settings, ["cache"], once=True)
+
+        client = redis.Redis.from_url(settings.redis.url, decode_responses=True)
+        prefix = f"{settings.pipeline.topic_prefix}:{table}:"
+        rows = {}
+        for key in client.scan_iter(match=prefix + "*"):
+            entry = client.hgetall(key)
+            assert "_deleted" not in entry, entry  # a live row, not a deleted marker
+            assert int(entry["_lsn"]) < 2**40 and entry["_commit_lsn"].isdigit(), entry
+            rows[json.loads(key[len(prefix) :])["id"]] = (
+                entry["body"],
+                entry["__lsn"],
+                entry["__deleted"],
+                entry["__offset"],
+                entry["__commit_lsn"],
+            )
+        assert rows == {
+            i: ("v1" if i <= 3 else "v0", "7" if i <= 3 else "99999999999", "yes", "-1", "zzz")
+            for i in range(1, 6)
+        }
+    finally:
+        drop_pipeline(settings)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+def test_a_table_name_kafka_and_opensearch_do_not_take(stack: RunningStack) -> None:
+    """A table whose name holds a space, capitals and a non-ASCII letter: its topic and
+    index are named as Debezium names the topic (`_` for each such character), and every
+    store takes its rows."""
+    import requests
+
+    from materializers.apply import warehouse_root
+    from materializers.stores.warehouse import current_path
+
+    name = f"Order Items é {uuid.uuid4().hex[:6]}"
+    table = f"public.{name}"
+    settings = pipeline_for(stack.settings, [table])
+    prefix = settings.pipeline.topic_prefix
+    dsn = settings.postgres.dsn()
+    quoted = '"' + name + '"'
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {quoted} (id int PRIMARY KEY, body text)")
+        conn.execute(f"INSERT INTO {quoted} SELECT g, 'v' || g FROM generate_series(1, 5) g")
+    try:
+        run_snapshot(settings, Console(file=io.StringIO()))
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"UPDATE {quoted} SET body = 'changed' WHERE id = 1")
+            conn.execute(f"INSERT INTO {quoted} VALUES (6, 'new')")
+        wait_until_equal(settings, table_info(settings, table))
+        topic = settings.pipeline.topic(table)
+        assert topic == f"{prefix}.public.Order_Items___{name[-6:]}"
+        run_apply(settings, ["cache", "search", "warehouse"], once=True)
+        expected = {i: f"v{i}" for i in range(2, 6)} | {1: "changed", 6: "new"}
+
+        client = redis.Redis.from_url(settings.redis.url, decode_responses=True)
+        head = f"{prefix}:{table}:"
+        cached = {
+            json.loads(k[len(head) :])["id"]: client.hget(k, "body")
+            for k in client.keys(head + "*")
+            if not client.hexists(k, "_deleted")
+        }
+        assert cached == expected
+
+        url, index = settings.opensearch.url, topic.lower()
+        requests.post(f"{url}/{index}/_refresh", timeout=30).raise_for_status()
+        hits = requests.post(f"{url}/{index}/_search", json={"size": 100}, timeout=30).json()
+        assert {h["_source"]["id"]: h["_source"]["body"] for h in hits["hits"]["hits"]} == (
+            expected
+        )
+
+        from cdc.spark import spark_session
+
+        spark = spark_session(settings, "test-names")
+        frame = spark.read.format("delta").load(current_path(warehouse_root(settings), table))
+        rows = frame.where("NOT _cdc_deleted").select("id", "body").collect()
+        assert {r["id"]: r["body"] for r in rows} == expected
+    finally:
+        drop_pipeline(settings)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {quoted}")
