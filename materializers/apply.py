@@ -608,8 +608,10 @@ def _note_late(settings: Settings, windows: dict[str, Any]) -> None:
 
 
 def change_topic_pattern(settings: Settings) -> str:
-    """`<prefix>.<schema>.<table>`: not the transaction, notification or dead-letter topics."""
-    return rf"^{re.escape(settings.pipeline.topic_prefix)}\.[^.]+\.[^.]+$"
+    """`<prefix>.<schema>.<table>` (a name may hold more dots): not the transaction,
+    notification or dead-letter topics."""
+    prefix = re.escape(settings.pipeline.topic_prefix)
+    return rf"^{prefix}\.(?!(?:transaction|notifications|dlq)$).+$"
 
 
 def read_progress(settings: Settings, store: str) -> dict[str, Any] | None:

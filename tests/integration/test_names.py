@@ -70,15 +70,15 @@ def test_columns_named_like_the_cache_metadata(stack: RunningStack) -> None:
 
 
 def test_a_table_name_kafka_and_opensearch_do_not_take(stack: RunningStack) -> None:
-    """A table whose name holds a space, capitals and a non-ASCII letter: its topic and
-    index are named as Debezium names the topic (`_` for each such character), and every
+    """A table whose name holds a dot, a space, capitals and a non-ASCII letter: its topic
+    and index are named as Debezium names the topic (`_` for each such character), and every
     store takes its rows."""
     import requests
 
     from materializers.apply import warehouse_root
     from materializers.stores.warehouse import current_path
 
-    name = f"Order Items é {uuid.uuid4().hex[:6]}"
+    name = f"Order.Items é {uuid.uuid4().hex[:6]}"
     table = f"public.{name}"
     settings = pipeline_for(stack.settings, [table])
     prefix = settings.pipeline.topic_prefix
@@ -94,7 +94,7 @@ def test_a_table_name_kafka_and_opensearch_do_not_take(stack: RunningStack) -> N
             conn.execute(f"INSERT INTO {quoted} VALUES (6, 'new')")
         wait_until_equal(settings, table_info(settings, table))
         topic = settings.pipeline.topic(table)
-        assert topic == f"{prefix}.public.Order_Items___{name[-6:]}"
+        assert topic == f"{prefix}.public.Order.Items___{name[-6:]}"
         run_apply(settings, ["cache", "search", "warehouse"], once=True)
         expected = {i: f"v{i}" for i in range(2, 6)} | {1: "changed", 6: "new"}
 
