@@ -304,5 +304,7 @@ JOIN pg_type bt ON bt.oid = CASE
         WHEN t.typcategory = 'A' THEN t.typelem
         ELSE t.oid END
 WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
+  -- a generated column: PostgreSQL 15 publishes no value for it (see the README)
+  AND a.attgenerated = ''
 ORDER BY a.attnum
 """

@@ -135,7 +135,10 @@ def source_rows(
     with psycopg.connect(settings.postgres.dsn()) as conn:
         conn.execute("SET intervalstyle = iso_8601")
         conn.adapters.register_loader("interval", TextLoader)
-        query = sql.SQL("SELECT * FROM {}").format(sql.Identifier(table.schema, table.name))
+        query = sql.SQL("SELECT {} FROM {}").format(
+            sql.SQL(", ").join(sql.Identifier(c.name) for c in table.columns),
+            sql.Identifier(table.schema, table.name),
+        )
         intervals = {c.name for c in table.columns if c.base == "interval"}
         result = {}
         with conn.cursor(name="verify") as cursor:
