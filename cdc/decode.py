@@ -315,9 +315,19 @@ def mark_unavailable(table: Table, op: str, after: dict[str, Any] | None) -> dic
     value kept under this key belongs to another row: it is not known."""
     if not after:
         return after
-    columns = {c.name: c for c in table.columns}
+    columns = None
     for name, raw in after.items():
+        # most values cannot be a placeholder: look no further (this runs for every value)
+        if isinstance(raw, str) and raw not in _PLACEHOLDER_TEXTS:
+            continue
+        if not isinstance(raw, str | list | dict):
+            continue
+        if columns is None:
+            columns = {c.name: c for c in table.columns}
         column = columns.get(name)
         if column is not None and is_unavailable(column, raw):
             after[name] = None if op == "c" else UNAVAILABLE
     return after
+
+
+_PLACEHOLDER_TEXTS = frozenset((UNAVAILABLE, PLACEHOLDER_B64, PLACEHOLDER_HSTORE))
