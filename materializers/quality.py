@@ -1,7 +1,9 @@
 """Great Expectations suites over the warehouse's current tables, run by `cdc verify`.
 
 Per table: the primary key is unique and never NULL, no text column holds Debezium's
-unchanged-TOAST placeholder, and the live row count equals the source's.
+unchanged-TOAST placeholder, and the live row count equals the source's. And the
+table's history: each key has at most one open version, every live row's version is
+open (its position's), no version ends before it begins.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from cdc.catalog import Table
 from cdc.decode import UNAVAILABLE
 from cdc.settings import Settings
 
-__all__ = ["Check", "warehouse_checks"]
+__all__ = ["Check", "history_checks", "warehouse_checks"]
 
 
 @dataclass
@@ -86,3 +88,58 @@ def warehouse_checks(settings: Settings, table: Table, source_count: int) -> lis
             Check(table.qualified, r.expectation_config.type, column, bool(r.success), observed)
         )
     return checks
+
+
+def history_checks(settings: Settings, table: Table) -> list[Check]:
+    """The invariants of the table's history (SCD type 2) against its current state."""
+    from delta.tables import DeltaTable
+
+    from cdc.spark import spark_session
+    from materializers.apply import warehouse_root
+    from materializers.stores.warehouse import current_path, history_path
+
+    spark = spark_session(settings, "cdc-verify")
+    root = warehouse_root(settings)
+    path = history_path(root, table.qualified)
+    if not DeltaTable.isDeltaTable(spark, path):
+        return [Check(table.qualified, "history exists", None, False, "no Delta table")]
+    history = spark.read.format("delta").load(path)
+    current = spark.read.format("delta").load(current_path(root, table.qualified))
+    keys = [f"`{k}`" for k in table.key]
+    on = " AND ".join(f"h.{k} <=> c.{k}" for k in keys)
+    history.createOrReplaceTempView("cdc_verify_history")
+    current.createOrReplaceTempView("cdc_verify_current")
+    several = spark.sql(
+        f"SELECT count(*) FROM (SELECT {', '.join(keys)} FROM cdc_verify_history "
+        f"WHERE valid_to IS NULL GROUP BY {', '.join(keys)} HAVING count(*) > 1)"
+    ).first()[0]
+    not_open = spark.sql(
+        "SELECT count(*) FROM cdc_verify_current c WHERE NOT c._cdc_deleted AND NOT EXISTS "
+        f"(SELECT 1 FROM cdc_verify_history h WHERE {on} AND h.valid_to IS NULL AND "
+        "h._cdc_commit_lsn <=> c._cdc_commit_lsn AND h._cdc_lsn <=> c._cdc_lsn)"
+    ).first()[0]
+    backwards = history.where("valid_to < valid_from").count()
+    name = table.qualified
+    return [
+        Check(
+            name,
+            "history: at most one open version per key",
+            None,
+            not several,
+            f"{several} keys with several",
+        ),
+        Check(
+            name,
+            "history: every live row's version is open",
+            None,
+            not not_open,
+            f"{not_open} live rows without",
+        ),
+        Check(
+            name,
+            "history: no version ends before it begins",
+            None,
+            not backwards,
+            f"{backwards} versions",
+        ),
+    ]
