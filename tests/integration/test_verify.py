@@ -130,8 +130,9 @@ def test_query_search_get_and_verify_finds_drift(stack: RunningStack) -> None:
         clean = run_cdc("verify", "--table", name, "-o", "json", env=env)
         assert clean.returncode == 0, clean.stdout + clean.stderr
         document = json.loads(clean.stdout)
-        # key unique, key not null, no placeholder in name and attrs, row count = source
-        assert document["ok"] and len(document["expectations"]) == 5
+        # key unique, key not null, no placeholder in name and attrs, row count = source;
+        # the history's three invariants
+        assert document["ok"] and len(document["expectations"]) == 5 + 3
     finally:
         drop_pipeline(settings)
         with psycopg.connect(dsn, autocommit=True) as conn:
