@@ -56,11 +56,27 @@ def event(
     }
 
 
+def _versions(spark: Any, root: str) -> list[tuple[Any, ...]]:
+    from pyspark.sql import functions as F
+
+    history = spark.read.format("delta").load(history_path(root, "public.t"))
+    return [
+        (r["id"], r["_cdc_op"], r["body"], r["from"], r["to"])
+        for r in history.select(
+            "id",
+            "_cdc_op",
+            "body",
+            F.unix_millis("valid_from").alias("from"),
+            F.unix_millis("valid_to").alias("to"),
+        )
+        .orderBy("id", "_cdc_commit_lsn", "_cdc_lsn")
+        .collect()
+    ]
+
+
 def test_changes_read_after_their_tables_truncate_are_history(
     stack: RunningStack, tmp_path: Path
 ) -> None:
-    from pyspark.sql import functions as F
-
     from cdc.spark import spark_session
 
     spark = spark_session(stack.settings, "test-history")
@@ -86,42 +102,11 @@ def test_changes_read_after_their_tables_truncate_are_history(
     current = spark.read.format("delta").load(current_path(root, "public.t"))
     live = {r["id"]: r["body"] for r in current.where("NOT _cdc_deleted").collect()}
     assert live == {1: "new"}  # the late update never became current
-    history = spark.read.format("delta").load(history_path(root, "public.t"))
-    versions = [
-        (r["id"], r["_cdc_op"], r["body"], r["from"], r["to"])
-        for r in history.select(
-            "id",
-            "_cdc_op",
-            "body",
-            F.unix_millis("valid_from").alias("from"),
-            F.unix_millis("valid_to").alias("to"),
-        )
-        .orderBy("id", "_cdc_commit_lsn", "_cdc_lsn")
-        .collect()
-    ]
-    assert versions == [
+    assert _versions(spark, root) == [
         (1, "r", "v0", 1000, 2000),
         (1, "u", "v1", 2000, 3000),  # kept, ending at the TRUNCATE
         (1, "c", "new", 3000, None),
         (2, "r", "v0", 1000, 3000),
-    ]
-
-
-def _versions(spark: Any, root: str) -> list[tuple[Any, ...]]:
-    from pyspark.sql import functions as F
-
-    history = spark.read.format("delta").load(history_path(root, "public.t"))
-    return [
-        (r["id"], r["_cdc_op"], r["body"], r["from"], r["to"])
-        for r in history.select(
-            "id",
-            "_cdc_op",
-            "body",
-            F.unix_millis("valid_from").alias("from"),
-            F.unix_millis("valid_to").alias("to"),
-        )
-        .orderBy("id", "_cdc_commit_lsn", "_cdc_lsn")
-        .collect()
     ]
 
 
