@@ -36,6 +36,7 @@ class Column:
     is_array: bool
     precision: int | None  # fractional-second digits of time types, when declared
     not_null: bool
+    has_default: bool = False  # a DEFAULT, or a value rows from before ADD COLUMN read
 
 
 @dataclass(frozen=True)
@@ -218,6 +219,7 @@ def describe_table(
             is_array=r[4],
             precision=r[5],
             not_null=r[6],
+            has_default=r[7],
         )
         for r in conn.execute(_COLUMNS, (oid,)).fetchall()
     )
@@ -294,7 +296,8 @@ SELECT a.attname,
                  AND a.atttypmod >= 0
             THEN (CASE WHEN bt.typname = 'interval' THEN a.atttypmod & 65535 ELSE a.atttypmod END)
        END,
-       a.attnotnull
+       a.attnotnull,
+       a.atthasdef OR a.atthasmissing
 FROM pg_attribute a
 JOIN pg_type t ON t.oid = a.atttypid
 LEFT JOIN pg_type dt ON dt.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype END

@@ -176,6 +176,11 @@ class ApplySettings(BaseModel):
     warehouse_path: str | None = Field(
         None, description="Delta tables' root (any Spark filesystem); default data_dir/warehouse"
     )
+    backfill_rewritten_tables: bool = Field(
+        True,
+        description="backfill a table whose values DDL changed without change events "
+        "(ADD COLUMN with a default, a type change); false: only say what to run",
+    )
     joins: list[JoinView] = Field(default_factory=list, description="join views to keep")
     windows: list[WindowAggregate] = Field(
         default_factory=list, description="windowed aggregates to keep"

@@ -40,6 +40,7 @@ from materializers.views import check_views, window_query
 from materializers.writer import RESULT_DDL, partition_writer
 from snapshot.encoding import int_to_lsn
 from snapshot.generation import read_generation
+from snapshot.rewrites import check_rewrites
 
 __all__ = [
     "captured_tables",
@@ -231,6 +232,7 @@ def _batch_writer(
 
     def write_once(batch: Any, batch_id: int) -> None:
         tables, wal = read_source(settings)
+        check_rewrites(settings, tables.values(), notify)
         topics = {settings.pipeline.topic(t): t for t in [*tables, TRUNCATIONS_TABLE]}
         progress = read_progress(settings, store.name)
         check_source_not_rewound(store.name, wal, progress)
@@ -630,6 +632,7 @@ def run_apply(
     """Run the apply job. once: apply what the topics hold now, then return."""
     spark = spark_session(settings, f"cdc-apply-{settings.pipeline.name}")
     tables = captured_tables(settings)
+    check_rewrites(settings, tables.values(), notify)  # DDL while the job was down
     selected = stores or list(settings.apply.stores)
     if "warehouse" in selected:
         check_views(settings, tables)

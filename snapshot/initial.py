@@ -51,6 +51,7 @@ from cdc.spark import spark_session
 from cdc.topics import TopicSpec, change_topic_spec, end_offsets, ensure_topics, truncate_topics
 from snapshot.encoding import SnapshotPoint, envelope, event_query, int_to_lsn, lsn_to_int
 from snapshot.generation import record_generation
+from snapshot.rewrites import record_schemas
 from snapshot.slot import InFlight, drop_slot, exported_snapshot, slot_state
 from snapshot.state import mark_done, mark_running, read_state
 
@@ -169,6 +170,9 @@ def run_snapshot(
         rows = _copy_tables(settings, spark, tables, point, console)
     # a generation: stores that hold it whole drop what they hold from before it
     record_generation(settings, point.lsn, point.ts_ms, [pipe.topic(t.qualified) for t in tables])
+    # the columns the snapshot's rows hold: DDL after it that changes values unseen is
+    # found by the apply job (snapshot/rewrites.py)
+    record_schemas(settings, tables)
 
     with admin_connection(settings) as conn:
         conn.autocommit = True

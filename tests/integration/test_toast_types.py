@@ -15,18 +15,16 @@ from typing import Any
 
 import psycopg
 import pytest
-import redis
-import requests
 from rich.console import Console
 
 from cdc.decode import PLACEHOLDER_ARRAYS, PLACEHOLDER_B64, UNAVAILABLE
 from cdc.pipeline import drop_pipeline
-from materializers.apply import run_apply, warehouse_root
-from materializers.stores.warehouse import current_path
+from materializers.apply import run_apply
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.integration.test_exactness import topic_records
 from tests.logcheck import pipeline_for
+from tests.stores import stores
 
 pytestmark = pytest.mark.integration
 
@@ -44,47 +42,6 @@ VALUES = (
     "ARRAY(SELECT md5((g * 1000 + i)::text)::uuid FROM generate_series(1, 150) i), "
     "repeat(md5(g::text), 150) FROM generate_series(1, 4) g"
 )
-
-
-def cache(settings: Any, table: str) -> dict[int, dict[str, str]]:
-    client = redis.Redis.from_url(settings.redis.url, decode_responses=True)
-    prefix = f"{settings.pipeline.topic_prefix}:{table}:"
-    rows = {}
-    for key in client.scan_iter(match=prefix + "*"):
-        entry = client.hgetall(key)
-        if "_deleted" not in entry:  # a deleted row's marker
-            rows[json.loads(key[len(prefix) :])["id"]] = {
-                c: v for c, v in entry.items() if not c.startswith("_")
-            }
-    return rows
-
-
-def search(settings: Any, table: str) -> dict[int, dict[str, Any]]:
-    index = f"{settings.pipeline.topic_prefix}.{table}".lower()
-    url = settings.opensearch.url
-    requests.post(f"{url}/{index}/_refresh", timeout=30).raise_for_status()
-    hits = requests.post(f"{url}/{index}/_search", json={"size": 100}, timeout=30).json()
-    return {
-        h["_source"]["id"]: {c: v for c, v in h["_source"].items() if not c.startswith("_")}
-        for h in hits["hits"]["hits"]
-    }
-
-
-def warehouse(settings: Any, table: str) -> dict[int, dict[str, Any]]:
-    from pyspark.sql import SparkSession
-
-    spark = SparkSession.getActiveSession()
-    assert spark is not None  # the apply job's session, still open in this process
-    frame = spark.read.format("delta").load(current_path(warehouse_root(settings), table))
-    return {r["id"]: r.asDict() for r in frame.where("NOT _cdc_deleted").collect()}
-
-
-def stores(settings: Any, table: str) -> dict[str, dict[int, dict[str, Any]]]:
-    return {
-        "cache": cache(settings, table),
-        "search": search(settings, table),
-        "warehouse": warehouse(settings, table),
-    }
 
 
 def updates(settings: Any, table: str, count: int) -> list[dict[str, Any]]:

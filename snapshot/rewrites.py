@@ -1,0 +1,141 @@
+"""DDL that changes stored values without a change event.
+
+`ALTER TABLE … ADD COLUMN c … DEFAULT x` gives every existing row the value x, and a
+type change (`ALTER COLUMN c TYPE …`) rewrites every value, yet PostgreSQL's logical
+decoding emits no row change for either: the stores would keep NULL or the old value.
+Each table's columns are recorded (at the snapshot, then by the apply job); when a
+micro-batch reads a catalog whose columns changed that way, the table is backfilled
+through the log once (all stores take the backfill from the topic), or, when
+`apply.backfill_rewritten_tables` is off or the backfill cannot start, one line names
+the command to run.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import re
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from cdc.catalog import Table
+from cdc.settings import Settings
+
+__all__ = ["check_rewrites", "record_schemas", "rewrites", "schema_of", "schemas_file"]
+
+log = logging.getLogger(__name__)
+
+Schema = dict[str, list[Any]]  # column -> [type, has a default]
+
+_INTEGERS = {"smallint", "integer", "bigint"}
+_NUMERIC = re.compile(r"^numeric\((\d+),(\d+)\)$")
+_VARCHAR = re.compile(r"^character varying(\(\d+\))?$")
+
+
+def schemas_file(settings: Settings) -> Path:
+    return settings.data_dir / "checkpoints" / settings.pipeline.name / "schemas.json"
+
+
+def schema_of(table: Table) -> Schema:
+    return {c.name: [c.type, c.has_default] for c in table.columns}
+
+
+def _same_values(before: str, after: str) -> bool:
+    """Whether a type change keeps every value's text: integers widened, a varchar's
+    length changed or made text, a numeric's precision changed at the same scale."""
+    if before in _INTEGERS and after in _INTEGERS:
+        return True
+    if _VARCHAR.match(before) and (_VARCHAR.match(after) or after == "text"):
+        return True
+    old, new = _NUMERIC.match(before), _NUMERIC.match(after)
+    return bool(old and (after == "numeric" or (new is not None and new[2] == old[2])))
+
+
+def rewrites(before: Schema, table: Table) -> list[str]:
+    """What changed the table's stored values without a change event, since `before`."""
+    found = []
+    for column in table.columns:
+        old = before.get(column.name)
+        if old is None:
+            if column.has_default:
+                found.append(f"column {column.name} was added with a default")
+        elif old[0] != column.type and not _same_values(old[0], column.type):
+            found.append(f"column {column.name} changed type from {old[0]} to {column.type}")
+    return found
+
+
+@contextmanager
+def _locked(settings: Settings) -> Iterator[dict[str, Schema]]:
+    """The recorded schemas, read and written under a lock (the stores' queries, in one
+    process or several, check them side by side)."""
+    path = schemas_file(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            recorded: dict[str, Schema] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            recorded = {}
+        before = json.dumps(recorded, sort_keys=True)
+        yield recorded
+        if json.dumps(recorded, sort_keys=True) != before:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(recorded, sort_keys=True))
+            tmp.replace(path)
+
+
+def record_schemas(settings: Settings, tables: Iterable[Table]) -> None:
+    """Note the tables' columns as a snapshot read them."""
+    with _locked(settings) as recorded:
+        for table in tables:
+            recorded[table.qualified] = schema_of(table)
+
+
+def check_rewrites(
+    settings: Settings, tables: Iterable[Table], notify: Callable[[str], None]
+) -> list[str]:
+    """Compare the tables' columns with those recorded; backfill (once) each table whose
+    values changed without events. Returns the tables found so."""
+    found = []
+    with _locked(settings) as recorded:
+        for table in tables:
+            now = schema_of(table)
+            before = recorded.get(table.qualified)
+            changes = rewrites(before, table) if before not in (None, now) else []
+            if changes and not _backfill(settings, table, "; ".join(changes), notify):
+                continue  # the next micro-batch tries again
+            recorded[table.qualified] = now
+            if changes:
+                found.append(table.qualified)
+    return found
+
+
+_told: dict[str, str] = {}  # table -> the last line said about it (not said again)
+
+
+def _backfill(settings: Settings, table: Table, why: str, notify: Callable[[str], None]) -> bool:
+    """Start the table's backfill, or say what to run; False if it is to be tried again."""
+    command = f"cdc backfill {table.qualified}"
+    if not settings.apply.backfill_rewritten_tables:
+        notify(f"{table.qualified}: {why}, which emits no change events: run `{command}`")
+        return True
+    from snapshot.backfill import start_backfill
+
+    try:
+        start_backfill(settings, table.qualified)
+    except Exception as exc:  # e.g. Connect down: tried again at the next micro-batch
+        line = (
+            f"{table.qualified}: {why}, which emits no change events, and its backfill cannot "
+            f"start yet ({str(exc).splitlines()[0][:200]}); trying again, or run `{command}`"
+        )
+        if _told.get(table.qualified) != line:
+            _told[table.qualified] = line
+            notify(line)
+        return False
+    _told.pop(table.qualified, None)
+    notify(f"{table.qualified}: {why}, which emits no change events: backfill started")
+    log.info("%s: backfill started after %s", table.qualified, why)
+    return True

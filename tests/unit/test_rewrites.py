@@ -1,0 +1,51 @@
+"""Which DDL changes stored values without a change event (snapshot/rewrites.py)."""
+
+from __future__ import annotations
+
+from cdc.catalog import Column, Table
+from snapshot.rewrites import rewrites, schema_of
+
+
+def table(*columns: tuple[str, str, bool]) -> Table:
+    cols = tuple(
+        Column(name, kind, kind, "N", False, None, False, has_default)
+        for name, kind, has_default in columns
+    )
+    return Table("public", "t", cols, ("id",), "d", 1, 1)
+
+
+BEFORE = schema_of(table(("id", "integer", False), ("n", "numeric(8,2)", False)))
+
+
+def test_a_column_added_with_a_default_rewrites() -> None:
+    now = table(("id", "integer", False), ("n", "numeric(8,2)", False), ("f", "integer", True))
+    assert rewrites(BEFORE, now) == ["column f was added with a default"]
+
+
+def test_a_column_added_without_a_default_does_not() -> None:
+    now = table(("id", "integer", False), ("n", "numeric(8,2)", False), ("f", "integer", False))
+    assert rewrites(BEFORE, now) == []
+
+
+def test_a_default_set_on_an_existing_column_does_not() -> None:
+    now = table(("id", "integer", True), ("n", "numeric(8,2)", False))
+    assert rewrites(BEFORE, now) == []
+
+
+def test_type_changes_that_rewrite_text() -> None:
+    for new in ("numeric(12,4)", "text", "double precision", "numeric(8,1)"):
+        now = table(("id", "integer", False), ("n", new, False))
+        assert rewrites(BEFORE, now) == [f"column n changed type from numeric(8,2) to {new}"]
+
+
+def test_type_changes_that_keep_every_value() -> None:
+    for kind, new in (
+        ("numeric(8,2)", "numeric(12,2)"),
+        ("numeric(8,2)", "numeric"),
+        ("integer", "bigint"),
+        ("character varying(10)", "text"),
+        ("character varying(10)", "character varying(20)"),
+    ):
+        before = schema_of(table(("id", "integer", False), ("n", kind, False)))
+        now = table(("id", "integer", False), ("n", new, False))
+        assert rewrites(before, now) == [], (kind, new)
