@@ -55,6 +55,8 @@ __all__ = [
     "UNAVAILABLE",
     "Interval",
     "ValueDecodeError",
+    "bit_length",
+    "bits_text",
     "decode_row",
     "decode_value",
     "is_unavailable",
@@ -242,10 +244,34 @@ def _decimal(value: str) -> Decimal:
     return special if special is not None else Decimal(value)
 
 
+_BIT_LENGTH = re.compile(r"^bit\((\d+)\)")
+
+
+def bit_length(column: Column) -> int | None:
+    """The declared length of a bit(n) column (bit alone is bit(1)); None for varbit."""
+    if column.base != "bit":
+        return None
+    match = _BIT_LENGTH.match(column.type)
+    return int(match[1]) if match else 1
+
+
+def bits_text(column: Column, value: Any) -> str:
+    """PostgreSQL's text of a bit string from Debezium's value: a boolean for bit(1), else
+    io.debezium.data.Bits, the bits as a little-endian number in the fewest bytes (base64
+    in JSON). A bit(n) gets its leading zeros back from n; a varbit's are lost."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    number = int.from_bytes(base64.b64decode(value), "little")
+    length = bit_length(column)
+    return format(number, f"0{length}b" if length else "b")
+
+
 def _element(column: Column, value: Any) -> Any:
     if value is None:
         return None
     base = column.base
+    if base in ("bit", "varbit"):
+        return bits_text(column, value)
     if base in ("int2", "int4", "int8", "oid", "bool"):
         return value
     if base in ("float4", "float8"):

@@ -46,6 +46,7 @@ from cdc.decode import (
     PLACEHOLDER_B64,
     PLACEHOLDER_HSTORE,
     UNAVAILABLE,
+    bit_length,
 )
 
 if TYPE_CHECKING:
@@ -184,7 +185,22 @@ def _convert(column: Column, value: SparkColumn) -> SparkColumn:
         )
     if base == "bytea":
         return F.unbase64(value)
+    if base in ("bit", "varbit"):
+        return _bits(column, value)
     return value
+
+
+def _bits(column: Column, value: SparkColumn) -> SparkColumn:
+    """PostgreSQL's text of a bit string (cdc.decode.bits_text, in Spark): bit(1) comes
+    as a boolean (JSON true/false read as text), other bit strings as little-endian bytes."""
+    from pyspark.sql import functions as F
+
+    reversed_bytes = F.reverse(F.regexp_extract_all(F.hex(F.unbase64(value)), F.lit("(..)"), 1))
+    bits = F.array_join(F.transform(reversed_bytes, lambda h: F.lpad(F.conv(h, 16, 2), 8, "0")), "")
+    bits = F.regexp_replace(bits, "^0+", "")
+    length = bit_length(column)
+    text = F.lpad(bits, length, "0") if length else F.when(bits == "", "0").otherwise(bits)
+    return F.when(value == "true", "1").when(value == "false", "0").otherwise(text)
 
 
 def typed_column(column: Column, raw: SparkColumn) -> SparkColumn:

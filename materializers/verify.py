@@ -172,13 +172,16 @@ def _cache_form(table: Table, row: dict[str, Any]) -> dict[str, str]:
 
 
 def _search_form(table: Table, row: dict[str, Any]) -> dict[str, Any]:
-    from materializers.stores.search import plain_value
+    from materializers.stores.search import json_field, plain_value
 
-    def plain(value: Any) -> Any:
-        return [plain(v) for v in value] if isinstance(value, list) else plain_value(value)
+    def plain(column: Column, value: Any) -> Any:
+        if column.base in ("json", "jsonb"):
+            return json_field(column, value)
+        if isinstance(value, list):
+            return [plain(column, v) for v in value]
+        return plain_value(value)
 
-    names = {c.name for c in table.columns}
-    return {name: plain(row.get(name)) for name in names}
+    return {c.name: plain(c, row.get(c.name)) for c in table.columns}
 
 
 def _warehouse_value(column: Column, value: Any) -> Any:

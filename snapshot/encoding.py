@@ -24,7 +24,13 @@ from dataclasses import dataclass
 from psycopg import sql
 
 from cdc.catalog import Column, Table
-from cdc.decode import DATE_INFINITY, MICROS_INFINITY, MILLIS_INFINITY, NUMERIC_SPECIAL
+from cdc.decode import (
+    DATE_INFINITY,
+    MICROS_INFINITY,
+    MILLIS_INFINITY,
+    NUMERIC_SPECIAL,
+    bit_length,
+)
 
 __all__ = ["SnapshotPoint", "column_json", "envelope", "event_query"]
 
@@ -70,6 +76,8 @@ def _element_json(column: Column, ref: sql.Composable) -> sql.Composable:
         return sql.SQL("to_json({}::numeric::text)").format(ref)
     if base in _TEXT_OF_JSON:  # io.debezium.data.Json: the document as text
         return sql.SQL("to_json({}::text)").format(ref)
+    if base in ("bit", "varbit"):
+        return _bits_json(column, ref)
     if base == "bytea":  # bytes, which JsonConverter writes as base64
         return sql.SQL("to_json(translate(encode({}, 'base64'), E'\\n', ''))").format(ref)
     if base == "date":  # io.debezium.time.Date: days since the epoch
@@ -88,6 +96,22 @@ def _element_json(column: Column, ref: sql.Composable) -> sql.Composable:
     if base == "interval":  # interval.handling.mode=string: ISO 8601 (session intervalstyle)
         return sql.SQL("to_json({}::text)").format(ref)
     return sql.SQL("to_json({})").format(ref)  # text (char keeps its padding), enums, uuid...
+
+
+def _bits_json(column: Column, ref: sql.Composable) -> sql.Composable:
+    """bit(1): a boolean. Other bit strings: io.debezium.data.Bits, the bits as a
+    little-endian number in as few bytes as it needs (none for zero), base64 in JSON."""
+    if bit_length(column) == 1:
+        return sql.SQL("to_json({} = B'1')").format(ref)
+    # the bits without leading zeros, padded to whole bytes; its bytes in reverse order
+    return sql.SQL(
+        "CASE WHEN {ref} IS NOT NULL THEN (SELECT to_json(translate(encode(decode(coalesce("
+        "string_agg(lpad(to_hex(substring(p FROM 8 * i + 1 FOR 8)::bit(8)::int), 2, '0'), '' "
+        "ORDER BY i DESC), ''), "
+        "'hex'), 'base64'), E'\\n', '')) FROM (SELECT lpad(t, (length(t) + 7) / 8 * 8, '0') "
+        "FROM ltrim({ref}::text, '0') AS t) AS b(p), generate_series(0, length(p) / 8 - 1) AS i) "
+        "END"
+    ).format(ref=ref)
 
 
 def _timestamp_json(column: Column, ref: sql.Composable) -> sql.Composable:

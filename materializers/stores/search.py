@@ -33,6 +33,7 @@ __all__ = [
     "document_value",
     "field_mapping",
     "index_name",
+    "json_field",
     "plain_value",
     "search_version",
 ]
@@ -114,8 +115,26 @@ def field_mapping(column: Column) -> dict[str, Any]:
     return {"type": "keyword"}  # uuid, enums, time, interval, inet...
 
 
+# a flat_object field holds JSON objects only: any other JSON value (an array, a string, a
+# number, a boolean) is indexed as the object {"_value": value}
+JSON_VALUE = "_value"
+
+
+def _json_object(value: Any) -> Any:
+    return value if value is None or isinstance(value, dict) else {JSON_VALUE: value}
+
+
+def json_field(column: Column, value: Any) -> Any:
+    """A json/jsonb column's decoded value as its flat_object field holds it."""
+    if column.is_array and isinstance(value, list):
+        return [_json_object(v) for v in value]
+    return _json_object(value)
+
+
 def document_value(column: Column, raw: Any) -> Any:
     value = decode_value(column, raw)
+    if column.base in ("json", "jsonb"):
+        return json_field(column, value)
     if value is None or isinstance(value, bool | int | str | dict):
         return value
     if isinstance(value, list):

@@ -205,3 +205,22 @@ def test_every_timestamp_decodes_to_its_instant(micros: int) -> None:
     assert text == f"{_oracle(days)}T{clock}"
     decoded = decode_value(TSTZ, f"{text}Z")  # the same instant as a ZonedTimestamp
     assert (decoded.isoformat() if isinstance(decoded, datetime) else decoded) == f"{text}+00:00"
+
+
+@pytest.mark.parametrize(
+    ("kind", "raw", "text"),
+    [
+        # Debezium's Bits: the bits as a little-endian number in the fewest bytes
+        ("bit(4)", "Cg==", "1010"),
+        ("bit(12)", "AQg=", "100000000001"),
+        ("bit(12)", "AQ==", "000000000001"),
+        ("bit(4)", "", "0000"),
+        ("bit(1)", True, "1"),
+        ("bit(1)", False, "0"),
+        ("bit varying", "BQ==", "101"),  # a varbit's leading zeros are not in the event
+        ("bit varying", "", "0"),
+    ],
+)
+def test_bit_strings_decode_to_postgresql_text(kind: str, raw: Any, text: str) -> None:
+    base = "varbit" if kind.startswith("bit varying") else "bit"
+    assert decode_value(Column("b", kind, base, "V", False, None, False), raw) == text

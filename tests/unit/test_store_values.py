@@ -85,3 +85,13 @@ def test_no_column_reaches_the_cache_metadata() -> None:
     assert not set(fields) & set(metadata)
     entry = dict.fromkeys(fields + metadata, "v")
     assert sorted(column_fields(entry)) == sorted(columns)
+
+
+def test_a_json_value_that_is_not_an_object_is_indexed_as_one() -> None:
+    # OpenSearch's flat_object refuses a top-level array or scalar: it would be a dead letter
+    jsonb = Column("j", "jsonb", "jsonb", "U", False, None, False)
+    jsonbs = Column("js", "jsonb[]", "jsonb", "U", True, None, False)
+    assert document_value(jsonb, '{"a": [1]}') == {"a": [1]}
+    assert document_value(jsonb, '[1, "two"]') == {"_value": [1, "two"]}
+    assert document_value(jsonb, "5") == {"_value": 5}
+    assert document_value(jsonbs, ['{"n": 1}', "[1]"]) == [{"n": 1}, {"_value": [1]}]
