@@ -39,6 +39,7 @@ from tests.logcheck import pipeline_for
 pytestmark = pytest.mark.integration
 
 STORES = ["cache", "search", "warehouse"]
+EXTENSIONS = {"hstore", "ltree", "citext"}  # types tested where PostgreSQL has them
 TYPES_TABLE = "Zoo Types"
 # column -> type; every value below is also given as an array where the type has one
 SCALARS = {
@@ -84,6 +85,8 @@ SCALARS = {
     "c_label": "{schema}.label",
     "c_hstore": "hstore",
     "c_ltree": "ltree",
+    "c_tsvector": "tsvector",
+    "c_citext": "citext",
 }
 # array columns: the element types Debezium streams as arrays
 ARRAYS = {
@@ -152,6 +155,8 @@ VALUES = {
     "c_label": "'label ' || n",
     "c_hstore": "hstore(ARRAY['a', 'b b'], ARRAY[n::text, NULL])",
     "c_ltree": "('top.mid' || n)::ltree",
+    "c_tsvector": "to_tsvector('simple', 'the quick fox ' || n)",
+    "c_citext": "'MiXeD ' || n",
 }
 ARRAY_VALUES = {
     "a_int2": "ARRAY[1, NULL, n]::int2[]",
@@ -218,7 +223,7 @@ def create_schema(conn: psycopg.Connection[Any], schema: str, extensions: set[st
     conn.execute(f"CREATE TYPE {s}.mood AS ENUM ('sad', 'ok', 'happy', 'meh', 'glad')")
     conn.execute(f"CREATE DOMAIN {s}.posint AS int4 CHECK (VALUE > 0)")
     conn.execute(f"CREATE DOMAIN {s}.label AS text")
-    scalars = {c: t for c, t in SCALARS.items() if t not in {"hstore", "ltree"} - extensions}
+    scalars = {c: t for c, t in SCALARS.items() if t not in EXTENSIONS - extensions}
     columns = {**scalars, **ARRAYS, **{c: t for c, (t, _) in TOASTED.items()}, **AWKWARD}
     decl = ", ".join(f"{ident(c)} {t.replace('{schema}', s)}" for c, t in columns.items())
     table = f"{s}.{ident(TYPES_TABLE)}"
@@ -557,7 +562,7 @@ def test_the_schema_zoo_reaches_every_store_exactly(stack: RunningStack) -> None
     dsn = settings.postgres.dsn()
     with psycopg.connect(dsn, autocommit=True) as conn:
         available = {r[0] for r in conn.execute("SELECT name FROM pg_available_extensions")}
-        extensions = {"hstore", "ltree"} & available
+        extensions = EXTENSIONS & available
         for extension in extensions:
             conn.execute(f"CREATE EXTENSION IF NOT EXISTS {extension}")
         tables = create_schema(conn, schema, extensions)
