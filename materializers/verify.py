@@ -109,16 +109,24 @@ def _key_value(column: Column, value: Any) -> Any:
     if isinstance(value, bytes | bytearray | memoryview):
         return "\\x" + bytes(value).hex()
     if isinstance(value, float) and column.base == "float4":
-        # the shortest decimal of the real's binary value (Delta's float holds the binary)
-        packed = struct.pack("<f", value)
-        for digits in range(6, 10):
-            short = float(f"{value:.{digits}g}")
-            if struct.pack("<f", short) == packed:
-                return short
-        return value
+        return _shortest_real(value)
     if isinstance(value, float):
         return value
     return str(value)
+
+
+def _shortest_real(value: float) -> float:
+    """The shortest decimal of a real's binary value: psycopg reads a real's text into a
+    double, Delta's float holds the binary; the same real gives the same number, and
+    reals that differ in any bit differ."""
+    if value != value or value in (float("inf"), float("-inf")):
+        return value
+    packed = struct.pack("<f", value)
+    for digits in range(6, 10):
+        short = float(f"{value:.{digits}g}")
+        if struct.pack("<f", short) == packed:
+            return short
+    return value
 
 
 def store_key_text(table: Table, key: str) -> str:
@@ -135,6 +143,10 @@ def source_rows(
     with psycopg.connect(settings.postgres.dsn()) as conn:
         conn.execute("SET intervalstyle = iso_8601")
         conn.adapters.register_loader("interval", TextLoader)
+        # JSON_TEXT: json and jsonb as PostgreSQL prints them, the text every store
+        # compares (json's key order and spaces are data)
+        conn.adapters.register_loader("json", TextLoader)
+        conn.adapters.register_loader("jsonb", TextLoader)
         query = sql.SQL("SELECT {} FROM {}").format(
             sql.SQL(", ").join(sql.Identifier(c.name) for c in table.columns),
             sql.Identifier(table.schema, table.name),
@@ -166,17 +178,24 @@ def source_rows(
 
 
 def _cache_form(table: Table, row: dict[str, Any]) -> dict[str, str]:
-    from materializers.stores.cache import cache_text
+    from materializers.stores.cache import cache_text, json_text
 
-    return {name: cache_text(value) for name, value in row.items() if value is not None}
+    json_columns = {c.name: c for c in table.columns if c.base in ("json", "jsonb")}
+    return {
+        name: json_text(json_columns[name], value) if name in json_columns else cache_text(value)
+        for name, value in row.items()
+        if value is not None
+    }
 
 
 def _search_form(table: Table, row: dict[str, Any]) -> dict[str, Any]:
     from materializers.stores.search import json_field, plain_value
 
     def plain(column: Column, value: Any) -> Any:
-        if column.base in ("json", "jsonb"):
-            return json_field(column, value)
+        if column.base in ("json", "jsonb"):  # the source's text (JSON_TEXT), parsed
+            if isinstance(value, list):
+                return json_field(column, [None if v is None else json.loads(v) for v in value])
+            return json_field(column, None if value is None else json.loads(value))
         if isinstance(value, list):
             return [plain(column, v) for v in value]
         return plain_value(value)
@@ -191,9 +210,8 @@ def _warehouse_value(column: Column, value: Any) -> Any:
     if isinstance(value, list):
         return [_warehouse_value(column, v) for v in value]
     base = column.base
-    if base in ("json", "jsonb"):
-        parsed = json.loads(value) if isinstance(value, str) else value
-        return json.dumps(parsed, sort_keys=True, ensure_ascii=False)
+    if base in ("json", "jsonb"):  # text on both sides, compared as such (JSON_TEXT)
+        return value
     if base == "interval":
         parsed = parse_interval(value) if isinstance(value, str) else value
         return json.dumps(parsed.__dict__) if isinstance(parsed, Interval) else str(parsed)
@@ -208,7 +226,7 @@ def _warehouse_value(column: Column, value: Any) -> Any:
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value).hex()
     if base == "float4":
-        return f"{float(value):.6g}"
+        return _shortest_real(value)
     if isinstance(value, Decimal):
         return str(value)
     return str(value) if not isinstance(value, bool | int | float) else value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections import defaultdict
@@ -52,7 +53,17 @@ def table_info(settings: Settings, qualified: str) -> Table:
 def source_rows(settings: Settings, table: Table) -> dict[tuple[Any, ...], dict[str, Any]]:
     """Every row of the table now, keyed by its key columns, values normalized."""
     rows = verify_source_rows(settings, table)
+    for column in table.columns:  # verify reads JSON as its text; the log decodes it
+        if column.base in ("json", "jsonb"):
+            for row in rows.values():
+                row[column.name] = _parsed(row[column.name])
     return {tuple(row[k] for k in table.key): row for row in rows.values()}
+
+
+def _parsed(text: Any) -> Any:
+    if isinstance(text, list):
+        return [_parsed(t) for t in text]
+    return text if not isinstance(text, str) else json.loads(text)
 
 
 def log_rows(records: list[ChangeRecord], table: Table) -> dict[tuple[Any, ...], dict[str, Any]]:

@@ -23,12 +23,19 @@ from typing import Any
 
 import redis
 
-from cdc.catalog import Table
+from cdc.catalog import Column, Table
 from cdc.decode import UNAVAILABLE, Interval, ValueDecodeError, decode_value
 from cdc.errors import StoreUnavailableError
 from materializers.stores.base import Event, Store, WriteResult
 
-__all__ = ["CacheStore", "cache_key", "cache_text", "column_fields", "field_name"]
+__all__ = [
+    "CacheStore",
+    "cache_key",
+    "cache_text",
+    "column_fields",
+    "field_name",
+    "json_text",
+]
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +145,16 @@ def column_fields(entry: dict[str, str]) -> dict[str, str]:
         for name, value in entry.items()
         if not name.startswith("_") or name.startswith("__")
     }
+
+
+def json_text(column: Column, raw: Any) -> str:
+    """A json/jsonb value as the cache holds it: the text Debezium sent, which is
+    PostgreSQL's own (for `json`, key order, spaces and duplicate keys are data; for
+    `jsonb`, number digits a float would round); an array joins its elements' texts."""
+    decode_value(column, raw)  # raises ValueDecodeError unless it is JSON
+    if column.is_array:
+        return "[" + ", ".join("null" if e is None else e for e in raw) + "]"
+    return str(raw)
 
 
 def cache_text(value: Any) -> str:
@@ -250,7 +267,11 @@ class CacheStore(Store):
                             if raw == UNAVAILABLE:
                                 kept.append(field_name(name))
                             elif raw is not None and name in columns:
-                                text = cache_text(decode_value(columns[name], raw))
+                                column = columns[name]
+                                if column.base in ("json", "jsonb"):
+                                    text = json_text(column, raw)
+                                else:
+                                    text = cache_text(decode_value(column, raw))
                                 pairs += [field_name(name), text]
                     except ValueDecodeError as exc:  # a value this store cannot hold
                         result.rejected.append((event, str(exc)[:500]))  # type: ignore[union-attr]

@@ -136,7 +136,7 @@ VALUES = {
     "c_tstz": "timestamptz '2024-02-29 12:34:56.123456+02' + n * interval '1 hour'",
     "c_tstz3": "timestamptz '1999-12-31 23:59:59.999+00'",
     "c_interval": "n * interval '1 year 2 mons 3 days 04:05:06.789'",
-    "c_json": """('{"b": ' || n || ', "a": [1, 2]}')::json""",
+    "c_json": """('{"b":' || n || ',  "a" : [1,2], "b": 0.10000000000000000001}')::json""",
     "c_jsonb": """jsonb_build_object('k', n, 'nested', jsonb_build_object('x', 'y'))""",
     "c_xml": "xmlparse(content '<a n=\"' || n || '\">x</a>')",
     "c_inet": "('192.168.0.' || n || '/24')::inet",
@@ -469,8 +469,10 @@ def source_for(conn: psycopg.Connection[Any], qualified: str, match: str, store:
     if store == "search":
         json_columns = [c for c, _, base, _ in pg_columns(conn, qualified) if base == "json"]
         for row in rows.values():
-            for column in json_columns:
-                row[column] = as_postgres_prints(conn, "jsonb", row[column])
+            for column in json_columns:  # parsed: numbers as doubles (README)
+                text = row[column]
+                parsed = None if text is None else json.dumps(json.loads(text))
+                row[column] = as_postgres_prints(conn, "jsonb", parsed)
     return rows
 
 

@@ -244,3 +244,56 @@ def test_verify_checks_the_history(stack: RunningStack) -> None:
         drop_pipeline(settings)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+def test_verify_compares_json_text_and_reals_exactly(stack: RunningStack) -> None:
+    """`json` text is data (spaces, key order, a repeated key), `jsonb` keeps its number's
+    every digit, and a real differs in its last bit: a store holding the value re-written
+    (parsed and printed again, or a real's next float) is drift."""
+    from pyspark.sql import SparkSession
+
+    name = "exact_" + uuid.uuid4().hex[:8]
+    table = f"public.{name}"
+    settings = pipeline_for(stack.settings, [table])
+    dsn = settings.postgres.dsn()
+    stores = ["cache", "search", "warehouse"]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, j json, jb jsonb, r real)")
+        conn.execute(
+            f"""INSERT INTO {name} VALUES
+            (1, '{{"b":1,  "a" : [1,2], "b": 3}}', '{{"x": 0.12345678901234567890}}', 1.1),
+            (2, '[1, {{"z": null}}]', '{{"x": 1}}', 1.1)"""
+        )
+    try:
+        run_snapshot(settings, Console(file=io.StringIO()))
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"INSERT INTO {name} SELECT 3, j, jb, r FROM {name} WHERE id = 1")
+        wait_until_equal(settings, table_info(settings, table))
+        run_apply(settings, stores, once=True)
+        info = table_info(settings, table)
+        results = verify(settings, [info], stores, timeout=60)
+        assert [(d.store, d.ok) for d in results] == [(s, True) for s in stores], [
+            (d.store, d.different) for d in results
+        ]
+        # the cache holds PostgreSQL's text, as Debezium sent it
+        client = redis.Redis.from_url(settings.redis.url, decode_responses=True)
+        key = cache_key(settings.pipeline.topic_prefix, table, '{"id":3}')
+        assert client.hget(key, "j") == '{"b":1,  "a" : [1,2], "b": 3}'
+        assert client.hget(key, "jb") == '{"x": 0.12345678901234567890}'
+
+        # behind the pipeline's back: values parsed and printed again, a real's next float
+        client.hset(key, "j", json.dumps(json.loads('{"b":1,  "a" : [1,2], "b": 3}')))
+        one = cache_key(settings.pipeline.topic_prefix, table, '{"id":1}')
+        client.hset(one, "jb", json.dumps({"x": 0.12345678901234567890}))
+        spark = SparkSession.getActiveSession()
+        assert spark is not None
+        path = current_path(warehouse_root(settings), table)
+        spark.sql(f"UPDATE delta.`{path}` SET r = CAST(1.1000001 AS FLOAT) WHERE id = 2")
+        drift = {d.store: d for d in verify(settings, [info], stores, timeout=60)}
+        assert drift["cache"].different == ['{"id":1}', '{"id":3}']
+        assert drift["warehouse"].different == ['{"id":2}']
+        assert drift["search"].ok
+    finally:
+        drop_pipeline(settings)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {name}")
