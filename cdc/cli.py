@@ -468,12 +468,13 @@ def verify(
     drifted = [d for d in results if not d.ok]
     checks = []
     if "warehouse" in stores:  # Great Expectations suites over the warehouse tables
-        from materializers.quality import history_checks, warehouse_checks
+        from materializers.quality import history_checks, view_checks, warehouse_checks
 
         counts = {d.table: d.source_rows for d in results if d.store == "warehouse"}
         for t in tables:
             checks += warehouse_checks(s, t, counts[t.qualified])
             checks += history_checks(s, t)
+        checks += view_checks(s, {t.qualified: t for t in tables})
     failed = [c for c in checks if not c.ok]
     if output is Output.json:
         _emit_json(

@@ -3,20 +3,23 @@
 Per table: the primary key is unique and never NULL, no text column holds Debezium's
 unchanged-TOAST placeholder, and the live row count equals the source's. And the
 table's history: each key has at most one open version, every live row's version is
-open (its position's), no version ends before it begins.
+open (its position's), no version ends before it begins. And the derived data: each join
+view equals PostgreSQL's join, each window aggregate its windows recomputed from the log.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from cdc.catalog import Table
 from cdc.decode import UNAVAILABLE
-from cdc.settings import Settings
+from cdc.settings import Settings, WindowAggregate
 
-__all__ = ["Check", "history_checks", "warehouse_checks"]
+__all__ = ["Check", "history_checks", "view_checks", "warehouse_checks", "window_check"]
 
 
 @dataclass
@@ -143,3 +146,163 @@ def history_checks(settings: Settings, table: Table) -> list[Check]:
             f"{backwards} versions",
         ),
     ]
+
+
+def view_checks(settings: Settings, tables: dict[str, Table]) -> list[Check]:
+    """The derived data of the verified tables: each join view equals the same join
+    computed by PostgreSQL; each window aggregate equals its windows recomputed from the
+    change log."""
+    from materializers.verify import verify_join
+
+    checks = []
+    for join in settings.apply.joins:
+        if join.table not in tables or join.references not in tables:
+            continue
+        drift = verify_join(settings, join, tables)
+        found = drift.missing + drift.extra + drift.different
+        checks.append(
+            Check(
+                drift.table,
+                "join view equals PostgreSQL's join",
+                None,
+                drift.ok,
+                f"{len(drift.missing)} missing, {len(drift.extra)} extra, "
+                f"{len(drift.different)} different" + (f" (e.g. {found[0]})" if found else ""),
+            )
+        )
+    for window in settings.apply.windows:
+        if window.table in tables:
+            checks.append(window_check(settings, window, tables[window.table]))
+    return checks
+
+
+_UNIT_MS = {"second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
+
+
+def duration_ms(text: str) -> int:
+    """'10 minutes' -> 600000 (the settings' window and watermark form)."""
+    count, unit = text.split()
+    return int(count) * _UNIT_MS[unit.rstrip("s")]
+
+
+def window_check(
+    settings: Settings, window: WindowAggregate, table: Table, timeout: float = 120.0
+) -> Check:
+    """The window aggregate against its windows recomputed from the change topic: the
+    creations (op c, each (key, LSN) once) per window of commit time, counted and summed.
+    Waits until the window's query has committed the whole topic as it is now. Events it
+    found too late were not counted: then only the total is compared (counted + late =
+    created). A compacted topic no longer holds every creation: then it is not compared."""
+    from cdc.decode import decode_value
+    from cdc.topics import read_topic
+
+    name = f"view {window.name}"
+    records = read_topic(settings.kafka.bootstrap_servers, settings.pipeline.topic(table.qualified))
+    ends: dict[int, int] = {}
+    gaps = False
+    for record in records:
+        expected = ends.get(record.partition)
+        gaps |= expected is not None and record.offset != expected
+        ends[record.partition] = record.offset + 1
+    what = "window aggregate equals its windows recomputed from the log"
+    if gaps:
+        return Check(name, what, None, True, "not recomputed: compaction removed records")
+    if not _window_caught_up(settings, window, ends, timeout):
+        return Check(name, what, None, False, f"its query did not read the log within {timeout}s")
+    width = duration_ms(window.window)
+    column = table.column(window.sum) if window.sum else None
+    seen: set[tuple[bytes | None, Any]] = set()
+    expected_windows: dict[int, list[Any]] = {}
+    for record in records:
+        value = record.value
+        if not value or value.get("op") != "c":
+            continue
+        source = value["source"]
+        if (record.key_bytes, source.get("lsn")) in seen:
+            continue
+        seen.add((record.key_bytes, source.get("lsn")))
+        start = source["ts_ms"] - source["ts_ms"] % width
+        counted = expected_windows.setdefault(start, [0, None])
+        counted[0] += 1
+        amount = decode_value(column, value["after"].get(column.name)) if column else None
+        if amount is not None:
+            counted[1] = amount if counted[1] is None else counted[1] + amount
+    held = _window_rows(settings, window)
+    late = _late(settings, window)
+    if late:
+        total = sum(rows for rows, _ in held.values())
+        ok = total + late == len(seen)
+        return Check(name, what, None, ok, f"{total} counted + {late} late of {len(seen)} created")
+    differ = sorted(
+        start
+        for start in set(held) | set(expected_windows)
+        if _window_form(held.get(start)) != _window_form(expected_windows.get(start))
+    )
+    return Check(
+        name,
+        what,
+        None,
+        not differ,
+        f"{len(differ)} of {len(set(held) | set(expected_windows))} windows differ"
+        + (f" (e.g. the one from {differ[0]} ms)" if differ else ""),
+    )
+
+
+def _window_form(counted: Any) -> Any:
+    if counted is None:
+        return None
+    rows, total = counted
+    return rows, None if total is None else float(total)
+
+
+def _window_rows(settings: Settings, window: WindowAggregate) -> dict[int, tuple[int, Any]]:
+    from delta.tables import DeltaTable
+
+    from cdc.spark import spark_session
+    from materializers.apply import warehouse_root
+    from materializers.views import view_path
+
+    spark = spark_session(settings, "cdc-verify")
+    path = view_path(warehouse_root(settings), window.name)
+    if not DeltaTable.isDeltaTable(spark, path):
+        return {}
+    frame = spark.read.format("delta").load(path)
+    return {
+        int(r["start_ms"]): (r["rows"], r["total"])
+        for r in frame.selectExpr(
+            "unix_millis(window_start) AS start_ms", "rows", "total"
+        ).collect()
+    }
+
+
+def _late(settings: Settings, window: WindowAggregate) -> int:
+    from materializers.apply import progress_file
+
+    try:
+        return int(json.loads(progress_file(settings, f"window-{window.name}").read_text())["late"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def _window_caught_up(
+    settings: Settings, window: WindowAggregate, ends: dict[int, int], timeout: float
+) -> bool:
+    """Whether the window's query has committed a batch that read up to `ends` (its
+    Structured Streaming checkpoint: commits/<id>, offsets/<id>)."""
+    from materializers.apply import checkpoint_dir
+
+    checkpoint = checkpoint_dir(settings, f"window-{window.name}")
+    topic = settings.pipeline.topic(window.table)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            batch = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+            lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
+            read = {int(p): o for p, o in json.loads(lines[2]).get(topic, {}).items()}
+            if all(read.get(p, 0) >= end for p, end in ends.items()):
+                return True
+        except (OSError, ValueError, IndexError):
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1)

@@ -16,7 +16,7 @@ import json
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from datetime import time as clock
 from decimal import Decimal
@@ -31,7 +31,7 @@ from psycopg.types.string import TextLoader
 from cdc.catalog import Column, Table
 from cdc.decode import Interval, decode_value, parse_interval
 from cdc.errors import CdcError
-from cdc.settings import Settings
+from cdc.settings import JoinView, Settings
 from cdc.source import TRUNCATIONS_TABLE, admin_connection
 
 __all__ = [
@@ -137,9 +137,13 @@ def store_key_text(table: Table, key: str) -> str:
 
 
 def source_rows(
-    settings: Settings, table: Table, keys: list[str] | None = None
+    settings: Settings,
+    table: Table,
+    keys: list[str] | None = None,
+    query: sql.Composable | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """The table's rows now (or only those with `keys`), by key text, values normalized."""
+    """The table's rows now (or only those with `keys`), by key text, values normalized;
+    `query` (selecting the table's columns) reads them instead of the table itself."""
     with psycopg.connect(settings.postgres.dsn()) as conn:
         conn.execute("SET intervalstyle = iso_8601")
         conn.adapters.register_loader("interval", TextLoader)
@@ -147,7 +151,7 @@ def source_rows(
         # compares (json's key order and spaces are data)
         conn.adapters.register_loader("json", TextLoader)
         conn.adapters.register_loader("jsonb", TextLoader)
-        query = sql.SQL("SELECT {} FROM {}").format(
+        query = query or sql.SQL("SELECT {} FROM {}").format(
             sql.SQL(", ").join(sql.Identifier(c.name) for c in table.columns),
             sql.Identifier(table.schema, table.name),
         )
@@ -283,7 +287,11 @@ def _search_rows(settings: Settings, table: Table) -> dict[str, dict[str, Any]]:
     }
 
 
-def _warehouse_rows(settings: Settings, table: Table) -> dict[str, dict[str, Any]]:
+def _warehouse_rows(
+    settings: Settings, table: Table, path: str | None = None
+) -> dict[str, dict[str, Any]]:
+    """The table's live rows in the warehouse; or the rows of the Delta table at `path`
+    (a join view, whose deleted rows are gone)."""
     from delta.tables import DeltaTable
 
     from cdc.spark import spark_session
@@ -291,10 +299,13 @@ def _warehouse_rows(settings: Settings, table: Table) -> dict[str, dict[str, Any
     from materializers.stores.warehouse import current_path
 
     spark = spark_session(settings, "cdc-verify")
-    path = current_path(warehouse_root(settings), table.qualified)
+    live = path is None
+    path = path or current_path(warehouse_root(settings), table.qualified)
     if not DeltaTable.isDeltaTable(spark, path):
         return {}
-    frame = spark.read.format("delta").load(path).where("NOT _cdc_deleted")
+    frame = spark.read.format("delta").load(path)
+    if live:
+        frame = frame.where("NOT _cdc_deleted")
     names = [c.name for c in table.columns]
     rows = {}
     for record in frame.select(*[f"`{n}`" for n in names]).toLocalIterator():
@@ -422,6 +433,56 @@ def verify(
                 again.different,
             )
     return results
+
+
+def view_table(join: JoinView, tables: dict[str, Table]) -> Table:
+    """A join view as a table: the left table's columns and key, then the referenced
+    table's columns under their prefix."""
+    left, right = tables[join.table], tables[join.references]
+    carried = tuple(
+        replace(right.column(c), name=join.column_prefix + c, not_null=False) for c in join.columns
+    )
+    return Table("_views", join.name, (*left.columns, *carried), left.key, "d", 0, 0)
+
+
+def _view_query(join: JoinView, tables: dict[str, Table]) -> sql.Composable:
+    """The view as PostgreSQL computes it: a LEFT JOIN on the referenced primary key."""
+    left, right = tables[join.table], tables[join.references]
+    (ref,) = right.key
+    return sql.SQL("SELECT {}, {} FROM {} AS l LEFT JOIN {} AS r ON r.{} = l.{}").format(
+        sql.SQL(", ").join(sql.SQL("l.{}").format(sql.Identifier(c.name)) for c in left.columns),
+        sql.SQL(", ").join(
+            sql.SQL("r.{} AS {}").format(sql.Identifier(c), sql.Identifier(join.column_prefix + c))
+            for c in join.columns
+        ),
+        sql.Identifier(left.schema, left.name),
+        sql.Identifier(right.schema, right.name),
+        sql.Identifier(ref),
+        sql.Identifier(join.on),
+    )
+
+
+def verify_join(
+    settings: Settings, join: JoinView, tables: dict[str, Table], rounds: int = 3
+) -> Drift:
+    """The join view in the warehouse against the same join computed by PostgreSQL, after
+    a cut on both tables (a row that differs is looked at again after a fresh cut)."""
+    from materializers.apply import warehouse_root
+    from materializers.views import view_path
+
+    view = view_table(join, tables)
+    sides = [tables[join.table], tables[join.references]]
+    path = view_path(warehouse_root(settings), join.name)
+    drift = Drift("warehouse", f"view {join.name}", 0, 0)
+    for _ in range(rounds):
+        consistent_cut(settings, sides, ["warehouse"], 120.0)
+        source = source_rows(settings, view, query=_view_query(join, tables))
+        drift = _compare("warehouse", view, source, _warehouse_rows(settings, view, path))
+        drift.table = f"view {join.name}"
+        if drift.ok:
+            break
+        time.sleep(1)
+    return drift
 
 
 # ---- repair -------------------------------------------------------------------------

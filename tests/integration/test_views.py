@@ -15,6 +15,7 @@ from rich.console import Console
 from cdc.pipeline import drop_pipeline, pipeline_status
 from cdc.settings import JoinView, Settings, WindowAggregate
 from materializers.apply import run_apply, warehouse_root
+from materializers.quality import view_checks
 from materializers.views import view_path
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
@@ -119,6 +120,28 @@ def test_join_view_and_window_aggregate_equal_postgres(stack: RunningStack) -> N
         assert view_rows(settings, join.name) == expected_join()
         assert windows_now() == expected_windows()
         assert sum(n for _, n, _ in windows_now()) == 61
+
+        # `cdc verify` checks both (the join against PostgreSQL's, the windows against the
+        # log): in sync now; a view row or a window changed behind the pipeline's back fails
+        captured = [f"public.{customers}", f"public.{orders}"]
+        tables = {name: table_info(settings, name) for name in captured}
+        checks = {c.table: c for c in view_checks(settings, tables)}
+        assert [(c.ok, c.observed) for c in checks.values()] == [
+            (True, "0 missing, 0 extra, 0 different"),
+            (True, f"0 of {len(expected_windows())} windows differ"),
+        ]
+        from cdc.spark import spark_session
+
+        spark = spark_session(settings, "test")
+        root = warehouse_root(settings)
+        spark.sql(
+            f"UPDATE delta.`{view_path(root, join.name)}` SET customer_name = 'x' WHERE id = 200"
+        )
+        spark.sql(f"UPDATE delta.`{view_path(root, window.name)}` SET rows = rows + 1")
+        checks = {c.table: c for c in view_checks(settings, tables)}
+        assert checks[f"view {join.name}"].observed.startswith("0 missing, 0 extra, 1 different")
+        assert not checks[f"view {join.name}"].ok
+        assert not checks[f"view {window.name}"].ok
     finally:
         drop_pipeline(settings)
         with psycopg.connect(dsn, autocommit=True) as conn:

@@ -86,3 +86,13 @@ def test_window_settings_are_checked() -> None:
             ),
             TABLES,
         )
+
+
+def test_window_durations_in_milliseconds() -> None:
+    from materializers.quality import duration_ms
+
+    assert duration_ms("1 minute") == 60_000
+    assert duration_ms("10 minutes") == 600_000
+    assert duration_ms("30 seconds") == 30_000
+    assert duration_ms("2 hours") == 7_200_000
+    assert duration_ms("1 day") == 86_400_000
