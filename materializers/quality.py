@@ -18,6 +18,7 @@ from typing import Any
 from cdc.catalog import Table
 from cdc.decode import UNAVAILABLE
 from cdc.settings import Settings, WindowAggregate
+from materializers.typed import quoted as q
 
 __all__ = ["Check", "history_checks", "view_checks", "warehouse_checks", "window_check"]
 
@@ -108,7 +109,7 @@ def history_checks(settings: Settings, table: Table) -> list[Check]:
         return [Check(table.qualified, "history exists", None, False, "no Delta table")]
     history = spark.read.format("delta").load(path)
     current = spark.read.format("delta").load(current_path(root, table.qualified))
-    keys = [f"`{k}`" for k in table.key]
+    keys = [q(k) for k in table.key]
     on = " AND ".join(f"h.{k} <=> c.{k}" for k in keys)
     history.createOrReplaceTempView("cdc_verify_history")
     current.createOrReplaceTempView("cdc_verify_current")

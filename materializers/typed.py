@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 __all__ = [
     "PLACEHOLDER_BYTES_B64",
     "json_type",
+    "quoted",
     "spark_type",
     "typed_column",
     "typed_image",
@@ -78,6 +79,12 @@ def _decimal(column: Column) -> tuple[int, int] | None:
     if match and int(match.group(1)) <= 38:
         return int(match.group(1)), int(match.group(2))
     return None
+
+
+def quoted(name: str) -> str:
+    """A column (or path) name for Spark SQL and F.col: in backticks, a backtick doubled,
+    so spaces, dots and any other character are part of the name."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 def _element_json_type(column: Column) -> DataType:

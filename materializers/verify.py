@@ -33,6 +33,7 @@ from cdc.decode import Interval, decode_value, parse_interval
 from cdc.errors import CdcError
 from cdc.settings import JoinView, Settings
 from cdc.source import TRUNCATIONS_TABLE, admin_connection
+from materializers.typed import quoted as q
 
 __all__ = [
     "Drift",
@@ -308,7 +309,7 @@ def _warehouse_rows(
         frame = frame.where("NOT _cdc_deleted")
     names = [c.name for c in table.columns]
     rows = {}
-    for record in frame.select(*[f"`{n}`" for n in names]).toLocalIterator():
+    for record in frame.select(*[q(n) for n in names]).toLocalIterator():
         values = dict(zip(names, record, strict=True))
         rows[key_text(table, values)] = _warehouse_form(table, values)
     return rows
@@ -657,7 +658,7 @@ def _remove_from(settings: Settings, store: str, table: Table, keys: list[str]) 
         target = DeltaTable.forPath(spark, current_path(warehouse_root(settings), table.qualified))
         # the Delta values of the keys to remove (a key's text is not its Delta value)
         wanted = set(keys)
-        live = target.toDF().where("NOT _cdc_deleted").select(*[f"`{k}`" for k in table.key])
+        live = target.toDF().where("NOT _cdc_deleted").select(*[q(k) for k in table.key])
         values = [
             row.asDict()
             for row in live.toLocalIterator()
@@ -667,7 +668,7 @@ def _remove_from(settings: Settings, store: str, table: Table, keys: list[str]) 
             return
         if len(table.key) == 1:  # one IN list (Spark makes it a hash set)
             column = table.key[0]
-            condition = F.col(f"`{column}`").isin([v[column] for v in values])
+            condition = F.col(q(column)).isin([v[column] for v in values])
             target.update(condition, {"_cdc_deleted": F.lit(True)})
             return
         for at in range(0, len(values), REMOVE_BATCH):
@@ -675,7 +676,7 @@ def _remove_from(settings: Settings, store: str, table: Table, keys: list[str]) 
             for value in values[at : at + REMOVE_BATCH]:
                 match = F.lit(True)
                 for column in table.key:
-                    match = match & (F.col(f"`{column}`") == F.lit(value[column]))
+                    match = match & (F.col(q(column)) == F.lit(value[column]))
                 matches.append(match)
             target.update(_any_of(matches), {"_cdc_deleted": F.lit(True)})
 

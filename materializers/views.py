@@ -21,6 +21,7 @@ from cdc.errors import ConfigError
 from cdc.settings import JoinView, Settings, WindowAggregate
 from materializers.events import parse_events
 from materializers.typed import json_type, spark_type, typed_column
+from materializers.typed import quoted as q
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -108,17 +109,17 @@ def refresh_join(
     view = ensure_delta(spark, view_path(root, join.name), _joined_fields(join, left, right))
     (ref,) = right.key
     carried = live_right.select(
-        F.col(f"`{ref}`").alias("__ref"),
-        *[F.col(f"`{c}`").alias(join.column_prefix + c) for c in join.columns],
+        F.col(q(ref)).alias("__ref"),
+        *[F.col(q(c)).alias(join.column_prefix + c) for c in join.columns],
     )
-    key_columns = [F.col(f"`{k}`") for k in left.key]
+    key_columns = [F.col(q(k)) for k in left.key]
     parts = []
     if join.table in touched:
         parts.append(touched[join.table].select(*key_columns))
     if join.references in touched:
-        changed = touched[join.references].select(F.col(f"`{ref}`").alias("__ref"))
+        changed = touched[join.references].select(F.col(q(ref)).alias("__ref"))
         parts.append(
-            live_left.join(changed, F.col(f"`{join.on}`") == F.col("__ref"), "left_semi").select(
+            live_left.join(changed, F.col(q(join.on)) == F.col("__ref"), "left_semi").select(
                 *key_columns
             )
         )
@@ -131,19 +132,19 @@ def refresh_join(
     affected = affected.distinct()
     joined = (
         live_left.join(affected, [*left.key], "left_semi")
-        .join(carried, F.col(f"`{join.on}`") == F.col("__ref"), "left")
+        .join(carried, F.col(q(join.on)) == F.col("__ref"), "left")
         .select(
-            *[F.col(f"`{c.name}`") for c in left.columns],
-            *[F.col(f"`{join.column_prefix}{c}`") for c in join.columns],
+            *[F.col(q(c.name)) for c in left.columns],
+            *[F.col(q(join.column_prefix + c)) for c in join.columns],
             F.lit(True).alias("__present"),
         )
     )
     source = affected.join(joined, [*left.key], "left")
     columns = [c.name for c in left.columns] + [join.column_prefix + c for c in join.columns]
-    values = {f"`{c}`": f"s.`{c}`" for c in columns}
+    values = {q(c): f"s.{q(c)}" for c in columns}
     (
         view.alias("v")
-        .merge(source.alias("s"), " AND ".join(f"v.`{k}` <=> s.`{k}`" for k in left.key))
+        .merge(source.alias("s"), " AND ".join(f"v.{q(k)} <=> s.{q(k)}" for k in left.key))
         .whenMatchedDelete(condition="s.__present IS NULL")
         .whenMatchedUpdate(condition="s.__present", set=values)
         .whenNotMatchedInsert(condition="s.__present", values=values)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +26,7 @@ from cdc.catalog import Table
 from cdc.errors import StoreError
 from cdc.settings import JoinView
 from materializers.stores.base import Event, Store, WriteResult
+from materializers.typed import quoted as q
 from materializers.typed import spark_type, typed_image
 
 __all__ = ["WarehouseStore", "current_path", "ensure_delta", "history_path"]
@@ -58,6 +60,16 @@ def history_path(root: str, table: str) -> str:
     return f"{root.rstrip('/')}/{schema}/{name}/history"
 
 
+# Delta's column mapping by name: a column is stored under a physical name of its own, so
+# any PostgreSQL column name works (spaces, commas, braces, `=`: what Parquet refuses)
+_COLUMN_MAPPING = {
+    "delta.columnMapping.mode": "name",
+    "delta.minReaderVersion": "2",
+    "delta.minWriterVersion": "5",
+}
+_NOT_PHYSICAL = re.compile(r"[ ,;{}()\n\t=]")
+
+
 def ensure_delta(spark: Any, path: str, fields: list[Any]) -> Any:
     """The Delta table at `path`, created with `fields` or given the ones it lacks."""
     from delta.tables import DeltaTable
@@ -66,24 +78,29 @@ def ensure_delta(spark: Any, path: str, fields: list[Any]) -> Any:
     if not DeltaTable.isDeltaTable(spark, path):
         if "://" not in path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        DeltaTable.createIfNotExists(spark).location(path).addColumns(
-            T.StructType(fields)
-        ).execute()
+        builder = DeltaTable.createIfNotExists(spark).location(path)
+        for key, value in _COLUMN_MAPPING.items():
+            builder = builder.property(key, value)
+        builder.addColumns(T.StructType(fields)).execute()
     target = DeltaTable.forPath(spark, path)
     have = {f.name: f.dataType for f in target.toDF().schema.fields}
     added = [f for f in fields if f.name not in have]
+    if any(_NOT_PHYSICAL.search(f.name) for f in added):
+        # a table from before column mapping was on, given a name Parquet cannot hold
+        settings = ", ".join(f"'{k}' = '{v}'" for k, v in _COLUMN_MAPPING.items())
+        spark.sql(f"ALTER TABLE delta.{q(path)} SET TBLPROPERTIES ({settings})")
     if added:  # a column added in PostgreSQL
-        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in added)
-        spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
+        columns = ", ".join(f"{q(f.name)} {f.dataType.simpleString()}" for f in added)
+        spark.sql(f"ALTER TABLE delta.{q(path)} ADD COLUMNS ({columns})")
     changed = [f for f in fields if f.name in have and have[f.name] != f.dataType]
     if changed:  # a column whose type PostgreSQL widened: Delta's type widening
         spark.sql(
-            f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableTypeWidening' = true)"
+            f"ALTER TABLE delta.{q(path)} SET TBLPROPERTIES ('delta.enableTypeWidening' = true)"
         )
         for f in changed:
             try:
                 spark.sql(
-                    f"ALTER TABLE delta.`{path}` ALTER COLUMN `{f.name}` "
+                    f"ALTER TABLE delta.{q(path)} ALTER COLUMN {q(f.name)} "
                     f"TYPE {f.dataType.simpleString()}"
                 )
             except Exception as exc:  # AnalysisException: not a widening Delta supports
@@ -193,21 +210,21 @@ class WarehouseStore(Store):
             ["key", "commit_lsn", "lsn"]
         )
         if placeholders:
-            on = [F.col(f"k_{k}").eqNullSafe(F.col(f"cur_{k}")) for k in table.key]
+            on = [F.col(q(f"k_{k}")).eqNullSafe(F.col(q(f"cur_{k}"))) for k in table.key]
             versions = versions.join(stored, on, "left")
         columns = []
         for column in table.columns:
             c = column.name
             if c in table.key:
-                columns.append(F.col(f"k_{c}").alias(c))
+                columns.append(F.col(q(f"k_{c}")).alias(c))
                 continue
-            value = F.col(f"`{c}`")
+            value = F.col(q(c))
             if f"__ph_{c}" in placeholders:
-                known = F.coalesce(F.col(f"__carried_{c}.known"), F.lit(False))
+                known = F.coalesce(F.col(q(f"__carried_{c}") + ".known"), F.lit(False))
                 value = (
-                    F.when(~F.col(f"__ph_{c}"), value)
-                    .when(known, F.col(f"__carried_{c}.v"))
-                    .otherwise(F.col(f"cur_{c}"))
+                    F.when(~F.col(q(f"__ph_{c}")), value)
+                    .when(known, F.col(q(f"__carried_{c}") + ".v"))
+                    .otherwise(F.col(q(f"cur_{c}")))
                 )
             columns.append(F.when(F.col("op") == "d", None).otherwise(value).alias(c))
         rows = versions.select(
@@ -222,7 +239,7 @@ class WarehouseStore(Store):
             F.timestamp_millis("cut_ms").alias("_cap"),
             F.lit(True).alias("_new"),
         )
-        keys = [f"`{k}`" for k in table.key]
+        keys = [q(k) for k in table.key]
         chain = ["_cdc_commit_lsn", "_cdc_lsn", "valid_from", "valid_to"]
         # the stored versions of the touched keys, their valid_to the most they may end
         known = (
@@ -256,7 +273,7 @@ class WarehouseStore(Store):
             .whenMatchedUpdate(condition="NOT s._new", set={"valid_to": "s.valid_to"})
             .whenNotMatchedInsert(
                 condition="s._new",
-                values={f"`{c}`": f"s.`{c}`" for c in derived.columns if c != "_new"},
+                values={q(c): f"s.{q(c)}" for c in derived.columns if c != "_new"},
             )
             .execute()
         )
@@ -352,13 +369,13 @@ class WarehouseStore(Store):
             # value): the value kept under this key belongs to another row, so it is
             # not known (NULL), never kept
             c = flag[len("__ph_") :]
-            created = F.col(flag) & (F.col("op") == "c")
+            created = F.col(q(flag)) & (F.col("op") == "c")
             decoded = decoded.withColumn(
                 c,
                 F.when(created, F.lit(None).cast(decoded.schema[c].dataType)).otherwise(
-                    F.col(f"`{c}`")
+                    F.col(q(c))
                 ),
-            ).withColumn(flag, F.col(flag) & ~created)
+            ).withColumn(flag, F.col(q(flag)) & ~created)
         by_key = Window.partitionBy("key").orderBy("commit_lsn", "lsn", "offset")
         so_far = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
         types = {c.name: spark_type(c) for c in table.columns}
@@ -369,27 +386,27 @@ class WarehouseStore(Store):
             value = F.when(
                 F.col("op") == "d",
                 F.struct(F.lit(None).cast(types[c]).alias("v"), F.lit(False).alias("known")),
-            ).when(~F.col(flag), F.struct(F.col(f"`{c}`").alias("v"), F.lit(True).alias("known")))
+            ).when(~F.col(q(flag)), F.struct(F.col(q(c)).alias("v"), F.lit(True).alias("known")))
             decoded = decoded.withColumn(
                 f"__carried_{c}", F.last(value, ignorenulls=True).over(so_far)
             )
         decoded = decoded.cache()  # read by the history MERGE and the current one
         stored = None
         if placeholders:  # the stored values the history may need, read before any MERGE
-            keys = decoded.select(*[F.col(f"k_{k}") for k in table.key]).distinct()
+            keys = decoded.select(*[F.col(q(f"k_{k}")) for k in table.key]).distinct()
             stored = (
                 target.toDF()
                 .select(
-                    *[F.col(f"`{k}`").alias(f"cur_{k}") for k in table.key],
+                    *[F.col(q(k)).alias(f"cur_{k}") for k in table.key],
                     # a deleted row's values are no one's to keep
                     *[
-                        F.when(~F.col("_cdc_deleted"), F.col(f"`{f[5:]}`")).alias(f"cur_{f[5:]}")
+                        F.when(~F.col("_cdc_deleted"), F.col(q(f[5:]))).alias(f"cur_{f[5:]}")
                         for f in placeholders
                     ],
                 )
                 .join(
                     keys,
-                    [F.col(f"cur_{k}").eqNullSafe(F.col(f"k_{k}")) for k in table.key],
+                    [F.col(q(f"cur_{k}")).eqNullSafe(F.col(q(f"k_{k}"))) for k in table.key],
                     "left_semi",
                 )
                 .localCheckpoint()
@@ -413,11 +430,11 @@ class WarehouseStore(Store):
         )
         for flag in placeholders:
             c = flag[len("__ph_") :]
-            known = F.coalesce(F.col(f"__carried_{c}.known"), F.lit(False))
+            known = F.coalesce(F.col(q(f"__carried_{c}") + ".known"), F.lit(False))
             source = source.withColumn(
-                c, F.when(known, F.col(f"__carried_{c}.v")).otherwise(F.col(f"`{c}`"))
-            ).withColumn(flag, F.col(flag) & ~known)
-        condition = " AND ".join(f"t.`{k}` <=> s.`k_{k}`" for k in table.key)
+                c, F.when(known, F.col(q(f"__carried_{c}") + ".v")).otherwise(F.col(q(c)))
+            ).withColumn(flag, F.col(q(flag)) & ~known)
+        condition = " AND ".join(f"t.{q(k)} <=> s.{q('k_' + k)}" for k in table.key)
         meta = {
             "_cdc_commit_lsn": "s.commit_lsn",
             "_cdc_lsn": "s.lsn",
@@ -429,19 +446,19 @@ class WarehouseStore(Store):
         for column in table.columns:
             c = column.name
             if column.name in table.key:
-                values[c] = f"s.`k_{c}`"
+                values[c] = f"s.{q('k_' + c)}"
             elif f"__ph_{c}" in placeholders:  # a deleted row's values are no one's to keep
                 values[c] = (
-                    f"CASE WHEN s.`__ph_{c}` THEN (CASE WHEN t._cdc_deleted THEN NULL "
-                    f"ELSE t.`{c}` END) ELSE s.`{c}` END"
+                    f"CASE WHEN s.{q('__ph_' + c)} THEN (CASE WHEN t._cdc_deleted THEN NULL "
+                    f"ELSE t.{q(c)} END) ELSE s.{q(c)} END"
                 )
             else:
-                values[c] = f"s.`{c}`"
+                values[c] = f"s.{q(c)}"
         insert = {
             c: (
                 v
                 if not v.startswith("CASE")
-                else f"CASE WHEN s.`__ph_{c}` THEN NULL ELSE s.`{c}` END"
+                else f"CASE WHEN s.{q('__ph_' + c)} THEN NULL ELSE s.{q(c)} END"
             )
             for c, v in values.items()
         }
@@ -465,7 +482,7 @@ class WarehouseStore(Store):
             .whenMatchedUpdate(
                 condition=f"s.commit_lsn IS NOT NULL AND {_OLDER}",
                 set={
-                    **{f"`{c}`": v for c, v in values.items()},
+                    **{q(c): v for c, v in values.items()},
                     **meta,
                     "_cdc_deleted": "false",
                 },
@@ -474,7 +491,7 @@ class WarehouseStore(Store):
                 condition="s.commit_lsn IS NOT NULL",
                 values={
                     **{
-                        f"`{c}`": (
+                        q(c): (
                             v if c in table.key else f"CASE WHEN s.op = 'd' THEN NULL ELSE {v} END"
                         )
                         for c, v in insert.items()
@@ -519,7 +536,7 @@ class WarehouseStore(Store):
                 )
                 if name in joined:  # the keys, for the join views' refresh
                     touched[name] = (
-                        decoded.select(*[F.col(f"k_{k}").alias(k) for k in tables[name].key])
+                        decoded.select(*[F.col(q(f"k_{k}")).alias(k) for k in tables[name].key])
                         .distinct()
                         .localCheckpoint()
                     )

@@ -186,8 +186,16 @@ TOASTED = {
     "t_label": ("{schema}.label", "repeat('L' || n, 1500)"),
     "t_xml": ("xml", "xmlparse(content '<t>' || repeat(md5(n::text), 200) || '</t>')"),
 }
-# awkward column names (Delta refuses spaces in column names: documented)
-AWKWARD = {"MixedCase": "int4", "_lsn": "text", "ünï": "text"}
+# awkward column names: mixed case, the cache's metadata, non-ASCII, characters Parquet
+# refuses, a dot, a backtick and a quote
+AWKWARD = {
+    "MixedCase": "int4",
+    "_lsn": "text",
+    "ünï": "text",
+    "first name, (x) = {y};": "text",
+    "a.b": "int4",
+    'tick`s "q"': "text",
+}
 # a key of each key-able type: (type, key of row n)
 KEYS = {
     "int2": "n::int2",
@@ -235,6 +243,7 @@ def create_schema(conn: psycopg.Connection[Any], schema: str, extensions: set[st
         conn.execute(f"ALTER TABLE {table} ALTER COLUMN {column} SET STORAGE EXTERNAL")
     values = {**VALUES, **ARRAY_VALUES, **{c: v for c, (_, v) in TOASTED.items()}}
     values |= {"MixedCase": "n", "_lsn": "'not metadata ' || n", "ünï": "'ü' || n"}
+    values |= {"first name, (x) = {y};": "'Ada ' || n", "a.b": "n * 2", 'tick`s "q"': "'t'"}
     names = [c for c in columns]
     row_sql = ", ".join(values[c].replace("{schema}", s) for c in names)
     conn.execute(
