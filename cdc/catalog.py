@@ -95,6 +95,7 @@ def check_publishable(conn: psycopg.Connection[Any], table: Table) -> None:
     relation (the table, or a partition) with REPLICA IDENTITY NOTHING, one whose identity
     index is gone, or DEFAULT without a primary key. Capturing it would break the
     application's writes."""
+    _check_no_inheritance_children(conn, table)
     for qualified in publishing_relations(conn, table) or [table.qualified]:
         schema, name = qualified.split(".", 1)
         row = conn.execute(
@@ -121,6 +122,35 @@ def check_publishable(conn: psycopg.Connection[Any], table: Table) -> None:
             f"table {of} {why}: once published, PostgreSQL would refuse its UPDATEs and "
             f"DELETEs; run ALTER TABLE {qualified} REPLICA IDENTITY DEFAULT (with a primary "
             f'key) or FULL, or set pipeline.replica_identity."{table.qualified}" = "full"'
+        )
+
+
+def _check_no_inheritance_children(conn: psycopg.Connection[Any], table: Table) -> None:
+    """Refuse a table other tables inherit from (INHERITS, not partitioning): reading it
+    (the snapshot, a backfill, verify) includes its children's rows, while PostgreSQL
+    publishes their changes under the children's own names, so the table's stores would
+    keep child rows that were changed or deleted since."""
+    if table.partitioned:
+        return
+    children = [
+        r[0]
+        for r in conn.execute(
+            "SELECT n.nspname || '.' || c.relname FROM pg_inherits i "
+            "JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE i.inhparent = %s::regclass ORDER BY 1",
+            (table.regclass,),
+        ).fetchall()
+    ]
+    if children:
+        named = ", ".join(children[:3]) + (
+            f" and {len(children) - 3} more" if len(children) > 3 else ""
+        )
+        raise SourceError(
+            f"table {table.qualified} has inheritance children ({named}): reading it includes "
+            "their rows, but their changes are published under their own names, so its "
+            "stores would keep rows changed or deleted in a child; capture the children on "
+            f'their own and leave it out (pipeline.exclude_tables = ["{table.qualified}"]), '
+            "or make it a partitioned table"
         )
 
 

@@ -187,3 +187,35 @@ def test_a_table_whose_updates_would_be_refused_is_not_captured(
         drop_pipeline(settings)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+def test_a_table_with_inheritance_children_is_refused_in_one_line(stack: RunningStack) -> None:
+    """Table inheritance (not partitioning): reading the parent includes the children's
+    rows, whose changes PostgreSQL publishes under the children's names; capturing the
+    parent would keep child rows changed or deleted since, so setup refuses it."""
+    name = "heir_" + uuid.uuid4().hex[:8]
+    table = f"public.{name}"
+    settings = pipeline_for(stack.settings, [table])
+    pipe = settings.pipeline
+    dsn = settings.postgres.dsn()
+    env = {
+        **stack.env,
+        "CDC_PIPELINE__NAME": pipe.name,
+        "CDC_PIPELINE__TOPIC_PREFIX": pipe.topic_prefix,
+        "CDC_PIPELINE__TABLES": json.dumps([table]),
+    }
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, body text)")
+        conn.execute(f"CREATE TABLE {name}_child (extra int) INHERITS ({name})")
+        conn.execute(f"ALTER TABLE {name}_child ADD PRIMARY KEY (id)")
+        conn.execute(f"INSERT INTO {name}_child VALUES (1, 'in the child', 7)")
+    try:
+        refused = run_cdc("setup", env=env)
+        assert refused.returncode == 7, refused.stdout + refused.stderr
+        said = refused.stderr.strip().splitlines()
+        assert len(said) == 1 and "inheritance children" in said[0], said
+        assert f"public.{name}_child" in said[0] and "exclude_tables" in said[0], said
+    finally:
+        drop_pipeline(settings)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {name} CASCADE")
