@@ -25,6 +25,20 @@ def pipeline_for(settings: Settings, tables: list[str], **extra: Any) -> Setting
     return settings.model_copy(update={"pipeline": pipe})
 
 
+def pipeline_env(
+    stack_env: dict[str, str], settings: Settings, tables: list[str] | None = None
+) -> dict[str, str]:
+    """The CDC_* environment that runs `cdc` on the stack with this pipeline (its tables,
+    or `tables`)."""
+    pipe = settings.pipeline
+    return {
+        **stack_env,
+        "CDC_PIPELINE__NAME": pipe.name,
+        "CDC_PIPELINE__TOPIC_PREFIX": pipe.topic_prefix,
+        "CDC_PIPELINE__TABLES": json.dumps(tables if tables is not None else pipe.tables),
+    }
+
+
 def events_by_key(records: list[ChangeRecord]) -> dict[bytes, list[ChangeRecord]]:
     grouped: dict[bytes, list[ChangeRecord]] = defaultdict(list)
     for record in sorted(records, key=lambda r: (r.partition, r.offset)):

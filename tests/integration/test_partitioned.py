@@ -26,7 +26,7 @@ from materializers.stores.warehouse import current_path
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.helpers import run_cdc
-from tests.logcheck import pipeline_for, table_info, wait_until_equal
+from tests.logcheck import pipeline_env, pipeline_for, table_info, wait_until_equal
 
 pytestmark = pytest.mark.integration
 
@@ -77,12 +77,7 @@ def test_a_partitioned_table_is_one_table_in_every_store(stack: RunningStack) ->
     settings = pipeline_for(stack.settings, [f"public.{name}*"])
     pipe = settings.pipeline
     dsn = settings.postgres.dsn()
-    env = {
-        **stack.env,
-        "CDC_PIPELINE__NAME": pipe.name,
-        "CDC_PIPELINE__TOPIC_PREFIX": pipe.topic_prefix,
-        "CDC_PIPELINE__TABLES": json.dumps([f"public.{name}*"]),
-    }
+    env = pipeline_env(stack.env, settings, [f"public.{name}*"])
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             f"CREATE TABLE {name} (id int, region text, body text, PRIMARY KEY (id, region)) "
@@ -152,12 +147,7 @@ def test_a_table_whose_updates_would_be_refused_is_not_captured(
     settings = pipeline_for(stack.settings, [table])
     pipe = settings.pipeline
     dsn = settings.postgres.dsn()
-    env = {
-        **stack.env,
-        "CDC_PIPELINE__NAME": pipe.name,
-        "CDC_PIPELINE__TOPIC_PREFIX": pipe.topic_prefix,
-        "CDC_PIPELINE__TABLES": json.dumps([table]),
-    }
+    env = pipeline_env(stack.env, settings, [table])
     nothing = name if where == "table" else f"{name}_b"
     with psycopg.connect(dsn, autocommit=True) as conn:
         if where == "table":
@@ -196,14 +186,8 @@ def test_a_table_with_inheritance_children_is_refused_in_one_line(stack: Running
     name = "heir_" + uuid.uuid4().hex[:8]
     table = f"public.{name}"
     settings = pipeline_for(stack.settings, [table])
-    pipe = settings.pipeline
     dsn = settings.postgres.dsn()
-    env = {
-        **stack.env,
-        "CDC_PIPELINE__NAME": pipe.name,
-        "CDC_PIPELINE__TOPIC_PREFIX": pipe.topic_prefix,
-        "CDC_PIPELINE__TABLES": json.dumps([table]),
-    }
+    env = pipeline_env(stack.env, settings, [table])
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, body text)")
         conn.execute(f"CREATE TABLE {name}_child (extra int) INHERITS ({name})")

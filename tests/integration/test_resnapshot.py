@@ -25,7 +25,7 @@ from cdc.settings import Settings
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.helpers import run_cdc
-from tests.logcheck import pipeline_for
+from tests.logcheck import pipeline_env, pipeline_for
 
 pytestmark = pytest.mark.integration
 
@@ -89,13 +89,7 @@ def by_key(events: list[Event]) -> dict[int, list[Event]]:
 
 
 def env_for(stack: RunningStack, settings: Settings) -> dict[str, str]:
-    pipe = settings.pipeline
-    return {
-        **stack.env,
-        "CDC_PIPELINE__NAME": pipe.name,
-        "CDC_PIPELINE__TOPIC_PREFIX": pipe.topic_prefix,
-        "CDC_PIPELINE__TABLES": json.dumps(pipe.tables),
-    }
+    return pipeline_env(stack.env, settings)
 
 
 def execute(settings: Settings, *statements: str) -> None:

@@ -29,7 +29,7 @@ from cdc.topics import ChangeRecord, read_topic
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.helpers import run_cdc
-from tests.logcheck import pipeline_for, table_info
+from tests.logcheck import pipeline_env, pipeline_for, table_info
 
 pytestmark = pytest.mark.integration
 
@@ -241,12 +241,7 @@ def test_snapshot_writes_what_debezium_streams(stack: RunningStack, table_name: 
 def test_every_store_holds_the_special_values(stack: RunningStack, table_name: str) -> None:
     settings = pipeline_for(stack.settings, [f"public.{table_name}"])
     pipe = settings.pipeline
-    env = {
-        **stack.env,
-        "CDC_PIPELINE__NAME": pipe.name,
-        "CDC_PIPELINE__TOPIC_PREFIX": pipe.topic_prefix,
-        "CDC_PIPELINE__TABLES": json.dumps([f"public.{table_name}"]),
-    }
+    env = pipeline_env(stack.env, settings, [f"public.{table_name}"])
     dsn = settings.postgres.dsn()
     create_table(dsn, table_name, ROWS)
     try:
