@@ -76,9 +76,12 @@ _DAY_US = 86_400_000_000
 
 def _decimal(column: Column) -> tuple[int, int] | None:
     match = _NUMERIC.search(column.type.replace(" ", ""))
-    if match and int(match.group(1)) <= 38:
-        return int(match.group(1)), int(match.group(2))
-    return None
+    if not match:  # unbounded, or a negative scale (numeric(5,-2)): exact text
+        return None
+    precision, scale = int(match.group(1)), int(match.group(2))
+    # Spark's decimal: at most 38 digits, scale at most the precision (PostgreSQL 15
+    # allows numeric(3,5)); otherwise exact text
+    return (precision, scale) if precision <= 38 and scale <= precision else None
 
 
 def quoted(name: str) -> str:

@@ -48,6 +48,8 @@ SCALARS = {
     "c_int8": "int8",
     "c_num": "numeric(12,3)",
     "c_numfree": "numeric",
+    "c_numneg": "numeric(5,-2)",  # PostgreSQL 15: a negative scale, a scale above the
+    "c_numtiny": "numeric(3,5)",  # precision (no Spark decimal holds them)
     "c_real": "real",
     "c_double": "double precision",
     "c_money": "money",
@@ -118,6 +120,8 @@ VALUES = {
     "c_int8": "n * 10000000000",
     "c_num": "n + 0.125",
     "c_numfree": "n / 7.0",
+    "c_numneg": "n * 1234",
+    "c_numtiny": "n / 1000.0",
     "c_real": "n + 0.25",
     "c_double": "n / 3.0",
     "c_money": "(n * 12.34)::numeric::money",

@@ -95,3 +95,18 @@ def test_a_json_value_that_is_not_an_object_is_indexed_as_one() -> None:
     assert document_value(jsonb, '[1, "two"]') == {"_value": [1, "two"]}
     assert document_value(jsonb, "5") == {"_value": 5}
     assert document_value(jsonbs, ['{"n": 1}', "[1]"]) == [{"n": 1}, {"_value": [1]}]
+
+
+def test_numerics_spark_cannot_type_as_decimal_are_kept_as_exact_text() -> None:
+    from pyspark.sql import types as T
+
+    from materializers.typed import spark_type
+
+    def numeric(kind: str) -> Column:
+        return Column("n", kind, "numeric", "N", False, None, False)
+
+    assert spark_type(numeric("numeric(12,2)")) == T.DecimalType(12, 2)
+    # PostgreSQL 15 allows a scale above the precision, and a negative one
+    assert spark_type(numeric("numeric(3,5)")) == T.StringType()
+    assert spark_type(numeric("numeric(5,-2)")) == T.StringType()
+    assert spark_type(numeric("numeric(40,2)")) == T.StringType()
