@@ -85,6 +85,7 @@ SCALARS = {
     "c_enum": "{schema}.mood",
     "c_posint": "{schema}.posint",
     "c_label": "{schema}.label",
+    "c_etiquette": '{schema}."étiquette"',  # a domain with a non-ASCII name
     "c_hstore": "hstore",
     "c_ltree": "ltree",
     "c_tsvector": "tsvector",
@@ -157,6 +158,7 @@ VALUES = {
     "c_enum": "(ARRAY['sad', 'ok', 'happy'])[n % 3 + 1]::{schema}.mood",
     "c_posint": "n",
     "c_label": "'label ' || n",
+    "c_etiquette": "'é' || n",
     "c_hstore": "hstore(ARRAY['a', 'b b'], ARRAY[n::text, NULL])",
     "c_ltree": "('top.mid' || n)::ltree",
     "c_tsvector": "to_tsvector('simple', 'the quick fox ' || n)",
@@ -235,6 +237,7 @@ def create_schema(conn: psycopg.Connection[Any], schema: str, extensions: set[st
     conn.execute(f"CREATE TYPE {s}.mood AS ENUM ('sad', 'ok', 'happy', 'meh', 'glad')")
     conn.execute(f"CREATE DOMAIN {s}.posint AS int4 CHECK (VALUE > 0)")
     conn.execute(f"CREATE DOMAIN {s}.label AS text")
+    conn.execute(f'CREATE DOMAIN {s}."étiquette" AS varchar(20)')
     scalars = {c: t for c, t in SCALARS.items() if t not in EXTENSIONS - extensions}
     columns = {**scalars, **ARRAYS, **{c: t for c, (t, _) in TOASTED.items()}, **AWKWARD}
     decl = ", ".join(f"{ident(c)} {t.replace('{schema}', s)}" for c, t in columns.items())
