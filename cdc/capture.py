@@ -115,6 +115,10 @@ def pipeline_connector_config(settings: Settings, tables: Sequence[Table]) -> di
             "signal.enabled.channels": "source",
             "signal.data.collection": SIGNAL_TABLE,
             "incremental.snapshot.chunk.size": "2048",
+            # a column filter makes a backfill select the columns of Debezium's schema by
+            # name: its `SELECT *` also returns generated columns, which the schema (from
+            # pgoutput) lacks, and fails the backfill ("Column not found", DBZ-4350)
+            "column.include.list": ".*",
             # backfill progress comes back as notifications on a topic
             "notification.enabled.channels": "sink",
             "notification.sink.topic.name": f"{pipe.topic_prefix}.notifications",

@@ -37,6 +37,10 @@ class Column:
     precision: int | None  # fractional-second digits of time types, when declared
     not_null: bool
     has_default: bool = False  # a DEFAULT, or a value rows from before ADD COLUMN read
+    # GENERATED ALWAYS AS (expression) STORED: the expression (pg_get_expr) and the
+    # columns it reads; PostgreSQL 15 publishes no value for it (materializers/generated.py)
+    generated: str | None = None
+    inputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,11 @@ class Table:
     @property
     def qualified(self) -> str:
         return f"{self.schema}.{self.name}"
+
+    @property
+    def generated(self) -> tuple[Column, ...]:
+        """Its generated columns, which change events lack."""
+        return tuple(c for c in self.columns if c.generated is not None)
 
     def column(self, name: str) -> Column:
         return next(c for c in self.columns if c.name == name)
@@ -250,6 +259,8 @@ def describe_table(
             precision=r[5],
             not_null=r[6],
             has_default=r[7],
+            generated=r[8],
+            inputs=tuple(r[9] or ()),
         )
         for r in conn.execute(_COLUMNS, (oid,)).fetchall()
     )
@@ -327,8 +338,16 @@ SELECT a.attname,
             THEN (CASE WHEN bt.typname = 'interval' THEN a.atttypmod & 65535 ELSE a.atttypmod END)
        END,
        a.attnotnull,
-       a.atthasdef OR a.atthasmissing
+       a.atthasdef OR a.atthasmissing,
+       CASE WHEN a.attgenerated = 's' THEN pg_get_expr(d.adbin, d.adrelid) END,
+       CASE WHEN a.attgenerated = 's' THEN ARRAY(
+           SELECT i.attname FROM pg_depend p
+           JOIN pg_attribute i ON i.attrelid = p.refobjid AND i.attnum = p.refobjsubid
+           WHERE p.classid = 'pg_attrdef'::regclass AND p.objid = d.oid
+             AND p.refobjid = a.attrelid AND p.refobjsubid NOT IN (0, a.attnum)
+           ORDER BY i.attnum) END
 FROM pg_attribute a
+LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 JOIN pg_type t ON t.oid = a.atttypid
 LEFT JOIN pg_type dt ON dt.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype END
 JOIN pg_type bt ON bt.oid = CASE
@@ -337,7 +356,5 @@ JOIN pg_type bt ON bt.oid = CASE
         WHEN t.typcategory = 'A' THEN t.typelem
         ELSE t.oid END
 WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
-  -- a generated column: PostgreSQL 15 publishes no value for it (see the README)
-  AND a.attgenerated = ''
 ORDER BY a.attnum
 """

@@ -34,6 +34,7 @@ from cdc.settings import Settings
 from cdc.source import TRUNCATIONS_TABLE, admin_connection
 from cdc.spark import spark_session
 from materializers.events import parse_events
+from materializers.generated import with_generated
 from materializers.stores.base import Store
 from materializers.typed import unheld_columns
 from materializers.views import check_views, window_query
@@ -234,6 +235,7 @@ def _batch_writer(
         tables, wal = read_source(settings)
         check_rewrites(settings, tables.values(), notify)
         topics = {settings.pipeline.topic(t): t for t in [*tables, TRUNCATIONS_TABLE]}
+        batch = with_generated(batch, settings.postgres.dsn(), topics, tables)
         progress = read_progress(settings, store.name)
         check_source_not_rewound(store.name, wal, progress)
         ends.check_not_rewound(store.name, topics, progress)

@@ -65,8 +65,12 @@ def table_info(settings: Settings, qualified: str) -> Table:
 
 
 def source_rows(settings: Settings, table: Table) -> dict[tuple[Any, ...], dict[str, Any]]:
-    """Every row of the table now, keyed by its key columns, values normalized."""
+    """Every row of the table now, keyed by its key columns, values normalized (without
+    its generated columns, as log_rows)."""
     rows = verify_source_rows(settings, table)
+    for column in table.generated:
+        for row in rows.values():
+            del row[column.name]
     for column in table.columns:  # verify reads JSON as its text; the log decodes it
         if column.base in ("json", "jsonb"):
             for row in rows.values():
@@ -81,9 +85,12 @@ def _parsed(text: Any) -> Any:
 
 
 def log_rows(records: list[ChangeRecord], table: Table) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The table as its log says it is, without the generated columns (Debezium's events
+    lack them; the apply job computes them)."""
     rows = {}
+    generated = {c.name for c in table.generated}
     for after in reconstruct(records).values():
-        decoded = decode_row(table, after)
+        decoded = {k: v for k, v in decode_row(table, after).items() if k not in generated}
         rows[tuple(decoded[k] for k in table.key)] = decoded
     return rows
 
@@ -125,3 +132,23 @@ def poll(check: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.3)
+
+
+def wait_until_captured(settings: Settings, timeout: float = 120.0) -> None:
+    """Wait until every change written so far is in Kafka: the slot confirms the WAL
+    written by now (Debezium confirms what Kafka acknowledged)."""
+    dsn = settings.postgres.dsn()
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+    wanted = row[0] if row else 0
+
+    def confirmed() -> bool:
+        with psycopg.connect(dsn) as conn:
+            found = conn.execute(
+                "SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots "
+                "WHERE slot_name = %s",
+                (settings.pipeline.slot,),
+            ).fetchone()
+        return bool(found and found[0] is not None and found[0] >= wanted)
+
+    poll(confirmed, timeout, "the slot to confirm the WAL written so far")

@@ -34,7 +34,7 @@ from cdc.pipeline import drop_pipeline
 from materializers.apply import run_apply, warehouse_root
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
-from tests.logcheck import pipeline_for
+from tests.logcheck import pipeline_for, wait_until_captured
 
 pytestmark = pytest.mark.integration
 
@@ -589,19 +589,7 @@ def test_the_schema_zoo_reaches_every_store_exactly(stack: RunningStack) -> None
         with psycopg.connect(dsn, autocommit=True) as conn:
             change(conn, schema)
             conn.execute("SET TimeZone = 'UTC'")
-            wanted = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
-        # every change is in Kafka once the slot confirms the WAL written by then
-        deadline = time.monotonic() + 120
-        while True:
-            with psycopg.connect(dsn) as conn:
-                row = conn.execute(
-                    "SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots "
-                    "WHERE slot_name = %s",
-                    (settings.pipeline.slot,),
-                ).fetchone()
-            if (row and wanted and row[0] >= wanted[0]) or time.monotonic() > deadline:
-                break
-            time.sleep(1)
+        wait_until_captured(settings)
         time.sleep(2)
         run_apply(settings, STORES, once=True)
 

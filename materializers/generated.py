@@ -1,0 +1,205 @@
+"""Generated columns, computed as the apply job reads the log.
+
+PostgreSQL 15 publishes no value for a `GENERATED ALWAYS AS (…) STORED` column, so
+Debezium's events lack it (its backfills too: the connector's column filter makes them
+select its schema's columns). The snapshot reads it like any other column. Every other
+event whose `after` image lacks a generated column gets it here, before any store
+sees the batch: PostgreSQL evaluates the column's expression (immutable, over the
+row's own columns) on the event's values, handed back as input text
+(cdc/postgres_text.py), and encodes the result as the log encodes the column's type
+(snapshot/encoding.py). So every store, the history included, holds the value the
+source stored with that change.
+
+One case cannot be computed from the event: an input that is an unchanged TOASTed
+value (Debezium's placeholder). Then the generated values are read from the source's
+row as it is now (a later state of the key, whose own events follow in the log), or
+kept as stored when the row is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg import sql
+
+from cdc.catalog import Column, Table
+from cdc.decode import UNAVAILABLE, is_unavailable
+from cdc.postgres_text import postgres_text
+from snapshot.encoding import column_json
+
+__all__ = ["computing_generated", "with_generated"]
+
+log = logging.getLogger(__name__)
+
+_OPS = ("c", "u", "r")
+_PARAMS = 20000  # per statement (PostgreSQL takes at most 65535)
+
+
+def _encoded(table: Table) -> sql.Composable:
+    """'[<json of g1>,<json of g2>,…]' of the generated columns, named as the table names them."""
+    parts = sql.SQL(" || ',' || ").join(column_json(c) for c in table.generated)
+    return sql.SQL("'[' || {} || ']'").format(parts)
+
+
+def _inputs(table: Table) -> list[Column]:
+    names = {name for c in table.generated for name in c.inputs}
+    return [c for c in table.columns if c.name in names]
+
+
+def _unavailable(inputs: list[Column], after: dict[str, Any]) -> set[str]:
+    """The inputs the event does not carry: unchanged TOASTed values (or none at all)."""
+    return {c.name for c in inputs if c.name not in after or is_unavailable(c, after[c.name])}
+
+
+def compute(conn: Any, table: Table, afters: list[dict[str, Any]]) -> None:
+    """Add the table's generated columns to each `after` image, in place."""
+    inputs = _inputs(table)
+    names = [c.name for c in table.generated]
+    rows = max(1, _PARAMS // (len(inputs) + 1))
+    unknown: list[tuple[dict[str, Any], list[str]]] = []
+    for start in range(0, len(afters), rows):
+        chunk = afters[start : start + rows]
+        values = sql.SQL(", ").join(
+            sql.SQL("({})").format(
+                sql.SQL(", ").join(
+                    [
+                        sql.SQL("%s::int"),
+                        *(sql.SQL("%s::{}").format(sql.SQL(c.type)) for c in inputs),
+                    ]
+                )
+            )
+            for _ in chunk
+        )
+        params: list[Any] = []
+        missing: list[set[str]] = []
+        for number, after in enumerate(chunk):
+            missing.append(_unavailable(inputs, after))
+            params.append(number)
+            params += [
+                None if c.name in missing[-1] else postgres_text(c, after[c.name]) for c in inputs
+            ]
+        slots = [f"i{n}" for n in range(len(inputs))]
+        # the expressions name the table's columns: innermost, each input under its name;
+        # each result is cast to its column's type, as PostgreSQL stores it
+        query = sql.SQL(
+            "SELECT v.n, (SELECT {encoded} FROM (SELECT {exprs} FROM (SELECT {renamed}) AS t) AS t)"
+            " FROM (VALUES {values}) AS v({header})"
+        ).format(
+            encoded=_encoded(table),
+            exprs=sql.SQL(", ").join(
+                sql.SQL("({})::{} AS {}").format(
+                    sql.SQL(c.generated or "NULL"), sql.SQL(c.type), sql.Identifier(c.name)
+                )
+                for c in table.generated
+            ),
+            renamed=sql.SQL(", ").join(
+                [
+                    sql.SQL("{} AS {}").format(sql.Identifier("v", s), sql.Identifier(c.name))
+                    for s, c in zip(slots, inputs, strict=True)
+                ]
+                or [sql.SQL("1 AS {}").format(sql.Identifier("__no_input"))]
+            ),
+            values=values,
+            header=sql.SQL(", ").join(sql.Identifier(h) for h in ["n", *slots]),
+        )
+        try:
+            results = conn.execute(query, params).fetchall()
+        except psycopg.DataError as exc:  # e.g. NULL for a NOT NULL domain's missing input
+            log.warning("%s: generated columns read back: %s", table.qualified, exc)
+            unknown += [(after, names) for after in chunk]
+            continue
+        for number, encoded in results:
+            after, lacking = chunk[number], missing[number]
+            later = []
+            for column, value in zip(table.generated, orjson.loads(encoded), strict=True):
+                if lacking.isdisjoint(column.inputs):
+                    after[column.name] = value
+                else:
+                    later.append(column.name)
+            if later:
+                unknown.append((after, later))
+    for after, later in unknown:
+        _read_back(conn, table, after, names, later)
+
+
+def _read_back(
+    conn: Any, table: Table, after: dict[str, Any], names: list[str], wanted: list[str]
+) -> None:
+    """Generated values the event cannot give (an input is an unchanged TOASTed value):
+    those of the source's row as it is now, or kept as stored when the row is gone."""
+    key = [table.column(k) for k in table.key]
+    query = sql.SQL("SELECT {} FROM {} WHERE ({}) = ({})").format(
+        _encoded(table),
+        sql.Identifier(table.schema, table.name),
+        sql.SQL(", ").join(sql.Identifier(c.name) for c in key),
+        sql.SQL(", ").join(sql.SQL("%s::{}").format(sql.SQL(c.type)) for c in key),
+    )
+    row = conn.execute(query, [postgres_text(c, after.get(c.name)) for c in key]).fetchone()
+    values = orjson.loads(row[0]) if row else [UNAVAILABLE] * len(names)
+    after.update((n, v) for n, v in zip(names, values, strict=True) if n in wanted)
+
+
+def _missing(table: Table, after: Any) -> bool:
+    return isinstance(after, dict) and any(c.name not in after for c in table.generated)
+
+
+def computing_generated(
+    dsn: str, by_topic: dict[str, Table]
+) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The function mapInArrow runs on each partition of a raw Kafka batch: values of
+    `by_topic`'s change events that lack a generated column get it; every other record
+    passes unchanged, in its order."""
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        conn = None
+        try:
+            for batch in batches:
+                topics = batch.column("topic").to_pylist()
+                values = batch.column("value").to_pylist()
+                found: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+                for i, (topic, value) in enumerate(zip(topics, values, strict=True)):
+                    table = by_topic.get(topic)
+                    if table is None or value is None:
+                        continue
+                    try:
+                        envelope = orjson.loads(value)
+                    except orjson.JSONDecodeError:
+                        continue  # the writers dead-letter it
+                    if (
+                        isinstance(envelope, dict)
+                        and envelope.get("op") in _OPS
+                        and _missing(table, envelope.get("after"))
+                    ):
+                        found.setdefault(topic, []).append((i, envelope))
+                if found:
+                    if conn is None:
+                        conn = psycopg.connect(dsn, autocommit=True)
+                    for topic, events in found.items():
+                        compute(conn, by_topic[topic], [e["after"] for _, e in events])
+                        for i, envelope in events:
+                            values[i] = orjson.dumps(envelope)
+                    index = batch.schema.get_field_index("value")
+                    batch = batch.set_column(
+                        index, batch.schema.field(index), pa.array(values, pa.binary())
+                    )
+                yield batch
+        finally:
+            if conn is not None:
+                conn.close()
+
+    return run
+
+
+def with_generated(batch: Any, dsn: str, topics: dict[str, str], tables: dict[str, Table]) -> Any:
+    """The micro-batch with generated columns computed (unchanged when no captured table
+    has one)."""
+    by_topic = {t: tables[n] for t, n in topics.items() if n in tables and tables[n].generated}
+    if not by_topic:
+        return batch
+    return batch.mapInArrow(computing_generated(dsn, by_topic), batch.schema)
