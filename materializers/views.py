@@ -20,6 +20,7 @@ from cdc.catalog import Table
 from cdc.errors import ConfigError
 from cdc.settings import JoinView, Settings, WindowAggregate
 from materializers.events import parse_events
+from materializers.generated import with_generated
 from materializers.typed import json_type, spark_type, typed_column
 from materializers.typed import quoted as q
 
@@ -171,6 +172,10 @@ def window_query(
         .option("failOnDataLoss", "false")
         .option("maxOffsetsPerTrigger", settings.apply.max_offsets_per_trigger)
         .load()
+    )
+    # a generated column summed: computed as for the stores
+    records = with_generated(
+        records, settings.postgres.dsn(), {topic: table.qualified}, {table.qualified: table}
     )
     if window.sum is not None:
         column = table.column(window.sum)
