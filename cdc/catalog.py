@@ -296,6 +296,16 @@ def describe_table(
                 f'needs pipeline.replica_identity."{qualified}" = "full" so that updates and '
                 "deletes carry those columns"
             )
+    generated_key = [
+        c.name for c in columns if c.generated and c.name in (configured or primary_key)
+    ]
+    if generated_key:
+        raise SourceError(
+            f"table {qualified} is keyed by the generated column {generated_key[0]}, which "
+            "PostgreSQL 15 does not publish, so its changes cannot be keyed: set "
+            f'pipeline.key_columns."{qualified}" to other columns that identify a row (with '
+            f'pipeline.replica_identity."{qualified}" = "full")'
+        )
     return Table(
         schema=schema,
         name=name,

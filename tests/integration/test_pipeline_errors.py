@@ -98,6 +98,26 @@ def test_the_cli_says_it_in_one_line(stack: RunningStack, no_key_table: str) -> 
     assert "no primary key" in result.stderr
 
 
+def test_a_table_keyed_by_a_generated_column_is_refused(stack: RunningStack) -> None:
+    """PostgreSQL 15 publishes no generated value: its changes would have no key."""
+    name = "genkey_" + uuid.uuid4().hex[:8]
+    dsn = stack.settings.postgres.dsn()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE {name} (a int, id int GENERATED ALWAYS AS (a + 1) STORED PRIMARY KEY)"
+        )
+    settings = pipeline_for(stack.settings, [f"public.{name}"])
+    try:
+        with pytest.raises(SourceError) as info:
+            prepare_source(settings)
+        text = one_line(info.value)
+        assert "keyed by the generated column id" in text and "key_columns" in text
+        assert not publication_exists(settings, settings.pipeline.publication)
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE {name}")
+
+
 def test_a_missing_table_is_named(stack: RunningStack) -> None:
     settings = pipeline_for(stack.settings, ["public.no_such_table_anywhere"])
     with pytest.raises(SourceError, match=r"public\.no_such_table_anywhere does not exist"):
