@@ -31,7 +31,7 @@ from bench.common import CpuMark, ResourceSampler, bench_settings, cleanup, reco
 from cdc.connect import ConnectClient
 from cdc.settings import load_settings
 from cdc.spark import spark_session
-from cdc.topics import end_offsets
+from cdc.topics import change_topic, end_offsets
 from materializers.apply import run_apply
 from snapshot.initial import run_snapshot
 
@@ -72,7 +72,7 @@ def main() -> None:
     bench = bench.model_copy(
         update={"pipeline": bench.pipeline.model_copy(update={"tables": [table]})}
     )
-    topic = bench.pipeline.topic(table)
+    topic = change_topic(bench.pipeline, table)
     dsn = settings.postgres.dsn()
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(

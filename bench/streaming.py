@@ -42,7 +42,7 @@ from bench.snapshot_throughput import pgbench_init, psql_args, psql_env
 from cdc.components.postgres import postgres_bin_dir
 from cdc.pipeline import pipeline_status
 from cdc.settings import Settings, load_settings
-from cdc.topics import end_offsets
+from cdc.topics import change_topic, end_offsets
 from materializers.apply import read_progress, run_apply
 from snapshot.initial import run_snapshot
 
@@ -180,7 +180,7 @@ def run_rate(
     resources: ResourceSampler,
     stores: tuple[str, ...],
 ) -> dict[str, object]:
-    topics = [bench.pipeline.topic(t) for t in TABLES]
+    topics = [change_topic(bench.pipeline, t) for t in TABLES]
     start = end_offsets(bench.kafka.bootstrap_servers, topics)
     bin_dir = postgres_bin_dir()
     assert bin_dir is not None

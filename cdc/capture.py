@@ -15,27 +15,18 @@ from cdc.connect import ConnectClient
 from cdc.errors import ConnectorError
 from cdc.settings import Settings
 from cdc.source import HEARTBEAT_TABLE, SIGNAL_TABLE, TRUNCATIONS_TABLE
+from cdc.topics import notification_topic
 
 __all__ = [
     "connector_config",
-    "heartbeat_topic",
     "offset_reaches",
     "pipeline_connector_config",
     "register_connector",
     "start_offset",
-    "transaction_topic",
     "wait_slot_active",
 ]
 
 log = logging.getLogger(__name__)
-
-
-def heartbeat_topic(settings: Settings) -> str:
-    return f"__debezium-heartbeat.{settings.pipeline.topic_prefix}"
-
-
-def transaction_topic(settings: Settings) -> str:
-    return f"{settings.pipeline.topic_prefix}.transaction"
 
 
 def connector_config(
@@ -121,7 +112,7 @@ def pipeline_connector_config(settings: Settings, tables: Sequence[Table]) -> di
             "column.include.list": ".*",
             # backfill progress comes back as notifications on a topic
             "notification.enabled.channels": "sink",
-            "notification.sink.topic.name": f"{pipe.topic_prefix}.notifications",
+            "notification.sink.topic.name": notification_topic(pipe),
             "topic.creation.default.partitions": str(pipe.partitions),
         }
     )

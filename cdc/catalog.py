@@ -12,6 +12,8 @@ from cdc.errors import SourceError
 from cdc.settings import PipelineSettings
 
 __all__ = [
+    "OWN_SCHEMA",
+    "TRUNCATIONS_TABLE",
     "Column",
     "Table",
     "check_publishable",
@@ -25,6 +27,8 @@ __all__ = [
 
 # our own bookkeeping (signal, heartbeat, snapshot state) is never captured as data
 OWN_SCHEMA = "cdc"
+# a TRUNCATE of a captured table, recorded as a row by a trigger (sql/pipeline_schema.sql)
+TRUNCATIONS_TABLE = f"{OWN_SCHEMA}.truncations"
 
 
 @dataclass(frozen=True)
@@ -220,25 +224,7 @@ def resolve_tables(conn: psycopg.Connection[Any], pipeline: PipelineSettings) ->
     ]
     if not chosen:
         raise SourceError("pipeline.tables selects no table: name at least one schema.table")
-    _check_names_apart(chosen, pipeline)
     return [describe_table(conn, t, pipeline) for t in chosen]
-
-
-def _check_names_apart(tables: list[str], pipeline: PipelineSettings) -> None:
-    """Refuse two tables that would share a change topic (Debezium replaces the characters
-    a topic name cannot hold) or a search index (index names are lower case)."""
-    for what, name_of in (
-        ("change topic", pipeline.topic),
-        ("search index", lambda t: pipeline.topic(t).lower()),
-    ):
-        seen: dict[str, str] = {}
-        for table in tables:
-            other = seen.setdefault(name_of(table), table)
-            if other != table:
-                raise SourceError(
-                    f"tables {other} and {table} would share the {what} {name_of(table)}: "
-                    "capture one of them (pipeline.tables, pipeline.exclude_tables) or rename it"
-                )
 
 
 def describe_table(

@@ -19,6 +19,7 @@ from cdc.errors import CdcError, ConfigError
 from cdc.render import console, pipeline_table, status_table
 from cdc.settings import Settings, load_settings
 from cdc.stack import Stack
+from cdc.topics import change_topic
 
 __all__ = ["app", "main"]
 
@@ -181,7 +182,7 @@ def setup(output: OutputOption = Output.text) -> None:
         out.print_json(json.dumps(result.__dict__))
         return
     for table in result.tables:
-        out.print(f"{table} -> {s.pipeline.topic(table)}", highlight=False)
+        out.print(f"{table} -> {change_topic(s.pipeline, table)}", highlight=False)
     for label, items in (
         ("created topics", result.topics_created),
         ("now captured", result.added),
@@ -560,7 +561,7 @@ def tables_list(output: OutputOption = Output.text) -> None:
     with admin_connection(s) as conn:
         tables = resolve_tables(conn, s.pipeline)
     rows = [
-        {"table": t.qualified, "key": list(t.key), "topic": s.pipeline.topic(t.qualified)}
+        {"table": t.qualified, "key": list(t.key), "topic": change_topic(s.pipeline, t.qualified)}
         for t in tables
     ]
     if output is Output.json:

@@ -26,7 +26,7 @@ from rich.table import Table
 from cdc.pipeline import pipe_streams, pipeline_status, sync_pipeline
 from cdc.settings import PROJECT_ROOT, JoinView, Settings, WindowAggregate
 from cdc.stack import Stack
-from cdc.topics import end_offsets
+from cdc.topics import change_topic, end_offsets
 from cdc.workload import Workload
 
 __all__ = ["DEMO_JOIN", "DEMO_WINDOW", "DemoResult", "run_demo", "with_demo_views"]
@@ -161,7 +161,7 @@ def _dashboard(
     failure: list[BaseException],
 ) -> None:
     """Refresh the dashboard every second until `duration` is over (or Ctrl-C)."""
-    topics = {settings.pipeline.topic(t): t for t in TABLES}
+    topics = {change_topic(settings.pipeline, t): t for t in TABLES}
     started = time.monotonic()
     last: dict[str, int] = {}
     last_at = started

@@ -11,7 +11,7 @@ from cdc.connect import ConnectClient
 from cdc.errors import CdcError
 from cdc.settings import Settings
 from cdc.source import admin_connection, drop_publication
-from cdc.topics import end_offsets
+from cdc.topics import change_topic, dead_letter_topic, end_offsets, pipeline_topic_specs
 from snapshot.slot import drop_slot
 from snapshot.state import forget, read_state
 
@@ -71,11 +71,9 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
 
                 status.connector["error"] = summarize_trace(failed[0].get("trace", ""))
         if tables:
-            topics = [pipe.topic(t) for t in tables]
-            ends = end_offsets(
-                settings.kafka.bootstrap_servers, [*topics, f"{pipe.topic_prefix}.dlq"]
-            )
-            dlq = ends.pop(f"{pipe.topic_prefix}.dlq", {})
+            topics = [change_topic(pipe, t) for t in tables]
+            ends = end_offsets(settings.kafka.bootstrap_servers, [*topics, dead_letter_topic(pipe)])
+            dlq = ends.pop(dead_letter_topic(pipe), {})
             status.dead_letters = sum(dlq.values())
             status.topics = {t: sum(parts.values()) for t, parts in ends.items()}
             status.stores = _store_progress(settings, ends)
@@ -110,12 +108,14 @@ def sync_pipeline(settings: Settings) -> SyncResult:
     from cdc.source import prepare_source
     from cdc.topics import ensure_topics
     from snapshot.backfill import start_backfill
-    from snapshot.initial import topic_specs
 
     before = _published(settings)
     tables = prepare_source(settings)
     names = [t.qualified for t in tables]
-    created = ensure_topics(settings.kafka.bootstrap_servers, topic_specs(settings, tables))
+    created = ensure_topics(
+        settings.kafka.bootstrap_servers,
+        pipeline_topic_specs(settings.pipeline, [t.qualified for t in tables]),
+    )
     added = [t for t in names if before and t not in before]
     removed = [t for t in before if t not in names]
     backfills = []

@@ -23,7 +23,7 @@ from pydantic_settings import (
 
 from cdc.errors import ConfigError
 
-__all__ = ["PROJECT_ROOT", "Settings", "load_settings", "topic_name"]
+__all__ = ["PROJECT_ROOT", "Settings", "load_settings"]
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 Port = Annotated[int, Field(ge=1, le=65535)]
@@ -238,20 +238,6 @@ class PipelineSettings(BaseModel):
     @property
     def connector(self) -> str:
         return f"cdc-{self.name}"
-
-    def topic(self, table: str) -> str:
-        """The change topic of "schema.table", named as Debezium names it: each character
-        Kafka does not take in a topic name (other than letters, digits, `.`, `_`, `-`)
-        as `_`, at most 249 characters (TopicNamingStrategy.sanitizedTopicName)."""
-        return topic_name(self.topic_prefix, table)
-
-
-def topic_name(prefix: str, table: str) -> str:
-    """`<prefix>.<schema.table>` as Debezium names the topic (see PipelineSettings.topic)."""
-    name = "".join(
-        c if c in "._-" or (c.isascii() and c.isalnum()) else "_" for c in f"{prefix}.{table}"
-    )
-    return name[:249]
 
 
 def _default_java_home() -> Path:

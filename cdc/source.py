@@ -20,6 +20,7 @@ from psycopg import errors, sql
 
 from cdc.catalog import (
     OWN_SCHEMA,
+    TRUNCATIONS_TABLE,
     Table,
     check_publishable,
     check_wal_level,
@@ -29,6 +30,7 @@ from cdc.catalog import (
 )
 from cdc.errors import SourceError, SourceUnavailableError
 from cdc.settings import PROJECT_ROOT, Settings
+from cdc.topics import check_names_apart
 
 __all__ = [
     "admin_connection",
@@ -43,7 +45,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 SIGNAL_TABLE = f"{OWN_SCHEMA}.debezium_signal"
 HEARTBEAT_TABLE = f"{OWN_SCHEMA}.heartbeat"
-TRUNCATIONS_TABLE = f"{OWN_SCHEMA}.truncations"
 TRUNCATE_TRIGGER = "cdc_record_truncate"
 SIGNAL_LOCK_TIMEOUT = "3s"  # how long widening the signal table may wait for its lock
 SETUP_LOCK_TIMEOUT = "10s"  # how long the setup may wait for a captured table's lock
@@ -103,6 +104,7 @@ def prepare_source(settings: Settings) -> list[Table]:
                 conn.execute(f"SET LOCAL lock_timeout = '{SETUP_LOCK_TIMEOUT}'")
                 conn.execute(_sql_file("pipeline_schema.sql"))
                 tables = resolve_tables(conn, pipe)
+                check_names_apart([t.qualified for t in tables], pipe)
                 _apply_replica_identity(conn, tables, pipe.replica_identity)
                 for table in tables:
                     check_publishable(conn, table)

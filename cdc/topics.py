@@ -1,8 +1,14 @@
-"""Change topics: created on purpose with fixed partitions and compaction, read back, truncated."""
+"""The pipeline's log: every topic's name and spec, and the topics created on purpose
+(fixed partitions, compaction), read back and truncated.
+
+Every topic name comes from here: a table's change topic (as Debezium names it), the
+TRUNCATE topic, the heartbeat, transaction, notification and dead-letter topics, and
+the pattern the apply job subscribes to."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -10,17 +16,27 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 
+from cdc.catalog import TRUNCATIONS_TABLE
 from cdc.components.kafka import admin_client
-from cdc.errors import CdcError
+from cdc.errors import CdcError, SourceError
 from cdc.settings import PipelineSettings
 
 __all__ = [
     "ChangeRecord",
     "TopicSpec",
+    "change_topic",
+    "change_topic_pattern",
     "change_topic_spec",
+    "check_names_apart",
+    "dead_letter_topic",
     "end_offsets",
     "ensure_topics",
+    "heartbeat_topic",
+    "notification_topic",
+    "pipeline_topic_specs",
     "read_topic",
+    "topic_name",
+    "transaction_topic",
     "truncate_topics",
     "wait_for_records",
 ]
@@ -28,6 +44,63 @@ __all__ = [
 
 class TopicError(CdcError):
     """A topic exists but not as the pipeline needs it."""
+
+
+def topic_name(prefix: str, table: str) -> str:
+    """`<prefix>.<schema.table>` as Debezium names the topic: each character Kafka does
+    not take in a topic name (other than letters, digits, `.`, `_`, `-`) as `_`, at most
+    249 characters (TopicNamingStrategy.sanitizedTopicName)."""
+    name = "".join(
+        c if c in "._-" or (c.isascii() and c.isalnum()) else "_" for c in f"{prefix}.{table}"
+    )
+    return name[:249]
+
+
+def change_topic(pipeline: PipelineSettings, table: str) -> str:
+    """The change topic of "schema.table" (the TRUNCATE table's too)."""
+    return topic_name(pipeline.topic_prefix, table)
+
+
+def check_names_apart(tables: list[str], pipeline: PipelineSettings) -> None:
+    """Refuse two tables that would share a change topic (Debezium replaces the characters
+    a topic name cannot hold) or a search index (index names are lower case)."""
+    for what, name_of in (
+        ("change topic", lambda t: change_topic(pipeline, t)),
+        ("search index", lambda t: change_topic(pipeline, t).lower()),
+    ):
+        seen: dict[str, str] = {}
+        for table in tables:
+            other = seen.setdefault(name_of(table), table)
+            if other != table:
+                raise SourceError(
+                    f"tables {other} and {table} would share the {what} {name_of(table)}: "
+                    "capture one of them (pipeline.tables, pipeline.exclude_tables) or rename it"
+                )
+
+
+def heartbeat_topic(pipeline: PipelineSettings) -> str:
+    return f"__debezium-heartbeat.{pipeline.topic_prefix}"
+
+
+def transaction_topic(pipeline: PipelineSettings) -> str:
+    return f"{pipeline.topic_prefix}.transaction"
+
+
+def notification_topic(pipeline: PipelineSettings) -> str:
+    """Where Debezium reports a backfill's progress."""
+    return f"{pipeline.topic_prefix}.notifications"
+
+
+def dead_letter_topic(pipeline: PipelineSettings) -> str:
+    """Poison events, with the error and where they came from."""
+    return f"{pipeline.topic_prefix}.dlq"
+
+
+def change_topic_pattern(pipeline: PipelineSettings) -> str:
+    """`<prefix>.<schema>.<table>` (a name may hold more dots): not the transaction,
+    notification or dead-letter topics."""
+    prefix = re.escape(pipeline.topic_prefix)
+    return rf"^{prefix}\.(?!(?:transaction|notifications|dlq)$).+$"
 
 
 @dataclass(frozen=True)
@@ -40,7 +113,7 @@ class TopicSpec:
 def change_topic_spec(pipeline: PipelineSettings, table: str) -> TopicSpec:
     """A table's change topic: keyed, compacted, the tombstone kept for delete_retention_ms."""
     return TopicSpec(
-        pipeline.topic(table),
+        change_topic(pipeline, table),
         pipeline.partitions,
         {
             "cleanup.policy": "compact",
@@ -52,6 +125,18 @@ def change_topic_spec(pipeline: PipelineSettings, table: str) -> TopicSpec:
             "message.timestamp.type": "CreateTime",
         },
     )
+
+
+def pipeline_topic_specs(pipeline: PipelineSettings, tables: list[str]) -> list[TopicSpec]:
+    """Every topic of the pipeline capturing `tables` ("schema.table"), created before
+    the connector starts."""
+    specs = [change_topic_spec(pipeline, t) for t in [*tables, TRUNCATIONS_TABLE]]
+    specs.append(TopicSpec(heartbeat_topic(pipeline), 1, {"retention.ms": "86400000"}))
+    specs.append(TopicSpec(transaction_topic(pipeline), 1, {"retention.ms": "604800000"}))
+    specs.append(TopicSpec(notification_topic(pipeline), 1, {"retention.ms": "604800000"}))
+    # kept a month
+    specs.append(TopicSpec(dead_letter_topic(pipeline), 1, {"retention.ms": "2592000000"}))
+    return specs
 
 
 def ensure_topics(bootstrap_servers: str, specs: list[TopicSpec]) -> list[str]:

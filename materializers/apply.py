@@ -33,6 +33,7 @@ from cdc.errors import (
 from cdc.settings import Settings
 from cdc.source import TRUNCATIONS_TABLE, admin_connection
 from cdc.spark import spark_session
+from cdc.topics import change_topic, change_topic_pattern, dead_letter_topic
 from materializers.events import parse_events
 from materializers.generated import with_generated
 from materializers.stores.base import Store
@@ -47,7 +48,6 @@ __all__ = [
     "captured_tables",
     "check_source_not_rewound",
     "checkpoint_dir",
-    "dead_letter_topic",
     "failure_line",
     "make_store",
     "read_progress",
@@ -68,10 +68,6 @@ def checkpoint_dir(settings: Settings, store: str) -> Path:
 def progress_file(settings: Settings, store: str) -> Path:
     """Written after every micro-batch: what the store has applied, for `cdc status`."""
     return settings.data_dir / "checkpoints" / settings.pipeline.name / f"{store}.progress.json"
-
-
-def dead_letter_topic(settings: Settings) -> str:
-    return f"{settings.pipeline.topic_prefix}.dlq"
 
 
 class DeadLetters:
@@ -103,7 +99,7 @@ class DeadLetters:
         }
         self._sent.append(
             self._producer.send(
-                dead_letter_topic(self.settings),
+                dead_letter_topic(self.settings.pipeline),
                 key=(key or "").encode(),
                 value=json.dumps(record, default=str).encode(),
             )
@@ -130,7 +126,7 @@ class DeadLetters:
                 failed.append(exc)
         if failed:
             raise StoreUnavailableError(
-                f"the dead-letter topic {dead_letter_topic(self.settings)} did not take "
+                f"the dead-letter topic {dead_letter_topic(self.settings.pipeline)} did not take "
                 f"{len(failed)} of {len(sent)} dead letter(s) ({type(failed[0]).__name__}: "
                 f"{str(failed[0])[:200]}); the batch is not committed"
             )
@@ -234,7 +230,7 @@ def _batch_writer(
     def write_once(batch: Any, batch_id: int) -> None:
         tables, wal = read_source(settings)
         check_rewrites(settings, tables.values(), notify)
-        topics = {settings.pipeline.topic(t): t for t in [*tables, TRUNCATIONS_TABLE]}
+        topics = {change_topic(settings.pipeline, t): t for t in [*tables, TRUNCATIONS_TABLE]}
         batch = with_generated(batch, settings.postgres.dsn(), topics, tables)
         progress = read_progress(settings, store.name)
         check_source_not_rewound(store.name, wal, progress)
@@ -346,7 +342,7 @@ def _batch_writer(
         run = partition_writer(
             functools.partial(make_store, settings, store.name),
             tables,
-            settings.pipeline.topic,
+            functools.partial(change_topic, settings.pipeline),
             TRUNCATIONS_TABLE,
             cutoffs,
             chunk,
@@ -611,13 +607,6 @@ def _note_late(settings: Settings, windows: dict[str, Any]) -> None:
         path.write_text(json.dumps(noted))
 
 
-def change_topic_pattern(settings: Settings) -> str:
-    """`<prefix>.<schema>.<table>` (a name may hold more dots): not the transaction,
-    notification or dead-letter topics."""
-    prefix = re.escape(settings.pipeline.topic_prefix)
-    return rf"^{prefix}\.(?!(?:transaction|notifications|dlq)$).+$"
-
-
 def read_progress(settings: Settings, store: str) -> dict[str, Any] | None:
     try:
         return dict(json.loads(progress_file(settings, store).read_text()))
@@ -761,7 +750,7 @@ def _start_store_query(spark: Any, settings: Settings, store: Store, once: bool)
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", settings.kafka.bootstrap_servers)
         # every change topic of the pipeline, also of tables added while it runs
-        .option("subscribePattern", change_topic_pattern(settings))
+        .option("subscribePattern", change_topic_pattern(settings.pipeline))
         .option("startingOffsets", "earliest")
         # records a re-snapshot deleted are gone on purpose; start from what is there
         .option("failOnDataLoss", "false")

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from cdc.settings import Settings
-from materializers.apply import captured_tables, checkpoint_dir, dead_letter_topic
+from cdc.topics import change_topic, dead_letter_topic
+from materializers.apply import captured_tables, checkpoint_dir
 
 __all__ = ["DeadLetter", "read_dead_letters", "replay_dead_letters"]
 
@@ -37,7 +38,7 @@ def read_dead_letters(settings: Settings, store: str | None = None) -> list[Dead
     """Every dead letter of the pipeline (of `store`), oldest first."""
     from kafka import KafkaConsumer, TopicPartition
 
-    topic = dead_letter_topic(settings)
+    topic = dead_letter_topic(settings.pipeline)
     consumer = KafkaConsumer(
         bootstrap_servers=settings.kafka.bootstrap_servers, enable_auto_commit=False
     )
@@ -98,7 +99,7 @@ def replay_dead_letters(
     from materializers.verify import backfill_keys, key_filters
 
     tables = captured_tables(settings)
-    by_topic = {settings.pipeline.topic(name): name for name in tables}
+    by_topic = {change_topic(settings.pipeline, name): name for name in tables}
     pending: dict[str, set[str]] = {}
     marks: dict[str, dict[str, int]] = {}
     for store in stores:

@@ -18,6 +18,7 @@ from typing import Any
 from cdc.catalog import Table
 from cdc.decode import UNAVAILABLE
 from cdc.settings import Settings, WindowAggregate
+from cdc.topics import change_topic
 from materializers.typed import quoted as q
 
 __all__ = ["Check", "history_checks", "view_checks", "warehouse_checks", "window_check"]
@@ -198,7 +199,9 @@ def window_check(
     from cdc.topics import read_topic
 
     name = f"view {window.name}"
-    records = read_topic(settings.kafka.bootstrap_servers, settings.pipeline.topic(table.qualified))
+    records = read_topic(
+        settings.kafka.bootstrap_servers, change_topic(settings.pipeline, table.qualified)
+    )
     ends: dict[int, int] = {}
     gaps = False
     for record in records:
@@ -305,7 +308,7 @@ def _window_caught_up(
     from materializers.apply import checkpoint_dir
 
     checkpoint = checkpoint_dir(settings, f"window-{window.name}")
-    topic = settings.pipeline.topic(window.table)
+    topic = change_topic(settings.pipeline, window.table)
     deadline = time.monotonic() + timeout
     while True:
         try:

@@ -33,6 +33,7 @@ from cdc.decode import Interval, decode_value, parse_interval
 from cdc.errors import CdcError
 from cdc.settings import JoinView, Settings
 from cdc.source import TRUNCATIONS_TABLE, admin_connection
+from cdc.topics import change_topic
 from materializers.typed import quoted as q
 
 __all__ = [
@@ -348,8 +349,8 @@ def consistent_cut(
                     "check `cdc status` (is Kafka Connect running?)"
                 )
             time.sleep(0.5)
-    topics = [settings.pipeline.topic(t.qualified) for t in tables]
-    topics.append(settings.pipeline.topic(TRUNCATIONS_TABLE))
+    topics = [change_topic(settings.pipeline, t.qualified) for t in tables]
+    topics.append(change_topic(settings.pipeline, TRUNCATIONS_TABLE))
     ends = end_offsets(settings.kafka.bootstrap_servers, topics)
     for store in stores:
         while True:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from cdc.catalog import Table
 from cdc.errors import ConfigError
 from cdc.settings import JoinView, Settings, WindowAggregate
+from cdc.topics import change_topic
 from materializers.events import parse_events
 from materializers.generated import with_generated
 from materializers.typed import json_type, spark_type, typed_column
@@ -163,7 +164,7 @@ def window_query(
     from materializers.apply import warehouse_root
     from materializers.stores.warehouse import ensure_delta
 
-    topic = settings.pipeline.topic(table.qualified)
+    topic = change_topic(settings.pipeline, table.qualified)
     records = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", settings.kafka.bootstrap_servers)

@@ -30,12 +30,12 @@ from cdc.source import (
     signal_data_width,
     widen_signal_table,
 )
+from cdc.topics import notification_topic
 
 __all__ = [
     "MAX_FILTER_CHARS",
     "BackfillError",
     "BackfillProgress",
-    "notification_topic",
     "send_signal",
     "start_backfill",
     "watch_backfill",
@@ -49,10 +49,6 @@ class BackfillError(CdcError):
 # Debezium keeps a running backfill's filter in the connector's offsets, escaped twice
 # (JSON in JSON); Kafka Connect writes them as one record, at most 1 MiB by default.
 MAX_FILTER_CHARS = 512 * 1024
-
-
-def notification_topic(settings: Settings) -> str:
-    return f"{settings.pipeline.topic_prefix}.notifications"
 
 
 @dataclass
@@ -201,11 +197,11 @@ def _consumer(settings: Settings) -> KafkaConsumer:
 def _end_offset(settings: Settings) -> int:
     consumer = _consumer(settings)
     try:
-        tp = TopicPartition(notification_topic(settings), 0)
+        tp = TopicPartition(notification_topic(settings.pipeline), 0)
         return consumer.end_offsets([tp])[tp]
     except KafkaError as exc:
         raise BackfillError(
-            f"cannot read the notification topic {notification_topic(settings)} ({exc}): "
+            f"cannot read the notification topic {notification_topic(settings.pipeline)} ({exc}): "
             "check `cdc status`"
         ) from None
     finally:
@@ -225,7 +221,7 @@ def watch_backfill(
     counts (see _follow). A table scan that failed (Debezium reports SQL_EXCEPTION
     and goes on) is an error here.
     """
-    tp = TopicPartition(notification_topic(settings), 0)
+    tp = TopicPartition(notification_topic(settings.pipeline), 0)
     consumer = _consumer(settings)
     progress = BackfillProgress(signal_id=signal_id)
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -246,7 +242,7 @@ def watch_backfill(
                 )
     except KafkaError as exc:
         raise BackfillError(
-            f"lost the notification topic {notification_topic(settings)} ({exc}): check "
+            f"lost the notification topic {notification_topic(settings.pipeline)} ({exc}): check "
             "`cdc status`; the backfill itself goes on"
         ) from None
     finally:

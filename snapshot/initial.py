@@ -35,27 +35,33 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from cdc.capture import heartbeat_topic, register_connector, transaction_topic
+from cdc.capture import register_connector
 from cdc.catalog import Table
 from cdc.connect import ConnectClient
 from cdc.errors import CdcError, ConnectorError
 from cdc.settings import Settings
 from cdc.source import (
-    TRUNCATIONS_TABLE,
     admin_connection,
     prepare_source,
     replication_dsn,
     sync_truncate_triggers,
 )
 from cdc.spark import spark_session
-from cdc.topics import TopicSpec, change_topic_spec, end_offsets, ensure_topics, truncate_topics
+from cdc.topics import (
+    change_topic,
+    change_topic_spec,
+    end_offsets,
+    ensure_topics,
+    pipeline_topic_specs,
+    truncate_topics,
+)
 from snapshot.encoding import SnapshotPoint, envelope, event_query, int_to_lsn, lsn_to_int
 from snapshot.generation import record_generation
 from snapshot.rewrites import record_schemas
 from snapshot.slot import InFlight, drop_slot, exported_snapshot, slot_state
 from snapshot.state import mark_done, mark_running, read_state
 
-__all__ = ["SnapshotError", "SnapshotResult", "ctid_ranges", "run_snapshot", "topic_specs"]
+__all__ = ["SnapshotError", "SnapshotResult", "ctid_ranges", "run_snapshot"]
 
 log = logging.getLogger(__name__)
 
@@ -91,18 +97,6 @@ def ctid_ranges(pages: int, pages_per_reader: int) -> list[str]:
     return clauses
 
 
-def topic_specs(settings: Settings, tables: list[Table]) -> list[TopicSpec]:
-    pipe = settings.pipeline
-    specs = [change_topic_spec(pipe, t.qualified) for t in tables]
-    specs.append(change_topic_spec(pipe, TRUNCATIONS_TABLE))
-    specs.append(TopicSpec(heartbeat_topic(settings), 1, {"retention.ms": "86400000"}))
-    specs.append(TopicSpec(transaction_topic(settings), 1, {"retention.ms": "604800000"}))
-    specs.append(TopicSpec(f"{pipe.topic_prefix}.notifications", 1, {"retention.ms": "604800000"}))
-    # poison events, with the error and where they came from; kept a month
-    specs.append(TopicSpec(f"{pipe.topic_prefix}.dlq", 1, {"retention.ms": "2592000000"}))
-    return specs
-
-
 def run_snapshot(
     settings: Settings,
     console: Console,
@@ -113,7 +107,10 @@ def run_snapshot(
     started = time.monotonic()
     note(f"preparing the source for pipeline {pipe.name}")
     tables = prepare_source(settings)
-    ensure_topics(settings.kafka.bootstrap_servers, topic_specs(settings, tables))
+    ensure_topics(
+        settings.kafka.bootstrap_servers,
+        pipeline_topic_specs(settings.pipeline, [t.qualified for t in tables]),
+    )
     connector = ConnectClient(settings.connect.url).connectors().get(pipe.connector)
     # a connector stays STOPPED if its start was interrupted: a rerun starts it
     stopped = (connector or {}).get("status", {}).get("connector", {}).get("state") == "STOPPED"
@@ -169,7 +166,9 @@ def run_snapshot(
         note(f"snapshot {point.snapshot_name} at LSN {lsn}: reading {len(tables)} table(s)")
         rows = _copy_tables(settings, spark, tables, point, console)
     # a generation: stores that hold it whole drop what they hold from before it
-    record_generation(settings, point.lsn, point.ts_ms, [pipe.topic(t.qualified) for t in tables])
+    record_generation(
+        settings, point.lsn, point.ts_ms, [change_topic(pipe, t.qualified) for t in tables]
+    )
     # the columns the snapshot's rows hold: DDL after it that changes values unseen is
     # found by the apply job (snapshot/rewrites.py)
     record_schemas(settings, tables)
@@ -220,7 +219,7 @@ def _copy_tables(
         for table in tables:
             query = event_query(table).as_string(conn)
             head, tail = envelope(table, point, pipe.topic_prefix, pg.database, now_ms)
-            topic = pipe.topic(table.qualified)
+            topic = change_topic(pipe, table.qualified)
             for where in ctid_ranges(table.pages, pipe.snapshot_pages_per_reader):
                 subquery = f"({query} WHERE {where}) AS snapshot_rows"
                 frames.append(
@@ -231,7 +230,7 @@ def _copy_tables(
                     )
                 )
     events = reduce(lambda a, b: a.unionAll(b), frames)
-    topics = {pipe.topic(t.qualified): t for t in tables}
+    topics = {change_topic(pipe, t.qualified): t for t in tables}
     start = {
         t: sum(p.values())
         for t, p in end_offsets(settings.kafka.bootstrap_servers, list(topics)).items()

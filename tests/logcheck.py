@@ -14,7 +14,7 @@ import psycopg
 from cdc.catalog import Table, describe_table
 from cdc.decode import decode_row
 from cdc.settings import PipelineSettings, Settings
-from cdc.topics import ChangeRecord, read_topic
+from cdc.topics import ChangeRecord, change_topic, read_topic
 from materializers.verify import source_rows as verify_source_rows
 
 
@@ -99,7 +99,7 @@ def wait_until_equal(
     settings: Settings, table: Table, timeout: float = 90.0
 ) -> tuple[dict[tuple[Any, ...], dict[str, Any]], list[ChangeRecord]]:
     """Wait until the topic's reconstruction equals the table; return it and the records."""
-    topic = settings.pipeline.topic(table.qualified)
+    topic = change_topic(settings.pipeline, table.qualified)
     deadline = time.monotonic() + timeout
     while True:
         records = read_topic(settings.kafka.bootstrap_servers, topic)

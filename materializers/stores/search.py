@@ -24,7 +24,7 @@ from opensearchpy import ConnectionError, JSONSerializer, OpenSearch, TransportE
 from cdc.catalog import Column, Table
 from cdc.decode import UNAVAILABLE, ValueDecodeError, decode_value
 from cdc.errors import StoreError, StoreUnavailableError
-from cdc.settings import topic_name
+from cdc.topics import topic_name
 from materializers.stores.base import Event, Store, WriteResult
 from materializers.stores.cache import cache_text
 

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from cdc.pipeline import drop_pipeline
 from cdc.source import TRUNCATE_TRIGGER, TRUNCATIONS_TABLE
-from cdc.topics import read_topic
+from cdc.topics import change_topic, read_topic
 from materializers.apply import run_apply
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
@@ -81,7 +81,9 @@ def test_toast_placeholders_key_changes_and_schema_changes(stack: RunningStack) 
             conn.execute(f"UPDATE {name} SET note = 'n' || id WHERE id BETWEEN 11 AND 15")
 
         def placeholders() -> int:
-            found = read_topic(settings.kafka.bootstrap_servers, settings.pipeline.topic(table))
+            found = read_topic(
+                settings.kafka.bootstrap_servers, change_topic(settings.pipeline, table)
+            )
             return sum(
                 1
                 for r in found
@@ -130,7 +132,7 @@ def test_toast_placeholders_key_changes_and_schema_changes(stack: RunningStack) 
             lambda: any(
                 b'"id":2000' in (r.key_bytes or b"")
                 for r in read_topic(
-                    settings.kafka.bootstrap_servers, settings.pipeline.topic(table)
+                    settings.kafka.bootstrap_servers, change_topic(settings.pipeline, table)
                 )
             ),
             60,
@@ -159,7 +161,7 @@ def test_a_poison_event_goes_to_the_dead_letter_topic_and_the_pipeline_goes_on(
     from kafka import KafkaProducer
 
     from cdc.pipeline import pipeline_status
-    from materializers.apply import dead_letter_topic
+    from cdc.topics import dead_letter_topic
 
     name = "poison_" + uuid.uuid4().hex[:8]
     table = f"public.{name}"
@@ -172,13 +174,13 @@ def test_a_poison_event_goes_to_the_dead_letter_topic_and_the_pipeline_goes_on(
         run_snapshot(settings, Console(file=io.StringIO()))
         producer = KafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
         sent = producer.send(
-            settings.pipeline.topic(table), key=b'{"id":7}', value=b"\x00 not json {"
+            change_topic(settings.pipeline, table), key=b'{"id":7}', value=b"\x00 not json {"
         ).get(timeout=30)
         producer.close()
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"UPDATE {name} SET qty = -qty WHERE id <= 5")
         deadline = time.monotonic() + 60
-        topic = settings.pipeline.topic(table)
+        topic = change_topic(settings.pipeline, table)
 
         def updates() -> int:  # the poison record is not JSON: look at bytes only
             found = read_topic(settings.kafka.bootstrap_servers, topic)
@@ -194,7 +196,9 @@ def test_a_poison_event_goes_to_the_dead_letter_topic_and_the_pipeline_goes_on(
         assert warehouse_rows(settings, table, ["qty"]) == source_tuples(settings, table, ["qty"])
         letters = [
             r.value
-            for r in read_topic(settings.kafka.bootstrap_servers, dead_letter_topic(settings))
+            for r in read_topic(
+                settings.kafka.bootstrap_servers, dead_letter_topic(settings.pipeline)
+            )
         ]
         assert len(letters) == 3  # one per store
         assert {(d["topic"], d["partition"], d["offset"]) for d in letters} == {
@@ -237,7 +241,7 @@ def test_a_truncate_empties_the_table_in_every_store(stack: RunningStack) -> Non
                 conn.execute(f"TRUNCATE {name}")
                 conn.execute(f"INSERT INTO {name} VALUES (5, 555), (300, 3)")
         bootstrap = settings.kafka.bootstrap_servers
-        truncations = settings.pipeline.topic(TRUNCATIONS_TABLE)
+        truncations = change_topic(settings.pipeline, TRUNCATIONS_TABLE)
         poll(
             lambda: (
                 sum(
@@ -252,7 +256,7 @@ def test_a_truncate_empties_the_table_in_every_store(stack: RunningStack) -> Non
         poll(
             lambda: any(
                 b'"id":300' in (r.key_bytes or b"")
-                for r in read_topic(bootstrap, settings.pipeline.topic(table))
+                for r in read_topic(bootstrap, change_topic(settings.pipeline, table))
             ),
             60,
             "the rows inserted after the TRUNCATEs in the log",

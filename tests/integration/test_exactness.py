@@ -19,6 +19,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from rich.console import Console
 
 from cdc.pipeline import drop_pipeline
+from cdc.topics import change_topic
 from materializers.apply import run_apply, warehouse_root
 from materializers.stores.warehouse import current_path, history_path
 from snapshot.initial import run_snapshot
@@ -94,7 +95,7 @@ def test_redelivered_and_older_changes_change_nothing(stack: RunningStack) -> No
     table = f"public.{name}"
     settings = pipeline_for(stack.settings, [table])
     servers = settings.kafka.bootstrap_servers
-    topic = settings.pipeline.topic(table)
+    topic = change_topic(settings.pipeline, table)
     dsn = settings.postgres.dsn()
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, body text)")
@@ -189,7 +190,7 @@ def test_a_stored_toasted_value_is_kept_across_batches(stack: RunningStack) -> N
         run_apply(settings, ["cache", "search", "warehouse"], once=True)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"UPDATE {name} SET body = 'v1'")
-        servers, topic = settings.kafka.bootstrap_servers, settings.pipeline.topic(table)
+        servers, topic = settings.kafka.bootstrap_servers, change_topic(settings.pipeline, table)
         deadline = time.monotonic() + 60
         while True:
             updates = [
@@ -257,7 +258,7 @@ def test_dead_letters_are_listed_and_replayed(stack: RunningStack) -> None:
         run_apply(settings, ["cache"], once=True)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"UPDATE {name} SET body = 'v1' WHERE id = 2")
-        servers, topic = settings.kafka.bootstrap_servers, settings.pipeline.topic(table)
+        servers, topic = settings.kafka.bootstrap_servers, change_topic(settings.pipeline, table)
         deadline = time.monotonic() + 60
         while not any(r.value and b'"v1"' in r.value for r in topic_records(servers, topic)):
             assert time.monotonic() < deadline, "the update never reached the log"

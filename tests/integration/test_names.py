@@ -15,6 +15,7 @@ import redis
 from rich.console import Console
 
 from cdc.pipeline import drop_pipeline
+from cdc.topics import change_topic
 from materializers.apply import run_apply
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
@@ -93,7 +94,7 @@ def test_a_table_name_kafka_and_opensearch_do_not_take(stack: RunningStack) -> N
             conn.execute(f"UPDATE {quoted} SET body = 'changed' WHERE id = 1")
             conn.execute(f"INSERT INTO {quoted} VALUES (6, 'new')")
         wait_until_equal(settings, table_info(settings, table))
-        topic = settings.pipeline.topic(table)
+        topic = change_topic(settings.pipeline, table)
         assert topic == f"{prefix}.public.Order.Items___{name[-6:]}"
         run_apply(settings, ["cache", "search", "warehouse"], once=True)
         expected = {i: f"v{i}" for i in range(2, 6)} | {1: "changed", 6: "new"}

@@ -19,7 +19,7 @@ from rich.console import Console
 from cdc.connect import ConnectClient
 from cdc.pipeline import drop_pipeline, pipeline_status, sync_pipeline
 from cdc.settings import Settings
-from cdc.topics import end_offsets
+from cdc.topics import change_topic, end_offsets
 from snapshot.backfill import send_signal, start_backfill, watch_backfill
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
@@ -59,7 +59,7 @@ def test_an_interrupted_snapshot_is_never_taken_for_complete_and_reruns_cleanly(
     name = "intr_" + uuid.uuid4().hex[:8]
     settings = pipeline_for(stack.settings, [f"public.{name}"], snapshot_pages_per_reader=8)
     make_table(settings, name, 300_000)
-    topic = settings.pipeline.topic(f"public.{name}")
+    topic = change_topic(settings.pipeline, f"public.{name}")
     env = {**os.environ, **env_for(stack, settings)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "cdc", "snapshot"],
@@ -129,7 +129,7 @@ def test_adding_a_table_captures_and_backfills_it_and_removing_stops_it(
 
         result = sync_pipeline(settings)  # back to the first table only
         assert result.removed == [f"public.{second}"]
-        topic = both.pipeline.topic(f"public.{second}")
+        topic = change_topic(both.pipeline, f"public.{second}")
         before = end_offsets(both.kafka.bootstrap_servers, [topic])[topic]
         with psycopg.connect(both.postgres.dsn(), autocommit=True) as conn:
             conn.execute(f"UPDATE {second} SET note = 'unseen'")

@@ -26,7 +26,7 @@ from rich.console import Console
 from cdc.pipeline import drop_pipeline
 from cdc.settings import Settings
 from cdc.source import signal_data_width, widen_signal_table
-from cdc.topics import read_topic
+from cdc.topics import change_topic, read_topic
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.helpers import ROOT, run_cdc
@@ -90,7 +90,7 @@ def stray_hashes(client: redis.Redis, settings: Settings, table: str, ids: set[i
 
 def incremental_keys(settings: Settings, table: str) -> list[int]:
     """The keys of the log's backfill events (Debezium's incremental snapshot), in order."""
-    records = read_topic(settings.kafka.bootstrap_servers, settings.pipeline.topic(table))
+    records = read_topic(settings.kafka.bootstrap_servers, change_topic(settings.pipeline, table))
     return [
         r.value["after"]["id"]
         for r in records

@@ -22,6 +22,7 @@ from rich.console import Console
 from cdc.connect import ConnectClient
 from cdc.pipeline import drop_pipeline
 from cdc.settings import Settings
+from cdc.topics import change_topic
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.helpers import run_cdc
@@ -130,7 +131,7 @@ def test_a_snapshot_taken_again_after_drop_streams_from_its_own_slot(
 ) -> None:
     name, settings = table
     env = env_for(stack, settings)
-    topic = settings.pipeline.topic(f"public.{name}")
+    topic = change_topic(settings.pipeline, f"public.{name}")
 
     first = run_cdc("snapshot", env=env)
     assert first.returncode == 0, first.stderr
@@ -189,7 +190,7 @@ def test_the_first_streamed_transaction_carries_the_consistent_point(
     table: tuple[str, Settings],
 ) -> None:
     name, settings = table
-    topic = settings.pipeline.topic(f"public.{name}")
+    topic = change_topic(settings.pipeline, f"public.{name}")
     result = run_snapshot(settings, Console(file=io.StringIO()))
     point = snapshot_lsn(settings)
     assert not result.resumed
@@ -231,7 +232,7 @@ def test_a_rerun_after_the_snapshot_resumes_from_the_connectors_own_offset(
     """A connector removed by hand (Connect keeps its offset): `cdc snapshot` starts it again
     from that offset, this generation's, not from the consistent point."""
     name, settings = table
-    topic = settings.pipeline.topic(f"public.{name}")
+    topic = change_topic(settings.pipeline, f"public.{name}")
     connector = settings.pipeline.connector
     run_snapshot(settings, Console(file=io.StringIO()))
     point = snapshot_lsn(settings)
@@ -281,7 +282,7 @@ def test_a_new_generation_starts_at_its_point_over_an_older_generations_offset(
     """The connector deleted by hand before `cdc drop`: its offset stays in Connect, and the
     next generation's connector, of the same name, must not resume from it."""
     name, settings = table
-    topic = settings.pipeline.topic(f"public.{name}")
+    topic = change_topic(settings.pipeline, f"public.{name}")
     connector = settings.pipeline.connector
     client = ConnectClient(settings.connect.url)
     run_snapshot(settings, Console(file=io.StringIO()))

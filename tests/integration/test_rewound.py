@@ -18,6 +18,7 @@ from rich.console import Console
 
 from cdc.pipeline import drop_pipeline
 from cdc.settings import Settings
+from cdc.topics import change_topic
 from materializers.apply import progress_file
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
@@ -83,7 +84,7 @@ class Pipeline:
 def _ends(p: Pipeline) -> int:
     from kafka import KafkaConsumer, TopicPartition
 
-    topic = p.settings.pipeline.topic(p.table)
+    topic = change_topic(p.settings.pipeline, p.table)
     consumer = KafkaConsumer(bootstrap_servers=p.settings.kafka.bootstrap_servers)
     try:
         parts = [TopicPartition(topic, n) for n in consumer.partitions_for_topic(topic) or ()]
@@ -106,7 +107,7 @@ def test_a_change_topic_deleted_and_created_again_stops_the_apply(stack: Running
         p.start()
         assert p.apply().returncode == 0
         assert p.equal()
-        topic = p.settings.pipeline.topic(p.table)
+        topic = change_topic(p.settings.pipeline, p.table)
         admin = KafkaAdminClient(bootstrap_servers=p.settings.kafka.bootstrap_servers)
         try:  # someone deletes the topic and creates it again: its offsets start at 0
             admin.delete_topics([topic])

@@ -25,7 +25,7 @@ from rich.console import Console
 from cdc.decode import ValueDecodeError, decode_row
 from cdc.pipeline import drop_pipeline
 from cdc.settings import Settings
-from cdc.topics import ChangeRecord, read_topic
+from cdc.topics import ChangeRecord, change_topic, read_topic
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.helpers import run_cdc
@@ -175,7 +175,7 @@ def stream_copies(dsn: str, name: str) -> None:
 
 
 def wait_for_events(settings: Settings, name: str, count: int) -> list[ChangeRecord]:
-    topic = settings.pipeline.topic(f"public.{name}")
+    topic = change_topic(settings.pipeline, f"public.{name}")
     deadline = time.monotonic() + 90
     while True:
         records = read_topic(settings.kafka.bootstrap_servers, topic)

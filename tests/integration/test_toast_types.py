@@ -19,6 +19,7 @@ from rich.console import Console
 
 from cdc.decode import PLACEHOLDER_ARRAYS, PLACEHOLDER_B64, UNAVAILABLE
 from cdc.pipeline import drop_pipeline
+from cdc.topics import change_topic
 from materializers.apply import run_apply
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
@@ -45,7 +46,7 @@ VALUES = (
 
 
 def updates(settings: Any, table: str, count: int) -> list[dict[str, Any]]:
-    servers, topic = settings.kafka.bootstrap_servers, settings.pipeline.topic(table)
+    servers, topic = settings.kafka.bootstrap_servers, change_topic(settings.pipeline, table)
     deadline = time.monotonic() + 90
     while True:
         found = [

@@ -122,27 +122,3 @@ def test_a_bad_setting_stops_the_cli_with_one_line() -> None:
 def test_paths_are_made_absolute(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("CDC_DATA_DIR", "relative/data")
     assert Settings().data_dir == tmp_path / "relative" / "data"
-
-
-def test_topics_are_named_as_debezium_names_them() -> None:
-    from cdc.settings import topic_name
-
-    assert topic_name("shop", "public.orders") == "shop.public.orders"
-    assert topic_name("shop", "public.Order Items") == "shop.public.Order_Items"
-    assert topic_name("shop", "sales.café-2024") == "shop.sales.caf_-2024"
-    assert len(topic_name("p", "public." + "x" * 300)) == 249
-
-
-def test_the_apply_job_reads_every_change_topic_and_no_other() -> None:
-    import re
-
-    from materializers.apply import change_topic_pattern
-
-    settings = Settings(pipeline={"topic_prefix": "shop"})  # type: ignore[arg-type]
-    pattern = re.compile(change_topic_pattern(settings))
-    assert pattern.match("shop.public.orders")
-    assert pattern.match("shop.public.my.table")  # a table name holding a dot
-    assert pattern.match("shop.cdc.truncations")
-    assert pattern.match("shop.public.transaction")
-    for other in ("shop.transaction", "shop.notifications", "shop.dlq", "shopx.public.t"):
-        assert not pattern.match(other), other
