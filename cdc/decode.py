@@ -38,7 +38,7 @@ from decimal import Decimal
 from typing import Any
 
 from cdc.catalog import Column, Table
-from cdc.errors import CdcError
+from cdc.errors import ValueDecodeError
 
 __all__ = [
     "DATE_INFINITY",
@@ -54,7 +54,6 @@ __all__ = [
     "PLACEHOLDER_UUID",
     "UNAVAILABLE",
     "Interval",
-    "ValueDecodeError",
     "bit_length",
     "bits_text",
     "decode_row",
@@ -104,15 +103,6 @@ _ZONED = re.compile(
     r"^(?P<y>[+-]?\d{4,})-(?P<mo>\d\d)-(?P<d>\d\d)T(?P<h>\d\d):(?P<mi>\d\d)(?::(?P<s>\d\d))?"
     r"(?:\.(?P<f>\d{1,9}))?(?P<tz>Z|[+-]\d\d(?::?\d\d(?::?\d\d)?)?)$"
 )
-
-
-class ValueDecodeError(CdcError):
-    """A change event holds a value its column's encoding cannot be: dead-letter the
-    record for the store that decodes it; other records and stores keep going."""
-
-    def __init__(self, column: str, value: Any, reason: str) -> None:
-        self.column, self.value, self.reason = column, value, reason
-        super().__init__(f"column {column}: cannot decode {str(value)[:80]!r}: {reason}")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,10 @@ Messages never contain a secret.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
+    "BackfillError",
     "CdcError",
     "ComponentError",
     "ConfigError",
@@ -14,18 +17,24 @@ __all__ = [
     "LogRewoundError",
     "NotInstalledError",
     "PortInUseError",
+    "QueryError",
+    "SnapshotError",
     "SourceError",
     "SourceRewoundError",
     "SourceUnavailableError",
     "StoreError",
     "StoreUnavailableError",
+    "TopicError",
+    "ValueDecodeError",
+    "VerifyError",
 ]
 
 
 class CdcError(Exception):
-    """Root of every error this project raises on purpose."""
+    """Root of every error this project raises on purpose. Each subclass has its own exit
+    code (a subclass that refines another shares its parent's); the README lists them."""
 
-    exit_code = 1
+    exit_code = 1  # verify found drift (its report, not an exception, says so)
 
 
 class ConfigError(CdcError):
@@ -95,3 +104,44 @@ class SourceRewoundError(LogRewoundError):
     from a backup or replaced): its new changes would be refused as older."""
 
     exit_code = 11
+
+
+class QueryError(CdcError):
+    """A query names what is not there, or is not valid."""
+
+    exit_code = 9
+
+
+class VerifyError(CdcError):
+    """Verification could not be made (a store behind the cut, a component down)."""
+
+    exit_code = 10
+
+
+class SnapshotError(CdcError):
+    """The snapshot cannot run as asked."""
+
+    exit_code = 12
+
+
+class BackfillError(CdcError):
+    """A backfill cannot start, or it was aborted."""
+
+    exit_code = 13
+
+
+class TopicError(CdcError):
+    """A topic exists but not as the pipeline needs it (other partitions, not compacted)."""
+
+    exit_code = 14
+
+
+class ValueDecodeError(CdcError):
+    """A change event holds a value its column's encoding cannot be: dead-letter the
+    record for the store that decodes it; other records and stores keep going."""
+
+    exit_code = 15
+
+    def __init__(self, column: str, value: Any, reason: str) -> None:
+        self.column, self.value, self.reason = column, value, reason
+        super().__init__(f"column {column}: cannot decode {str(value)[:80]!r}: {reason}")

@@ -18,7 +18,7 @@ from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 
 from cdc.catalog import TRUNCATIONS_TABLE
 from cdc.components.kafka import admin_client
-from cdc.errors import CdcError, SourceError
+from cdc.errors import SourceError, TopicError
 from cdc.settings import PipelineSettings
 
 __all__ = [
@@ -40,10 +40,6 @@ __all__ = [
     "truncate_topics",
     "wait_for_records",
 ]
-
-
-class TopicError(CdcError):
-    """A topic exists but not as the pipeline needs it."""
 
 
 def topic_name(prefix: str, table: str) -> str:

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdc.catalog import Table
-from cdc.errors import CdcError
+from cdc.errors import QueryError
 from cdc.settings import Settings
 
 __all__ = [
-    "QueryError",
     "QueryResult",
     "cache_entry",
     "key_json",
@@ -27,12 +26,6 @@ __all__ = [
     "search_table",
     "warehouse_names",
 ]
-
-
-class QueryError(CdcError):
-    """A query names what is not there, or is not valid."""
-
-    exit_code = 9
 
 
 @dataclass

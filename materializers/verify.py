@@ -30,7 +30,7 @@ from psycopg.types.string import TextLoader
 
 from cdc.catalog import Column, Table
 from cdc.decode import Interval, decode_value, parse_interval
-from cdc.errors import CdcError
+from cdc.errors import CdcError, VerifyError
 from cdc.settings import JoinView, Settings
 from cdc.source import TRUNCATIONS_TABLE, admin_connection
 from cdc.topics import change_topic
@@ -38,7 +38,6 @@ from materializers.typed import quoted as q
 
 __all__ = [
     "Drift",
-    "VerifyError",
     "backfill_keys",
     "consistent_cut",
     "key_filters",
@@ -50,12 +49,6 @@ __all__ = [
 ]
 
 EXAMPLES = 5
-
-
-class VerifyError(CdcError):
-    """Verification could not be made (a store behind the cut, a component down)."""
-
-    exit_code = 10
 
 
 @dataclass
@@ -584,7 +577,8 @@ def backfill_keys(
     report: Callable[[str], None] | None,
 ) -> None:
     """One incremental snapshot per filter (or of the whole table), each to its end."""
-    from snapshot.backfill import BackfillError, start_backfill, watch_backfill
+    from cdc.errors import BackfillError
+    from snapshot.backfill import start_backfill, watch_backfill
 
     parts: list[str | None] = [None] if filters is None else list(filters)
     for number, where in enumerate(parts, 1):

@@ -21,7 +21,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
 from cdc.connect import ConnectClient
-from cdc.errors import CdcError
+from cdc.errors import BackfillError
 from cdc.settings import Settings
 from cdc.source import (
     SIGNAL_LOCK_TIMEOUT,
@@ -34,16 +34,11 @@ from cdc.topics import notification_topic
 
 __all__ = [
     "MAX_FILTER_CHARS",
-    "BackfillError",
     "BackfillProgress",
     "send_signal",
     "start_backfill",
     "watch_backfill",
 ]
-
-
-class BackfillError(CdcError):
-    """A backfill cannot start, or it was aborted."""
 
 
 # Debezium keeps a running backfill's filter in the connector's offsets, escaped twice

@@ -38,7 +38,7 @@ from rich.progress import (
 from cdc.capture import register_connector
 from cdc.catalog import Table
 from cdc.connect import ConnectClient
-from cdc.errors import CdcError, ConnectorError
+from cdc.errors import ConnectorError, SnapshotError
 from cdc.settings import Settings
 from cdc.source import (
     admin_connection,
@@ -61,13 +61,9 @@ from snapshot.rewrites import record_schemas
 from snapshot.slot import InFlight, drop_slot, exported_snapshot, slot_state
 from snapshot.state import mark_done, mark_running, read_state
 
-__all__ = ["SnapshotError", "SnapshotResult", "ctid_ranges", "run_snapshot"]
+__all__ = ["SnapshotResult", "ctid_ranges", "run_snapshot"]
 
 log = logging.getLogger(__name__)
-
-
-class SnapshotError(CdcError):
-    """The snapshot cannot run as asked."""
 
 
 @dataclass

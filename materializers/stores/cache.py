@@ -24,8 +24,8 @@ from typing import Any
 import redis
 
 from cdc.catalog import Column, Table
-from cdc.decode import UNAVAILABLE, Interval, ValueDecodeError, decode_value
-from cdc.errors import StoreUnavailableError
+from cdc.decode import UNAVAILABLE, Interval, decode_value
+from cdc.errors import StoreUnavailableError, ValueDecodeError
 from materializers.stores.base import Event, Store, WriteResult
 
 __all__ = [

@@ -22,8 +22,8 @@ import orjson
 from opensearchpy import ConnectionError, JSONSerializer, OpenSearch, TransportError, helpers
 
 from cdc.catalog import Column, Table
-from cdc.decode import UNAVAILABLE, ValueDecodeError, decode_value
-from cdc.errors import StoreError, StoreUnavailableError
+from cdc.decode import UNAVAILABLE, decode_value
+from cdc.errors import StoreError, StoreUnavailableError, ValueDecodeError
 from cdc.topics import topic_name
 from materializers.stores.base import Event, Store, WriteResult
 from materializers.stores.cache import cache_text

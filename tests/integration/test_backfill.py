@@ -10,8 +10,9 @@ import psycopg
 import pytest
 from rich.console import Console
 
+from cdc.errors import BackfillError
 from cdc.pipeline import drop_pipeline
-from snapshot.backfill import BackfillError, start_backfill, watch_backfill
+from snapshot.backfill import start_backfill, watch_backfill
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.integration.test_snapshot import Writer

@@ -22,7 +22,8 @@ import redis
 import requests
 from rich.console import Console
 
-from cdc.decode import ValueDecodeError, decode_row
+from cdc.decode import decode_row
+from cdc.errors import ValueDecodeError
 from cdc.pipeline import drop_pipeline
 from cdc.settings import Settings
 from cdc.topics import ChangeRecord, change_topic, read_topic

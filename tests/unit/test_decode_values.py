@@ -18,8 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cdc.catalog import Column
-from cdc.decode import UNAVAILABLE, ValueDecodeError, decode_row, decode_value
-from cdc.errors import CdcError
+from cdc.decode import UNAVAILABLE, decode_row, decode_value
+from cdc.errors import CdcError, ValueDecodeError
 from materializers.stores.cache import cache_text
 
 

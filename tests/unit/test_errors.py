@@ -1,0 +1,49 @@
+"""Every error the project raises on purpose lives in cdc/errors.py under one root, with
+an exit code of its own that the README lists."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+from pathlib import Path
+
+from cdc import errors
+from cdc.errors import CdcError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _subclasses(cls: type) -> list[type]:
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return found
+
+
+def _import_everything() -> None:
+    for package in ("cdc", "snapshot", "materializers"):
+        for module in pkgutil.walk_packages([str(ROOT / package)], prefix=f"{package}."):
+            if not module.name.endswith("__main__"):
+                importlib.import_module(module.name)
+
+
+def test_every_error_class_lives_in_errors_py() -> None:
+    _import_everything()
+    outside = [c.__qualname__ for c in _subclasses(CdcError) if c.__module__ != errors.__name__]
+    assert not outside
+
+
+def test_exit_codes_are_one_per_kind_and_in_the_readme() -> None:
+    classes = [CdcError, *_subclasses(CdcError)]
+    for a in classes:
+        for b in classes:
+            if a is not b and a.exit_code == b.exit_code:
+                # only a refinement of another kind shares its code (not of the root's
+                # 1, which means drift)
+                assert CdcError not in (a, b) and (issubclass(a, b) or issubclass(b, a)), (a, b)
+    readme = (ROOT / "README.md").read_text()
+    listed = re.search(r"exit code \((.*?)\)\.", readme, re.S)
+    assert listed is not None
+    codes = {int(n) for n in re.findall(r"(?:^|, )(\d+) ", listed.group(1).replace("\n", " "))}
+    assert {c.exit_code for c in classes} == codes
