@@ -209,7 +209,7 @@ def cleanup(settings: Settings) -> None:
 
     from kafka.admin import KafkaAdminClient
 
-    from cdc.pipeline import drop_pipeline
+    from commands.pipeline import drop_pipeline
 
     drop_pipeline(settings)
     prefix = settings.pipeline.topic_prefix

@@ -40,9 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import ResourceSampler, bench_settings, cleanup, in_database, record
 from bench.snapshot_throughput import pgbench_init, psql_args, psql_env
 from cdc.components.postgres import postgres_bin_dir
-from cdc.pipeline import pipeline_status
 from cdc.settings import Settings, load_settings
 from cdc.topics import change_topic, end_offsets
+from commands.pipeline import pipeline_status
 from materializers.apply import read_progress, run_apply
 from snapshot.initial import run_snapshot
 

@@ -10,7 +10,6 @@ from typing import Any
 import psycopg
 
 from cdc.catalog import Table
-from cdc.components.connect import DEBEZIUM_POSTGRES
 from cdc.connect import ConnectClient
 from cdc.errors import ConnectorError
 from cdc.settings import Settings
@@ -18,6 +17,7 @@ from cdc.source import HEARTBEAT_TABLE, SIGNAL_TABLE, TRUNCATIONS_TABLE
 from cdc.topics import notification_topic
 
 __all__ = [
+    "DEBEZIUM_POSTGRES",
     "connector_config",
     "offset_reaches",
     "pipeline_connector_config",
@@ -26,6 +26,7 @@ __all__ = [
     "wait_slot_active",
 ]
 
+DEBEZIUM_POSTGRES = "io.debezium.connector.postgresql.PostgresConnector"
 log = logging.getLogger(__name__)
 
 

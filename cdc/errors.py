@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "INSTALL_HINT",
     "BackfillError",
     "CdcError",
     "ComponentError",
@@ -41,6 +42,9 @@ class ConfigError(CdcError):
     """A setting is missing or invalid: fix cdc.toml or the CDC_* environment."""
 
     exit_code = 2
+
+
+INSTALL_HINT = "run `make install`"  # what a NotInstalledError tells to do
 
 
 class NotInstalledError(CdcError):

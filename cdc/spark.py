@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cdc.components.base import INSTALL_HINT
-from cdc.errors import NotInstalledError
+from cdc.errors import INSTALL_HINT, NotInstalledError
 from cdc.settings import Settings
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 
 from cdc.catalog import TRUNCATIONS_TABLE
-from cdc.components.kafka import admin_client
+from cdc.clients import kafka_admin
 from cdc.errors import SourceError, TopicError
 from cdc.settings import PipelineSettings
 
@@ -140,7 +140,7 @@ def ensure_topics(bootstrap_servers: str, specs: list[TopicSpec]) -> list[str]:
 
     Returns the names of the topics it created.
     """
-    admin = admin_client(bootstrap_servers, 15000)
+    admin = kafka_admin(bootstrap_servers, 15000)
     try:
         existing = {
             t["name"]: len(t["partitions"])
@@ -199,7 +199,7 @@ def truncate_topics(bootstrap_servers: str, specs: list[TopicSpec]) -> None:
     }
     if not to_delete:
         return
-    admin = admin_client(bootstrap_servers, 30000)
+    admin = kafka_admin(bootstrap_servers, 30000)
     deletable = {"cleanup.policy": "compact,delete", "retention.ms": "-1", "retention.bytes": "-1"}
     try:
         admin.alter_configs(

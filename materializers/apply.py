@@ -37,6 +37,7 @@ from cdc.topics import change_topic, change_topic_pattern, dead_letter_topic
 from materializers.events import parse_events
 from materializers.generated import with_generated
 from materializers.stores.base import Store
+from materializers.stores.delta_tables import warehouse_root
 from materializers.typed import unheld_columns
 from materializers.views import check_views, window_query
 from materializers.writer import RESULT_DDL, partition_writer
@@ -54,7 +55,6 @@ __all__ = [
     "read_source",
     "run_apply",
     "unavailable_reason",
-    "warehouse_root",
     "write_progress",
 ]
 
@@ -130,10 +130,6 @@ class DeadLetters:
                 f"{len(failed)} of {len(sent)} dead letter(s) ({type(failed[0]).__name__}: "
                 f"{str(failed[0])[:200]}); the batch is not committed"
             )
-
-
-def warehouse_root(settings: Settings) -> str:
-    return settings.apply.warehouse_path or str(settings.data_dir / "warehouse")
 
 
 def make_store(settings: Settings, name: str, spark: Any = None) -> Store:

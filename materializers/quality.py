@@ -62,8 +62,7 @@ def warehouse_checks(settings: Settings, table: Table, source_count: int) -> lis
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
     from cdc.spark import spark_session
-    from materializers.apply import warehouse_root
-    from materializers.stores.warehouse import current_path
+    from materializers.stores.delta_tables import current_path, warehouse_root
 
     logging.getLogger("great_expectations").setLevel(logging.ERROR)
     spark = spark_session(settings, "cdc-verify")
@@ -100,8 +99,7 @@ def history_checks(settings: Settings, table: Table) -> list[Check]:
     from delta.tables import DeltaTable
 
     from cdc.spark import spark_session
-    from materializers.apply import warehouse_root
-    from materializers.stores.warehouse import current_path, history_path
+    from materializers.stores.delta_tables import current_path, history_path, warehouse_root
 
     spark = spark_session(settings, "cdc-verify")
     root = warehouse_root(settings)
@@ -275,7 +273,7 @@ def _window_rows(settings: Settings, window: WindowAggregate) -> dict[int, tuple
     from delta.tables import DeltaTable
 
     from cdc.spark import spark_session
-    from materializers.apply import warehouse_root
+    from materializers.stores.delta_tables import warehouse_root
     from materializers.views import view_path
 
     spark = spark_session(settings, "cdc-verify")

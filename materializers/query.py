@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdc.catalog import Table
+from cdc.clients import opensearch_client, redis_client
 from cdc.errors import QueryError
 from cdc.settings import Settings
 
@@ -39,8 +40,7 @@ def warehouse_names(settings: Settings, tables: list[str]) -> dict[str, str]:
     from delta.tables import DeltaTable
 
     from cdc.spark import spark_session
-    from materializers.apply import warehouse_root
-    from materializers.stores.warehouse import current_path, history_path
+    from materializers.stores.delta_tables import current_path, history_path, warehouse_root
     from materializers.views import view_path
 
     spark = spark_session(settings, "cdc-query")
@@ -114,12 +114,11 @@ def _explain(exc: Any, names: dict[str, str], spark: Any) -> str:
 
 def search_table(settings: Settings, table: Table, text: str, limit: int = 10) -> QueryResult:
     """Documents of `table` matching `text` (simple query string over every field)."""
-    from opensearchpy import OpenSearch
     from opensearchpy.exceptions import ConnectionError as OsConnectionError
 
     from materializers.stores.search import index_name
 
-    client = OpenSearch(hosts=[settings.opensearch.url], timeout=30)
+    client = opensearch_client(settings.opensearch.url, 30)
     index = index_name(settings.pipeline.topic_prefix, table.qualified)
     try:
         if not client.indices.exists(index=index):
@@ -173,7 +172,6 @@ def cache_entry(settings: Settings, table: Table, key: str) -> dict[str, str]:
     """The cache's hash for the row with `key` (its fields as text)."""
     import redis
 
-    from cdc.components.redis import redis_client
     from materializers.stores.cache import cache_key
 
     name = cache_key(settings.pipeline.topic_prefix, table.qualified, key_json(table, key))

@@ -29,6 +29,7 @@ from psycopg import sql
 from psycopg.types.string import TextLoader
 
 from cdc.catalog import Column, Table
+from cdc.clients import opensearch_client, redis_client
 from cdc.decode import Interval, decode_value, parse_interval
 from cdc.errors import CdcError, VerifyError
 from cdc.settings import JoinView, Settings
@@ -248,7 +249,6 @@ def store_rows(settings: Settings, store: str, table: Table) -> dict[str, dict[s
 
 
 def _cache_rows(settings: Settings, table: Table) -> dict[str, dict[str, Any]]:
-    from cdc.components.redis import redis_client
     from materializers.stores.cache import cache_key, column_fields
 
     client = redis_client(settings.redis)
@@ -266,11 +266,11 @@ def _cache_rows(settings: Settings, table: Table) -> dict[str, dict[str, Any]]:
 
 
 def _search_rows(settings: Settings, table: Table) -> dict[str, dict[str, Any]]:
-    from opensearchpy import OpenSearch, helpers
+    from opensearchpy import helpers
 
     from materializers.stores.search import index_name
 
-    client = OpenSearch(hosts=[settings.opensearch.url], timeout=60)
+    client = opensearch_client(settings.opensearch.url, 60)
     index = index_name(settings.pipeline.topic_prefix, table.qualified)
     if not client.indices.exists(index=index):
         return {}
@@ -290,8 +290,7 @@ def _warehouse_rows(
     from delta.tables import DeltaTable
 
     from cdc.spark import spark_session
-    from materializers.apply import warehouse_root
-    from materializers.stores.warehouse import current_path
+    from materializers.stores.delta_tables import current_path, warehouse_root
 
     spark = spark_session(settings, "cdc-verify")
     live = path is None
@@ -462,7 +461,7 @@ def verify_join(
 ) -> Drift:
     """The join view in the warehouse against the same join computed by PostgreSQL, after
     a cut on both tables (a row that differs is looked at again after a fresh cut)."""
-    from materializers.apply import warehouse_root
+    from materializers.stores.delta_tables import warehouse_root
     from materializers.views import view_path
 
     view = view_table(join, tables)
@@ -610,7 +609,6 @@ REMOVE_BATCH = 1000  # keys per cache DEL, per warehouse UPDATE of a many-column
 
 def _remove_from(settings: Settings, store: str, table: Table, keys: list[str]) -> None:
     if store == "cache":
-        from cdc.components.redis import redis_client
         from materializers.stores.cache import cache_key
 
         # the store's own keys (Debezium's JSON) of the keys to remove
@@ -625,12 +623,12 @@ def _remove_from(settings: Settings, store: str, table: Table, keys: list[str]) 
         for at in range(0, len(held), REMOVE_BATCH):
             client.delete(*held[at : at + REMOVE_BATCH])
     elif store == "search":
-        from opensearchpy import OpenSearch, helpers
+        from opensearchpy import helpers
 
         from materializers.stores.search import index_name
 
         index = index_name(settings.pipeline.topic_prefix, table.qualified)
-        client = OpenSearch(hosts=[settings.opensearch.url], timeout=60)
+        client = opensearch_client(settings.opensearch.url, 60)
         wanted = set(keys)
         ids = [
             hit["_id"]
@@ -646,8 +644,7 @@ def _remove_from(settings: Settings, store: str, table: Table, keys: list[str]) 
         from pyspark.sql import functions as F
 
         from cdc.spark import spark_session
-        from materializers.apply import warehouse_root
-        from materializers.stores.warehouse import current_path
+        from materializers.stores.delta_tables import current_path, warehouse_root
 
         spark = spark_session(settings, "cdc-verify")
         target = DeltaTable.forPath(spark, current_path(warehouse_root(settings), table.qualified))

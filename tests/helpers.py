@@ -32,7 +32,7 @@ def run_cdc(
     """Run `cdc ARGS` as a user would, in a clean environment plus env."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
     return subprocess.run(
-        [sys.executable, "-m", "cdc", *args],
+        [sys.executable, "-m", "commands", *args],
         env={**base, **(env or {})},
         capture_output=True,
         text=True,

@@ -11,8 +11,7 @@ from typing import Any
 import redis
 import requests
 
-from materializers.apply import warehouse_root
-from materializers.stores.warehouse import current_path
+from materializers.stores.delta_tables import current_path, warehouse_root
 
 Rows = dict[Any, dict[str, Any]]
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cdc.components.base import INSTALL_HINT
-from cdc.errors import NotInstalledError
+from cdc.errors import INSTALL_HINT, NotInstalledError
 from cdc.settings import Settings
 
 LOG4J2_PROPERTIES = """\

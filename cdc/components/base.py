@@ -10,14 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cdc.errors import ComponentError, NotInstalledError, PortInUseError
+from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError, PortInUseError
 from cdc.process import ServiceUser, port_free, read_pid, spawn, stop_pid, wait_for
 from cdc.settings import Settings
 
 __all__ = ["Component", "ComponentStatus"]
 
 log = logging.getLogger(__name__)
-INSTALL_HINT = "run `make install`"
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from cdc.capture import DEBEZIUM_POSTGRES
 from cdc.components._jvm import (
     LOG4J2_PROPERTIES,
     heap_flags,
@@ -12,14 +13,13 @@ from cdc.components._jvm import (
     kafka_lib,
     write_properties,
 )
-from cdc.components.base import INSTALL_HINT, Component
+from cdc.components.base import Component
 from cdc.connect import ConnectClient
-from cdc.errors import NotInstalledError
+from cdc.errors import INSTALL_HINT, NotInstalledError
 from cdc.settings import ConnectSettings
 
-__all__ = ["CONVERTERS", "DEBEZIUM_POSTGRES", "Connect"]
+__all__ = ["CONVERTERS", "Connect"]
 
-DEBEZIUM_POSTGRES = "io.debezium.connector.postgresql.PostgresConnector"
 # Keys and values are JSON without embedded schemas (the apply job reads each table's
 # schema from the Postgres catalog). docker-compose.yml sets the same; a test checks it.
 CONVERTERS = {

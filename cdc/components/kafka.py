@@ -7,8 +7,7 @@ import subprocess
 import uuid
 from typing import Any
 
-from kafka import KafkaAdminClient
-
+from cdc.clients import kafka_admin
 from cdc.components._jvm import (
     LOG4J2_PROPERTIES,
     heap_flags,
@@ -21,15 +20,7 @@ from cdc.components.base import Component
 from cdc.errors import ComponentError
 from cdc.settings import KafkaSettings
 
-__all__ = ["Kafka", "admin_client"]
-
-
-def admin_client(bootstrap_servers: str, timeout_ms: int = 5000) -> KafkaAdminClient:
-    return KafkaAdminClient(
-        bootstrap_servers=bootstrap_servers,
-        client_id="cdc-admin",
-        request_timeout_ms=timeout_ms,
-    )
+__all__ = ["Kafka"]
 
 
 class Kafka(Component):
@@ -131,7 +122,7 @@ class Kafka(Component):
         ], {}
 
     def ready(self) -> bool:
-        admin = admin_client(self.address, 3000)
+        admin = kafka_admin(self.address, 3000)
         try:
             cluster = admin.describe_cluster()
             return bool(cluster.get("brokers"))
@@ -144,7 +135,7 @@ class Kafka(Component):
         return None
 
     def details(self) -> dict[str, Any]:
-        admin = admin_client(self.address, 3000)
+        admin = kafka_admin(self.address, 3000)
         try:
             topics = admin.list_topics()
         finally:

@@ -9,8 +9,8 @@ from typing import Any
 import requests
 
 from cdc.components._jvm import heap_flags, java
-from cdc.components.base import INSTALL_HINT, Component
-from cdc.errors import NotInstalledError
+from cdc.components.base import Component
+from cdc.errors import INSTALL_HINT, NotInstalledError
 from cdc.settings import OpenSearchSettings
 
 __all__ = ["OpenSearch"]

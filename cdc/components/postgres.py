@@ -13,8 +13,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc.components.base import INSTALL_HINT, Component
-from cdc.errors import ComponentError, NotInstalledError
+from cdc.components.base import Component
+from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError
 from cdc.settings import PostgresSettings
 
 __all__ = ["Postgres", "postgres_bin_dir"]

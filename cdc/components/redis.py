@@ -5,23 +5,12 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
-import redis
-
-from cdc.components.base import INSTALL_HINT, Component
-from cdc.errors import NotInstalledError
+from cdc.clients import redis_client
+from cdc.components.base import Component
+from cdc.errors import INSTALL_HINT, NotInstalledError
 from cdc.settings import RedisSettings
 
-__all__ = ["Redis", "redis_client"]
-
-
-def redis_client(section: RedisSettings) -> redis.Redis:
-    return redis.Redis(
-        host=section.host,
-        port=section.port,
-        password=section.password.get_secret_value() if section.password else None,
-        socket_timeout=3,
-        socket_connect_timeout=3,
-    )
+__all__ = ["Redis"]
 
 
 class Redis(Component):

@@ -19,9 +19,10 @@ from collections.abc import Iterable
 from typing import Any
 
 import orjson
-from opensearchpy import ConnectionError, JSONSerializer, OpenSearch, TransportError, helpers
+from opensearchpy import ConnectionError, JSONSerializer, TransportError, helpers
 
 from cdc.catalog import Column, Table
+from cdc.clients import opensearch_client
 from cdc.decode import UNAVAILABLE, decode_value
 from cdc.errors import StoreError, StoreUnavailableError, ValueDecodeError
 from cdc.topics import topic_name
@@ -168,7 +169,7 @@ class SearchStore(Store):
 
     def __init__(self, url: str, prefix: str, retry_s: float = 30.0) -> None:
         self.url = url
-        self.client = OpenSearch(hosts=[url], timeout=30, serializer=FastJSON())
+        self.client = opensearch_client(url, 30, FastJSON())
         self.prefix = prefix
         self.retry_s = retry_s
         self._indexes: dict[str, str] = {}

@@ -15,21 +15,19 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from cdc.catalog import Table
-from cdc.errors import StoreError
 from cdc.settings import JoinView
 from materializers.stores.base import Event, Store, WriteResult
+from materializers.stores.delta_tables import current_path, ensure_delta, history_path
 from materializers.typed import quoted as q
 from materializers.typed import spark_type, typed_image
 
-__all__ = ["WarehouseStore", "current_path", "ensure_delta", "history_path"]
+__all__ = ["WarehouseStore"]
 
 log = logging.getLogger(__name__)
 
@@ -48,71 +46,6 @@ _OLDER = (
     "(t._cdc_commit_lsn IS NULL OR t._cdc_commit_lsn < s.commit_lsn OR "
     "(t._cdc_commit_lsn = s.commit_lsn AND t._cdc_lsn < s.lsn))"
 )
-
-
-def current_path(root: str, table: str) -> str:
-    schema, name = table.split(".", 1)
-    return f"{root.rstrip('/')}/{schema}/{name}/current"
-
-
-def history_path(root: str, table: str) -> str:
-    schema, name = table.split(".", 1)
-    return f"{root.rstrip('/')}/{schema}/{name}/history"
-
-
-# Delta's column mapping by name: a column is stored under a physical name of its own, so
-# any PostgreSQL column name works (spaces, commas, braces, `=`: what Parquet refuses)
-_COLUMN_MAPPING = {
-    "delta.columnMapping.mode": "name",
-    "delta.minReaderVersion": "2",
-    "delta.minWriterVersion": "5",
-}
-_NOT_PHYSICAL = re.compile(r"[ ,;{}()\n\t=]")
-
-
-def ensure_delta(spark: Any, path: str, fields: list[Any]) -> Any:
-    """The Delta table at `path`, created with `fields` or given the ones it lacks."""
-    from delta.tables import DeltaTable
-    from pyspark.sql import types as T
-
-    if not DeltaTable.isDeltaTable(spark, path):
-        if "://" not in path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        builder = DeltaTable.createIfNotExists(spark).location(path)
-        for key, value in _COLUMN_MAPPING.items():
-            builder = builder.property(key, value)
-        builder.addColumns(T.StructType(fields)).execute()
-    target = DeltaTable.forPath(spark, path)
-    have = {f.name: f.dataType for f in target.toDF().schema.fields}
-    added = [f for f in fields if f.name not in have]
-    if any(_NOT_PHYSICAL.search(f.name) for f in added):
-        # a table from before column mapping was on, given a name Parquet cannot hold
-        settings = ", ".join(f"'{k}' = '{v}'" for k, v in _COLUMN_MAPPING.items())
-        spark.sql(f"ALTER TABLE delta.{q(path)} SET TBLPROPERTIES ({settings})")
-    if added:  # a column added in PostgreSQL
-        columns = ", ".join(f"{q(f.name)} {f.dataType.simpleString()}" for f in added)
-        spark.sql(f"ALTER TABLE delta.{q(path)} ADD COLUMNS ({columns})")
-    changed = [f for f in fields if f.name in have and have[f.name] != f.dataType]
-    if changed:  # a column whose type PostgreSQL widened: Delta's type widening
-        spark.sql(
-            f"ALTER TABLE delta.{q(path)} SET TBLPROPERTIES ('delta.enableTypeWidening' = true)"
-        )
-        for f in changed:
-            try:
-                spark.sql(
-                    f"ALTER TABLE delta.{q(path)} ALTER COLUMN {q(f.name)} "
-                    f"TYPE {f.dataType.simpleString()}"
-                )
-            except Exception as exc:  # AnalysisException: not a widening Delta supports
-                raise StoreError(
-                    f"column {f.name} changed from {have[f.name].simpleString()} to "
-                    f"{f.dataType.simpleString()}, which Delta cannot widen in place; rebuild "
-                    f"{path} from the log (stop `cdc apply`, remove it and the warehouse "
-                    f"checkpoint, start `cdc apply`): {str(exc).splitlines()[0][:200]}"
-                ) from None
-    if added or changed:
-        target = DeltaTable.forPath(spark, path)
-    return target
 
 
 class WarehouseStore(Store):

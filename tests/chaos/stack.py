@@ -134,7 +134,7 @@ class ChaosStack:
             out.write(f"\n--- chaos: apply start {self.apply_starts} ---\n")
             out.flush()
             self.apply = subprocess.Popen(
-                [sys.executable, "-m", "cdc", "apply"],
+                [sys.executable, "-m", "commands", "apply"],
                 env={
                     **{k: v for k, v in os.environ.items() if not k.startswith("CDC_")},
                     **self.env,

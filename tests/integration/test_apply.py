@@ -13,11 +13,11 @@ import pytest
 import redis
 from rich.console import Console
 
-from cdc.pipeline import drop_pipeline
-from materializers.apply import checkpoint_dir, run_apply, warehouse_root
+from commands.pipeline import drop_pipeline
+from materializers.apply import checkpoint_dir, run_apply
 from materializers.stores.cache import cache_key, cache_text
+from materializers.stores.delta_tables import current_path, history_path, warehouse_root
 from materializers.stores.search import index_name, plain_value
-from materializers.stores.warehouse import current_path, history_path
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.logcheck import pipeline_for, source_rows, table_info, wait_until_equal

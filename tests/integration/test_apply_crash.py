@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from rich.console import Console
 
-from cdc.pipeline import drop_pipeline
+from commands.pipeline import drop_pipeline
 from materializers.apply import read_progress
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
@@ -54,7 +54,7 @@ def test_apply_killed_mid_batch_and_restarted_converges(stack: RunningStack) -> 
         run_snapshot(settings, Console(file=io.StringIO()))
         writer.start()
         apply = subprocess.Popen(
-            [sys.executable, "-m", "cdc", "apply"],
+            [sys.executable, "-m", "commands", "apply"],
             env={**os.environ, **env},
             cwd=ROOT,
             start_new_session=True,

@@ -11,9 +11,9 @@ import pytest
 import redis
 from rich.console import Console
 
-from cdc.pipeline import drop_pipeline
 from cdc.source import TRUNCATE_TRIGGER, TRUNCATIONS_TABLE
 from cdc.topics import change_topic, read_topic
+from commands.pipeline import drop_pipeline
 from materializers.apply import run_apply
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
@@ -30,8 +30,7 @@ pytestmark = pytest.mark.integration
 
 def warehouse_rows(settings, table: str, columns: list[str]) -> dict:  # type: ignore[no-untyped-def]
     from cdc.spark import spark_session
-    from materializers.apply import warehouse_root
-    from materializers.stores.warehouse import current_path
+    from materializers.stores.delta_tables import current_path, warehouse_root
 
     spark = spark_session(settings, "test")
     frame = spark.read.format("delta").load(current_path(warehouse_root(settings), table))
@@ -42,8 +41,7 @@ def warehouse_rows(settings, table: str, columns: list[str]) -> dict:  # type: i
 
 def history_rows(settings, table: str):  # type: ignore[no-untyped-def]
     from cdc.spark import spark_session
-    from materializers.apply import warehouse_root
-    from materializers.stores.warehouse import history_path
+    from materializers.stores.delta_tables import history_path, warehouse_root
 
     spark = spark_session(settings, "test")
     return spark.read.format("delta").load(history_path(warehouse_root(settings), table))
@@ -160,8 +158,8 @@ def test_a_poison_event_goes_to_the_dead_letter_topic_and_the_pipeline_goes_on(
 ) -> None:
     from kafka import KafkaProducer
 
-    from cdc.pipeline import pipeline_status
     from cdc.topics import dead_letter_topic
+    from commands.pipeline import pipeline_status
 
     name = "poison_" + uuid.uuid4().hex[:8]
     table = f"public.{name}"

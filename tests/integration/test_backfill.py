@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from cdc.errors import BackfillError
-from cdc.pipeline import drop_pipeline
+from commands.pipeline import drop_pipeline
 from snapshot.backfill import start_backfill, watch_backfill
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack

@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from cdc.components import Connect
-from cdc.pipeline import drop_pipeline
+from commands.pipeline import drop_pipeline
 from materializers.apply import run_apply
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack

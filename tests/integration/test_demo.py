@@ -7,8 +7,8 @@ import json
 import psycopg
 import pytest
 
-from cdc.demo import TABLES
-from cdc.pipeline import drop_pipeline
+from commands.demo import TABLES
+from commands.pipeline import drop_pipeline
 from tests.conftest import RunningStack
 from tests.helpers import run_cdc
 from tests.logcheck import pipeline_for

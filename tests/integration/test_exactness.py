@@ -18,10 +18,10 @@ import requests
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from rich.console import Console
 
-from cdc.pipeline import drop_pipeline
 from cdc.topics import change_topic
-from materializers.apply import run_apply, warehouse_root
-from materializers.stores.warehouse import current_path, history_path
+from commands.pipeline import drop_pipeline
+from materializers.apply import run_apply
+from materializers.stores.delta_tables import current_path, history_path, warehouse_root
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.helpers import run_cdc

@@ -18,9 +18,9 @@ import psycopg
 import pytest
 from rich.console import Console
 
-from cdc.pipeline import drop_pipeline
-from materializers.apply import run_apply, warehouse_root
-from materializers.stores.warehouse import history_path
+from commands.pipeline import drop_pipeline
+from materializers.apply import run_apply
+from materializers.stores.delta_tables import history_path, warehouse_root
 from materializers.verify import verify
 from snapshot.backfill import start_backfill, watch_backfill
 from snapshot.initial import run_snapshot

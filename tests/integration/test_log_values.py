@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from cdc.decode import decode_row
-from cdc.pipeline import drop_pipeline
+from commands.pipeline import drop_pipeline
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.logcheck import events_by_key, pipeline_for, table_info, wait_until_equal

@@ -14,8 +14,8 @@ import pytest
 import redis
 from rich.console import Console
 
-from cdc.pipeline import drop_pipeline
 from cdc.topics import change_topic
+from commands.pipeline import drop_pipeline
 from materializers.apply import run_apply
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
@@ -76,8 +76,7 @@ def test_a_table_name_kafka_and_opensearch_do_not_take(stack: RunningStack) -> N
     store takes its rows."""
     import requests
 
-    from materializers.apply import warehouse_root
-    from materializers.stores.warehouse import current_path
+    from materializers.stores.delta_tables import current_path, warehouse_root
 
     name = f"Order.Items é {uuid.uuid4().hex[:6]}"
     table = f"public.{name}"

@@ -20,10 +20,9 @@ import requests
 from kafka.admin import KafkaAdminClient
 from rich.console import Console
 
-from cdc.pipeline import drop_pipeline
 from cdc.topics import change_topic
-from materializers.apply import warehouse_root
-from materializers.stores.warehouse import current_path
+from commands.pipeline import drop_pipeline
+from materializers.stores.delta_tables import current_path, warehouse_root
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.helpers import run_cdc

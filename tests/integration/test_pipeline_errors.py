@@ -18,8 +18,8 @@ from rich.console import Console
 from cdc.capture import register_connector
 from cdc.components.postgres import Postgres, postgres_bin_dir
 from cdc.errors import ConnectorError, SnapshotError, SourceError
-from cdc.pipeline import drop_pipeline, pipeline_status
 from cdc.source import prepare_source
+from commands.pipeline import drop_pipeline, pipeline_status
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.helpers import free_ports, run_cdc

@@ -17,9 +17,9 @@ from pydantic import SecretStr
 from rich.console import Console
 
 from cdc.connect import ConnectClient
-from cdc.pipeline import drop_pipeline, pipeline_status, sync_pipeline
 from cdc.settings import Settings
 from cdc.topics import change_topic, end_offsets
+from commands.pipeline import drop_pipeline, pipeline_status, sync_pipeline
 from snapshot.backfill import send_signal, start_backfill, watch_backfill
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
@@ -62,7 +62,7 @@ def test_an_interrupted_snapshot_is_never_taken_for_complete_and_reruns_cleanly(
     topic = change_topic(settings.pipeline, f"public.{name}")
     env = {**os.environ, **env_for(stack, settings)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cdc", "snapshot"],
+        [sys.executable, "-m", "commands", "snapshot"],
         env=env,
         cwd=ROOT,
         start_new_session=True,

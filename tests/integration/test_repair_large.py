@@ -23,10 +23,10 @@ import pytest
 import redis
 from rich.console import Console
 
-from cdc.pipeline import drop_pipeline
 from cdc.settings import Settings
 from cdc.source import signal_data_width, widen_signal_table
 from cdc.topics import change_topic, read_topic
+from commands.pipeline import drop_pipeline
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.helpers import ROOT, run_cdc
@@ -136,7 +136,7 @@ def test_verify_repair_mends_ten_thousand_keys_drifted_in_the_cache(stack: Runni
                     "USING left(data, 2048)"
                 )
             apply = subprocess.Popen(
-                [sys.executable, "-m", "cdc", "apply", "--store", "cache"],
+                [sys.executable, "-m", "commands", "apply", "--store", "cache"],
                 env={**{k: v for k, v in os.environ.items() if not k.startswith("CDC_")}, **env},
                 cwd=ROOT,
                 start_new_session=True,

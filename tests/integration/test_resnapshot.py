@@ -20,9 +20,9 @@ from kafka import KafkaConsumer, TopicPartition
 from rich.console import Console
 
 from cdc.connect import ConnectClient
-from cdc.pipeline import drop_pipeline
 from cdc.settings import Settings
 from cdc.topics import change_topic
+from commands.pipeline import drop_pipeline
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.helpers import run_cdc
@@ -318,8 +318,8 @@ def test_rows_deleted_between_two_snapshots_leave_every_store(
     import redis
     import requests
 
-    from materializers.apply import run_apply, warehouse_root
-    from materializers.stores.warehouse import current_path, history_path
+    from materializers.apply import run_apply
+    from materializers.stores.delta_tables import current_path, history_path, warehouse_root
 
     name, settings = table
     qualified = f"public.{name}"

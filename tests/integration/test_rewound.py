@@ -16,9 +16,9 @@ import redis
 from kafka.admin import KafkaAdminClient, NewTopic
 from rich.console import Console
 
-from cdc.pipeline import drop_pipeline
 from cdc.settings import Settings
 from cdc.topics import change_topic
+from commands.pipeline import drop_pipeline
 from materializers.apply import progress_file
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack

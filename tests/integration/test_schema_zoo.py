@@ -30,8 +30,9 @@ import pytest
 from psycopg import sql
 from rich.console import Console
 
-from cdc.pipeline import drop_pipeline
-from materializers.apply import run_apply, warehouse_root
+from commands.pipeline import drop_pipeline
+from materializers.apply import run_apply
+from materializers.stores.delta_tables import warehouse_root
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.logcheck import pipeline_for, wait_until_captured

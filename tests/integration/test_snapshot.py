@@ -13,8 +13,8 @@ import psycopg
 import pytest
 from rich.console import Console
 
-from cdc.pipeline import drop_pipeline
 from cdc.settings import Settings
+from commands.pipeline import drop_pipeline
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.logcheck import events_by_key, pipeline_for, poll, table_info, wait_until_equal

@@ -24,9 +24,9 @@ from rich.console import Console
 
 from cdc.decode import decode_row
 from cdc.errors import ValueDecodeError
-from cdc.pipeline import drop_pipeline
 from cdc.settings import Settings
 from cdc.topics import ChangeRecord, change_topic, read_topic
+from commands.pipeline import drop_pipeline
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.helpers import run_cdc
@@ -298,7 +298,7 @@ def test_every_store_holds_the_special_values(stack: RunningStack, table_name: s
 
 def assert_warehouse(settings: Settings, table: str, ids: list[int]) -> None:
     from cdc.spark import spark_session
-    from materializers.apply import warehouse_root
+    from materializers.stores.delta_tables import warehouse_root
 
     spark = spark_session(settings, "test")
     path = f"{warehouse_root(settings).rstrip('/')}/public/{table}/current"

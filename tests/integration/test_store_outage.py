@@ -23,8 +23,8 @@ import requests
 from kafka import KafkaConsumer, TopicPartition
 from rich.console import Console
 
-from cdc.pipeline import drop_pipeline
 from cdc.stack import Stack
+from commands.pipeline import drop_pipeline
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.helpers import ROOT, run_cdc
@@ -91,7 +91,16 @@ def test_a_store_that_is_down_blocks_its_apply_and_loses_nothing(stack: RunningS
         run_snapshot(settings, Console(file=io.StringIO()))
         with log.open("w") as out:
             apply = subprocess.Popen(
-                [sys.executable, "-m", "cdc", "apply", "--store", "cache", "--store", "search"],
+                [
+                    sys.executable,
+                    "-m",
+                    "commands",
+                    "apply",
+                    "--store",
+                    "cache",
+                    "--store",
+                    "search",
+                ],
                 env={**os.environ, **env},
                 cwd=ROOT,
                 start_new_session=True,

@@ -18,8 +18,8 @@ import pytest
 from rich.console import Console
 
 from cdc.decode import PLACEHOLDER_ARRAYS, PLACEHOLDER_B64, UNAVAILABLE
-from cdc.pipeline import drop_pipeline
 from cdc.topics import change_topic
+from commands.pipeline import drop_pipeline
 from materializers.apply import run_apply
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack

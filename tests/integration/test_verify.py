@@ -11,11 +11,11 @@ import pytest
 import redis
 from rich.console import Console
 
-from cdc.pipeline import drop_pipeline
-from materializers.apply import run_apply, warehouse_root
+from commands.pipeline import drop_pipeline
+from materializers.apply import run_apply
 from materializers.stores.cache import cache_key
+from materializers.stores.delta_tables import current_path, warehouse_root
 from materializers.stores.search import index_name
-from materializers.stores.warehouse import current_path
 from materializers.verify import Drift, repair, verify
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
@@ -202,7 +202,7 @@ def test_verify_checks_the_history(stack: RunningStack) -> None:
     from pyspark.sql import functions as F
 
     from cdc.spark import spark_session
-    from materializers.stores.warehouse import history_path
+    from materializers.stores.delta_tables import history_path
 
     name = "hist_" + uuid.uuid4().hex[:8]
     table = f"public.{name}"

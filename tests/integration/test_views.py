@@ -12,10 +12,11 @@ import psycopg
 import pytest
 from rich.console import Console
 
-from cdc.pipeline import drop_pipeline, pipeline_status
 from cdc.settings import JoinView, Settings, WindowAggregate
-from materializers.apply import run_apply, warehouse_root
+from commands.pipeline import drop_pipeline, pipeline_status
+from materializers.apply import run_apply
 from materializers.quality import view_checks
+from materializers.stores.delta_tables import warehouse_root
 from materializers.views import view_path
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack

@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from cdc.demo import _view
-from cdc.workload import Workload
+from commands.demo import _view
+from commands.workload import Workload
 
 
 def render(stores: dict[str, dict[str, object]], applying: list[str]) -> str:

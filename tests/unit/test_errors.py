@@ -22,7 +22,7 @@ def _subclasses(cls: type) -> list[type]:
 
 
 def _import_everything() -> None:
-    for package in ("cdc", "snapshot", "materializers"):
+    for package in ("cdc", "snapshot", "materializers", "commands"):
         for module in pkgutil.walk_packages([str(ROOT / package)], prefix=f"{package}."):
             if not module.name.endswith("__main__"):
                 importlib.import_module(module.name)

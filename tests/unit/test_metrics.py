@@ -5,8 +5,8 @@ from __future__ import annotations
 import urllib.request
 
 from cdc.components.base import ComponentStatus
-from cdc.metrics import serve
-from cdc.pipeline import PipelineStatus
+from commands.metrics import serve
+from commands.pipeline import PipelineStatus
 from tests.helpers import free_ports
 
 

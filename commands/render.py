@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cdc.components import ComponentStatus
-from cdc.pipeline import PipelineStatus
+from commands.pipeline import PipelineStatus
 
 __all__ = ["console", "pipeline_table", "status_table"]
 

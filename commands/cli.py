@@ -16,10 +16,10 @@ import typer
 
 from cdc.catalog import Table
 from cdc.errors import CdcError, ConfigError
-from cdc.render import console, pipeline_table, status_table
 from cdc.settings import Settings, load_settings
 from cdc.stack import Stack
 from cdc.topics import change_topic
+from commands.render import console, pipeline_table, status_table
 
 __all__ = ["app", "main"]
 
@@ -98,7 +98,7 @@ def status(output: OutputOption = Output.text) -> None:
 
 
 def _print_status(stack: Stack, output: Output) -> bool:
-    from cdc.pipeline import pipeline_status
+    from commands.pipeline import pipeline_status
 
     statuses = stack.status()
     up = {s.name for s in statuses if s.up}
@@ -155,7 +155,7 @@ def demo(
     shop workload while a dashboard shows events/s, lag and dead letters, then shows
     query, search and get examples and verifies every store. Exits 1 on drift.
     """
-    from cdc.demo import run_demo
+    from commands.demo import run_demo
 
     result = run_demo(settings(), out, progress, keep=keep, duration=duration, rate=rate)
     if result.interrupted:
@@ -174,7 +174,7 @@ def setup(output: OutputOption = Output.text) -> None:
     and the change topics. On a streaming pipeline, tables new to pipeline.tables are
     captured and backfilled; tables no longer in it stop being captured.
     """
-    from cdc.pipeline import sync_pipeline
+    from commands.pipeline import sync_pipeline
 
     s = settings()
     result = sync_pipeline(s)
@@ -530,8 +530,8 @@ def metrics(
     """
     import time
 
-    from cdc.metrics import serve
-    from cdc.pipeline import pipeline_status
+    from commands.metrics import serve
+    from commands.pipeline import pipeline_status
 
     s = settings()
     stack = Stack(s)
@@ -698,7 +698,7 @@ def drop(
     `cdc snapshot` starts the pipeline again from a fresh snapshot (a new generation:
     what it does not hold leaves each store once the store has applied it).
     """
-    from cdc.pipeline import drop_pipeline
+    from commands.pipeline import drop_pipeline
 
     s = settings()
     pipe = s.pipeline

@@ -23,11 +23,11 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from cdc.pipeline import pipe_streams, pipeline_status, sync_pipeline
 from cdc.settings import PROJECT_ROOT, JoinView, Settings, WindowAggregate
 from cdc.stack import Stack
 from cdc.topics import change_topic, end_offsets
-from cdc.workload import Workload
+from commands.pipeline import pipe_streams, pipeline_status, sync_pipeline
+from commands.workload import Workload
 
 __all__ = ["DEMO_JOIN", "DEMO_WINDOW", "DemoResult", "run_demo", "with_demo_views"]
 

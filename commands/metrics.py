@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from cdc.components.base import ComponentStatus
-from cdc.pipeline import PipelineStatus
+from commands.pipeline import PipelineStatus
 
 __all__ = ["StatusCollector", "families", "serve"]
 

@@ -1,3 +1,0 @@
-from cdc.cli import main
-
-main()

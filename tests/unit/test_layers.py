@@ -1,0 +1,99 @@
+"""The import graph, read from the modules' own import statements (those inside
+functions too): each floor imports only itself and the floors below, and no modules
+import each other in a circle. The floors are the README's "Layout"."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("cdc", "snapshot", "materializers", "commands")
+LOCAL_STACK = ("cdc.components", "cdc.stack", "cdc.process")
+# floor -> the floors it may import
+MAY_IMPORT = {
+    "library": {"library"},
+    "local stack": {"library", "local stack"},
+    "engines": {"library", "engines"},
+    "commands": {"library", "local stack", "engines", "commands"},
+}
+
+
+def floor(module: str) -> str:
+    if module.startswith("commands"):
+        return "commands"
+    if module.startswith(("snapshot", "materializers")):
+        return "engines"
+    if any(module == m or module.startswith(m + ".") for m in LOCAL_STACK):
+        return "local stack"
+    return "library"
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+
+    def resolve(target: str) -> str | None:
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        return target or None
+
+    edges: dict[str, set[str]] = defaultdict(set)
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for target in targets:
+                if target.split(".")[0] in PACKAGES:
+                    resolved = resolve(target)
+                    if resolved and resolved != name:
+                        edges[name].add(resolved)
+    return edges
+
+
+def test_each_floor_imports_only_the_floors_below() -> None:
+    edges = _graph()
+    assert len(edges) > 40  # the graph was read
+    upward = sorted(
+        f"{a} ({floor(a)}) -> {b} ({floor(b)})"
+        for a, targets in edges.items()
+        for b in targets
+        if floor(b) not in MAY_IMPORT[floor(a)]
+    )
+    assert not upward
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    edges = _graph()
+    circles = []
+    state: dict[str, int] = {}  # 1 on the path, 2 done
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(edges.get(module, ())):
+            if state.get(target) == 1:
+                circles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module)
+    assert not circles
