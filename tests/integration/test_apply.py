@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import shutil
 import uuid
 from pathlib import Path
@@ -15,62 +14,14 @@ from rich.console import Console
 
 from commands.pipeline import drop_pipeline
 from materializers.apply import checkpoint_dir, run_apply
-from materializers.stores.cache import cache_key, cache_text
+from materializers.stores.cache import cache_key
 from materializers.stores.delta_tables import current_path, history_path, warehouse_root
-from materializers.stores.search import index_name, plain_value
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
-from tests.logcheck import pipeline_for, source_rows, table_info, wait_until_equal
+from tests.contents import cache_contents, expected_cache, expected_search, search_contents
+from tests.logcheck import pipeline_for, table_info, wait_until_equal
 
 pytestmark = pytest.mark.integration
-
-
-def cache_contents(settings, table: str) -> dict[str, dict[str, str]]:  # type: ignore[no-untyped-def]
-    client = redis.Redis.from_url(settings.redis.url, decode_responses=True)
-    prefix = cache_key(settings.pipeline.topic_prefix, table, "")
-    rows = {}
-    for key in client.scan_iter(match=prefix + "*", count=1000):
-        entry = client.hgetall(key)
-        if "_deleted" not in entry:
-            rows[key[len(prefix) :]] = {k: v for k, v in entry.items() if not k.startswith("_")}
-    return rows
-
-
-def expected_cache(settings, table: str) -> dict[str, dict[str, str]]:  # type: ignore[no-untyped-def]
-    """The source table in the cache's terms."""
-    info = table_info(settings, table)
-    return {
-        json.dumps(dict(zip(info.key, key, strict=True)), separators=(",", ":")): {
-            name: cache_text(value) for name, value in row.items() if value is not None
-        }
-        for key, row in source_rows(settings, info).items()
-    }
-
-
-def search_contents(settings, table: str) -> dict[str, dict]:  # type: ignore[no-untyped-def]
-    from opensearchpy import OpenSearch, helpers
-
-    client = OpenSearch(hosts=[settings.opensearch.url])
-    index = index_name(settings.pipeline.topic_prefix, table)
-    client.indices.refresh(index=index)
-    return {
-        hit["_id"]: {k: v for k, v in hit["_source"].items() if not k.startswith("_cdc")}
-        for hit in helpers.scan(client, index=index, query={"query": {"match_all": {}}})
-    }
-
-
-def expected_search(settings, table: str) -> dict[str, dict]:  # type: ignore[no-untyped-def]
-    info = table_info(settings, table)
-
-    def plain(value):  # type: ignore[no-untyped-def]
-        return [plain(v) for v in value] if isinstance(value, list) else plain_value(value)
-
-    return {
-        json.dumps(dict(zip(info.key, key, strict=True)), separators=(",", ":")): {
-            name: plain(value) for name, value in row.items()
-        }
-        for key, row in source_rows(settings, info).items()
-    }
 
 
 def warehouse_contents(settings, table: str) -> tuple[dict[int, tuple], int]:  # type: ignore[no-untyped-def]

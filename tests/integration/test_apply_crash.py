@@ -19,16 +19,18 @@ from commands.pipeline import drop_pipeline
 from materializers.apply import read_progress
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
-from tests.helpers import ROOT, run_cdc
-from tests.integration.test_apply import (
+from tests.contents import (
     cache_contents,
     expected_cache,
     expected_search,
+    history_rows,
     search_contents,
+    source_tuples,
+    warehouse_rows,
 )
-from tests.integration.test_apply_edges import history_rows, source_tuples, warehouse_rows
-from tests.integration.test_snapshot import Writer
+from tests.helpers import ROOT, run_cdc
 from tests.logcheck import pipeline_for, table_info, wait_until_equal
+from tests.writer import Writer
 
 pytestmark = pytest.mark.integration
 

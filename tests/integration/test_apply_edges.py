@@ -17,42 +17,18 @@ from commands.pipeline import drop_pipeline
 from materializers.apply import run_apply
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
-from tests.integration.test_apply import (
+from tests.contents import (
     cache_contents,
     expected_cache,
     expected_search,
+    history_rows,
     search_contents,
+    source_tuples,
+    warehouse_rows,
 )
 from tests.logcheck import pipeline_for, poll
 
 pytestmark = pytest.mark.integration
-
-
-def warehouse_rows(settings, table: str, columns: list[str]) -> dict:  # type: ignore[no-untyped-def]
-    from cdc.spark import spark_session
-    from materializers.stores.delta_tables import current_path, warehouse_root
-
-    spark = spark_session(settings, "test")
-    frame = spark.read.format("delta").load(current_path(warehouse_root(settings), table))
-    return {
-        r["id"]: tuple(r[c] for c in columns) for r in frame.where("NOT _cdc_deleted").collect()
-    }
-
-
-def history_rows(settings, table: str):  # type: ignore[no-untyped-def]
-    from cdc.spark import spark_session
-    from materializers.stores.delta_tables import history_path, warehouse_root
-
-    spark = spark_session(settings, "test")
-    return spark.read.format("delta").load(history_path(warehouse_root(settings), table))
-
-
-def source_tuples(settings, table: str, columns: list[str]) -> dict:  # type: ignore[no-untyped-def]
-    with psycopg.connect(settings.postgres.dsn()) as conn:
-        cols = ", ".join(columns)
-        return {
-            r[0]: tuple(r[1:]) for r in conn.execute(f"SELECT id, {cols} FROM {table}").fetchall()
-        }
 
 
 def test_toast_placeholders_key_changes_and_schema_changes(stack: RunningStack) -> None:

@@ -15,8 +15,8 @@ from commands.pipeline import drop_pipeline
 from snapshot.backfill import start_backfill, watch_backfill
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
-from tests.integration.test_snapshot import Writer
 from tests.logcheck import events_by_key, pipeline_for, table_info, wait_until_equal
+from tests.writer import Writer
 
 pytestmark = pytest.mark.integration
 

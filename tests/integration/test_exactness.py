@@ -15,7 +15,7 @@ import psycopg
 import pytest
 import redis
 import requests
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer
 from rich.console import Console
 
 from cdc.topics import change_topic
@@ -24,25 +24,11 @@ from materializers.apply import run_apply
 from materializers.stores.delta_tables import current_path, history_path, warehouse_root
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
+from tests.contents import topic_records
 from tests.helpers import run_cdc
 from tests.logcheck import pipeline_for, table_info, wait_until_equal
 
 pytestmark = pytest.mark.integration
-
-
-def topic_records(servers: str, topic: str) -> list:  # type: ignore[type-arg]
-    """Every record of the topic, in partition and offset order (kafka-python)."""
-    consumer = KafkaConsumer(bootstrap_servers=servers, enable_auto_commit=False)
-    parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or []]
-    consumer.assign(parts)
-    consumer.seek_to_beginning(*parts)
-    ends = consumer.end_offsets(parts)
-    records = []
-    while any(consumer.position(p) < ends[p] for p in parts):
-        for batch in consumer.poll(timeout_ms=1000).values():
-            records += batch
-    consumer.close()
-    return sorted(records, key=lambda r: (r.partition, r.offset))
 
 
 def deliver_again(servers: str, topic: str, records: list) -> None:  # type: ignore[type-arg]

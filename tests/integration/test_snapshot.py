@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import random
 import threading
 import time
 import uuid
@@ -18,6 +17,7 @@ from commands.pipeline import drop_pipeline
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.logcheck import events_by_key, pipeline_for, poll, table_info, wait_until_equal
+from tests.writer import Writer
 
 pytestmark = pytest.mark.integration
 
@@ -33,45 +33,6 @@ def table_name(stack: RunningStack) -> Iterator[str]:
 def snapshot(settings: Settings, notes: list[str] | None = None):  # type: ignore[no-untyped-def]
     sink = notes if notes is not None else []
     return run_snapshot(settings, Console(file=io.StringIO()), sink.append)
-
-
-class Writer(threading.Thread):
-    """Committed inserts, updates (version + 1) and deletes, one per transaction, until stopped."""
-
-    def __init__(self, dsn: str, table: str, first_new_id: int, max_id: int) -> None:
-        super().__init__(daemon=True)
-        self.dsn, self.table = dsn, table
-        self.next_id, self.max_id = first_new_id, max_id
-        self.stop = threading.Event()
-        self.commits = 0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        rng = random.Random(7)
-        try:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
-                while not self.stop.is_set():
-                    roll = rng.random()
-                    if roll < 0.6:
-                        conn.execute(
-                            f"UPDATE {self.table} SET version = version + 1, "
-                            "note = md5(random()::text) WHERE id = %s",
-                            (rng.randint(1, self.max_id),),
-                        )
-                    elif roll < 0.85:
-                        conn.execute(
-                            f"INSERT INTO {self.table} (id, version, note) VALUES (%s, 0, 'new')",
-                            (self.next_id,),
-                        )
-                        self.next_id += 1
-                    else:
-                        conn.execute(
-                            f"DELETE FROM {self.table} WHERE id = %s",
-                            (rng.randint(1, self.max_id),),
-                        )
-                    self.commits += 1
-        except BaseException as exc:  # surfaced by the test
-            self.error = exc
 
 
 def test_the_seam_has_every_change_exactly_once_in_commit_order(

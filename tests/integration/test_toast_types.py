@@ -23,7 +23,7 @@ from commands.pipeline import drop_pipeline
 from materializers.apply import run_apply
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
-from tests.integration.test_exactness import topic_records
+from tests.contents import topic_records
 from tests.logcheck import pipeline_for
 from tests.stores import stores
 

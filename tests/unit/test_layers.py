@@ -97,3 +97,14 @@ def test_no_modules_import_each_other_in_a_circle() -> None:
         if module not in state:
             visit(module)
     assert not circles
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared test code lives in helper modules under tests/, not in a test module."""
+    borrowed = []
+    for path in (ROOT / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            module = node.module if isinstance(node, ast.ImportFrom) else None
+            if module and module.rpartition(".")[2].startswith("test_"):
+                borrowed.append(f"{path.relative_to(ROOT)}: {module}")
+    assert not borrowed
