@@ -43,7 +43,8 @@ from cdc.components.postgres import postgres_bin_dir
 from cdc.settings import Settings, load_settings
 from cdc.topics import change_topic, end_offsets
 from commands.pipeline import pipeline_status
-from materializers.apply import read_progress, run_apply
+from materializers.apply import run_apply
+from materializers.progress import read_progress
 from snapshot.initial import run_snapshot
 
 DATABASE = "cdcbench"
@@ -94,9 +95,9 @@ class BatchLog:
         while not self._stop.wait(0.05):
             for store in self.batches:
                 progress = read_progress(self.settings, store)
-                if progress and progress.get("batch") != seen.get(store):
-                    seen[store] = progress["batch"]
-                    self.batches[store].append((progress["applied_ms"], progress["applied"]))
+                if progress and progress.batch != seen.get(store):
+                    seen[store] = progress.batch
+                    self.batches[store].append((progress.applied_ms, progress.applied))
 
 
 def read_events(

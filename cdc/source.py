@@ -24,6 +24,8 @@ from cdc.catalog import (
     Table,
     check_publishable,
     check_wal_level,
+    describe_table,
+    published_tables,
     publishing_relations,
     resolve_tables,
     toast_blind_columns,
@@ -34,8 +36,11 @@ from cdc.topics import check_names_apart
 
 __all__ = [
     "admin_connection",
+    "captured_tables",
     "drop_publication",
+    "ping_source",
     "prepare_source",
+    "read_source",
     "replication_dsn",
     "signal_data_width",
     "sync_truncate_triggers",
@@ -334,3 +339,34 @@ def widen_signal_table(conn: psycopg.Connection[Any], table: str = SIGNAL_TABLE)
             conn.execute("SELECT set_config('lock_timeout', %s, true)", (previous,))
     log.info("%s.data widened to text", table)
     return True
+
+
+def ping_source(settings: Settings) -> None:
+    """Raises SourceUnavailableError while PostgreSQL does not answer."""
+    admin_connection(settings).close()
+
+
+def captured_tables(settings: Settings) -> dict[str, Table]:
+    """The pipeline's tables as the catalog describes them now."""
+    return read_source(settings)[0]
+
+
+def read_source(settings: Settings) -> tuple[dict[str, Table], int]:
+    """The pipeline's tables as the catalog describes them now (read every batch, so a
+    schema change reaches the stores without a restart), and the source's WAL position
+    (where its next change will be written, or a standby has replayed to)."""
+    pipe = settings.pipeline
+    try:
+        with admin_connection(settings) as conn:
+            names = published_tables(conn, pipe.publication)
+            tables = {name: describe_table(conn, name, pipe) for name in names}
+            row = conn.execute(
+                "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+                "ELSE pg_current_wal_lsn() END) - '0/0'::pg_lsn"
+            ).fetchone()
+            return tables, int(row[0]) if row and row[0] is not None else 0
+    except psycopg.OperationalError as exc:  # the connection went (a restart)
+        pg = settings.postgres
+        raise SourceUnavailableError(
+            f"PostgreSQL at {pg.host}:{pg.port} does not answer ({str(exc).strip()[:120]})"
+        ) from None

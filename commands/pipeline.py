@@ -12,6 +12,7 @@ from cdc.errors import CdcError
 from cdc.settings import Settings
 from cdc.source import admin_connection, drop_publication
 from cdc.topics import change_topic, dead_letter_topic, end_offsets, pipeline_topic_specs
+from materializers.progress import late_events, read_progress
 from snapshot.slot import drop_slot
 from snapshot.state import forget, read_state
 
@@ -135,7 +136,6 @@ def _store_progress(
     settings: Settings, ends: dict[str, dict[int, int]]
 ) -> dict[str, dict[str, Any]]:
     """Per store: the events it has still to apply, and how far behind the source it is."""
-    from materializers.apply import read_progress
 
     stores = {}
     now_ms = time.time() * 1000
@@ -143,38 +143,31 @@ def _store_progress(
         progress = read_progress(settings, store)
         if progress is None:
             continue
-        applied = progress.get("applied", {})
-        backlog = sum(
-            max(end - (applied[f"{t}:{p}"] + 1 if f"{t}:{p}" in applied else 0), 0)
-            for t, parts in ends.items()
-            for p, end in parts.items()
-        )
-        commit_ms = progress.get("commit_ms")
+        backlog = progress.backlog(ends)
+        commit_ms = progress.commit_ms
         if commit_ms is None:
             lag = None
         elif backlog:
             lag = (now_ms - commit_ms) / 1000  # at least this far behind
         else:
-            lag = (progress["applied_ms"] - commit_ms) / 1000  # the last batch's latency
+            lag = ((progress.applied_ms or now_ms) - commit_ms) / 1000  # the last batch's
         stores[store] = {
             "backlog_events": backlog,
             "lag_s": round(lag, 3) if lag is not None else None,
-            "applied_at_ms": progress.get("applied_ms"),
+            "applied_at_ms": progress.applied_ms,
             # the store did not answer: its batch waits, uncommitted (reason, since_ms)
-            "waiting": progress.get("waiting"),
+            "waiting": progress.waiting,
         }
     return stores
 
 
 def _late_events(settings: Settings) -> dict[str, int]:
     """Per window aggregate: the events that came after its watermark (not counted)."""
-    from materializers.apply import read_progress
-
     late = {}
     for window in settings.apply.windows:
-        progress = read_progress(settings, f"window-{window.name}")
-        if progress is not None:
-            late[window.name] = int(progress.get("late", 0))
+        counted = late_events(settings, window.name)
+        if counted is not None:
+            late[window.name] = counted
     return late
 
 

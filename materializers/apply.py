@@ -9,19 +9,15 @@ hands it to the store, which writes it only if it is newer than what it holds.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import re
 import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import psycopg
-
-from cdc.catalog import Table, describe_table, published_tables
+from cdc.catalog import Table
 from cdc.errors import (
     CdcError,
     LogRewoundError,
@@ -31,11 +27,20 @@ from cdc.errors import (
     StoreUnavailableError,
 )
 from cdc.settings import Settings
-from cdc.source import TRUNCATIONS_TABLE, admin_connection
+from cdc.source import TRUNCATIONS_TABLE, captured_tables, ping_source, read_source
 from cdc.spark import spark_session
-from cdc.topics import change_topic, change_topic_pattern, dead_letter_topic
+from cdc.topics import change_topic, change_topic_pattern
+from materializers.dead_letters import DeadLetters
 from materializers.events import parse_events
 from materializers.generated import with_generated
+from materializers.progress import (
+    Progress,
+    checkpoint_dir,
+    note_late,
+    read_progress,
+    set_waiting,
+    write_progress,
+)
 from materializers.stores.base import Store
 from materializers.stores.delta_tables import warehouse_root
 from materializers.typed import unheld_columns
@@ -46,90 +51,14 @@ from snapshot.generation import read_generation
 from snapshot.rewrites import check_rewrites
 
 __all__ = [
-    "captured_tables",
     "check_source_not_rewound",
-    "checkpoint_dir",
     "failure_line",
     "make_store",
-    "read_progress",
-    "read_source",
     "run_apply",
     "unavailable_reason",
-    "write_progress",
 ]
 
 log = logging.getLogger(__name__)
-
-
-def checkpoint_dir(settings: Settings, store: str) -> Path:
-    return settings.data_dir / "checkpoints" / settings.pipeline.name / store
-
-
-def progress_file(settings: Settings, store: str) -> Path:
-    """Written after every micro-batch: what the store has applied, for `cdc status`."""
-    return settings.data_dir / "checkpoints" / settings.pipeline.name / f"{store}.progress.json"
-
-
-class DeadLetters:
-    """Poison events go to the pipeline's dead-letter topic with the error and where they
-    came from (topic, partition, offset); the pipeline goes on."""
-
-    def __init__(self, settings: Settings, store: str) -> None:
-        self.settings, self.store = settings, store
-        self._producer: Any = None
-        self._sent: list[Any] = []  # futures of this batch's sends
-
-    def send(
-        self, topic: str, partition: int, offset: int, key: Any, value: Any, error: str
-    ) -> None:
-        if self._producer is None:
-            from kafka import KafkaProducer
-
-            self._producer = KafkaProducer(
-                bootstrap_servers=self.settings.kafka.bootstrap_servers, acks="all"
-            )
-        record = {
-            "store": self.store,
-            "error": error,
-            "topic": topic,
-            "partition": partition,
-            "offset": offset,
-            "key": key,
-            "value": value,
-        }
-        self._sent.append(
-            self._producer.send(
-                dead_letter_topic(self.settings.pipeline),
-                key=(key or "").encode(),
-                value=json.dumps(record, default=str).encode(),
-            )
-        )
-
-    def send_row(self, row: Any) -> None:
-        """A row (mapping) with topic, partition, offset, key, value and error."""
-        self.send(
-            row["topic"], row["partition"], row["offset"], row["key"], row["value"], row["error"]
-        )
-
-    def flush(self) -> None:
-        """Wait until Kafka has confirmed every dead letter of the batch (acks=all); raise
-        if one was not, so that the batch is not committed."""
-        if self._producer is None or not self._sent:
-            return
-        sent, self._sent = self._sent, []
-        self._producer.flush(timeout=60)
-        failed = []
-        for future in sent:
-            try:
-                future.get(timeout=1)
-            except Exception as exc:  # KafkaError, or a timeout
-                failed.append(exc)
-        if failed:
-            raise StoreUnavailableError(
-                f"the dead-letter topic {dead_letter_topic(self.settings.pipeline)} did not take "
-                f"{len(failed)} of {len(sent)} dead letter(s) ({type(failed[0]).__name__}: "
-                f"{str(failed[0])[:200]}); the batch is not committed"
-            )
 
 
 def make_store(settings: Settings, name: str, spark: Any = None) -> Store:
@@ -155,37 +84,6 @@ def make_store(settings: Settings, name: str, spark: Any = None) -> Store:
 
         return WarehouseStore(spark, warehouse_root(settings), settings.apply.joins)
     raise ValueError(f"unknown store {name}")
-
-
-def ping_source(settings: Settings) -> None:
-    """Raises SourceUnavailableError while PostgreSQL does not answer."""
-    admin_connection(settings).close()
-
-
-def captured_tables(settings: Settings) -> dict[str, Table]:
-    """The pipeline's tables as the catalog describes them now."""
-    return read_source(settings)[0]
-
-
-def read_source(settings: Settings) -> tuple[dict[str, Table], int]:
-    """The pipeline's tables as the catalog describes them now (read every batch, so a
-    schema change reaches the stores without a restart), and the source's WAL position
-    (where its next change will be written, or a standby has replayed to)."""
-    pipe = settings.pipeline
-    try:
-        with admin_connection(settings) as conn:
-            names = published_tables(conn, pipe.publication)
-            tables = {name: describe_table(conn, name, pipe) for name in names}
-            row = conn.execute(
-                "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
-                "ELSE pg_current_wal_lsn() END) - '0/0'::pg_lsn"
-            ).fetchone()
-            return tables, int(row[0]) if row and row[0] is not None else 0
-    except psycopg.OperationalError as exc:  # the connection went (a restart)
-        pg = settings.postgres
-        raise SourceUnavailableError(
-            f"PostgreSQL at {pg.host}:{pg.port} does not answer ({str(exc).strip()[:120]})"
-        ) from None
 
 
 def _batch_writer(
@@ -228,12 +126,12 @@ def _batch_writer(
         check_rewrites(settings, tables.values(), notify)
         topics = {change_topic(settings.pipeline, t): t for t in [*tables, TRUNCATIONS_TABLE]}
         batch = with_generated(batch, settings.postgres.dsn(), topics, tables)
-        progress = read_progress(settings, store.name)
+        progress = read_progress(settings, store.name) or Progress()
         check_source_not_rewound(store.name, wal, progress)
         ends.check_not_rewound(store.name, topics, progress)
-        cutoffs = _cutoffs(progress)
+        cutoffs = dict(progress.truncated)
         cut_times.clear()
-        cut_times.update((progress or {}).get("truncated_ms", {}))
+        cut_times.update(progress.truncated_ms)
         if not getattr(store, "spark_native", False):
             _write_partitions(batch, topics, tables, batch_id, cutoffs)
         else:
@@ -250,16 +148,16 @@ def _batch_writer(
         """Once the store holds a new snapshot generation whole, remove what it still
         holds from before it (snapshot/generation.py)."""
         generation = read_generation(settings)
-        progress = read_progress(settings, store.name) or {}
-        if generation is None or progress.get("generation", -1) >= generation.lsn:
+        progress = read_progress(settings, store.name) or Progress()
+        if generation is None or progress.generation >= generation.lsn:
             return
         if generation.previous is None:  # the first: nothing from before it to remove
             return
-        if not generation.applied_by(progress.get("applied", {})):
+        if not generation.applied_by(progress.applied):
             return
         for table in tables.values():
             store.truncate(table, (generation.lsn, 0), generation.ts_ms)
-        progress["generation"] = generation.lsn
+        progress.generation = generation.lsn
         write_progress(settings, store.name, progress)
         log.info("%s: generation %d whole; rows from before it removed", store.name, generation.lsn)
 
@@ -424,23 +322,21 @@ def _batch_writer(
         counts: Any,
         cutoffs: dict[str, tuple[int, int]],
     ) -> None:
-        previous = read_progress(settings, store.name) or {}
-        applied = dict(previous.get("applied", {}))
-        applied.update(offsets)
-        commit_ms = summary["commit_ms"] if summary and summary["n"] else previous.get("commit_ms")
-        newest = [summary.get("commit_lsn") or 0, previous.get("commit_lsn") or 0]
+        previous = read_progress(settings, store.name) or Progress()
+        commit_ms = summary["commit_ms"] if summary and summary["n"] else previous.commit_ms
+        newest = [summary.get("commit_lsn") or 0, previous.commit_lsn]
         newest += [commit for commit, _ in cutoffs.values()]
-        record = {
-            "batch": batch_id,
-            "applied": applied,
-            "commit_lsn": max(newest),  # the newest source position the store took
-            "commit_ms": commit_ms,
-            "applied_ms": int(time.time() * 1000),
-            "last_batch": counts,
-            "truncated": cutoffs,
-            "truncated_ms": cut_times,
-            "generation": previous.get("generation", -1),  # the last one swept
-        }
+        record = Progress(
+            batch=batch_id,
+            applied={**previous.applied, **offsets},
+            commit_lsn=max(newest),  # the newest source position the store took
+            commit_ms=commit_ms,
+            applied_ms=int(time.time() * 1000),
+            last_batch=counts,
+            truncated=dict(cutoffs),
+            truncated_ms=dict(cut_times),
+            generation=previous.generation,  # the last one swept
+        )
         write_progress(settings, store.name, record)
 
     return write
@@ -453,18 +349,11 @@ class _EndOffsets:
         self.settings = settings
         self._consumer: Any = None
 
-    def check_not_rewound(
-        self, store: str, topics: dict[str, str], progress: dict[str, Any] | None
-    ) -> None:
+    def check_not_rewound(self, store: str, topics: dict[str, str], progress: Progress) -> None:
         """Raise LogRewoundError if a topic ends before what `store` has applied of it
         (the topic was deleted and created again: its offsets started over, and what the
         store holds no longer matches the log)."""
-        applied = (progress or {}).get("applied", {})
-        wanted = {}
-        for where, offset in applied.items():
-            topic, _, partition = where.rpartition(":")
-            if topic in topics:
-                wanted[(topic, int(partition))] = offset
+        wanted = progress.applied_of(topics)
         if not wanted:
             return
         from kafka import KafkaConsumer, TopicPartition
@@ -489,14 +378,6 @@ class _EndOffsets:
                     "applied: the topic was deleted and created again; rebuild that store's "
                     f"table from the log with `cdc rebuild --store {store} --table {table}`"
                 )
-
-
-def _cutoffs(progress: dict[str, Any] | None) -> dict[str, tuple[int, int]]:
-    """The TRUNCATE cut-offs a store keeps in its progress record: table -> position."""
-    cutoffs = {}
-    for table, at in (progress or {}).get("truncated", {}).items():
-        cutoffs[table] = (int(at[0]), int(at[1])) if isinstance(at, list) else (int(at), 0)
-    return cutoffs
 
 
 def _unheld_as_errors(parsed: Any, tables: dict[str, Table]) -> Any:
@@ -549,7 +430,7 @@ def _wait_for(
     """Wait until `ping` passes (the store, or PostgreSQL, answers again), saying so once,
     and showing it in `cdc status` (the progress record's `waiting`) meanwhile."""
     notify(f"{store}: {why}; batch {batch_id} waits (nothing committed or dropped)")
-    _set_waiting(settings, store, why)
+    set_waiting(settings, store, why)
     pause = 1.0
     try:
         while True:
@@ -563,51 +444,7 @@ def _wait_for(
                 log.info("%s: ping: %s", store, exc)
                 return
     finally:
-        _set_waiting(settings, store, None)
-
-
-def _set_waiting(settings: Settings, store: str, why: str | None) -> None:
-    record = read_progress(settings, store) or {}
-    if why is None:
-        record.pop("waiting", None)
-    else:
-        record["waiting"] = {"reason": why, "since_ms": int(time.time() * 1000)}
-    write_progress(settings, store, record)
-
-
-def write_progress(settings: Settings, store: str, record: dict[str, Any]) -> None:
-    path = progress_file(settings, store)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record))
-    tmp.replace(path)
-
-
-def _note_late(settings: Settings, windows: dict[str, Any]) -> None:
-    """Events a windowed aggregate did not count (later than its watermark), added up
-    per window in `window-<name>.progress.json` for `cdc status`."""
-    for name, query in windows.items():
-        path = progress_file(settings, f"window-{name}")
-        try:
-            noted = json.loads(path.read_text())
-        except (OSError, ValueError):
-            noted = {"late": 0, "batch": -1}
-        fresh = [p for p in query.recentProgress if p["batchId"] > noted["batch"]]
-        if not fresh:
-            continue
-        for progress in fresh:
-            for operator in progress.get("stateOperators", []):
-                noted["late"] += int(operator.get("numRowsDroppedByWatermark", 0))
-        noted["batch"] = max(p["batchId"] for p in fresh)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(noted))
-
-
-def read_progress(settings: Settings, store: str) -> dict[str, Any] | None:
-    try:
-        return dict(json.loads(progress_file(settings, store).read_text()))
-    except (OSError, ValueError):
-        return None
+        set_waiting(settings, store, None)
 
 
 def run_apply(
@@ -689,6 +526,13 @@ def run_apply(
 _RAISED = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$")
 
 
+def _note_late(settings: Settings, windows: dict[str, Any]) -> None:
+    """Events a windowed aggregate did not count (later than its watermark), added up
+    per window for `cdc status`."""
+    for name, query in windows.items():
+        note_late(settings, name, query.recentProgress)
+
+
 def failure_line(exc: BaseException) -> str:
     """One line saying why a query failed: the Python exception at the end of the
     traceback Spark carries back as text (not "Traceback (most recent call last):"),
@@ -714,13 +558,12 @@ def _fatal(exc: BaseException) -> CdcError | None:
     return None
 
 
-def check_source_not_rewound(store: str, wal: int, progress: dict[str, Any] | None) -> None:
+def check_source_not_rewound(store: str, wal: int, progress: Progress) -> None:
     """Raise SourceRewoundError if the source's WAL is behind a position `store` has
     applied (a change or a TRUNCATE): the database was restored from a backup or
     replaced, and every change it makes now would be refused as older."""
-    progress = progress or {}
-    taken = [progress.get("commit_lsn") or 0]
-    taken += [int(at[0]) for at in (progress.get("truncated") or {}).values()]
+    taken = [progress.commit_lsn or 0]
+    taken += [commit for commit, _ in progress.truncated.values()]
     if wal and wal < max(taken):
         raise SourceRewoundError(
             f"PostgreSQL's WAL is at {int_to_lsn(wal)}, behind changes the {store} store "

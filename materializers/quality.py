@@ -19,6 +19,7 @@ from cdc.catalog import Table
 from cdc.decode import UNAVAILABLE
 from cdc.settings import Settings, WindowAggregate
 from cdc.topics import change_topic
+from materializers.progress import checkpoint_dir, late_events
 from materializers.typed import quoted as q
 
 __all__ = ["Check", "history_checks", "view_checks", "warehouse_checks", "window_check"]
@@ -290,12 +291,7 @@ def _window_rows(settings: Settings, window: WindowAggregate) -> dict[int, tuple
 
 
 def _late(settings: Settings, window: WindowAggregate) -> int:
-    from materializers.apply import progress_file
-
-    try:
-        return int(json.loads(progress_file(settings, f"window-{window.name}").read_text())["late"])
-    except (OSError, ValueError, KeyError):
-        return 0
+    return late_events(settings, window.name) or 0
 
 
 def _window_caught_up(
@@ -303,7 +299,6 @@ def _window_caught_up(
 ) -> bool:
     """Whether the window's query has committed a batch that read up to `ends` (its
     Structured Streaming checkpoint: commits/<id>, offsets/<id>)."""
-    from materializers.apply import checkpoint_dir
 
     checkpoint = checkpoint_dir(settings, f"window-{window.name}")
     topic = change_topic(settings.pipeline, window.table)

@@ -10,13 +10,9 @@ from collections.abc import Callable
 
 from cdc.errors import ConfigError
 from cdc.settings import Settings
-from materializers.apply import (
-    checkpoint_dir,
-    make_store,
-    read_progress,
-    read_source,
-    write_progress,
-)
+from cdc.source import read_source
+from materializers.apply import make_store
+from materializers.progress import Progress, checkpoint_dir, read_progress, write_progress
 
 __all__ = ["reset_store"]
 
@@ -50,10 +46,8 @@ def reset_store(
     # the whole log is read again; what the store holds of the other tables refuses
     # every write that is not newer, so only the emptied tables change
     shutil.rmtree(checkpoint_dir(settings, store), ignore_errors=True)
-    progress = read_progress(settings, store) or {}
+    progress = read_progress(settings, store) or Progress()
     # the TRUNCATEs the source still has (a restored source has lost those past its WAL)
-    kept = {
-        t: at for t, at in progress.get("truncated", {}).items() if not wal or int(at[0]) <= wal
-    }
-    write_progress(settings, store, {"truncated": kept})
+    kept = {t: at for t, at in progress.truncated.items() if not wal or at[0] <= wal}
+    write_progress(settings, store, Progress(truncated=kept))
     return chosen

@@ -35,6 +35,7 @@ from cdc.errors import CdcError, VerifyError
 from cdc.settings import JoinView, Settings
 from cdc.source import TRUNCATIONS_TABLE, admin_connection
 from cdc.topics import change_topic
+from materializers.progress import Progress, read_progress
 from materializers.typed import quoted as q
 
 __all__ = [
@@ -316,7 +317,6 @@ def consistent_cut(
 ) -> None:
     """Wait until every store has applied every change committed before now."""
     from cdc.topics import end_offsets
-    from materializers.apply import read_progress
 
     deadline = time.monotonic() + timeout
     with admin_connection(settings) as conn:
@@ -346,13 +346,7 @@ def consistent_cut(
     ends = end_offsets(settings.kafka.bootstrap_servers, topics)
     for store in stores:
         while True:
-            applied = (read_progress(settings, store) or {}).get("applied", {})
-            behind = [
-                f"{t}:{p}"
-                for t, parts in ends.items()
-                for p, end in parts.items()
-                if end > 0 and applied.get(f"{t}:{p}", -1) < end - 1
-            ]
+            behind = (read_progress(settings, store) or Progress()).behind(ends)
             if not behind:
                 break
             if time.monotonic() > deadline:

@@ -13,7 +13,8 @@ import redis
 from rich.console import Console
 
 from commands.pipeline import drop_pipeline
-from materializers.apply import checkpoint_dir, run_apply
+from materializers.apply import run_apply
+from materializers.progress import checkpoint_dir
 from materializers.stores.cache import cache_key
 from materializers.stores.delta_tables import current_path, history_path, warehouse_root
 from snapshot.initial import run_snapshot

@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 
 from commands.pipeline import drop_pipeline
-from materializers.apply import read_progress
+from materializers.progress import read_progress
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.contents import (

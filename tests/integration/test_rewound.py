@@ -19,7 +19,7 @@ from rich.console import Console
 from cdc.settings import Settings
 from cdc.topics import change_topic
 from commands.pipeline import drop_pipeline
-from materializers.apply import progress_file
+from materializers.progress import progress_file
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.helpers import run_cdc

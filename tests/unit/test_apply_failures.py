@@ -7,6 +7,7 @@ import pytest
 
 from cdc.errors import SourceRewoundError, StoreUnavailableError
 from materializers.apply import check_source_not_rewound, failure_line, unavailable_reason
+from materializers.progress import Progress
 
 # what Spark's query.exception() carried back when PostgreSQL restarted under a batch
 PROXY_FAILURE = """[FOREACH_BATCH_USER_FUNCTION_ERROR] An error occurred in the user provided \
@@ -49,11 +50,13 @@ def test_a_store_that_does_not_answer_is_recognised_also_as_text() -> None:
 
 
 def test_a_source_behind_what_a_store_applied_stops_it() -> None:
-    applied = {"commit_lsn": 0x2_0000_0000, "truncated": {"public.t": [0x1_0000_0000, 5]}}
+    # as the progress file holds it (JSON)
+    record = {"commit_lsn": 0x2_0000_0000, "truncated": {"public.t": [0x1_0000_0000, 5]}}
+    applied = Progress.from_json(record)
     check_source_not_rewound("cache", 0x2_0000_0000, applied)  # caught up: fine
-    check_source_not_rewound("cache", 0x1_0000_0000, None)  # nothing applied yet
+    check_source_not_rewound("cache", 0x1_0000_0000, Progress())  # nothing applied yet
     with pytest.raises(SourceRewoundError, match=r"WAL is at 1/FF.*up to 2/0.*cdc rebuild"):
         check_source_not_rewound("cache", 0x1_0000_00FF, applied)
     # a TRUNCATE's position counts as applied too
     with pytest.raises(SourceRewoundError, match=r"up to 1/0"):
-        check_source_not_rewound("cache", 0xFFFF, {"truncated": {"public.t": [0x1_0000_0000, 5]}})
+        check_source_not_rewound("cache", 0xFFFF, Progress(truncated={"public.t": (1 << 32, 5)}))

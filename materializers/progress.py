@@ -1,0 +1,151 @@
+"""What each store has applied: one record per store, written after every micro-batch.
+
+`<checkpoints>/<pipeline>/<store>.progress.json` beside the store's Spark checkpoint.
+The apply job writes it (and reads it back: the TRUNCATE cut-offs, the generation it
+swept, what it applied of each topic partition); `cdc status`, `cdc verify`'s cut,
+`cdc rebuild` and the benchmarks read it. A window aggregate keeps the events it
+counted too late beside it (`window-<name>.progress.json`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cdc.settings import Settings
+
+__all__ = [
+    "Progress",
+    "checkpoint_dir",
+    "late_events",
+    "note_late",
+    "progress_file",
+    "read_progress",
+    "set_waiting",
+    "write_progress",
+]
+
+Position = tuple[int, int]  # (commit_lsn, lsn)
+
+
+def checkpoint_dir(settings: Settings, store: str) -> Path:
+    return settings.data_dir / "checkpoints" / settings.pipeline.name / store
+
+
+def progress_file(settings: Settings, store: str) -> Path:
+    return settings.data_dir / "checkpoints" / settings.pipeline.name / f"{store}.progress.json"
+
+
+@dataclass
+class Progress:
+    """A store's progress record."""
+
+    batch: int = -1  # the last micro-batch written
+    applied: dict[str, int] = field(default_factory=dict)  # "topic:partition" -> last offset
+    commit_lsn: int = 0  # the newest source position the store took (a change or a TRUNCATE)
+    commit_ms: int | None = None  # commit time of the newest change applied
+    applied_ms: int | None = None  # when the last batch was written
+    last_batch: dict[str, int] | None = None  # its counts (written, stale)
+    truncated: dict[str, Position] = field(default_factory=dict)  # table -> last TRUNCATE
+    truncated_ms: dict[str, int] = field(default_factory=dict)  # table -> its commit time
+    generation: int = -1  # the last snapshot generation swept (snapshot/generation.py)
+    waiting: dict[str, Any] | None = None  # the store did not answer: reason, since_ms
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Progress:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        truncated = {}
+        for table, at in (known.pop("truncated", None) or {}).items():
+            # written as [commit_lsn, lsn]; a bare LSN before positions had two parts
+            truncated[table] = (int(at[0]), int(at[1])) if isinstance(at, list) else (int(at), 0)
+        return cls(truncated=truncated, **known)
+
+    def to_json(self) -> dict[str, Any]:
+        record = asdict(self)
+        record["truncated"] = {t: list(at) for t, at in self.truncated.items()}
+        return record
+
+    def offset(self, topic: str, partition: int) -> int:
+        """The last offset applied of a topic partition (-1: none)."""
+        return self.applied.get(f"{topic}:{partition}", -1)
+
+    def backlog(self, ends: dict[str, dict[int, int]]) -> int:
+        """The events still to apply, given each topic partition's end offset."""
+        return sum(
+            max(end - (self.offset(topic, partition) + 1), 0)
+            for topic, parts in ends.items()
+            for partition, end in parts.items()
+        )
+
+    def behind(self, ends: dict[str, dict[int, int]]) -> list[str]:
+        """The topic partitions not applied up to their end ("topic:partition")."""
+        return [
+            f"{topic}:{partition}"
+            for topic, parts in ends.items()
+            for partition, end in parts.items()
+            if end > 0 and self.offset(topic, partition) < end - 1
+        ]
+
+    def applied_of(self, topics: set[str] | dict[str, Any]) -> dict[tuple[str, int], int]:
+        """What it applied of `topics`: (topic, partition) -> last offset."""
+        found = {}
+        for where, offset in self.applied.items():
+            topic, _, partition = where.rpartition(":")
+            if topic in topics:
+                found[(topic, int(partition))] = offset
+        return found
+
+
+def read_progress(settings: Settings, store: str) -> Progress | None:
+    try:
+        return Progress.from_json(json.loads(progress_file(settings, store).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def write_progress(settings: Settings, store: str, progress: Progress) -> None:
+    path = progress_file(settings, store)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(progress.to_json()))
+    tmp.replace(path)
+
+
+def set_waiting(settings: Settings, store: str, why: str | None) -> None:
+    """Note (or clear) that the store does not answer, for `cdc status`."""
+    progress = read_progress(settings, store) or Progress()
+    progress.waiting = None if why is None else {"reason": why, "since_ms": int(time.time() * 1000)}
+    write_progress(settings, store, progress)
+
+
+def _late_file(settings: Settings, window: str) -> Path:
+    return progress_file(settings, f"window-{window}")
+
+
+def late_events(settings: Settings, window: str) -> int | None:
+    """The events a window aggregate counted too late (after its watermark), if noted."""
+    try:
+        return int(json.loads(_late_file(settings, window).read_text())["late"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def note_late(settings: Settings, window: str, recent: list[dict[str, Any]]) -> None:
+    """Add up the late events of the window query's progress reports not noted yet."""
+    path = _late_file(settings, window)
+    try:
+        noted = json.loads(path.read_text())
+    except (OSError, ValueError):
+        noted = {"late": 0, "batch": -1}
+    fresh = [p for p in recent if p["batchId"] > noted["batch"]]
+    if not fresh:
+        return
+    for report in fresh:
+        for operator in report.get("stateOperators", []):
+            noted["late"] += int(operator.get("numRowsDroppedByWatermark", 0))
+    noted["batch"] = max(p["batchId"] for p in fresh)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(noted))

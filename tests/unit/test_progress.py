@@ -1,0 +1,67 @@
+"""A store's progress record: read back as written, and what it says of the log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cdc.settings import Settings
+from materializers.progress import (
+    Progress,
+    late_events,
+    note_late,
+    read_progress,
+    set_waiting,
+    write_progress,
+)
+
+
+def _settings(tmp_path: Path) -> Settings:
+    return Settings(data_dir=tmp_path)  # type: ignore[call-arg]
+
+
+def test_a_record_reads_back_as_written(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    assert read_progress(settings, "cache") is None
+    record = Progress(
+        batch=3,
+        applied={"p.public.t:0": 9, "p.public.a:b:1": 4},  # a topic name may hold ':'
+        commit_lsn=77,
+        commit_ms=1000,
+        applied_ms=1500,
+        truncated={"public.t": (70, 2)},
+        truncated_ms={"public.t": 900},
+        generation=5,
+    )
+    write_progress(settings, "cache", record)
+    assert read_progress(settings, "cache") == record
+    set_waiting(settings, "cache", "Redis does not answer")
+    waiting = read_progress(settings, "cache")
+    assert waiting is not None and waiting.waiting is not None
+    assert waiting.waiting["reason"] == "Redis does not answer"
+    set_waiting(settings, "cache", None)
+    assert read_progress(settings, "cache") == record
+
+
+def test_older_records_still_read() -> None:
+    # a TRUNCATE cut-off once was a bare LSN; keys the record no longer has are ignored
+    old = Progress.from_json({"applied": {"t:0": 1}, "truncated": {"public.t": 12}, "x": 1})
+    assert old.truncated == {"public.t": (12, 0)} and old.applied == {"t:0": 1}
+
+
+def test_backlog_and_what_is_behind() -> None:
+    progress = Progress(applied={"a:0": 9, "a:1": 4, "b:a:0": 0})
+    ends = {"a": {0: 10, 1: 8, 2: 3}, "b:a": {0: 1}, "c": {0: 0}}
+    assert progress.backlog(ends) == 0 + 3 + 3
+    assert progress.behind(ends) == ["a:1", "a:2"]
+    assert progress.offset("a", 2) == -1
+    assert progress.applied_of({"a"}) == {("a", 0): 9, ("a", 1): 4}
+    assert progress.applied_of({"b:a"}) == {("b:a", 0): 0}
+
+
+def test_late_events_add_up_per_report(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    assert late_events(settings, "w") is None
+    late = [{"stateOperators": [{"numRowsDroppedByWatermark": 2}]}]
+    note_late(settings, "w", [{"batchId": 0, **late[0]}, {"batchId": 1, **late[0]}])
+    note_late(settings, "w", [{"batchId": 1, **late[0]}])  # seen: not counted again
+    assert late_events(settings, "w") == 4
