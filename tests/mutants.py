@@ -131,7 +131,7 @@ MUTANTS = (
     Mutant(
         "the warehouse writes Debezium's TOAST placeholder",
         "materializers/stores/warehouse.py",
-        'f"CASE WHEN s.`__ph_{c}` THEN (CASE WHEN t._cdc_deleted THEN NULL "',
+        "f\"CASE WHEN s.{q('__ph_' + c)} THEN (CASE WHEN t._cdc_deleted THEN NULL \"",
         'f"CASE WHEN false THEN (CASE WHEN t._cdc_deleted THEN NULL "',
         (f"{EXACT}::test_a_stored_toasted_value_is_kept_across_batches",),
     ),
