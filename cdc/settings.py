@@ -11,7 +11,7 @@ import os
 import shutil
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
@@ -23,7 +23,7 @@ from pydantic_settings import (
 
 from cdc.errors import ConfigError
 
-__all__ = ["PROJECT_ROOT", "Settings", "load_settings"]
+__all__ = ["PROJECT_ROOT", "STORE_NAMES", "Settings", "load_settings"]
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 Port = Annotated[int, Field(ge=1, le=65535)]
@@ -109,6 +109,7 @@ class SparkSettings(BaseModel):
 
 
 StoreName = Literal["warehouse", "search", "cache"]
+STORE_NAMES: tuple[str, ...] = get_args(StoreName)  # the store registry's names
 
 
 ViewName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,62}$")]
@@ -160,7 +161,7 @@ class ApplySettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     stores: list[StoreName] = Field(
-        default_factory=lambda: ["warehouse", "search", "cache"], description="stores to keep"
+        default_factory=lambda: list(STORE_NAMES), description="stores to keep"
     )
     trigger_interval_s: float = Field(1.0, gt=0, description="micro-batch interval")
     max_offsets_per_trigger: int = Field(200_000, ge=1, description="events per micro-batch")

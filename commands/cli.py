@@ -16,7 +16,7 @@ import typer
 
 from cdc.catalog import Table
 from cdc.errors import CdcError, ConfigError
-from cdc.settings import Settings, load_settings
+from cdc.settings import STORE_NAMES, Settings, load_settings
 from cdc.stack import Stack
 from cdc.topics import change_topic
 from commands.render import console, pipeline_table, status_table
@@ -277,6 +277,15 @@ def backfill(
     out.print(f"backfill of {table} completed: {done.rows_scanned or 0} rows read")
 
 
+def _check_stores(stores: list[str]) -> None:
+    """A store name that is not one: refused before anything runs."""
+    unknown = [x for x in stores if x not in STORE_NAMES]
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown store {', '.join(unknown)}: use {', '.join(STORE_NAMES)}"
+        )
+
+
 @app.command("apply")
 def apply_(
     store: Annotated[
@@ -298,11 +307,7 @@ def apply_(
 
     s = settings()
     stores = store or list(s.apply.stores)
-    unknown = [x for x in stores if x not in ("warehouse", "search", "cache")]
-    if unknown:
-        raise typer.BadParameter(
-            f"unknown store {', '.join(unknown)}: use warehouse, search, cache"
-        )
+    _check_stores(stores)
     progress(
         f"applying pipeline {s.pipeline.name} to {', '.join(stores)}" + (" once" if once else "")
     )
@@ -454,6 +459,7 @@ def verify(
 
     s = settings()
     stores = store or list(s.apply.stores)
+    _check_stores(stores)
     with admin_connection(s) as conn:
         names = table or published_tables(conn, s.pipeline.publication)
     tables = [_captured_table(s, name) for name in names]
@@ -604,8 +610,8 @@ StoreOption = Annotated[
 
 
 def _check_store(store: str | None) -> None:
-    if store is not None and store not in ("warehouse", "search", "cache"):
-        raise typer.BadParameter(f"unknown store {store}: use warehouse, search, cache")
+    if store is not None:
+        _check_stores([store])
 
 
 @dlq_app.command("list")
@@ -670,8 +676,7 @@ def rebuild(
     from materializers.rebuild import reset_store
     from snapshot.backfill import start_backfill, watch_backfill
 
-    if store not in ("warehouse", "search", "cache"):
-        raise typer.BadParameter(f"unknown store {store}: use warehouse, search, cache")
+    _check_stores([store])
     s = settings()
     names = [t if "." in t else f"public.{t}" for t in table or []]
     what = f"the {store}'s copy of " + (", ".join(names) if names else "every captured table")

@@ -41,8 +41,8 @@ from materializers.progress import (
     set_waiting,
     write_progress,
 )
-from materializers.stores.base import Store
-from materializers.stores.delta_tables import warehouse_root
+from materializers.stores.base import RowStore, Store
+from materializers.stores.registry import make_store
 from materializers.typed import unheld_columns
 from materializers.views import check_views, window_query
 from materializers.writer import RESULT_DDL, partition_writer
@@ -53,37 +53,11 @@ from snapshot.rewrites import check_rewrites
 __all__ = [
     "check_source_not_rewound",
     "failure_line",
-    "make_store",
     "run_apply",
     "unavailable_reason",
 ]
 
 log = logging.getLogger(__name__)
-
-
-def make_store(settings: Settings, name: str, spark: Any = None) -> Store:
-    if name == "cache":
-        from materializers.stores.cache import CacheStore
-
-        r = settings.redis
-        return CacheStore(
-            r.url,
-            settings.pipeline.topic_prefix,
-            r.password.get_secret_value() if r.password else None,
-            settings.apply.deleted_marker_ttl_s,
-            settings.apply.store_retry_s,
-        )
-    if name == "search":
-        from materializers.stores.search import SearchStore
-
-        return SearchStore(
-            settings.opensearch.url, settings.pipeline.topic_prefix, settings.apply.store_retry_s
-        )
-    if name == "warehouse":
-        from materializers.stores.warehouse import WarehouseStore
-
-        return WarehouseStore(spark, warehouse_root(settings), settings.apply.joins)
-    raise ValueError(f"unknown store {name}")
 
 
 def _batch_writer(
@@ -132,7 +106,7 @@ def _batch_writer(
         cutoffs = dict(progress.truncated)
         cut_times.clear()
         cut_times.update(progress.truncated_ms)
-        if not getattr(store, "spark_native", False):
+        if isinstance(store, RowStore):
             _write_partitions(batch, topics, tables, batch_id, cutoffs)
         else:
             parsed = _unheld_as_errors(
@@ -199,7 +173,7 @@ def _batch_writer(
         started = time.monotonic()
         events = parsed.where(valid & (F.col("table") != TRUNCATIONS_TABLE))
         # an event from before its table's last TRUNCATE is history, not current state
-        store.write_frame(tables, events.withColumn("cut_ms", cut_ms), present)  # type: ignore[attr-defined]
+        store.write_frame(tables, events.withColumn("cut_ms", cut_ms), present)
         dead.flush()
         log.info(
             "%s batch %d: %d events in %.1f s",

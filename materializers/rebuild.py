@@ -11,8 +11,8 @@ from collections.abc import Callable
 from cdc.errors import ConfigError
 from cdc.settings import Settings
 from cdc.source import read_source
-from materializers.apply import make_store
 from materializers.progress import Progress, checkpoint_dir, read_progress, write_progress
+from materializers.stores.registry import make_store
 
 __all__ = ["reset_store"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from cdc.catalog import Table
 
-__all__ = ["Event", "Store", "WriteResult"]
+__all__ = ["Event", "FrameStore", "RowStore", "Store", "WriteResult"]
 
 
 @dataclass(frozen=True)
@@ -47,17 +47,15 @@ class WriteResult:
 
 
 class Store(ABC):
-    """A derived store. Implementations keep their own connection per executor partition."""
+    """A derived store, of one of two kinds: a RowStore takes Python events (written by
+    Spark's Python workers, each with its own connection), a FrameStore takes the batch
+    as a Spark frame (written by the driver)."""
 
     name: str
 
     @abstractmethod
     def prepare(self, tables: Iterable[Table]) -> None:
         """Create what the store needs per table (index, mapping...). Idempotent."""
-
-    @abstractmethod
-    def write(self, tables: dict[str, Table], events: list[Event]) -> WriteResult:
-        """Write each event if it is newer than what the store holds for its key."""
 
     @abstractmethod
     def truncate(self, table: Table, before: tuple[int, int], commit_ms: int) -> None:
@@ -72,3 +70,20 @@ class Store(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional
         """Release connections."""
+
+
+class RowStore(Store):
+    """A store written row by row from Python (cache, search)."""
+
+    @abstractmethod
+    def write(self, tables: dict[str, Table], events: list[Event]) -> WriteResult:
+        """Write each event if it is newer than what the store holds for its key."""
+
+
+class FrameStore(Store):
+    """A store written from Spark frames (the warehouse)."""
+
+    @abstractmethod
+    def write_frame(self, tables: dict[str, Table], events: Any, present: set[str]) -> None:
+        """Write a batch's parsed events (materializers/events.py, with `cut_ms`) of the
+        tables in `present`, each key's newest change by the write rule."""

@@ -26,7 +26,7 @@ import redis
 from cdc.catalog import Column, Table
 from cdc.decode import UNAVAILABLE, Interval, decode_value
 from cdc.errors import StoreUnavailableError, ValueDecodeError
-from materializers.stores.base import Event, Store, WriteResult
+from materializers.stores.base import Event, RowStore, WriteResult
 
 __all__ = [
     "CacheStore",
@@ -181,7 +181,7 @@ def cache_text(value: Any) -> str:
     return str(value)
 
 
-class CacheStore(Store):
+class CacheStore(RowStore):
     name = "cache"
 
     def __init__(

@@ -26,7 +26,7 @@ from cdc.clients import opensearch_client
 from cdc.decode import UNAVAILABLE, decode_value
 from cdc.errors import StoreError, StoreUnavailableError, ValueDecodeError
 from cdc.topics import topic_name
-from materializers.stores.base import Event, Store, WriteResult
+from materializers.stores.base import Event, RowStore, WriteResult
 from materializers.stores.cache import cache_text
 
 __all__ = [
@@ -164,7 +164,7 @@ class FastJSON(JSONSerializer):
         return orjson.loads(s)
 
 
-class SearchStore(Store):
+class SearchStore(RowStore):
     name = "search"
 
     def __init__(self, url: str, prefix: str, retry_s: float = 30.0) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from cdc.catalog import Table
 from cdc.settings import JoinView
-from materializers.stores.base import Event, Store, WriteResult
+from materializers.stores.base import FrameStore
 from materializers.stores.delta_tables import current_path, ensure_delta, history_path
 from materializers.typed import quoted as q
 from materializers.typed import spark_type, typed_image
@@ -48,9 +48,8 @@ _OLDER = (
 )
 
 
-class WarehouseStore(Store):
+class WarehouseStore(FrameStore):
     name = "warehouse"
-    spark_native = True
 
     def __init__(self, spark: Any, root: str, joins: Sequence[JoinView] = ()) -> None:
         self.spark = spark
@@ -247,9 +246,6 @@ class WarehouseStore(Store):
         self._ensure(table).delete()
         self._history(table).delete()
         self._truncated.add(table.qualified)
-
-    def write(self, tables: dict[str, Table], events: list[Event]) -> WriteResult:
-        raise NotImplementedError("the warehouse writes Spark frames: use write_frame")
 
     def _timed(self, work: Callable[..., Any], *args: Any) -> float:
         """Run `work` in this thread, in the warehouse's scheduler pool; its seconds."""

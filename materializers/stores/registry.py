@@ -1,0 +1,66 @@
+"""The store registry: every store the apply job, verify, rebuild and the CLI can name,
+and how each is made from the settings. The names are `cdc.settings.STORE_NAMES` (the
+settings validate them); a store is one module under materializers/stores/, a
+RowStore or a FrameStore (materializers/stores/base.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from cdc.errors import ConfigError
+from cdc.settings import STORE_NAMES, Settings
+from materializers.stores.base import Store
+from materializers.stores.delta_tables import warehouse_root
+
+__all__ = ["FACTORIES", "STORE_NAMES", "check_store_names", "make_store"]
+
+
+def check_store_names(names: Iterable[str]) -> None:
+    """Raise ConfigError, in one line, for a name that is not a store."""
+    unknown = [n for n in names if n not in STORE_NAMES]
+    if unknown:
+        raise ConfigError(
+            f"unknown store {', '.join(unknown)}: choose from {', '.join(STORE_NAMES)}"
+        )
+
+
+def _cache(settings: Settings, spark: Any) -> Store:
+    from materializers.stores.cache import CacheStore
+
+    r = settings.redis
+    return CacheStore(
+        r.url,
+        settings.pipeline.topic_prefix,
+        r.password.get_secret_value() if r.password else None,
+        settings.apply.deleted_marker_ttl_s,
+        settings.apply.store_retry_s,
+    )
+
+
+def _search(settings: Settings, spark: Any) -> Store:
+    from materializers.stores.search import SearchStore
+
+    return SearchStore(
+        settings.opensearch.url, settings.pipeline.topic_prefix, settings.apply.store_retry_s
+    )
+
+
+def _warehouse(settings: Settings, spark: Any) -> Store:
+    from materializers.stores.warehouse import WarehouseStore
+
+    return WarehouseStore(spark, warehouse_root(settings), settings.apply.joins)
+
+
+# a store's module is imported when the store is made (the warehouse's brings Delta)
+FACTORIES: dict[str, Callable[[Settings, Any], Store]] = {
+    "cache": _cache,
+    "search": _search,
+    "warehouse": _warehouse,
+}
+
+
+def make_store(settings: Settings, name: str, spark: Any = None) -> Store:
+    """The store `name` (the warehouse needs the Spark session)."""
+    check_store_names([name])
+    return FACTORIES[name](settings, spark)
