@@ -39,6 +39,7 @@ status:
 lint:
 	$(RUFF) check .
 	$(RUFF) format --check .
+	$(VENV)/bin/mypy cdc snapshot materializers commands
 
 format:
 	$(RUFF) format .

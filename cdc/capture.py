@@ -9,11 +9,11 @@ from typing import Any
 
 import psycopg
 
-from cdc.catalog import Table
+from cdc.catalog import TRUNCATIONS_TABLE, Table
 from cdc.connect import ConnectClient
 from cdc.errors import ConnectorError
 from cdc.settings import Settings
-from cdc.source import HEARTBEAT_TABLE, SIGNAL_TABLE, TRUNCATIONS_TABLE
+from cdc.source import HEARTBEAT_TABLE, SIGNAL_TABLE
 from cdc.topics import notification_topic
 
 __all__ = [

@@ -318,7 +318,7 @@ def is_unavailable(column: Column, raw: Any) -> bool:
     if column.is_array:
         return isinstance(raw, list) and raw in PLACEHOLDER_ARRAYS
     if column.base == "bytea":
-        return raw == PLACEHOLDER_B64
+        return bool(raw == PLACEHOLDER_B64)
     if column.base == "hstore":
         return raw in (PLACEHOLDER_HSTORE, {UNAVAILABLE: UNAVAILABLE})
     return False

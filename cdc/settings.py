@@ -109,7 +109,7 @@ class SparkSettings(BaseModel):
 
 
 StoreName = Literal["warehouse", "search", "cache"]
-STORE_NAMES: tuple[str, ...] = get_args(StoreName)  # the store registry's names
+STORE_NAMES: tuple[StoreName, ...] = get_args(StoreName)  # the store registry's names
 
 
 ViewName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,62}$")]

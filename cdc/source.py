@@ -13,6 +13,7 @@ some pipeline captures (and on no other).
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
@@ -154,7 +155,7 @@ def prepare_source(settings: Settings) -> list[Table]:
 
 
 def _apply_replica_identity(
-    conn: psycopg.Connection[Any], tables: list[Table], wanted: dict[str, str]
+    conn: psycopg.Connection[Any], tables: list[Table], wanted: Mapping[str, str]
 ) -> None:
     """The configured replica identities, on a partitioned table's partitions too (it
     does not pass down, and a partition's own is the one its changes are published with)."""

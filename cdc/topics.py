@@ -60,10 +60,14 @@ def change_topic(pipeline: PipelineSettings, table: str) -> str:
 def check_names_apart(tables: list[str], pipeline: PipelineSettings) -> None:
     """Refuse two tables that would share a change topic (Debezium replaces the characters
     a topic name cannot hold) or a search index (index names are lower case)."""
-    for what, name_of in (
-        ("change topic", lambda t: change_topic(pipeline, t)),
-        ("search index", lambda t: change_topic(pipeline, t).lower()),
-    ):
+
+    def topic(table: str) -> str:
+        return change_topic(pipeline, table)
+
+    def index(table: str) -> str:
+        return change_topic(pipeline, table).lower()
+
+    for what, name_of in (("change topic", topic), ("search index", index)):
         seen: dict[str, str] = {}
         for table in tables:
             other = seen.setdefault(name_of(table), table)

@@ -10,7 +10,7 @@ import json
 import logging
 import sys
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -266,7 +266,7 @@ def backfill(
     ) as bar:
         task = bar.add_task(table, total=1.0, detail="waiting for Debezium")
 
-        def show(p) -> None:  # type: ignore[no-untyped-def]
+        def show(p: Any) -> None:
             detail = p.state.lower().replace("_", " ")
             if p.last_key is not None:
                 detail += f", key {p.last_key} of {p.max_key}"
@@ -650,7 +650,7 @@ def dlq_replay(store: StoreOption = None) -> None:
 
     _check_store(store)
     s = settings()
-    stores = [store] if store else list(s.apply.stores)
+    stores: list[str] = [store] if store else list(s.apply.stores)
     replayed = replay_dead_letters(s, stores, progress)
     if not replayed:
         progress("no dead letters to replay")

@@ -102,6 +102,6 @@ def serve(
     from prometheus_client.core import CollectorRegistry
 
     registry = CollectorRegistry()
-    registry.register(StatusCollector(look))  # type: ignore[arg-type]
+    registry.register(StatusCollector(look))
     server, _thread = start_http_server(port, addr=host, registry=registry)
     return server

@@ -137,7 +137,7 @@ def _store_progress(
 ) -> dict[str, dict[str, Any]]:
     """Per store: the events it has still to apply, and how far behind the source it is."""
 
-    stores = {}
+    stores: dict[str, dict[str, Any]] = {}
     now_ms = time.time() * 1000
     for store in settings.apply.stores:
         progress = read_progress(settings, store)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cdc.catalog import Table
+from cdc.catalog import TRUNCATIONS_TABLE, Table
 from cdc.errors import (
     CdcError,
     LogRewoundError,
@@ -27,7 +27,7 @@ from cdc.errors import (
     StoreUnavailableError,
 )
 from cdc.settings import Settings
-from cdc.source import TRUNCATIONS_TABLE, captured_tables, ping_source, read_source
+from cdc.source import captured_tables, ping_source, read_source
 from cdc.spark import spark_session
 from cdc.topics import change_topic, change_topic_pattern
 from materializers.dead_letters import DeadLetters
@@ -41,8 +41,8 @@ from materializers.progress import (
     set_waiting,
     write_progress,
 )
-from materializers.stores.base import RowStore, Store
-from materializers.stores.registry import make_store
+from materializers.stores.base import FrameStore, RowStore, Store
+from materializers.stores.registry import make_row_store, make_store
 from materializers.typed import unheld_columns
 from materializers.views import check_views, window_query
 from materializers.writer import RESULT_DDL, partition_writer
@@ -173,6 +173,7 @@ def _batch_writer(
         started = time.monotonic()
         events = parsed.where(valid & (F.col("table") != TRUNCATIONS_TABLE))
         # an event from before its table's last TRUNCATE is history, not current state
+        assert isinstance(store, FrameStore)
         store.write_frame(tables, events.withColumn("cut_ms", cut_ms), present)
         dead.flush()
         log.info(
@@ -208,7 +209,7 @@ def _batch_writer(
             F.col("value").cast("string").alias("value"),
         ).where("table IS NOT NULL")
         run = partition_writer(
-            functools.partial(make_store, settings, store.name),
+            functools.partial(make_row_store, settings, store.name),
             tables,
             functools.partial(change_topic, settings.pipeline),
             TRUNCATIONS_TABLE,

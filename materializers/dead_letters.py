@@ -183,8 +183,8 @@ def replay_dead_letters(
                 continue
             pending.setdefault(table, set()).add(letter.key)
     for name, keys in sorted(pending.items()):
-        table = tables[name]
-        backfill_keys(settings, table, key_filters(table, sorted(keys)), len(keys), note)
+        captured = tables[name]
+        backfill_keys(settings, captured, key_filters(captured, sorted(keys)), len(keys), note)
     for store, mark in marks.items():
         path = _replayed_file(settings, store)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -44,8 +44,8 @@ def _suite(table: Table, frame: Any, source_count: int) -> Any:
         suite.add_expectation(gxe.ExpectColumnValuesToBeUnique(column=table.key[0]))
     else:
         suite.add_expectation(gxe.ExpectCompoundColumnsToBeUnique(column_list=list(table.key)))
-    for column in table.key:
-        suite.add_expectation(gxe.ExpectColumnValuesToNotBeNull(column=column))
+    for key in table.key:
+        suite.add_expectation(gxe.ExpectColumnValuesToNotBeNull(column=key))
     strings = {f.name for f in frame.schema.fields if isinstance(f.dataType, T.StringType)}
     for column in table.columns:
         if column.name in strings:
@@ -116,12 +116,12 @@ def history_checks(settings: Settings, table: Table) -> list[Check]:
     several = spark.sql(
         f"SELECT count(*) FROM (SELECT {', '.join(keys)} FROM cdc_verify_history "
         f"WHERE valid_to IS NULL GROUP BY {', '.join(keys)} HAVING count(*) > 1)"
-    ).first()[0]
+    ).collect()[0][0]
     not_open = spark.sql(
         "SELECT count(*) FROM cdc_verify_current c WHERE NOT c._cdc_deleted AND NOT EXISTS "
         f"(SELECT 1 FROM cdc_verify_history h WHERE {on} AND h.valid_to IS NULL AND "
         "h._cdc_commit_lsn <=> c._cdc_commit_lsn AND h._cdc_lsn <=> c._cdc_lsn)"
-    ).first()[0]
+    ).collect()[0][0]
     backwards = history.where("valid_to < valid_from").count()
     name = table.qualified
     return [

@@ -17,7 +17,7 @@ from typing import Any
 from cdc.catalog import Table
 from cdc.clients import opensearch_client, redis_client
 from cdc.errors import QueryError
-from cdc.settings import Settings
+from cdc.settings import JoinView, Settings, WindowAggregate
 
 __all__ = [
     "QueryResult",
@@ -52,7 +52,8 @@ def warehouse_names(settings: Settings, tables: list[str]) -> dict[str, str]:
         name = table if short.count(table) == 1 else f"{schema}_{table}"
         names[name] = current_path(root, qualified)
         names[f"{name}_history"] = history_path(root, qualified)
-    for view in [*settings.apply.joins, *settings.apply.windows]:
+    views: list[JoinView | WindowAggregate] = [*settings.apply.joins, *settings.apply.windows]
+    for view in views:
         names[view.name] = view_path(root, view.name)
     return {n: p for n, p in names.items() if DeltaTable.isDeltaTable(spark, p)}
 
@@ -67,9 +68,8 @@ def run_query(
 
     spark = spark_session(settings, "cdc-query")
     names = warehouse_names(settings, tables)
-    current = {n for n in names if not n.endswith("_history")} - {
-        v.name for v in [*settings.apply.joins, *settings.apply.windows]
-    }
+    views: list[JoinView | WindowAggregate] = [*settings.apply.joins, *settings.apply.windows]
+    current = {n for n in names if not n.endswith("_history")} - {v.name for v in views}
     for name, path in names.items():
         reader = spark.read.format("delta")
         if as_of is not None:

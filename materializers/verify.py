@@ -28,12 +28,12 @@ import psycopg
 from psycopg import sql
 from psycopg.types.string import TextLoader
 
-from cdc.catalog import Column, Table
+from cdc.catalog import TRUNCATIONS_TABLE, Column, Table
 from cdc.clients import opensearch_client, redis_client
 from cdc.decode import Interval, decode_value, parse_interval
 from cdc.errors import CdcError, VerifyError
 from cdc.settings import JoinView, Settings
-from cdc.source import TRUNCATIONS_TABLE, admin_connection
+from cdc.source import admin_connection
 from cdc.topics import change_topic
 from materializers.progress import Progress, read_progress
 from materializers.typed import quoted as q
@@ -137,7 +137,7 @@ def source_rows(
     settings: Settings,
     table: Table,
     keys: list[str] | None = None,
-    query: sql.Composable | None = None,
+    query: sql.Composed | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The table's rows now (or only those with `keys`), by key text, values normalized;
     `query` (selecting the table's columns) reads them instead of the table itself."""
@@ -433,7 +433,7 @@ def view_table(join: JoinView, tables: dict[str, Table]) -> Table:
     return Table("_views", join.name, (*left.columns, *carried), left.key, "d", 0, 0)
 
 
-def _view_query(join: JoinView, tables: dict[str, Table]) -> sql.Composable:
+def _view_query(join: JoinView, tables: dict[str, Table]) -> sql.Composed:
     """The view as PostgreSQL computes it: a LEFT JOIN on the referenced primary key."""
     left, right = tables[join.table], tables[join.references]
     (ref,) = right.key

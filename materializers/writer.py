@@ -21,7 +21,7 @@ import orjson
 from cdc.catalog import Table
 from cdc.decode import UNAVAILABLE, mark_unavailable
 from materializers.position import event_position
-from materializers.stores.base import Event, Store
+from materializers.stores.base import Event, RowStore
 
 __all__ = ["RESULT_DDL", "partition_writer"]
 
@@ -106,11 +106,11 @@ def _latest(earlier: Event | None, event: Event) -> Event:
 
 
 def partition_writer(
-    open_store: Callable[[], Store],
+    open_store: Callable[[], RowStore],
     tables: dict[str, Table],
     topic_of: Callable[[str], str],
     truncations_table: str,
-    cutoffs: dict[str, int],
+    cutoffs: dict[str, tuple[int, int]],
     chunk: int = 5000,
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The function mapInArrow runs on each partition.
@@ -144,7 +144,7 @@ def partition_writer(
             pending.clear()
             seen["written"] += result.written
             seen["stale"] += result.stale
-            for event, error in result.rejected or []:
+            for event, error in result.rejected:
                 out.append(
                     {
                         "kind": "dead",

@@ -163,6 +163,7 @@ def _zoned_timestamp_json(column: Column, ref: sql.Composable) -> sql.Composable
 def column_json(column: Column) -> sql.Composable:
     """SQL for the JSON text of a column's value as Debezium encodes it ('null' for NULL)."""
     ref = sql.Identifier(column.name)
+    value: sql.Composable
     if column.is_array:
         element = _element_json(column, sql.Identifier("e"))
         value = sql.SQL(

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import reduce
 from itertools import pairwise
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -188,10 +189,10 @@ def run_snapshot(
 
 def _copy_tables(
     settings: Settings,
-    spark,
+    spark: Any,
     tables: list[Table],
     point: SnapshotPoint,
-    console: Console,  # type: ignore[no-untyped-def]
+    console: Console,
 ) -> dict[str, int]:
     """Write every table's snapshot events to its change topic; returns rows per table."""
     from pyspark.sql import functions as F
@@ -272,8 +273,13 @@ def _copy_tables(
 
 
 def _update(
-    progress: Progress, tasks, start, settings: Settings, began: float, final: bool = False
-) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    progress: Progress,
+    tasks: Any,
+    start: Any,
+    settings: Settings,
+    began: float,
+    final: bool = False,
+) -> dict[str, int]:
     ends = end_offsets(settings.kafka.bootstrap_servers, list(tasks))
     written = {t: sum(p.values()) - start[t] for t, p in ends.items()}
     elapsed = max(time.monotonic() - began, 1e-3)

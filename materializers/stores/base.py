@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cdc.catalog import Table
@@ -43,7 +43,7 @@ class Event:
 class WriteResult:
     written: int = 0
     stale: int = 0  # refused by the write rule: the store holds something newer
-    rejected: list[tuple[Event, str]] | None = None  # what the store refused, and why
+    rejected: list[tuple[Event, str]] = field(default_factory=list)  # refused, and why
 
 
 class Store(ABC):

@@ -215,7 +215,7 @@ class CacheStore(RowStore):
         return f"Redis at {self.url.split('@')[-1]} does not answer ({type(exc).__name__})"
 
     def write(self, tables: dict[str, Table], events: list[Event]) -> WriteResult:
-        result = WriteResult(rejected=[])
+        result = WriteResult()
         calls = self._calls(tables, events, result)
         deadline = clock.monotonic() + self.retry_s
         pause = 0.2
@@ -274,7 +274,7 @@ class CacheStore(RowStore):
                                     text = cache_text(decode_value(column, raw))
                                 pairs += [field_name(name), text]
                     except ValueDecodeError as exc:  # a value this store cannot hold
-                        result.rejected.append((event, str(exc)[:500]))  # type: ignore[union-attr]
+                        result.rejected.append((event, str(exc)[:500]))
                         continue
                 position = event.position
                 keys.append(cache_key(self.prefix, event.table, event.key))

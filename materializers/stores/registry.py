@@ -10,10 +10,10 @@ from typing import Any
 
 from cdc.errors import ConfigError
 from cdc.settings import STORE_NAMES, Settings
-from materializers.stores.base import Store
+from materializers.stores.base import RowStore, Store
 from materializers.stores.delta_tables import warehouse_root
 
-__all__ = ["FACTORIES", "STORE_NAMES", "check_store_names", "make_store"]
+__all__ = ["FACTORIES", "STORE_NAMES", "check_store_names", "make_row_store", "make_store"]
 
 
 def check_store_names(names: Iterable[str]) -> None:
@@ -64,3 +64,11 @@ def make_store(settings: Settings, name: str, spark: Any = None) -> Store:
     """The store `name` (the warehouse needs the Spark session)."""
     check_store_names([name])
     return FACTORIES[name](settings, spark)
+
+
+def make_row_store(settings: Settings, name: str) -> RowStore:
+    """The row store `name`, as each Python worker opens it."""
+    store = make_store(settings, name)
+    if not isinstance(store, RowStore):
+        raise TypeError(f"store {name} is not written row by row")
+    return store

@@ -233,7 +233,7 @@ class SearchStore(RowStore):
     def _write_once(self, tables: dict[str, Table], events: list[Event]) -> tuple[Any, int]:
         """One attempt at the batch: its result, and how many writes failed in a way that
         says the store is down or overloaded (5xx, 429, no answer)."""
-        result = WriteResult(rejected=[])
+        result = WriteResult()
         result.retry_reason = ""  # type: ignore[attr-defined]
         placeholders = [
             e for e in events if e.after and any(v == UNAVAILABLE for v in e.after.values())
@@ -319,7 +319,7 @@ class SearchStore(RowStore):
                 result.retry_reason = str(status)  # type: ignore[attr-defined]
             else:
                 event = by_id[(info["_index"], info["_id"])]
-                result.rejected.append((event, str(info.get("error"))[:500]))  # type: ignore[union-attr]
+                result.rejected.append((event, str(info.get("error"))[:500]))
         return result, failed
 
     def truncate(self, table: Table, before: tuple[int, int], commit_ms: int) -> None:

@@ -61,7 +61,7 @@ class Recorder(Store):
         pass
 
     def write(self, tables: dict[str, Table], events: list[Event]) -> WriteResult:
-        result = WriteResult(rejected=[])
+        result = WriteResult()
         for event in events:
             if event.key in self.refuse:
                 result.rejected.append((event, "refused"))  # type: ignore[union-attr]
