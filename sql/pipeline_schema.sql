@@ -9,6 +9,51 @@ CREATE TABLE IF NOT EXISTS cdc.debezium_signal (
     data text  -- a backfill's filter, of any length (pipelines from before: widened by cdc/source.py)
 );
 
+-- A backfill's window opens with a watermark row here, then Debezium reads a chunk of
+-- the table. PostgreSQL writes a commit to the WAL (logical decoding streams it from
+-- there) before the committing backend makes it visible (after its WAL flush, or a
+-- synchronous standby's answer): a transaction caught between the two is decoded
+-- before the watermark yet missing from the chunk's read, and the chunk's older row
+-- would land in the log after its change. This trigger, run as the watermark commits,
+-- waits until the client transactions that were running (or waiting for a standby)
+-- have ended or gone idle, at most 2 s (a long statement is not waited for longer).
+-- SECURITY DEFINER: it reads other roles' sessions in pg_stat_activity.
+CREATE OR REPLACE FUNCTION cdc.await_visible_commits() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+DECLARE
+    deadline timestamptz := clock_timestamp() + interval '2 seconds';
+    pids int[];
+    xids xid[];
+BEGIN
+    SELECT array_agg(pid), array_agg(backend_xid) INTO pids, xids
+    FROM pg_stat_activity
+    WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'
+      AND backend_xid IS NOT NULL AND (state = 'active' OR wait_event = 'SyncRep');
+    WHILE pids IS NOT NULL AND clock_timestamp() < deadline AND EXISTS (
+        SELECT 1 FROM pg_stat_activity AS a
+        JOIN unnest(pids, xids) AS w(pid, xid) ON a.pid = w.pid AND a.backend_xid = w.xid
+        WHERE a.state = 'active' OR a.wait_event = 'SyncRep'
+    ) LOOP
+        PERFORM pg_sleep(0.002);
+        PERFORM pg_stat_clear_snapshot();  -- sessions are read once a transaction otherwise
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                   WHERE tgrelid = 'cdc.debezium_signal'::regclass
+                     AND tgname = 'cdc_await_visible_commits') THEN
+        CREATE CONSTRAINT TRIGGER cdc_await_visible_commits
+            AFTER INSERT ON cdc.debezium_signal DEFERRABLE INITIALLY DEFERRED
+            FOR EACH ROW WHEN (NEW.type = 'snapshot-window-open')
+            EXECUTE FUNCTION cdc.await_visible_commits();
+    END IF;
+END
+$$;
+
 -- Written by the connector's heartbeat action query: keeps the slot advancing when the
 -- captured tables are quiet, so PostgreSQL can recycle WAL.
 CREATE TABLE IF NOT EXISTS cdc.heartbeat (

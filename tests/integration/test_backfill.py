@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import threading
 import time
 import uuid
 
@@ -11,11 +12,12 @@ import pytest
 from rich.console import Console
 
 from cdc.errors import BackfillError
+from cdc.topics import change_topic, read_topic
 from commands.pipeline import drop_pipeline
 from snapshot.backfill import start_backfill, watch_backfill
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
-from tests.logcheck import events_by_key, pipeline_for, table_info, wait_until_equal
+from tests.logcheck import events_by_key, pipeline_for, poll, table_info, wait_until_equal
 from tests.writer import Writer
 
 pytestmark = pytest.mark.integration
@@ -75,4 +77,89 @@ def test_a_backfill_needs_a_streaming_pipeline_and_a_valid_filter(stack: Running
     finally:
         drop_pipeline(settings)
         with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+def test_a_commit_decoded_before_others_see_it_is_not_lost_to_a_backfill(
+    stack: RunningStack,
+) -> None:
+    """PostgreSQL writes a commit to the WAL (logical decoding streams it) before the
+    committing backend makes it visible; between the two, a backfill's chunk read misses
+    it, and its older row would land in the log after the change: the stores would keep
+    the old row. A commit waiting for a synchronous standby that never answers holds
+    that state for as long as the test needs (the race a busy machine hits for a few
+    milliseconds). The watermark waits for it (sql/pipeline_schema.sql)."""
+    name = "bfv_" + uuid.uuid4().hex[:8]
+    table = f"public.{name}"
+    settings = pipeline_for(stack.settings, [table])
+    dsn = settings.postgres.dsn()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, version int NOT NULL)")
+        conn.execute(f"INSERT INTO {name} SELECT g, 0 FROM generate_series(1, 20) g")
+    held = psycopg.connect(dsn, autocommit=True)
+    try:
+        run_snapshot(settings, Console(file=io.StringIO()))
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            # only the session that asks waits for a standby (here: none will answer)
+            conn.execute("ALTER SYSTEM SET synchronous_commit = 'local'")
+            conn.execute("ALTER SYSTEM SET synchronous_standby_names = 'cdc_test_nobody'")
+            conn.execute("SELECT pg_reload_conf()")
+        time.sleep(1)
+        held.execute("SET synchronous_commit = on")
+        pid = held.info.backend_pid
+        update = threading.Thread(
+            target=held.execute, args=(f"UPDATE {name} SET version = 1 WHERE id = 3",)
+        )
+        update.start()
+        topic = change_topic(settings.pipeline, table)
+
+        def decoded() -> bool:
+            return any(
+                r.op == "u" and r.value["after"]["id"] == 3
+                for r in read_topic(settings.kafka.bootstrap_servers, topic)
+            )
+
+        poll(decoded, 60, "the update's change event")
+        with psycopg.connect(dsn) as conn:  # in the log, yet nobody sees it
+            row = conn.execute(f"SELECT version FROM {name} WHERE id = 3").fetchone()
+        assert row == (0,)
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute("SELECT count(*) FROM cdc.debezium_signal").fetchone()
+        opened_before = row[0] if row else 0
+        _, offset = start_backfill(settings, table)
+
+        def window_opening() -> bool:
+            """Debezium writes the window's watermark: waiting in its trigger, or done."""
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                waiting = conn.execute(
+                    # (the trigger runs as the watermark's transaction commits)
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
+                ).fetchone()
+                written = conn.execute(
+                    "SELECT count(*) FROM cdc.debezium_signal WHERE type = 'snapshot-window-open'"
+                ).fetchone()
+                rows = conn.execute("SELECT count(*) FROM cdc.debezium_signal").fetchone()
+            return bool(
+                (waiting and waiting[0]) or (written and rows and rows[0] > opened_before + 1)
+            )
+
+        poll(window_opening, 60, "the backfill's window to open")
+        # now the commit becomes visible (its wait for the standby cancelled)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_cancel_backend(%s)", (pid,))
+        done = watch_backfill(settings, offset, lambda p: None, timeout=120)
+        update.join(30)
+        assert done.state == "COMPLETED"
+        _, records = wait_until_equal(settings, table_info(settings, table))
+        events = [e for e in records if e.value and e.value["after"]["id"] == 3]
+        assert events[-1].value["after"]["version"] == 1, [(e.op, e.offset) for e in events]
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM RESET synchronous_commit")
+            conn.execute("ALTER SYSTEM RESET synchronous_standby_names")
+            conn.execute("SELECT pg_reload_conf()")
+            conn.execute("SELECT pg_cancel_backend(%s)", (held.info.backend_pid,))
+        held.close()
+        drop_pipeline(settings)
+        with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"DROP TABLE IF EXISTS {name}")
