@@ -16,7 +16,7 @@ import typer
 
 from cdc.catalog import Table
 from cdc.errors import CdcError, ConfigError
-from cdc.settings import STORE_NAMES, Settings, load_settings
+from cdc.settings import Settings, load_settings
 from cdc.stack import Stack
 from cdc.topics import change_topic
 from commands.render import console, pipeline_table, status_table
@@ -279,11 +279,12 @@ def backfill(
 
 def _check_stores(stores: list[str]) -> None:
     """A store name that is not one: refused before anything runs."""
-    unknown = [x for x in stores if x not in STORE_NAMES]
-    if unknown:
-        raise typer.BadParameter(
-            f"unknown store {', '.join(unknown)}: use {', '.join(STORE_NAMES)}"
-        )
+    from materializers.stores.registry import check_store_names
+
+    try:
+        check_store_names(stores)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 @app.command("apply")
@@ -609,11 +610,6 @@ StoreOption = Annotated[
 ]
 
 
-def _check_store(store: str | None) -> None:
-    if store is not None:
-        _check_stores([store])
-
-
 @dlq_app.command("list")
 def dlq_list(
     store: StoreOption = None,
@@ -623,7 +619,7 @@ def dlq_list(
     """The dead letters: store, error, and where each change came from."""
     from materializers.dead_letters import read_dead_letters
 
-    _check_store(store)
+    _check_stores([store] if store else [])
     letters = read_dead_letters(settings(), store)
     shown = letters[-limit:] if limit > 0 else letters
     if output is Output.json:
@@ -648,7 +644,7 @@ def dlq_replay(store: StoreOption = None) -> None:
     Each dead letter is replayed once (a replay takes those that came after the last)."""
     from materializers.dead_letters import replay_dead_letters
 
-    _check_store(store)
+    _check_stores([store] if store else [])
     s = settings()
     stores: list[str] = [store] if store else list(s.apply.stores)
     replayed = replay_dead_letters(s, stores, progress)

@@ -143,8 +143,8 @@ def _read_back(
     after.update((n, v) for n, v in zip(names, values, strict=True) if n in wanted)
 
 
-def _missing(table: Table, after: Any) -> bool:
-    return isinstance(after, dict) and any(c.name not in after for c in table.generated)
+def _missing(names: list[str], after: Any) -> bool:
+    return isinstance(after, dict) and any(name not in after for name in names)
 
 
 def computing_generated(
@@ -153,6 +153,7 @@ def computing_generated(
     """The function mapInArrow runs on each partition of a raw Kafka batch: values of
     `by_topic`'s change events that lack a generated column get it; every other record
     passes unchanged, in its order."""
+    generated = {topic: [c.name for c in table.generated] for topic, table in by_topic.items()}
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -164,8 +165,8 @@ def computing_generated(
                 values = batch.column("value").to_pylist()
                 found: dict[str, list[tuple[int, dict[str, Any]]]] = {}
                 for i, (topic, value) in enumerate(zip(topics, values, strict=True)):
-                    table = by_topic.get(topic)
-                    if table is None or value is None:
+                    names = generated.get(topic)
+                    if names is None or value is None:
                         continue
                     try:
                         envelope = orjson.loads(value)
@@ -174,7 +175,7 @@ def computing_generated(
                     if (
                         isinstance(envelope, dict)
                         and envelope.get("op") in _OPS
-                        and _missing(table, envelope.get("after"))
+                        and _missing(names, envelope.get("after"))
                     ):
                         found.setdefault(topic, []).append((i, envelope))
                 if found:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc.settings import Settings
+from materializers.position import Position
 
 __all__ = [
     "Progress",
@@ -27,8 +28,6 @@ __all__ = [
     "set_waiting",
     "write_progress",
 ]
-
-Position = tuple[int, int]  # (commit_lsn, lsn)
 
 
 def checkpoint_dir(settings: Settings, store: str) -> Path:
