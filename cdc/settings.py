@@ -11,7 +11,7 @@ import os
 import shutil
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
@@ -22,6 +22,9 @@ from pydantic_settings import (
 )
 
 from cdc.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sqlalchemy import URL
 
 __all__ = ["PROJECT_ROOT", "STORE_NAMES", "Settings", "load_settings"]
 
@@ -56,6 +59,20 @@ class PostgresSettings(_Section):
         return (
             f"host={self.host} port={self.port} dbname={database or self.database} "
             f"user={self.user} password={self.password.get_secret_value()}"
+        )
+
+    def sqlalchemy_url(self) -> URL:
+        """The source as an SQLAlchemy URL (the psycopg 3 driver), built by SQLAlchemy so
+        that any character of the password works (it holds the password: never print it)."""
+        from sqlalchemy import URL
+
+        return URL.create(
+            "postgresql+psycopg",
+            username=self.user,
+            password=self.password.get_secret_value(),
+            host=self.host,
+            port=self.port,
+            database=self.database,
         )
 
 

@@ -6,10 +6,8 @@ non-zero exit code.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
-from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
@@ -19,14 +17,10 @@ from cdc.errors import CdcError, ConfigError
 from cdc.settings import Settings, load_settings
 from cdc.stack import Stack
 from cdc.topics import change_topic
-from commands.render import console, pipeline_table, status_table
+from commands.output import Form, Output, RowsForm, console
+from commands.render import pipeline_table, status_table, verify_tables
 
 __all__ = ["app", "main"]
-
-
-class Output(StrEnum):
-    text = "text"
-    json = "json"
 
 
 app = typer.Typer(
@@ -36,10 +30,12 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = console()
 err = console(stderr=True)
 OutputOption = Annotated[
-    Output, typer.Option("--output", "-o", help="text for people, json for scripts")
+    Form, typer.Option("--output", "-o", help="text for people, json for scripts")
+]
+RowsOutputOption = Annotated[
+    RowsForm, typer.Option("--output", "-o", help="text for people, json or csv for scripts")
 ]
 
 
@@ -74,7 +70,7 @@ def up() -> None:
     """
     stack = Stack(settings())
     stack.up(progress)
-    _print_status(stack, Output.text)
+    _print_status(stack, Output())
 
 
 @app.command()
@@ -90,10 +86,10 @@ def down(
 
 
 @app.command()
-def status(output: OutputOption = Output.text) -> None:
+def status(output: OutputOption = Form.text) -> None:
     """Show each component: up or down, address, version, and its details (connectors, tasks)."""
     stack = Stack(settings())
-    if not _print_status(stack, output):
+    if not _print_status(stack, Output(output)):
         raise typer.Exit(1)
 
 
@@ -103,33 +99,29 @@ def _print_status(stack: Stack, output: Output) -> bool:
     statuses = stack.status()
     up = {s.name for s in statuses if s.up}
     pipeline = pipeline_status(stack.settings) if {"postgres", "kafka", "connect"} <= up else None
-    if output is Output.json:
-        document = {
+    output.emit(
+        {
             "components": [s.__dict__ for s in statuses],
             "pipeline": pipeline.__dict__ if pipeline else None,
-        }
-        out.print_json(json.dumps(document, default=str))
-    else:
-        out.print(status_table(statuses))
-        if pipeline is not None:
-            out.print(pipeline_table(pipeline))
+        },
+        status_table(statuses),
+        *([pipeline_table(pipeline)] if pipeline is not None else []),
+    )
     return all(s.up for s in statuses)
 
 
 @app.command("config")
-def show_config(output: OutputOption = Output.text) -> None:
+def show_config(output: OutputOption = Form.text) -> None:
     """Show the settings in force (secrets masked) and where they come from."""
     masked = settings().masked()
-    if output is Output.json:
-        out.print_json(json.dumps(masked))
-        return
+    lines = []
     for key, value in masked.items():
         if isinstance(value, dict):
-            out.print(f"[bold]\\[{key}][/bold]")
-            for sub, sub_value in value.items():
-                out.print(f"  {sub} = {sub_value}", highlight=False)
+            lines.append(f"[bold]\\[{key}][/bold]")
+            lines += [f"  {sub} = {sub_value}" for sub, sub_value in value.items()]
         else:
-            out.print(f"{key} = {value}", highlight=False)
+            lines.append(f"{key} = {value}")
+    Output(output).emit(masked, *lines)
 
 
 @app.command()
@@ -157,7 +149,9 @@ def demo(
     """
     from commands.demo import run_demo
 
-    result = run_demo(settings(), out, progress, keep=keep, duration=duration, rate=rate)
+    result = run_demo(
+        settings(), Output().console, progress, keep=keep, duration=duration, rate=rate
+    )
     if result.interrupted:
         progress("stopped (Ctrl-C); the stack keeps running: `cdc down` stops it")
         raise typer.Exit(130)
@@ -166,7 +160,7 @@ def demo(
 
 
 @app.command()
-def setup(output: OutputOption = Output.text) -> None:
+def setup(output: OutputOption = Form.text) -> None:
     """Prepare the source, topics and connector for the pipeline's tables (idempotent).
 
     Creates or updates the replication role and its grants on exactly the captured
@@ -178,11 +172,11 @@ def setup(output: OutputOption = Output.text) -> None:
 
     s = settings()
     result = sync_pipeline(s)
-    if output is Output.json:
-        out.print_json(json.dumps(result.__dict__))
+    Output(output).emit(
+        result.__dict__, *(f"{t} -> {change_topic(s.pipeline, t)}" for t in result.tables)
+    )
+    if output is not Form.text:
         return
-    for table in result.tables:
-        out.print(f"{table} -> {change_topic(s.pipeline, table)}", highlight=False)
     for label, items in (
         ("created topics", result.topics_created),
         ("now captured", result.added),
@@ -194,7 +188,7 @@ def setup(output: OutputOption = Output.text) -> None:
 
 
 @app.command()
-def snapshot(output: OutputOption = Output.text) -> None:
+def snapshot(output: OutputOption = Form.text) -> None:
     """Take the initial snapshot at the slot's consistent point, then start streaming.
 
     Creates the slot with an exported snapshot, reads every captured table under
@@ -205,14 +199,14 @@ def snapshot(output: OutputOption = Output.text) -> None:
     from snapshot.initial import run_snapshot
 
     result = run_snapshot(settings(), err, progress)
-    if output is Output.json:
-        out.print_json(json.dumps(result.__dict__ | {"total_rows": result.total_rows}))
-    elif not result.resumed:
-        rate = result.total_rows / result.seconds if result.seconds else 0
-        out.print(
-            f"snapshot at LSN {result.lsn}: {result.total_rows} rows from {len(result.rows)} "
-            f"table(s) in {result.seconds:.1f}s ({rate:,.0f} rows/s); streaming from the slot"
-        )
+    rate = result.total_rows / result.seconds if result.seconds else 0
+    said = (
+        f"snapshot at LSN {result.lsn}: {result.total_rows} rows from {len(result.rows)} "
+        f"table(s) in {result.seconds:.1f}s ({rate:,.0f} rows/s); streaming from the slot"
+    )
+    Output(output).emit(
+        result.__dict__ | {"total_rows": result.total_rows}, *([] if result.resumed else [said])
+    )
 
 
 @app.command()
@@ -274,7 +268,7 @@ def backfill(
 
         done = watch_backfill(s, offset, show, signal_id=signal)
         bar.update(task, completed=1.0, detail="completed")
-    out.print(f"backfill of {table} completed: {done.rows_scanned or 0} rows read")
+    Output().emit(None, f"backfill of {table} completed: {done.rows_scanned or 0} rows read")
 
 
 def _check_stores(stores: list[str]) -> None:
@@ -315,41 +309,6 @@ def apply_(
     run_apply(s, stores, once=once)
 
 
-class RowsOutput(StrEnum):
-    text = "text"
-    json = "json"
-    csv = "csv"
-
-
-RowsOutputOption = Annotated[
-    RowsOutput, typer.Option("--output", "-o", help="text for people, json or csv for scripts")
-]
-
-
-def _emit_json(document: object) -> None:
-    """JSON for scripts, as is (no wrapping or highlighting, whatever its width)."""
-    sys.stdout.write(json.dumps(document, default=str, ensure_ascii=False, indent=2) + "\n")
-
-
-def _print_rows(columns: list[str], rows: list[tuple[object, ...]], output: RowsOutput) -> None:
-    if output is RowsOutput.json:
-        records = [dict(zip(columns, row, strict=True)) for row in rows]
-        _emit_json(records)
-    elif output is RowsOutput.csv:
-        import csv
-
-        writer = csv.writer(sys.stdout)
-        writer.writerow(columns)
-        writer.writerows(["" if v is None else v for v in row] for row in rows)
-    else:
-        from rich.table import Table as RichTable
-
-        table = RichTable(*columns, caption=f"{len(rows)} rows")
-        for row in rows:
-            table.add_row(*("NULL" if v is None else str(v) for v in row))
-        out.print(table)
-
-
 def _captured_table(s: Settings, name: str) -> Table:
     """A captured table by `schema.table`, or by its bare name when that is unique."""
     from cdc.catalog import describe_table, published_tables
@@ -374,7 +333,7 @@ def query(
         str | None,
         typer.Option("--as-of", help="Delta time travel: a version number or a timestamp"),
     ] = None,
-    output: RowsOutputOption = RowsOutput.text,
+    output: RowsOutputOption = RowsForm.text,
 ) -> None:
     """Run Spark SQL over the warehouse.
 
@@ -390,7 +349,7 @@ def query(
     with admin_connection(s) as conn:
         tables = published_tables(conn, s.pipeline.publication)
     result = run_query(s, sql, tables, as_of)
-    _print_rows(result.columns, result.rows, output)
+    Output(output).rows(result.columns, result.rows)
 
 
 @app.command()
@@ -398,31 +357,35 @@ def search(
     table: Annotated[str, typer.Argument(help="a captured table: schema.table or its name")],
     text: Annotated[str, typer.Argument(help="words to find (simple query string syntax)")],
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="at most this many")] = 10,
-    output: RowsOutputOption = RowsOutput.text,
+    output: RowsOutputOption = RowsForm.text,
 ) -> None:
     """Search a table's OpenSearch index; the best matches first."""
     from materializers.query import search_table
 
     s = settings()
     result = search_table(s, _captured_table(s, table), text, limit)
-    _print_rows(result.columns, result.rows, output)
+    Output(output).rows(result.columns, result.rows)
 
 
 @app.command()
 def get(
     table: Annotated[str, typer.Argument(help="a captured table: schema.table or its name")],
     key: Annotated[str, typer.Argument(help='the primary key: 42, or JSON {"a": 1, "b": "x"}')],
-    output: OutputOption = Output.text,
+    store: Annotated[
+        str, typer.Option("--store", "-s", help="cache (Redis), search or warehouse")
+    ] = "cache",
+    output: OutputOption = Form.text,
 ) -> None:
-    """Read a row's cache entry (Redis)."""
-    from materializers.query import cache_entry
+    """Read what a store holds for a row: its fields and the position that wrote them."""
+    from materializers.query import store_entry
 
+    _check_stores([store])
     s = settings()
-    entry = cache_entry(s, _captured_table(s, table), key)
-    if output is Output.json:
-        _emit_json(entry)
-    else:
-        _print_rows(["field", "value"], sorted(entry.items()), RowsOutput.text)
+    entry = store_entry(s, store, _captured_table(s, table), key)
+    if output is Form.json:
+        Output(output).emit(entry)
+    else:  # a row per field
+        Output(output).rows(["field", "value"], sorted(entry.items()))
 
 
 @app.command()
@@ -441,7 +404,7 @@ def verify(
         bool,
         typer.Option("--repair", help="backfill the drifted keys (or table), then verify again"),
     ] = False,
-    output: OutputOption = Output.text,
+    output: OutputOption = Form.text,
 ) -> None:
     """Reconcile each store with the source at a consistent cut; exit 1 on drift.
 
@@ -451,12 +414,9 @@ def verify(
     backfilled through the log (keys only a store has are removed from it) and the
     stores verified again once the running apply job has taken the backfill.
     """
-    from dataclasses import asdict
-
     from cdc.catalog import published_tables
     from cdc.source import admin_connection
-    from materializers.verify import EXAMPLES
-    from materializers.verify import verify as run_verify
+    from materializers.reconcile import reconcile
 
     s = settings()
     stores = store or list(s.apply.stores)
@@ -464,63 +424,9 @@ def verify(
     with admin_connection(s) as conn:
         names = table or published_tables(conn, s.pipeline.publication)
     tables = [_captured_table(s, name) for name in names]
-    progress(f"verifying {len(tables)} tables in {', '.join(stores)} at a consistent cut")
-    results = run_verify(s, tables, stores, timeout)
-    if repair and any(not d.ok for d in results):
-        from materializers.verify import repair as run_repair
-
-        for line in run_repair(s, tables, results, report=progress):
-            progress(line)
-        progress("verifying again once the stores have applied the repair")
-        results = run_verify(s, tables, stores, timeout)
-    drifted = [d for d in results if not d.ok]
-    checks = []
-    if "warehouse" in stores:  # Great Expectations suites over the warehouse tables
-        from materializers.quality import history_checks, view_checks, warehouse_checks
-
-        counts = {d.table: d.source_rows for d in results if d.store == "warehouse"}
-        for t in tables:
-            checks += warehouse_checks(s, t, counts[t.qualified])
-            checks += history_checks(s, t)
-        checks += view_checks(s, {t.qualified: t for t in tables})
-    failed = [c for c in checks if not c.ok]
-    if output is Output.json:
-        _emit_json(
-            {
-                "ok": not drifted and not failed,
-                "results": [asdict(d) for d in results],
-                "expectations": [asdict(c) for c in checks],
-            }
-        )
-    else:
-        from rich.table import Table as RichTable
-
-        report = RichTable("store", "table", "source rows", "store rows", "drift")
-        for d in results:
-            if d.ok:
-                verdict = "[green]none[/green]"
-            else:
-                parts = [
-                    f"{len(keys)} {what} (e.g. {', '.join(keys[:EXAMPLES])})"
-                    for what, keys in (
-                        ("missing", d.missing),
-                        ("extra", d.extra),
-                        ("different", d.different),
-                    )
-                    if keys
-                ]
-                verdict = "[red]" + "; ".join(parts) + "[/red]"
-            report.add_row(d.store, d.table, str(d.source_rows), str(d.store_rows), verdict)
-        out.print(report)
-        if checks:
-            suites = RichTable(
-                "table", "expectation", "column", "result", title="Great Expectations"
-            )
-            for c in checks:
-                verdict = "[green]ok[/green]" if c.ok else "[red]failed[/red]"
-                suites.add_row(c.table, c.expectation, c.column or "", f"{verdict} ({c.observed})")
-            out.print(suites)
-    if drifted or failed:
+    report = reconcile(s, tables, stores, timeout, mend=repair, progress=progress)
+    Output(output).emit(report.as_dict(), *verify_tables(report))
+    if not report.ok:
         raise typer.Exit(1)
 
 
@@ -559,7 +465,7 @@ app.add_typer(tables_app, name="tables")
 
 
 @tables_app.command("list")
-def tables_list(output: OutputOption = Output.text) -> None:
+def tables_list(output: OutputOption = Form.text) -> None:
     """The tables the settings select, with their keys and topics."""
     from cdc.catalog import resolve_tables
     from cdc.source import admin_connection
@@ -571,13 +477,9 @@ def tables_list(output: OutputOption = Output.text) -> None:
         {"table": t.qualified, "key": list(t.key), "topic": change_topic(s.pipeline, t.qualified)}
         for t in tables
     ]
-    if output is Output.json:
-        out.print_json(json.dumps(rows))
-        return
-    for row in rows:
-        out.print(
-            f"{row['table']} (key {', '.join(row['key'])}) -> {row['topic']}", highlight=False
-        )
+    Output(output).emit(
+        rows, *(f"{r['table']} (key {', '.join(r['key'])}) -> {r['topic']}" for r in rows)
+    )
 
 
 @tables_app.command("add")
@@ -597,7 +499,7 @@ def _edit_tables(add: list[str], remove: list[str]) -> None:
 
     path, tables = edit_tables(add, remove)
     progress(f"{path}: pipeline.tables = {tables}")
-    setup(Output.text)
+    setup(Form.text)
 
 
 dlq_app = typer.Typer(
@@ -614,7 +516,7 @@ StoreOption = Annotated[
 def dlq_list(
     store: StoreOption = None,
     limit: Annotated[int, typer.Option("--limit", "-n", help="the newest N")] = 50,
-    output: OutputOption = Output.text,
+    output: OutputOption = Form.text,
 ) -> None:
     """The dead letters: store, error, and where each change came from."""
     from materializers.dead_letters import read_dead_letters
@@ -622,15 +524,14 @@ def dlq_list(
     _check_stores([store] if store else [])
     letters = read_dead_letters(settings(), store)
     shown = letters[-limit:] if limit > 0 else letters
-    if output is Output.json:
-        out.print_json(json.dumps([letter.__dict__ for letter in shown]))
-        return
-    for x in shown:
-        out.print(
+    Output(output).emit(
+        [letter.__dict__ for letter in shown],
+        *(
             f"{x.offset}: {x.store} refused {x.topic}[{x.source_partition}]@{x.source_offset} "
-            f"key {x.key}: {x.error}",
-            highlight=False,
-        )
+            f"key {x.key}: {x.error}"
+            for x in shown
+        ),
+    )
     progress(
         f"{len(letters)} dead letter(s)"
         + (f", the newest {len(shown)} shown" if shown != letters else "")

@@ -236,15 +236,14 @@ def _show_and_verify(settings: Settings, out: Console, progress: Callable[[str],
     """A few queries, a search and a cache read, then verify; True when nothing drifted."""
     from cdc.catalog import describe_table
     from cdc.source import admin_connection
-    from materializers.quality import warehouse_checks
-    from materializers.query import cache_entry, run_query, search_table
-    from materializers.verify import verify
+    from commands.render import verify_tables
+    from materializers.query import run_query, search_table, store_entry
+    from materializers.reconcile import reconcile
 
     with admin_connection(settings) as conn:
         tables = [describe_table(conn, name, settings.pipeline) for name in TABLES]
-    progress("verifying every store against PostgreSQL at a consistent cut")
     # the first warehouse batch holds the whole snapshot: on 2 cores it takes minutes
-    drifts = verify(settings, tables, list(settings.apply.stores), timeout=900)
+    report = reconcile(settings, tables, list(settings.apply.stores), 900, progress=progress)
     for sql in (
         "SELECT status, count(*) AS orders, sum(total) AS revenue FROM orders "
         "GROUP BY status ORDER BY status",
@@ -260,19 +259,8 @@ def _show_and_verify(settings: Settings, out: Console, progress: Callable[[str],
         out.print(table)
     found = search_table(settings, tables[1], "walnut lamp", limit=3)
     out.print(f'cdc search products "walnut lamp": {[row[2] for row in found.rows]}')
-    entry = cache_entry(settings, tables[0], "1")
+    entry = store_entry(settings, "cache", tables[0], "1")
     out.print(f"cdc get customers 1: {entry.get('name')}, balance {entry.get('balance')}")
-    counts = {d.table: d.source_rows for d in drifts if d.store == "warehouse"}
-    checks = [c for t in tables for c in warehouse_checks(settings, t, counts[t.qualified])]
-    report = Table("store", "table", "rows", "drift", title="cdc verify", title_justify="left")
-    for d in drifts:
-        keys = d.missing + d.extra + d.different
-        verdict = "[green]none[/green]" if d.ok else f"[red]{len(keys)} keys, e.g. {keys[:3]}[/red]"
-        report.add_row(d.store, d.table, str(d.store_rows), verdict)
-    out.print(report)
-    failed = [c for c in checks if not c.ok]
-    out.print(
-        f"Great Expectations: {len(checks) - len(failed)} of {len(checks)} expectations met"
-        + "".join(f"\n  [red]failed[/red] {c.table} {c.expectation} {c.column}" for c in failed)
-    )
-    return all(d.ok for d in drifts) and not failed
+    for part in verify_tables(report):
+        out.print(part)
+    return report.ok

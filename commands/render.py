@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 from cdc.components import ComponentStatus
 from commands.pipeline import PipelineStatus
+from materializers.reconcile import VerifyReport
 
-__all__ = ["console", "pipeline_table", "status_table"]
+__all__ = ["pipeline_table", "status_table", "verify_tables"]
 
-
-def console(stderr: bool = False) -> Console:
-    """A console; wide when it writes to a file or pipe, where nothing wraps lines for us."""
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, width=None if stream.isatty() else 160)
+EXAMPLES = 5  # keys shown per kind of drift
 
 
 def status_table(statuses: Sequence[ComponentStatus]) -> Table:
@@ -102,3 +97,30 @@ def pipeline_table(p: PipelineStatus) -> Table:
     dead = f"[red]{p.dead_letters}[/red]" if p.dead_letters else "0"
     table.add_row("dead letters", dead)
     return table
+
+
+def verify_tables(report: VerifyReport) -> list[Table]:
+    """`cdc verify`'s report: each store's drift per table, then the expectations."""
+    drift = Table("store", "table", "source rows", "store rows", "drift", title="cdc verify")
+    for d in report.drifts:
+        if d.ok:
+            verdict = "[green]none[/green]"
+        else:
+            parts = [
+                f"{len(keys)} {what} (e.g. {', '.join(keys[:EXAMPLES])})"
+                for what, keys in (
+                    ("missing", d.missing),
+                    ("extra", d.extra),
+                    ("different", d.different),
+                )
+                if keys
+            ]
+            verdict = "[red]" + "; ".join(parts) + "[/red]"
+        drift.add_row(d.store, d.table, str(d.source_rows), str(d.store_rows), verdict)
+    if not report.checks:
+        return [drift]
+    suites = Table("table", "expectation", "column", "result", title="Great Expectations")
+    for c in report.checks:
+        verdict = "[green]ok[/green]" if c.ok else "[red]failed[/red]"
+        suites.add_row(c.table, c.expectation, c.column or "", f"{verdict} ({c.observed})")
+    return [drift, suites]

@@ -161,7 +161,7 @@ def replay_dead_letters(
 ) -> dict[str, int]:
     """Backfill the keys of the dead letters of `stores` not replayed yet; returns per
     table the keys backfilled. Dead letters whose key names no row are reported."""
-    from materializers.verify import backfill_keys, key_filters
+    from materializers.repair import backfill_keys, key_filters
 
     tables = captured_tables(settings)
     by_topic = {change_topic(settings.pipeline, name): name for name in tables}

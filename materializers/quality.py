@@ -1,10 +1,13 @@
 """Great Expectations suites over the warehouse's current tables, run by `cdc verify`.
 
 Per table: the primary key is unique and never NULL, no text column holds Debezium's
-unchanged-TOAST placeholder, and the live row count equals the source's. And the
-table's history: each key has at most one open version, every live row's version is
-open (its position's), no version ends before it begins. And the derived data: each join
-view equals PostgreSQL's join, each window aggregate its windows recomputed from the log.
+unchanged-TOAST placeholder, and the live row count equals the source's. The same
+aggregates (row count, the sum of every integer and numeric column) computed by one
+suite on PostgreSQL (GE's SQL datasource, through SQLAlchemy) and on the warehouse agree
+at a consistent cut. And the table's history: each key has at most one open version,
+every live row's version is open (its position's), no version ends before it begins. And
+the derived data: each join view equals PostgreSQL's join, each window aggregate its
+windows recomputed from the log.
 """
 
 from __future__ import annotations
@@ -17,12 +20,21 @@ from typing import Any
 
 from cdc.catalog import Table
 from cdc.decode import UNAVAILABLE
+from cdc.errors import StoreError
 from cdc.settings import Settings, WindowAggregate
 from cdc.topics import change_topic
 from materializers.progress import checkpoint_dir, late_events
 from materializers.typed import quoted as q
+from materializers.typed import spark_type
 
-__all__ = ["Check", "history_checks", "view_checks", "warehouse_checks", "window_check"]
+__all__ = [
+    "Check",
+    "aggregate_check",
+    "history_checks",
+    "view_checks",
+    "warehouse_checks",
+    "window_check",
+]
 
 
 @dataclass
@@ -93,6 +105,158 @@ def warehouse_checks(settings: Settings, table: Table, source_count: int) -> lis
             Check(table.qualified, r.expectation_config.type, column, bool(r.success), observed)
         )
     return checks
+
+
+# summed by the aggregate check: exact on both sides (a float's sum depends on the order
+# of its additions, so reals and doubles are left out)
+_SUMMED = ("int2", "int4", "int8", "numeric")
+AGGREGATE_ROUNDS = 3
+
+
+def _summed(table: Table) -> list[Any]:
+    from pyspark.sql import types as T
+
+    return [
+        c
+        for c in table.columns
+        if c.base in _SUMMED
+        and not c.is_array
+        and isinstance(spark_type(c), T.IntegralType | T.DecimalType)
+    ]
+
+
+def _aggregate_suite(columns: int) -> Any:
+    """Row count and a sum per column (`c0`, `c1`...): observed, with no bounds."""
+    import great_expectations as gx
+    import great_expectations.expectations as gxe
+
+    suite = gx.ExpectationSuite(name="aggregates")
+    suite.add_expectation(gxe.ExpectTableRowCountToBeBetween())
+    for i in range(columns):
+        suite.add_expectation(gxe.ExpectColumnSumToBeBetween(column=f"c{i}"))
+    return suite
+
+
+def _observed(batch: Any, columns: int) -> list[Any]:
+    """The suite's observed values over `batch`: the row count, then each sum."""
+    result = batch.validate(_aggregate_suite(columns))
+    observed = []
+    for r in result.results:
+        info = r.exception_info or {}
+        if info.get("raised_exception"):
+            message = str(info.get("exception_message") or "").strip().splitlines()
+            raise StoreError(f"an aggregate could not be computed: {(message or ['?'])[0][:200]}")
+        observed.append((r.result or {}).get("observed_value"))
+    return observed
+
+
+def _context() -> Any:
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    logging.getLogger("great_expectations").setLevel(logging.ERROR)
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    return context
+
+
+def _source_aggregates(settings: Settings, table: Table, summed: list[Any]) -> list[Any]:
+    """The aggregates of `table` in PostgreSQL, by the suite on GE's SQL datasource."""
+    from psycopg import sql
+
+    query = sql.SQL("SELECT {} FROM {}").format(
+        sql.SQL(", ").join(
+            [sql.SQL("1 AS one")]
+            + [
+                sql.SQL("{}::numeric AS {}").format(sql.Identifier(c.name), sql.Identifier(f"c{i}"))
+                for i, c in enumerate(summed)
+            ]
+        ),
+        sql.Identifier(table.schema, table.name),
+    )
+    url = settings.postgres.sqlalchemy_url().render_as_string(hide_password=False)
+    source = _context().data_sources.add_postgres(name="source", connection_string=url)
+    asset = source.add_query_asset(name="aggregates", query=query.as_string(None))
+    try:
+        return _observed(asset.add_batch_definition_whole_table("now").get_batch(), len(summed))
+    except StoreError as exc:  # the message names no connection string
+        raise StoreError(f"PostgreSQL, {table.qualified}: {exc}") from None
+
+
+def _warehouse_aggregates(settings: Settings, table: Table, summed: list[Any]) -> list[Any]:
+    """The same aggregates over the table's live rows in the warehouse (integers and
+    decimals summed as decimal(38, scale), as PostgreSQL sums them as numeric)."""
+    from pyspark.sql import functions as F
+
+    from cdc.spark import spark_session
+    from materializers.stores.delta_tables import current_path, warehouse_root
+
+    spark = spark_session(settings, "cdc-verify")
+    path = current_path(warehouse_root(settings), table.qualified)
+    frame = spark.read.format("delta").load(path).where("NOT _cdc_deleted")
+    types = {f.name: f.dataType for f in frame.schema.fields}
+    frame = frame.select(
+        F.lit(1).alias("one"),
+        *[
+            F.col(q(c.name))
+            .cast(f"decimal(38, {getattr(types[c.name], 'scale', 0)})")
+            .alias(f"c{i}")
+            for i, c in enumerate(summed)
+        ],
+    )
+    asset = (
+        _context().data_sources.add_spark(name="warehouse").add_dataframe_asset(name="aggregates")
+    )
+    batch = asset.add_batch_definition_whole_dataframe("live rows").get_batch(
+        batch_parameters={"dataframe": frame}
+    )
+    return _observed(batch, len(summed))
+
+
+def aggregate_check(
+    settings: Settings, table: Table, rounds: int = AGGREGATE_ROUNDS, timeout: float = 120.0
+) -> Check:
+    """The table's aggregates in PostgreSQL and in the warehouse, at a consistent cut.
+
+    PostgreSQL is read before the cut and again after the warehouse: only when both reads
+    agree (the source held still meanwhile) are they compared with the warehouse; else
+    the round is taken again, and a source that moved in every round is reported as not
+    compared."""
+    from delta.tables import DeltaTable
+
+    from cdc.spark import spark_session
+    from materializers.stores.delta_tables import current_path, warehouse_root
+    from materializers.verify import consistent_cut
+
+    what = "row count and sums equal PostgreSQL's"
+    path = current_path(warehouse_root(settings), table.qualified)
+    if not DeltaTable.isDeltaTable(spark_session(settings, "cdc-verify"), path):
+        return Check(table.qualified, what, None, False, "no Delta table")
+    summed = _summed(table)
+    names = ["rows", *(f"sum({c.name})" for c in summed)]
+    for _ in range(rounds):
+        before = _source_aggregates(settings, table, summed)
+        consistent_cut(settings, [table], ["warehouse"], timeout)
+        held = _warehouse_aggregates(settings, table, summed)
+        if _source_aggregates(settings, table, summed) != before:
+            time.sleep(1)
+            continue  # the source changed during the round
+        differ = [
+            f"{name} {mine} in PostgreSQL, {theirs} in the warehouse"
+            for name, mine, theirs in zip(names, before, held, strict=True)
+            if mine != theirs
+        ]
+        shown = ", ".join(f"{name} {value}" for name, value in zip(names, before, strict=True))
+        return Check(
+            table.qualified, what, None, not differ, "; ".join(differ) if differ else shown
+        )
+    return Check(
+        table.qualified,
+        what,
+        None,
+        True,
+        f"not compared: the source changed in each of {rounds} rounds",
+    )
 
 
 def history_checks(settings: Settings, table: Table) -> list[Check]:

@@ -1,5 +1,5 @@
 """Reading the derived stores: Spark SQL over the warehouse, text search over the index,
-and a row from the cache.
+and a row from any store (the cache by default).
 
 Warehouse tables are registered for SQL by name: `<table>` (live rows of the current
 state, without the deleted markers), `<table>_history`, and each join view and window
@@ -15,16 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdc.catalog import Table
-from cdc.clients import opensearch_client, redis_client
 from cdc.errors import QueryError
 from cdc.settings import JoinView, Settings, WindowAggregate
+from materializers.stores.registry import make_store
 
 __all__ = [
     "QueryResult",
-    "cache_entry",
     "key_json",
     "run_query",
     "search_table",
+    "store_entry",
     "warehouse_names",
 ]
 
@@ -114,30 +114,21 @@ def _explain(exc: Any, names: dict[str, str], spark: Any) -> str:
 
 def search_table(settings: Settings, table: Table, text: str, limit: int = 10) -> QueryResult:
     """Documents of `table` matching `text` (simple query string over every field)."""
-    from opensearchpy.exceptions import ConnectionError as OsConnectionError
+    from materializers.stores.search import SearchStore
 
-    from materializers.stores.search import index_name
-
-    client = opensearch_client(settings.opensearch.url, 30)
-    index = index_name(settings.pipeline.topic_prefix, table.qualified)
+    store = make_store(settings, "search")
+    assert isinstance(store, SearchStore)
     try:
-        if not client.indices.exists(index=index):
-            raise QueryError(f"no search index for {table.qualified} yet ({index}): run cdc apply")
-        found = client.search(
-            index=index,
-            body={
-                "query": {"simple_query_string": {"query": text, "lenient": True}},
-                "size": limit,
-            },
-        )
-    except OsConnectionError:
-        raise QueryError(
-            f"OpenSearch at {settings.opensearch.url} does not answer; start it (`cdc up`)"
-        ) from None
+        store.ping()
+        found = store.find(table, text, limit)
+    finally:
+        store.close()
+    if found is None:
+        raise QueryError(f"no search index for {table.qualified} yet: run `cdc apply`")
     columns = ["_score", *(c.name for c in table.columns)]
     rows = [
-        (round(hit["_score"], 3), *(hit["_source"].get(c.name) for c in table.columns))
-        for hit in found["hits"]["hits"]
+        (round(score, 3), *(document.get(c.name) for c in table.columns))
+        for score, document in found
     ]
     return QueryResult(columns, rows)
 
@@ -168,26 +159,21 @@ def key_json(table: Table, key: str) -> str:
     return json.dumps({k: given[k] for k in table.key}, separators=(",", ":"), ensure_ascii=False)
 
 
-def cache_entry(settings: Settings, table: Table, key: str) -> dict[str, str]:
-    """The cache's hash for the row with `key` (its fields as text)."""
-    import redis
-
-    from materializers.stores.cache import cache_key
-
-    name = cache_key(settings.pipeline.topic_prefix, table.qualified, key_json(table, key))
+def store_entry(settings: Settings, store: str, table: Table, key: str) -> dict[str, Any]:
+    """What `store` holds for the row with `key` (its fields: the columns and the store's
+    metadata)."""
+    target = make_store(settings, store)
+    wanted = key_json(table, key)
     try:
-        entry = redis_client(settings.redis).hgetall(name)
-    except redis.ConnectionError:
+        target.ping()
+        entry = target.get(table, wanted)
+    finally:
+        target.close()
+    if entry is None:
+        raise QueryError(f"no {store} entry for {table.qualified} key {wanted}")
+    if entry.deleted:
         raise QueryError(
-            f"Redis at {settings.redis.host}:{settings.redis.port} does not answer; "
-            "start it (`cdc up`)"
-        ) from None
-    found = {k.decode(): v.decode() for k, v in entry.items()}
-    if not found:
-        raise QueryError(f"no cache entry for {table.qualified} key {key_json(table, key)}")
-    if "_deleted" in found:
-        raise QueryError(
-            f"{table.qualified} key {key_json(table, key)} was deleted (at offset "
-            f"{found.get('_offset')}); the cache keeps the marker for a while"
+            f"{table.qualified} key {wanted} was deleted; the {store} keeps its marker (with "
+            "its position) to refuse a stale write"
         )
-    return found
+    return entry.fields

@@ -31,12 +31,7 @@ def reset_store(
             f"not a captured table: {', '.join(unknown)}; the pipeline captures "
             f"{', '.join(sorted(captured)) or 'nothing'} (`cdc tables list`)"
         )
-    spark = None
-    if store == "warehouse":
-        from cdc.spark import spark_session
-
-        spark = spark_session(settings, f"cdc-rebuild-{settings.pipeline.name}")
-    target = make_store(settings, store, spark)
+    target = make_store(settings, store)
     try:
         for name in chosen:
             note(f"{store}: removing what it holds of {name}")

@@ -1,5 +1,6 @@
-"""What a store is to the apply job: it takes each key's newest change of a micro-batch and
-writes it by the write rule (materializers/position.py).
+"""What a store is: the apply job writes it (each key's newest change of a micro-batch,
+by the write rule: materializers/position.py); verify, repair, rebuild and `cdc get` read
+and mend it (`rows`, `form`, `remove`, `reset`, `get`), asking the registry for it by name.
 
 A store that does not answer (refused connections, timeouts, 5xx, 429) retries, then
 raises StoreUnavailableError: the batch is not committed and is written again once the
@@ -15,7 +16,11 @@ from typing import Any
 
 from cdc.catalog import Table
 
-__all__ = ["Event", "FrameStore", "RowStore", "Store", "WriteResult"]
+__all__ = ["Entry", "Event", "FrameStore", "RowStore", "Rows", "Store", "WriteResult"]
+
+# a table's rows as verify compares them: by key text (materializers/keys.py), each row
+# in its store's comparison form
+Rows = dict[str, dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,16 @@ class WriteResult:
     rejected: list[tuple[Event, str]] = field(default_factory=list)  # refused, and why
 
 
+@dataclass(frozen=True)
+class Entry:
+    """What a store holds for one key: its fields as the store keeps them (the columns and
+    the store's metadata: the position, offset, partition), and whether it is a deleted
+    marker kept to refuse a stale write."""
+
+    fields: dict[str, Any]
+    deleted: bool = False
+
+
 class Store(ABC):
     """A derived store, of one of two kinds: a RowStore takes Python events (written by
     Spark's Python workers, each with its own connection), a FrameStore takes the batch
@@ -64,6 +79,24 @@ class Store(ABC):
     @abstractmethod
     def reset(self, table: Table) -> None:
         """Remove everything the store holds of `table` (for a rebuild from the log)."""
+
+    @abstractmethod
+    def rows(self, table: Table) -> Rows:
+        """The live rows the store holds of `table` (no deleted markers), by key text, in
+        the store's comparison form."""
+
+    @abstractmethod
+    def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
+        """A source row (values as verify reads them from PostgreSQL) in the form `rows`
+        gives the same row in."""
+
+    @abstractmethod
+    def remove(self, table: Table, keys: list[str]) -> None:
+        """Remove the rows with these key texts, which the source does not have."""
+
+    @abstractmethod
+    def get(self, table: Table, key: str) -> Entry | None:
+        """What the store holds for `key` (Debezium's key JSON), or None."""
 
     def ping(self) -> None:  # noqa: B027 - optional
         """Raise StoreUnavailableError if the store does not answer."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time as clock
 from collections.abc import Iterable
 from datetime import date, datetime, time
@@ -26,10 +27,12 @@ import redis
 from cdc.catalog import Column, Table
 from cdc.decode import UNAVAILABLE, Interval, decode_value
 from cdc.errors import StoreUnavailableError, ValueDecodeError
-from materializers.stores.base import Event, RowStore, WriteResult
+from materializers.keys import store_key_text
+from materializers.stores.base import Entry, Event, Rows, RowStore, WriteResult
 
 __all__ = [
     "CacheStore",
+    "cache_form",
     "cache_key",
     "cache_text",
     "column_fields",
@@ -104,6 +107,7 @@ end
 return out
 """
 _ROWS_PER_CALL = 200
+_REMOVE_BATCH = 1000  # keys per DEL
 
 
 # KEYS[1] a row's hash. ARGV: the TRUNCATE's position (commit_lsn, lsn), marker ttl. A
@@ -179,6 +183,16 @@ def cache_text(value: Any) -> str:
     if isinstance(value, Interval):
         return json.dumps(value.__dict__)
     return str(value)
+
+
+def cache_form(table: Table, row: dict[str, Any]) -> dict[str, str]:
+    """A source row as its hash holds it: the non-NULL columns' texts."""
+    json_columns = {c.name: c for c in table.columns if c.base in ("json", "jsonb")}
+    return {
+        name: json_text(json_columns[name], value) if name in json_columns else cache_text(value)
+        for name, value in row.items()
+        if value is not None
+    }
 
 
 class CacheStore(RowStore):
@@ -294,10 +308,9 @@ class CacheStore(RowStore):
         return calls
 
     def truncate(self, table: Table, before: tuple[int, int], commit_ms: int) -> None:
-        pattern = cache_key(self.prefix, table.qualified, "*")
         try:
             pipe = self.client.pipeline(transaction=False)
-            for key in self.client.scan_iter(match=pattern, count=1000):
+            for key in self._keys(table):
                 self.truncate_script(
                     keys=[key], args=[before[0], before[1], self.marker_ttl_s], client=pipe
                 )
@@ -307,9 +320,46 @@ class CacheStore(RowStore):
 
     def reset(self, table: Table) -> None:
         pipe = self.client.pipeline(transaction=False)
-        for key in self.client.scan_iter(match=cache_key(self.prefix, table.qualified, "*")):
+        for key in self._keys(table):
             pipe.delete(key)
         pipe.execute()
+
+    def _keys(self, table: Table) -> list[bytes]:
+        """The hashes of `table` (the pattern characters in its name escaped)."""
+        prefix = re.sub(r"([\\\[\]*?])", r"\\\1", cache_key(self.prefix, table.qualified, ""))
+        return list(self.client.scan_iter(match=prefix + "*", count=2000))
+
+    def rows(self, table: Table) -> Rows:
+        prefix = len(cache_key(self.prefix, table.qualified, ""))
+        keys = self._keys(table)
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.hgetall(key)
+        rows = {}
+        for key, entry in zip(keys, pipe.execute(), strict=True):
+            fields = {k.decode(): v.decode() for k, v in entry.items()}
+            if fields and "_deleted" not in fields:
+                rows[store_key_text(table, key.decode()[prefix:])] = column_fields(fields)
+        return rows
+
+    def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
+        return cache_form(table, row)
+
+    def remove(self, table: Table, keys: list[str]) -> None:
+        prefix = len(cache_key(self.prefix, table.qualified, ""))
+        wanted = set(keys)
+        held = [
+            k for k in self._keys(table) if store_key_text(table, k.decode()[prefix:]) in wanted
+        ]
+        for at in range(0, len(held), _REMOVE_BATCH):
+            self.client.delete(*held[at : at + _REMOVE_BATCH])
+
+    def get(self, table: Table, key: str) -> Entry | None:
+        entry: dict[bytes, bytes] = self.client.execute_command(
+            "HGETALL", cache_key(self.prefix, table.qualified, key)
+        )
+        fields = {k.decode(): v.decode() for k, v in entry.items()}
+        return Entry(fields, "_deleted" in fields) if fields else None
 
     def close(self) -> None:
         self.client.close()

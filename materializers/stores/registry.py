@@ -49,6 +49,10 @@ def _search(settings: Settings, spark: Any) -> Store:
 def _warehouse(settings: Settings, spark: Any) -> Store:
     from materializers.stores.warehouse import WarehouseStore
 
+    if spark is None:
+        from cdc.spark import spark_session
+
+        spark = spark_session(settings, f"cdc-{settings.pipeline.name}")
     return WarehouseStore(spark, warehouse_root(settings), settings.apply.joins)
 
 
@@ -61,7 +65,7 @@ FACTORIES: dict[str, Callable[[Settings, Any], Store]] = {
 
 
 def make_store(settings: Settings, name: str, spark: Any = None) -> Store:
-    """The store `name` (the warehouse needs the Spark session)."""
+    """The store `name` (the warehouse runs in `spark`, or in a session of its own)."""
     check_store_names([name])
     return FACTORIES[name](settings, spark)
 

@@ -12,6 +12,7 @@ document is read and merged before the write).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -26,7 +27,8 @@ from cdc.clients import opensearch_client
 from cdc.decode import UNAVAILABLE, decode_value
 from cdc.errors import StoreError, StoreUnavailableError, ValueDecodeError
 from cdc.topics import topic_name
-from materializers.stores.base import Event, RowStore, WriteResult
+from materializers.keys import store_key_text
+from materializers.stores.base import Entry, Event, Rows, RowStore, WriteResult
 from materializers.stores.cache import cache_text
 
 __all__ = [
@@ -389,6 +391,72 @@ class SearchStore(RowStore):
             self.client.indices.delete(index=index)
         self._indexes.pop(table.qualified, None)
         self.ensure_index(table)
+
+    def rows(self, table: Table) -> Rows:
+        index = index_name(self.prefix, table.qualified)
+        if not self.client.indices.exists(index=index):
+            return {}
+        self.client.indices.refresh(index=index)
+        names = [c.name for c in table.columns]
+        return {
+            store_key_text(table, hit["_id"]): {name: hit["_source"].get(name) for name in names}
+            for hit in helpers.scan(
+                self.client, index=index, query={"query": {"match_all": {}}}, request_timeout=60
+            )
+        }
+
+    def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
+        def plain(column: Column, value: Any) -> Any:
+            if column.base in ("json", "jsonb"):  # the source's text (JSON_TEXT), parsed
+                if isinstance(value, list):
+                    return json_field(column, [None if v is None else json.loads(v) for v in value])
+                return json_field(column, None if value is None else json.loads(value))
+            if isinstance(value, list):
+                return [plain(column, v) for v in value]
+            return plain_value(value)
+
+        return {c.name: plain(c, row.get(c.name)) for c in table.columns}
+
+    def remove(self, table: Table, keys: list[str]) -> None:
+        index = index_name(self.prefix, table.qualified)
+        wanted = set(keys)
+        ids = [
+            hit["_id"]
+            for hit in helpers.scan(
+                self.client,
+                index=index,
+                query={"query": {"match_all": {}}},
+                _source=False,
+                request_timeout=60,
+            )
+            if store_key_text(table, hit["_id"]) in wanted
+        ]
+        actions = ({"_op_type": "delete", "_index": index, "_id": k} for k in ids)
+        helpers.bulk(self.client, actions, raise_on_error=False, refresh=True)
+
+    def get(self, table: Table, key: str) -> Entry | None:
+        index = index_name(self.prefix, table.qualified)
+        found = self.client.get(index=index, id=key, ignore=[404])
+        if not found.get("found"):
+            return None
+        return Entry({**found["_source"], "_version": found["_version"]})
+
+    def find(
+        self, table: Table, text: str, limit: int
+    ) -> list[tuple[float, dict[str, Any]]] | None:
+        """The documents of `table` that best match `text` (simple query string syntax
+        over every field), with their scores; None when the table has no index yet."""
+        index = index_name(self.prefix, table.qualified)
+        if not self.client.indices.exists(index=index):
+            return None
+        found = self.client.search(
+            index=index,
+            body={
+                "query": {"simple_query_string": {"query": text, "lenient": True}},
+                "size": limit,
+            },
+        )
+        return [(hit["_score"], hit["_source"]) for hit in found["hits"]["hits"]]
 
     def close(self) -> None:
         self.client.close()

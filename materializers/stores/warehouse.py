@@ -13,21 +13,27 @@ partition wrote.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, date, datetime
+from datetime import time as clock
+from decimal import Decimal
 from typing import Any
 
-from cdc.catalog import Table
+from cdc.catalog import Column, Table
+from cdc.decode import Interval, decode_value, parse_interval
 from cdc.settings import JoinView
-from materializers.stores.base import FrameStore
+from materializers.keys import key_text, shortest_real
+from materializers.stores.base import Entry, FrameStore, Rows
 from materializers.stores.delta_tables import current_path, ensure_delta, history_path
 from materializers.typed import quoted as q
 from materializers.typed import spark_type, typed_image
 
-__all__ = ["WarehouseStore"]
+__all__ = ["WarehouseStore", "warehouse_value"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +52,38 @@ _OLDER = (
     "(t._cdc_commit_lsn IS NULL OR t._cdc_commit_lsn < s.commit_lsn OR "
     "(t._cdc_commit_lsn = s.commit_lsn AND t._cdc_lsn < s.lsn))"
 )
+
+
+def warehouse_value(column: Column, value: Any) -> Any:
+    """A value from either side (psycopg's, Delta's) in one form: text for most types."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [warehouse_value(column, v) for v in value]
+    base = column.base
+    if base in ("json", "jsonb"):  # text on both sides, compared as such (JSON_TEXT)
+        return value
+    if base == "interval":
+        parsed = parse_interval(value) if isinstance(value, str) else value
+        return json.dumps(parsed.__dict__) if isinstance(parsed, Interval) else str(parsed)
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC).replace(tzinfo=None)
+        return value.isoformat()
+    if isinstance(value, clock):
+        return value.strftime("%H:%M:%S.%f")
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).hex()
+    if base == "float4":
+        return shortest_real(value)
+    if isinstance(value, Decimal):
+        return str(value)
+    return str(value) if not isinstance(value, bool | int | float) else value
+
+
+_REMOVE_BATCH = 1000  # keys per UPDATE of a many-column key
 
 
 class WarehouseStore(FrameStore):
@@ -246,6 +284,76 @@ class WarehouseStore(FrameStore):
         self._ensure(table).delete()
         self._history(table).delete()
         self._truncated.add(table.qualified)
+
+    def rows(self, table: Table) -> Rows:
+        return self.rows_at(table, current_path(self.root, table.qualified), live=True)
+
+    def rows_at(self, table: Table, path: str, live: bool = False) -> Rows:
+        """The rows of the Delta table at `path` with `table`'s columns (a join view's,
+        whose deleted rows are gone; `live`: without the deleted markers)."""
+        from delta.tables import DeltaTable
+
+        if not DeltaTable.isDeltaTable(self.spark, path):
+            return {}
+        frame = self.spark.read.format("delta").load(path)
+        if live:
+            frame = frame.where("NOT _cdc_deleted")
+        names = [c.name for c in table.columns]
+        rows = {}
+        for record in frame.select(*[q(n) for n in names]).toLocalIterator():
+            values = dict(zip(names, record, strict=True))
+            rows[key_text(table, values)] = self.form(table, values)
+        return rows
+
+    def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
+        return {c.name: warehouse_value(c, row.get(c.name)) for c in table.columns}
+
+    def remove(self, table: Table, keys: list[str]) -> None:
+        """The rows become deleted markers (keeping their positions)."""
+        from pyspark.sql import functions as F
+
+        target = self._ensure(table)
+        # the Delta values of the keys to remove (a key's text is not its Delta value)
+        wanted = set(keys)
+        live = target.toDF().where("NOT _cdc_deleted").select(*[q(k) for k in table.key])
+        values = [
+            row.asDict()
+            for row in live.toLocalIterator()
+            if key_text(table, row.asDict()) in wanted
+        ]
+        if not values:
+            return
+        if len(table.key) == 1:  # one IN list (Spark makes it a hash set)
+            column = table.key[0]
+            condition = F.col(q(column)).isin([v[column] for v in values])
+            target.update(condition, {"_cdc_deleted": F.lit(True)})
+            return
+        for at in range(0, len(values), _REMOVE_BATCH):
+            matches = []
+            for value in values[at : at + _REMOVE_BATCH]:
+                match = F.lit(True)
+                for column in table.key:
+                    match = match & (F.col(q(column)) == F.lit(value[column]))
+                matches.append(match)
+            target.update(any_of(matches), {"_cdc_deleted": F.lit(True)})
+
+    def get(self, table: Table, key: str) -> Entry | None:
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
+
+        path = current_path(self.root, table.qualified)
+        if not DeltaTable.isDeltaTable(self.spark, path):
+            return None
+        raw = json.loads(key)
+        match = F.lit(True)
+        for name in table.key:
+            value = decode_value(table.column(name), raw.get(name))
+            match = match & F.col(q(name)).eqNullSafe(F.lit(value))
+        found = self.spark.read.format("delta").load(path).where(match).collect()
+        if not found:
+            return None
+        fields = found[0].asDict()
+        return Entry(fields, bool(fields["_cdc_deleted"]))
 
     def _timed(self, work: Callable[..., Any], *args: Any) -> float:
         """Run `work` in this thread, in the warehouse's scheduler pool; its seconds."""
@@ -474,3 +582,11 @@ class WarehouseStore(FrameStore):
             for _, decoded, _, _ in merges:
                 decoded.unpersist()
         self._refresh_joins(tables, touched)
+
+
+def any_of(conditions: list[Any]) -> Any:
+    """OR of the conditions as a balanced tree (a chain of thousands is too deep for Spark)."""
+    while len(conditions) > 1:
+        pairs = [conditions[i : i + 2] for i in range(0, len(conditions), 2)]
+        conditions = [p[0] | p[1] if len(p) == 2 else p[0] for p in pairs]
+    return conditions[0]

@@ -13,10 +13,11 @@ from rich.console import Console
 
 from commands.pipeline import drop_pipeline
 from materializers.apply import run_apply
+from materializers.repair import repair
 from materializers.stores.cache import cache_key
 from materializers.stores.delta_tables import current_path, warehouse_root
 from materializers.stores.search import index_name
-from materializers.verify import Drift, repair, verify
+from materializers.verify import Drift, verify
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.helpers import run_cdc
@@ -95,6 +96,7 @@ def test_query_search_get_and_verify_finds_drift(stack: RunningStack) -> None:
         delta = DeltaTable.forPath(spark, current_path(warehouse_root(settings), table))
         delta.update("id = 7", {"name": "'tampered'"})
         delta.update("id = 10", {"name": "'__debezium_unavailable_value'"})  # a placeholder
+        delta.update("id = 11", {"price": "price + 100"})  # and the sum of prices with it
         from opensearchpy import OpenSearch
 
         OpenSearch(hosts=[settings.opensearch.url]).delete(
@@ -107,7 +109,7 @@ def test_query_search_get_and_verify_finds_drift(stack: RunningStack) -> None:
             return verify(settings, [info], ["cache", "search", "warehouse"], rounds=1)
 
         drift = {d.store: d for d in drifts()}
-        assert drift["warehouse"].different == ['{"id":10}', '{"id":7}']
+        assert drift["warehouse"].different == ['{"id":10}', '{"id":11}', '{"id":7}']
         assert drift["warehouse"].missing == []
         assert (drift["search"].missing, drift["search"].different) == (['{"id":8}'], [])
         assert (drift["cache"].different, drift["cache"].extra) == (['{"id":9}'], [])
@@ -115,8 +117,14 @@ def test_query_search_get_and_verify_finds_drift(stack: RunningStack) -> None:
         assert reported.returncode == 1, reported.stderr
         document = json.loads(reported.stdout)
         assert ['{"id":8}'] in [r["missing"] for r in document["results"]]
-        failed = [(e["expectation"], e["column"]) for e in document["expectations"] if not e["ok"]]
-        assert failed == [("expect_column_values_to_not_be_in_set", "name")]
+        failed = [e for e in document["expectations"] if not e["ok"]]
+        assert [(e["expectation"], e["column"]) for e in failed] == [
+            ("expect_column_values_to_not_be_in_set", "name"),
+            ("row count and sums equal PostgreSQL's", None),
+        ]
+        # the aggregates, computed by one suite on PostgreSQL and on the warehouse
+        assert failed[1]["observed"].startswith("sum(price) ")
+        assert "in PostgreSQL" in failed[1]["observed"]
 
         # a key only a store has (no such row in the source) is drift too
         cache.hset(cache_key(settings.pipeline.topic_prefix, table, '{"id":5000}'), "name", "x")
@@ -125,14 +133,16 @@ def test_query_search_get_and_verify_finds_drift(stack: RunningStack) -> None:
 
         # --repair: the drifted keys are backfilled through the log, the extra one removed
         done = repair(settings, [info], drifts())
-        assert any("backfilled 4 keys" in line for line in done), done
+        assert any("backfilled 5 keys" in line for line in done), done
         run_apply(settings, ["cache", "search", "warehouse"], once=True)
         clean = run_cdc("verify", "--table", name, "-o", "json", env=env)
         assert clean.returncode == 0, clean.stdout + clean.stderr
         document = json.loads(clean.stdout)
         # key unique, key not null, no placeholder in name and attrs, row count = source;
-        # the history's three invariants
-        assert document["ok"] and len(document["expectations"]) == 5 + 3
+        # the history's three invariants; the aggregates equal PostgreSQL's
+        assert document["ok"] and len(document["expectations"]) == 5 + 3 + 1
+        aggregates = document["expectations"][-1]
+        assert aggregates["ok"] and aggregates["observed"].startswith("rows 189, sum(id) ")
     finally:
         drop_pipeline(settings)
         with psycopg.connect(dsn, autocommit=True) as conn:

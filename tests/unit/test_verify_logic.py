@@ -10,17 +10,11 @@ import pytest
 
 from cdc.catalog import Column, Table
 from cdc.decode import Interval
-from materializers.verify import (
-    REPAIR_FILTER_CHARS,
-    Drift,
-    _any_of,
-    _compare,
-    _key_filter,
-    _warehouse_value,
-    key_filters,
-    key_text,
-    repair_filters,
-)
+from materializers.keys import key_text
+from materializers.repair import REPAIR_FILTER_CHARS, _key_filter, key_filters, repair_filters
+from materializers.stores.cache import cache_form
+from materializers.stores.warehouse import any_of, warehouse_value
+from materializers.verify import Drift, _compare
 from snapshot.backfill import (
     MAX_FILTER_CHARS,
     BackfillError,
@@ -58,37 +52,37 @@ def test_key_filter_quotes_every_value() -> None:
 def test_both_sides_of_the_warehouse_compare_in_one_form() -> None:
     aware = datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
     naive = datetime(2026, 1, 2, 3, 4, 5, 6)
-    assert _warehouse_value(col("t", "timestamptz"), aware) == _warehouse_value(
+    assert warehouse_value(col("t", "timestamptz"), aware) == warehouse_value(
         col("t", "timestamptz"), naive
     )
     # json is compared as PostgreSQL's text: key order and spaces are data
-    assert _warehouse_value(col("j", "json"), '{"b": 1, "a": [1]}') != _warehouse_value(
+    assert warehouse_value(col("j", "json"), '{"b": 1, "a": [1]}') != warehouse_value(
         col("j", "json"), '{"a": [1], "b": 1}'
     )
-    assert _warehouse_value(col("f", "float4"), 1.100000023841858) == _warehouse_value(
+    assert warehouse_value(col("f", "float4"), 1.100000023841858) == warehouse_value(
         col("f", "float4"), 1.1
     )
     # reals that differ in their 7th digit (the next float32 up) differ
-    assert _warehouse_value(col("f", "float4"), 1.1000001) != _warehouse_value(
+    assert warehouse_value(col("f", "float4"), 1.1000001) != warehouse_value(
         col("f", "float4"), 1.1
     )
-    assert _warehouse_value(col("c", "time"), time(1, 2, 3)) == "01:02:03.000000"
-    assert _warehouse_value(col("i", "interval"), "P1M2DT3S") == _warehouse_value(
+    assert warehouse_value(col("c", "time"), time(1, 2, 3)) == "01:02:03.000000"
+    assert warehouse_value(col("i", "interval"), "P1M2DT3S") == warehouse_value(
         col("i", "interval"), Interval(1, 2, 3_000_000)
     )
-    assert _warehouse_value(col("n", "numeric"), Decimal("1.50")) == "1.50"
-    assert _warehouse_value(col("a", "text", array=True), ["x", None]) == ["x", None]
+    assert warehouse_value(col("n", "numeric"), Decimal("1.50")) == "1.50"
+    assert warehouse_value(col("a", "text", array=True), ["x", None]) == ["x", None]
 
 
 def test_compare_narrows_to_the_keys_that_differ() -> None:
     table = Table("public", "t", (col("id", "int4"), col("name", "text")), ("id",), "d", 0, 0)
     source = {f'{{"id":{i}}}': {"id": i, "name": f"n{i}"} for i in range(1, 6)}
     held = {k: {"id": str(v["id"]), "name": v["name"]} for k, v in source.items()}
-    assert _compare("cache", table, source, held) == Drift("cache", "public.t", 5, 5)
+    assert _compare("cache", cache_form, table, source, held) == Drift("cache", "public.t", 5, 5)
     held['{"id":2}'] = {"id": "2", "name": "changed"}
     del held['{"id":3}']
     held['{"id":9}'] = {"id": "9", "name": "n9"}
-    drift = _compare("cache", table, source, held)
+    drift = _compare("cache", cache_form, table, source, held)
     assert (drift.missing, drift.extra, drift.different) == (
         ['{"id":3}'],
         ['{"id":9}'],
@@ -142,9 +136,9 @@ def test_repair_backfills_the_whole_table_when_half_of_it_drifted() -> None:
 
 
 def test_any_of_is_a_balanced_or() -> None:
-    assert _any_of([1, 2, 4, 8, 16]) == 31
-    assert _any_of([True]) is True
-    assert _any_of([{i} for i in range(1000)]) == set(range(1000))
+    assert any_of([1, 2, 4, 8, 16]) == 31
+    assert any_of([True]) is True
+    assert any_of([{i} for i in range(1000)]) == set(range(1000))
 
 
 def test_a_backfill_filter_is_bounded_by_what_the_connector_offsets_hold() -> None:
@@ -229,7 +223,8 @@ def test_a_key_reads_the_same_from_the_source_the_log_and_delta() -> None:
     from datetime import time as clock
     from uuid import UUID
 
-    from materializers.verify import normalize, store_key_text
+    from materializers.keys import store_key_text
+    from materializers.verify import normalize
 
     psycopg_row = {
         "d": date(2024, 2, 29),

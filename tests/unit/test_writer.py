@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from cdc.catalog import Column, Table
 from cdc.decode import UNAVAILABLE
-from materializers.stores.base import Event, Store, WriteResult
+from materializers.stores.base import Entry, Event, Rows, Store, WriteResult
 from materializers.writer import partition_writer
 
 TABLE = Table(
@@ -75,6 +75,18 @@ class Recorder(Store):
 
     def reset(self, table: Table) -> None:
         pass
+
+    def rows(self, table: Table) -> Rows:
+        return {}
+
+    def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
+        return row
+
+    def remove(self, table: Table, keys: list[str]) -> None:
+        pass
+
+    def get(self, table: Table, key: str) -> Entry | None:
+        return None
 
     def close(self) -> None:
         self.closed = True

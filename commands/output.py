@@ -1,0 +1,64 @@
+"""What a command prints on standard output, in the form chosen once per command by its
+`--output`: text for people (rich tables), JSON or CSV for scripts. Progress and errors
+go to standard error, whatever the form."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from collections.abc import Sequence
+from enum import StrEnum
+from typing import Any
+
+from rich.console import Console, RenderableType
+from rich.table import Table
+
+__all__ = ["Form", "Output", "RowsForm", "console"]
+
+
+class Form(StrEnum):
+    text = "text"
+    json = "json"
+
+
+class RowsForm(StrEnum):
+    """The forms of a command that answers with rows."""
+
+    text = "text"
+    json = "json"
+    csv = "csv"
+
+
+def console(stderr: bool = False) -> Console:
+    """A console; wide when it writes to a file or pipe, where nothing wraps lines for us."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else 160)
+
+
+class Output:
+    """A command's standard output in one form."""
+
+    def __init__(self, form: Form | RowsForm = Form.text, out: Console | None = None) -> None:
+        self.form = form.value
+        self.console = out or console()
+
+    def emit(self, document: Any, *text: RenderableType) -> None:
+        """`document` as JSON for scripts, or `text` for people."""
+        if self.form == "text":
+            for part in text:
+                self.console.print(part, highlight=False)
+        else:
+            sys.stdout.write(json.dumps(document, default=str, ensure_ascii=False, indent=2) + "\n")
+
+    def rows(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        """Rows: a table for people, a list of records in JSON, or CSV with a header."""
+        if self.form == "csv":
+            writer = csv.writer(sys.stdout)
+            writer.writerow(columns)
+            writer.writerows(["" if v is None else v for v in row] for row in rows)
+            return
+        table = Table(*columns, caption=f"{len(rows)} rows")
+        for row in rows:
+            table.add_row(*("NULL" if v is None else str(v) for v in row))
+        self.emit([dict(zip(columns, row, strict=True)) for row in rows], table)

@@ -1,0 +1,72 @@
+"""`cdc verify` as one step: each store compared with the source at a consistent cut
+(materializers/verify.py), what drifted mended and compared again when asked
+(materializers/repair.py), then the Great Expectations suites over the warehouse
+(materializers/quality.py). One report, which the CLI and the demo both render."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from cdc.catalog import Table
+from cdc.settings import Settings
+from materializers.quality import (
+    Check,
+    aggregate_check,
+    history_checks,
+    view_checks,
+    warehouse_checks,
+)
+from materializers.repair import repair
+from materializers.verify import Drift, verify
+
+__all__ = ["VerifyReport", "reconcile"]
+
+
+@dataclass
+class VerifyReport:
+    drifts: list[Drift]  # per (store, table)
+    checks: list[Check] = field(default_factory=list)  # the expectations over the warehouse
+    repairs: list[str] = field(default_factory=list)  # what --repair did, one line each
+
+    @property
+    def ok(self) -> bool:
+        return all(d.ok for d in self.drifts) and all(c.ok for c in self.checks)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "results": [asdict(d) for d in self.drifts],
+            "expectations": [asdict(c) for c in self.checks],
+            "repairs": self.repairs,
+        }
+
+
+def reconcile(
+    settings: Settings,
+    tables: list[Table],
+    stores: list[str],
+    timeout: float = 120.0,
+    mend: bool = False,
+    progress: Callable[[str], None] = lambda _: None,
+) -> VerifyReport:
+    """Verify `stores` against the source for `tables`; with `mend`, repair what drifted
+    and verify again; then run the warehouse's expectations (if it is one of `stores`)."""
+    progress(f"verifying {len(tables)} tables in {', '.join(stores)} at a consistent cut")
+    report = VerifyReport(verify(settings, tables, stores, timeout))
+    if mend and not all(d.ok for d in report.drifts):
+        report.repairs = repair(settings, tables, report.drifts, report=progress)
+        for line in report.repairs:
+            progress(line)
+        progress("verifying again once the stores have applied the repair")
+        report.drifts = verify(settings, tables, stores, timeout)
+    if "warehouse" in stores:
+        progress("running the expectations over the warehouse")
+        counts = {d.table: d.source_rows for d in report.drifts if d.store == "warehouse"}
+        for table in tables:
+            report.checks += warehouse_checks(settings, table, counts[table.qualified])
+            report.checks += history_checks(settings, table)
+            report.checks.append(aggregate_check(settings, table, timeout=timeout))
+        report.checks += view_checks(settings, {t.qualified: t for t in tables})
+    return report
