@@ -6,18 +6,27 @@ a temporary directory, and always stops it.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
+import psycopg
 import pytest
+from psycopg import sql
+from rich.console import Console
 
 from cdc.settings import Settings
+from commands.pipeline import drop_pipeline
+from snapshot.initial import run_snapshot
 from tests.helpers import free_ports, run_cdc
+from tests.logcheck import pipeline_env, pipeline_for
 
 
 @dataclass(frozen=True)
@@ -78,3 +87,88 @@ def stack() -> Iterator[RunningStack]:
     finally:
         run_cdc("down", "--purge", env=env)
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Captured:
+    """A table of the test's own (random name, in `public`) and a pipeline of its own on it."""
+
+    settings: Settings  # the stack's, with the pipeline (random names) capturing the tables
+    name: str  # the table's name: `{name}` in the statements that made it
+    table: str  # public.<name>
+    dsn: str
+    env: dict[str, str]  # the CDC_* environment that runs `cdc` on this pipeline
+
+
+class Capture(Protocol):
+    def __call__(
+        self,
+        *statements: str,
+        prefix: str = "t",
+        tables: Sequence[str] = ("public.{name}",),
+        snapshot: bool = True,
+        **pipeline: Any,
+    ) -> Captured: ...
+
+
+@pytest.fixture
+def captured(stack: RunningStack) -> Iterator[Capture]:
+    """Make tables and a pipeline capturing them; drop both at the end, whatever happened.
+
+    `captured("CREATE TABLE {name} (...)", "INSERT INTO {name} ...", prefix="edge")` picks
+    a random name (`edge_` and 8 hex digits), runs each statement with `{name}` replaced
+    by it, builds a pipeline of random names capturing `tables` (`{name}` replaced too;
+    a pattern such as `public.{name}*` is fine; `pipeline` are further PipelineSettings)
+    and takes its initial snapshot unless `snapshot=False`. On teardown the pipeline is
+    dropped (`drop_pipeline`), then every table in `public` whose name starts with the
+    random name (`{name}`, `{name}_child`, ...) with DROP TABLE IF EXISTS ... CASCADE.
+    """
+    made: list[Captured] = []
+
+    def capture(
+        *statements: str,
+        prefix: str = "t",
+        tables: Sequence[str] = ("public.{name}",),
+        snapshot: bool = True,
+        **pipeline: Any,
+    ) -> Captured:
+        name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+        settings = pipeline_for(
+            stack.settings, [t.replace("{name}", name) for t in tables], **pipeline
+        )
+        record = Captured(
+            settings=settings,
+            name=name,
+            table=f"public.{name}",
+            dsn=settings.postgres.dsn(),
+            env=pipeline_env(stack.env, settings),
+        )
+        made.append(record)  # dropped at the end even if what follows fails
+        with psycopg.connect(record.dsn, autocommit=True) as conn:
+            for statement in statements:
+                conn.execute(statement.replace("{name}", name))  # type: ignore[arg-type]
+        if snapshot:
+            run_snapshot(settings, Console(file=io.StringIO()))
+        return record
+
+    try:
+        yield capture
+    finally:
+        for record in reversed(made):
+            try:
+                drop_pipeline(record.settings)
+            finally:
+                _drop_tables(record.dsn, record.name)
+
+
+def _drop_tables(dsn: str, name: str) -> None:
+    """Drop every table in `public` whose name starts with `name`."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        found = conn.execute(
+            "SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace "
+            "AND relkind IN ('r', 'p') AND starts_with(relname, %s)",
+            (name,),
+        ).fetchall()
+        if found:
+            targets = sql.SQL(", ").join(sql.Identifier("public", r[0]) for r in found)
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(targets))

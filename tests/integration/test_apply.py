@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-import io
 import shutil
-import uuid
 from pathlib import Path
 
 import psycopg
 import pytest
 import redis
-from rich.console import Console
 
-from commands.pipeline import drop_pipeline
 from materializers.apply import run_apply
 from materializers.progress import checkpoint_dir
 from materializers.stores.cache import cache_key
 from materializers.stores.delta_tables import current_path, history_path, warehouse_root
-from snapshot.initial import run_snapshot
-from tests.conftest import RunningStack
+from tests.conftest import Capture
 from tests.contents import cache_contents, expected_cache, expected_search, search_contents
-from tests.logcheck import pipeline_for, table_info, wait_until_equal
+from tests.logcheck import table_info, wait_until_equal
 
 pytestmark = pytest.mark.integration
 
@@ -81,76 +76,65 @@ def expected_warehouse(settings, table: str) -> dict[int, tuple]:  # type: ignor
         }
 
 
-def test_every_store_follows_the_source_and_replays_converge(stack: RunningStack) -> None:
-    name = "app_" + uuid.uuid4().hex[:8]
-    settings = pipeline_for(stack.settings, [f"public.{name}"])
-    dsn = settings.postgres.dsn()
+def test_every_store_follows_the_source_and_replays_converge(captured: Capture) -> None:
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, name text, price numeric(10,2), "
+        "seen timestamptz, tags text[])",
+        "INSERT INTO {name} SELECT g, 'item ' || g, g * 1.5, now(), ARRAY['a', 'b'] "
+        "FROM generate_series(1, 500) g",
+        prefix="app",
+    )
+    name, table, settings, dsn = t.name, t.table, t.settings, t.dsn
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            f"CREATE TABLE {name} (id int PRIMARY KEY, name text, price numeric(10,2), "
-            "seen timestamptz, tags text[])"
-        )
-        conn.execute(
-            f"INSERT INTO {name} SELECT g, 'item ' || g, g * 1.5, now(), ARRAY['a', 'b'] "
-            "FROM generate_series(1, 500) g"
-        )
-    table = f"public.{name}"
-    try:
-        run_snapshot(settings, Console(file=io.StringIO()))
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"UPDATE {name} SET price = price + 1 WHERE id <= 100")
-            conn.execute(f"DELETE FROM {name} WHERE id > 450")
-            conn.execute(f"UPDATE {name} SET name = NULL WHERE id = 7")
-            conn.execute(f"INSERT INTO {name} VALUES (1000, 'new', 9.99, now(), '{{}}')")
-        wait_until_equal(settings, table_info(settings, table))  # all of it is in the log
-        run_apply(settings, ["cache", "search", "warehouse"], once=True)
-        expected = expected_cache(settings, table)
-        assert len(expected) == 451
-        assert cache_contents(settings, table) == expected
-        searchable = expected_search(settings, table)
-        assert search_contents(settings, table) == searchable
+        conn.execute(f"UPDATE {name} SET price = price + 1 WHERE id <= 100")
+        conn.execute(f"DELETE FROM {name} WHERE id > 450")
+        conn.execute(f"UPDATE {name} SET name = NULL WHERE id = 7")
+        conn.execute(f"INSERT INTO {name} VALUES (1000, 'new', 9.99, now(), '{{}}')")
+    wait_until_equal(settings, table_info(settings, table))  # all of it is in the log
+    run_apply(settings, ["cache", "search", "warehouse"], once=True)
+    expected = expected_cache(settings, table)
+    assert len(expected) == 451
+    assert cache_contents(settings, table) == expected
+    searchable = expected_search(settings, table)
+    assert search_contents(settings, table) == searchable
 
-        warehouse = expected_warehouse(settings, table)
-        assert warehouse_contents(settings, table) == (warehouse, 50)
-        history = history_summary(settings, table)
-        assert history["versions"] == history["distinct"] == 500 + 100 + 50 + 1 + 1
-        assert history["ops"][3] == ["r", "u"] and history["ops"][460] == ["r", "d"]
-        assert history["ops"][7] == ["r", "u", "u"] and history["ops"][1000] == ["c"]
-        assert history["one_open_each"]  # the newest version of every key is open
-        assert history["closed_at_next"]  # every other one ends where the next begins
+    warehouse = expected_warehouse(settings, table)
+    assert warehouse_contents(settings, table) == (warehouse, 50)
+    history = history_summary(settings, table)
+    assert history["versions"] == history["distinct"] == 500 + 100 + 50 + 1 + 1
+    assert history["ops"][3] == ["r", "u"] and history["ops"][460] == ["r", "d"]
+    assert history["ops"][7] == ["r", "u", "u"] and history["ops"][1000] == ["c"]
+    assert history["one_open_each"]  # the newest version of every key is open
+    assert history["closed_at_next"]  # every other one ends where the next begins
 
-        # warehouse: checkpoint and tables reset, replayed from offset 0
-        shutil.rmtree(checkpoint_dir(settings, "warehouse"))
-        shutil.rmtree(Path(warehouse_root(settings)) / "public" / name)
-        run_apply(settings, ["warehouse"], once=True)
-        assert warehouse_contents(settings, table) == (warehouse, 50)
-        assert history_summary(settings, table) == history
-        # and replayed over itself: the position guard refuses every write, and no
-        # history version is added twice
-        shutil.rmtree(checkpoint_dir(settings, "warehouse"))
-        run_apply(settings, ["warehouse"], once=True)
-        assert warehouse_contents(settings, table) == (warehouse, 50)
-        assert history_summary(settings, table) == history
+    # warehouse: checkpoint and tables reset, replayed from offset 0
+    shutil.rmtree(checkpoint_dir(settings, "warehouse"))
+    shutil.rmtree(Path(warehouse_root(settings)) / "public" / name)
+    run_apply(settings, ["warehouse"], once=True)
+    assert warehouse_contents(settings, table) == (warehouse, 50)
+    assert history_summary(settings, table) == history
+    # and replayed over itself: the position guard refuses every write, and no
+    # history version is added twice
+    shutil.rmtree(checkpoint_dir(settings, "warehouse"))
+    run_apply(settings, ["warehouse"], once=True)
+    assert warehouse_contents(settings, table) == (warehouse, 50)
+    assert history_summary(settings, table) == history
 
-        # search: a replay with the index kept is refused document by document by
-        # OpenSearch's external versions, and changes nothing
-        shutil.rmtree(checkpoint_dir(settings, "search"))
-        run_apply(settings, ["search"], once=True)
-        assert search_contents(settings, table) == searchable
+    # search: a replay with the index kept is refused document by document by
+    # OpenSearch's external versions, and changes nothing
+    shutil.rmtree(checkpoint_dir(settings, "search"))
+    run_apply(settings, ["search"], once=True)
+    assert search_contents(settings, table) == searchable
 
-        # replay from offset 0: checkpoint and contents reset, same result
-        shutil.rmtree(checkpoint_dir(settings, "cache"))
-        client = redis.Redis.from_url(settings.redis.url)
-        for key in client.scan_iter(match=cache_key(settings.pipeline.topic_prefix, table, "*")):
-            client.delete(key)
-        run_apply(settings, ["cache"], once=True)
-        assert cache_contents(settings, table) == expected
+    # replay from offset 0: checkpoint and contents reset, same result
+    shutil.rmtree(checkpoint_dir(settings, "cache"))
+    client = redis.Redis.from_url(settings.redis.url)
+    for key in client.scan_iter(match=cache_key(settings.pipeline.topic_prefix, table, "*")):
+        client.delete(key)
+    run_apply(settings, ["cache"], once=True)
+    assert cache_contents(settings, table) == expected
 
-        # a replay over a current cache changes nothing (every write is stale)
-        shutil.rmtree(checkpoint_dir(settings, "cache"))
-        run_apply(settings, ["cache"], once=True)
-        assert cache_contents(settings, table) == expected
-    finally:
-        drop_pipeline(settings)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {name}")
+    # a replay over a current cache changes nothing (every write is stale)
+    shutil.rmtree(checkpoint_dir(settings, "cache"))
+    run_apply(settings, ["cache"], once=True)
+    assert cache_contents(settings, table) == expected

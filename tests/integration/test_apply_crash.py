@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import io
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import uuid
 
-import psycopg
 import pytest
-from rich.console import Console
 
-from commands.pipeline import drop_pipeline
 from materializers.progress import read_progress
-from snapshot.initial import run_snapshot
-from tests.conftest import RunningStack
+from tests.conftest import Capture
 from tests.contents import (
     cache_contents,
     expected_cache,
@@ -29,31 +22,26 @@ from tests.contents import (
     warehouse_rows,
 )
 from tests.helpers import ROOT, run_cdc
-from tests.logcheck import pipeline_for, table_info, wait_until_equal
+from tests.logcheck import table_info, wait_until_equal
 from tests.writer import Writer
 
 pytestmark = pytest.mark.integration
 
 
-def test_apply_killed_mid_batch_and_restarted_converges(stack: RunningStack) -> None:
-    name = "kill_" + uuid.uuid4().hex[:8]
-    table = f"public.{name}"
-    settings = pipeline_for(stack.settings, [table])
-    dsn = settings.postgres.dsn()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, version int NOT NULL, note text)")
-        conn.execute(f"INSERT INTO {name} SELECT g, 0, 'seed' FROM generate_series(1, 6000) g")
+def test_apply_killed_mid_batch_and_restarted_converges(captured: Capture) -> None:
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, version int NOT NULL, note text)",
+        "INSERT INTO {name} SELECT g, 0, 'seed' FROM generate_series(1, 6000) g",
+        prefix="kill",
+    )
+    name, table, settings, dsn = t.name, t.table, t.settings, t.dsn
     env = {
-        **stack.env,
-        "CDC_PIPELINE__NAME": settings.pipeline.name,
-        "CDC_PIPELINE__TOPIC_PREFIX": settings.pipeline.topic_prefix,
-        "CDC_PIPELINE__TABLES": json.dumps([table]),
+        **t.env,
         "CDC_APPLY__MAX_OFFSETS_PER_TRIGGER": "1500",  # many small batches: one is cut short
     }
     writer = Writer(dsn, name, first_new_id=100_000, max_id=6_000)
     apply = None
     try:
-        run_snapshot(settings, Console(file=io.StringIO()))
         writer.start()
         apply = subprocess.Popen(
             [sys.executable, "-m", "commands", "apply"],
@@ -98,6 +86,3 @@ def test_apply_killed_mid_batch_and_restarted_converges(stack: RunningStack) -> 
         writer.stop.set()
         if apply is not None and apply.poll() is None:
             os.killpg(apply.pid, signal.SIGKILL)
-        drop_pipeline(settings)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {name}")

@@ -3,21 +3,15 @@ delivers twice adds nothing to any store or to the history."""
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 import time
-import uuid
 
-import psycopg
 import pytest
-from rich.console import Console
 
 from cdc.components import Connect
-from commands.pipeline import drop_pipeline
 from materializers.apply import run_apply
-from snapshot.initial import run_snapshot
-from tests.conftest import RunningStack
+from tests.conftest import Capture, RunningStack
 from tests.contents import (
     cache_contents,
     expected_cache,
@@ -28,23 +22,22 @@ from tests.contents import (
     warehouse_rows,
 )
 from tests.helpers import run_cdc
-from tests.logcheck import events_by_key, pipeline_for, table_info, wait_until_equal
+from tests.logcheck import events_by_key, table_info, wait_until_equal
 from tests.writer import Writer
 
 pytestmark = pytest.mark.integration
 
 
-def test_connect_killed_and_restarted_loses_nothing(stack: RunningStack) -> None:
-    name = "crash_" + uuid.uuid4().hex[:8]
-    settings = pipeline_for(stack.settings, [f"public.{name}"])
-    dsn = settings.postgres.dsn()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, version int NOT NULL, note text)")
-        conn.execute(f"INSERT INTO {name} SELECT g, 0, 'seed' FROM generate_series(1, 3000) g")
+def test_connect_killed_and_restarted_loses_nothing(stack: RunningStack, captured: Capture) -> None:
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, version int NOT NULL, note text)",
+        "INSERT INTO {name} SELECT g, 0, 'seed' FROM generate_series(1, 3000) g",
+        prefix="crash",
+    )
+    name, settings, dsn = t.name, t.settings, t.dsn
     writer = Writer(dsn, name, first_new_id=100_000, max_id=3000)
     connect = Connect(settings)
     try:
-        run_snapshot(settings, Console(file=io.StringIO()))
         writer.start()
         time.sleep(3)
         pid = connect.pid()
@@ -92,6 +85,3 @@ def test_connect_killed_and_restarted_loses_nothing(stack: RunningStack) -> None
         )
     finally:
         writer.stop.set()
-        drop_pipeline(settings)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {name}")

@@ -10,23 +10,18 @@ never read later."""
 
 from __future__ import annotations
 
-import io
-import uuid
 from typing import Any
 
 import psycopg
 import pytest
-from rich.console import Console
 
-from commands.pipeline import drop_pipeline
 from materializers.apply import run_apply
 from materializers.stores.delta_tables import history_path, warehouse_root
 from materializers.verify import verify
 from snapshot.backfill import start_backfill, watch_backfill
-from snapshot.initial import run_snapshot
 from tests import stores
-from tests.conftest import RunningStack
-from tests.logcheck import pipeline_for, table_info, wait_until_captured
+from tests.conftest import Capture
+from tests.logcheck import table_info, wait_until_captured
 
 pytestmark = pytest.mark.integration
 
@@ -77,70 +72,59 @@ def _stores_equal_source(settings: Any, conn: psycopg.Connection[Any], name: str
         assert not any(differ.values()), (store, {k: d for k, d in differ.items() if d})
 
 
-def test_generated_columns_reach_every_store(stack: RunningStack) -> None:
-    name = "gen_" + uuid.uuid4().hex[:8]
-    table = f"public.{name}"
-    settings = pipeline_for(stack.settings, [table])
-    dsn = settings.postgres.dsn()
+def test_generated_columns_reach_every_store(captured: Capture) -> None:
     columns = ", ".join(f"{c} {d}" for c, d in GENERATED.items())
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, a int, label text, at timestamptz, "
+        f"big text, tags text[], amount numeric(8,2), doc jsonb, other int, {columns})",
+        # stored out of line, uncompressed: an update leaving it alone logs a placeholder
+        "ALTER TABLE {name} ALTER COLUMN big SET STORAGE EXTERNAL",
+        "INSERT INTO {name} (id, a, label, at, big, tags, amount, doc) "
+        "SELECT g, g, 'l' || g, timestamptz '2024-02-28 23:30+00' + g * interval '1 hour', "
+        "repeat(md5(g::text), 300), ARRAY['t' || g, 'u'], g + 0.25, "
+        "jsonb_build_object('kind', 'k' || g) FROM generate_series(1, 10) g",
+        prefix="gen",
+    )
+    name, table, settings, dsn = t.name, t.table, t.settings, t.dsn
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            f"CREATE TABLE {name} (id int PRIMARY KEY, a int, label text, at timestamptz, "
-            f"big text, tags text[], amount numeric(8,2), doc jsonb, other int, {columns})"
+            f"INSERT INTO {name} (id, a, label, at, big, tags, amount, doc) VALUES "
+            "(11, 11, 'new', '2024-03-01 00:00+00', repeat('x', 5000), '{}', NULL, '{}')"
         )
-        # stored out of line, uncompressed: an update leaving it alone logs a placeholder
-        conn.execute(f"ALTER TABLE {name} ALTER COLUMN big SET STORAGE EXTERNAL")
-        conn.execute(
-            f"INSERT INTO {name} (id, a, label, at, big, tags, amount, doc) "
-            "SELECT g, g, 'l' || g, timestamptz '2024-02-28 23:30+00' + g * interval '1 hour', "
-            "repeat(md5(g::text), 300), ARRAY['t' || g, 'u'], g + 0.25, "
-            "jsonb_build_object('kind', 'k' || g) FROM generate_series(1, 10) g"
-        )
-    try:
-        run_snapshot(settings, Console(file=io.StringIO()))
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(
-                f"INSERT INTO {name} (id, a, label, at, big, tags, amount, doc) VALUES "
-                "(11, 11, 'new', '2024-03-01 00:00+00', repeat('x', 5000), '{}', NULL, '{}')"
-            )
-            for value in (100, 200, 300):  # three versions of key 1
-                conn.execute(f"UPDATE {name} SET a = {value} WHERE id = 1")
-            conn.execute(f"UPDATE {name} SET label = 'relabelled', amount = 2 WHERE id = 2")
-            # `big` is TOASTed and unchanged: its placeholder, read back from the source
-            conn.execute(f"UPDATE {name} SET a = -5 WHERE id = 3")
-            conn.execute(f"UPDATE {name} SET other = 1 WHERE id = 4")
-            conn.execute(f"UPDATE {name} SET big = 'short', tags = NULL WHERE id = 5")
-            conn.execute(f"DELETE FROM {name} WHERE id = 6")
-        info = table_info(settings, table)
-        assert [c.name for c in info.generated] == list(GENERATED)
-        wait_until_captured(settings)
-        run_apply(settings, STORES, once=True)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            _stores_equal_source(settings, conn, name)
+        for value in (100, 200, 300):  # three versions of key 1
+            conn.execute(f"UPDATE {name} SET a = {value} WHERE id = 1")
+        conn.execute(f"UPDATE {name} SET label = 'relabelled', amount = 2 WHERE id = 2")
+        # `big` is TOASTed and unchanged: its placeholder, read back from the source
+        conn.execute(f"UPDATE {name} SET a = -5 WHERE id = 3")
+        conn.execute(f"UPDATE {name} SET other = 1 WHERE id = 4")
+        conn.execute(f"UPDATE {name} SET big = 'short', tags = NULL WHERE id = 5")
+        conn.execute(f"DELETE FROM {name} WHERE id = 6")
+    info = table_info(settings, table)
+    assert [c.name for c in info.generated] == list(GENERATED)
+    wait_until_captured(settings)
+    run_apply(settings, STORES, once=True)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _stores_equal_source(settings, conn, name)
 
-        # each version of key 1 holds its own doubled value (computed from its event)
-        from pyspark.sql import SparkSession
+    # each version of key 1 holds its own doubled value (computed from its event)
+    from pyspark.sql import SparkSession
 
-        spark = SparkSession.getActiveSession()
-        assert spark is not None
-        history = spark.read.format("delta").load(history_path(warehouse_root(settings), table))
-        versions = sorted(r["doubled"] for r in history.where("id = 1").collect())
-        assert versions == [2, 200, 400, 600], versions
+    spark = SparkSession.getActiveSession()
+    assert spark is not None
+    history = spark.read.format("delta").load(history_path(warehouse_root(settings), table))
+    versions = sorted(r["doubled"] for r in history.where("id = 1").collect())
+    assert versions == [2, 200, 400, 600], versions
 
-        # a backfill reads the rows again through Debezium, without generated values
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"UPDATE {name} SET a = a + 1000 WHERE id = 7")
-        _, offset = start_backfill(settings, table)
-        assert watch_backfill(settings, offset, lambda p: None, timeout=240).state == "COMPLETED"
-        wait_until_captured(settings)
-        run_apply(settings, STORES, once=True)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            _stores_equal_source(settings, conn, name)
-        results = verify(settings, [info], STORES, timeout=60)
-        assert [(d.store, d.ok, d.store_rows) for d in results] == [
-            (s, True, 10) for s in STORES
-        ], [(d.store, d.different[:3]) for d in results]
-    finally:
-        drop_pipeline(settings)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {name}")
+    # a backfill reads the rows again through Debezium, without generated values
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE {name} SET a = a + 1000 WHERE id = 7")
+    _, offset = start_backfill(settings, table)
+    assert watch_backfill(settings, offset, lambda p: None, timeout=240).state == "COMPLETED"
+    wait_until_captured(settings)
+    run_apply(settings, STORES, once=True)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _stores_equal_source(settings, conn, name)
+    results = verify(settings, [info], STORES, timeout=60)
+    assert [(d.store, d.ok, d.store_rows) for d in results] == [(s, True, 10) for s in STORES], [
+        (d.store, d.different[:3]) for d in results
+    ]

@@ -18,56 +18,45 @@ from cdc.topics import change_topic
 from commands.pipeline import drop_pipeline
 from materializers.apply import run_apply
 from snapshot.initial import run_snapshot
-from tests.conftest import RunningStack
+from tests.conftest import Capture, RunningStack
 from tests.logcheck import pipeline_for, table_info, wait_until_equal
 
 pytestmark = pytest.mark.integration
 
 
-def test_columns_named_like_the_cache_metadata(stack: RunningStack) -> None:
-    name = "meta_" + uuid.uuid4().hex[:8]
-    table = f"public.{name}"
-    settings = pipeline_for(stack.settings, [table])
-    dsn = settings.postgres.dsn()
+def test_columns_named_like_the_cache_metadata(captured: Capture) -> None:
+    t = captured(
+        'CREATE TABLE {name} (id int PRIMARY KEY, "_lsn" bigint, "_deleted" text, '
+        '"_offset" int, "_commit_lsn" text, body text)',
+        "INSERT INTO {name} SELECT g, 99999999999, 'yes', -1, 'zzz', 'v0' "
+        "FROM generate_series(1, 5) g",
+        prefix="meta",
+    )
+    name, table, settings, dsn = t.name, t.table, t.settings, t.dsn
+    run_apply(settings, ["cache"], once=True)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            f'CREATE TABLE {name} (id int PRIMARY KEY, "_lsn" bigint, "_deleted" text, '
-            '"_offset" int, "_commit_lsn" text, body text)'
-        )
-        conn.execute(
-            f"INSERT INTO {name} SELECT g, 99999999999, 'yes', -1, 'zzz', 'v0' "
-            "FROM generate_series(1, 5) g"
-        )
-    try:
-        run_snapshot(settings, Console(file=io.StringIO()))
-        run_apply(settings, ["cache"], once=True)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"UPDATE {name} SET body = 'v1', \"_lsn\" = 7 WHERE id <= 3")
-        wait_until_equal(settings, table_info(settings, table))
-        run_apply(settings, ["cache"], once=True)
+        conn.execute(f"UPDATE {name} SET body = 'v1', \"_lsn\" = 7 WHERE id <= 3")
+    wait_until_equal(settings, table_info(settings, table))
+    run_apply(settings, ["cache"], once=True)
 
-        client = redis.Redis.from_url(settings.redis.url, decode_responses=True)
-        prefix = f"{settings.pipeline.topic_prefix}:{table}:"
-        rows = {}
-        for key in client.scan_iter(match=prefix + "*"):
-            entry = client.hgetall(key)
-            assert "_deleted" not in entry, entry  # a live row, not a deleted marker
-            assert int(entry["_lsn"]) < 2**40 and entry["_commit_lsn"].isdigit(), entry
-            rows[json.loads(key[len(prefix) :])["id"]] = (
-                entry["body"],
-                entry["__lsn"],
-                entry["__deleted"],
-                entry["__offset"],
-                entry["__commit_lsn"],
-            )
-        assert rows == {
-            i: ("v1" if i <= 3 else "v0", "7" if i <= 3 else "99999999999", "yes", "-1", "zzz")
-            for i in range(1, 6)
-        }
-    finally:
-        drop_pipeline(settings)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {name}")
+    client = redis.Redis.from_url(settings.redis.url, decode_responses=True)
+    prefix = f"{settings.pipeline.topic_prefix}:{table}:"
+    rows = {}
+    for key in client.scan_iter(match=prefix + "*"):
+        entry = client.hgetall(key)
+        assert "_deleted" not in entry, entry  # a live row, not a deleted marker
+        assert int(entry["_lsn"]) < 2**40 and entry["_commit_lsn"].isdigit(), entry
+        rows[json.loads(key[len(prefix) :])["id"]] = (
+            entry["body"],
+            entry["__lsn"],
+            entry["__deleted"],
+            entry["__offset"],
+            entry["__commit_lsn"],
+        )
+    assert rows == {
+        i: ("v1" if i <= 3 else "v0", "7" if i <= 3 else "99999999999", "yes", "-1", "zzz")
+        for i in range(1, 6)
+    }
 
 
 def test_a_table_name_kafka_and_opensearch_do_not_take(stack: RunningStack) -> None:

@@ -6,20 +6,14 @@ the source's values; read with the tests' own readers (tests/stores.py)."""
 
 from __future__ import annotations
 
-import io
 import time
-import uuid
 from decimal import Decimal
 
 import psycopg
 import pytest
-from rich.console import Console
 
-from commands.pipeline import drop_pipeline
 from materializers.apply import run_apply
-from snapshot.initial import run_snapshot
-from tests.conftest import RunningStack
-from tests.logcheck import pipeline_for
+from tests.conftest import Capture
 from tests.stores import stores
 
 pytestmark = pytest.mark.integration
@@ -27,46 +21,39 @@ pytestmark = pytest.mark.integration
 STORES = ["cache", "search", "warehouse"]
 
 
-def test_a_value_rewriting_alter_is_backfilled_into_every_store(stack: RunningStack) -> None:
-    name = "rewrite_" + uuid.uuid4().hex[:8]
-    table = f"public.{name}"
-    settings = pipeline_for(stack.settings, [table])
-    dsn = settings.postgres.dsn()
+def test_a_value_rewriting_alter_is_backfilled_into_every_store(captured: Capture) -> None:
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, amount numeric(8,2))",
+        "INSERT INTO {name} SELECT g, g + 0.5 FROM generate_series(1, 5) g",
+        prefix="rewrite",
+    )
+    name, table, settings, dsn = t.name, t.table, t.settings, t.dsn
+    run_apply(settings, STORES, once=True)
+    assert stores(settings, table)["cache"][1]["amount"] == "1.50"
+
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, amount numeric(8,2))")
-        conn.execute(f"INSERT INTO {name} SELECT g, g + 0.5 FROM generate_series(1, 5) g")
-    try:
-        run_snapshot(settings, Console(file=io.StringIO()))
+        conn.execute(f"ALTER TABLE {name} ADD COLUMN flag int NOT NULL DEFAULT 7")
+        conn.execute(f"ALTER TABLE {name} ALTER COLUMN amount TYPE numeric(12,4)")
+        conn.execute(f"INSERT INTO {name} VALUES (6, 6.5, 8)")  # a batch to see it
+
+    deadline = time.monotonic() + 180
+    while True:
         run_apply(settings, STORES, once=True)
-        assert stores(settings, table)["cache"][1]["amount"] == "1.50"
-
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"ALTER TABLE {name} ADD COLUMN flag int NOT NULL DEFAULT 7")
-            conn.execute(f"ALTER TABLE {name} ALTER COLUMN amount TYPE numeric(12,4)")
-            conn.execute(f"INSERT INTO {name} VALUES (6, 6.5, 8)")  # a batch to see it
-
-        deadline = time.monotonic() + 180
-        while True:
-            run_apply(settings, STORES, once=True)
-            held = stores(settings, table)
-            if (
-                all(
-                    sorted(rows) == [1, 2, 3, 4, 5, 6] and all(r.get("flag") for r in rows.values())
-                    for rows in held.values()
-                )
-                or time.monotonic() > deadline
-            ):
-                break
-            time.sleep(2)
-        for key in range(1, 7):
-            flag = 8 if key == 6 else 7
-            text = {"id": str(key), "amount": f"{key}.5000", "flag": str(flag)}
-            assert held["cache"][key] == text, key
-            assert held["search"][key]["flag"] == flag, key
-            assert str(held["search"][key]["amount"]) == f"{key}.5000", key
-            assert held["warehouse"][key]["flag"] == flag, key
-            assert held["warehouse"][key]["amount"] == Decimal(f"{key}.5000"), key
-    finally:
-        drop_pipeline(settings)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {name}")
+        held = stores(settings, table)
+        if (
+            all(
+                sorted(rows) == [1, 2, 3, 4, 5, 6] and all(r.get("flag") for r in rows.values())
+                for rows in held.values()
+            )
+            or time.monotonic() > deadline
+        ):
+            break
+        time.sleep(2)
+    for key in range(1, 7):
+        flag = 8 if key == 6 else 7
+        text = {"id": str(key), "amount": f"{key}.5000", "flag": str(flag)}
+        assert held["cache"][key] == text, key
+        assert held["search"][key]["flag"] == flag, key
+        assert str(held["search"][key]["amount"]) == f"{key}.5000", key
+        assert held["warehouse"][key]["flag"] == flag, key
+        assert held["warehouse"][key]["amount"] == Decimal(f"{key}.5000"), key

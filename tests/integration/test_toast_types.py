@@ -7,24 +7,18 @@ Delta reader of this test's own."""
 
 from __future__ import annotations
 
-import io
 import json
 import time
-import uuid
 from typing import Any
 
 import psycopg
 import pytest
-from rich.console import Console
 
 from cdc.decode import PLACEHOLDER_ARRAYS, PLACEHOLDER_B64, UNAVAILABLE
 from cdc.topics import change_topic
-from commands.pipeline import drop_pipeline
 from materializers.apply import run_apply
-from snapshot.initial import run_snapshot
-from tests.conftest import RunningStack
+from tests.conftest import Capture
 from tests.contents import topic_records
-from tests.logcheck import pipeline_for
 from tests.stores import stores
 
 pytestmark = pytest.mark.integration
@@ -59,65 +53,57 @@ def updates(settings: Any, table: str, count: int) -> list[dict[str, Any]]:
         time.sleep(1)
 
 
-def test_no_store_writes_a_placeholder_of_any_type(stack: RunningStack) -> None:
-    name = "toasty_" + uuid.uuid4().hex[:8]
-    table = f"public.{name}"
-    settings = pipeline_for(stack.settings, [table])
-    dsn = settings.postgres.dsn()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {name} ({COLUMNS})")
+def test_no_store_writes_a_placeholder_of_any_type(captured: Capture) -> None:
+    t = captured(
+        f"CREATE TABLE {{name}} ({COLUMNS})",
+        *(f"ALTER TABLE {{name}} ALTER COLUMN {column} SET STORAGE EXTERNAL" for column in TOASTED),
+        f"INSERT INTO {{name}} {VALUES}",
+        prefix="toasty",
+    )
+    name, table, settings, dsn = t.name, t.table, t.settings, t.dsn
+    run_apply(settings, ["cache", "search", "warehouse"], once=True)
+    before = stores(settings, table)
+    for store, rows in before.items():
+        assert sorted(rows) == [1, 2, 3, 4], store
         for column in TOASTED:
-            conn.execute(f"ALTER TABLE {name} ALTER COLUMN {column} SET STORAGE EXTERNAL")
-        conn.execute(f"INSERT INTO {name} {VALUES}")
-    try:
-        run_snapshot(settings, Console(file=io.StringIO()))
-        run_apply(settings, ["cache", "search", "warehouse"], once=True)
-        before = stores(settings, table)
-        for store, rows in before.items():
-            assert sorted(rows) == [1, 2, 3, 4], store
-            for column in TOASTED:
-                assert all(rows[i][column] not in (None, "", []) for i in rows), (store, column)
+            assert all(rows[i][column] not in (None, "", []) for i in rows), (store, column)
 
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"UPDATE {name} SET body = 'v1'")
-        seen = updates(settings, table, 4)
-        assert len(seen) == 4
-        # Debezium's placeholder, in each type's own form
-        forms = {UNAVAILABLE, PLACEHOLDER_B64, *map(json.dumps, PLACEHOLDER_ARRAYS)}
-        for after in seen:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE {name} SET body = 'v1'")
+    seen = updates(settings, table, 4)
+    assert len(seen) == 4
+    # Debezium's placeholder, in each type's own form
+    forms = {UNAVAILABLE, PLACEHOLDER_B64, *map(json.dumps, PLACEHOLDER_ARRAYS)}
+    for after in seen:
+        for column in TOASTED:
+            value = after[column]
+            assert (json.dumps(value) if isinstance(value, list) else value) in forms, (
+                column,
+                str(value)[:80],
+            )
+    run_apply(settings, ["cache", "search", "warehouse"], once=True)
+    after_update = stores(settings, table)
+    for store, rows in after_update.items():
+        for i in rows:
+            assert rows[i]["body"] == "v1", store
             for column in TOASTED:
-                value = after[column]
-                assert (json.dumps(value) if isinstance(value, list) else value) in forms, (
-                    column,
-                    str(value)[:80],
-                )
-        run_apply(settings, ["cache", "search", "warehouse"], once=True)
-        after_update = stores(settings, table)
-        for store, rows in after_update.items():
-            for i in rows:
-                assert rows[i]["body"] == "v1", store
-                for column in TOASTED:
-                    assert rows[i][column] == before[store][i][column], (store, i, column)
+                assert rows[i][column] == before[store][i][column], (store, i, column)
 
-        # rows 1 and 2 swap keys: each new key gets a create carrying placeholders
-        with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
-            conn.execute(f"UPDATE {name} SET id = 100, body = 'was 1' WHERE id = 1")
-            conn.execute(f"UPDATE {name} SET id = 1, body = 'was 2' WHERE id = 2")
-            conn.execute(f"UPDATE {name} SET id = 2, body = 'was 1' WHERE id = 100")
-        updates(settings, table, 4 + 3)
-        run_apply(settings, ["cache", "search", "warehouse"], once=True)
-        swapped = stores(settings, table)
-        for store, rows in swapped.items():
-            assert sorted(rows) == [1, 2, 3, 4], store
-            assert (rows[1]["body"], rows[2]["body"]) == ("was 2", "was 1"), store
-            for key, other in ((1, 2), (2, 1)):
-                for column in TOASTED:
-                    held = rows[key].get(column)
-                    # the source's value (row `other`'s), or not known; never the value
-                    # the key's previous row left
-                    assert held in (None, before[store][other][column]), (store, key, column)
-                    assert held != before[store][key][column], (store, key, column)
-    finally:
-        drop_pipeline(settings)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {name}")
+    # rows 1 and 2 swap keys: each new key gets a create carrying placeholders
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
+        conn.execute(f"UPDATE {name} SET id = 100, body = 'was 1' WHERE id = 1")
+        conn.execute(f"UPDATE {name} SET id = 1, body = 'was 2' WHERE id = 2")
+        conn.execute(f"UPDATE {name} SET id = 2, body = 'was 1' WHERE id = 100")
+    updates(settings, table, 4 + 3)
+    run_apply(settings, ["cache", "search", "warehouse"], once=True)
+    swapped = stores(settings, table)
+    for store, rows in swapped.items():
+        assert sorted(rows) == [1, 2, 3, 4], store
+        assert (rows[1]["body"], rows[2]["body"]) == ("was 2", "was 1"), store
+        for key, other in ((1, 2), (2, 1)):
+            for column in TOASTED:
+                held = rows[key].get(column)
+                # the source's value (row `other`'s), or not known; never the value
+                # the key's previous row left
+                assert held in (None, before[store][other][column]), (store, key, column)
+                assert held != before[store][key][column], (store, key, column)
