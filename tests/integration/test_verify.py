@@ -86,6 +86,19 @@ def test_query_search_get_and_verify_finds_drift(stack: RunningStack) -> None:
         assert json.loads(entry.stdout)["name"] == "item 5"
         gone = run_cdc("get", name, "195", env=env)
         assert gone.returncode == 9 and "was deleted" in gone.stderr
+        # every store answers for a key, with the position that wrote it
+        for store, position in (("search", "_cdc_commit_lsn"), ("warehouse", "_cdc_commit_lsn")):
+            held = run_cdc("get", name, "5", "--store", store, "-o", "json", env=env)
+            assert held.returncode == 0, held.stderr
+            assert json.loads(held.stdout)["name"] == "item 5"
+            assert json.loads(held.stdout)[position] > 0
+        assert json.loads(entry.stdout)["_commit_lsn"] == str(
+            json.loads(held.stdout)["_cdc_commit_lsn"]
+        )
+        marker = run_cdc("get", name, "195", "--store", "warehouse", env=env)
+        assert marker.returncode == 9 and "was deleted" in marker.stderr
+        unknown = run_cdc("get", name, "5", "--store", "nope", env=env)
+        assert unknown.returncode == 2 and "unknown store nope" in unknown.stderr
 
         # drift injected behind the pipeline's back, one kind per store
         from delta.tables import DeltaTable
