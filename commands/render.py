@@ -99,14 +99,15 @@ def pipeline_table(p: PipelineStatus) -> Table:
     return table
 
 
-def verify_tables(report: VerifyReport) -> list[Table]:
-    """`cdc verify`'s report: each store's drift per table, then the expectations."""
+def verify_tables(report: VerifyReport) -> list[Table | str]:
+    """`cdc verify`'s report: each store's drift per table, then the expectations, then
+    one line that sums it up."""
     drift = Table("store", "table", "source rows", "store rows", "drift", title="cdc verify")
     for d in report.drifts:
         if d.ok:
             verdict = "[green]none[/green]"
         else:
-            parts = [
+            kinds = [
                 f"{len(keys)} {what} (e.g. {', '.join(keys[:EXAMPLES])})"
                 for what, keys in (
                     ("missing", d.missing),
@@ -115,12 +116,19 @@ def verify_tables(report: VerifyReport) -> list[Table]:
                 )
                 if keys
             ]
-            verdict = "[red]" + "; ".join(parts) + "[/red]"
+            verdict = "[red]" + "; ".join(kinds) + "[/red]"
         drift.add_row(d.store, d.table, str(d.source_rows), str(d.store_rows), verdict)
-    if not report.checks:
-        return [drift]
-    suites = Table("table", "expectation", "column", "result", title="Great Expectations")
-    for c in report.checks:
-        verdict = "[green]ok[/green]" if c.ok else "[red]failed[/red]"
-        suites.add_row(c.table, c.expectation, c.column or "", f"{verdict} ({c.observed})")
-    return [drift, suites]
+    parts: list[Table | str] = [drift]
+    drifted = sum(not d.ok for d in report.drifts)
+    summary = f"drift in {drifted} of {len(report.drifts)} (store, table) pairs"
+    if report.checks:
+        suites = Table("table", "expectation", "column", "result", title="Great Expectations")
+        for c in report.checks:
+            verdict = "[green]ok[/green]" if c.ok else "[red]failed[/red]"
+            suites.add_row(c.table, c.expectation, c.column or "", f"{verdict} ({c.observed})")
+        parts.append(suites)
+        met = sum(c.ok for c in report.checks)
+        summary = f"Great Expectations: {met} of {len(report.checks)} expectations met; {summary}"
+    color = "green" if report.ok else "red"
+    parts.append(f"[{color}]{summary}[/{color}]")
+    return parts
