@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdc.catalog import Table
-from cdc.errors import QueryError
+from cdc.errors import QueryError, StoreUnavailableError
 from cdc.settings import JoinView, Settings, WindowAggregate
+from materializers.stores.base import Store
 from materializers.stores.registry import make_store
 
 __all__ = [
@@ -119,7 +120,7 @@ def search_table(settings: Settings, table: Table, text: str, limit: int = 10) -
     store = make_store(settings, "search")
     assert isinstance(store, SearchStore)
     try:
-        store.ping()
+        _reach(store)
         found = store.find(table, text, limit)
     finally:
         store.close()
@@ -159,13 +160,20 @@ def key_json(table: Table, key: str) -> str:
     return json.dumps({k: given[k] for k in table.key}, separators=(",", ":"), ensure_ascii=False)
 
 
+def _reach(store: Store) -> None:
+    try:
+        store.ping()
+    except StoreUnavailableError as exc:
+        raise StoreUnavailableError(f"{exc}: start it (`cdc up`) or check its settings") from None
+
+
 def store_entry(settings: Settings, store: str, table: Table, key: str) -> dict[str, Any]:
     """What `store` holds for the row with `key` (its fields: the columns and the store's
     metadata)."""
     target = make_store(settings, store)
     wanted = key_json(table, key)
     try:
-        target.ping()
+        _reach(target)
         entry = target.get(table, wanted)
     finally:
         target.close()

@@ -47,9 +47,6 @@ __all__ = [
     "view_table",
 ]
 
-EXAMPLES = 5
-
-
 @dataclass
 class Drift:
     """One store's differences from the source for one table."""
