@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import threading
 import time
-import uuid
 
 import psycopg
 import pytest
@@ -13,26 +12,24 @@ from rich.console import Console
 
 from cdc.errors import BackfillError
 from cdc.topics import change_topic, read_topic
-from commands.pipeline import drop_pipeline
 from snapshot.backfill import start_backfill, watch_backfill
 from snapshot.initial import run_snapshot
-from tests.conftest import RunningStack
-from tests.logcheck import events_by_key, pipeline_for, poll, table_info, wait_until_equal
+from tests.conftest import Capture
+from tests.logcheck import events_by_key, poll, table_info, wait_until_equal
 from tests.writer import Writer
 
 pytestmark = pytest.mark.integration
 
 
-def test_a_backfill_under_writes_keeps_every_key_in_order(stack: RunningStack) -> None:
-    name = "bf_" + uuid.uuid4().hex[:8]
-    settings = pipeline_for(stack.settings, [f"public.{name}"])
-    dsn = settings.postgres.dsn()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, version int NOT NULL, note text)")
-        conn.execute(f"INSERT INTO {name} SELECT g, 0, 'seed' FROM generate_series(1, 8000) g")
+def test_a_backfill_under_writes_keeps_every_key_in_order(captured: Capture) -> None:
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, version int NOT NULL, note text)",
+        "INSERT INTO {name} SELECT g, 0, 'seed' FROM generate_series(1, 8000) g",
+        prefix="bf",
+    )
+    name, settings, dsn = t.name, t.settings, t.dsn
     writer = Writer(dsn, name, first_new_id=100_000, max_id=8000)
     try:
-        run_snapshot(settings, Console(file=io.StringIO()))
         writer.start()
         _, offset = start_backfill(settings, name)
         states: list[str] = []
@@ -56,32 +53,22 @@ def test_a_backfill_under_writes_keeps_every_key_in_order(stack: RunningStack) -
             assert versions == sorted(versions), (key, [(e.op, e.offset) for e in events])
     finally:
         writer.stop.set()
-        drop_pipeline(settings)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {name}")
 
 
-def test_a_backfill_needs_a_streaming_pipeline_and_a_valid_filter(stack: RunningStack) -> None:
-    name = "bf_" + uuid.uuid4().hex[:8]
-    settings = pipeline_for(stack.settings, [f"public.{name}"])
-    with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY)")
-    try:
-        with pytest.raises(BackfillError, match="not streaming"):
-            start_backfill(settings, name)
-        run_snapshot(settings, Console(file=io.StringIO()))
-        with pytest.raises(BackfillError, match="not a valid filter"):
-            start_backfill(settings, name, where="no_such_column > 1")
-        with pytest.raises(BackfillError, match="not captured"):
-            start_backfill(settings, "public.pg_nothing_here")
-    finally:
-        drop_pipeline(settings)
-        with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {name}")
+def test_a_backfill_needs_a_streaming_pipeline_and_a_valid_filter(captured: Capture) -> None:
+    t = captured("CREATE TABLE {name} (id int PRIMARY KEY)", prefix="bf", snapshot=False)
+    name, settings = t.name, t.settings
+    with pytest.raises(BackfillError, match="not streaming"):
+        start_backfill(settings, name)
+    run_snapshot(settings, Console(file=io.StringIO()))
+    with pytest.raises(BackfillError, match="not a valid filter"):
+        start_backfill(settings, name, where="no_such_column > 1")
+    with pytest.raises(BackfillError, match="not captured"):
+        start_backfill(settings, "public.pg_nothing_here")
 
 
 def test_a_commit_decoded_before_others_see_it_is_not_lost_to_a_backfill(
-    stack: RunningStack,
+    captured: Capture,
 ) -> None:
     """PostgreSQL writes a commit to the WAL (logical decoding streams it) before the
     committing backend makes it visible; between the two, a backfill's chunk read misses
@@ -89,16 +76,14 @@ def test_a_commit_decoded_before_others_see_it_is_not_lost_to_a_backfill(
     the old row. A commit waiting for a synchronous standby that never answers holds
     that state for as long as the test needs (the race a busy machine hits for a few
     milliseconds). The watermark waits for it (sql/pipeline_schema.sql)."""
-    name = "bfv_" + uuid.uuid4().hex[:8]
-    table = f"public.{name}"
-    settings = pipeline_for(stack.settings, [table])
-    dsn = settings.postgres.dsn()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, version int NOT NULL)")
-        conn.execute(f"INSERT INTO {name} SELECT g, 0 FROM generate_series(1, 20) g")
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, version int NOT NULL)",
+        "INSERT INTO {name} SELECT g, 0 FROM generate_series(1, 20) g",
+        prefix="bfv",
+    )
+    name, table, settings, dsn = t.name, t.table, t.settings, t.dsn
     held = psycopg.connect(dsn, autocommit=True)
     try:
-        run_snapshot(settings, Console(file=io.StringIO()))
         with psycopg.connect(dsn, autocommit=True) as conn:
             # only the session that asks waits for a standby (here: none will answer)
             conn.execute("ALTER SYSTEM SET synchronous_commit = 'local'")
@@ -160,6 +145,3 @@ def test_a_commit_decoded_before_others_see_it_is_not_lost_to_a_backfill(
             conn.execute("SELECT pg_reload_conf()")
             conn.execute("SELECT pg_cancel_backend(%s)", (held.info.backend_pid,))
         held.close()
-        drop_pipeline(settings)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {name}")

@@ -13,7 +13,7 @@ from rich.console import Console
 from cdc.decode import decode_row
 from commands.pipeline import drop_pipeline
 from snapshot.initial import run_snapshot
-from tests.conftest import RunningStack
+from tests.conftest import Capture, RunningStack
 from tests.logcheck import events_by_key, pipeline_for, table_info, wait_until_equal
 
 pytestmark = pytest.mark.integration
@@ -117,34 +117,25 @@ def test_every_common_type_round_trips_exactly(stack: RunningStack, typed_table:
 
 
 def test_snapshot_and_stream_events_of_a_row_share_key_bytes_and_partition(
-    stack: RunningStack,
+    captured: Capture,
 ) -> None:
-    name = "keys_" + uuid.uuid4().hex[:8]
-    settings = pipeline_for(stack.settings, [f"public.{name}"], partitions=4)
-    dsn = settings.postgres.dsn()
+    t = captured(
+        "CREATE TABLE {name} (region text, seq bigint, tag uuid, amount numeric(8,2), "
+        "PRIMARY KEY (region, seq, tag))",
+        "INSERT INTO {name} SELECT r, g, md5(r || g)::uuid, g FROM generate_series(1, 40) g, "
+        "unnest(ARRAY['Zürich', 'a\"b\\\\c', 'tab\tnew\nline', '東京']) r",
+        prefix="keys",
+        partitions=4,
+    )
+    name, settings, dsn = t.name, t.settings, t.dsn
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            f"CREATE TABLE {name} (region text, seq bigint, tag uuid, amount numeric(8,2), "
-            "PRIMARY KEY (region, seq, tag))"
-        )
-        conn.execute(
-            f"INSERT INTO {name} SELECT r, g, md5(r || g)::uuid, g FROM generate_series(1, 40) g, "
-            "unnest(ARRAY['Zürich', 'a\"b\\\\c', 'tab\tnew\nline', '東京']) r"
-        )
-    try:
-        run_snapshot(settings, Console(file=io.StringIO()))
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"UPDATE {name} SET amount = amount + 1")
-            conn.execute(f"DELETE FROM {name} WHERE seq % 10 = 0")
-        table = table_info(settings, f"public.{name}")
-        _, records = wait_until_equal(settings, table, timeout=60)
-        by_key = events_by_key(records)
-        assert len(by_key) == 160  # a snapshot key equal to its stream key: one key per row
-        for key, events in by_key.items():
-            assert [e.op for e in events][:2] == ["r", "u"], key
-            assert len({e.partition for e in events}) == 1
-        assert len({e.partition for e in records}) == 4
-    finally:
-        drop_pipeline(settings)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {name}")
+        conn.execute(f"UPDATE {name} SET amount = amount + 1")
+        conn.execute(f"DELETE FROM {name} WHERE seq % 10 = 0")
+    table = table_info(settings, f"public.{name}")
+    _, records = wait_until_equal(settings, table, timeout=60)
+    by_key = events_by_key(records)
+    assert len(by_key) == 160  # a snapshot key equal to its stream key: one key per row
+    for key, events in by_key.items():
+        assert [e.op for e in events][:2] == ["r", "u"], key
+        assert len({e.partition for e in events}) == 1
+    assert len({e.partition for e in records}) == 4

@@ -8,9 +8,7 @@ and the application's writes go on."""
 
 from __future__ import annotations
 
-import io
 import json
-import uuid
 from typing import Any
 
 import psycopg
@@ -18,15 +16,12 @@ import pytest
 import redis
 import requests
 from kafka.admin import KafkaAdminClient
-from rich.console import Console
 
 from cdc.topics import change_topic
-from commands.pipeline import drop_pipeline
 from materializers.stores.delta_tables import current_path, warehouse_root
-from snapshot.initial import run_snapshot
-from tests.conftest import RunningStack
+from tests.conftest import Capture
 from tests.helpers import run_cdc
-from tests.logcheck import pipeline_env, pipeline_for, table_info, wait_until_equal
+from tests.logcheck import table_info, wait_until_equal
 
 pytestmark = pytest.mark.integration
 
@@ -70,136 +65,108 @@ def warehouse(settings: Any, table: str) -> Rows:
     }
 
 
-def test_a_partitioned_table_is_one_table_in_every_store(stack: RunningStack) -> None:
-    name = "part_" + uuid.uuid4().hex[:8]
-    table = f"public.{name}"
-    # the pattern matches the root and its partitions: the root is taken
-    settings = pipeline_for(stack.settings, [f"public.{name}*"])
+def test_a_partitioned_table_is_one_table_in_every_store(captured: Capture) -> None:
+    t = captured(
+        "CREATE TABLE {name} (id int, region text, body text, PRIMARY KEY (id, region)) "
+        "PARTITION BY LIST (region)",
+        "CREATE TABLE {name}_eu PARTITION OF {name} FOR VALUES IN ('eu')",
+        "CREATE TABLE {name}_us PARTITION OF {name} FOR VALUES IN ('us') PARTITION BY RANGE (id)",
+        "CREATE TABLE {name}_us_lo PARTITION OF {name}_us FOR VALUES FROM (0) TO (50)",
+        "CREATE TABLE {name}_us_hi PARTITION OF {name}_us FOR VALUES FROM (50) TO (MAXVALUE)",
+        "CREATE TABLE {name}_other PARTITION OF {name} DEFAULT",
+        "INSERT INTO {name} SELECT g, (ARRAY['eu','us','asia'])[g % 3 + 1], 'v0' "
+        "FROM generate_series(1, 90) g",
+        prefix="part",
+        # the pattern matches the root and its partitions: the root is taken
+        tables=["public.{name}*"],
+    )
+    name, table, settings, dsn, env = t.name, t.table, t.settings, t.dsn, t.env
     pipe = settings.pipeline
-    dsn = settings.postgres.dsn()
-    env = pipeline_env(stack.env, settings, [f"public.{name}*"])
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            f"CREATE TABLE {name} (id int, region text, body text, PRIMARY KEY (id, region)) "
-            "PARTITION BY LIST (region)"
-        )
-        conn.execute(f"CREATE TABLE {name}_eu PARTITION OF {name} FOR VALUES IN ('eu')")
-        conn.execute(
-            f"CREATE TABLE {name}_us PARTITION OF {name} FOR VALUES IN ('us') "
-            "PARTITION BY RANGE (id)"
-        )
-        conn.execute(
-            f"CREATE TABLE {name}_us_lo PARTITION OF {name}_us FOR VALUES FROM (0) TO (50)"
-        )
-        conn.execute(
-            f"CREATE TABLE {name}_us_hi PARTITION OF {name}_us FOR VALUES FROM (50) TO (MAXVALUE)"
-        )
-        conn.execute(f"CREATE TABLE {name}_other PARTITION OF {name} DEFAULT")
-        conn.execute(
-            f"INSERT INTO {name} SELECT g, (ARRAY['eu','us','asia'])[g % 3 + 1], 'v0' "
-            "FROM generate_series(1, 90) g"
-        )
+        conn.execute(f"INSERT INTO {name} VALUES (100, 'eu', 'new'), (101, 'us', 'new')")
+        conn.execute(f"UPDATE {name} SET body = 'v1' WHERE id <= 30")  # every partition
+        # moved to another partition (eu -> us; us_lo -> us_hi; asia -> eu)
+        conn.execute(f"UPDATE {name} SET region = 'us', body = 'moved' WHERE id = 3")
+        conn.execute(f"UPDATE {name} SET id = id + 1000, body = 'moved' WHERE id = 4")
+        conn.execute(f"UPDATE {name} SET region = 'eu', body = 'moved' WHERE id = 5")
+        conn.execute(f"DELETE FROM {name} WHERE id IN (7, 8, 9)")
+    wait_until_equal(settings, table_info(settings, table))
+
+    admin = KafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
     try:
-        run_snapshot(settings, Console(file=io.StringIO()))
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"INSERT INTO {name} VALUES (100, 'eu', 'new'), (101, 'us', 'new')")
-            conn.execute(f"UPDATE {name} SET body = 'v1' WHERE id <= 30")  # every partition
-            # moved to another partition (eu -> us; us_lo -> us_hi; asia -> eu)
-            conn.execute(f"UPDATE {name} SET region = 'us', body = 'moved' WHERE id = 3")
-            conn.execute(f"UPDATE {name} SET id = id + 1000, body = 'moved' WHERE id = 4")
-            conn.execute(f"UPDATE {name} SET region = 'eu', body = 'moved' WHERE id = 5")
-            conn.execute(f"DELETE FROM {name} WHERE id IN (7, 8, 9)")
-        wait_until_equal(settings, table_info(settings, table))
-
-        admin = KafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
-        try:
-            topics = {t for t in admin.list_topics() if t.startswith(f"{pipe.topic_prefix}.")}
-        finally:
-            admin.close()
-        assert not {t for t in topics if f"{name}_" in t}, topics  # no topic per partition
-        assert change_topic(pipe, table) in topics
-
-        applied = run_cdc("apply", "--once", env=env)
-        assert applied.returncode == 0, applied.stderr[-3000:]
-        expected = source(dsn, name)
-        assert len(expected) == 90 + 2 - 3
-        assert expected[(3, "us")] == expected[(1004, "us")] == expected[(5, "eu")] == "moved"
-        assert cache(settings, table) == expected
-        assert search(settings, table) == expected
-        assert warehouse(settings, table) == expected
-
-        verified = run_cdc("verify", "-o", "json", env=env)
-        assert verified.returncode == 0, verified.stdout[-2000:] + verified.stderr[-2000:]
-        assert f"{name}_" not in verified.stdout  # one table checked, not its partitions
-        assert table in verified.stdout
+        topics = {t for t in admin.list_topics() if t.startswith(f"{pipe.topic_prefix}.")}
     finally:
-        drop_pipeline(settings)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {name}")
+        admin.close()
+    assert not {t for t in topics if f"{name}_" in t}, topics  # no topic per partition
+    assert change_topic(pipe, table) in topics
+
+    applied = run_cdc("apply", "--once", env=env)
+    assert applied.returncode == 0, applied.stderr[-3000:]
+    expected = source(dsn, name)
+    assert len(expected) == 90 + 2 - 3
+    assert expected[(3, "us")] == expected[(1004, "us")] == expected[(5, "eu")] == "moved"
+    assert cache(settings, table) == expected
+    assert search(settings, table) == expected
+    assert warehouse(settings, table) == expected
+
+    verified = run_cdc("verify", "-o", "json", env=env)
+    assert verified.returncode == 0, verified.stdout[-2000:] + verified.stderr[-2000:]
+    assert f"{name}_" not in verified.stdout  # one table checked, not its partitions
+    assert table in verified.stdout
 
 
 @pytest.mark.parametrize("where", ["table", "partition"])
 def test_a_table_whose_updates_would_be_refused_is_not_captured(
-    stack: RunningStack, where: str
+    captured: Capture, where: str
 ) -> None:
-    name = "noid_" + uuid.uuid4().hex[:8]
-    table = f"public.{name}"
-    settings = pipeline_for(stack.settings, [table])
+    if where == "table":
+        made = ["CREATE TABLE {name} (id int PRIMARY KEY, body text)"]
+    else:
+        made = [
+            "CREATE TABLE {name} (id int PRIMARY KEY, body text) PARTITION BY RANGE (id)",
+            "CREATE TABLE {name}_a PARTITION OF {name} FOR VALUES FROM (0) TO (10)",
+            "CREATE TABLE {name}_b PARTITION OF {name} FOR VALUES FROM (10) TO (20)",
+        ]
+    nothing = "{name}" if where == "table" else "{name}_b"
+    t = captured(
+        *made,
+        f"ALTER TABLE {nothing} REPLICA IDENTITY NOTHING",
+        "INSERT INTO {name} VALUES (1, 'a'), (15, 'b')",
+        prefix="noid",
+        snapshot=False,
+    )
+    name, settings, dsn, env = t.name, t.settings, t.dsn, t.env
     pipe = settings.pipeline
-    dsn = settings.postgres.dsn()
-    env = pipeline_env(stack.env, settings, [table])
-    nothing = name if where == "table" else f"{name}_b"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        if where == "table":
-            conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, body text)")
-        else:
-            conn.execute(
-                f"CREATE TABLE {name} (id int PRIMARY KEY, body text) PARTITION BY RANGE (id)"
-            )
-            conn.execute(f"CREATE TABLE {name}_a PARTITION OF {name} FOR VALUES FROM (0) TO (10)")
-            conn.execute(f"CREATE TABLE {name}_b PARTITION OF {name} FOR VALUES FROM (10) TO (20)")
-        conn.execute(f"ALTER TABLE {nothing} REPLICA IDENTITY NOTHING")
-        conn.execute(f"INSERT INTO {name} VALUES (1, 'a'), (15, 'b')")
-    try:
-        refused = run_cdc("setup", env=env)
-        assert refused.returncode == 7, refused.stdout + refused.stderr
-        said = refused.stderr.strip().splitlines()
-        assert len(said) == 1 and "REPLICA IDENTITY NOTHING" in said[0], said
-        assert f"public.{nothing}" in said[0] and "ALTER TABLE" in said[0], said
-        with psycopg.connect(dsn, autocommit=True) as conn:  # the application goes on
-            conn.execute(f"UPDATE {name} SET body = 'changed'")
-            conn.execute(f"DELETE FROM {name} WHERE id = 1")
-            published = conn.execute(
-                "SELECT count(*) FROM pg_publication WHERE pubname = %s", (pipe.publication,)
-            ).fetchone()
-        assert published == (0,)
-    finally:
-        drop_pipeline(settings)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {name}")
+    nothing = nothing.replace("{name}", name)
+    refused = run_cdc("setup", env=env)
+    assert refused.returncode == 7, refused.stdout + refused.stderr
+    said = refused.stderr.strip().splitlines()
+    assert len(said) == 1 and "REPLICA IDENTITY NOTHING" in said[0], said
+    assert f"public.{nothing}" in said[0] and "ALTER TABLE" in said[0], said
+    with psycopg.connect(dsn, autocommit=True) as conn:  # the application goes on
+        conn.execute(f"UPDATE {name} SET body = 'changed'")
+        conn.execute(f"DELETE FROM {name} WHERE id = 1")
+        published = conn.execute(
+            "SELECT count(*) FROM pg_publication WHERE pubname = %s", (pipe.publication,)
+        ).fetchone()
+    assert published == (0,)
 
 
-def test_a_table_with_inheritance_children_is_refused_in_one_line(stack: RunningStack) -> None:
+def test_a_table_with_inheritance_children_is_refused_in_one_line(captured: Capture) -> None:
     """Table inheritance (not partitioning): reading the parent includes the children's
     rows, whose changes PostgreSQL publishes under the children's names; capturing the
     parent would keep child rows changed or deleted since, so setup refuses it."""
-    name = "heir_" + uuid.uuid4().hex[:8]
-    table = f"public.{name}"
-    settings = pipeline_for(stack.settings, [table])
-    dsn = settings.postgres.dsn()
-    env = pipeline_env(stack.env, settings, [table])
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, body text)")
-        conn.execute(f"CREATE TABLE {name}_child (extra int) INHERITS ({name})")
-        conn.execute(f"ALTER TABLE {name}_child ADD PRIMARY KEY (id)")
-        conn.execute(f"INSERT INTO {name}_child VALUES (1, 'in the child', 7)")
-    try:
-        refused = run_cdc("setup", env=env)
-        assert refused.returncode == 7, refused.stdout + refused.stderr
-        said = refused.stderr.strip().splitlines()
-        assert len(said) == 1 and "inheritance children" in said[0], said
-        assert f"public.{name}_child" in said[0] and "exclude_tables" in said[0], said
-    finally:
-        drop_pipeline(settings)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {name} CASCADE")
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, body text)",
+        "CREATE TABLE {name}_child (extra int) INHERITS ({name})",
+        "ALTER TABLE {name}_child ADD PRIMARY KEY (id)",
+        "INSERT INTO {name}_child VALUES (1, 'in the child', 7)",
+        prefix="heir",
+        snapshot=False,
+    )
+    name, env = t.name, t.env
+    refused = run_cdc("setup", env=env)
+    assert refused.returncode == 7, refused.stdout + refused.stderr
+    said = refused.stderr.strip().splitlines()
+    assert len(said) == 1 and "inheritance children" in said[0], said
+    assert f"public.{name}_child" in said[0] and "exclude_tables" in said[0], said

@@ -19,9 +19,9 @@ from cdc.capture import register_connector
 from cdc.components.postgres import Postgres, postgres_bin_dir
 from cdc.errors import ConnectorError, SnapshotError, SourceError
 from cdc.source import prepare_source
-from commands.pipeline import drop_pipeline, pipeline_status
+from commands.pipeline import pipeline_status
 from snapshot.initial import run_snapshot
-from tests.conftest import RunningStack
+from tests.conftest import Capture, RunningStack
 from tests.helpers import free_ports, run_cdc
 from tests.logcheck import pipeline_for, poll
 
@@ -52,9 +52,10 @@ def no_key_table(stack: RunningStack):  # type: ignore[no-untyped-def]
 
 
 def test_a_table_without_a_primary_key_is_refused_with_a_way_out(
-    stack: RunningStack, no_key_table: str
+    captured: Capture,
 ) -> None:
-    settings = pipeline_for(stack.settings, [f"public.{no_key_table}"])
+    t = captured("CREATE TABLE {name} (code text, qty int)", prefix="nokey", snapshot=False)
+    no_key_table, settings = t.name, t.settings
     with pytest.raises(SourceError) as info:
         prepare_source(settings)
     text = one_line(info.value)
@@ -74,16 +75,13 @@ def test_a_table_without_a_primary_key_is_refused_with_a_way_out(
             )
         }
     )
-    try:
-        tables = prepare_source(keyed)
-        assert tables[0].key == ("code",)
-        with psycopg.connect(settings.postgres.dsn()) as conn:
-            ident = conn.execute(
-                "SELECT relreplident FROM pg_class WHERE relname = %s", (no_key_table,)
-            ).fetchone()
-        assert ident == ("f",)
-    finally:
-        drop_pipeline(keyed)
+    tables = prepare_source(keyed)
+    assert tables[0].key == ("code",)
+    with psycopg.connect(settings.postgres.dsn()) as conn:
+        ident = conn.execute(
+            "SELECT relreplident FROM pg_class WHERE relname = %s", (no_key_table,)
+        ).fetchone()
+    assert ident == ("f",)
 
 
 def test_the_cli_says_it_in_one_line(stack: RunningStack, no_key_table: str) -> None:
@@ -98,24 +96,19 @@ def test_the_cli_says_it_in_one_line(stack: RunningStack, no_key_table: str) -> 
     assert "no primary key" in result.stderr
 
 
-def test_a_table_keyed_by_a_generated_column_is_refused(stack: RunningStack) -> None:
+def test_a_table_keyed_by_a_generated_column_is_refused(captured: Capture) -> None:
     """PostgreSQL 15 publishes no generated value: its changes would have no key."""
-    name = "genkey_" + uuid.uuid4().hex[:8]
-    dsn = stack.settings.postgres.dsn()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            f"CREATE TABLE {name} (a int, id int GENERATED ALWAYS AS (a + 1) STORED PRIMARY KEY)"
-        )
-    settings = pipeline_for(stack.settings, [f"public.{name}"])
-    try:
-        with pytest.raises(SourceError) as info:
-            prepare_source(settings)
-        text = one_line(info.value)
-        assert "keyed by the generated column id" in text and "key_columns" in text
-        assert not publication_exists(settings, settings.pipeline.publication)
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE {name}")
+    t = captured(
+        "CREATE TABLE {name} (a int, id int GENERATED ALWAYS AS (a + 1) STORED PRIMARY KEY)",
+        prefix="genkey",
+        snapshot=False,
+    )
+    settings = t.settings
+    with pytest.raises(SourceError) as info:
+        prepare_source(settings)
+    text = one_line(info.value)
+    assert "keyed by the generated column id" in text and "key_columns" in text
+    assert not publication_exists(settings, settings.pipeline.publication)
 
 
 def test_a_missing_table_is_named(stack: RunningStack) -> None:
@@ -193,12 +186,10 @@ def test_wal_level_not_logical_is_refused(stack: RunningStack) -> None:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
-def test_a_slot_in_use_is_not_taken_over(stack: RunningStack) -> None:
-    name = "busy_" + uuid.uuid4().hex[:8]
-    settings = pipeline_for(stack.settings, [f"public.{name}"])
+def test_a_slot_in_use_is_not_taken_over(captured: Capture) -> None:
+    t = captured("CREATE TABLE {name} (id int PRIMARY KEY)", prefix="busy", snapshot=False)
+    settings = t.settings
     pg = settings.postgres
-    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY)")
     recvlogical = str(postgres_bin_dir() / "pg_recvlogical")  # type: ignore[operator]
     dsn = f"host={pg.host} port={pg.port} dbname={pg.database} user={pg.user}"
     env = {"PGPASSWORD": pg.password.get_secret_value()}
@@ -244,45 +235,35 @@ def test_a_slot_in_use_is_not_taken_over(stack: RunningStack) -> None:
     finally:
         consumer.terminate()
         consumer.wait()
-        drop_pipeline(settings)
-        with psycopg.connect(pg.dsn(), autocommit=True) as conn:
-            conn.execute(f"DROP TABLE {name}")
 
 
-def test_a_failing_connector_is_summarized(stack: RunningStack) -> None:
-    name = "fail_" + uuid.uuid4().hex[:8]
-    settings = pipeline_for(stack.settings, [f"public.{name}"])
+def test_a_failing_connector_is_summarized(captured: Capture) -> None:
+    t = captured("CREATE TABLE {name} (id int PRIMARY KEY)", prefix="fail", snapshot=False)
+    name, settings = t.name, t.settings
+    tables = prepare_source(settings)
+    # refused at registration: Debezium cannot log in
+    bad = settings.model_copy(
+        update={
+            "pipeline": settings.pipeline.model_copy(
+                update={"replication_password": SecretStr("nope-7")}
+            )
+        }
+    )
+    with pytest.raises(ConnectorError) as info:
+        register_connector(bad, tables, timeout=30)
+    assert "nope-7" not in one_line(info.value)
+
+    # failing while streaming: the publication disappears under it
+    run_snapshot(settings, Console(file=io.StringIO()))
     with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY)")
-    try:
-        tables = prepare_source(settings)
-        # refused at registration: Debezium cannot log in
-        bad = settings.model_copy(
-            update={
-                "pipeline": settings.pipeline.model_copy(
-                    update={"replication_password": SecretStr("nope-7")}
-                )
-            }
-        )
-        with pytest.raises(ConnectorError) as info:
-            register_connector(bad, tables, timeout=30)
-        assert "nope-7" not in one_line(info.value)
-
-        # failing while streaming: the publication disappears under it
-        run_snapshot(settings, Console(file=io.StringIO()))
-        with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
-            conn.execute(f"DROP PUBLICATION {settings.pipeline.publication}")
-            conn.execute(f"INSERT INTO {name} VALUES (1)")
-        deadline = time.monotonic() + 60
+        conn.execute(f"DROP PUBLICATION {settings.pipeline.publication}")
+        conn.execute(f"INSERT INTO {name} VALUES (1)")
+    deadline = time.monotonic() + 60
+    status = pipeline_status(settings)
+    while not (status.connector and status.connector.get("error")):
+        assert time.monotonic() < deadline, status
+        time.sleep(1)
         status = pipeline_status(settings)
-        while not (status.connector and status.connector.get("error")):
-            assert time.monotonic() < deadline, status
-            time.sleep(1)
-            status = pipeline_status(settings)
-        assert "FAILED" in status.connector["tasks"]
-        assert "publication" in status.connector["error"].lower()
-        assert "\n" not in status.connector["error"]
-    finally:
-        drop_pipeline(settings)
-        with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
-            conn.execute(f"DROP TABLE {name}")
+    assert "FAILED" in status.connector["tasks"]
+    assert "publication" in status.connector["error"].lower()
+    assert "\n" not in status.connector["error"]
