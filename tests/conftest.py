@@ -13,6 +13,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -123,42 +124,32 @@ def captured(stack: RunningStack) -> Iterator[Capture]:
     dropped (`drop_pipeline`), then every table in `public` whose name starts with the
     random name (`{name}`, `{name}_child`, ...) with DROP TABLE IF EXISTS ... CASCADE.
     """
-    made: list[Captured] = []
+    with ExitStack() as cleanup:  # every callback runs, last registered first
 
-    def capture(
-        *statements: str,
-        prefix: str = "t",
-        tables: Sequence[str] = ("public.{name}",),
-        snapshot: bool = True,
-        **pipeline: Any,
-    ) -> Captured:
-        name = f"{prefix}_{uuid.uuid4().hex[:8]}"
-        settings = pipeline_for(
-            stack.settings, [t.replace("{name}", name) for t in tables], **pipeline
-        )
-        record = Captured(
-            settings=settings,
-            name=name,
-            table=f"public.{name}",
-            dsn=settings.postgres.dsn(),
-            env=pipeline_env(stack.env, settings),
-        )
-        made.append(record)  # dropped at the end even if what follows fails
-        with psycopg.connect(record.dsn, autocommit=True) as conn:
-            for statement in statements:
-                conn.execute(statement.replace("{name}", name))  # type: ignore[arg-type]
-        if snapshot:
-            run_snapshot(settings, Console(file=io.StringIO()))
-        return record
+        def capture(
+            *statements: str,
+            prefix: str = "t",
+            tables: Sequence[str] = ("public.{name}",),
+            snapshot: bool = True,
+            **pipeline: Any,
+        ) -> Captured:
+            name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+            settings = pipeline_for(
+                stack.settings, [t.replace("{name}", name) for t in tables], **pipeline
+            )
+            dsn = settings.postgres.dsn()
+            # registered before anything is made: dropped even if what follows fails
+            cleanup.callback(_drop_tables, dsn, name)
+            cleanup.callback(drop_pipeline, settings)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                for statement in statements:
+                    conn.execute(statement.replace("{name}", name))
+            if snapshot:
+                run_snapshot(settings, Console(file=io.StringIO()))
+            env = pipeline_env(stack.env, settings)
+            return Captured(settings=settings, name=name, table=f"public.{name}", dsn=dsn, env=env)
 
-    try:
         yield capture
-    finally:
-        for record in reversed(made):
-            try:
-                drop_pipeline(record.settings)
-            finally:
-                _drop_tables(record.dsn, record.name)
 
 
 def _drop_tables(dsn: str, name: str) -> None:

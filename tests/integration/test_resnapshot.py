@@ -9,8 +9,7 @@ from __future__ import annotations
 import io
 import json
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +23,9 @@ from cdc.settings import Settings
 from cdc.topics import change_topic
 from commands.pipeline import drop_pipeline
 from snapshot.initial import run_snapshot
-from tests.conftest import RunningStack
+from tests.conftest import Capture, RunningStack
 from tests.helpers import run_cdc
-from tests.logcheck import pipeline_env, pipeline_for
+from tests.logcheck import pipeline_env
 
 pytestmark = pytest.mark.integration
 
@@ -112,18 +111,15 @@ def snapshot_lsn(settings: Settings) -> int:
 
 
 @pytest.fixture
-def table(stack: RunningStack) -> Iterator[tuple[str, Settings]]:
-    name = "resnap_" + uuid.uuid4().hex[:8]
-    settings = pipeline_for(stack.settings, [f"public.{name}"])
-    with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, version int NOT NULL, note text)")
-        conn.execute(f"INSERT INTO {name} SELECT g, 0, 'seed' FROM generate_series(1, 100) g")
-    try:
-        yield name, settings
-    finally:
-        drop_pipeline(settings)
-        with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {name}")
+def table(captured: Capture) -> tuple[str, Settings]:
+    """A table of 100 rows and a pipeline on it, not snapshotted yet."""
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, version int NOT NULL, note text)",
+        "INSERT INTO {name} SELECT g, 0, 'seed' FROM generate_series(1, 100) g",
+        prefix="resnap",
+        snapshot=False,
+    )
+    return t.name, t.settings
 
 
 def test_a_snapshot_taken_again_after_drop_streams_from_its_own_slot(

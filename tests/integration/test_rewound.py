@@ -4,26 +4,21 @@ rebuild then leaves the store equal to the source (read with redis-py, not our c
 
 from __future__ import annotations
 
-import io
 import json
 import time
-import uuid
 from typing import Any
 
 import psycopg
 import pytest
 import redis
 from kafka.admin import KafkaAdminClient, NewTopic
-from rich.console import Console
 
 from cdc.settings import Settings
 from cdc.topics import change_topic
-from commands.pipeline import drop_pipeline
 from materializers.progress import progress_file
-from snapshot.initial import run_snapshot
-from tests.conftest import RunningStack
+from tests.conftest import Capture, Captured
 from tests.helpers import run_cdc
-from tests.logcheck import pipeline_for, poll, table_info, wait_until_equal
+from tests.logcheck import poll, table_info, wait_until_equal
 
 pytestmark = pytest.mark.integration
 
@@ -47,22 +42,12 @@ def source(dsn: str, name: str) -> dict[int, str]:
 class Pipeline:
     """A table of its own, snapshotted and streaming, applied to the cache by `cdc`."""
 
-    def __init__(self, stack: RunningStack) -> None:
-        self.name = "rew_" + uuid.uuid4().hex[:8]
-        self.table = f"public.{self.name}"
-        self.settings = pipeline_for(stack.settings, [self.table])
-        self.dsn = self.settings.postgres.dsn()
-        self.env = {
-            **stack.env,
-            "CDC_PIPELINE__NAME": self.settings.pipeline.name,
-            "CDC_PIPELINE__TOPIC_PREFIX": self.settings.pipeline.topic_prefix,
-            "CDC_PIPELINE__TABLES": json.dumps([self.table]),
-        }
+    def __init__(self, t: Captured) -> None:
+        self.name, self.table = t.name, t.table
+        self.settings, self.dsn, self.env = t.settings, t.dsn, t.env
 
     def start(self) -> None:
-        self.sql(f"CREATE TABLE {self.name} (id int PRIMARY KEY, body text)")
-        self.sql(f"INSERT INTO {self.name} SELECT g, 'v0' FROM generate_series(1, 30) g")
-        run_snapshot(self.settings, Console(file=io.StringIO()))
+        """Rows changed after the snapshot, in the log."""
         self.sql(f"UPDATE {self.name} SET body = 'v1' WHERE id <= 20")
         wait_until_equal(self.settings, table_info(self.settings, self.table))
 
@@ -76,9 +61,17 @@ class Pipeline:
     def equal(self) -> bool:
         return cache_rows(self.settings, self.table) == source(self.dsn, self.name)
 
-    def close(self) -> None:
-        drop_pipeline(self.settings)
-        self.sql(f"DROP TABLE IF EXISTS {self.name}")
+
+@pytest.fixture
+def p(captured: Capture) -> Pipeline:
+    """A table of 30 rows and its pipeline, snapshotted."""
+    return Pipeline(
+        captured(
+            "CREATE TABLE {name} (id int PRIMARY KEY, body text)",
+            "INSERT INTO {name} SELECT g, 'v0' FROM generate_series(1, 30) g",
+            prefix="rew",
+        )
+    )
 
 
 def _ends(p: Pipeline) -> int:
@@ -101,53 +94,45 @@ def rebuilt(p: Pipeline) -> None:
     assert p.equal()
 
 
-def test_a_change_topic_deleted_and_created_again_stops_the_apply(stack: RunningStack) -> None:
-    p = Pipeline(stack)
-    try:
-        p.start()
-        assert p.apply().returncode == 0
-        assert p.equal()
-        topic = change_topic(p.settings.pipeline, p.table)
-        admin = KafkaAdminClient(bootstrap_servers=p.settings.kafka.bootstrap_servers)
-        try:  # someone deletes the topic and creates it again: its offsets start at 0
-            admin.delete_topics([topic])
-            poll(lambda: topic not in admin.list_topics(), 60, f"{topic} to go")
-            time.sleep(2)
-            admin.create_topics([NewTopic(topic, 1, 1)])
-        finally:
-            admin.close()
-        p.sql(f"UPDATE {p.name} SET body = 'v2' WHERE id <= 3")
-        poll(lambda: _ends(p) > 0, 120, f"{topic} to be written again")
-        stopped = p.apply()
-        assert stopped.returncode == 11, stopped.stderr
-        said = stopped.stderr.strip().splitlines()[-1]
-        assert topic in said and "cdc rebuild --store cache" in said, said
-        assert not p.equal()  # nothing applied in silence meanwhile
-        rebuilt(p)
+def test_a_change_topic_deleted_and_created_again_stops_the_apply(p: Pipeline) -> None:
+    p.start()
+    assert p.apply().returncode == 0
+    assert p.equal()
+    topic = change_topic(p.settings.pipeline, p.table)
+    admin = KafkaAdminClient(bootstrap_servers=p.settings.kafka.bootstrap_servers)
+    try:  # someone deletes the topic and creates it again: its offsets start at 0
+        admin.delete_topics([topic])
+        poll(lambda: topic not in admin.list_topics(), 60, f"{topic} to go")
+        time.sleep(2)
+        admin.create_topics([NewTopic(topic, 1, 1)])
     finally:
-        p.close()
+        admin.close()
+    p.sql(f"UPDATE {p.name} SET body = 'v2' WHERE id <= 3")
+    poll(lambda: _ends(p) > 0, 120, f"{topic} to be written again")
+    stopped = p.apply()
+    assert stopped.returncode == 11, stopped.stderr
+    said = stopped.stderr.strip().splitlines()[-1]
+    assert topic in said and "cdc rebuild --store cache" in said, said
+    assert not p.equal()  # nothing applied in silence meanwhile
+    rebuilt(p)
 
 
-def test_a_source_behind_what_a_store_applied_stops_the_apply(stack: RunningStack) -> None:
+def test_a_source_behind_what_a_store_applied_stops_the_apply(p: Pipeline) -> None:
     """A database restored from a backup (or replaced) writes at LSNs below those the
     store holds: simulated by the progress the store recorded, as a restore cannot be
     done to the shared PostgreSQL."""
-    p = Pipeline(stack)
-    try:
-        p.start()
-        assert p.apply().returncode == 0
-        path = progress_file(p.settings, "cache")
-        progress = json.loads(path.read_text())
-        assert progress["commit_lsn"] > 0  # the newest source position it applied
-        progress["commit_lsn"] += 1 << 40  # as if applied from a timeline the source lost
-        path.write_text(json.dumps(progress))
-        p.sql(f"INSERT INTO {p.name} VALUES (100, 'after the restore')")
-        wait_until_equal(p.settings, table_info(p.settings, p.table))
-        stopped = p.apply()
-        assert stopped.returncode == 11, stopped.stderr
-        said = stopped.stderr.strip().splitlines()[-1]
-        assert "restored or replaced" in said and "cdc rebuild" in said, said
-        assert 100 not in cache_rows(p.settings, p.table)
-        rebuilt(p)
-    finally:
-        p.close()
+    p.start()
+    assert p.apply().returncode == 0
+    path = progress_file(p.settings, "cache")
+    progress = json.loads(path.read_text())
+    assert progress["commit_lsn"] > 0  # the newest source position it applied
+    progress["commit_lsn"] += 1 << 40  # as if applied from a timeline the source lost
+    path.write_text(json.dumps(progress))
+    p.sql(f"INSERT INTO {p.name} VALUES (100, 'after the restore')")
+    wait_until_equal(p.settings, table_info(p.settings, p.table))
+    stopped = p.apply()
+    assert stopped.returncode == 11, stopped.stderr
+    said = stopped.stderr.strip().splitlines()[-1]
+    assert "restored or replaced" in said and "cdc rebuild" in said, said
+    assert 100 not in cache_rows(p.settings, p.table)
+    rebuilt(p)

@@ -5,29 +5,18 @@ from __future__ import annotations
 import io
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 
 import psycopg
 import pytest
 from rich.console import Console
 
 from cdc.settings import Settings
-from commands.pipeline import drop_pipeline
 from snapshot.initial import run_snapshot
-from tests.conftest import RunningStack
-from tests.logcheck import events_by_key, pipeline_for, poll, table_info, wait_until_equal
+from tests.conftest import Capture
+from tests.logcheck import events_by_key, poll, table_info, wait_until_equal
 from tests.writer import Writer
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def table_name(stack: RunningStack) -> Iterator[str]:
-    name = "t_" + uuid.uuid4().hex[:8]
-    yield name
-    with psycopg.connect(stack.settings.postgres.dsn(), autocommit=True) as conn:
-        conn.execute(f"DROP TABLE IF EXISTS public.{name}")
 
 
 def snapshot(settings: Settings, notes: list[str] | None = None):  # type: ignore[no-untyped-def]
@@ -36,18 +25,17 @@ def snapshot(settings: Settings, notes: list[str] | None = None):  # type: ignor
 
 
 def test_the_seam_has_every_change_exactly_once_in_commit_order(
-    stack: RunningStack, table_name: str
+    captured: Capture,
 ) -> None:
-    settings = pipeline_for(stack.settings, [f"public.{table_name}"])
-    dsn = settings.postgres.dsn()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            f"CREATE TABLE {table_name} (id int PRIMARY KEY, version int NOT NULL, note text)"
-        )
-        conn.execute(
-            f"INSERT INTO {table_name} SELECT g, 0, 'seed' FROM generate_series(1, 20000) g"
-        )
-        conn.execute(f"ANALYZE {table_name}")
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, version int NOT NULL, note text)",
+        "INSERT INTO {name} SELECT g, 0, 'seed' FROM generate_series(1, 20000) g",
+        "ANALYZE {name}",
+        snapshot=False,
+        # tiny CTID ranges: many readers, each reaching its rows at a different time
+        snapshot_pages_per_reader=16,
+    )
+    table_name, settings, dsn = t.name, t.settings, t.dsn
 
     # a transaction open while the slot is created: the slot must wait for it
     in_flight = psycopg.connect(dsn)
@@ -59,13 +47,6 @@ def test_the_seam_has_every_change_exactly_once_in_commit_order(
     result: list[object] = []
     runner = threading.Thread(target=lambda: result.append(_try(snapshot, settings, notes)))
     try:
-        # tiny CTID ranges: many readers, each reaching its rows at a different time
-        settings = settings.model_copy(
-            update={
-                "pipeline": settings.pipeline.model_copy(update={"snapshot_pages_per_reader": 16})
-            }
-        )
-        runner = threading.Thread(target=lambda: result.append(_try(snapshot, settings, notes)))
         runner.start()
         poll(lambda: any(f"pid {in_flight_pid}" in n for n in notes), 60, "the slot to wait")
         writer.start()  # rows change after the slot exists, before and while readers reach them
@@ -82,27 +63,24 @@ def test_the_seam_has_every_change_exactly_once_in_commit_order(
     assert writer.commits > 50
 
     table = table_info(settings, f"public.{table_name}")
-    try:
-        source, records = wait_until_equal(settings, table)
-        # each key: at most one snapshot event, first; then versions step by one (nothing lost,
-        # nothing doubled); deletes end with a tombstone
-        for key, events in events_by_key(records).items():
-            ops = [e.op for e in events]
-            assert ops.count("r") <= 1 and (ops[0] in ("r", "c")), (key, ops)
-            versions = [e.value["after"]["version"] for e in events if e.op in ("r", "c", "u")]
-            assert versions == list(range(versions[0], versions[0] + len(versions))), (
-                key,
-                versions,
-            )
-            for i, op in enumerate(ops):
-                if op == "d":
-                    assert i + 1 < len(ops) and ops[i + 1] is None, (key, ops)
-        assert len({e.partition for events in events_by_key(records).values() for e in events}) > 1
-        snapshot_rows = sum(1 for r in records if r.op == "r")
-        assert snapshot_rows >= 19_000
-        assert source
-    finally:
-        drop_pipeline(settings)
+    source, records = wait_until_equal(settings, table)
+    # each key: at most one snapshot event, first; then versions step by one (nothing lost,
+    # nothing doubled); deletes end with a tombstone
+    for key, events in events_by_key(records).items():
+        ops = [e.op for e in events]
+        assert ops.count("r") <= 1 and (ops[0] in ("r", "c")), (key, ops)
+        versions = [e.value["after"]["version"] for e in events if e.op in ("r", "c", "u")]
+        assert versions == list(range(versions[0], versions[0] + len(versions))), (
+            key,
+            versions,
+        )
+        for i, op in enumerate(ops):
+            if op == "d":
+                assert i + 1 < len(ops) and ops[i + 1] is None, (key, ops)
+    assert len({e.partition for events in events_by_key(records).values() for e in events}) > 1
+    snapshot_rows = sum(1 for r in records if r.op == "r")
+    assert snapshot_rows >= 19_000
+    assert source
 
 
 def _try(fn, *args):  # type: ignore[no-untyped-def]

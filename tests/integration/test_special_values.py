@@ -6,13 +6,10 @@ test's own)."""
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import re
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -20,17 +17,14 @@ import psycopg
 import pytest
 import redis
 import requests
-from rich.console import Console
 
 from cdc.decode import decode_row
 from cdc.errors import ValueDecodeError
 from cdc.settings import Settings
 from cdc.topics import ChangeRecord, change_topic, read_topic
-from commands.pipeline import drop_pipeline
-from snapshot.initial import run_snapshot
-from tests.conftest import RunningStack
+from tests.conftest import Capture
 from tests.helpers import run_cdc
-from tests.logcheck import pipeline_env, pipeline_for, table_info
+from tests.logcheck import table_info
 
 pytestmark = pytest.mark.integration
 
@@ -162,11 +156,12 @@ WAREHOUSE = {
 }  # fmt: skip
 
 
-def create_table(dsn: str, name: str, rows: dict[int, list[str]]) -> None:
+def table_sql(rows: dict[int, list[str]]) -> list[str]:
     values = ", ".join(f"({i}, {', '.join(v)})" for i, v in rows.items())
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, {COLUMNS})")
-        conn.execute(f"INSERT INTO {name} VALUES {values}")
+    return [
+        f"CREATE TABLE {{name}} (id int PRIMARY KEY, {COLUMNS})",
+        f"INSERT INTO {{name}} VALUES {values}",
+    ]
 
 
 def stream_copies(dsn: str, name: str) -> None:
@@ -195,105 +190,86 @@ def after_text(record: ChangeRecord) -> tuple[int, str]:
     return int(match.group(1)), after[match.end() :]
 
 
-@pytest.fixture
-def table_name(stack: RunningStack) -> Iterator[str]:
-    name = "special_" + uuid.uuid4().hex[:8]
-    yield name
-    with psycopg.connect(stack.settings.postgres.dsn(), autocommit=True) as conn:
-        conn.execute(f"DROP TABLE IF EXISTS {name}")
-
-
-def test_snapshot_writes_what_debezium_streams(stack: RunningStack, table_name: str) -> None:
-    settings = pipeline_for(stack.settings, [f"public.{table_name}"])
-    dsn = settings.postgres.dsn()
+def test_snapshot_writes_what_debezium_streams(captured: Capture) -> None:
     rows = {**ROWS, **LAST}
-    create_table(dsn, table_name, rows)
-    try:
-        run_snapshot(settings, Console(file=io.StringIO()))  # PostgreSQL's error, before
-        stream_copies(dsn, table_name)
-        records = wait_for_events(settings, table_name, 2 * len(rows))
-        images = {}
-        for record in records:
-            row, after = after_text(record)
-            images[row] = (record.op, after)
-        for row in rows:
-            snap_op, snapshot = images[row]
-            stream_op, streamed = images[row + 100]
-            assert (snap_op, stream_op) == ("r", "c")
-            assert snapshot == streamed, f"row {row}"
+    t = captured(*table_sql(rows), prefix="special")  # PostgreSQL's error, before
+    table_name, settings, dsn = t.name, t.settings, t.dsn
+    stream_copies(dsn, table_name)
+    records = wait_for_events(settings, table_name, 2 * len(rows))
+    images = {}
+    for record in records:
+        row, after = after_text(record)
+        images[row] = (record.op, after)
+    for row in rows:
+        snap_op, snapshot = images[row]
+        stream_op, streamed = images[row + 100]
+        assert (snap_op, stream_op) == ("r", "c")
+        assert snapshot == streamed, f"row {row}"
 
-        # every value decodes, but the timestamp Debezium's MicroTimestamp overflowed
-        table = table_info(settings, f"public.{table_name}")
-        for record in records:
-            after = (record.value or {})["after"]
-            if after["id"] % 100 not in LAST:
-                decode_row(table, after)
-                continue
-            with pytest.raises(ValueDecodeError) as caught:
-                decode_row(table, after)
-            assert caught.value.column == "c_ts"
-            assert decode_row(table, {**after, "c_ts": None})["c_tstz"] == (
-                "+294276-12-31T23:59:59.999999+00:00"
-            )
-    finally:
-        drop_pipeline(settings)
+    # every value decodes, but the timestamp Debezium's MicroTimestamp overflowed
+    table = table_info(settings, f"public.{table_name}")
+    for record in records:
+        after = (record.value or {})["after"]
+        if after["id"] % 100 not in LAST:
+            decode_row(table, after)
+            continue
+        with pytest.raises(ValueDecodeError) as caught:
+            decode_row(table, after)
+        assert caught.value.column == "c_ts"
+        assert decode_row(table, {**after, "c_ts": None})["c_tstz"] == (
+            "+294276-12-31T23:59:59.999999+00:00"
+        )
 
 
-def test_every_store_holds_the_special_values(stack: RunningStack, table_name: str) -> None:
-    settings = pipeline_for(stack.settings, [f"public.{table_name}"])
+def test_every_store_holds_the_special_values(captured: Capture) -> None:
+    t = captured(*table_sql(ROWS), prefix="special")
+    table_name, settings, dsn, env = t.name, t.settings, t.dsn, t.env
     pipe = settings.pipeline
-    env = pipeline_env(stack.env, settings, [f"public.{table_name}"])
-    dsn = settings.postgres.dsn()
-    create_table(dsn, table_name, ROWS)
-    try:
-        run_snapshot(settings, Console(file=io.StringIO()))
-        stream_copies(dsn, table_name)  # each row once from the snapshot, once streamed
-        wait_for_events(settings, table_name, 2 * len(ROWS))
-        ids = [*ROWS, *(i + 100 for i in ROWS)]
+    stream_copies(dsn, table_name)  # each row once from the snapshot, once streamed
+    wait_for_events(settings, table_name, 2 * len(ROWS))
+    ids = [*ROWS, *(i + 100 for i in ROWS)]
 
-        result = run_cdc("apply", "--once", env=env)
-        assert result.returncode == 0, result.stderr[-3000:]
-        dead: dict[str, set[int]] = {}
-        errors = []
-        for record in read_topic(settings.kafka.bootstrap_servers, f"{pipe.topic_prefix}.dlq"):
-            letter = record.value or {}
-            dead.setdefault(letter["store"], set()).add(json.loads(letter["key"])["id"])
-            errors.append(letter["error"])
-        # the cache holds every row; the warehouse every row but those with numeric NaN
-        # in its decimal(14,4) column (rows 9 and 109), which are dead letters for it alone
-        assert set(dead) <= {"search", "warehouse"}, errors
-        assert dead.get("warehouse") == {9, 109}, errors
-        assert all("c_num" in e for e in errors if "warehouse cannot hold" in e), errors
+    result = run_cdc("apply", "--once", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    dead: dict[str, set[int]] = {}
+    errors = []
+    for record in read_topic(settings.kafka.bootstrap_servers, f"{pipe.topic_prefix}.dlq"):
+        letter = record.value or {}
+        dead.setdefault(letter["store"], set()).add(json.loads(letter["key"])["id"])
+        errors.append(letter["error"])
+    # the cache holds every row; the warehouse every row but those with numeric NaN
+    # in its decimal(14,4) column (rows 9 and 109), which are dead letters for it alone
+    assert set(dead) <= {"search", "warehouse"}, errors
+    assert dead.get("warehouse") == {9, 109}, errors
+    assert all("c_num" in e for e in errors if "warehouse cannot hold" in e), errors
 
-        # the cache: one hash per row, PostgreSQL's text
-        client = redis.Redis.from_url(settings.redis.url, decode_responses=True)
-        for row in ids:
-            entry = client.hgetall(f'{pipe.topic_prefix}:public.{table_name}:{{"id":{row}}}')
-            held = {k: v for k, v in entry.items() if not k.startswith("_")}
-            assert held == {"id": str(row), **CACHE[row % 100]}, f"cache, row {row}"
+    # the cache: one hash per row, PostgreSQL's text
+    client = redis.Redis.from_url(settings.redis.url, decode_responses=True)
+    for row in ids:
+        entry = client.hgetall(f'{pipe.topic_prefix}:public.{table_name}:{{"id":{row}}}')
+        held = {k: v for k, v in entry.items() if not k.startswith("_")}
+        assert held == {"id": str(row), **CACHE[row % 100]}, f"cache, row {row}"
 
-        # the warehouse: the exact values, infinities at the ends of Spark's types
-        assert_warehouse(settings, table_name, [i for i in ids if i % 100 != 9])
+    # the warehouse: the exact values, infinities at the ends of Spark's types
+    assert_warehouse(settings, table_name, [i for i in ids if i % 100 != 9])
 
-        # search: the same text as the cache, floats as numbers
-        index = f"{pipe.topic_prefix}.public.{table_name}".lower()
-        refused = dead.get("search", set())
-        for row in ids:
-            doc_id = quote(f'{{"id":{row}}}', safe="")
-            reply = requests.get(f"{settings.opensearch.url}/{index}/_doc/{doc_id}", timeout=30)
-            assert reply.status_code == 200, f"search, row {row}: {reply.text[:300]}"
-            source = {k: v for k, v in reply.json()["_source"].items() if not k.startswith("_")}
-            expected = {  # a float NaN or ±Infinity is its word (JSON has no such number)
-                name: (float(text) if name in FLOATS and text[-1].isdigit() else text)
-                for name, text in CACHE[row % 100].items()
-            }
-            held = {k: v for k, v in source.items() if v is not None}
-            assert held == {"id": row, **expected}, f"search, row {row}"
-        # OpenSearch's date and numeric fields are ignore_malformed: a document holding
-        # infinity or NaN is kept, the value in _source (not indexed as a date/number)
-        assert not refused, errors
-    finally:
-        drop_pipeline(settings)
+    # search: the same text as the cache, floats as numbers
+    index = f"{pipe.topic_prefix}.public.{table_name}".lower()
+    refused = dead.get("search", set())
+    for row in ids:
+        doc_id = quote(f'{{"id":{row}}}', safe="")
+        reply = requests.get(f"{settings.opensearch.url}/{index}/_doc/{doc_id}", timeout=30)
+        assert reply.status_code == 200, f"search, row {row}: {reply.text[:300]}"
+        source = {k: v for k, v in reply.json()["_source"].items() if not k.startswith("_")}
+        expected = {  # a float NaN or ±Infinity is its word (JSON has no such number)
+            name: (float(text) if name in FLOATS and text[-1].isdigit() else text)
+            for name, text in CACHE[row % 100].items()
+        }
+        held = {k: v for k, v in source.items() if v is not None}
+        assert held == {"id": row, **expected}, f"search, row {row}"
+    # OpenSearch's date and numeric fields are ignore_malformed: a document holding
+    # infinity or NaN is kept, the value in _source (not indexed as a date/number)
+    assert not refused, errors
 
 
 def assert_warehouse(settings: Settings, table: str, ids: list[int]) -> None:

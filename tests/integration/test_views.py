@@ -3,24 +3,20 @@ queries run on PostgreSQL, after changes on either side of the join."""
 
 from __future__ import annotations
 
-import io
-import uuid
 from datetime import UTC
 from decimal import Decimal
 
 import psycopg
 import pytest
-from rich.console import Console
 
 from cdc.settings import JoinView, Settings, WindowAggregate
-from commands.pipeline import drop_pipeline, pipeline_status
+from commands.pipeline import pipeline_status
 from materializers.apply import run_apply
 from materializers.quality import view_checks
 from materializers.stores.delta_tables import warehouse_root
 from materializers.views import view_path
-from snapshot.initial import run_snapshot
-from tests.conftest import RunningStack
-from tests.logcheck import pipeline_for, table_info, wait_until_equal
+from tests.conftest import Capture
+from tests.logcheck import table_info, wait_until_equal
 
 pytestmark = pytest.mark.integration
 
@@ -33,10 +29,19 @@ def view_rows(settings: Settings, name: str) -> list[tuple]:  # type: ignore[typ
     return sorted(tuple(r) for r in frame.collect())
 
 
-def test_join_view_and_window_aggregate_equal_postgres(stack: RunningStack) -> None:
-    suffix = uuid.uuid4().hex[:8]
-    customers, orders = f"cust_{suffix}", f"ord_{suffix}"
-    settings = pipeline_for(stack.settings, [f"public.{customers}", f"public.{orders}"])
+def test_join_view_and_window_aggregate_equal_postgres(captured: Capture) -> None:
+    t = captured(
+        "CREATE TABLE {name}_cust (id int PRIMARY KEY, name text NOT NULL, country char(2))",
+        "CREATE TABLE {name}_ord (id int PRIMARY KEY, customer_id int REFERENCES "
+        "{name}_cust (id) ON DELETE CASCADE, total numeric(12, 2) NOT NULL)",
+        "INSERT INTO {name}_cust SELECT g, 'Customer ' || g, 'NL' FROM generate_series(1, 20) g",
+        "INSERT INTO {name}_ord SELECT g, 1 + g % 20, g * 1.25 FROM generate_series(1, 50) g",
+        prefix="view",
+        tables=["public.{name}_cust", "public.{name}_ord"],
+    )
+    suffix = t.name
+    customers, orders = f"{suffix}_cust", f"{suffix}_ord"
+    settings = t.settings
     join = JoinView(
         name=f"enriched_{suffix}",
         table=f"public.{orders}",
@@ -47,22 +52,7 @@ def test_join_view_and_window_aggregate_equal_postgres(stack: RunningStack) -> N
     window = WindowAggregate(name=f"per_minute_{suffix}", table=f"public.{orders}", sum="total")
     apply = settings.apply.model_copy(update={"joins": [join], "windows": [window]})
     settings = settings.model_copy(update={"apply": apply})
-    dsn = settings.postgres.dsn()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            f"CREATE TABLE {customers} (id int PRIMARY KEY, name text NOT NULL, country char(2))"
-        )
-        conn.execute(
-            f"CREATE TABLE {orders} (id int PRIMARY KEY, customer_id int REFERENCES "
-            f"{customers} (id) ON DELETE CASCADE, total numeric(12, 2) NOT NULL)"
-        )
-        conn.execute(
-            f"INSERT INTO {customers} SELECT g, 'Customer ' || g, 'NL' "
-            "FROM generate_series(1, 20) g"
-        )
-        conn.execute(
-            f"INSERT INTO {orders} SELECT g, 1 + g % 20, g * 1.25 FROM generate_series(1, 50) g"
-        )
+    dsn = t.dsn
 
     def expected_join() -> list[tuple]:  # type: ignore[type-arg]
         with psycopg.connect(dsn) as conn:
@@ -88,63 +78,54 @@ def test_join_view_and_window_aggregate_equal_postgres(stack: RunningStack) -> N
             (start, n, Decimal(total)) for start, _end, n, total in view_rows(settings, window.name)
         ]
 
-    try:
-        run_snapshot(settings, Console(file=io.StringIO()))
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for first in range(51, 111, 6):  # new orders, six per transaction
-                conn.execute(
-                    f"INSERT INTO {orders} SELECT g, 1 + g % 10, g * 0.5 "
-                    f"FROM generate_series({first}, {first + 5}) g"
-                )
-            conn.execute(f"UPDATE {customers} SET name = 'Renamed ' || id WHERE id <= 5")
-            conn.execute(f"UPDATE {orders} SET customer_id = 7 WHERE id BETWEEN 1 AND 4")
-            conn.execute(f"DELETE FROM {orders} WHERE id BETWEEN 5 AND 8")
-            # cascades to its orders (all from before the snapshot: not creations)
-            conn.execute(f"DELETE FROM {customers} WHERE id = 20")
-        for name in (customers, orders):
-            wait_until_equal(settings, table_info(settings, f"public.{name}"))
-        run_apply(settings, ["warehouse"], once=True)
-        first_join = view_rows(settings, join.name)
-        assert first_join == expected_join()
-        assert any(row[3].startswith("Renamed") for row in first_join)
-        assert windows_now() == expected_windows()
-        assert sum(n for _, n, _ in windows_now()) == 60
-        assert pipeline_status(settings).late_events == {window.name: 0}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for first in range(51, 111, 6):  # new orders, six per transaction
+            conn.execute(
+                f"INSERT INTO {orders} SELECT g, 1 + g % 10, g * 0.5 "
+                f"FROM generate_series({first}, {first + 5}) g"
+            )
+        conn.execute(f"UPDATE {customers} SET name = 'Renamed ' || id WHERE id <= 5")
+        conn.execute(f"UPDATE {orders} SET customer_id = 7 WHERE id BETWEEN 1 AND 4")
+        conn.execute(f"DELETE FROM {orders} WHERE id BETWEEN 5 AND 8")
+        # cascades to its orders (all from before the snapshot: not creations)
+        conn.execute(f"DELETE FROM {customers} WHERE id = 20")
+    for name in (customers, orders):
+        wait_until_equal(settings, table_info(settings, f"public.{name}"))
+    run_apply(settings, ["warehouse"], once=True)
+    first_join = view_rows(settings, join.name)
+    assert first_join == expected_join()
+    assert any(row[3].startswith("Renamed") for row in first_join)
+    assert windows_now() == expected_windows()
+    assert sum(n for _, n, _ in windows_now()) == 60
+    assert pipeline_status(settings).late_events == {window.name: 0}
 
-        # a change on the referenced side only: the joined rows follow
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"UPDATE {customers} SET country = 'FR' WHERE id BETWEEN 6 AND 9")
-            conn.execute(f"INSERT INTO {orders} VALUES (200, 6, 99.99)")
-        for name in (customers, orders):
-            wait_until_equal(settings, table_info(settings, f"public.{name}"))
-        run_apply(settings, ["warehouse"], once=True)
-        assert view_rows(settings, join.name) == expected_join()
-        assert windows_now() == expected_windows()
-        assert sum(n for _, n, _ in windows_now()) == 61
+    # a change on the referenced side only: the joined rows follow
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE {customers} SET country = 'FR' WHERE id BETWEEN 6 AND 9")
+        conn.execute(f"INSERT INTO {orders} VALUES (200, 6, 99.99)")
+    for name in (customers, orders):
+        wait_until_equal(settings, table_info(settings, f"public.{name}"))
+    run_apply(settings, ["warehouse"], once=True)
+    assert view_rows(settings, join.name) == expected_join()
+    assert windows_now() == expected_windows()
+    assert sum(n for _, n, _ in windows_now()) == 61
 
-        # `cdc verify` checks both (the join against PostgreSQL's, the windows against the
-        # log): in sync now; a view row or a window changed behind the pipeline's back fails
-        captured = [f"public.{customers}", f"public.{orders}"]
-        tables = {name: table_info(settings, name) for name in captured}
-        checks = {c.table: c for c in view_checks(settings, tables)}
-        assert [(c.ok, c.observed) for c in checks.values()] == [
-            (True, "0 missing, 0 extra, 0 different"),
-            (True, f"0 of {len(expected_windows())} windows differ"),
-        ]
-        from cdc.spark import spark_session
+    # `cdc verify` checks both (the join against PostgreSQL's, the windows against the
+    # log): in sync now; a view row or a window changed behind the pipeline's back fails
+    captured = [f"public.{customers}", f"public.{orders}"]
+    tables = {name: table_info(settings, name) for name in captured}
+    checks = {c.table: c for c in view_checks(settings, tables)}
+    assert [(c.ok, c.observed) for c in checks.values()] == [
+        (True, "0 missing, 0 extra, 0 different"),
+        (True, f"0 of {len(expected_windows())} windows differ"),
+    ]
+    from cdc.spark import spark_session
 
-        spark = spark_session(settings, "test")
-        root = warehouse_root(settings)
-        spark.sql(
-            f"UPDATE delta.`{view_path(root, join.name)}` SET customer_name = 'x' WHERE id = 200"
-        )
-        spark.sql(f"UPDATE delta.`{view_path(root, window.name)}` SET rows = rows + 1")
-        checks = {c.table: c for c in view_checks(settings, tables)}
-        assert checks[f"view {join.name}"].observed.startswith("0 missing, 0 extra, 1 different")
-        assert not checks[f"view {join.name}"].ok
-        assert not checks[f"view {window.name}"].ok
-    finally:
-        drop_pipeline(settings)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {orders}")
-            conn.execute(f"DROP TABLE IF EXISTS {customers}")
+    spark = spark_session(settings, "test")
+    root = warehouse_root(settings)
+    spark.sql(f"UPDATE delta.`{view_path(root, join.name)}` SET customer_name = 'x' WHERE id = 200")
+    spark.sql(f"UPDATE delta.`{view_path(root, window.name)}` SET rows = rows + 1")
+    checks = {c.table: c for c in view_checks(settings, tables)}
+    assert checks[f"view {join.name}"].observed.startswith("0 missing, 0 extra, 1 different")
+    assert not checks[f"view {join.name}"].ok
+    assert not checks[f"view {window.name}"].ok
