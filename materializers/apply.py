@@ -43,8 +43,8 @@ from materializers.progress import (
 )
 from materializers.stores.base import FrameStore, RowStore, Store
 from materializers.stores.registry import make_row_store, make_store
+from materializers.stores.warehouse.views import check_views, window_query
 from materializers.typed import unheld_columns
-from materializers.views import check_views, window_query
 from materializers.writer import RESULT_DDL, partition_writer
 from snapshot.encoding import int_to_lsn
 from snapshot.generation import read_generation

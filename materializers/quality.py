@@ -75,7 +75,7 @@ def warehouse_checks(settings: Settings, table: Table, source_count: int) -> lis
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
     from cdc.spark import spark_session
-    from materializers.stores.delta_tables import current_path, warehouse_root
+    from materializers.stores.warehouse.tables import current_path, warehouse_root
 
     logging.getLogger("great_expectations").setLevel(logging.ERROR)
     spark = spark_session(settings, "cdc-verify")
@@ -189,7 +189,7 @@ def _warehouse_aggregates(settings: Settings, table: Table, summed: list[Any]) -
     from pyspark.sql import functions as F
 
     from cdc.spark import spark_session
-    from materializers.stores.delta_tables import current_path, warehouse_root
+    from materializers.stores.warehouse.tables import current_path, warehouse_root
 
     spark = spark_session(settings, "cdc-verify")
     path = current_path(warehouse_root(settings), table.qualified)
@@ -225,7 +225,7 @@ def aggregate_check(
     from delta.tables import DeltaTable
 
     from cdc.spark import spark_session
-    from materializers.stores.delta_tables import current_path, warehouse_root
+    from materializers.stores.warehouse.tables import current_path, warehouse_root
     from materializers.verify import consistent_cut
 
     what = "row count and sums equal PostgreSQL's"
@@ -264,7 +264,7 @@ def history_checks(settings: Settings, table: Table) -> list[Check]:
     from delta.tables import DeltaTable
 
     from cdc.spark import spark_session
-    from materializers.stores.delta_tables import current_path, history_path, warehouse_root
+    from materializers.stores.warehouse.tables import current_path, history_path, warehouse_root
 
     spark = spark_session(settings, "cdc-verify")
     root = warehouse_root(settings)
@@ -438,8 +438,8 @@ def _window_rows(settings: Settings, window: WindowAggregate) -> dict[int, tuple
     from delta.tables import DeltaTable
 
     from cdc.spark import spark_session
-    from materializers.stores.delta_tables import warehouse_root
-    from materializers.views import view_path
+    from materializers.stores.warehouse.tables import warehouse_root
+    from materializers.stores.warehouse.views import view_path
 
     spark = spark_session(settings, "cdc-verify")
     path = view_path(warehouse_root(settings), window.name)

@@ -41,8 +41,8 @@ def warehouse_names(settings: Settings, tables: list[str]) -> dict[str, str]:
     from delta.tables import DeltaTable
 
     from cdc.spark import spark_session
-    from materializers.stores.delta_tables import current_path, history_path, warehouse_root
-    from materializers.views import view_path
+    from materializers.stores.warehouse.tables import current_path, history_path, warehouse_root
+    from materializers.stores.warehouse.views import view_path
 
     spark = spark_session(settings, "cdc-query")
     root = warehouse_root(settings)

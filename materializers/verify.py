@@ -35,7 +35,7 @@ from materializers.keys import key_text
 from materializers.progress import Progress, read_progress
 from materializers.stores.base import Rows, Store
 from materializers.stores.registry import make_store
-from materializers.stores.warehouse import WarehouseStore
+from materializers.stores.warehouse.store import WarehouseStore
 
 __all__ = [
     "Drift",
@@ -46,6 +46,7 @@ __all__ = [
     "verify_join",
     "view_table",
 ]
+
 
 @dataclass
 class Drift:
@@ -280,7 +281,7 @@ def verify_join(
 ) -> Drift:
     """The join view in the warehouse against the same join computed by PostgreSQL, after
     a cut on both tables (a row that differs is looked at again after a fresh cut)."""
-    from materializers.views import view_path
+    from materializers.stores.warehouse.views import view_path
 
     warehouse = make_store(settings, "warehouse")
     assert isinstance(warehouse, WarehouseStore)

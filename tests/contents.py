@@ -63,7 +63,7 @@ def expected_search(settings, table: str) -> dict[str, dict]:  # type: ignore[no
 
 def warehouse_rows(settings, table: str, columns: list[str]) -> dict:  # type: ignore[no-untyped-def]
     from cdc.spark import spark_session
-    from materializers.stores.delta_tables import current_path, warehouse_root
+    from materializers.stores.warehouse.tables import current_path, warehouse_root
 
     spark = spark_session(settings, "test")
     frame = spark.read.format("delta").load(current_path(warehouse_root(settings), table))
@@ -74,7 +74,7 @@ def warehouse_rows(settings, table: str, columns: list[str]) -> dict:  # type: i
 
 def history_rows(settings, table: str):  # type: ignore[no-untyped-def]
     from cdc.spark import spark_session
-    from materializers.stores.delta_tables import history_path, warehouse_root
+    from materializers.stores.warehouse.tables import history_path, warehouse_root
 
     spark = spark_session(settings, "test")
     return spark.read.format("delta").load(history_path(warehouse_root(settings), table))

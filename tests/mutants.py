@@ -53,21 +53,21 @@ MUTANTS = (
     ),
     Mutant(
         "warehouse MERGE guard takes anything",
-        "materializers/stores/warehouse.py",
+        "materializers/stores/warehouse/store.py",
         '    "(t._cdc_commit_lsn IS NULL OR t._cdc_commit_lsn < s.commit_lsn OR "',
         '    "(true OR t._cdc_commit_lsn < s.commit_lsn OR "',
         (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),
     ),
     Mutant(
         "history identifies a version by its offset",
-        "materializers/stores/warehouse.py",
+        "materializers/stores/warehouse/history.py",
         'position = Window.partitionBy(*keys, "_cdc_commit_lsn", "_cdc_lsn").orderBy("_new")',
         'position = Window.partitionBy(*keys, "_cdc_offset").orderBy("_new")',
         (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),
     ),
     Mutant(
         "history ends a stored version only at a TRUNCATE",
-        "materializers/stores/warehouse.py",
+        "materializers/stores/warehouse/history.py",
         '.withColumn("valid_to", F.least(F.lead("valid_from").over(following), F.col("_cap")))',
         '.withColumn("valid_to", F.col("_cap"))',
         (f"{HISTORY}::test_a_batch_of_redelivered_and_new_changes_leaves_one_open_version",),
@@ -130,7 +130,7 @@ MUTANTS = (
     ),
     Mutant(
         "the warehouse writes Debezium's TOAST placeholder",
-        "materializers/stores/warehouse.py",
+        "materializers/stores/warehouse/store.py",
         "f\"CASE WHEN s.{q('__ph_' + c)} THEN (CASE WHEN t._cdc_deleted THEN NULL \"",
         'f"CASE WHEN false THEN (CASE WHEN t._cdc_deleted THEN NULL "',
         (f"{EXACT}::test_a_stored_toasted_value_is_kept_across_batches",),
@@ -151,7 +151,7 @@ MUTANTS = (
     ),
     Mutant(
         "the warehouse keeps a deleted row live",
-        "materializers/stores/warehouse.py",
+        "materializers/stores/warehouse/store.py",
         "condition=f\"s.commit_lsn IS NOT NULL AND s.op = 'd' AND {_OLDER}\",",
         "condition=f\"s.commit_lsn IS NOT NULL AND s.op = 'x' AND {_OLDER}\",",
         (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),

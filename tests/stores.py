@@ -11,7 +11,7 @@ from typing import Any
 import redis
 import requests
 
-from materializers.stores.delta_tables import current_path, warehouse_root
+from materializers.stores.warehouse.tables import current_path, warehouse_root
 
 Rows = dict[Any, dict[str, Any]]
 

@@ -11,7 +11,7 @@ from typing import Any
 from cdc.errors import ConfigError
 from cdc.settings import STORE_NAMES, Settings
 from materializers.stores.base import RowStore, Store
-from materializers.stores.delta_tables import warehouse_root
+from materializers.stores.warehouse.tables import warehouse_root
 
 __all__ = ["FACTORIES", "STORE_NAMES", "check_store_names", "make_row_store", "make_store"]
 
@@ -47,7 +47,7 @@ def _search(settings: Settings, spark: Any) -> Store:
 
 
 def _warehouse(settings: Settings, spark: Any) -> Store:
-    from materializers.stores.warehouse import WarehouseStore
+    from materializers.stores.warehouse.store import WarehouseStore
 
     if spark is None:
         from cdc.spark import spark_session

@@ -12,7 +12,7 @@ import redis
 from materializers.apply import run_apply
 from materializers.progress import checkpoint_dir
 from materializers.stores.cache import cache_key
-from materializers.stores.delta_tables import current_path, history_path, warehouse_root
+from materializers.stores.warehouse.tables import current_path, history_path, warehouse_root
 from tests.conftest import Capture
 from tests.contents import cache_contents, expected_cache, expected_search, search_contents
 from tests.logcheck import table_info, wait_until_equal

@@ -17,7 +17,7 @@ from kafka import KafkaProducer
 
 from cdc.topics import change_topic
 from materializers.apply import run_apply
-from materializers.stores.delta_tables import current_path, history_path, warehouse_root
+from materializers.stores.warehouse.tables import current_path, history_path, warehouse_root
 from tests.conftest import Capture
 from tests.contents import topic_records
 from tests.helpers import run_cdc

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from materializers.apply import run_apply
-from materializers.stores.delta_tables import history_path, warehouse_root
+from materializers.stores.warehouse.tables import history_path, warehouse_root
 from materializers.verify import verify
 from snapshot.backfill import start_backfill, watch_backfill
 from tests import stores

@@ -65,7 +65,7 @@ def test_a_table_name_kafka_and_opensearch_do_not_take(stack: RunningStack) -> N
     store takes its rows."""
     import requests
 
-    from materializers.stores.delta_tables import current_path, warehouse_root
+    from materializers.stores.warehouse.tables import current_path, warehouse_root
 
     name = f"Order.Items é {uuid.uuid4().hex[:6]}"
     table = f"public.{name}"

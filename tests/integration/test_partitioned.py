@@ -18,7 +18,7 @@ import requests
 from kafka.admin import KafkaAdminClient
 
 from cdc.topics import change_topic
-from materializers.stores.delta_tables import current_path, warehouse_root
+from materializers.stores.warehouse.tables import current_path, warehouse_root
 from tests.conftest import Capture
 from tests.helpers import run_cdc
 from tests.logcheck import table_info, wait_until_equal

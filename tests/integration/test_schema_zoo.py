@@ -32,7 +32,7 @@ from rich.console import Console
 
 from commands.pipeline import drop_pipeline
 from materializers.apply import run_apply
-from materializers.stores.delta_tables import warehouse_root
+from materializers.stores.warehouse.tables import warehouse_root
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.logcheck import pipeline_for, wait_until_captured

@@ -274,7 +274,7 @@ def test_every_store_holds_the_special_values(captured: Capture) -> None:
 
 def assert_warehouse(settings: Settings, table: str, ids: list[int]) -> None:
     from cdc.spark import spark_session
-    from materializers.stores.delta_tables import warehouse_root
+    from materializers.stores.warehouse.tables import warehouse_root
 
     spark = spark_session(settings, "test")
     path = f"{warehouse_root(settings).rstrip('/')}/public/{table}/current"

@@ -15,8 +15,8 @@ from commands.pipeline import drop_pipeline
 from materializers.apply import run_apply
 from materializers.repair import repair
 from materializers.stores.cache import cache_key
-from materializers.stores.delta_tables import current_path, warehouse_root
 from materializers.stores.search import index_name
+from materializers.stores.warehouse.tables import current_path, warehouse_root
 from materializers.verify import Drift, verify
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
@@ -225,7 +225,7 @@ def test_verify_checks_the_history(stack: RunningStack) -> None:
     from pyspark.sql import functions as F
 
     from cdc.spark import spark_session
-    from materializers.stores.delta_tables import history_path
+    from materializers.stores.warehouse.tables import history_path
 
     name = "hist_" + uuid.uuid4().hex[:8]
     table = f"public.{name}"

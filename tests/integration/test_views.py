@@ -13,8 +13,8 @@ from cdc.settings import JoinView, Settings, WindowAggregate
 from commands.pipeline import pipeline_status
 from materializers.apply import run_apply
 from materializers.quality import view_checks
-from materializers.stores.delta_tables import warehouse_root
-from materializers.views import view_path
+from materializers.stores.warehouse.tables import warehouse_root
+from materializers.stores.warehouse.views import view_path
 from tests.conftest import Capture
 from tests.logcheck import table_info, wait_until_equal
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from cdc.catalog import Column, Table
-from materializers.stores.delta_tables import current_path, history_path
-from materializers.stores.warehouse import WarehouseStore
+from materializers.stores.warehouse.store import WarehouseStore
+from materializers.stores.warehouse.tables import current_path, history_path
 from tests.conftest import RunningStack
 
 pytestmark = pytest.mark.integration

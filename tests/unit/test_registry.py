@@ -20,7 +20,7 @@ def test_every_store_name_has_a_factory_of_one_kind() -> None:
         assert isinstance(store, RowStore) and not isinstance(store, FrameStore)
         assert store.name == name
         store.close()
-    from materializers.stores.warehouse import WarehouseStore
+    from materializers.stores.warehouse.store import WarehouseStore
 
     assert issubclass(WarehouseStore, FrameStore) and not issubclass(WarehouseStore, RowStore)
 

@@ -13,7 +13,7 @@ from cdc.decode import Interval
 from materializers.keys import key_text
 from materializers.repair import REPAIR_FILTER_CHARS, _key_filter, key_filters, repair_filters
 from materializers.stores.cache import cache_form
-from materializers.stores.warehouse import any_of, warehouse_value
+from materializers.stores.warehouse.store import any_of, warehouse_value
 from materializers.verify import Drift, _compare
 from snapshot.backfill import (
     MAX_FILTER_CHARS,

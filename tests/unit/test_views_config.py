@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from cdc.catalog import Column, Table
 from cdc.errors import ConfigError
 from cdc.settings import ApplySettings, JoinView, Settings, WindowAggregate
-from materializers.views import check_views
+from materializers.stores.warehouse.views import check_views
 
 
 def table(name: str, *columns: str, key: tuple[str, ...] = ("id",)) -> Table:

@@ -95,7 +95,7 @@ def refresh_join(
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    from materializers.stores.delta_tables import current_path, ensure_delta
+    from materializers.stores.warehouse.tables import current_path, ensure_delta
 
     left, right = tables[join.table], tables[join.references]
     live_left = (
@@ -161,7 +161,7 @@ def window_query(
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    from materializers.stores.delta_tables import ensure_delta, warehouse_root
+    from materializers.stores.warehouse.tables import ensure_delta, warehouse_root
 
     topic = change_topic(settings.pipeline, table.qualified)
     records = (
