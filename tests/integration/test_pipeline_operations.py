@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -14,53 +13,38 @@ import uuid
 import psycopg
 import pytest
 from pydantic import SecretStr
-from rich.console import Console
 
 from cdc.connect import ConnectClient
-from cdc.settings import Settings
 from cdc.topics import change_topic, end_offsets
-from commands.pipeline import drop_pipeline, pipeline_status, sync_pipeline
+from commands.pipeline import pipeline_status, sync_pipeline
 from snapshot.backfill import send_signal, start_backfill, watch_backfill
-from snapshot.initial import run_snapshot
-from tests.conftest import RunningStack
+from tests.conftest import Capture, Captured
 from tests.helpers import ROOT, run_cdc
-from tests.logcheck import events_by_key, pipeline_for, poll, table_info, wait_until_equal
+from tests.logcheck import events_by_key, poll, table_info, wait_until_equal
 
 pytestmark = pytest.mark.integration
 
 
-def make_table(settings: Settings, name: str, rows: int) -> None:
-    with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, note text)")
-        conn.execute(f"INSERT INTO {name} SELECT g, md5(g::text) FROM generate_series(1, {rows}) g")
-        conn.execute(f"ANALYZE {name}")
+def table_sql(rows: int, name: str = "{name}") -> list[str]:
+    return [
+        f"CREATE TABLE {name} (id int PRIMARY KEY, note text)",
+        f"INSERT INTO {name} SELECT g, md5(g::text) FROM generate_series(1, {rows}) g",
+        f"ANALYZE {name}",
+    ]
 
 
-def drop_tables(settings: Settings, *names: str) -> None:
-    with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
-        for name in names:
-            conn.execute(f"DROP TABLE IF EXISTS {name}")
-
-
-def env_for(stack: RunningStack, settings: Settings) -> dict[str, str]:
-    pipe = settings.pipeline
-    return {
-        **stack.env,
-        "CDC_PIPELINE__NAME": pipe.name,
-        "CDC_PIPELINE__TOPIC_PREFIX": pipe.topic_prefix,
-        "CDC_PIPELINE__TABLES": json.dumps(pipe.tables),
-        "CDC_PIPELINE__SNAPSHOT_PAGES_PER_READER": str(pipe.snapshot_pages_per_reader),
-    }
+def env_for(t: Captured) -> dict[str, str]:
+    pages = t.settings.pipeline.snapshot_pages_per_reader
+    return {**t.env, "CDC_PIPELINE__SNAPSHOT_PAGES_PER_READER": str(pages)}
 
 
 def test_an_interrupted_snapshot_is_never_taken_for_complete_and_reruns_cleanly(
-    stack: RunningStack,
+    captured: Capture,
 ) -> None:
-    name = "intr_" + uuid.uuid4().hex[:8]
-    settings = pipeline_for(stack.settings, [f"public.{name}"], snapshot_pages_per_reader=8)
-    make_table(settings, name, 300_000)
+    t = captured(*table_sql(300_000), prefix="intr", snapshot=False, snapshot_pages_per_reader=8)
+    name, settings = t.name, t.settings
     topic = change_topic(settings.pipeline, f"public.{name}")
-    env = {**os.environ, **env_for(stack, settings)}
+    env = {**os.environ, **env_for(t)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "commands", "snapshot"],
         env=env,
@@ -87,7 +71,7 @@ def test_an_interrupted_snapshot_is_never_taken_for_complete_and_reruns_cleanly(
         partial = sum(end_offsets(settings.kafka.bootstrap_servers, [topic])[topic].values())
         assert partial > 0
 
-        result = run_cdc("snapshot", env=env_for(stack, settings))
+        result = run_cdc("snapshot", env=env_for(t))
         assert result.returncode == 0, result.stderr
         assert "interrupted snapshot" in result.stderr
         assert pipeline_status(settings, [f"public.{name}"]).snapshot == "done"
@@ -99,112 +83,94 @@ def test_an_interrupted_snapshot_is_never_taken_for_complete_and_reruns_cleanly(
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        drop_pipeline(settings)
-        drop_tables(settings, name)
 
 
 def test_adding_a_table_captures_and_backfills_it_and_removing_stops_it(
-    stack: RunningStack,
+    captured: Capture,
 ) -> None:
-    first, second = "add_a_" + uuid.uuid4().hex[:6], "add_b_" + uuid.uuid4().hex[:6]
-    settings = pipeline_for(stack.settings, [f"public.{first}"])
-    make_table(settings, first, 100)
-    make_table(settings, second, 5000)
-    try:
-        run_snapshot(settings, Console(file=io.StringIO()))
-        both = settings.model_copy(
-            update={
-                "pipeline": settings.pipeline.model_copy(
-                    update={"tables": [f"public.{first}", f"public.{second}"]}
-                )
-            }
-        )
-        result = sync_pipeline(both)
-        assert result.added == [f"public.{second}"] and result.backfills == [f"public.{second}"]
-        with psycopg.connect(both.postgres.dsn(), autocommit=True) as conn:
-            conn.execute(f"UPDATE {second} SET note = 'changed' WHERE id <= 10")
-            conn.execute(f"INSERT INTO {second} VALUES (999999, 'new')")
-        wait_until_equal(both, table_info(both, f"public.{second}"), timeout=120)
-        wait_until_equal(both, table_info(both, f"public.{first}"))
-
-        result = sync_pipeline(settings)  # back to the first table only
-        assert result.removed == [f"public.{second}"]
-        topic = change_topic(both.pipeline, f"public.{second}")
-        before = end_offsets(both.kafka.bootstrap_servers, [topic])[topic]
-        with psycopg.connect(both.postgres.dsn(), autocommit=True) as conn:
-            conn.execute(f"UPDATE {second} SET note = 'unseen'")
-            conn.execute(f"INSERT INTO {first} VALUES (424242, 'still captured')")
-        wait_until_equal(settings, table_info(settings, f"public.{first}"))
-        assert end_offsets(both.kafka.bootstrap_servers, [topic])[topic] == before
-    finally:
-        drop_pipeline(settings)
-        drop_tables(settings, first, second)
-
-
-def test_a_backfill_can_be_paused_resumed_and_stopped(stack: RunningStack) -> None:
-    name = "pause_" + uuid.uuid4().hex[:8]
-    settings = pipeline_for(stack.settings, [f"public.{name}"])
-    make_table(settings, name, 200_000)
-    try:
-        run_snapshot(settings, Console(file=io.StringIO()))
-        _, offset = start_backfill(settings, name)
-        seen: list[str] = []
-        paused = False
-
-        def on(progress) -> None:  # type: ignore[no-untyped-def]
-            nonlocal paused
-            seen.append(progress.state)
-            if progress.state == "IN_PROGRESS" and not paused:
-                paused = True
-                send_signal(settings, "pause-snapshot", {"type": "incremental"})
-            elif progress.state == "PAUSED":
-                time.sleep(2)
-                send_signal(settings, "resume-snapshot", {"type": "incremental"})
-
-        done = watch_backfill(settings, offset, on, timeout=300)
-        assert done.state == "COMPLETED"
-        assert seen.index("PAUSED") < seen.index("RESUMED")
-
-        _, offset = start_backfill(settings, name)
-        stopped: list[str] = []
-
-        def stop_early(progress) -> None:  # type: ignore[no-untyped-def]
-            stopped.append(progress.state)
-            if progress.state == "IN_PROGRESS" and stopped.count("IN_PROGRESS") == 1:
-                send_signal(
-                    settings,
-                    "stop-snapshot",
-                    {"type": "incremental", "data-collections": [f"public.{name}"]},
-                )
-
-        with pytest.raises(Exception, match="stopped before it finished"):
-            watch_backfill(settings, offset, stop_early, timeout=300)
-    finally:
-        drop_pipeline(settings)
-        drop_tables(settings, name)
-
-
-def test_drop_asks_before_it_removes_anything(stack: RunningStack) -> None:
-    name = "drop_" + uuid.uuid4().hex[:8]
-    settings = pipeline_for(
-        stack.settings, [f"public.{name}"], replication_password=SecretStr("pw-" + name)
+    # the pipeline captures the first table; the second is made beside it, not captured
+    t = captured(*table_sql(100), *table_sql(5000, "{name}_b"), prefix="add")
+    first, second, settings = t.name, f"{t.name}_b", t.settings
+    both = settings.model_copy(
+        update={
+            "pipeline": settings.pipeline.model_copy(
+                update={"tables": [f"public.{first}", f"public.{second}"]}
+            )
+        }
     )
-    make_table(settings, name, 10)
-    try:
-        run_snapshot(settings, Console(file=io.StringIO()))
-        # the connector's password is a file reference, not the secret itself
-        config = ConnectClient(settings.connect.url).config(settings.pipeline.connector)
-        secret = settings.pipeline.replication_password.get_secret_value()
-        assert config["database.password"].startswith("${file:")
-        assert secret not in json.dumps(config)
-        env = env_for(stack, settings)
-        refused = run_cdc("drop", env=env)  # no TTY, no --yes
-        assert refused.returncode != 0 and "--yes" in refused.stderr
-        assert pipeline_status(settings).connector is not None
-        done = run_cdc("drop", "--yes", env=env)
-        assert done.returncode == 0, done.stderr
-        status = pipeline_status(settings, [f"public.{name}"])
-        assert status.connector is None and status.slot is None and status.snapshot == "none"
-    finally:
-        drop_pipeline(settings)
-        drop_tables(settings, name)
+    result = sync_pipeline(both)
+    assert result.added == [f"public.{second}"] and result.backfills == [f"public.{second}"]
+    with psycopg.connect(both.postgres.dsn(), autocommit=True) as conn:
+        conn.execute(f"UPDATE {second} SET note = 'changed' WHERE id <= 10")
+        conn.execute(f"INSERT INTO {second} VALUES (999999, 'new')")
+    wait_until_equal(both, table_info(both, f"public.{second}"), timeout=120)
+    wait_until_equal(both, table_info(both, f"public.{first}"))
+
+    result = sync_pipeline(settings)  # back to the first table only
+    assert result.removed == [f"public.{second}"]
+    topic = change_topic(both.pipeline, f"public.{second}")
+    before = end_offsets(both.kafka.bootstrap_servers, [topic])[topic]
+    with psycopg.connect(both.postgres.dsn(), autocommit=True) as conn:
+        conn.execute(f"UPDATE {second} SET note = 'unseen'")
+        conn.execute(f"INSERT INTO {first} VALUES (424242, 'still captured')")
+    wait_until_equal(settings, table_info(settings, f"public.{first}"))
+    assert end_offsets(both.kafka.bootstrap_servers, [topic])[topic] == before
+
+
+def test_a_backfill_can_be_paused_resumed_and_stopped(captured: Capture) -> None:
+    t = captured(*table_sql(200_000), prefix="pause")
+    name, settings = t.name, t.settings
+    _, offset = start_backfill(settings, name)
+    seen: list[str] = []
+    paused = False
+
+    def on(progress) -> None:  # type: ignore[no-untyped-def]
+        nonlocal paused
+        seen.append(progress.state)
+        if progress.state == "IN_PROGRESS" and not paused:
+            paused = True
+            send_signal(settings, "pause-snapshot", {"type": "incremental"})
+        elif progress.state == "PAUSED":
+            time.sleep(2)
+            send_signal(settings, "resume-snapshot", {"type": "incremental"})
+
+    done = watch_backfill(settings, offset, on, timeout=300)
+    assert done.state == "COMPLETED"
+    assert seen.index("PAUSED") < seen.index("RESUMED")
+
+    _, offset = start_backfill(settings, name)
+    stopped: list[str] = []
+
+    def stop_early(progress) -> None:  # type: ignore[no-untyped-def]
+        stopped.append(progress.state)
+        if progress.state == "IN_PROGRESS" and stopped.count("IN_PROGRESS") == 1:
+            send_signal(
+                settings,
+                "stop-snapshot",
+                {"type": "incremental", "data-collections": [f"public.{name}"]},
+            )
+
+    with pytest.raises(Exception, match="stopped before it finished"):
+        watch_backfill(settings, offset, stop_early, timeout=300)
+
+
+def test_drop_asks_before_it_removes_anything(captured: Capture) -> None:
+    t = captured(
+        *table_sql(10),
+        prefix="drop",
+        replication_password=SecretStr("pw-drop_" + uuid.uuid4().hex[:8]),
+    )
+    name, settings = t.name, t.settings
+    # the connector's password is a file reference, not the secret itself
+    config = ConnectClient(settings.connect.url).config(settings.pipeline.connector)
+    secret = settings.pipeline.replication_password.get_secret_value()
+    assert config["database.password"].startswith("${file:")
+    assert secret not in json.dumps(config)
+    env = env_for(t)
+    refused = run_cdc("drop", env=env)  # no TTY, no --yes
+    assert refused.returncode != 0 and "--yes" in refused.stderr
+    assert pipeline_status(settings).connector is not None
+    done = run_cdc("drop", "--yes", env=env)
+    assert done.returncode == 0, done.stderr
+    status = pipeline_status(settings, [f"public.{name}"])
+    assert status.connector is None and status.slot is None and status.snapshot == "none"

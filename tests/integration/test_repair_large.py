@@ -7,7 +7,6 @@ readers.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -21,30 +20,20 @@ from typing import Any
 import psycopg
 import pytest
 import redis
-from rich.console import Console
 
 from cdc.settings import Settings
 from cdc.source import signal_data_width, widen_signal_table
 from cdc.topics import change_topic, read_topic
-from commands.pipeline import drop_pipeline
-from snapshot.initial import run_snapshot
-from tests.conftest import RunningStack
+from tests.conftest import Capture, Captured, RunningStack
 from tests.helpers import ROOT, run_cdc
-from tests.logcheck import pipeline_for
 
 pytestmark = pytest.mark.integration
 
 ROWS = 30_000
 
 
-def pipeline_env(stack: RunningStack, settings: Settings, table: str) -> dict[str, str]:
-    return {
-        **stack.env,
-        "CDC_PIPELINE__NAME": settings.pipeline.name,
-        "CDC_PIPELINE__TOPIC_PREFIX": settings.pipeline.topic_prefix,
-        "CDC_PIPELINE__TABLES": json.dumps([table]),
-        "CDC_APPLY__STORES": json.dumps(["cache"]),
-    }
+def cache_env(t: Captured) -> dict[str, str]:
+    return {**t.env, "CDC_APPLY__STORES": json.dumps(["cache"])}
 
 
 def hash_name(settings: Settings, table: str, row_id: int) -> str:
@@ -109,26 +98,20 @@ def repair(env: dict[str, str], name: str) -> subprocess.CompletedProcess[str]:
     return result
 
 
-def test_verify_repair_mends_ten_thousand_keys_drifted_in_the_cache(stack: RunningStack) -> None:
-    name = "rep_" + uuid.uuid4().hex[:8]
-    table = f"public.{name}"
-    settings = pipeline_for(stack.settings, [table])
-    env = pipeline_env(stack, settings, table)
-    dsn = settings.postgres.dsn()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            f"CREATE TABLE {name} (id int PRIMARY KEY, name text NOT NULL, qty int, note text)"
-        )
-        conn.execute(
-            f"INSERT INTO {name} SELECT g, 'row ' || g, g % 97, CASE WHEN g % 5 = 0 THEN NULL "
-            f"ELSE md5(g::text) END FROM generate_series(1, {ROWS}) g"
-        )
+def test_verify_repair_mends_ten_thousand_keys_drifted_in_the_cache(captured: Capture) -> None:
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, name text NOT NULL, qty int, note text)",
+        "INSERT INTO {name} SELECT g, 'row ' || g, g % 97, CASE WHEN g % 5 = 0 THEN NULL "
+        f"ELSE md5(g::text) END FROM generate_series(1, {ROWS}) g",
+        prefix="rep",
+    )
+    name, table, settings, dsn = t.name, t.table, t.settings, t.dsn
+    env = cache_env(t)
     client = redis.Redis.from_url(settings.redis.url)
     ids = list(range(1, ROWS + 1))
     apply = None
     with tempfile.TemporaryFile() as log:
         try:
-            run_snapshot(settings, Console(file=io.StringIO()))
             # a pipeline set up before the signal table's data column became text
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute(
@@ -194,50 +177,38 @@ def test_verify_repair_mends_ten_thousand_keys_drifted_in_the_cache(stack: Runni
                     apply.wait()
             log.seek(0)
             print(log.read().decode(errors="replace")[-4000:])
-            drop_pipeline(settings)
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute(f"DROP TABLE IF EXISTS {name}")
 
 
 def test_a_backfill_takes_a_long_filter_and_keeps_its_or_within_the_chunks(
-    stack: RunningStack,
+    captured: Capture,
 ) -> None:
-    name = "bfw_" + uuid.uuid4().hex[:8]
-    table = f"public.{name}"
-    settings = pipeline_for(stack.settings, [table])
-    env = pipeline_env(stack, settings, table)
-    dsn = settings.postgres.dsn()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, note text)")
-        conn.execute(
-            f"INSERT INTO {name} SELECT g, CASE WHEN g % 1000 = 1 THEN 'x' END "
-            "FROM generate_series(1, 20000) g"
-        )
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, note text)",
+        "INSERT INTO {name} SELECT g, CASE WHEN g % 1000 = 1 THEN 'x' END "
+        "FROM generate_series(1, 20000) g",
+        prefix="bfw",
+    )
+    name, table, settings, dsn = t.name, t.table, t.settings, t.dsn
+    env = cache_env(t)
     # about 100 KB of SQL (an argument of a command takes at most 128 KiB), with an OR at
     # its top level: Debezium appends the filter to its chunk query's bounds
     where = "id IN (" + ", ".join(str(i) for i in range(2, 30_001, 2)) + ") OR note = 'x'"
     assert len(where) > 90_000
-    try:
-        run_snapshot(settings, Console(file=io.StringIO()))
-        with psycopg.connect(dsn) as conn:
-            matching = {r[0] for r in conn.execute(f"SELECT id FROM {name} WHERE {where}")}
-        assert len(matching) == 10_020
-        started = time.monotonic()
-        result = run_cdc("backfill", name, "--where", where, env=env, timeout=420)
-        print(f"cdc backfill --where: {time.monotonic() - started:.1f}s")
-        assert "Traceback" not in result.stderr
-        assert result.returncode == 0, result.stderr[-2000:]
-        assert f"completed: {len(matching)} rows read" in result.stdout
-        assert sorted(incremental_keys(settings, table)) == sorted(matching)
+    with psycopg.connect(dsn) as conn:
+        matching = {r[0] for r in conn.execute(f"SELECT id FROM {name} WHERE {where}")}
+    assert len(matching) == 10_020
+    started = time.monotonic()
+    result = run_cdc("backfill", name, "--where", where, env=env, timeout=420)
+    print(f"cdc backfill --where: {time.monotonic() - started:.1f}s")
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"completed: {len(matching)} rows read" in result.stdout
+    assert sorted(incremental_keys(settings, table)) == sorted(matching)
 
-        bad = run_cdc("backfill", name, "--where", where + " AND nope > 1", env=env)
-        assert bad.returncode != 0 and "Traceback" not in bad.stderr
-        assert "is not a valid filter" in bad.stderr
-        assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
-    finally:
-        drop_pipeline(settings)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {name}")
+    bad = run_cdc("backfill", name, "--where", where + " AND nope > 1", env=env)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    assert "is not a valid filter" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
 
 def test_the_signal_table_is_widened_without_waiting_long_for_its_lock(

@@ -6,14 +6,12 @@ answers again every store equals the source (read with this test's own readers).
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import psycopg
@@ -21,14 +19,11 @@ import pytest
 import redis
 import requests
 from kafka import KafkaConsumer, TopicPartition
-from rich.console import Console
 
 from cdc.stack import Stack
-from commands.pipeline import drop_pipeline
-from snapshot.initial import run_snapshot
-from tests.conftest import RunningStack
+from tests.conftest import Capture, RunningStack
 from tests.helpers import ROOT, run_cdc
-from tests.logcheck import pipeline_for, poll
+from tests.logcheck import poll
 
 pytestmark = pytest.mark.integration
 
@@ -67,28 +62,22 @@ def dead_letters(servers: str, topic: str) -> int:
     return sum(ends.values())
 
 
-def test_a_store_that_is_down_blocks_its_apply_and_loses_nothing(stack: RunningStack) -> None:
-    name = "down_" + uuid.uuid4().hex[:8]
-    table = f"public.{name}"
-    settings = pipeline_for(stack.settings, [table])
+def test_a_store_that_is_down_blocks_its_apply_and_loses_nothing(
+    stack: RunningStack, captured: Capture
+) -> None:
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, n int NOT NULL)",
+        "INSERT INTO {name} SELECT g, 0 FROM generate_series(1, 2000) g",
+        prefix="down",
+    )
+    name, table, settings, dsn = t.name, t.table, t.settings, t.dsn
     data_dir = settings.data_dir
-    dsn = settings.postgres.dsn()
     prefix = settings.pipeline.topic_prefix
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, n int NOT NULL)")
-        conn.execute(f"INSERT INTO {name} SELECT g, 0 FROM generate_series(1, 2000) g")
-    env = {
-        **stack.env,
-        "CDC_PIPELINE__NAME": settings.pipeline.name,
-        "CDC_PIPELINE__TOPIC_PREFIX": prefix,
-        "CDC_PIPELINE__TABLES": json.dumps([table]),
-        "CDC_APPLY__STORE_RETRY_S": "3",
-    }
+    env = {**t.env, "CDC_APPLY__STORE_RETRY_S": "3"}
     log = data_dir / f"{name}-apply.log"
     apply = None
     frozen = None
     try:
-        run_snapshot(settings, Console(file=io.StringIO()))
         with log.open("w") as out:
             apply = subprocess.Popen(
                 [
@@ -166,6 +155,3 @@ def test_a_store_that_is_down_blocks_its_apply_and_loses_nothing(stack: RunningS
         if apply is not None and apply.poll() is None:
             os.killpg(apply.pid, signal.SIGKILL)
         run_cdc("up", env=stack.env)
-        drop_pipeline(settings)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {name}")
