@@ -67,12 +67,9 @@ def admin_connection(settings: Settings) -> psycopg.Connection[Any]:
 
 def replication_dsn(settings: Settings, replication: bool = False) -> str:
     """libpq DSN of the replication role (holds its password: never print it)."""
-    pg, pipe = settings.postgres, settings.pipeline
-    dsn = (
-        f"host={pg.host} port={pg.port} dbname={pg.database} user={pipe.replication_user} "
-        f"password={pipe.replication_password.get_secret_value()}"
-    )
-    return dsn + (" replication=database" if replication else "")
+    pipe = settings.pipeline
+    extra = {"replication": "database"} if replication else {}
+    return settings.postgres.conninfo(pipe.replication_user, pipe.replication_password, **extra)
 
 
 def _connect_error(settings: Settings, user: str, exc: Exception) -> Exception:

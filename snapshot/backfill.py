@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
+from psycopg import sql
 
 from cdc.connect import ConnectClient
 from cdc.errors import BackfillError
@@ -27,6 +28,7 @@ from cdc.source import (
     SIGNAL_LOCK_TIMEOUT,
     SIGNAL_TABLE,
     admin_connection,
+    replication_dsn,
     signal_data_width,
     widen_signal_table,
 )
@@ -35,6 +37,7 @@ from cdc.topics import notification_topic
 __all__ = [
     "MAX_FILTER_CHARS",
     "BackfillProgress",
+    "filter_problem",
     "send_signal",
     "start_backfill",
     "watch_backfill",
@@ -165,14 +168,107 @@ def _check_filter_size(where: str) -> None:
         )
 
 
+def filter_problem(where: str) -> str | None:
+    """What makes `where` more than one expression, or None.
+
+    A filter is pasted into SQL by design (Debezium takes it as text), so its shape is
+    checked first: no `;`, no comment, and no `)` that closes a parenthesis it did not
+    open (which would end the WHERE clause it is put in), outside quoted text.
+    """
+    depth, i, n = 0, 0, len(where)
+    while i < n:
+        ch = where[i]
+        if ch == "'":
+            escapes = i > 0 and where[i - 1] in "eE" and (i < 2 or not where[i - 2].isalnum())
+            i = _skip_quoted(where, i, "'", backslash=escapes)
+        elif ch == '"':
+            i = _skip_quoted(where, i, '"', backslash=False)
+        elif ch == "$" and (tag := _dollar_tag(where, i)) is not None:
+            end = where.find(tag, i + len(tag))
+            i = n if end < 0 else end + len(tag)
+        elif ch == ";":
+            return "it holds a `;` (one expression only, no statements)"
+        elif where.startswith(("--", "/*"), i):
+            return "it holds a comment (`--` or `/*`)"
+        elif ch == "(":
+            depth += 1
+            i += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                return "it closes a parenthesis it did not open"
+            i += 1
+        else:
+            i += 1
+    return "its parentheses do not balance" if depth else None
+
+
+def _skip_quoted(text: str, start: int, quote: str, backslash: bool) -> int:
+    """The index after the quoted text starting at `start` (its end if unterminated)."""
+    i = start + 1
+    while i < len(text):
+        if backslash and text[i] == "\\":
+            i += 2
+        elif text[i] == quote:
+            if text.startswith(quote * 2, i):
+                i += 2
+            else:
+                return i + 1
+        else:
+            i += 1
+    return len(text)
+
+
+def _dollar_tag(text: str, start: int) -> str | None:
+    """The dollar-quote opening at `start` (`$$` or `$tag$`), or None (e.g. `$1`)."""
+    end = text.find("$", start + 1)
+    if end < 0:
+        return None
+    tag = text[start + 1 : end]
+    if tag == "" or (
+        (tag[0].isalpha() or tag[0] == "_") and all(c.isalnum() or c == "_" for c in tag)
+    ):
+        return text[start : end + 1]
+    return None
+
+
 def _check_filter(settings: Settings, table: str, where: str) -> None:
-    """Refuse a filter PostgreSQL cannot run, before Debezium fails on it mid-backfill."""
-    with admin_connection(settings) as conn:
+    """Refuse a filter that is not one boolean expression PostgreSQL accepts on the table,
+    before Debezium fails on it mid-backfill.
+
+    It is checked as Debezium will run it: as the replication role, in a read-only
+    transaction, one statement (a prepared one: PostgreSQL refuses several), and only
+    planned (EXPLAIN), never run.
+    """
+    shown = where if len(where) <= 200 else where[:200] + "..."
+    problem = filter_problem(where)
+    if problem:
+        raise BackfillError(f"--where {shown!r} is not one filter expression: {problem}")
+    schema, name = table.split(".", 1)
+    query = sql.SQL("EXPLAIN SELECT 1 FROM {} WHERE ({})").format(
+        sql.Identifier(schema, name),
+        sql.SQL(where),
+    )
+    try:
+        conn = psycopg.connect(replication_dsn(settings), connect_timeout=5)
+    except psycopg.OperationalError:
+        raise BackfillError(
+            f"cannot check --where: the replication role {settings.pipeline.replication_user} "
+            "cannot connect to PostgreSQL; run `cdc status` and `cdc setup`"
+        ) from None
+    with conn:
+        conn.read_only = True
         try:
-            schema, name = table.split(".", 1)
-            conn.execute(f'EXPLAIN SELECT 1 FROM "{schema}"."{name}" WHERE ({where})')
-        except Exception as exc:
-            shown = where if len(where) <= 200 else where[:200] + "..."
+            with conn.transaction():
+                conn.execute("SET LOCAL statement_timeout = '10s'")
+                conn.execute(query, prepare=True)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise BackfillError(
+                f"--where {shown!r} reads what the replication role "
+                f"{settings.pipeline.replication_user} may not ({exc.diag.message_primary}): "
+                f"filter on the columns of {table} only"
+            ) from None
+        except psycopg.Error as exc:
             raise BackfillError(
                 f"--where {shown!r} is not a valid filter on {table}: "
                 f"{str(exc).strip().splitlines()[0]}"

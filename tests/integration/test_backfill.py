@@ -67,6 +67,28 @@ def test_a_backfill_needs_a_streaming_pipeline_and_a_valid_filter(captured: Capt
         start_backfill(settings, "public.pg_nothing_here")
 
 
+def test_a_filter_is_one_expression_checked_as_the_replication_role(captured: Capture) -> None:
+    t = captured("CREATE TABLE {name} (id int PRIMARY KEY, note text)", prefix="bfw")
+    name, settings, dsn = t.name, t.settings, t.dsn
+    pwned = f"{name}_pwned"
+    attempts = {
+        f"id < 0; CREATE TABLE public.{pwned} AS SELECT 1": "holds a `;`",
+        "id < 0) OR (SELECT count(*) FROM (VALUES (1)) v) > 0 OR (id": "did not open",
+        "id < 0 -- the rest": "comment",
+        # the superuser could read this; the replication role reads only captured tables
+        "id IN (SELECT usesysid::int FROM pg_shadow)": "replication role .* may not",
+    }
+    for where, error in attempts.items():
+        with pytest.raises(BackfillError, match=error):
+            start_backfill(settings, name, where=where)
+    with psycopg.connect(dsn) as conn:
+        made = conn.execute("SELECT to_regclass(%s)", (f"public.{pwned}",)).fetchone()
+    assert made == (None,)
+    # quoted text may hold anything
+    signal, _ = start_backfill(settings, name, where="note <> ';)--' OR id > 0")
+    assert signal
+
+
 def test_a_commit_decoded_before_others_see_it_is_not_lost_to_a_backfill(
     captured: Capture,
 ) -> None:
