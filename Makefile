@@ -6,7 +6,7 @@ PYTEST := $(VENV)/bin/pytest
 RUFF := $(VENV)/bin/ruff
 
 .PHONY: help install demo up down status test test-fast test-integration lint format \
-	bench-snapshot bench-catchup bench-streaming bench-report chaos mutants
+	bench-snapshot bench-catchup bench-streaming bench-report chaos mutants lock compose-pin fuzz
 
 help:
 	@echo "make demo              install, start the stack, run the demo shop with a live dashboard"
@@ -19,6 +19,9 @@ help:
 	@echo "make bench-report      the latest figures into the README's table"
 	@echo "make chaos             the long chaos run (>= 12 min, every fault 3 times): figures to bench/results/chaos.jsonl"
 	@echo "make mutants           one-line mutants of the write guards, each against its tests (all must fail)"
+	@echo "make fuzz              the fuzz tests with many more examples (FUZZ_EXAMPLES=20000 each)"
+	@echo "make lock              requirements.lock from pyproject.toml, hashed (UPGRADE=1: newest allowed)"
+	@echo "make compose-pin       pin docker-compose.yml's images by digest (needs registry access)"
 	@echo "make install | up | down | status | lint | format"
 
 install:
@@ -77,3 +80,35 @@ chaos: install
 # each run against the tests meant to kill it on a shared stack of its own
 mutants: install
 	$(VENV)/bin/python -m tests.mutants
+
+# requirements.lock: every Python package install.sh installs (the project's dependencies, its
+# dev extra, and pip + setuptools for the --no-build-isolation install of the project itself),
+# exact versions with the sha256 of every published file, for Linux, macOS and Windows.
+# It keeps the pins already in the lock; UPGRADE=1 moves each to the newest pyproject allows.
+# uv (the resolver) lives in a venv of its own under .cache, not in the project's.
+LOCK_UV_VERSION := 0.13.9
+LOCK_TOOLS := .cache/lock-tools
+lock:
+	@test -x $(LOCK_TOOLS)/bin/uv || { python3 -m venv $(LOCK_TOOLS) \
+		&& $(LOCK_TOOLS)/bin/pip install --quiet uv==$(LOCK_UV_VERSION); }
+	printf 'pip\nsetuptools>=68\n' | $(LOCK_TOOLS)/bin/uv pip compile --quiet pyproject.toml - \
+		--extra dev --universal --python-version 3.11 --generate-hashes \
+		--custom-compile-command "make lock" $(if $(UPGRADE),--upgrade) -o requirements.lock
+
+# rewrite every `image: name:tag` of docker-compose.yml as `name:tag@sha256:<digest>` (the
+# digest of the tag's multi-platform index today); needs Docker with registry access
+compose-pin:
+	@command -v docker >/dev/null || { echo "compose-pin: needs the docker client" >&2; exit 1; }
+	@for ref in $$(sed -n 's/^ *image: *\([^@ ]*\).*/\1/p' docker-compose.yml); do \
+		digest=$$(docker buildx imagetools inspect "$$ref" --format '{{json .Manifest.Digest}}' | tr -d '"') \
+			&& case "$$digest" in sha256:*) ;; *) false;; esac \
+			|| { echo "compose-pin: cannot resolve $$ref" >&2; exit 1; }; \
+		sed -i.bak "s|^\( *image: *\)$$ref\(@sha256:[0-9a-f]*\)\{0,1\}\( .*\)\{0,1\}$$|\1$$ref@$$digest|" \
+			docker-compose.yml && rm -f docker-compose.yml.bak; \
+		echo "$$ref@$$digest"; \
+	done
+
+# the fuzz tests of everything that parses outside input (tests/unit/test_fuzz_*.py), each
+# with FUZZ_EXAMPLES examples instead of the fast tier's few hundred
+fuzz:
+	HYPOTHESIS_PROFILE=fuzz $(PYTEST) tests/unit/test_fuzz_*.py -q

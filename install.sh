@@ -2,7 +2,8 @@
 # Install what the CDC stack needs, once; a second run checks and downloads nothing.
 #   1. Debian packages: PostgreSQL, Redis, a JDK 17 and Maven
 #   2. the unprivileged service user that runs PostgreSQL and OpenSearch (when run as root)
-#   3. the Python virtual environment (.venv) with this project
+#   3. the Python virtual environment (.venv): requirements.lock (exact versions, sha256
+#      hashes), then this project
 #   4. the JVM artifacts (Kafka, Kafka Connect, Debezium, OpenSearch, Spark jars),
 #      resolved by Maven from jvm/pom.xml into .cache/jvm
 set -euo pipefail
@@ -54,17 +55,26 @@ fi
 
 step 3 "Python environment ($VENV)"
 stamp="$VENV/.cdc-installed"
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(cat pyproject.toml requirements.lock | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c 'import cdc, pyspark' 2>/dev/null; then
   done_ "up to date"
 else
   "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
     || die "Python 3.11+ is needed ($PYTHON is $("$PYTHON" --version 2>&1)); set PYTHON=python3.11"
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --upgrade pip
-  done_ "installing the project and its dependencies (pyspark is about 450 MB)..."
-  # (setuptools warns about editable installs at length: that noise is filtered out)
-  "$VENV/bin/pip" install --progress-bar on -e ".[dev]" \
+  done_ "installing the locked dependencies from requirements.lock (pyspark is about 450 MB)..."
+  # Exact versions, every file checked against its sha256 in the lock. First the locked pip and
+  # setuptools (wheels); then the rest, built without build isolation, so that an sdist (pyspark
+  # is published only as one) is built with that setuptools, not with one fetched unchecked.
+  awk '/^(pip|setuptools)==/ {on = 1} on {print; if ($0 !~ /\\$/) on = 0}' requirements.lock \
+    > "$VENV/.cdc-build-tools.lock"
+  "$VENV/bin/pip" install --quiet --require-hashes --only-binary :all: -r "$VENV/.cdc-build-tools.lock" \
+    || die "pip could not install pip and setuptools from requirements.lock; see the messages above"
+  "$VENV/bin/pip" install --progress-bar on --require-hashes --no-build-isolation -r requirements.lock \
+    || die "pip could not install requirements.lock; see the messages above"
+  # the project itself: no dependencies of its own (all locked above), built with the locked
+  # setuptools (setuptools warns about editable installs at length: that noise is filtered out)
+  "$VENV/bin/pip" install --quiet --no-deps --no-build-isolation -e . \
     2> >(grep -vE 'BuildBackendWarning|^\s*(!!|\*+|Please be careful|name as your|with strategy|$)' >&2) \
     || die "pip could not install the project; see the messages above"
   echo "$want" > "$stamp"
@@ -79,7 +89,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 else
   done_ "resolving Kafka, Kafka Connect, Debezium, OpenSearch and the Spark jars with Maven (about 230 MB)..."
   mkdir -p "$CACHE/jvm"
-  rm -rf "$CACHE/jvm/kafka" "$CACHE/jvm/spark" "$CACHE/jvm/connect-plugins" "$CACHE/jvm/opensearch" "$CACHE/jvm/.markers"
+  rm -rf "$CACHE/jvm/kafka" "$CACHE/jvm/spark" "$CACHE/jvm/connect-plugins" "$CACHE/jvm/opensearch" "$CACHE/jvm/opensearch-plugins" "$CACHE/jvm/.markers"
   # progress: one line per component as Maven reaches it; the whole log goes to maven.log
   if ! mvn -B -ntp -f jvm/pom.xml -Dcdc.cache="$CACHE/jvm" package 2>&1 \
       | tee "$CACHE/jvm/maven.log" \

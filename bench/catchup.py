@@ -41,7 +41,7 @@ STORES = ("cache", "search", "warehouse")
 def wait_for_log(settings, topic: str, total: int, timeout: float = 1800) -> float:  # type: ignore[no-untyped-def]
     """Seconds until the topic holds `total` records."""
     started = time.monotonic()
-    while sum(end_offsets(settings.kafka.bootstrap_servers, [topic])[topic].values()) < total:
+    while sum(end_offsets(settings.kafka, [topic])[topic].values()) < total:
         if time.monotonic() - started > timeout:
             raise SystemExit(f"the log did not receive every change within {timeout:.0f} s")
         time.sleep(0.2)
@@ -115,7 +115,7 @@ def main() -> None:
                 )
                 done += last - first + 1
         figures["source_changes_per_s"] = round(args.changes / (time.monotonic() - started))
-        before = sum(end_offsets(settings.kafka.bootstrap_servers, [topic])[topic].values())
+        before = sum(end_offsets(settings.kafka, [topic])[topic].values())
         print("capture alone ...", flush=True)
         with ResourceSampler() as resources:
             mark = resources.cpu()

@@ -207,13 +207,12 @@ def cleanup(settings: Settings) -> None:
     and its apply checkpoints."""
     import shutil
 
-    from kafka.admin import KafkaAdminClient
-
+    from cdc.clients import kafka_admin
     from commands.pipeline import drop_pipeline
 
     drop_pipeline(settings)
     prefix = settings.pipeline.topic_prefix
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
+    admin = kafka_admin(settings.kafka)
     try:
         mine = [t for t in admin.list_topics() if t.startswith(f"{prefix}.") or t.endswith(prefix)]
         if mine:

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import bench_settings, cleanup, in_database, record
 from cdc.capture import connector_config
+from cdc.clients import kafka_admin
 from cdc.components.postgres import postgres_bin_dir
 from cdc.connect import ConnectClient
 from cdc.settings import Settings, load_settings
@@ -110,9 +111,7 @@ def debezium_snapshot(settings: Settings, rows: int) -> tuple[float, float]:
     try:
         while True:
             try:
-                written = sum(
-                    end_offsets(settings.kafka.bootstrap_servers, [topic])[topic].values()
-                )
+                written = sum(end_offsets(settings.kafka, [topic])[topic].values())
             except Exception:  # the topic is not there yet
                 written = 0
             now = time.monotonic()
@@ -133,9 +132,7 @@ def debezium_snapshot(settings: Settings, rows: int) -> tuple[float, float]:
                 (f"{pipe.slot}_dbz",),
             )
             conn.execute(f"DROP PUBLICATION IF EXISTS {pipe.publication}_dbz")
-        from kafka.admin import KafkaAdminClient
-
-        admin = KafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
+        admin = kafka_admin(settings.kafka)
         try:
             admin.delete_topics([t for t in admin.list_topics() if t.startswith(prefix)])
         finally:

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ResourceSampler, bench_settings, cleanup, in_database, record
 from bench.snapshot_throughput import pgbench_init, psql_args, psql_env
+from cdc.clients import kafka_client_kwargs
 from cdc.components.postgres import postgres_bin_dir
 from cdc.settings import Settings, load_settings
 from cdc.topics import change_topic, end_offsets
@@ -108,7 +109,7 @@ def read_events(
     import json
 
     consumer = KafkaConsumer(
-        bootstrap_servers=settings.kafka.bootstrap_servers,
+        **kafka_client_kwargs(settings.kafka),
         enable_auto_commit=False,
         max_poll_records=20000,
         fetch_max_bytes=64 * 1024 * 1024,
@@ -182,7 +183,7 @@ def run_rate(
     stores: tuple[str, ...],
 ) -> dict[str, object]:
     topics = [change_topic(bench.pipeline, t) for t in TABLES]
-    start = end_offsets(bench.kafka.bootstrap_servers, topics)
+    start = end_offsets(bench.kafka, topics)
     bin_dir = postgres_bin_dir()
     assert bin_dir is not None
     with BatchLog(bench, stores) as log:
@@ -210,7 +211,7 @@ def run_rate(
         drain_s = wait_caught_up(bench, 900, stores)
         time.sleep(0.2)
     tps = re.search(r"tps = ([\d.]+)", result.stdout)
-    end = end_offsets(bench.kafka.bootstrap_servers, topics)
+    end = end_offsets(bench.kafka, topics)
     events = read_events(bench, start, end)
     figures: dict[str, object] = {
         "target_tps": rate,

@@ -12,6 +12,7 @@ import psycopg
 from cdc.catalog import TRUNCATIONS_TABLE, Table
 from cdc.connect import ConnectClient
 from cdc.errors import ConnectorError
+from cdc.role import replication_password, write_secret
 from cdc.settings import Settings
 from cdc.source import HEARTBEAT_TABLE, SIGNAL_TABLE
 from cdc.topics import notification_topic
@@ -52,6 +53,8 @@ def connector_config(
         "database.user": user or pg.user,
         "database.password": password or pg.password.get_secret_value(),
         "database.dbname": pg.database,
+        # TLS as cdc's own connections (Connect's JVM reads the CA file, on its machine)
+        **{f"database.{key}": value for key, value in pg.jdbc_ssl_params().items()},
         "topic.prefix": topic_prefix,
         "table.include.list": ",".join(_regex_literal(t) for t in tables),
         "slot.name": slot,
@@ -91,7 +94,7 @@ def pipeline_connector_config(settings: Settings, tables: Sequence[Table]) -> di
         slot=pipe.slot,
         publication=pipe.publication,
         user=pipe.replication_user,
-        password=pipe.replication_password.get_secret_value(),
+        password=replication_password(settings).get_secret_value(),
     )
     config.update(
         {
@@ -131,21 +134,35 @@ def _regex_literal(table: str) -> str:
 def secret_reference(settings: Settings, key: str, value: str) -> str:
     """The value to put in a connector config for a secret.
 
-    With the project's own Connect worker, the secret goes to a file only that worker
-    reads (mode 600) and the config names it (FileConfigProvider), so the REST API and
-    Connect's config topic never hold it. An external worker gets the value itself.
+    The secret goes to a file (0600, its folder 0700) that the worker reads with its
+    FileConfigProvider, and the config names it (`${file:path:key}`), so neither the REST
+    API nor Connect's config topic ever holds it. The local worker's folder is
+    data_dir/connect/secrets; your own worker's is connect.secrets_dir (as the worker sees
+    it: connect.worker_secrets_dir). Only with connect.inline_secrets is the value itself
+    put in the config.
     """
-    if not settings.connect.managed:
+    connect = settings.connect
+    if connect.managed:
+        folder, seen_as = settings.data_dir / "connect" / "secrets", None
+    elif connect.secrets_dir is not None:
+        folder, seen_as = connect.secrets_dir, connect.worker_secrets_dir
+    elif connect.inline_secrets:
         return value
-    path = settings.data_dir / "connect" / "secrets" / f"{settings.pipeline.connector}.properties"
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    else:
+        raise ConnectorError(
+            "Connect is not run by cdc (connect.managed = false) and connect.secrets_dir is "
+            "not set: the connector's password would be kept in Connect's config topic and "
+            "shown by its REST API; set connect.secrets_dir to a folder the worker reads "
+            "(see README, Security), or connect.inline_secrets = true to accept that"
+        )
+    path = folder / f"{settings.pipeline.connector}.properties"
     entries = {}
     if path.exists():
         entries = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
     entries[key] = value.replace("\\", "\\\\")
-    path.touch(mode=0o600)
-    path.write_text("".join(f"{k}={v}\n" for k, v in entries.items()))
-    return f"${{file:{path}:{key}}}"
+    write_secret(path, "".join(f"{k}={v}\n" for k, v in entries.items()))
+    shown = f"{seen_as.rstrip('/')}/{path.name}" if seen_as else str(path)
+    return f"${{file:{shown}:{key}}}"
 
 
 def start_offset(lsn: int, ts_ms: int | None = None) -> dict[str, int | str]:

@@ -300,6 +300,8 @@ def decode_value(column: Column, value: Any) -> Any:
         return _element(column, value)
     except (ValueError, TypeError, ArithmeticError, AttributeError, binascii.Error) as exc:
         raise ValueDecodeError(column.name, value, str(exc) or type(exc).__name__) from None
+    except RecursionError:  # json nested deeper than Python's parser goes (PostgreSQL's does)
+        raise ValueDecodeError(column.name, value, "nested too deep to decode") from None
 
 
 def decode_row(table: Table, image: dict[str, Any]) -> dict[str, Any]:

@@ -37,6 +37,14 @@ class CdcError(Exception):
 
     exit_code = 1  # verify found drift (its report, not an exception, says so)
 
+    def __str__(self) -> str:
+        # one line, whatever it quotes: a control character in a name or value someone
+        # typed (a line break in a TOML key, a table pattern) shows escaped
+        text = super().__str__()
+        if text.isprintable():
+            return text
+        return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
 
 class ConfigError(CdcError):
     """A setting is missing or invalid: fix cdc.toml or the CDC_* environment."""

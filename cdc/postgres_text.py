@@ -17,6 +17,7 @@ from typing import Any
 
 from cdc.catalog import Column
 from cdc.decode import Interval, bits_text, decode_value
+from cdc.errors import ValueDecodeError
 
 __all__ = ["postgres_text"]
 
@@ -77,7 +78,14 @@ def postgres_text(column: Column, raw: Any) -> str | None:
     ValueDecodeError for a value the column's encoding cannot be."""
     if raw is None:
         return None
-    if column.is_array:
-        element = replace(column, is_array=False)
-        return "{" + ",".join(_quoted(_element_text(element, e)) for e in raw) + "}"
-    return _element_text(column, raw)
+    try:
+        if column.is_array:
+            element = replace(column, is_array=False)
+            return "{" + ",".join(_quoted(_element_text(element, e)) for e in raw) + "}"
+        return _element_text(column, raw)
+    except ValueDecodeError:
+        raise
+    except (ValueError, TypeError, AttributeError, ArithmeticError, RecursionError) as exc:
+        # not what the column's encoding can be (bits that are not base64, an hstore that
+        # is not a JSON object of texts, a scalar for an array)
+        raise ValueDecodeError(column.name, raw, str(exc) or type(exc).__name__) from None

@@ -110,6 +110,12 @@ def read_pid(pid_file: Path) -> int | None:
     return None
 
 
+def inherited_env() -> dict[str, str]:
+    """This process's environment without cdc's own settings (`CDC_*`: passwords among
+    them), for the components it starts: they are configured by their own files."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
+
+
 def spawn(
     argv: Sequence[str],
     *,
@@ -120,12 +126,15 @@ def spawn(
     user: ServiceUser | None = None,
 ) -> int:
     """Start argv detached (its own session), output appended to log_file."""
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "ab") as out:
+    log_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # a log may quote a failed statement or a config: its owner alone reads it
+    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.chmod(log_file, 0o600)
+    with os.fdopen(fd, "ab") as out:
         proc = subprocess.Popen(
             list(argv),
             cwd=cwd,
-            env={**os.environ, **(env or {})},
+            env={**inherited_env(), **(env or {})},
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,

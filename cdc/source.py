@@ -32,6 +32,7 @@ from cdc.catalog import (
     toast_blind_columns,
 )
 from cdc.errors import SourceError, SourceUnavailableError
+from cdc.role import publication_comment, replication_password, role_statements, sync_grants
 from cdc.settings import PROJECT_ROOT, Settings
 from cdc.topics import check_names_apart
 
@@ -43,6 +44,7 @@ __all__ = [
     "prepare_source",
     "read_source",
     "replication_dsn",
+    "setup_sql",
     "signal_data_width",
     "sync_truncate_triggers",
     "widen_signal_table",
@@ -69,7 +71,8 @@ def replication_dsn(settings: Settings, replication: bool = False) -> str:
     """libpq DSN of the replication role (holds its password: never print it)."""
     pipe = settings.pipeline
     extra = {"replication": "database"} if replication else {}
-    return settings.postgres.conninfo(pipe.replication_user, pipe.replication_password, **extra)
+    password = replication_password(settings)
+    return settings.postgres.conninfo(pipe.replication_user, password, **extra)
 
 
 def _connect_error(settings: Settings, user: str, exc: Exception) -> Exception:
@@ -111,16 +114,21 @@ def prepare_source(settings: Settings) -> list[Table]:
                 _apply_replica_identity(conn, tables, pipe.replica_identity)
                 for table in tables:
                     check_publishable(conn, table)
+                for statement in role_statements(conn, settings):
+                    conn.execute(statement)
+                revoked = sync_grants(
+                    conn,
+                    pipe.replication_user,
+                    [(t.schema, t.name) for t in tables],
+                    pipe.publication,
+                )
+                _publish(conn, pipe.publication, tables)
                 conn.execute(
-                    sql.SQL(_sql_file("replication_role.sql")).format(
-                        role=sql.Identifier(pipe.replication_user),
-                        role_literal=sql.Literal(pipe.replication_user),
-                        password=sql.Literal(pipe.replication_password.get_secret_value()),
-                        database=sql.Identifier(settings.postgres.database),
+                    sql.SQL("COMMENT ON PUBLICATION {} IS {}").format(
+                        sql.Identifier(pipe.publication),
+                        sql.Literal(publication_comment(pipe.replication_user)),
                     )
                 )
-                _grant_reading(conn, pipe.replication_user, tables)
-                _publish(conn, pipe.publication, tables)
         except errors.LockNotAvailable:
             raise SourceError(
                 f"a captured table stayed locked for {SETUP_LOCK_TIMEOUT} (a long transaction or "
@@ -132,6 +140,8 @@ def prepare_source(settings: Settings) -> list[Table]:
                 f"({exc.diag.message_primary}); run it as a superuser, or as a user with "
                 "CREATEROLE that owns the captured tables"
             ) from None
+        if revoked:
+            log.info("SELECT revoked from %s on %s", pipe.replication_user, ", ".join(revoked))
         for table in tables:
             blind = toast_blind_columns(table)
             if blind and pipe.replica_identity.get(table.qualified) != "full":
@@ -176,27 +186,75 @@ def _apply_replica_identity(
                 log.info("replica identity of %s set to %s", qualified, identity)
 
 
-def _grant_reading(conn: psycopg.Connection[Any], role: str, tables: list[Table]) -> None:
-    for schema in sorted({t.schema for t in tables}):
-        conn.execute(
-            sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
-                sql.Identifier(schema), sql.Identifier(role)
-            )
-        )
-    for table in tables:
-        conn.execute(
-            sql.SQL("GRANT SELECT ON {} TO {}").format(
-                sql.Identifier(table.schema, table.name), sql.Identifier(role)
-            )
-        )
-
-
-def _publish(conn: psycopg.Connection[Any], publication: str, tables: list[Table]) -> None:
-    names = [sql.Identifier(t.schema, t.name) for t in tables] + [
+def _members(tables: list[Table]) -> list[sql.Identifier]:
+    """What a pipeline's publication holds: its tables, and the pipeline's own three."""
+    return [sql.Identifier(t.schema, t.name) for t in tables] + [
         sql.Identifier(*SIGNAL_TABLE.split(".")),
         sql.Identifier(*HEARTBEAT_TABLE.split(".")),
         sql.Identifier(*TRUNCATIONS_TABLE.split(".")),
     ]
+
+
+def setup_sql(settings: Settings) -> str:
+    """The SQL `cdc setup` runs on the source, for a DBA to read and run (psql -1 -f):
+    nothing is changed here. The catalog is read as the configured user (any user that
+    sees the captured tables); the role's password appears only as its SCRAM verifier."""
+    pipe = settings.pipeline
+    with admin_connection(settings) as conn:
+        tables = resolve_tables(conn, pipe)
+        check_names_apart([t.qualified for t in tables], pipe)
+        composed: list[sql.Composed] = []
+        for table in tables:
+            identity = pipe.replica_identity.get(table.qualified)
+            for qualified in (
+                [table.qualified, *publishing_relations(conn, table)] if identity else []
+            ):
+                composed.append(
+                    sql.SQL("ALTER TABLE {} REPLICA IDENTITY {}").format(
+                        sql.Identifier(*qualified.split(".", 1)), sql.SQL(str(identity).upper())
+                    )
+                )
+        composed += role_statements(conn, settings)
+        role = sql.Identifier(pipe.replication_user)
+        for schema in sorted({t.schema for t in tables}):
+            composed.append(
+                sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), role)
+            )
+        for table in tables:
+            composed.append(
+                sql.SQL("GRANT SELECT ON {} TO {}").format(
+                    sql.Identifier(table.schema, table.name), role
+                )
+            )
+        publication = sql.Identifier(pipe.publication)
+        composed += [
+            sql.SQL(
+                "CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true)"
+            ).format(publication, sql.SQL(", ").join(_members(tables))),
+            sql.SQL("COMMENT ON PUBLICATION {} IS {}").format(
+                publication, sql.Literal(publication_comment(pipe.replication_user))
+            ),
+        ]
+        composed += [
+            sql.SQL(
+                "CREATE TRIGGER {} AFTER TRUNCATE ON {} FOR EACH STATEMENT "
+                "EXECUTE FUNCTION cdc.record_truncate()"
+            ).format(sql.Identifier(TRUNCATE_TRIGGER), sql.Identifier(t.schema, t.name))
+            for t in tables
+        ]
+        rendered = [c.as_string(conn) + ";" for c in composed]
+        conn.rollback()
+    header = (
+        f"-- cdc setup of pipeline {pipe.name} on database {settings.postgres.database}: "
+        f"{len(tables)} tables\n-- run it as a superuser, or a role with CREATEROLE that owns "
+        "the tables (RDS/Cloud SQL: rds_superuser / cloudsqlsuperuser; Azure: azure_pg_admin)"
+    )
+    body = "\n\n".join([_sql_file("pipeline_schema.sql").strip(), *rendered])
+    return f"{header}\n{body}\n"
+
+
+def _publish(conn: psycopg.Connection[Any], publication: str, tables: list[Table]) -> None:
+    names = _members(tables)
     exists = conn.execute(
         "SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)
     ).fetchone()

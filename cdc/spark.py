@@ -13,13 +13,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cdc.clients import kafka_jaas_config, kafka_java_config
 from cdc.errors import INSTALL_HINT, NotInstalledError
 from cdc.settings import Settings
+from cdc.state import prepare_job_state
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["spark_jars", "spark_session"]
+__all__ = ["kafka_options", "spark_jars", "spark_session"]
 
 _VERSIONED = re.compile(r"^(?P<name>.+?)-\d[\w.\-]*\.jar$")
 
@@ -27,6 +29,19 @@ _VERSIONED = re.compile(r"^(?P<name>.+?)-\d[\w.\-]*\.jar$")
 def _artifact(jar: Path) -> str:
     match = _VERSIONED.match(jar.name)
     return match.group("name") if match else jar.stem
+
+
+def kafka_options(settings: Settings) -> dict[str, str]:
+    """The options of every Spark Kafka source and sink of the project: the brokers and
+    the security of `kafka` (protocol, SASL login, the CA as a PEM trust store), each
+    prefixed `kafka.` as Spark hands them to its Kafka clients. The SASL login holds the
+    password (Spark redacts it in plans and logs): never print these."""
+    section = settings.kafka
+    config = kafka_java_config(section, kafka_jaas_config(section))
+    return {
+        "kafka.bootstrap.servers": section.bootstrap_servers,
+        **{f"kafka.{key}": value for key, value in config.items()},
+    }
 
 
 def spark_jars(settings: Settings) -> list[Path]:
@@ -71,7 +86,7 @@ def spark_session(settings: Settings, app_name: str) -> SparkSession:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     log_config = settings.data_dir / "spark" / "log4j2.properties"
-    log_config.parent.mkdir(parents=True, exist_ok=True)
+    prepare_job_state(settings)  # its folders, marked for `cdc down --purge`
     log_config.write_text(_LOG4J2.format(level=settings.spark.log_level.lower()))
     from pyspark.sql import SparkSession
 

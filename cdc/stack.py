@@ -3,23 +3,44 @@
 Start order: PostgreSQL, Kafka, OpenSearch and Redis are launched together
 (each then asked until it answers); Kafka Connect starts once Kafka answers.
 If any component fails, every component this call started is stopped again.
+
+A purge removes, under data_dir only, the folders `cdc` made (each carries the
+marker of cdc/state.py): the managed components' state and the pipelines' state
+(checkpoints, Spark's folder, a warehouse under data_dir). A folder without the
+marker, a symbolic link, or anything outside data_dir is left, and said so.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from cdc.components import Component, ComponentStatus, Connect, Kafka, OpenSearch, Postgres, Redis
 from cdc.errors import ComponentError
 from cdc.settings import Settings
+from cdc.state import MARKER, PIPELINE_STATE, inside, is_marked, local_warehouse
 
-__all__ = ["Stack"]
+__all__ = ["PurgePlan", "Stack"]
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class PurgePlan:
+    """What a purge removes (folders `cdc` made under data_dir) and what it leaves, why."""
+
+    data_dir: Path
+    remove: list[Path] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)  # one line per folder left
+
+    def names(self) -> str:
+        return ", ".join(p.relative_to(self.data_dir).as_posix() for p in self.remove)
 
 
 class Stack:
@@ -76,20 +97,77 @@ class Stack:
                 f"({status.error or 'not ready'}); start it or fix the [{component.name}] settings"
             )
 
-    def down(self, purge: bool = False, progress: Progress = lambda _: None) -> list[str]:
+    def down(self, progress: Progress = lambda _: None) -> list[str]:
         """Stop every managed component, Connect first, PostgreSQL last. Returns their names."""
         stopped = []
         for component in [self.connect, self.opensearch, self.redis, self.kafka, self.postgres]:
             if component.managed and component.stop():
                 progress(f"stopped {component.name}")
                 stopped.append(component.name)
-        if purge:
-            for component in self.components:
-                if component.managed and component.state_dir.exists():
-                    shutil.rmtree(component.state_dir)
-                    progress(f"deleted {component.state_dir}")
         return stopped
+
+    def purge_plan(self) -> PurgePlan:
+        """The folders a purge would remove: the managed components' state and the
+        pipelines' state, each only if `cdc` made it (marked), a folder (not a link) and
+        inside data_dir. Nothing is removed here."""
+        data_dir = self.settings.data_dir
+        plan = PurgePlan(data_dir)
+        candidates = [c.state_dir for c in self.components if c.managed]
+        candidates += [data_dir / name for name in PIPELINE_STATE]
+        warehouse = local_warehouse(self.settings)
+        if warehouse is None or not warehouse.is_relative_to(data_dir) or warehouse == data_dir:
+            where = self.settings.apply.warehouse_path
+            plan.left.append(
+                f"left the warehouse at {where}: not under {data_dir}, a purge never removes "
+                "it (remove its tables there yourself if the pipeline is gone)"
+            )
+        elif not any(warehouse.is_relative_to(c) for c in candidates):
+            candidates.append(warehouse)
+        for path in candidates:
+            why = _why_left(path, data_dir)
+            if why is not None:
+                plan.left.append(f"left {path}: {why}")
+            elif path.exists():
+                plan.remove.append(path)
+        return plan
+
+    def purge(self, plan: PurgePlan, progress: Progress = lambda _: None) -> None:
+        """Remove the plan's folders (stop the stack first). The marker goes last, so that
+        an interrupted purge can be run again."""
+        for line in plan.left:
+            progress(line)
+        for path in plan.remove:
+            if _why_left(path, plan.data_dir) is not None:  # changed since the plan
+                continue
+            for child in path.iterdir():
+                if child.name == MARKER:
+                    continue
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+            shutil.rmtree(path)
+            progress(f"deleted {path}")
 
     def status(self) -> list[ComponentStatus]:
         with ThreadPoolExecutor(max_workers=len(self.components)) as pool:
             return list(pool.map(lambda c: c.status(), self.components))
+
+
+def _why_left(path: Path, data_dir: Path) -> str | None:
+    """Why a purge must leave this folder, or None if it may remove it (or it is not
+    there)."""
+    if path.is_symlink():
+        return f"a symbolic link (to {os.readlink(path)}); a purge follows no link"
+    if not path.exists():
+        return None
+    if not path.is_dir():
+        return "not a folder"
+    if not inside(path, data_dir) or path.resolve() == data_dir.resolve():
+        return f"it lies outside {data_dir} (through a symbolic link); a purge never goes there"
+    if not is_marked(path):
+        return (
+            f"not made by cdc (no {MARKER} in it: a folder of your own, or made by a cdc "
+            f"older than the marker); if it is the stack's, remove it yourself: rm -rf {path}"
+        )
+    return None

@@ -17,9 +17,9 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 
 from cdc.catalog import TRUNCATIONS_TABLE
-from cdc.clients import kafka_admin
+from cdc.clients import kafka_admin, kafka_client_kwargs
 from cdc.errors import SourceError, TopicError
-from cdc.settings import PipelineSettings
+from cdc.settings import KafkaSettings, PipelineSettings
 
 __all__ = [
     "ChangeRecord",
@@ -139,12 +139,12 @@ def pipeline_topic_specs(pipeline: PipelineSettings, tables: list[str]) -> list[
     return specs
 
 
-def ensure_topics(bootstrap_servers: str, specs: list[TopicSpec]) -> list[str]:
+def ensure_topics(kafka: KafkaSettings, specs: list[TopicSpec]) -> list[str]:
     """Create the topics that are missing; refuse ones that exist with other partitions.
 
     Returns the names of the topics it created.
     """
-    admin = kafka_admin(bootstrap_servers, 15000)
+    admin = kafka_admin(kafka, 15000)
     try:
         existing = {
             t["name"]: len(t["partitions"])
@@ -171,9 +171,9 @@ def ensure_topics(bootstrap_servers: str, specs: list[TopicSpec]) -> list[str]:
         admin.close()
 
 
-def end_offsets(bootstrap_servers: str, topics: list[str]) -> dict[str, dict[int, int]]:
+def end_offsets(kafka: KafkaSettings, topics: list[str]) -> dict[str, dict[int, int]]:
     """The next offset to be written, per topic and partition."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False)
+    consumer = KafkaConsumer(**kafka_client_kwargs(kafka), enable_auto_commit=False)
     try:
         tps = [
             TopicPartition(t, p)
@@ -188,13 +188,13 @@ def end_offsets(bootstrap_servers: str, topics: list[str]) -> dict[str, dict[int
         consumer.close()
 
 
-def truncate_topics(bootstrap_servers: str, specs: list[TopicSpec]) -> None:
+def truncate_topics(kafka: KafkaSettings, specs: list[TopicSpec]) -> None:
     """Delete every record now in the topics. Offsets keep growing from where they were.
 
     Kafka deletes records only from topics whose cleanup policy includes delete, so
     the policy is widened (with unlimited retention) for the deletion and then restored.
     """
-    ends = end_offsets(bootstrap_servers, [s.name for s in specs])
+    ends = end_offsets(kafka, [s.name for s in specs])
     to_delete = {
         TopicPartition(t, p): offset
         for t, parts in ends.items()
@@ -203,7 +203,7 @@ def truncate_topics(bootstrap_servers: str, specs: list[TopicSpec]) -> None:
     }
     if not to_delete:
         return
-    admin = kafka_admin(bootstrap_servers, 30000)
+    admin = kafka_admin(kafka, 30000)
     deletable = {"cleanup.policy": "compact,delete", "retention.ms": "-1", "retention.bytes": "-1"}
     try:
         admin.alter_configs(
@@ -244,13 +244,13 @@ class ChangeRecord:
         return None if value is None else value.get("op")
 
 
-def read_topic(bootstrap_servers: str, topic: str, timeout: float = 300.0) -> list[ChangeRecord]:
+def read_topic(kafka: KafkaSettings, topic: str, timeout: float = 300.0) -> list[ChangeRecord]:
     """Every record of topic, partition by partition in offset order, up to its end now.
 
     Raises TimeoutError rather than return part of the topic.
     """
     consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap_servers,
+        **kafka_client_kwargs(kafka),
         enable_auto_commit=False,
         request_timeout_ms=30000,
         max_poll_records=20000,
@@ -278,12 +278,12 @@ def read_topic(bootstrap_servers: str, topic: str, timeout: float = 300.0) -> li
 
 
 def wait_for_records(
-    bootstrap_servers: str, topic: str, count: int, timeout: float = 60.0
+    kafka: KafkaSettings, topic: str, count: int, timeout: float = 60.0
 ) -> list[ChangeRecord]:
     """Read topic until it holds at least count records (or timeout: returns what it has)."""
     deadline = time.monotonic() + timeout
     while True:
-        records = read_topic(bootstrap_servers, topic)
+        records = read_topic(kafka, topic)
         if len(records) >= count or time.monotonic() > deadline:
             return records
         time.sleep(0.5)

@@ -7,10 +7,12 @@ non-zero exit code.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Annotated, Any
 
 import typer
+from rich.text import Text
 
 from cdc.catalog import Table
 from cdc.errors import CdcError, ConfigError
@@ -58,7 +60,7 @@ def settings() -> Settings:
 
 
 def progress(message: str) -> None:
-    err.print(f"[dim]·[/dim] {message}", highlight=False)
+    err.print(Text.assemble(("·", "dim"), " ", message), highlight=False)  # text, no markup
 
 
 @app.command()
@@ -76,12 +78,37 @@ def up() -> None:
 @app.command()
 def down(
     purge: Annotated[
-        bool, typer.Option("--purge", help="also delete every component's state")
+        bool,
+        typer.Option(
+            "--purge",
+            help="also delete, under data_dir, the state cdc made: the components' and the "
+            "pipelines' (checkpoints, a warehouse under data_dir)",
+        ),
     ] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="purge without asking")] = False,
 ) -> None:
-    """Stop the local stack cleanly (Connect first, PostgreSQL last)."""
-    stopped = Stack(settings()).down(purge=purge, progress=progress)
-    if not stopped and not purge:
+    """Stop the local stack cleanly (Connect first, PostgreSQL last).
+
+    --purge removes only folders cdc made (marked with a .cdc-state file), never
+    anything outside data_dir; it asks first unless --yes.
+    """
+    stack = Stack(settings())
+    plan = stack.purge_plan() if purge else None
+    if plan is not None and plan.remove and not yes:
+        where = f"{plan.names()} under {plan.data_dir}"
+        if not sys.stdin.isatty() or os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            err.print(
+                f"[red]error:[/red] `cdc down --purge` would remove {where} and asks first; "
+                "there is no terminal to ask on: pass --yes",
+                highlight=False,
+                soft_wrap=True,
+            )
+            raise typer.Exit(2)
+        typer.confirm(f"This removes {where}. Continue?", abort=True)
+    stopped = stack.down(progress=progress)
+    if plan is not None:
+        stack.purge(plan, progress)
+    elif not stopped:
         progress("nothing was running")
 
 
@@ -114,10 +141,10 @@ def _print_status(stack: Stack, output: Output) -> bool:
 def show_config(output: OutputOption = Form.text) -> None:
     """Show the settings in force (secrets masked) and where they come from."""
     masked = settings().masked()
-    lines = []
+    lines: list[str | Text] = []
     for key, value in masked.items():
         if isinstance(value, dict):
-            lines.append(f"[bold]\\[{key}][/bold]")
+            lines.append(Text(f"[{key}]", style="bold"))
             lines += [f"  {sub} = {sub_value}" for sub, sub_value in value.items()]
         else:
             lines.append(f"{key} = {value}")
@@ -160,7 +187,16 @@ def demo(
 
 
 @app.command()
-def setup(output: OutputOption = Form.text) -> None:
+def setup(
+    output: OutputOption = Form.text,
+    print_sql: Annotated[
+        bool,
+        typer.Option(
+            "--print-sql",
+            help="print the SQL the setup runs on PostgreSQL, for a DBA to run, and change nothing",
+        ),
+    ] = False,
+) -> None:
     """Prepare the source, topics and connector for the pipeline's tables (idempotent).
 
     Creates or updates the replication role and its grants on exactly the captured
@@ -171,6 +207,11 @@ def setup(output: OutputOption = Form.text) -> None:
     from commands.pipeline import sync_pipeline
 
     s = settings()
+    if print_sql:
+        from cdc.source import setup_sql
+
+        sys.stdout.write(setup_sql(s))
+        return
     result = sync_pipeline(s)
     Output(output).emit(
         result.__dict__, *(f"{t} -> {change_topic(s.pipeline, t)}" for t in result.tables)
@@ -593,14 +634,23 @@ def rebuild(
 @app.command()
 def drop(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
+    drop_role: Annotated[
+        bool | None,
+        typer.Option(
+            "--drop-role/--keep-role",
+            help="also drop the replication role (when no other pipeline is set up); "
+            "default: ask, or keep it when there is no terminal",
+        ),
+    ] = None,
 ) -> None:
     """Remove the pipeline's connector (with its offsets), replication slot and publication.
 
-    The change topics and the derived stores stay. Streaming stops; a new
-    `cdc snapshot` starts the pipeline again from a fresh snapshot (a new generation:
-    what it does not hold leaves each store once the store has applied it).
+    The replication role loses SELECT on the tables no other pipeline captures, and
+    may be dropped too. The change topics and the derived stores stay. Streaming
+    stops; a new `cdc snapshot` starts the pipeline again from a fresh snapshot (a new
+    generation: what it does not hold leaves each store once the store has applied it).
     """
-    from commands.pipeline import drop_pipeline
+    from commands.pipeline import drop_pipeline, drop_replication_role
 
     s = settings()
     pipe = s.pipeline
@@ -611,13 +661,26 @@ def drop(
         typer.confirm(f"Drop {what}?", abort=True)
     gone = drop_pipeline(s)
     progress("removed " + (", ".join(gone) if gone else "nothing (there was no pipeline)"))
+    role = pipe.replication_user
+    if drop_role is None:
+        drop_role = sys.stdin.isatty() and typer.confirm(
+            f"Also drop the replication role {role}?", default=False
+        )
+    if not drop_role:
+        progress(f"replication role {role} kept (drop it with `cdc drop --drop-role`)")
+        return
+    dropped, others = drop_replication_role(s)
+    if others:
+        progress(f"replication role {role} kept: still used by {', '.join(others)}")
+    else:
+        progress(f"replication role {role} " + ("dropped" if dropped else "did not exist"))
 
 
 def main() -> None:
     try:
         app()
     except CdcError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        err.print(Text.assemble(("error:", "red"), " ", str(exc)), highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err.print("interrupted")

@@ -178,7 +178,7 @@ def _dashboard(
             now = time.monotonic()
             ends = {
                 t: sum(parts.values())
-                for t, parts in end_offsets(settings.kafka.bootstrap_servers, list(topics)).items()
+                for t, parts in end_offsets(settings.kafka, list(topics)).items()
             }
             if last:
                 rates = {t: (ends[t] - last.get(t, 0)) / (now - last_at) for t in ends}

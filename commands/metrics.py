@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from cdc.components.base import ComponentStatus
-from commands.pipeline import PipelineStatus
+from commands.pipeline import RESNAPSHOT, WAL_ADVICE, PipelineStatus
 
 __all__ = ["StatusCollector", "families", "serve"]
 
@@ -30,9 +30,46 @@ def families(components: Sequence[ComponentStatus], pipeline: PipelineStatus) ->
         "WAL the slot keeps PostgreSQL from recycling",
         labels=["pipeline"],
     )
-    if pipeline.slot:
-        slot_active.add_metric(name, 1.0 if pipeline.slot["active"] else 0.0)
-        retained.add_metric(name, float(pipeline.slot["wal_retained_bytes"] or 0))
+    warn_bytes = GaugeMetricFamily(
+        "cdc_slot_wal_retained_warn_bytes",
+        "pipeline.wal_retained_warn_bytes: retained WAL past it is warned about (0: never)",
+        labels=["pipeline"],
+    )
+    safe = GaugeMetricFamily(
+        "cdc_slot_safe_wal_size_bytes",
+        "WAL that can still be written before PostgreSQL invalidates the slot "
+        "(max_slot_wal_keep_size; absent when unlimited or lost)",
+        labels=["pipeline"],
+    )
+    warning = GaugeMetricFamily(
+        "cdc_slot_wal_warning",
+        "1 when the slot retains WAL past pipeline.wal_retained_warn_bytes or past "
+        f"max_slot_wal_keep_size: {WAL_ADVICE}",
+        labels=["pipeline"],
+    )
+    lost = GaugeMetricFamily(
+        "cdc_slot_lost",
+        f"1 when PostgreSQL invalidated the slot (wal_status lost): {RESNAPSHOT}",
+        labels=["pipeline"],
+    )
+    problem = GaugeMetricFamily(
+        "cdc_slot_problem",
+        "1 while the slot has a problem; the labels say which and what to do (cdc status)",
+        labels=["pipeline", "health", "problem"],
+    )
+    slot = pipeline.slot
+    if slot:
+        slot_active.add_metric(name, 1.0 if slot["active"] else 0.0)
+        retained.add_metric(name, float(slot["wal_retained_bytes"] or 0))
+        if slot.get("warn_bytes") is not None:
+            warn_bytes.add_metric(name, float(slot["warn_bytes"]))
+        if slot.get("safe_wal_size") is not None:
+            safe.add_metric(name, float(slot["safe_wal_size"]))
+        if slot.get("health") is not None:
+            warning.add_metric(name, 1.0 if slot["health"] == "warning" else 0.0)
+            lost.add_metric(name, 1.0 if slot["health"] == "failed" else 0.0)
+        if slot.get("problem"):
+            problem.add_metric([pipeline.name, slot["health"], slot["problem"]], 1.0)
     running = GaugeMetricFamily(
         "cdc_connector_running", "1 when the connector and its tasks run", labels=["pipeline"]
     )
@@ -78,7 +115,23 @@ def families(components: Sequence[ComponentStatus], pipeline: PipelineStatus) ->
     )
     for window, count in pipeline.late_events.items():
         late.add_metric([pipeline.name, window], float(count))
-    return [up, slot_active, retained, running, ends, backlog, lag, waiting, dead, late]
+    return [
+        up,
+        slot_active,
+        retained,
+        warn_bytes,
+        safe,
+        warning,
+        lost,
+        problem,
+        running,
+        ends,
+        backlog,
+        lag,
+        waiting,
+        dead,
+        late,
+    ]
 
 
 class StatusCollector:

@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.console import Console, RenderableType
 from rich.table import Table
+from rich.text import Text
 
 __all__ = ["Form", "Output", "RowsForm", "console"]
 
@@ -33,7 +34,8 @@ class RowsForm(StrEnum):
 def console(stderr: bool = False) -> Console:
     """A console; wide when it writes to a file or pipe, where nothing wraps lines for us."""
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, width=None if stream.isatty() else 160)
+    # no emoji codes: a value `:fire:` is printed as it is
+    return Console(stderr=stderr, width=None if stream.isatty() else 160, emoji=False)
 
 
 class Output:
@@ -46,8 +48,8 @@ class Output:
     def emit(self, document: Any, *text: RenderableType) -> None:
         """`document` as JSON for scripts, or `text` for people."""
         if self.form == "text":
-            for part in text:
-                self.console.print(part, highlight=False)
+            for part in text:  # text as it is: a `[` in a name or a value is no markup
+                self.console.print(Text(part) if isinstance(part, str) else part, highlight=False)
         else:
             sys.stdout.write(json.dumps(document, default=str, ensure_ascii=False, indent=2) + "\n")
 
@@ -60,5 +62,5 @@ class Output:
             return
         table = Table(*columns, caption=f"{len(rows)} rows")
         for row in rows:
-            table.add_row(*("NULL" if v is None else str(v) for v in row))
+            table.add_row(*(Text("NULL" if v is None else str(v)) for v in row))
         self.emit([dict(zip(columns, row, strict=True)) for row in rows], table)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from cdc.catalog import published_tables
 from cdc.connect import ConnectClient
 from cdc.errors import CdcError
+from cdc.role import drop_role, other_pipelines, sync_grants
 from cdc.settings import Settings
 from cdc.source import admin_connection, drop_publication
 from cdc.topics import change_topic, dead_letter_topic, end_offsets, pipeline_topic_specs
@@ -16,7 +18,22 @@ from materializers.progress import late_events, read_progress
 from snapshot.slot import drop_slot
 from snapshot.state import forget, read_state
 
-__all__ = ["PipelineStatus", "SyncResult", "drop_pipeline", "pipeline_status", "sync_pipeline"]
+__all__ = [
+    "RESNAPSHOT",
+    "WAL_ADVICE",
+    "PipelineStatus",
+    "SyncResult",
+    "drop_pipeline",
+    "pipeline_status",
+    "slot_health",
+    "sync_pipeline",
+    "wal_size",
+]
+
+# what brings back a pipeline whose slot PostgreSQL invalidated: a new generation
+RESNAPSHOT = "take a new snapshot: `cdc drop`, then `cdc snapshot`"
+# what to do about a slot that retains too much WAL
+WAL_ADVICE = "fix the connector, or `cdc drop` an abandoned pipeline"
 
 
 @dataclass
@@ -24,7 +41,9 @@ class PipelineStatus:
     name: str
     snapshot: str  # none, running (interrupted or under way), done
     snapshot_lsn: str | None
-    slot: dict[str, Any] | None  # active, wal_retained_bytes, confirmed_flush_lsn
+    # active, wal_retained_bytes, confirmed_flush_lsn, wal_status, safe_wal_size, ...;
+    # health: ok, warning (retains too much WAL) or failed (lost); problem: what to do
+    slot: dict[str, Any] | None
     connector: dict[str, Any] | None  # state, tasks, trace of a failed task
     topics: dict[str, int] = field(default_factory=dict)  # end offset summed over partitions
     stores: dict[str, dict[str, Any]] = field(default_factory=dict)  # per store: backlog, lag
@@ -42,20 +61,7 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
             state = read_state(conn, pipe.name) if has_state and has_state[0] else None
             if state:
                 status.snapshot, status.snapshot_lsn = state.status, state.lsn
-            row = conn.execute(
-                "SELECT active, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, "
-                "confirmed_flush_lsn::text, wal_status FROM pg_replication_slots "
-                "WHERE slot_name = %s",
-                (pipe.slot,),
-            ).fetchone()
-            if row:
-                status.slot = {
-                    "name": pipe.slot,
-                    "active": row[0],
-                    "wal_retained_bytes": row[1],
-                    "confirmed_flush_lsn": row[2],
-                    "wal_status": row[3],
-                }
+            status.slot = _slot(conn, pipe.slot, pipe.wal_retained_warn_bytes)
             if tables is None:
                 tables = published_tables(conn, pipe.publication)
         connectors = ConnectClient(settings.connect.url).connectors()
@@ -73,7 +79,7 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
                 status.connector["error"] = summarize_trace(failed[0].get("trace", ""))
         if tables:
             topics = [change_topic(pipe, t) for t in tables]
-            ends = end_offsets(settings.kafka.bootstrap_servers, [*topics, dead_letter_topic(pipe)])
+            ends = end_offsets(settings.kafka, [*topics, dead_letter_topic(pipe)])
             dlq = ends.pop(dead_letter_topic(pipe), {})
             status.dead_letters = sum(dlq.values())
             status.topics = {t: sum(parts.values()) for t, parts in ends.items()}
@@ -82,6 +88,96 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
     except CdcError as exc:
         status.error = str(exc)
     return status
+
+
+def _slot(conn: Any, slot: str, warn_bytes: int) -> dict[str, Any] | None:
+    """The slot as `cdc status` shows it, with its health; None if there is no slot.
+
+    The row goes through to_jsonb, so columns of newer servers (`conflicting` from
+    PostgreSQL 16, `invalidation_reason` from 17) come when the server has them."""
+    row = conn.execute(
+        "SELECT to_jsonb(s) || jsonb_build_object("
+        "'wal_retained_bytes', pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint, "
+        "'max_slot_wal_keep_size', current_setting('max_slot_wal_keep_size')) "
+        "FROM pg_replication_slots s WHERE slot_name = %s",
+        (slot,),
+    ).fetchone()
+    if row is None:
+        return None
+    found: dict[str, Any] = row[0]
+    info = {
+        "name": slot,
+        "active": found.get("active"),
+        "wal_retained_bytes": found.get("wal_retained_bytes"),
+        "confirmed_flush_lsn": found.get("confirmed_flush_lsn"),
+        "wal_status": found.get("wal_status"),
+        "safe_wal_size": found.get("safe_wal_size"),
+        "max_slot_wal_keep_size": found.get("max_slot_wal_keep_size"),
+        "invalidation_reason": found.get("invalidation_reason"),
+        "conflicting": found.get("conflicting"),
+        "warn_bytes": warn_bytes,
+    }
+    info["health"], info["problem"] = slot_health(info, warn_bytes)
+    return info
+
+
+def wal_size(n: float) -> str:
+    """A size of WAL for people: 512 B, 3.0 MiB, 1.2 GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+_INVALIDATED = {
+    "wal_removed": "it retained more WAL than max_slot_wal_keep_size{limit}",
+    "rows_removed": "rows it needed were removed (a conflict on a standby)",
+    "wal_level_insufficient": "wal_level is no longer logical",
+    "idle_timeout": "it was idle longer than idle_replication_slot_timeout",
+}
+
+
+def slot_health(slot: Mapping[str, Any], warn_bytes: int) -> tuple[str, str | None]:
+    """("ok", None), ("warning", what to do) or ("failed", what to do) for a slot row.
+
+    Failed: PostgreSQL invalidated the slot (`wal_status` lost; `invalidation_reason` on
+    PostgreSQL 17+; `conflicting` on 16+): the changes it kept are gone, only a new
+    snapshot brings the pipeline back. Warning: it retains more WAL than `warn_bytes`
+    (0: never), or its WAL is no longer reserved (lost at the next checkpoint)."""
+    name = slot.get("name", "?")
+    keep = slot.get("max_slot_wal_keep_size")
+    limit = f" ({keep})" if keep not in (None, "-1") else ""
+    reason = slot.get("invalidation_reason")
+    if slot.get("wal_status") == "lost" or reason or slot.get("conflicting"):
+        if reason is None and slot.get("conflicting"):
+            reason = "rows_removed"
+        why = _INVALIDATED.get(reason or "wal_removed", f"invalidation reason {reason}")
+        since = slot.get("confirmed_flush_lsn")
+        return "failed", (
+            f"slot {name} is lost: PostgreSQL invalidated it ({why.format(limit=limit)}); "
+            f"the changes after {since or 'its last confirmed position'} are gone and the "
+            f"connector cannot stream; {RESNAPSHOT}"
+        )
+    retained = slot.get("wal_retained_bytes")
+    safe = slot.get("safe_wal_size")
+    if slot.get("wal_status") == "unreserved":
+        return "warning", (
+            f"slot {name} retains WAL past max_slot_wal_keep_size{limit}: PostgreSQL "
+            "invalidates it at the next checkpoint unless the connector catches up; " + WAL_ADVICE
+        )
+    if warn_bytes > 0 and retained is not None and retained > warn_bytes:
+        if safe is not None:
+            at_risk = f"; PostgreSQL invalidates the slot after {wal_size(max(safe, 0))} more"
+        elif keep == "-1":
+            at_risk = ", and nothing limits it (max_slot_wal_keep_size -1): the disk can fill"
+        else:
+            at_risk = ""
+        return "warning", (
+            f"slot {name} retains {wal_size(retained)} of WAL, more than "
+            f"pipeline.wal_retained_warn_bytes ({wal_size(warn_bytes)}){at_risk}; " + WAL_ADVICE
+        )
+    return "ok", None
 
 
 @dataclass
@@ -114,7 +210,7 @@ def sync_pipeline(settings: Settings) -> SyncResult:
     tables = prepare_source(settings)
     names = [t.qualified for t in tables]
     created = ensure_topics(
-        settings.kafka.bootstrap_servers,
+        settings.kafka,
         pipeline_topic_specs(settings.pipeline, [t.qualified for t in tables]),
     )
     added = [t for t in names if before and t not in before]
@@ -198,4 +294,19 @@ def drop_pipeline(settings: Settings) -> list[str]:
             forget(conn, pipe.name)
     if drop_publication(settings):
         gone.append(f"publication {pipe.publication}")
+    with admin_connection(settings) as conn:
+        # the role keeps SELECT only on what other pipelines still capture
+        revoked = sync_grants(conn, pipe.replication_user, [], pipe.publication)
+        if revoked:
+            gone.append(f"{pipe.replication_user}'s SELECT on {', '.join(revoked)}")
     return gone
+
+
+def drop_replication_role(settings: Settings) -> tuple[bool, list[str]]:
+    """Drop the replication role unless a pipeline is still set up on the database.
+    Returns whether it went, and the pipelines' publications that kept it."""
+    with admin_connection(settings) as conn:
+        others = other_pipelines(conn, settings.pipeline.replication_user)
+        if others:
+            return False, others
+        return drop_role(conn, settings), []

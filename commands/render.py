@@ -52,6 +52,23 @@ def _bytes(n: int | None) -> str:
     return str(n)
 
 
+def _slot_line(slot: dict[str, Any]) -> str:
+    if slot.get("health") == "failed":
+        state = "[red]lost[/red]"
+    else:
+        state = "[green]active[/green]" if slot["active"] else "[yellow]inactive[/yellow]"
+    retained = _bytes(slot["wal_retained_bytes"])
+    if slot.get("health") == "warning":
+        retained = f"[yellow]{retained}[/yellow]"
+    line = (
+        f"{state}; WAL retained {retained}; confirmed flush {slot['confirmed_flush_lsn']}; "
+        f"wal_status {slot['wal_status']}"
+    )
+    if slot.get("safe_wal_size") is not None:
+        line += f"; invalidated after {_bytes(max(slot['safe_wal_size'], 0))} more WAL"
+    return line
+
+
 def pipeline_table(p: PipelineStatus) -> Table:
     table = Table(title=f"pipeline {p.name}", title_justify="left", show_header=False)
     table.add_column("what")
@@ -63,12 +80,11 @@ def pipeline_table(p: PipelineStatus) -> Table:
         snapshot += " (interrupted, or under way: `cdc snapshot` redoes an interrupted one)"
     table.add_row("snapshot", snapshot)
     if p.slot:
-        state = "[green]active[/green]" if p.slot["active"] else "[yellow]inactive[/yellow]"
-        table.add_row(
-            f"slot {p.slot['name']}",
-            f"{state}; WAL retained {_bytes(p.slot['wal_retained_bytes'])}; "
-            f"confirmed flush {p.slot['confirmed_flush_lsn']}; wal_status {p.slot['wal_status']}",
-        )
+        table.add_row(f"slot {p.slot['name']}", _slot_line(p.slot))
+        health, problem = p.slot.get("health"), p.slot.get("problem")
+        if problem:
+            color = "red" if health == "failed" else "yellow"
+            table.add_row(f"[{color}]{health}[/{color}]", f"[{color}]{problem}[/{color}]")
     else:
         table.add_row("slot", "none")
     if p.connector:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cdc.catalog import TRUNCATIONS_TABLE, Table
+from cdc.clients import kafka_client_kwargs
 from cdc.errors import (
     CdcError,
     LogRewoundError,
@@ -28,7 +29,7 @@ from cdc.errors import (
 )
 from cdc.settings import Settings
 from cdc.source import captured_tables, ping_source, read_source
-from cdc.spark import spark_session
+from cdc.spark import kafka_options, spark_session
 from cdc.topics import change_topic, change_topic_pattern
 from materializers.dead_letters import DeadLetters
 from materializers.events import parse_events
@@ -42,7 +43,7 @@ from materializers.progress import (
     write_progress,
 )
 from materializers.stores.base import FrameStore, RowStore, Store
-from materializers.stores.registry import make_row_store, make_store
+from materializers.stores.registry import executor_settings, make_row_store, make_store
 from materializers.stores.warehouse.views import check_views, window_query
 from materializers.typed import unheld_columns
 from materializers.writer import RESULT_DDL, partition_writer
@@ -209,7 +210,7 @@ def _batch_writer(
             F.col("value").cast("string").alias("value"),
         ).where("table IS NOT NULL")
         run = partition_writer(
-            functools.partial(make_row_store, settings, store.name),
+            functools.partial(make_row_store, executor_settings(settings, store.name), store.name),
             tables,
             functools.partial(change_topic, settings.pipeline),
             TRUNCATIONS_TABLE,
@@ -335,8 +336,7 @@ class _EndOffsets:
 
         if self._consumer is None:
             self._consumer = KafkaConsumer(
-                bootstrap_servers=self.settings.kafka.bootstrap_servers,
-                enable_auto_commit=False,
+                **kafka_client_kwargs(self.settings.kafka), enable_auto_commit=False
             )
         existing = {
             (t, p)
@@ -562,7 +562,7 @@ def _prepare(settings: Settings, store: Store, tables: dict[str, Table]) -> None
 def _start_store_query(spark: Any, settings: Settings, store: Store, once: bool) -> Any:
     source = (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", settings.kafka.bootstrap_servers)
+        .options(**kafka_options(settings))
         # every change topic of the pipeline, also of tables added while it runs
         .option("subscribePattern", change_topic_pattern(settings.pipeline))
         .option("startingOffsets", "earliest")

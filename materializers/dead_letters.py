@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cdc.clients import kafka_client_kwargs
 from cdc.errors import StoreUnavailableError
 from cdc.settings import Settings
 from cdc.source import captured_tables
+from cdc.state import make_state_dir
 from cdc.topics import change_topic, dead_letter_topic
 from materializers.progress import checkpoint_dir
 
@@ -40,9 +42,7 @@ class DeadLetters:
         if self._producer is None:
             from kafka import KafkaProducer
 
-            self._producer = KafkaProducer(
-                bootstrap_servers=self.settings.kafka.bootstrap_servers, acks="all"
-            )
+            self._producer = KafkaProducer(**kafka_client_kwargs(self.settings.kafka), acks="all")
         record = {
             "store": self.store,
             "error": error,
@@ -104,9 +104,7 @@ def read_dead_letters(settings: Settings, store: str | None = None) -> list[Dead
     from kafka import KafkaConsumer, TopicPartition
 
     topic = dead_letter_topic(settings.pipeline)
-    consumer = KafkaConsumer(
-        bootstrap_servers=settings.kafka.bootstrap_servers, enable_auto_commit=False
-    )
+    consumer = KafkaConsumer(**kafka_client_kwargs(settings.kafka), enable_auto_commit=False)
     try:
         parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
         if not parts:
@@ -129,18 +127,19 @@ def read_dead_letters(settings: Settings, store: str | None = None) -> list[Dead
 def _letter(record: Any) -> DeadLetter | None:
     try:
         body = json.loads(record.value)
-    except (TypeError, ValueError):
+        key = body.get("key")
+        return DeadLetter(
+            record.partition,
+            record.offset,
+            str(body.get("store")),
+            str(body.get("error")),
+            str(body.get("topic")),
+            int(body.get("partition") or 0),
+            int(body.get("offset") or 0),
+            key if isinstance(key, str) else None,
+        )
+    except (TypeError, ValueError, AttributeError, RecursionError):  # not one of ours
         return None
-    return DeadLetter(
-        record.partition,
-        record.offset,
-        str(body.get("store")),
-        str(body.get("error")),
-        str(body.get("topic")),
-        int(body.get("partition") or 0),
-        int(body.get("offset") or 0),
-        body.get("key"),
-    )
 
 
 def _replayed_file(settings: Settings, store: str) -> Path:
@@ -187,7 +186,7 @@ def replay_dead_letters(
         backfill_keys(settings, captured, key_filters(captured, sorted(keys)), len(keys), note)
     for store, mark in marks.items():
         path = _replayed_file(settings, store)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_state_dir(settings, path.parent)
         path.write_text(json.dumps(mark))
     return {name: len(keys) for name, keys in pending.items()}
 
@@ -195,6 +194,6 @@ def replay_dead_letters(
 def _is_key(text: str, columns: tuple[str, ...]) -> bool:
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return isinstance(value, dict) and all(c in value for c in columns)

@@ -28,6 +28,7 @@ from psycopg import sql
 
 from cdc.catalog import Column, Table
 from cdc.decode import UNAVAILABLE, is_unavailable
+from cdc.errors import ValueDecodeError
 from cdc.postgres_text import postgres_text
 from snapshot.encoding import column_json
 
@@ -55,6 +56,18 @@ def _unavailable(inputs: list[Column], after: dict[str, Any]) -> set[str]:
     return {c.name for c in inputs if c.name not in after or is_unavailable(c, after[c.name])}
 
 
+def _input_text(column: Column, after: dict[str, Any], missing: set[str]) -> str | None:
+    """An input's value as PostgreSQL's input text; one that is not what its column's
+    encoding can be is added to `missing` (each store dead-letters the record for it)."""
+    if column.name in missing:
+        return None
+    try:
+        return postgres_text(column, after[column.name])
+    except ValueDecodeError:
+        missing.add(column.name)
+        return None
+
+
 def compute(conn: Any, table: Table, afters: list[dict[str, Any]]) -> None:
     """Add the table's generated columns to each `after` image, in place."""
     inputs = _inputs(table)
@@ -79,9 +92,7 @@ def compute(conn: Any, table: Table, afters: list[dict[str, Any]]) -> None:
         for number, after in enumerate(chunk):
             missing.append(_unavailable(inputs, after))
             params.append(number)
-            params += [
-                None if c.name in missing[-1] else postgres_text(c, after[c.name]) for c in inputs
-            ]
+            params += [_input_text(c, after, missing[-1]) for c in inputs]
         slots = [f"i{n}" for n in range(len(inputs))]
         # the expressions name the table's columns: innermost, each input under its name;
         # each result is cast to its column's type, as PostgreSQL stores it

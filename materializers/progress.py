@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc.settings import Settings
+from cdc.state import make_state_dir
 from materializers.position import Position
 
 __all__ = [
@@ -107,7 +108,7 @@ def read_progress(settings: Settings, store: str) -> Progress | None:
 
 def write_progress(settings: Settings, store: str, progress: Progress) -> None:
     path = progress_file(settings, store)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_state_dir(settings, path.parent)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(progress.to_json()))
     tmp.replace(path)
@@ -146,5 +147,5 @@ def note_late(settings: Settings, window: str, recent: list[dict[str, Any]]) -> 
         for operator in report.get("stateOperators", []):
             noted["late"] += int(operator.get("numRowsDroppedByWatermark", 0))
     noted["batch"] = max(p["batchId"] for p in fresh)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_state_dir(settings, path.parent)
     path.write_text(json.dumps(noted))

@@ -371,9 +371,7 @@ def window_check(
     from cdc.topics import read_topic
 
     name = f"view {window.name}"
-    records = read_topic(
-        settings.kafka.bootstrap_servers, change_topic(settings.pipeline, table.qualified)
-    )
+    records = read_topic(settings.kafka, change_topic(settings.pipeline, table.qualified))
     ends: dict[int, int] = {}
     gaps = False
     for record in records:

@@ -139,7 +139,7 @@ def key_json(table: Table, key: str) -> str:
     order): from a JSON object, or from a bare value for a single-column key."""
     try:
         given = json.loads(key)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json parses
         given = key
     if not isinstance(given, dict):
         if len(table.key) != 1:

@@ -154,7 +154,7 @@ def consistent_cut(
             time.sleep(0.5)
     topics = [change_topic(settings.pipeline, t.qualified) for t in tables]
     topics.append(change_topic(settings.pipeline, TRUNCATIONS_TABLE))
-    ends = end_offsets(settings.kafka.bootstrap_servers, topics)
+    ends = end_offsets(settings.kafka, topics)
     for store in stores:
         while True:
             behind = (read_progress(settings, store) or Progress()).behind(ends)

@@ -38,6 +38,8 @@ RESULT_DDL = (
     "commit_lsn long"
 )
 _NOT_A_CHANGE_EVENT = "not a change event"
+_OPS = ("c", "u", "d", "r")
+_LONG = (-(2**63), 2**63 - 1)
 
 
 def _result_schema() -> Any:
@@ -59,7 +61,9 @@ def _result_schema() -> Any:
     )
 
 
-def _parse_value(value: str | None) -> tuple[str, dict[str, Any] | None, int | None, Any]:
+def _parse_value(
+    value: bytes | str | None,
+) -> tuple[str, dict[str, Any] | None, int | None, Any]:
     """A Kafka value as (op, after, commit_ms, position). A tombstone (no value) is a
     delete with no position. Raises ValueError for what is not a Debezium change event."""
     if value is None:
@@ -70,13 +74,59 @@ def _parse_value(value: str | None) -> tuple[str, dict[str, Any] | None, int | N
         source = envelope.get("source") or {}
         after = envelope.get("after")
         position = event_position(op, source)
+        commit_ms = source.get("ts_ms")
     except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError, ValueError):
         raise ValueError(_NOT_A_CHANGE_EVENT) from None
     if not isinstance(op, str) or not (after is None or isinstance(after, dict)):
         raise ValueError(_NOT_A_CHANGE_EVENT)
     if position is None:  # a change event always has a position in the source
         raise ValueError(_NOT_A_CHANGE_EVENT)
-    return op, (None if op == "d" else after), source.get("ts_ms"), position
+    if op not in _OPS:
+        raise ValueError(f"{_NOT_A_CHANGE_EVENT}: op {op[:20]!r} is not one of c, u, d, r")
+    if op != "d" and after is None:
+        raise ValueError(f"{_NOT_A_CHANGE_EVENT}: op {op!r} without an after image")
+    if not all(map(_is_long, position)):
+        raise ValueError(f"{_NOT_A_CHANGE_EVENT}: its source position is not two longs")
+    if commit_ms is not None and not _is_long(commit_ms):
+        raise ValueError(f"{_NOT_A_CHANGE_EVENT}: source.ts_ms is not a time in ms")
+    return op, (None if op == "d" else after), commit_ms, position
+
+
+def _is_long(value: Any) -> bool:
+    """Whether `value` is an integer a Kafka record's (and Arrow's) long holds."""
+    return isinstance(value, int) and not isinstance(value, bool) and _LONG[0] <= value <= _LONG[1]
+
+
+def _key_error(table: Table | None, key: bytes | str | None) -> str | None:
+    """Why a record's key cannot key a row of `table` (None: it can): Debezium's key is
+    a JSON object (of the key columns, UTF-8 text), and the stores keep and read rows
+    back by it. (A key of other columns, from before the key changed, is still one.)"""
+    if table is None:
+        return None
+    try:
+        parsed = orjson.loads(key) if key is not None else None
+    except orjson.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        return f"{_NOT_A_CHANGE_EVENT}: its key is not a JSON object"
+    return None
+
+
+def _text(value: bytes | str | None) -> str | None:
+    """A record's key or value as text (bytes that are not UTF-8 shown replaced)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _column(batch: Any, name: str) -> list[Any]:
+    """A column of the worker's Arrow batch as Python values; the key and value as bytes:
+    Spark casts a Kafka record's bytes to a string unchecked, and bytes that are not UTF-8
+    would fail the whole partition as text."""
+    import pyarrow as pa
+
+    column = batch.column(name)
+    if pa.types.is_string(column.type) and name in ("key", "value"):
+        column = column.view(pa.binary())
+    return list(column.to_pylist())
 
 
 def _supersedes(event: Event, seen: Event | None) -> bool:
@@ -159,13 +209,20 @@ def partition_writer(
 
         try:
             for batch in batches:
-                columns = [batch.column(name).to_pylist() for name in _INPUT_COLUMNS]
-                for table, topic, partition, offset, key, value in zip(*columns, strict=True):
+                columns = [_column(batch, name) for name in _INPUT_COLUMNS]
+                for table, topic, partition, offset, raw_key, value in zip(*columns, strict=True):
                     where = (topic, partition)
                     if offset > applied.get(where, -1):
                         applied[where] = offset
+                    key: Any = _text(raw_key)  # text: checked below for a captured table
                     try:
                         op, after, commit_ms, position = _parse_value(value)
+                        error = _key_error(tables.get(table), raw_key)
+                        if error is not None:
+                            raise ValueError(error)
+                        name = (after or {}).get("table_name")
+                        if table == truncations_table and not isinstance(name, str | None):
+                            raise ValueError(f"{_NOT_A_CHANGE_EVENT}: table_name is not text")
                     except ValueError as exc:
                         out.append(
                             {
@@ -174,17 +231,17 @@ def partition_writer(
                                 "partition": partition,
                                 "offset": offset,
                                 "key": key,
-                                "value": value,
+                                "value": _text(value),
                                 "error": str(exc),
                             }
                         )
                         continue
                     if table == truncations_table:
-                        if op in ("c", "r") and after and after.get("table_name"):
+                        if op in ("c", "r") and name:
                             out.append(
                                 {
                                     "kind": "truncate",
-                                    "table": after["table_name"],
+                                    "table": name,
                                     "commit_lsn": position[0],
                                     "lsn": position[1],
                                     "commit_ms": commit_ms,

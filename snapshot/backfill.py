@@ -21,6 +21,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 from psycopg import sql
 
+from cdc.clients import kafka_client_kwargs
 from cdc.connect import ConnectClient
 from cdc.errors import BackfillError
 from cdc.settings import Settings
@@ -71,7 +72,7 @@ class BackfillProgress:
         """How far through its key range, when the key is a single number."""
         try:
             last, top = float(self.last_key or ""), float(self.max_key or "")
-        except ValueError:
+        except (TypeError, ValueError):  # not a single number
             return None
         return min(max(last / top, 0.0), 1.0) if top > 0 else None
 
@@ -277,7 +278,7 @@ def _check_filter(settings: Settings, table: str, where: str) -> None:
 
 def _consumer(settings: Settings) -> KafkaConsumer:
     try:
-        return KafkaConsumer(bootstrap_servers=settings.kafka.bootstrap_servers)
+        return KafkaConsumer(**kafka_client_kwargs(settings.kafka))
     except KafkaError:
         raise BackfillError(
             f"Kafka at {settings.kafka.bootstrap_servers} does not answer: start it (`cdc up`) "
@@ -357,7 +358,7 @@ def _follow(progress: BackfillProgress, note: dict[str, Any]) -> bool:
     taken the signal, and the next COMPLETED covers it; a COMPLETED before that (of a
     backfill that was running already) does not.
     """
-    if note.get("aggregate_type") != "Incremental Snapshot":
+    if not isinstance(note, dict) or note.get("aggregate_type") != "Incremental Snapshot":
         return False
     if progress.signal_id is not None and not progress.taken:
         if note.get("id") != progress.signal_id:
@@ -368,8 +369,9 @@ def _follow(progress: BackfillProgress, note: dict[str, Any]) -> bool:
 
 
 def _apply(progress: BackfillProgress, note: dict[str, Any]) -> None:
-    extra = note.get("additional_data") or {}
-    progress.state = note.get("type", progress.state)
+    extra = note.get("additional_data")
+    extra = extra if isinstance(extra, dict) else {}  # what Debezium writes is an object
+    progress.state = str(note.get("type", progress.state))
     progress.table = (
         extra.get("current_collection_in_progress")
         or extra.get("data_collection")
@@ -377,8 +379,9 @@ def _apply(progress: BackfillProgress, note: dict[str, Any]) -> None:
     )
     progress.last_key = extra.get("last_processed_key", progress.last_key)
     progress.max_key = extra.get("maximum_key", progress.max_key)
-    if "total_rows_scanned" in extra:
-        progress.rows_scanned = (progress.rows_scanned or 0) + int(extra["total_rows_scanned"])
+    scanned = str(extra.get("total_rows_scanned", ""))
+    if scanned.isascii() and scanned.isdigit() and len(scanned) <= 18:  # a count, as Debezium says
+        progress.rows_scanned = (progress.rows_scanned or 0) + int(scanned)
     status = extra.get("status")
     if progress.state == "TABLE_SCAN_COMPLETED" and status not in (None, "SUCCEEDED", "EMPTY"):
         progress.failures.append(f"{extra.get('scanned_collection', progress.table)}: {status}")

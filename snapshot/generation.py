@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cdc.clients import kafka_client_kwargs
 from cdc.settings import Settings
+from cdc.state import make_state_dir
 
 __all__ = ["Generation", "generation_file", "read_generation", "record_generation"]
 
@@ -41,7 +43,7 @@ def record_generation(settings: Settings, lsn: int, ts_ms: int, topics: list[str
     """Note the generation whose snapshot rows `topics` now end with."""
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=settings.kafka.bootstrap_servers)
+    consumer = KafkaConsumer(**kafka_client_kwargs(settings.kafka))
     try:
         parts = [
             TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()
@@ -54,7 +56,7 @@ def record_generation(settings: Settings, lsn: int, ts_ms: int, topics: list[str
     before = read_generation(settings)
     generation = Generation(lsn, ts_ms, ends, before.lsn if before else None)
     path = generation_file(settings)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_state_dir(settings, path.parent)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(generation.__dict__))
     tmp.replace(path)

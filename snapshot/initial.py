@@ -40,6 +40,7 @@ from cdc.capture import register_connector
 from cdc.catalog import Table
 from cdc.connect import ConnectClient
 from cdc.errors import ConnectorError, SnapshotError
+from cdc.role import replication_password
 from cdc.settings import Settings
 from cdc.source import (
     admin_connection,
@@ -47,7 +48,7 @@ from cdc.source import (
     replication_dsn,
     sync_truncate_triggers,
 )
-from cdc.spark import spark_session
+from cdc.spark import kafka_options, spark_session
 from cdc.topics import (
     change_topic,
     change_topic_spec,
@@ -105,7 +106,7 @@ def run_snapshot(
     note(f"preparing the source for pipeline {pipe.name}")
     tables = prepare_source(settings)
     ensure_topics(
-        settings.kafka.bootstrap_servers,
+        settings.kafka,
         pipeline_topic_specs(settings.pipeline, [t.qualified for t in tables]),
     )
     connector = ConnectClient(settings.connect.url).connectors().get(pipe.connector)
@@ -144,9 +145,7 @@ def run_snapshot(
         mark_running(conn, pipe.name, pipe.slot)
 
     # what an interrupted run wrote goes; offsets keep growing, so no position is reused
-    truncate_topics(
-        settings.kafka.bootstrap_servers, [change_topic_spec(pipe, t.qualified) for t in tables]
-    )
+    truncate_topics(settings.kafka, [change_topic_spec(pipe, t.qualified) for t in tables])
 
     def waiting(blockers: list[InFlight]) -> None:
         note(
@@ -205,10 +204,11 @@ def _copy_tables(
     )
     props = {
         "user": pipe.replication_user,
-        "password": pipe.replication_password.get_secret_value(),
+        "password": replication_password(settings).get_secret_value(),
         "driver": "org.postgresql.Driver",
         "sessionInitStatement": init,
         "fetchsize": "10000",
+        **pg.jdbc_ssl_params(),
     }
     now_ms = int(time.time() * 1000)
     frames = []
@@ -228,10 +228,7 @@ def _copy_tables(
                 )
     events = reduce(lambda a, b: a.unionAll(b), frames)
     topics = {change_topic(pipe, t.qualified): t for t in tables}
-    start = {
-        t: sum(p.values())
-        for t, p in end_offsets(settings.kafka.bootstrap_servers, list(topics)).items()
-    }
+    start = {t: sum(p.values()) for t, p in end_offsets(settings.kafka, list(topics)).items()}
 
     done = threading.Event()
     with Progress(
@@ -258,7 +255,7 @@ def _copy_tables(
         poller.start()
         (
             events.write.format("kafka")
-            .option("kafka.bootstrap.servers", settings.kafka.bootstrap_servers)
+            .options(**kafka_options(settings))
             .option("kafka.acks", "all")
             .option("kafka.enable.idempotence", "true")
             .option("kafka.linger.ms", "20")
@@ -280,7 +277,7 @@ def _update(
     began: float,
     final: bool = False,
 ) -> dict[str, int]:
-    ends = end_offsets(settings.kafka.bootstrap_servers, list(tasks))
+    ends = end_offsets(settings.kafka, list(tasks))
     written = {t: sum(p.values()) - start[t] for t, p in ends.items()}
     elapsed = max(time.monotonic() - began, 1e-3)
     for topic, task in tasks.items():

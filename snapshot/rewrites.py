@@ -23,6 +23,7 @@ from typing import Any
 
 from cdc.catalog import Table
 from cdc.settings import Settings
+from cdc.state import make_state_dir
 
 __all__ = ["check_rewrites", "record_schemas", "rewrites", "schema_of", "schemas_file"]
 
@@ -72,7 +73,7 @@ def _locked(settings: Settings) -> Iterator[dict[str, Schema]]:
     """The recorded schemas, read and written under a lock (the stores' queries, in one
     process or several, check them side by side)."""
     path = schemas_file(settings)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_state_dir(settings, path.parent)
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:

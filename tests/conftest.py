@@ -42,6 +42,8 @@ def stack_env(data_dir: Path) -> dict[str, str]:
     ports = free_ports(8)
     return {
         "CDC_DATA_DIR": str(data_dir),
+        # a password with a space and a quote: every connection string must quote it
+        "CDC_POSTGRES__PASSWORD": f"pg {uuid.uuid4().hex[:12]} 'pw",
         "CDC_POSTGRES__PORT": str(ports[0]),
         "CDC_KAFKA__PORT": str(ports[1]),
         "CDC_KAFKA__CONTROLLER_PORT": str(ports[2]),
@@ -86,7 +88,7 @@ def stack() -> Iterator[RunningStack]:
             pytest.fail(f"`cdc up` failed: {result.stderr.strip()}", pytrace=False)
         yield RunningStack(settings_for(env), env)
     finally:
-        run_cdc("down", "--purge", env=env)
+        run_cdc("down", "--purge", "--yes", env=env)
         shutil.rmtree(data_dir, ignore_errors=True)
 
 

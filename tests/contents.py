@@ -5,16 +5,18 @@ from __future__ import annotations
 import json
 
 import psycopg
-import redis
 from kafka import KafkaConsumer, TopicPartition
 
+from cdc.clients import kafka_client_kwargs
+from cdc.settings import KafkaSettings
 from materializers.stores.cache import cache_key, cache_text
 from materializers.stores.search import index_name, plain_value
 from tests.logcheck import source_rows, table_info
+from tests.stores import opensearch_reader, redis_reader
 
 
 def cache_contents(settings, table: str) -> dict[str, dict[str, str]]:  # type: ignore[no-untyped-def]
-    client = redis.Redis.from_url(settings.redis.url, decode_responses=True)
+    client = redis_reader(settings)
     prefix = cache_key(settings.pipeline.topic_prefix, table, "")
     rows = {}
     for key in client.scan_iter(match=prefix + "*", count=1000):
@@ -36,9 +38,9 @@ def expected_cache(settings, table: str) -> dict[str, dict[str, str]]:  # type: 
 
 
 def search_contents(settings, table: str) -> dict[str, dict]:  # type: ignore[no-untyped-def]
-    from opensearchpy import OpenSearch, helpers
+    from opensearchpy import helpers
 
-    client = OpenSearch(hosts=[settings.opensearch.url])
+    client = opensearch_reader(settings)
     index = index_name(settings.pipeline.topic_prefix, table)
     client.indices.refresh(index=index)
     return {
@@ -88,9 +90,9 @@ def source_tuples(settings, table: str, columns: list[str]) -> dict:  # type: ig
         }
 
 
-def topic_records(servers: str, topic: str) -> list:  # type: ignore[type-arg]
+def topic_records(kafka: KafkaSettings, topic: str) -> list:  # type: ignore[type-arg]
     """Every record of the topic, in partition and offset order (kafka-python)."""
-    consumer = KafkaConsumer(bootstrap_servers=servers, enable_auto_commit=False)
+    consumer = KafkaConsumer(**kafka_client_kwargs(kafka), enable_auto_commit=False)
     parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or []]
     consumer.assign(parts)
     consumer.seek_to_beginning(*parts)

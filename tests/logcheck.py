@@ -102,7 +102,7 @@ def wait_until_equal(
     topic = change_topic(settings.pipeline, table.qualified)
     deadline = time.monotonic() + timeout
     while True:
-        records = read_topic(settings.kafka.bootstrap_servers, topic)
+        records = read_topic(settings.kafka, topic)
         logged, source = log_rows(records, table), source_rows(settings, table)
         if logged == source:
             return source, records

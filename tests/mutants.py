@@ -230,7 +230,7 @@ def main() -> int:
                 flush=True,
             )
     finally:
-        run_cdc("down", "--purge", env=env)
+        run_cdc("down", "--purge", "--yes", env=env)
         shutil.rmtree(data_dir, ignore_errors=True)
     survived = [r["mutant"] for r in results if not r["killed"]]
     print(f"{len(results) - len(survived)} of {len(results)} mutants killed")

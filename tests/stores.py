@@ -16,8 +16,23 @@ from materializers.stores.warehouse.tables import current_path, warehouse_root
 Rows = dict[Any, dict[str, Any]]
 
 
+def redis_reader(settings: Any, **options: Any) -> redis.Redis:
+    """A redis-py client of the tests' own, with the TLS and ACL user the settings name."""
+    r = settings.redis
+    return redis.Redis(
+        host=r.host,
+        port=r.port,
+        username=r.username,
+        password=r.password.get_secret_value() if r.password else None,
+        ssl=r.tls,
+        ssl_ca_certs=str(r.ca_file) if r.ca_file else None,
+        decode_responses=True,
+        **options,
+    )
+
+
 def cache(settings: Any, table: str, key: str = "id") -> Rows:
-    client = redis.Redis.from_url(settings.redis.url, decode_responses=True)
+    client = redis_reader(settings)
     prefix = f"{settings.pipeline.topic_prefix}:{table}:"
     rows = {}
     for name in client.scan_iter(match=prefix + "*"):
@@ -29,11 +44,35 @@ def cache(settings: Any, table: str, key: str = "id") -> Rows:
     return rows
 
 
+def opensearch_http(settings: Any) -> dict[str, Any]:
+    """requests arguments of the tests' own that reach OpenSearch as the settings say:
+    basic auth, the server's certificate checked against their CA file."""
+    o = settings.opensearch
+    auth = (o.username, o.password.get_secret_value()) if o.password else None
+    return {"auth": auth, "verify": str(o.ca_file) if o.ca_file else True}
+
+
+def opensearch_reader(settings: Any, **options: Any) -> Any:
+    """An opensearch-py client of the tests' own, with the TLS and user the settings name."""
+    from opensearchpy import OpenSearch
+
+    o = settings.opensearch
+    http = opensearch_http(settings)
+    return OpenSearch(
+        hosts=[o.url],
+        use_ssl=o.tls,
+        verify_certs=o.tls,
+        ca_certs=str(o.ca_file) if o.ca_file else None,
+        http_auth=http["auth"],
+        **options,
+    )
+
+
 def search(settings: Any, table: str, key: str = "id") -> Rows:
     index = f"{settings.pipeline.topic_prefix}.{table}".lower()
-    url = settings.opensearch.url
-    requests.post(f"{url}/{index}/_refresh", timeout=30).raise_for_status()
-    hits = requests.post(f"{url}/{index}/_search", json={"size": 1000}, timeout=30).json()
+    url, http = settings.opensearch.url, opensearch_http(settings)
+    requests.post(f"{url}/{index}/_refresh", timeout=30, **http).raise_for_status()
+    hits = requests.post(f"{url}/{index}/_search", json={"size": 1000}, timeout=30, **http).json()
     return {
         h["_source"][key]: {c: v for c, v in h["_source"].items() if not c.startswith("_")}
         for h in hits["hits"]["hits"]

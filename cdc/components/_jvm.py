@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from cdc.errors import INSTALL_HINT, NotInstalledError
@@ -53,3 +54,26 @@ def jar_version(lib: Path, prefix: str) -> str | None:
 
 def write_properties(path: Path, values: dict[str, object]) -> None:
     path.write_text("".join(f"{key}={value}\n" for key, value in values.items()))
+
+
+def write_secret_properties(path: Path, values: dict[str, str]) -> None:
+    """A Java properties file that holds secrets (read through Kafka's FileConfigProvider,
+    `${file:path:key}`): mode 0600 in a folder of mode 0700, values escaped as
+    java.util.Properties reads them."""
+    text = "".join(f"{key}={_escaped(value)}\n" for key, value in values.items())
+    write_private(path, text.encode())
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write a file of mode 0600 (also when it was there before) in a folder of mode 0700."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.parent.chmod(0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+
+
+def _escaped(value: str) -> str:
+    value = value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+    return "\\" + value if value[:1].isspace() else value

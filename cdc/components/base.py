@@ -13,6 +13,7 @@ from typing import Any
 from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError, PortInUseError
 from cdc.process import ServiceUser, port_free, read_pid, spawn, stop_pid, wait_for
 from cdc.settings import Settings
+from cdc.state import make_state_dir
 
 __all__ = ["Component", "ComponentStatus"]
 
@@ -151,13 +152,14 @@ class Component(ABC):
         if self.pid() is not None:
             log.info("%s already runs", self.name)
             return
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        make_state_dir(self.settings, self.state_dir)  # marked when made: a purge removes it
         user = self.service_user()
         if user is not None:
             self._check_reachable(self.state_dir, user)
         self.prepare()
         if user is not None:
             user.own(self.state_dir)
+        self.state_dir.chmod(0o700)  # logs, configs and secrets: its owner alone
         argv, env = self.command()
         spawn(
             argv,

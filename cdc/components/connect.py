@@ -6,16 +6,18 @@ from pathlib import Path
 from typing import Any
 
 from cdc.capture import DEBEZIUM_POSTGRES
+from cdc.clients import kafka_jaas_config, kafka_java_config
 from cdc.components._jvm import (
     LOG4J2_PROPERTIES,
     heap_flags,
     java,
     kafka_lib,
     write_properties,
+    write_secret_properties,
 )
 from cdc.components.base import Component
 from cdc.connect import ConnectClient
-from cdc.errors import INSTALL_HINT, NotInstalledError
+from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError
 from cdc.settings import ConnectSettings
 
 __all__ = ["CONVERTERS", "Connect"]
@@ -63,11 +65,19 @@ class Connect(Component):
             )
 
     def prepare(self) -> None:
+        if self.section.host not in ("127.0.0.1", "localhost"):
+            raise ComponentError(
+                f"connect.host is {self.section.host}: the local Connect worker's REST API has "
+                "no authentication and listens on 127.0.0.1 only; set connect.host = "
+                '"127.0.0.1", or run your own worker (connect.managed = false)'
+            )
+        (self.state_dir / "secrets").mkdir(mode=0o700, exist_ok=True)
         group = self.section.group_id
         write_properties(
             self.state_dir / "worker.properties",
             {
                 "bootstrap.servers": self.settings.kafka.bootstrap_servers,
+                **self._kafka_security(),
                 "group.id": group,
                 **CONVERTERS,
                 "config.storage.topic": f"_{group}-configs",
@@ -77,13 +87,16 @@ class Connect(Component):
                 "offset.storage.replication.factor": 1,
                 "status.storage.replication.factor": 1,
                 "offset.flush.interval.ms": 1000,
-                "listeners": f"http://{self.section.host}:{self.section.port}",
+                # the REST API has no authentication: loopback only (prepare refuses more)
+                "listeners": f"http://127.0.0.1:{self.section.port}",
                 "rest.advertised.host.name": self.section.host,
                 "rest.advertised.port": self.section.port,
                 "plugin.path": self.plugin_path,
                 "plugin.discovery": "hybrid_warn",
                 # connector secrets live in files (${file:path:key}), not in the REST API
                 "config.providers": "file",
+                # connector configs may resolve files in the secrets folder only (KIP-993)
+                "config.providers.file.param.allowed.paths": self.state_dir / "secrets",
                 "config.providers.file.class": (
                     "org.apache.kafka.common.config.provider.FileConfigProvider"
                 ),
@@ -92,6 +105,27 @@ class Connect(Component):
             },
         )
         (self.state_dir / "log4j2.properties").write_text(LOG4J2_PROPERTIES)
+
+    def _kafka_security(self) -> dict[str, str]:
+        """How the worker logs in to Kafka: for its own clients (config, offset and status
+        topics) and, prefixed, for the producer, consumer and admin clients of the
+        connectors it runs (Debezium writes the change topics with the producer and
+        creates them with the admin client). The SASL login, which holds the password,
+        stays in a secrets file of mode 0600 that the worker reads through its
+        FileConfigProvider (`${file:…}`), never in worker.properties."""
+        kafka = self.settings.kafka
+        jaas = kafka_jaas_config(kafka)
+        reference = None
+        if jaas is not None:
+            login = self.state_dir / "secrets" / "kafka.properties"
+            write_secret_properties(login, {"sasl.jaas.config": jaas})
+            reference = f"${{file:{login}:sasl.jaas.config}}"
+        security = kafka_java_config(kafka, reference)
+        return {
+            f"{prefix}{key}": value
+            for prefix in ("", "producer.", "consumer.", "admin.")
+            for key, value in security.items()
+        }
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         return [

@@ -1,24 +1,42 @@
-"""One Apache Kafka broker in KRaft mode (broker and controller in one process)."""
+"""One Apache Kafka broker in KRaft mode (broker and controller in one process).
+
+With `security_protocol` SASL_SSL (or SSL, SASL_PLAINTEXT) its one client listener
+speaks that protocol, and it is also the inter-broker listener, so no plain-text port
+serves data. The SCRAM user of the settings is created when the storage is formatted.
+The controller listener stays PLAINTEXT on 127.0.0.1: only this broker talks to it.
+"""
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import hashlib
+import hmac
+import json
+import re
+import secrets
 import subprocess
 import uuid
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from cdc.clients import kafka_admin
+from cdc.clients import kafka_admin, kafka_jaas_config
 from cdc.components._jvm import (
     LOG4J2_PROPERTIES,
     heap_flags,
     jar_version,
     java,
     kafka_lib,
+    write_private,
     write_properties,
+    write_secret_properties,
 )
 from cdc.components.base import Component
 from cdc.errors import ComponentError
 from cdc.settings import KafkaSettings
+
+if TYPE_CHECKING:
+    from pydantic import SecretStr
 
 __all__ = ["Kafka"]
 
@@ -47,18 +65,25 @@ class Kafka(Component):
 
     def prepare(self) -> None:
         host, port, cport = self.section.host, self.section.port, self.section.controller_port
+        # the client listener is named after its protocol (SASL_SSL://…); the controller's
+        # is PLAINTEXT on 127.0.0.1, for this broker alone
+        listener = self.section.security_protocol
         log_dir = self.state_dir / "data"
+        formatted = (log_dir / "meta.properties").exists()
+        if formatted:  # before any file is rewritten with settings it would refuse
+            self._check_sasl_user()
         write_properties(
             self.state_dir / "server.properties",
             {
                 "process.roles": "broker,controller",
                 "node.id": 1,
-                "controller.quorum.voters": f"1@{host}:{cport}",
-                "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
-                "advertised.listeners": f"PLAINTEXT://{host}:{port}",
+                "controller.quorum.voters": f"1@{_CONTROLLER_HOST}:{cport}",
+                "listeners": f"{listener}://{host}:{port},CONTROLLER://{_CONTROLLER_HOST}:{cport}",
+                "advertised.listeners": f"{listener}://{host}:{port}",
                 "controller.listener.names": "CONTROLLER",
-                "inter.broker.listener.name": "PLAINTEXT",
-                "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                "inter.broker.listener.name": listener,
+                "listener.security.protocol.map": f"{listener}:{listener},CONTROLLER:PLAINTEXT",
+                **self._security(),
                 "log.dirs": log_dir,
                 "num.partitions": 1,
                 "offsets.topic.replication.factor": 1,
@@ -73,34 +98,137 @@ class Kafka(Component):
             },
         )
         (self.state_dir / "log4j2.properties").write_text(LOG4J2_PROPERTIES)
-        if (log_dir / "meta.properties").exists():
+        if formatted:
             return
         cluster_id = "-"
         while cluster_id.startswith("-"):  # as Kafka's own Uuid: "-..." would read as an option
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        proc = subprocess.run(
-            [
-                java(self.settings),
-                "-cp",
-                self._classpath(),
-                *self._log_flags(),
-                "kafka.tools.StorageTool",
-                "format",
-                "--cluster-id",
-                cluster_id,
-                "--config",
-                str(self.state_dir / "server.properties"),
-                "--ignore-formatted",
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        args = [
+            "-cp",
+            self._classpath(),
+            *self._log_flags(),
+            "kafka.tools.StorageTool",
+            "format",
+            "--cluster-id",
+            cluster_id,
+            "--config",
+            str(self.state_dir / "server.properties"),
+            "--ignore-formatted",
+        ]
+        scram = self._scram_credential()
+        if scram is not None:
+            args += ["--add-scram", scram]
+        # the arguments go in a file of mode 0600 (`java @file`), so the SCRAM credential is
+        # never on a command line that `ps` shows; the file is gone when the tool ends
+        arg_file = self.state_dir / "secrets" / "format.args"
+        write_private(arg_file, "".join(_arg_file_line(arg) for arg in args).encode())
+        try:
+            proc = subprocess.run(
+                [java(self.settings), f"@{arg_file}"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+        finally:
+            arg_file.unlink(missing_ok=True)
         if proc.returncode != 0:
-            self.log_file.write_text(proc.stdout + proc.stderr)
-            last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
+            output = _SALTED.sub("saltedpassword=****", proc.stdout + proc.stderr)
+            self.log_file.write_text(output)
+            last = (output.strip() or "no output").splitlines()[-1]
             raise ComponentError(
                 f"kafka: formatting the storage failed ({last[:200]}); see {self.log_file}"
+            )
+
+    def _security(self) -> dict[str, object]:
+        """server.properties lines for TLS and SASL on the client listener (none for
+        PLAINTEXT). The listener's JAAS login, which holds the password, stays in a
+        secrets file of mode 0600 that the broker reads through its FileConfigProvider."""
+        section = self.section
+        config: dict[str, object] = {}
+        if section.tls and section.cert_file is not None and section.key_file is not None:
+            # a PEM key store: the private key and the certificate chain in one file
+            key_store = self.state_dir / "secrets" / "broker.pem"
+            write_private(key_store, section.key_file.read_bytes() + section.cert_file.read_bytes())
+            config["ssl.keystore.type"] = "PEM"
+            config["ssl.keystore.location"] = key_store
+            if section.ca_file is not None:  # the broker trusts it too (inter-broker)
+                config["ssl.truststore.type"] = "PEM"
+                config["ssl.truststore.location"] = section.ca_file
+        jaas = kafka_jaas_config(section)
+        if section.sasl and jaas is not None:
+            secrets_dir = self.state_dir / "secrets"
+            login = secrets_dir / "broker.properties"
+            write_secret_properties(login, {"sasl.jaas.config": jaas})
+            mechanism = section.sasl_mechanism
+            prefix = f"listener.name.{section.security_protocol.lower()}.{mechanism.lower()}"
+            config.update(
+                {
+                    "sasl.enabled.mechanisms": mechanism,
+                    "sasl.mechanism.inter.broker.protocol": mechanism,
+                    "config.providers": "file",
+                    "config.providers.file.class": (
+                        "org.apache.kafka.common.config.provider.FileConfigProvider"
+                    ),
+                    "config.providers.file.param.allowed.paths": secrets_dir,
+                    f"{prefix}.sasl.jaas.config": f"${{file:{login}:sasl.jaas.config}}",
+                }
+            )
+        return config
+
+    @property
+    def _sasl_user_file(self) -> Path:
+        return self.state_dir / "secrets" / "sasl-user.json"
+
+    def _scram_credential(self) -> str | None:
+        """The `--add-scram` argument that creates the SASL user at format time, with a
+        salted password (never the password itself); records the user's stored key, so a
+        later start with another user or password is told, not left failing to log in."""
+        section = self.section
+        if not section.sasl or section.password is None or section.username is None:
+            return None
+        salt, iterations = secrets.token_bytes(32), _SCRAM_ITERATIONS
+        salted = _salted_password(section.sasl_mechanism, section.password, salt, iterations)
+        record = {
+            "user": section.username,
+            "mechanism": section.sasl_mechanism,
+            "salt": base64.b64encode(salt).decode(),
+            "iterations": iterations,
+            "stored_key": _stored_key(section.sasl_mechanism, salted),
+        }
+        write_private(self._sasl_user_file, json.dumps(record).encode())
+        return (
+            f"{section.sasl_mechanism}=[name={section.username},iterations={iterations},"
+            f'salt="{record["salt"]}",saltedpassword="{base64.b64encode(salted).decode()}"]'
+        )
+
+    def _check_sasl_user(self) -> None:
+        """On a formatted storage: the SASL user of the settings is the one created then."""
+        section = self.section
+        if not section.sasl or section.password is None:
+            return
+        record: dict[str, Any] = {}
+        with contextlib.suppress(OSError, ValueError):
+            record = json.loads(self._sasl_user_file.read_text())
+        same = (
+            record.get("user") == section.username
+            and record.get("mechanism") == section.sasl_mechanism
+        )
+        if same:
+            salted = _salted_password(
+                section.sasl_mechanism,
+                section.password,
+                base64.b64decode(record["salt"]),
+                int(record["iterations"]),
+            )
+            same = hmac.compare_digest(
+                _stored_key(section.sasl_mechanism, salted), record["stored_key"]
+            )
+        if not same:
+            raise ComponentError(
+                f"kafka: its storage in {self.state_dir / 'data'} was formatted without the "
+                f"{section.sasl_mechanism} user '{section.username}' and this password (the "
+                "user is created when the storage is formatted): restore the settings it was "
+                "made with, or remove the broker's data (`cdc down --purge`) to start anew"
             )
 
     def _log_flags(self) -> list[str]:
@@ -122,7 +250,7 @@ class Kafka(Component):
         ], {}
 
     def ready(self) -> bool:
-        admin = kafka_admin(self.address, 3000)
+        admin = kafka_admin(self.section, 3000)
         try:
             cluster = admin.describe_cluster()
             return bool(cluster.get("brokers"))
@@ -135,9 +263,34 @@ class Kafka(Component):
         return None
 
     def details(self) -> dict[str, Any]:
-        admin = kafka_admin(self.address, 3000)
+        admin = kafka_admin(self.section, 3000)
         try:
             topics = admin.list_topics()
         finally:
             admin.close()
         return {"topics": len([t for t in topics if not t.startswith("__")])}
+
+
+_CONTROLLER_HOST = "127.0.0.1"
+_SALTED = re.compile(r"saltedpassword=\S+")
+_SCRAM_ITERATIONS = 8192
+
+
+def _salted_password(mechanism: str, password: SecretStr, salt: bytes, iterations: int) -> bytes:
+    """SCRAM's SaltedPassword (RFC 5802 Hi(), i.e. PBKDF2 with the mechanism's hash)."""
+    digest = "sha512" if mechanism == "SCRAM-SHA-512" else "sha256"
+    secret = password.get_secret_value().encode()
+    return hashlib.pbkdf2_hmac(digest, secret, salt, iterations)
+
+
+def _stored_key(mechanism: str, salted: bytes) -> str:
+    """SCRAM's StoredKey, H(HMAC(SaltedPassword, "Client Key")): what the broker keeps; it
+    does not give the password back."""
+    digest = hashlib.sha512 if mechanism == "SCRAM-SHA-512" else hashlib.sha256
+    client_key = hmac.new(salted, b"Client Key", digest).digest()
+    return base64.b64encode(digest(client_key).digest()).decode()
+
+
+def _arg_file_line(arg: str) -> str:
+    """One argument of a `java @file` argument file, quoted as the launcher reads it."""
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"\n'

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from psycopg import sql
 
 from cdc.components.base import Component
 from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError
+from cdc.role import REPLICATION_GROUP
 from cdc.settings import PostgresSettings
 
 __all__ = ["Postgres", "postgres_bin_dir"]
@@ -101,16 +103,6 @@ class Postgres(Component):
         if proc.returncode != 0:
             self.log_file.write_text(proc.stdout + proc.stderr)
             raise ComponentError(f"postgres: initdb failed; see {self.log_file}")
-        # Replication connections from loopback (Debezium, the snapshot's slot creation).
-        hba = self.data_path / "pg_hba.conf"
-        hba.write_text(
-            "local all all scram-sha-256\n"
-            "host all all 127.0.0.1/32 scram-sha-256\n"
-            "host all all ::1/128 scram-sha-256\n"
-            "host replication all 127.0.0.1/32 scram-sha-256\n"
-            "host replication all ::1/128 scram-sha-256\n"
-            + ("host all all 0.0.0.0/0 scram-sha-256\n" if self.section.host != "127.0.0.1" else "")
-        )
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         settings = {
@@ -123,14 +115,84 @@ class Postgres(Component):
             "max_connections": 200,
             "shared_buffers": "256MB",
             "max_wal_size": "2GB",
+            # a slot nobody reads (a failed connector) cannot fill the disk: past this it is
+            # invalidated (wal_status lost) and `cdc status` says to take a new snapshot
+            "max_slot_wal_keep_size": self.section.max_slot_wal_keep_size,
             "logging_collector": "off",
             # commit times of rows (pg_xact_commit_timestamp), for checking window aggregates
             "track_commit_timestamp": "on",
         }
+        if self.section.cert_file is not None:  # TLS, and TCP connections over TLS only
+            cert_file, key_file = self._tls_files()
+            settings.update(ssl="on", ssl_cert_file=str(cert_file), ssl_key_file=str(key_file))
+        self._write_hba()
+        self._hba_tls(self.section.cert_file is not None)
         argv = [self._bin("postgres"), "-D", str(self.data_path)]
         for key, value in settings.items():
             argv += ["-c", f"{key}={value}"]
         return argv, {}
+
+    def _tls_files(self) -> tuple[Path, Path]:
+        """The configured certificate and key, copied where the server reads them: owned by
+        the user it runs as, the key 0600 (PostgreSQL refuses a key others can read)."""
+        section = self.section
+        assert section.cert_file is not None and section.key_file is not None
+        tls = self.state_dir / "tls"
+        tls.mkdir(mode=0o700, exist_ok=True)
+        copies = (tls / "server.crt", tls / "server.key")
+        for source, copy in zip((section.cert_file, section.key_file), copies, strict=True):
+            try:
+                data = source.read_bytes()
+            except OSError as exc:
+                why = exc.strerror or type(exc).__name__
+                raise ComponentError(
+                    f"postgres: cannot read {source} (postgres.cert_file/key_file): {why}"
+                ) from None
+            fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            copy.chmod(0o600)
+        user = self.service_user()
+        if user is not None:
+            user.own(tls)
+        return copies
+
+    def _write_hba(self) -> None:
+        """Who may connect, written at every start. The replication roles (members of
+        REPLICATION_GROUP) reach only the pipeline's database, where they stream logical
+        changes (`replication=database` connections match a database line); no line admits
+        physical replication (`pg_basebackup` would copy the whole cluster, pg_authid too)."""
+        database = '"' + self.section.database.replace('"', '""') + '"'
+        group = f"+{REPLICATION_GROUP}"
+        remote = self.section.host not in ("127.0.0.1", "localhost", "::1")
+        addresses = ["127.0.0.1/32", "::1/128", *(["0.0.0.0/0", "::/0"] if remote else [])]
+        lines = [
+            f"local {database} {group} scram-sha-256",
+            f"local all {group} reject",
+            "local all all scram-sha-256",
+            *(f"host {database} {group} {a} scram-sha-256" for a in addresses),
+            f"host all {group} all reject",
+            *(f"host all all {a} scram-sha-256" for a in addresses),
+        ]
+        hba = self.data_path / "pg_hba.conf"
+        fd = os.open(hba, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write("# written by cdc at every start: edits are lost\n")
+            out.write("\n".join(lines) + "\n")
+        user = self.service_user()
+        if user is not None:
+            os.chown(hba, user.uid, user.gid)
+
+    def _hba_tls(self, tls: bool) -> None:
+        """With TLS on, every TCP line of pg_hba.conf admits TLS connections only
+        (`hostssl`); with it off, `host` again. Unix-socket (`local`) lines stay."""
+        hba = self.data_path / "pg_hba.conf"
+        if not hba.exists():
+            return
+        text = hba.read_text()
+        changed = re.sub(r"^host(?:ssl)?(?=[ \t])", "hostssl" if tls else "host", text, flags=re.M)
+        if changed != text:
+            hba.write_text(changed)
 
     def _connect(self, database: str | None = None) -> psycopg.Connection[Any]:
         return psycopg.connect(self.section.dsn(database), connect_timeout=3, autocommit=True)

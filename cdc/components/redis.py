@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
+from pathlib import Path
 from typing import Any
 
 from cdc.clients import redis_client
 from cdc.components.base import Component
-from cdc.errors import INSTALL_HINT, NotInstalledError
+from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError
 from cdc.settings import RedisSettings
 
 __all__ = ["Redis"]
@@ -40,9 +43,9 @@ class Redis(Component):
         self._binary()
 
     def prepare(self) -> None:
+        section = self.section
         lines = [
-            f"port {self.section.port}",
-            f"bind {self.section.host}",
+            f"bind {section.host}",
             f"dir {self.state_dir}",
             "daemonize no",
             'logfile ""',
@@ -50,11 +53,34 @@ class Redis(Component):
             "appendfsync everysec",
             'save ""',
         ]
-        if self.section.password is not None:
-            lines.append(f"requirepass {self.section.password.get_secret_value()}")
+        if section.cert_file is not None and section.key_file is not None:
+            for path in (section.cert_file, section.key_file):
+                if not path.is_file():
+                    raise ComponentError(f"redis: no file {path} (redis.cert_file/key_file)")
+            # TLS only: no plain-text port; clients are not asked for certificates
+            lines += [
+                "port 0",
+                f"tls-port {section.port}",
+                f"tls-cert-file {_quoted(section.cert_file)}",
+                f"tls-key-file {_quoted(section.key_file)}",
+                "tls-auth-clients no",
+            ]
+            if section.ca_file is not None:
+                lines.append(f"tls-ca-cert-file {_quoted(section.ca_file)}")
+        else:
+            lines.append(f"port {section.port}")
+        if section.password is not None:
+            # SHA-256 of the password (ACL `#`): the file never holds the password itself
+            digest = hashlib.sha256(section.password.get_secret_value().encode()).hexdigest()
+            rules = f"on #{digest} ~* &* +@all"
+            if section.username is None or section.username == "default":
+                lines.append(f"user default reset {rules}")
+            else:
+                lines += ["user default reset off", f"user {section.username} reset {rules}"]
         conf = self.state_dir / "redis.conf"
-        conf.write_text("\n".join(lines) + "\n")
+        conf.touch(mode=0o600)
         conf.chmod(0o600)
+        conf.write_text("\n".join(lines) + "\n")
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         return [self._binary(), str(self.state_dir / "redis.conf")], {}
@@ -67,3 +93,8 @@ class Redis(Component):
 
     def details(self) -> dict[str, Any]:
         return {"keys": int(redis_client(self.section).dbsize())}
+
+
+def _quoted(path: Path) -> str:
+    """A path as a redis.conf argument (double-quoted, escaped: spaces work)."""
+    return json.dumps(str(path), ensure_ascii=False)

@@ -25,8 +25,10 @@ from typing import Any
 import redis
 
 from cdc.catalog import Column, Table
+from cdc.clients import redis_client
 from cdc.decode import UNAVAILABLE, Interval, decode_value
 from cdc.errors import StoreUnavailableError, ValueDecodeError
+from cdc.settings import RedisSettings
 from materializers.keys import store_key_text
 from materializers.stores.base import Entry, Event, Rows, RowStore, WriteResult
 
@@ -200,16 +202,13 @@ class CacheStore(RowStore):
 
     def __init__(
         self,
-        url: str,
+        section: RedisSettings,
         prefix: str,
-        password: str | None,
         marker_ttl_s: int,
         retry_s: float = 30.0,
     ) -> None:
-        self.url = url
-        self.client = redis.Redis.from_url(
-            url, password=password, socket_timeout=10, socket_connect_timeout=5
-        )
+        self.url = section.url  # no password in it
+        self.client = redis_client(section, socket_timeout=10, socket_connect_timeout=5)
         self.prefix = prefix
         self.marker_ttl_s = marker_ttl_s
         self.retry_s = retry_s
@@ -226,7 +225,7 @@ class CacheStore(RowStore):
             raise StoreUnavailableError(self._down(exc)) from None
 
     def _down(self, exc: BaseException) -> str:
-        return f"Redis at {self.url.split('@')[-1]} does not answer ({type(exc).__name__})"
+        return f"Redis at {self.url} does not answer ({type(exc).__name__})"
 
     def write(self, tables: dict[str, Table], events: list[Event]) -> WriteResult:
         result = WriteResult()

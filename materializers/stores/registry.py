@@ -8,12 +8,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from pydantic import BaseModel, SecretStr
+
 from cdc.errors import ConfigError
 from cdc.settings import STORE_NAMES, Settings
 from materializers.stores.base import RowStore, Store
 from materializers.stores.warehouse.tables import warehouse_root
 
-__all__ = ["FACTORIES", "STORE_NAMES", "check_store_names", "make_row_store", "make_store"]
+__all__ = [
+    "FACTORIES",
+    "STORE_NAMES",
+    "check_store_names",
+    "executor_settings",
+    "make_row_store",
+    "make_store",
+]
 
 
 def check_store_names(names: Iterable[str]) -> None:
@@ -28,11 +37,9 @@ def check_store_names(names: Iterable[str]) -> None:
 def _cache(settings: Settings, spark: Any) -> Store:
     from materializers.stores.cache import CacheStore
 
-    r = settings.redis
     return CacheStore(
-        r.url,
+        settings.redis,
         settings.pipeline.topic_prefix,
-        r.password.get_secret_value() if r.password else None,
         settings.apply.deleted_marker_ttl_s,
         settings.apply.store_retry_s,
     )
@@ -42,7 +49,7 @@ def _search(settings: Settings, spark: Any) -> Store:
     from materializers.stores.search import SearchStore
 
     return SearchStore(
-        settings.opensearch.url, settings.pipeline.topic_prefix, settings.apply.store_retry_s
+        settings.opensearch, settings.pipeline.topic_prefix, settings.apply.store_retry_s
     )
 
 
@@ -68,6 +75,32 @@ def make_store(settings: Settings, name: str, spark: Any = None) -> Store:
     """The store `name` (the warehouse runs in `spark`, or in a session of its own)."""
     check_store_names([name])
     return FACTORIES[name](settings, spark)
+
+
+# the settings section that holds each store's connection (and its secrets)
+_SECTIONS = {"cache": "redis", "search": "opensearch"}
+
+
+def executor_settings(settings: Settings, name: str) -> Settings:
+    """The settings Spark's Python workers get to open store `name`: every secret but
+    that store's own is blanked (the settings travel pickled with each task)."""
+
+    def blanked(section: BaseModel) -> BaseModel:
+        secret = {
+            field: None if info.default is None else SecretStr("")
+            for field, info in type(section).model_fields.items()
+            if isinstance(getattr(section, field), SecretStr)
+        }
+        return section.model_copy(update=secret)
+
+    keep = _SECTIONS.get(name)
+    update: dict[str, Any] = {
+        field: blanked(getattr(settings, field))
+        for field, info in type(settings).model_fields.items()
+        if field != keep and isinstance(getattr(settings, field), BaseModel)
+    }
+    update["spark"] = settings.spark.model_copy(update={"conf": {}})
+    return settings.model_copy(update=update)
 
 
 def make_row_store(settings: Settings, name: str) -> RowStore:

@@ -26,6 +26,7 @@ from cdc.catalog import Column, Table
 from cdc.clients import opensearch_client
 from cdc.decode import UNAVAILABLE, decode_value
 from cdc.errors import StoreError, StoreUnavailableError, ValueDecodeError
+from cdc.settings import OpenSearchSettings
 from cdc.topics import topic_name
 from materializers.keys import store_key_text
 from materializers.stores.base import Entry, Event, Rows, RowStore, WriteResult
@@ -160,7 +161,10 @@ class FastJSON(JSONSerializer):
     def dumps(self, data: Any) -> str:
         if isinstance(data, str):
             return data
-        return orjson.dumps(data, default=self.default).decode()
+        try:
+            return orjson.dumps(data, default=self.default).decode()
+        except TypeError:  # an integer beyond 64 bits (a json column's): the stdlib's
+            return super().dumps(data)
 
     def loads(self, s: str) -> Any:
         return orjson.loads(s)
@@ -169,9 +173,9 @@ class FastJSON(JSONSerializer):
 class SearchStore(RowStore):
     name = "search"
 
-    def __init__(self, url: str, prefix: str, retry_s: float = 30.0) -> None:
-        self.url = url
-        self.client = opensearch_client(url, 30, FastJSON())
+    def __init__(self, section: OpenSearchSettings, prefix: str, retry_s: float = 30.0) -> None:
+        self.url = section.url
+        self.client = opensearch_client(section, 30, FastJSON())
         self.prefix = prefix
         self.retry_s = retry_s
         self._indexes: dict[str, str] = {}

@@ -26,7 +26,8 @@ import redis
 import requests
 from kafka import KafkaConsumer, TopicPartition
 
-from cdc.settings import Settings
+from cdc.clients import kafka_client_kwargs
+from cdc.settings import KafkaSettings, Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -105,10 +106,12 @@ def cache_rows(url: str, prefix: str, spec: TableSpec) -> Rows:
     return rows
 
 
-def search_rows(url: str, prefix: str, spec: TableSpec) -> Rows:
+def search_rows(url: str, prefix: str, spec: TableSpec, **auth: Any) -> Rows:
+    """`auth`: requests' auth and verify (tests.stores.opensearch_http)."""
     index = f"{prefix}.{spec.qualified}".lower()
     rows: Rows = {}
     with requests.Session() as http:
+        http.auth, http.verify = auth.get("auth"), auth.get("verify", True)
         http.post(f"{url}/{index}/_refresh", timeout=60).raise_for_status()
         response = http.post(
             f"{url}/{index}/_search",
@@ -144,9 +147,9 @@ class DeadLetters:
     examples: list[dict[str, Any]]
 
 
-def dead_letters(servers: str, topic: str, read_at_most: int = 2000) -> DeadLetters:
+def dead_letters(kafka: KafkaSettings, topic: str, read_at_most: int = 2000) -> DeadLetters:
     consumer = KafkaConsumer(
-        bootstrap_servers=servers, enable_auto_commit=False, consumer_timeout_ms=5000
+        **kafka_client_kwargs(kafka), enable_auto_commit=False, consumer_timeout_ms=5000
     )
     try:
         partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or []]

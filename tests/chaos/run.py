@@ -38,6 +38,7 @@ from tests.chaos.readers import (
     source_rows,
 )
 from tests.chaos.stack import ChaosError, ChaosStack
+from tests.stores import opensearch_http
 
 __all__ = ["LONG", "SHORT", "ChaosOptions", "ChaosReport", "main", "run_chaos"]
 
@@ -241,9 +242,7 @@ class _Run:
             report.load = self.load.stats.figures()
             self.say(f"load stopped: {report.load}")
             self.catch_up_and_compare(self.reader)
-            report.dead = dead_letters(
-                stack.settings.kafka.bootstrap_servers, f"{stack.prefix}.dlq"
-            )
+            report.dead = dead_letters(stack.settings.kafka, f"{stack.prefix}.dlq")
         except ChaosError as exc:
             report.error = str(exc)
             self.say(f"harness stopped: {exc}")
@@ -269,7 +268,7 @@ class _Run:
             )
             report.logs = str(kept)
             self.say(f"logs kept in {kept}")
-        self.say("cdc down --purge")
+        self.say("cdc down --purge --yes")
         self.stack.down()
         report.elapsed_s = time.monotonic() - self.began
 
@@ -324,7 +323,9 @@ class _Run:
             if store == "cache":
                 out[spec.qualified] = cache_rows(settings.redis.url, prefix, spec)
             elif store == "search":
-                out[spec.qualified] = search_rows(settings.opensearch.url, prefix, spec)
+                out[spec.qualified] = search_rows(
+                    settings.opensearch.url, prefix, spec, **opensearch_http(settings)
+                )
             else:
                 out[spec.qualified] = reader.rows(spec)
         return out

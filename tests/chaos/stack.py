@@ -89,7 +89,7 @@ class ChaosStack:
         for pid in list(self.stopped):
             self.thaw(pid)
         try:
-            self.cdc("down", "--purge", timeout=300)
+            self.cdc("down", "--purge", "--yes", timeout=300)
         finally:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 

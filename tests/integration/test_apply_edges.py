@@ -8,6 +8,7 @@ import psycopg
 import pytest
 import redis
 
+from cdc.clients import kafka_client_kwargs
 from cdc.source import TRUNCATE_TRIGGER, TRUNCATIONS_TABLE
 from cdc.topics import change_topic, read_topic
 from commands.pipeline import drop_pipeline
@@ -45,7 +46,7 @@ def test_toast_placeholders_key_changes_and_schema_changes(captured: Capture) ->
         conn.execute(f"UPDATE {name} SET note = 'n' || id WHERE id BETWEEN 11 AND 15")
 
     def placeholders() -> int:
-        found = read_topic(settings.kafka.bootstrap_servers, change_topic(settings.pipeline, table))
+        found = read_topic(settings.kafka, change_topic(settings.pipeline, table))
         return sum(
             1
             for r in found
@@ -91,9 +92,7 @@ def test_toast_placeholders_key_changes_and_schema_changes(captured: Capture) ->
     poll(
         lambda: any(
             b'"id":2000' in (r.key_bytes or b"")
-            for r in read_topic(
-                settings.kafka.bootstrap_servers, change_topic(settings.pipeline, table)
-            )
+            for r in read_topic(settings.kafka, change_topic(settings.pipeline, table))
         ),
         60,
         "the changes after the schema changes in the log",
@@ -125,7 +124,7 @@ def test_a_poison_event_goes_to_the_dead_letter_topic_and_the_pipeline_goes_on(
         prefix="poison",
     )
     name, table, settings, dsn = t.name, t.table, t.settings, t.dsn
-    producer = KafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
+    producer = KafkaProducer(**kafka_client_kwargs(settings.kafka))
     sent = producer.send(
         change_topic(settings.pipeline, table), key=b'{"id":7}', value=b"\x00 not json {"
     ).get(timeout=30)
@@ -136,7 +135,7 @@ def test_a_poison_event_goes_to_the_dead_letter_topic_and_the_pipeline_goes_on(
     topic = change_topic(settings.pipeline, table)
 
     def updates() -> int:  # the poison record is not JSON: look at bytes only
-        found = read_topic(settings.kafka.bootstrap_servers, topic)
+        found = read_topic(settings.kafka, topic)
         return sum(1 for r in found if b'"op":"u"' in (r.value_bytes or b""))
 
     while updates() < 5:
@@ -147,10 +146,7 @@ def test_a_poison_event_goes_to_the_dead_letter_topic_and_the_pipeline_goes_on(
     assert cache_contents(settings, table) == expected_cache(settings, table)
     assert search_contents(settings, table) == expected_search(settings, table)
     assert warehouse_rows(settings, table, ["qty"]) == source_tuples(settings, table, ["qty"])
-    letters = [
-        r.value
-        for r in read_topic(settings.kafka.bootstrap_servers, dead_letter_topic(settings.pipeline))
-    ]
+    letters = [r.value for r in read_topic(settings.kafka, dead_letter_topic(settings.pipeline))]
     assert len(letters) == 3  # one per store
     assert {(d["topic"], d["partition"], d["offset"]) for d in letters} == {
         (topic, sent.partition, sent.offset)
@@ -184,13 +180,13 @@ def test_a_truncate_empties_the_table_in_every_store(captured: Capture) -> None:
             conn.execute(f"INSERT INTO {name} VALUES (200, 2)")
             conn.execute(f"TRUNCATE {name}")
             conn.execute(f"INSERT INTO {name} VALUES (5, 555), (300, 3)")
-    bootstrap = settings.kafka.bootstrap_servers
+    kafka = settings.kafka
     truncations = change_topic(settings.pipeline, TRUNCATIONS_TABLE)
     poll(
         lambda: (
             sum(
                 f'"{table}"'.encode() in (r.value_bytes or b"")
-                for r in read_topic(bootstrap, truncations)
+                for r in read_topic(kafka, truncations)
             )
             == 2
         ),
@@ -200,7 +196,7 @@ def test_a_truncate_empties_the_table_in_every_store(captured: Capture) -> None:
     poll(
         lambda: any(
             b'"id":300' in (r.key_bytes or b"")
-            for r in read_topic(bootstrap, change_topic(settings.pipeline, table))
+            for r in read_topic(kafka, change_topic(settings.pipeline, table))
         ),
         60,
         "the rows inserted after the TRUNCATEs in the log",

@@ -123,7 +123,7 @@ def test_a_commit_decoded_before_others_see_it_is_not_lost_to_a_backfill(
         def decoded() -> bool:
             return any(
                 r.op == "u" and r.value["after"]["id"] == 3
-                for r in read_topic(settings.kafka.bootstrap_servers, topic)
+                for r in read_topic(settings.kafka, topic)
             )
 
         poll(decoded, 60, "the update's change event")

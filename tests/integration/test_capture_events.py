@@ -45,7 +45,7 @@ def test_insert_update_delete_become_c_u_d_and_a_tombstone(stack: RunningStack) 
             conn.execute(f"DELETE FROM {table} WHERE id = 7")
 
         topic = f"{prefix}.public.{table}"
-        records = wait_for_records(settings.kafka.bootstrap_servers, topic, 4)
+        records = wait_for_records(settings.kafka, topic, 4)
         assert [r.op for r in records] == ["c", "u", "d", None]
         assert all(r.key == {"id": 7} for r in records)
         assert len({r.partition for r in records}) == 1

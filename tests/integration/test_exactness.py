@@ -15,6 +15,8 @@ import redis
 import requests
 from kafka import KafkaProducer
 
+from cdc.clients import kafka_client_kwargs
+from cdc.settings import KafkaSettings
 from cdc.topics import change_topic
 from materializers.apply import run_apply
 from materializers.stores.warehouse.tables import current_path, history_path, warehouse_root
@@ -26,9 +28,9 @@ from tests.logcheck import table_info, wait_until_equal
 pytestmark = pytest.mark.integration
 
 
-def deliver_again(servers: str, topic: str, records: list) -> None:  # type: ignore[type-arg]
+def deliver_again(kafka: KafkaSettings, topic: str, records: list) -> None:  # type: ignore[type-arg]
     """What Debezium does after a crash: the same events again, at new offsets."""
-    producer = KafkaProducer(bootstrap_servers=servers, acks="all")
+    producer = KafkaProducer(**kafka_client_kwargs(kafka), acks="all")
     for r in records:
         producer.send(topic, key=r.key, value=r.value, partition=r.partition).get(timeout=30)
     producer.close()
@@ -78,7 +80,7 @@ def test_redelivered_and_older_changes_change_nothing(captured: Capture) -> None
         prefix="exact",
     )
     name, table, settings, dsn = t.name, t.table, t.settings, t.dsn
-    servers = settings.kafka.bootstrap_servers
+    kafka = settings.kafka
     topic = change_topic(settings.pipeline, table)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"UPDATE {name} SET body = 'v1' WHERE id <= 10")
@@ -110,7 +112,7 @@ def test_redelivered_and_older_changes_change_nothing(captured: Capture) -> None
     live = current.where("NOT _cdc_deleted").select("id", "body").collect()
     assert {r["id"]: r["body"] for r in live} == expected
 
-    records = topic_records(servers, topic)
+    records = topic_records(kafka, topic)
     by_key: dict[int, list] = {}  # type: ignore[type-arg]
     for r in records:
         by_key.setdefault(json.loads(r.key)["id"], []).append(r)
@@ -123,7 +125,7 @@ def test_redelivered_and_older_changes_change_nothing(captured: Capture) -> None
     def applied_again(records: list) -> Any:  # type: ignore[type-arg]
         """Deliver `records` again, apply them: every store still equals the source,
         and nothing delivered again is a new version. Returns the history."""
-        deliver_again(servers, topic, records)
+        deliver_again(kafka, topic, records)
         run_apply(settings, ["cache", "search", "warehouse"], once=True)
         assert redis_rows(settings, table) == expected
         assert search_rows(settings, table) == expected
@@ -158,12 +160,12 @@ def test_a_stored_toasted_value_is_kept_across_batches(captured: Capture) -> Non
     run_apply(settings, ["cache", "search", "warehouse"], once=True)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"UPDATE {name} SET body = 'v1'")
-    servers, topic = settings.kafka.bootstrap_servers, change_topic(settings.pipeline, table)
+    kafka, topic = settings.kafka, change_topic(settings.pipeline, table)
     deadline = time.monotonic() + 60
     while True:
         updates = [
             json.loads(r.value)
-            for r in topic_records(servers, topic)
+            for r in topic_records(kafka, topic)
             if r.value and json.loads(r.value)["op"] == "u"
         ]
         if len(updates) == 5 or time.monotonic() > deadline:
@@ -212,14 +214,14 @@ def test_dead_letters_are_listed_and_replayed(captured: Capture) -> None:
     run_apply(settings, ["cache"], once=True)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"UPDATE {name} SET body = 'v1' WHERE id = 2")
-    servers, topic = settings.kafka.bootstrap_servers, change_topic(settings.pipeline, table)
+    kafka, topic = settings.kafka, change_topic(settings.pipeline, table)
     deadline = time.monotonic() + 60
-    while not any(r.value and b'"v1"' in r.value for r in topic_records(servers, topic)):
+    while not any(r.value and b'"v1"' in r.value for r in topic_records(kafka, topic)):
         assert time.monotonic() < deadline, "the update never reached the log"
         time.sleep(1)
-    key = next(r for r in topic_records(servers, topic) if json.loads(r.key)["id"] == 2)
+    key = next(r for r in topic_records(kafka, topic) if json.loads(r.key)["id"] == 2)
     poison = type(key)(**{**key._asdict(), "value": b"not json at all"})
-    deliver_again(servers, topic, [poison])
+    deliver_again(kafka, topic, [poison])
     run_apply(settings, ["cache"], once=True)  # the batch goes on past the poison
 
     listed = run_cdc("dlq", "list", "-o", "json", env=env)
@@ -239,7 +241,7 @@ def test_dead_letters_are_listed_and_replayed(captured: Capture) -> None:
     def backfilled() -> bool:
         return any(
             r.value and b'"incremental"' in r.value and json.loads(r.key)["id"] == 2
-            for r in topic_records(servers, topic)
+            for r in topic_records(kafka, topic)
         )
 
     deadline = time.monotonic() + 60

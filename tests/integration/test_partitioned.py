@@ -15,8 +15,8 @@ import psycopg
 import pytest
 import redis
 import requests
-from kafka.admin import KafkaAdminClient
 
+from cdc.clients import kafka_admin
 from cdc.topics import change_topic
 from materializers.stores.warehouse.tables import current_path, warehouse_root
 from tests.conftest import Capture
@@ -92,7 +92,7 @@ def test_a_partitioned_table_is_one_table_in_every_store(captured: Capture) -> N
         conn.execute(f"DELETE FROM {name} WHERE id IN (7, 8, 9)")
     wait_until_equal(settings, table_info(settings, table))
 
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
+    admin = kafka_admin(settings.kafka)
     try:
         topics = {t for t in admin.list_topics() if t.startswith(f"{pipe.topic_prefix}.")}
     finally:

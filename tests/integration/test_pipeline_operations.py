@@ -57,9 +57,7 @@ def test_an_interrupted_snapshot_is_never_taken_for_complete_and_reruns_cleanly(
 
         def some_rows_written() -> bool:
             try:
-                return (
-                    sum(end_offsets(settings.kafka.bootstrap_servers, [topic])[topic].values()) > 0
-                )
+                return sum(end_offsets(settings.kafka, [topic])[topic].values()) > 0
             except Exception:
                 return False
 
@@ -68,7 +66,7 @@ def test_an_interrupted_snapshot_is_never_taken_for_complete_and_reruns_cleanly(
         proc.wait()
         status = pipeline_status(settings, [f"public.{name}"])
         assert status.snapshot == "running" and status.connector is None
-        partial = sum(end_offsets(settings.kafka.bootstrap_servers, [topic])[topic].values())
+        partial = sum(end_offsets(settings.kafka, [topic])[topic].values())
         assert partial > 0
 
         result = run_cdc("snapshot", env=env_for(t))
@@ -109,12 +107,12 @@ def test_adding_a_table_captures_and_backfills_it_and_removing_stops_it(
     result = sync_pipeline(settings)  # back to the first table only
     assert result.removed == [f"public.{second}"]
     topic = change_topic(both.pipeline, f"public.{second}")
-    before = end_offsets(both.kafka.bootstrap_servers, [topic])[topic]
+    before = end_offsets(both.kafka, [topic])[topic]
     with psycopg.connect(both.postgres.dsn(), autocommit=True) as conn:
         conn.execute(f"UPDATE {second} SET note = 'unseen'")
         conn.execute(f"INSERT INTO {first} VALUES (424242, 'still captured')")
     wait_until_equal(settings, table_info(settings, f"public.{first}"))
-    assert end_offsets(both.kafka.bootstrap_servers, [topic])[topic] == before
+    assert end_offsets(both.kafka, [topic])[topic] == before
 
 
 def test_a_backfill_can_be_paused_resumed_and_stopped(captured: Capture) -> None:

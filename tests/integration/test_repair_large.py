@@ -79,7 +79,7 @@ def stray_hashes(client: redis.Redis, settings: Settings, table: str, ids: set[i
 
 def incremental_keys(settings: Settings, table: str) -> list[int]:
     """The keys of the log's backfill events (Debezium's incremental snapshot), in order."""
-    records = read_topic(settings.kafka.bootstrap_servers, change_topic(settings.pipeline, table))
+    records = read_topic(settings.kafka, change_topic(settings.pipeline, table))
     return [
         r.value["after"]["id"]
         for r in records

@@ -18,8 +18,9 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from rich.console import Console
 
+from cdc.clients import kafka_client_kwargs
 from cdc.connect import ConnectClient
-from cdc.settings import Settings
+from cdc.settings import KafkaSettings, Settings
 from cdc.topics import change_topic
 from commands.pipeline import drop_pipeline
 from snapshot.initial import run_snapshot
@@ -47,9 +48,9 @@ class Event:
         return json.loads(self.value["source"]["sequence"])
 
 
-def read_events(bootstrap_servers: str, topic: str) -> list[Event]:
+def read_events(kafka: KafkaSettings, topic: str) -> list[Event]:
     """Every record of the topic up to its end now, in (partition, offset) order."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False)
+    consumer = KafkaConsumer(**kafka_client_kwargs(kafka), enable_auto_commit=False)
     try:
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
         consumer.assign(tps)
@@ -74,7 +75,7 @@ def wait_events(
 ) -> list[Event]:
     deadline = time.monotonic() + 90
     while True:
-        events = read_events(settings.kafka.bootstrap_servers, topic)
+        events = read_events(settings.kafka, topic)
         if done(events):
             return events
         assert time.monotonic() < deadline, f"timed out waiting for {what}"

@@ -11,8 +11,9 @@ from typing import Any
 import psycopg
 import pytest
 import redis
-from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.admin import NewTopic
 
+from cdc.clients import kafka_admin, kafka_client_kwargs
 from cdc.settings import Settings
 from cdc.topics import change_topic
 from materializers.progress import progress_file
@@ -78,7 +79,7 @@ def _ends(p: Pipeline) -> int:
     from kafka import KafkaConsumer, TopicPartition
 
     topic = change_topic(p.settings.pipeline, p.table)
-    consumer = KafkaConsumer(bootstrap_servers=p.settings.kafka.bootstrap_servers)
+    consumer = KafkaConsumer(**kafka_client_kwargs(p.settings.kafka))
     try:
         parts = [TopicPartition(topic, n) for n in consumer.partitions_for_topic(topic) or ()]
         return sum(consumer.end_offsets(parts).values()) if parts else 0
@@ -99,7 +100,7 @@ def test_a_change_topic_deleted_and_created_again_stops_the_apply(p: Pipeline) -
     assert p.apply().returncode == 0
     assert p.equal()
     topic = change_topic(p.settings.pipeline, p.table)
-    admin = KafkaAdminClient(bootstrap_servers=p.settings.kafka.bootstrap_servers)
+    admin = kafka_admin(p.settings.kafka)
     try:  # someone deletes the topic and creates it again: its offsets start at 0
         admin.delete_topics([topic])
         poll(lambda: topic not in admin.list_topics(), 60, f"{topic} to go")

@@ -174,7 +174,7 @@ def wait_for_events(settings: Settings, name: str, count: int) -> list[ChangeRec
     topic = change_topic(settings.pipeline, f"public.{name}")
     deadline = time.monotonic() + 90
     while True:
-        records = read_topic(settings.kafka.bootstrap_servers, topic)
+        records = read_topic(settings.kafka, topic)
         if len(records) >= count:
             return records
         assert time.monotonic() < deadline, f"{len(records)} of {count} events in {topic}"
@@ -233,7 +233,7 @@ def test_every_store_holds_the_special_values(captured: Capture) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     dead: dict[str, set[int]] = {}
     errors = []
-    for record in read_topic(settings.kafka.bootstrap_servers, f"{pipe.topic_prefix}.dlq"):
+    for record in read_topic(settings.kafka, f"{pipe.topic_prefix}.dlq"):
         letter = record.value or {}
         dead.setdefault(letter["store"], set()).add(json.loads(letter["key"])["id"])
         errors.append(letter["error"])

@@ -20,6 +20,8 @@ import redis
 import requests
 from kafka import KafkaConsumer, TopicPartition
 
+from cdc.clients import kafka_client_kwargs
+from cdc.settings import KafkaSettings
 from cdc.stack import Stack
 from tests.conftest import Capture, RunningStack
 from tests.helpers import ROOT, run_cdc
@@ -54,8 +56,8 @@ def search_rows(url: str, index: str) -> dict[int, int]:
     return {h["_source"]["id"]: h["_source"]["n"] for h in hits}
 
 
-def dead_letters(servers: str, topic: str) -> int:
-    consumer = KafkaConsumer(bootstrap_servers=servers)
+def dead_letters(kafka: KafkaSettings, topic: str) -> int:
+    consumer = KafkaConsumer(**kafka_client_kwargs(kafka))
     partitions = consumer.partitions_for_topic(topic) or set()
     ends = consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
     consumer.close()
@@ -144,7 +146,7 @@ def test_a_store_that_is_down_blocks_its_apply_and_loses_nothing(
         assert len(expected) == 2000
         poll(lambda: redis_rows(settings.redis.url, cache_prefix) == expected, 300, "the cache")
         poll(lambda: search_rows(settings.opensearch.url, index) == expected, 300, "the index")
-        assert dead_letters(settings.kafka.bootstrap_servers, f"{prefix}.dlq") == 0
+        assert dead_letters(settings.kafka, f"{prefix}.dlq") == 0
         assert apply.poll() is None
         said = log.read_text()
         assert "cache: Redis at" in said and "nothing committed or dropped" in said, said

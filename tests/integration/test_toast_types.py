@@ -40,12 +40,12 @@ VALUES = (
 
 
 def updates(settings: Any, table: str, count: int) -> list[dict[str, Any]]:
-    servers, topic = settings.kafka.bootstrap_servers, change_topic(settings.pipeline, table)
+    kafka, topic = settings.kafka, change_topic(settings.pipeline, table)
     deadline = time.monotonic() + 90
     while True:
         found = [
             json.loads(r.value)["after"]
-            for r in topic_records(servers, topic)
+            for r in topic_records(kafka, topic)
             if r.value and json.loads(r.value)["op"] in ("u", "c")
         ]
         if len(found) >= count or time.monotonic() > deadline:

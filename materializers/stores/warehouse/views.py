@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from cdc.catalog import Table
 from cdc.errors import ConfigError
 from cdc.settings import JoinView, Settings, WindowAggregate
+from cdc.spark import kafka_options
 from cdc.topics import change_topic
 from materializers.events import parse_events
 from materializers.generated import with_generated
@@ -166,7 +167,7 @@ def window_query(
     topic = change_topic(settings.pipeline, table.qualified)
     records = (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", settings.kafka.bootstrap_servers)
+        .options(**kafka_options(settings))
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
         .option("failOnDataLoss", "false")

@@ -1,0 +1,205 @@
+"""The replication role: its password, its grants, and its removal.
+
+The role Debezium and the snapshot readers use logs in, replicates logically, reads
+exactly the tables some pipeline captures, and writes only the pipeline's own tables.
+It is a member of REPLICATION_GROUP, which the local stack's pg_hba.conf admits to the
+pipeline's database only (no physical replication). Its password is the configured one,
+else a random one kept in `<data_dir>/secrets/<role>.password` (0600); PostgreSQL only
+ever receives its SCRAM verifier, computed by libpq on this side.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from pydantic import SecretStr
+
+from cdc.catalog import OWN_SCHEMA, TRUNCATIONS_TABLE
+from cdc.settings import Settings
+
+__all__ = [
+    "REPLICATION_GROUP",
+    "drop_role",
+    "other_pipelines",
+    "password_file",
+    "publication_comment",
+    "replication_password",
+    "role_statements",
+    "sync_grants",
+    "write_secret",
+]
+
+REPLICATION_GROUP = "cdc_replicators"
+_OWN_TABLES_WRITTEN = ("debezium_signal", "heartbeat", "snapshots")
+
+
+def password_file(settings: Settings) -> Path:
+    return settings.data_dir / "secrets" / f"{settings.pipeline.replication_user}.password"
+
+
+def write_secret(path: Path, text: str) -> None:
+    """Write a secret file readable by its owner only (its folder 0700)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.parent.chmod(0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    path.chmod(0o600)
+
+
+def replication_password(settings: Settings) -> SecretStr:
+    """The configured password, else the generated one (made on first use)."""
+    configured = settings.pipeline.replication_password
+    if configured is not None:
+        return configured
+    path = password_file(settings)
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        text = ""
+    if not text:
+        text = secrets.token_urlsafe(24)
+        write_secret(path, text + "\n")
+    return SecretStr(text)
+
+
+def _scram_verifier(conn: psycopg.Connection[Any], role: str, password: SecretStr) -> str:
+    """The password as PostgreSQL stores it (SCRAM-SHA-256), computed by libpq here: the
+    statement that sets it never carries the password, so no log can show it."""
+    verifier = conn.pgconn.encrypt_password(
+        password.get_secret_value().encode(), role.encode(), b"scram-sha-256"
+    )
+    return verifier.decode()
+
+
+def role_statements(conn: psycopg.Connection[Any], settings: Settings) -> list[sql.Composed]:
+    """The statements that create or update the role (idempotent), in order."""
+    role_name = settings.pipeline.replication_user
+    role, group = sql.Identifier(role_name), sql.Identifier(REPLICATION_GROUP)
+    verifier = _scram_verifier(conn, role_name, replication_password(settings))
+    own = [sql.Identifier(OWN_SCHEMA, name) for name in _OWN_TABLES_WRITTEN]
+    return [
+        _create_if_missing(REPLICATION_GROUP, "NOLOGIN"),
+        _create_if_missing(role_name, "LOGIN REPLICATION"),
+        sql.SQL("ALTER ROLE {} WITH LOGIN REPLICATION NOSUPERUSER PASSWORD {}").format(
+            role, sql.Literal(verifier)
+        ),
+        sql.SQL("GRANT {} TO {}").format(group, role),
+        sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
+            sql.Identifier(settings.postgres.database), role
+        ),
+        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(OWN_SCHEMA), role),
+        sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
+            sql.SQL(", ").join(own), role
+        ),
+        sql.SQL("GRANT SELECT ON {} TO {}").format(
+            sql.Identifier(*TRUNCATIONS_TABLE.split(".", 1)), role
+        ),
+    ]
+
+
+def _create_if_missing(name: str, options: str) -> sql.Composed:
+    return sql.SQL(
+        "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = {literal}) THEN "
+        "CREATE ROLE {role} WITH {options}; END IF; END $$"
+    ).format(literal=sql.Literal(name), role=sql.Identifier(name), options=sql.SQL(options))
+
+
+def publication_comment(role: str) -> str:
+    """What a pipeline's publication says about the role it streams as."""
+    return f"cdc pipeline; replication role {role}"
+
+
+def _kept(
+    conn: psycopg.Connection[Any], role: str, publication: str | None
+) -> set[tuple[str, str]]:
+    """The tables the role's other pipelines capture (their publications name the role)."""
+    rows = conn.execute(
+        "SELECT t.schemaname, t.tablename FROM pg_publication p "
+        "JOIN pg_publication_tables t ON t.pubname = p.pubname "
+        "WHERE obj_description(p.oid, 'pg_publication') = %s "
+        "AND p.pubname IS DISTINCT FROM %s AND t.schemaname <> %s",
+        (publication_comment(role), publication, OWN_SCHEMA),
+    )
+    return {(r[0], r[1]) for r in rows}
+
+
+def sync_grants(
+    conn: psycopg.Connection[Any],
+    role: str,
+    tables: Iterable[tuple[str, str]],
+    publication: str | None = None,
+) -> list[str]:
+    """SELECT on exactly `tables` and the tables the role's other pipelines capture (USAGE
+    on their schemas); what the role holds beyond that is revoked. Returns the tables
+    revoked. `publication` is this pipeline's, left out of the others."""
+    wanted = set(tables) | _kept(conn, role, publication)
+    role_id = sql.Identifier(role)
+    held = {
+        (r[0], r[1])
+        for r in conn.execute(
+            "SELECT n.nspname, c.relname FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace, aclexplode(c.relacl) a "
+            "WHERE a.grantee = (SELECT oid FROM pg_roles WHERE rolname = %s) "
+            "AND a.privilege_type = 'SELECT' AND n.nspname <> %s",
+            (role, OWN_SCHEMA),
+        )
+    }
+    schemas = {
+        r[0]
+        for r in conn.execute(
+            "SELECT n.nspname FROM pg_namespace n, aclexplode(n.nspacl) a "
+            "WHERE a.grantee = (SELECT oid FROM pg_roles WHERE rolname = %s) "
+            "AND a.privilege_type = 'USAGE' AND n.nspname <> %s",
+            (role, OWN_SCHEMA),
+        )
+    }
+    for schema in sorted({s for s, _ in wanted} - schemas):
+        conn.execute(
+            sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), role_id)
+        )
+    for schema, name in sorted(wanted - held):
+        conn.execute(
+            sql.SQL("GRANT SELECT ON {} TO {}").format(sql.Identifier(schema, name), role_id)
+        )
+    revoked = sorted(held - wanted)
+    for schema, name in revoked:
+        conn.execute(
+            sql.SQL("REVOKE SELECT ON {} FROM {}").format(sql.Identifier(schema, name), role_id)
+        )
+    for schema in sorted(schemas - {s for s, _ in wanted}):
+        conn.execute(
+            sql.SQL("REVOKE USAGE ON SCHEMA {} FROM {}").format(sql.Identifier(schema), role_id)
+        )
+    return [f"{schema}.{name}" for schema, name in revoked]
+
+
+def other_pipelines(conn: psycopg.Connection[Any], role: str) -> list[str]:
+    """The publications of pipelines still set up on this database that stream as the
+    role, and the sessions it still has open."""
+    rows = conn.execute(
+        "SELECT pubname FROM pg_publication WHERE obj_description(oid, 'pg_publication') = %s "
+        "UNION ALL SELECT 'a session from ' || coalesce(host(client_addr), 'local') "
+        "FROM pg_stat_activity WHERE usename = %s",
+        (publication_comment(role), role),
+    )
+    return sorted(r[0] for r in rows)
+
+
+def drop_role(conn: psycopg.Connection[Any], settings: Settings) -> bool:
+    """Drop the replication role and what it was granted; its generated password goes too.
+    Returns whether it existed."""
+    role = settings.pipeline.replication_user
+    exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+    if exists:
+        # DROP OWNED revokes its grants in this database; it owns nothing else
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+    password_file(settings).unlink(missing_ok=True)
+    return bool(exists)

@@ -1,0 +1,54 @@
+"""What the fuzz tests (tests/unit/test_fuzz_*.py) share: their example budget and the
+strategies for outside input.
+
+In the fast tier each fuzz test runs a bounded number of examples (`bounded`); with
+HYPOTHESIS_PROFILE=fuzz (`make fuzz`) every one of them runs the profile's many more.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+
+__all__ = ["FUZZ", "bounded", "json_values"]
+
+_SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+settings.register_profile(
+    "fuzz",
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "20000")),
+    deadline=None,
+    suppress_health_check=_SLOW,
+)
+# only the @example cases (the crashes fuzzing found), e.g. to see them fail without a fix
+settings.register_profile("examples", phases=[Phase.explicit])
+FUZZ = os.environ.get("HYPOTHESIS_PROFILE") == "fuzz"
+if os.environ.get("HYPOTHESIS_PROFILE") in ("fuzz", "examples"):
+    settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])
+
+
+def bounded(examples: int) -> Callable[[Any], Any]:
+    """A fuzz test's settings: `examples` in the fast tier, the fuzz profile's otherwise."""
+    if FUZZ:
+        return settings(deadline=None, suppress_health_check=_SLOW)
+    return settings(max_examples=examples, deadline=None, suppress_health_check=_SLOW)
+
+
+# any JSON value: what orjson / json.loads can hand the parsers
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=30)
+)
+json_values = st.recursive(
+    _scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=8,
+)
