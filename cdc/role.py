@@ -22,6 +22,7 @@ from pydantic import SecretStr
 
 from cdc.catalog import OWN_SCHEMA, TRUNCATIONS_TABLE
 from cdc.settings import Settings
+from cdc.state import make_state_dir
 
 __all__ = [
     "REPLICATION_GROUP",
@@ -65,6 +66,7 @@ def replication_password(settings: Settings) -> SecretStr:
         text = ""
     if not text:
         text = secrets.token_urlsafe(24)
+        make_state_dir(settings, path.parent, 0o700)  # marked: `cdc down --purge` removes it
         write_secret(path, text + "\n")
     return SecretStr(text)
 

@@ -25,8 +25,9 @@ __all__ = [
 MARKER = ".cdc-state"
 # what the apply job and the snapshot keep under data_dir, meaningless once the change
 # topics are gone: checkpoints (Spark's, progress, generations, schemas), Spark's own
-# scratch and logs, the benchmarks' pipelines
-PIPELINE_STATE = ("checkpoints", "spark", "bench")
+# scratch and logs, the benchmarks' pipelines; and the generated replication passwords
+# (a new setup generates and sets a new one)
+PIPELINE_STATE = ("checkpoints", "spark", "bench", "secrets")
 
 
 def inside(path: Path, root: Path) -> bool:
