@@ -6,6 +6,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from cdc.components import ComponentStatus
@@ -24,7 +25,8 @@ def status_table(statuses: Sequence[ComponentStatus]) -> Table:
     for s in statuses:
         state = "[green]up[/green]" if s.up else "[red]down[/red]"
         name = s.name if s.managed else f"{s.name} (external)"
-        table.add_row(name, state, s.address, s.version or "", s.error or _details(s.details))
+        detail = escape(s.error or _details(s.details))  # their text, never markup
+        table.add_row(name, state, s.address, s.version or "", detail)
     return table
 
 
@@ -74,7 +76,7 @@ def pipeline_table(p: PipelineStatus) -> Table:
     table.add_column("what")
     table.add_column("state", overflow="fold")
     if p.error:
-        table.add_row("error", f"[red]{p.error}[/red]")
+        table.add_row("error", f"[red]{escape(p.error)}[/red]")
     snapshot = p.snapshot + (f" at {p.snapshot_lsn}" if p.snapshot_lsn else "")
     if p.snapshot == "running":
         snapshot += " (interrupted, or under way: `cdc snapshot` redoes an interrupted one)"
@@ -104,7 +106,7 @@ def pipeline_table(p: PipelineStatus) -> Table:
         if s.get("waiting"):
             since = s["waiting"]["since_ms"]
             state = (
-                f"[yellow]waiting[/yellow] ({s['waiting']['reason']}) for "
+                f"[yellow]waiting[/yellow] ({escape(s['waiting']['reason'])}) for "
                 f"{max(time.time() - since / 1000, 0):.0f}s, nothing dropped; " + state
             )
         table.add_row(f"store {store}", state)

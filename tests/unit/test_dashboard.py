@@ -30,3 +30,23 @@ def test_a_store_without_a_finished_batch_is_shown_as_running() -> None:
     assert "first batch running" in lines["warehouse"]
     assert "1.2" in lines["cache"] and "4" in lines["cache"]
     assert "public.orders" in text and "18s left" in text
+
+
+def test_a_component_error_that_looks_like_markup_is_shown_as_it_is() -> None:
+    from rich.console import Console
+
+    from cdc.components import ComponentStatus
+    from commands.render import status_table
+
+    status = ComponentStatus(
+        name="connect",
+        managed=True,
+        up=False,
+        address="x",
+        version=None,
+        details={},
+        error="bad [/x] token [bold]",
+    )
+    console = Console(record=True, width=200)
+    console.print(status_table([status]))
+    assert "bad [/x] token [bold]" in console.export_text()
