@@ -72,6 +72,19 @@ def test_the_replication_role_reads_only_what_is_captured_and_goes_with_drop(
                 psycopg.connect(conninfo, connect_timeout=5).close()
         psycopg.connect(replication_dsn(settings, replication=True)).close()
 
+        # the SQL for a DBA: what the setup runs, the password only as its verifier
+        env = {**t.env, "CDC_PIPELINE__REPLICATION_USER": role}
+        printed = run_cdc("setup", "--print-sql", env=env)
+        assert printed.returncode == 0, printed.stderr
+        for statement in (
+            f'GRANT SELECT ON "public"."{name}_other" TO "{role}"',
+            f'ALTER ROLE "{role}" WITH LOGIN REPLICATION NOSUPERUSER PASSWORD \'SCRAM-SHA-256$',
+            f'CREATE PUBLICATION "{settings.pipeline.publication}" FOR TABLE',
+        ):
+            assert statement in printed.stdout
+        assert password not in printed.stdout + printed.stderr
+        assert f"{name}_never" not in printed.stdout
+
         # a table no longer captured is no longer readable
         fewer = settings.model_copy(
             update={"pipeline": settings.pipeline.model_copy(update={"tables": [t.table]})}
@@ -79,7 +92,6 @@ def test_the_replication_role_reads_only_what_is_captured_and_goes_with_drop(
         prepare_source(fewer)
         assert can_read(f"public.{name}") and not can_read(f"public.{name}_other")
 
-        env = {**t.env, "CDC_PIPELINE__REPLICATION_USER": role}
         done = run_cdc("drop", "--yes", "--drop-role", env=env)
         assert done.returncode == 0, done.stderr
         assert "dropped" in done.stderr + done.stdout
