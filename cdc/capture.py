@@ -159,7 +159,9 @@ def secret_reference(settings: Settings, key: str, value: str) -> str:
     entries = {}
     if path.exists():
         entries = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
-    entries[key] = value.replace("\\", "\\\\")
+    # as java.util.Properties reads it back
+    escaped = value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+    entries[key] = "\\" + escaped if escaped[:1].isspace() else escaped
     write_secret(path, "".join(f"{k}={v}\n" for k, v in entries.items()))
     shown = f"{seen_as.rstrip('/')}/{path.name}" if seen_as else str(path)
     return f"${{file:{shown}:{key}}}"

@@ -52,6 +52,10 @@ def write_secret(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as out:
         out.write(text)
     path.chmod(0o600)
+    folder = path.parent.stat()
+    if os.geteuid() == 0 and (folder.st_uid, folder.st_gid) != (0, 0):
+        # the folder of a component that runs as the service user: it reads the file
+        os.chown(path, folder.st_uid, folder.st_gid)
 
 
 def replication_password(settings: Settings) -> SecretStr:

@@ -34,6 +34,8 @@ CONVERTERS = {
 
 class Connect(Component):
     name = "connect"
+    # its REST API runs connectors' code: not as root (it reads only its own folder's secrets)
+    needs_service_user = True
     start_timeout = 120.0
 
     @property
