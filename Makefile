@@ -49,7 +49,7 @@ format:
 	$(RUFF) check --fix .
 
 test: install lint
-	$(PYTEST) tests
+	$(PYTEST) tests --durations=40
 
 test-fast:
 	$(PYTEST) tests/unit -q

@@ -176,7 +176,10 @@ def _source_aggregates(settings: Settings, table: Table, summed: list[Any]) -> l
         ),
         sql.Identifier(table.schema, table.name),
     )
+    # SQLAlchemy percent-encodes every reserved character of the password but a space,
+    # which GE's URL check refuses: encoded here too
     url = settings.postgres.sqlalchemy_url().render_as_string(hide_password=False)
+    url = url.replace(" ", "%20")
     source = _context().data_sources.add_postgres(name="source", connection_string=url)
     asset = source.add_query_asset(name="aggregates", query=query.as_string(None))
     try:

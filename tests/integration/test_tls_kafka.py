@@ -42,6 +42,7 @@ TOPIC = "tls.items"
 @pytest.fixture(scope="module")
 def tls_kafka() -> Iterator[tuple[Settings, tls.TestCA]]:
     root = Path(tempfile.mkdtemp(prefix="cdc-tls-kafka-"))
+    root.chmod(0o755)  # the Connect worker runs as the service user
     try:
         ca = tls.make_ca(root / "ca")
         server = ca.server_cert("kafka")

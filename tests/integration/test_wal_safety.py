@@ -30,6 +30,9 @@ from tests.helpers import free_ports, run_cdc
 pytestmark = pytest.mark.integration
 
 SEGMENT = 16 * 1024 * 1024  # PostgreSQL's default WAL segment
+# the warning threshold: far above what a shared stack's background writes (autovacuum,
+# heartbeats, checkpoints' full-page images) add in the seconds of a status call
+WARN = 8 * 1024 * 1024
 
 
 def slot_status(env: dict[str, str]) -> dict[str, Any]:
@@ -57,31 +60,33 @@ def test_a_slot_retaining_more_wal_than_the_threshold_is_warned_about(
     env = {
         **stack.env,
         "CDC_PIPELINE__NAME": name,
-        "CDC_PIPELINE__WAL_RETAINED_WARN_BYTES": str(256 * 1024),
+        "CDC_PIPELINE__WAL_RETAINED_WARN_BYTES": str(WARN),
     }
     with psycopg.connect(stack.settings.postgres.dsn(), autocommit=True) as conn:
         conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
         try:
             before = slot_status(env)
             assert before["health"] == "ok" and before["problem"] is None
-            # about 1 MiB of WAL the slot keeps (nothing reads it)
+            # 12 MiB of WAL the slot keeps (nothing reads it)
+            # (transactional: its commit flushes the WAL, which pg_current_wal_lsn reports)
             conn.execute(
-                "SELECT pg_logical_emit_message(false, 'cdc-test', repeat('x', 1024 * 1024))"
+                "SELECT pg_logical_emit_message(true, 'cdc-test', repeat('x', %s))",
+                (WARN * 3 // 2,),
             )
             retained = conn.execute(
                 "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn) "
                 "FROM pg_replication_slots WHERE slot_name = %s",
                 (slot,),
             ).fetchone()
-            assert retained is not None and retained[0] > 256 * 1024
+            assert retained is not None and retained[0] > WARN
 
             after = slot_status(env)
             assert after["health"] == "warning"
             assert after["wal_retained_bytes"] >= retained[0]
-            assert after["warn_bytes"] == 256 * 1024
+            assert after["warn_bytes"] == WARN
             problem = after["problem"]
             assert f"slot {slot} retains" in problem
-            assert "pipeline.wal_retained_warn_bytes (256.0 KiB)" in problem
+            assert "pipeline.wal_retained_warn_bytes (8.0 MiB)" in problem
             assert "fix the connector, or `cdc drop` an abandoned pipeline" in problem
             assert "\n" not in problem
 
