@@ -91,7 +91,8 @@ else
   mkdir -p "$CACHE/jvm"
   rm -rf "$CACHE/jvm/kafka" "$CACHE/jvm/spark" "$CACHE/jvm/connect-plugins" "$CACHE/jvm/opensearch" "$CACHE/jvm/opensearch-plugins" "$CACHE/jvm/.markers"
   # progress: one line per component as Maven reaches it; the whole log goes to maven.log
-  if ! mvn -B -ntp -f jvm/pom.xml -Dcdc.cache="$CACHE/jvm" package 2>&1 \
+  # -C: a download whose checksum does not match the repository's fails the install
+  if ! mvn -B -C -ntp -f jvm/pom.xml -Dcdc.cache="$CACHE/jvm" package 2>&1 \
       | tee "$CACHE/jvm/maven.log" \
       | sed -un 's/^\[INFO\] Building cdc-\([a-z]*\).*\(\[[0-9]\/[0-9]\]\)/      \2 \1/p'; then
     grep -E '^\[ERROR\]' "$CACHE/jvm/maven.log" | head -3 >&2
