@@ -114,7 +114,9 @@ def down(
 
 @app.command()
 def status(output: OutputOption = Form.text) -> None:
-    """Show each component: up or down, address, version, and its details (connectors, tasks)."""
+    """Show each component: up or down, address, version, and its details (connectors, tasks),
+    then the pipeline. Exits 1 if a component is down, the slot is lost or the connector
+    or a task failed."""
     stack = Stack(settings())
     if not _print_status(stack, Output(output)):
         raise typer.Exit(1)
@@ -134,7 +136,7 @@ def _print_status(stack: Stack, output: Output) -> bool:
         status_table(statuses),
         *([pipeline_table(pipeline)] if pipeline is not None else []),
     )
-    return all(s.up for s in statuses)
+    return all(s.up for s in statuses) and not (pipeline is not None and pipeline.broken)
 
 
 @app.command("config")

@@ -51,6 +51,15 @@ class PipelineStatus:
     late_events: dict[str, int] = field(default_factory=dict)  # per window aggregate
     error: str | None = None
 
+    @property
+    def broken(self) -> bool:
+        """The pipeline cannot stream without someone acting: its slot is lost, or its
+        connector or a task failed (`cdc status` exits 1; a warning does not)."""
+        if self.slot is not None and self.slot.get("health") == "failed":
+            return True
+        connector = self.connector or {}
+        return connector.get("state") == "FAILED" or "FAILED" in connector.get("tasks", [])
+
 
 def pipeline_status(settings: Settings, tables: list[str] | None = None) -> PipelineStatus:
     pipe = settings.pipeline

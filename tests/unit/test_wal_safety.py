@@ -179,3 +179,17 @@ def test_the_settings_refuse_a_size_postgresql_would_not_take(tmp_path: Path) ->
     with pytest.raises(ValidationError):
         Settings(data_dir=tmp_path, postgres={"max_slot_wal_keep_size": "4 gigs"})
     assert Settings(data_dir=tmp_path).pipeline.wal_retained_warn_bytes == GiB
+
+
+def test_a_lost_slot_or_a_failed_connector_or_task_is_broken_a_warning_is_not() -> None:
+    def status(health: str = "ok", state: str = "RUNNING", tasks: tuple[str, ...] = ()) -> Any:
+        found = PipelineStatus("p", "done", None, {"health": health}, None)
+        found.connector = {"state": state, "tasks": list(tasks)}
+        return found
+
+    assert not status().broken
+    assert not status(health="warning", tasks=("RUNNING",)).broken
+    assert not PipelineStatus("p", "none", None, None, None).broken  # no slot, no connector
+    assert status(health="failed").broken
+    assert status(state="FAILED").broken
+    assert status(tasks=("RUNNING", "FAILED")).broken
