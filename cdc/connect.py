@@ -10,7 +10,7 @@ import requests
 
 from cdc.errors import ComponentError, ConnectorError
 
-__all__ = ["ConnectClient"]
+__all__ = ["ConnectClient", "refusal"]
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +34,7 @@ class ConnectClient:
                 message = resp.json().get("message", resp.text)
             except ValueError:
                 message = resp.text
-            raise ConnectorError(
-                f"Kafka Connect refused {method} {path}: {str(message).splitlines()[0][:300]}"
-            )
+            raise ConnectorError(f"Kafka Connect refused {method} {path}: {refusal(message)}")
         return resp.json() if resp.content else None
 
     def info(self) -> dict[str, Any]:
@@ -159,3 +157,14 @@ def summarize_trace(trace: str) -> str:
     causes = [line for line in lines if line.startswith("Caused by:")]
     line = causes[-1].removeprefix("Caused by:").strip() if causes else (lines[0] if lines else "")
     return line[:300] or "no trace given"
+
+
+def refusal(message: object) -> str:
+    """Connect's error message on one line: an invalid config lists its errors on the
+    lines after the first, and they are the part that says what is wrong."""
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    kept = [line for line in lines if not line.startswith("You can also find the above list")]
+    text = ""
+    for line in kept:
+        text += (" " if text.endswith(":") else "; ") + line if text else line
+    return text[:600]

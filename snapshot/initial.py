@@ -60,7 +60,7 @@ from cdc.topics import (
 from snapshot.encoding import SnapshotPoint, envelope, event_query, int_to_lsn, lsn_to_int
 from snapshot.generation import record_generation
 from snapshot.rewrites import record_schemas
-from snapshot.slot import InFlight, drop_slot, exported_snapshot, slot_state
+from snapshot.slot import InFlight, drop_slot, exported_snapshot, slot_lost, slot_state
 from snapshot.state import mark_done, mark_running, read_state
 
 __all__ = ["SnapshotResult", "ctid_ranges", "run_snapshot"]
@@ -118,6 +118,12 @@ def run_snapshot(
         state = read_state(conn, pipe.name)
         slot = slot_state(conn, pipe.slot)
         if state is not None and state.status == "done" and slot is not None:
+            if slot_lost(conn, pipe.slot):
+                raise SnapshotError(
+                    f"slot {pipe.slot} of pipeline {pipe.name} is lost (PostgreSQL removed "
+                    "the WAL it kept): the changes since the last confirmed position are gone; "
+                    "take a new snapshot: `cdc drop`, then `cdc snapshot`"
+                )
             if connector is not None and not stopped:
                 raise SnapshotError(
                     f"pipeline {pipe.name} already took its snapshot and streams; to load rows "

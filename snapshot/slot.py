@@ -24,7 +24,7 @@ import psycopg
 from cdc.errors import SourceError
 from snapshot.encoding import SnapshotPoint, lsn_to_int
 
-__all__ = ["InFlight", "drop_slot", "exported_snapshot", "slot_state"]
+__all__ = ["InFlight", "drop_slot", "exported_snapshot", "slot_lost", "slot_state"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,15 @@ def slot_state(conn: psycopg.Connection[Any], slot: str) -> tuple[bool, int | No
         "SELECT active, active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,)
     ).fetchone()
     return (bool(row[0]), row[1]) if row else None
+
+
+def slot_lost(conn: psycopg.Connection[Any], slot: str) -> bool:
+    """PostgreSQL invalidated the slot (`wal_status` lost): the WAL after its last
+    confirmed position is gone, and no connector can stream from it."""
+    row = conn.execute(
+        "SELECT wal_status = 'lost' FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def drop_slot(conn: psycopg.Connection[Any], slot: str, wait: float = 30.0) -> bool:

@@ -11,9 +11,11 @@ at it.
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,11 +23,16 @@ from typing import Any
 
 import psycopg
 import pytest
+from rich.console import Console
 
 from cdc.components.postgres import Postgres
+from cdc.connect import ConnectClient
 from cdc.settings import Settings
+from commands.pipeline import drop_pipeline
+from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.helpers import free_ports, run_cdc
+from tests.logcheck import pipeline_env, pipeline_for
 
 pytestmark = pytest.mark.integration
 
@@ -159,3 +166,46 @@ def test_a_slot_invalidated_by_max_slot_wal_keep_size_is_reported_lost(
     assert shown.returncode == 1, shown.stderr  # broken: a monitor's check fails
     text = " ".join(shown.stdout.split())
     assert "lost" in text and "`cdc drop`, then `cdc snapshot`" in text
+
+
+def test_snapshot_does_not_restart_streaming_on_a_lost_slot(
+    stack: RunningStack, limited_postgres: Settings
+) -> None:
+    """The pipeline's connector was deleted by hand and its slot then invalidated:
+    `cdc snapshot` (which restarts the connector of a complete snapshot) refuses in one
+    line with the re-snapshot instead of streaming from a slot whose changes are gone."""
+    name = "s" + uuid.uuid4().hex[:10]
+    # the stack's settings (its Connect and secrets) with the limited PostgreSQL
+    source = stack.settings.model_copy(update={"postgres": limited_postgres.postgres})
+    settings = pipeline_for(source, [f"public.{name}"])
+    pipe = settings.pipeline
+    connect = ConnectClient(settings.connect.url)
+    try:
+        with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
+            conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY)")
+            conn.execute(f"INSERT INTO {name} SELECT generate_series(1, 10)")
+        run_snapshot(settings, Console(file=io.StringIO()))
+        connect.delete(pipe.connector)
+        with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
+            deadline = time.monotonic() + 60
+            while conn.execute(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (pipe.slot,)
+            ).fetchone() != (False,):
+                assert time.monotonic() < deadline, "the deleted connector still reads"
+                time.sleep(0.5)
+            write_wal(conn, 4)
+            conn.execute("CHECKPOINT")
+            lost = conn.execute(
+                "SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (pipe.slot,)
+            ).fetchone()
+            assert lost == ("lost",)
+
+        env = {**stack.env, "CDC_POSTGRES__PORT": str(settings.postgres.port)}
+        again = run_cdc("snapshot", env=pipeline_env(env, settings))
+        assert again.returncode != 0
+        assert f"slot {pipe.slot} of pipeline {pipe.name} is lost" in again.stderr
+        assert "take a new snapshot: `cdc drop`, then `cdc snapshot`" in again.stderr
+        assert "Traceback" not in again.stderr
+        assert pipe.connector not in connect.connectors()
+    finally:
+        drop_pipeline(settings)

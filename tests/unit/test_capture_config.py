@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from cdc.capture import connector_config, offset_reaches, start_offset
-from cdc.connect import summarize_trace
+from cdc.connect import refusal, summarize_trace
 from cdc.settings import Settings
 
 
@@ -69,3 +69,17 @@ def test_a_stored_offset_before_the_consistent_point_is_an_older_generation() ->
     # a connector started with no offset stores the WAL position it found, past the point
     assert offset_reaches({"lsn": point + 56, "txId": 740}, point)
     assert not offset_reaches({}, point)
+
+
+def test_a_refused_connector_config_names_its_errors_on_one_line() -> None:
+    message = (
+        "Connector configuration is invalid and contains the following 1 error(s):\n"
+        "Error while validating connector config: password authentication failed\n"
+        "You can also find the above list of errors at the endpoint "
+        "`/connector-plugins/{connectorType}/config/validate`"
+    )
+    assert refusal(message) == (
+        "Connector configuration is invalid and contains the following 1 error(s): "
+        "Error while validating connector config: password authentication failed"
+    )
+    assert refusal("not found") == "not found"
