@@ -30,7 +30,7 @@ from rich.console import Console
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import bench_settings, cleanup, in_database, record
-from cdc.capture import connector_config
+from cdc.capture import connector_config, secret_reference
 from cdc.clients import kafka_admin
 from cdc.components.postgres import postgres_bin_dir
 from cdc.connect import ConnectClient
@@ -103,6 +103,9 @@ def debezium_snapshot(settings: Settings, rows: int) -> tuple[float, float]:
     )
     config["topic.creation.default.partitions"] = str(pipe.partitions)
     config["slot.drop.on.stop"] = "true"
+    config["database.password"] = secret_reference(
+        settings, "database.password", config["database.password"], connector=name
+    )
     topic = f"{prefix}.{TABLE}"
     client = ConnectClient(settings.connect.url)
     started = time.monotonic()

@@ -131,12 +131,15 @@ def _regex_literal(table: str) -> str:
     return table.replace(".", r"\.")
 
 
-def secret_reference(settings: Settings, key: str, value: str) -> str:
+def secret_reference(
+    settings: Settings, key: str, value: str, *, connector: str | None = None
+) -> str:
     """The value to put in a connector config for a secret.
 
     The secret goes to a file (0600, its folder 0700) that the worker reads with its
     FileConfigProvider, and the config names it (`${file:path:key}`), so neither the REST
-    API nor Connect's config topic ever holds it. The local worker's folder is
+    API nor Connect's config topic ever holds it (one file per connector, the pipeline's
+    unless `connector` is named). The local worker's folder is
     data_dir/connect/secrets; your own worker's is connect.secrets_dir (as the worker sees
     it: connect.worker_secrets_dir). Only with connect.inline_secrets is the value itself
     put in the config.
@@ -155,7 +158,7 @@ def secret_reference(settings: Settings, key: str, value: str) -> str:
             "shown by its REST API; set connect.secrets_dir to a folder the worker reads "
             "(see README, Security), or connect.inline_secrets = true to accept that"
         )
-    path = folder / f"{settings.pipeline.connector}.properties"
+    path = folder / f"{connector or settings.pipeline.connector}.properties"
     entries = {}
     if path.exists():
         entries = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)

@@ -8,7 +8,7 @@ import uuid
 import psycopg
 import pytest
 
-from cdc.capture import connector_config, wait_slot_active
+from cdc.capture import connector_config, secret_reference, wait_slot_active
 from cdc.components.connect import Connect
 from cdc.topics import wait_for_records
 from tests.conftest import RunningStack
@@ -26,16 +26,18 @@ def test_insert_update_delete_become_c_u_d_and_a_tombstone(stack: RunningStack) 
 
     client = Connect(settings).client()
     name = f"conn-{suffix}"
-    client.put_config(
-        name,
-        connector_config(
-            settings,
-            topic_prefix=prefix,
-            tables=[f"public.{table}"],
-            slot=slot,
-            publication=f"pub_{suffix}",
-        ),
+    config = connector_config(
+        settings,
+        topic_prefix=prefix,
+        tables=[f"public.{table}"],
+        slot=slot,
+        publication=f"pub_{suffix}",
     )
+    # as the pipeline's connector does: Connect's config topic never holds a password
+    config["database.password"] = secret_reference(
+        settings, "database.password", config["database.password"], connector=name
+    )
+    client.put_config(name, config)
     try:
         client.wait_running(name)
         wait_slot_active(settings, slot)
@@ -57,6 +59,7 @@ def test_insert_update_delete_become_c_u_d_and_a_tombstone(stack: RunningStack) 
         assert create["source"]["table"] == table and create["source"]["lsn"] > 0
     finally:
         client.delete(name)
+        (settings.data_dir / "connect" / "secrets" / f"{name}.properties").unlink()
         _drop_slot(dsn, slot)
 
 

@@ -180,6 +180,6 @@ def test_no_password_in_the_server_log(tls_postgres: tuple[Settings, tls.TestCA]
     with pytest.raises(psycopg.OperationalError):  # a failed login is logged: not its password
         psycopg.connect(settings.postgres.conninfo(settings.postgres.user, None), connect_timeout=5)
     log = (settings.data_dir / "postgres" / "postgres.log").read_text(errors="replace")
-    assert "SSL" in log or "ssl" in log or log  # the log exists and was written
+    assert log, "the server log is empty"
     for secret in (ADMIN_PASSWORD, REPLICATION_PASSWORD):
         assert secret not in log
