@@ -58,9 +58,25 @@ def spark_jars(settings: Settings) -> list[Path]:
     return [j for j in ours if _artifact(j) not in shipped]
 
 
+# Spark's log goes to <data_dir>/spark/spark.log (0600, rolled at 64 MB): only errors
+# reach the terminal, where `cdc demo` draws its dashboard and `cdc apply` says what it does
 _LOG4J2 = """\
 rootLogger.level = {level}
+rootLogger.appenderRef.file.ref = file
 rootLogger.appenderRef.stderr.ref = console
+rootLogger.appenderRef.stderr.level = error
+appender.file.type = RollingFile
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.filePattern = {log}.%i
+appender.file.filePermissions = rw-------
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = %d{{yyyy-MM-dd HH:mm:ss}} %p %c{{1}}: %m%n
+appender.file.policies.type = Policies
+appender.file.policies.size.type = SizeBasedTriggeringPolicy
+appender.file.policies.size.size = 64MB
+appender.file.strategy.type = DefaultRolloverStrategy
+appender.file.strategy.max = 3
 appender.console.type = Console
 appender.console.name = console
 appender.console.target = SYSTEM_ERR
@@ -87,7 +103,10 @@ def spark_session(settings: Settings, app_name: str) -> SparkSession:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     log_config = settings.data_dir / "spark" / "log4j2.properties"
     prepare_job_state(settings)  # its folders, marked for `cdc down --purge`
-    log_config.write_text(_LOG4J2.format(level=settings.spark.log_level.lower()))
+    log_file = settings.data_dir / "spark" / "spark.log"
+    written = log_config.with_name(f".{log_config.name}.{os.getpid()}")
+    written.write_text(_LOG4J2.format(level=settings.spark.log_level.lower(), log=log_file))
+    written.replace(log_config)  # whole, for another cdc process starting its Spark
     from pyspark.sql import SparkSession
 
     spark = settings.spark

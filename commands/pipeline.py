@@ -249,16 +249,12 @@ def _store_progress(
         if progress is None:
             continue
         backlog = progress.backlog(ends)
-        commit_ms = progress.commit_ms
-        if commit_ms is None:
-            lag = None
-        elif backlog:
-            lag = (now_ms - commit_ms) / 1000  # at least this far behind
-        else:
-            lag = ((progress.applied_ms or now_ms) - commit_ms) / 1000  # the last batch's
+        lag = progress.lag_s(backlog, now_ms)
+        latency = progress.last_latency_s()
         stores[store] = {
             "backlog_events": backlog,
             "lag_s": round(lag, 3) if lag is not None else None,
+            "last_latency_s": round(latency, 3) if latency is not None else None,
             "applied_at_ms": progress.applied_ms,
             # the store did not answer: its batch waits, uncommitted (reason, since_ms)
             "waiting": progress.waiting,

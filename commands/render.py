@@ -102,7 +102,12 @@ def pipeline_table(p: PipelineStatus) -> Table:
         table.add_row(f"topic {topic}", f"end offset {end}")
     for store, s in p.stores.items():
         lag = "?" if s["lag_s"] is None else f"{s['lag_s']:.1f}s"
-        state = f"backlog {s['backlog_events']} events; lag {lag}"
+        if s["backlog_events"]:
+            state = f"backlog {s['backlog_events']} events; lag {lag}"
+        else:
+            state = "[green]caught up[/green] (backlog 0; lag 0s)"
+        if s.get("last_latency_s") is not None:
+            state += f"; its newest change was visible {s['last_latency_s']:.1f}s after commit"
         if s.get("waiting"):
             since = s["waiting"]["since_ms"]
             state = (

@@ -80,6 +80,24 @@ class Progress:
             for partition, end in parts.items()
         )
 
+    def lag_s(self, backlog: int, now_ms: float) -> float | None:
+        """How far behind the source the store is: 0 when it holds everything in the log
+        (an idle store is caught up, however old its last change); with a backlog, the
+        time since the commit of the newest change it holds (it is at least that far
+        behind); None when it has a backlog and has applied no change yet."""
+        if not backlog:
+            return 0.0
+        if self.commit_ms is None:
+            return None
+        return max(now_ms - self.commit_ms, 0) / 1000
+
+    def last_latency_s(self) -> float | None:
+        """Commit to visible of the newest change the store applied: its batch's end minus
+        its commit time."""
+        if self.commit_ms is None or self.applied_ms is None:
+            return None
+        return max(self.applied_ms - self.commit_ms, 0) / 1000
+
     def behind(self, ends: dict[str, dict[int, int]]) -> list[str]:
         """The topic partitions not applied up to their end ("topic:partition")."""
         return [

@@ -9,6 +9,8 @@ and the application's writes go on."""
 from __future__ import annotations
 
 import json
+import re
+import stat
 from typing import Any
 
 import psycopg
@@ -102,6 +104,10 @@ def test_a_partitioned_table_is_one_table_in_every_store(captured: Capture) -> N
 
     applied = run_cdc("apply", "--once", env=env)
     assert applied.returncode == 0, applied.stderr[-3000:]
+    # Spark's log lines went to its log file (0600), not to the terminal
+    spark_log = settings.data_dir / "spark" / "spark.log"
+    assert stat.S_IMODE(spark_log.stat().st_mode) == 0o600
+    assert not re.search(r"^\d\d:\d\d:\d\d (WARN|INFO) ", applied.stderr, re.MULTILINE)
     expected = source(dsn, name)
     assert len(expected) == 90 + 2 - 3
     assert expected[(3, "us")] == expected[(1004, "us")] == expected[(5, "eu")] == "moved"

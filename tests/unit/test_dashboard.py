@@ -50,3 +50,29 @@ def test_a_component_error_that_looks_like_markup_is_shown_as_it_is() -> None:
     console = Console(record=True, width=200)
     console.print(status_table([status]))
     assert "bad [/x] token [bold]" in console.export_text()
+
+
+def test_status_shows_a_store_without_backlog_as_caught_up() -> None:
+    from commands.pipeline import PipelineStatus
+    from commands.render import pipeline_table
+
+    figures = {"backlog_events": 0, "lag_s": 0.0, "last_latency_s": 0.8, "waiting": None}
+    behind = {"backlog_events": 7, "lag_s": 12.5, "last_latency_s": 0.8, "waiting": None}
+    status = PipelineStatus(
+        name="cdc",
+        snapshot="done",
+        snapshot_lsn=None,
+        slot=None,
+        connector=None,
+        stores={"cache": figures, "search": behind},
+    )
+    console = Console(record=True, width=200)
+    console.print(pipeline_table(status))
+    lines = {
+        line.split("│")[1].strip(): line
+        for line in console.export_text().splitlines()
+        if "│" in line
+    }
+    assert "caught up" in lines["store cache"] and "0.8s after commit" in lines["store cache"]
+    assert "backlog 7 events; lag 12.5s" in lines["store search"]
+    assert "caught up" not in lines["store search"]

@@ -65,3 +65,15 @@ def test_late_events_add_up_per_report(tmp_path: Path) -> None:
     note_late(settings, "w", [{"batchId": 0, **late[0]}, {"batchId": 1, **late[0]}])
     note_late(settings, "w", [{"batchId": 1, **late[0]}])  # seen: not counted again
     assert late_events(settings, "w") == 4
+
+
+def test_a_caught_up_store_has_no_lag_however_old_its_last_change() -> None:
+    idle = Progress(applied={"p.public.t:0": 9}, commit_ms=1_000, applied_ms=1_400)
+    an_hour_later = 1_000 + 3_600_000
+    assert idle.lag_s(backlog=0, now_ms=an_hour_later) == 0.0
+    assert idle.last_latency_s() == 0.4
+    # with a backlog it is at least as far behind as its newest change is old
+    assert idle.lag_s(backlog=5, now_ms=an_hour_later) == 3_600.0
+    assert Progress().lag_s(backlog=5, now_ms=an_hour_later) is None
+    assert Progress().lag_s(backlog=0, now_ms=an_hour_later) == 0.0
+    assert Progress().last_latency_s() is None

@@ -1,0 +1,207 @@
+"""What one micro-batch of the apply job costs, phase by phase, idle and under a small load.
+
+    .venv/bin/python bench/batch_cost.py [--stores cache,search] [--rate 200] [--seconds 40]
+
+Needs the local stack (`cdc up`). Takes the snapshot of a 1,000-row table of its own,
+runs `cdc apply` for the stores in this process, and times each phase of every
+micro-batch the driver runs (the functions of materializers/apply.py it calls, wrapped
+with a clock: the source's catalog, the schema-change check, the progress record, the
+log's end offsets, and the rest of the batch, which is Spark's job and the store's
+writes), with the Spark jobs each batch ran. First idle for --seconds (no change at
+all: what a pipeline costs at rest), then with --rate single-row updates per second.
+Prints per store and phase the mean wall time per batch, and the cores each component
+kept busy; appends the figures to bench/results/batch_cost.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import io
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from rich.console import Console
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import materializers.apply as apply
+from bench.common import ResourceSampler, bench_settings, cleanup, in_database, record
+from cdc.settings import Settings, load_settings
+from snapshot.initial import run_snapshot
+
+DATABASE = "cdcbench"
+TABLE = "public.batch_cost"
+ROWS = 1000
+# the driver-side functions one micro-batch calls (materializers/apply.py's names)
+PHASES = (
+    "read_source",
+    "check_rewrites",
+    "with_generated",
+    "read_progress",
+    "write_progress",
+    "read_generation",
+)
+
+
+class Clock:
+    """Wall time per (store, phase), summed, and the batches each store ran."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[tuple[str, str], float] = defaultdict(float)
+        self.batches: dict[str, int] = defaultdict(int)
+        self.jobs: dict[str, int] = defaultdict(int)
+        self.local = threading.local()
+        self.lock = threading.Lock()
+
+    def add(self, phase: str, seconds: float) -> None:
+        store = getattr(self.local, "store", None)
+        if store is not None:
+            with self.lock:
+                self.seconds[(store, phase)] += seconds
+
+    def wrap(self, phase: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.add(phase, time.perf_counter() - started)
+
+        return timed
+
+    def reset(self) -> None:
+        with self.lock:
+            self.seconds.clear()
+            self.batches.clear()
+            self.jobs.clear()
+
+    def figures(self) -> dict[str, dict[str, object]]:
+        out: dict[str, dict[str, object]] = {}
+        for store, batches in sorted(self.batches.items()):
+            phases = {
+                phase: round(seconds / batches, 3)
+                for (name, phase), seconds in sorted(self.seconds.items())
+                if name == store
+            }
+            out[store] = {
+                "batches": batches,
+                "spark_jobs_per_batch": round(self.jobs[store] / batches, 2),
+                "mean_s_per_batch": phases,
+            }
+        return out
+
+
+def instrument(clock: Clock) -> None:
+    """Wrap the apply job's driver-side calls with the clock (before it starts)."""
+    for phase in PHASES:
+        setattr(apply, phase, clock.wrap(phase, getattr(apply, phase)))
+    ends = apply._EndOffsets.check_not_rewound
+    apply._EndOffsets.check_not_rewound = clock.wrap("log end offsets", ends)  # type: ignore[method-assign]
+    make_writer = apply._batch_writer
+
+    def batch_writer(settings: Settings, store: Any, *args: Any) -> Callable[[Any, int], None]:
+        write = make_writer(settings, store, *args)
+
+        def timed(batch: Any, batch_id: int) -> None:
+            clock.local.store = store.name
+            tracker = batch.sparkSession.sparkContext.statusTracker()
+            group = f"bench-{store.name}-{batch_id}"
+            batch.sparkSession.sparkContext.setJobGroup(group, group)
+            started = time.perf_counter()
+            try:
+                write(batch, batch_id)
+            finally:
+                clock.add("whole batch", time.perf_counter() - started)
+                with clock.lock:
+                    clock.batches[store.name] += 1
+                    clock.jobs[store.name] += len(tracker.getJobIdsForGroup(group))
+
+        return timed
+
+    apply._batch_writer = batch_writer  # type: ignore[assignment]
+
+
+def load(settings: Settings) -> None:
+    with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
+        conn.execute(f"CREATE TABLE {TABLE} (id int PRIMARY KEY, v bigint NOT NULL, note text)")
+        conn.execute(
+            f"INSERT INTO {TABLE} SELECT i, 0, 'row ' || i FROM generate_series(1, {ROWS}) i"
+        )
+
+
+def update(settings: Settings, rate: int, seconds: float) -> int:
+    """`rate` single-row updates per second (one transaction each) for `seconds`."""
+    done, started = 0, time.monotonic()
+    with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
+        while (elapsed := time.monotonic() - started) < seconds:
+            for _ in range(int(elapsed * rate) - done):
+                conn.execute(f"UPDATE {TABLE} SET v = v + 1 WHERE id = %s", (done % ROWS + 1,))
+                done += 1
+            time.sleep(0.005)
+    return done
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stores", default="cache,search")
+    parser.add_argument("--rate", type=int, default=200, help="updates per second")
+    parser.add_argument("--seconds", type=int, default=40, help="of each phase")
+    args = parser.parse_args()
+    stores = [s for s in args.stores.split(",") if s]
+    settings = load_settings()
+    source = in_database(settings, DATABASE)
+    load(source)
+    bench = bench_settings(source, [TABLE])
+    clock = Clock()
+    instrument(clock)
+    stop = threading.Event()
+    runs: dict[str, object] = {}
+    try:
+        run_snapshot(bench, Console(file=io.StringIO()))
+        with ResourceSampler() as resources:
+            job = threading.Thread(
+                target=apply.run_apply, args=(bench, stores), kwargs={"stop": stop}, daemon=True
+            )
+            job.start()
+            while not all(clock.batches.get(s) for s in stores):  # the snapshot applied
+                time.sleep(0.5)
+            time.sleep(5)
+            for phase, rate in (("idle", 0), (f"{args.rate} updates/s", args.rate)):
+                clock.reset()
+                before = resources.cpu()
+                if rate:
+                    update(bench, rate, args.seconds)
+                else:
+                    time.sleep(args.seconds)
+                cores = resources.cpu().cores_since(before)
+                runs[phase] = {"stores": clock.figures(), "cores": cores}
+                print(f"{phase}: {runs[phase]}", flush=True)
+            stop.set()
+            job.join(timeout=120)
+    finally:
+        stop.set()
+        cleanup(bench)
+    record(
+        {
+            "benchmark": "batch_cost",
+            "stores": stores,
+            "seconds": args.seconds,
+            "trigger_interval_s": bench.apply.trigger_interval_s,
+            "runs": runs,
+        },
+        "batch_cost",
+        settings,
+    )
+
+
+if __name__ == "__main__":
+    main()
