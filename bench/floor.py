@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import threading
 import time
@@ -103,8 +104,6 @@ def measure(settings: Settings, spark: Any, topic: str, trigger: str, seconds: i
         keys = list(redis.scan_iter(match=prefix + "*", count=1000))
         for i in range(0, len(keys), 1000):
             redis.delete(*keys[i : i + 1000])
-        import shutil
-
         shutil.rmtree(checkpoint, ignore_errors=True)
     latencies = [end - stamp for end, stamps in done if end >= measured_from for stamp in stamps]
     batches = sum(1 for end, _ in done if end >= measured_from)

@@ -101,8 +101,8 @@ def pipeline_table(p: PipelineStatus) -> Table:
     for topic, end in p.topics.items():
         table.add_row(f"topic {topic}", f"end offset {end}")
     for store, s in p.stores.items():
-        lag = "?" if s["lag_s"] is None else f"{s['lag_s']:.1f}s"
         if s["backlog_events"]:
+            lag = "?" if s["lag_s"] is None else f"{s['lag_s']:.1f}s"
             state = f"backlog {s['backlog_events']} events; lag {lag}"
         else:
             state = "[green]caught up[/green] (backlog 0; lag 0s)"
