@@ -5,12 +5,13 @@ CDC := $(VENV)/bin/cdc
 PYTEST := $(VENV)/bin/pytest
 RUFF := $(VENV)/bin/ruff
 
-.PHONY: help install demo up down status test test-fast test-integration lint format \
+.PHONY: help install demo up down status test test-long test-fast test-integration lint format \
 	bench-snapshot bench-catchup bench-streaming bench-floor bench-batch-cost bench-report chaos mutants lock compose-pin fuzz
 
 help:
 	@echo "make demo              install, start the stack, run the demo shop with a live dashboard"
-	@echo "make test              install, lint, then every test (unit + integration on the real stack)"
+	@echo "make test              install, lint, then the unit and integration tests on the real stack (CI)"
+	@echo "make test-long         the long forms: the short chaos run, the schema zoo, a 10,000-key repair"
 	@echo "make test-fast         unit tests only (pure logic, seconds)"
 	@echo "make test-integration  integration tests against the real stack"
 	@echo "make bench-snapshot    snapshot of 2 M rows: ours, copy-to-null and Debezium's"
@@ -50,8 +51,12 @@ format:
 	$(RUFF) format .
 	$(RUFF) check --fix .
 
+# CI's tier: everything but the long forms (`make test-long`), within about 45 minutes
 test: install lint
-	$(PYTEST) tests --durations=40
+	$(PYTEST) tests -m "not long and not chaos" --durations=40
+
+test-long: install
+	$(PYTEST) tests -m "long or chaos" --durations=10
 
 test-fast:
 	$(PYTEST) tests/unit -q

@@ -98,6 +98,7 @@ def repair(env: dict[str, str], name: str) -> subprocess.CompletedProcess[str]:
     return result
 
 
+@pytest.mark.long
 def test_verify_repair_mends_ten_thousand_keys_drifted_in_the_cache(captured: Capture) -> None:
     t = captured(
         "CREATE TABLE {name} (id int PRIMARY KEY, name text NOT NULL, qty int, note text)",

@@ -37,7 +37,7 @@ from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.logcheck import pipeline_for, wait_until_captured
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 STORES = ["cache", "search", "warehouse"]
 EXTENSIONS = {"hstore", "ltree", "citext"}  # types tested where PostgreSQL has them
