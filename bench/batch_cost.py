@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import functools
 import io
+import json
 import sys
 import threading
 import time
@@ -32,11 +33,10 @@ from rich.console import Console
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import materializers.apply as apply
-from bench.common import ResourceSampler, bench_settings, cleanup, in_database, record
+from bench.common import ResourceSampler, bench_settings, cleanup, record
 from cdc.settings import Settings, load_settings
 from snapshot.initial import run_snapshot
 
-DATABASE = "cdcbench"
 TABLE = "public.batch_cost"
 ROWS = 1000
 # the driver-side functions one micro-batch calls (materializers/apply.py's names)
@@ -129,6 +129,38 @@ def instrument(clock: Clock) -> None:
     apply._batch_writer = batch_writer  # type: ignore[assignment]
 
 
+def spark_durations(settings: Settings, since: float) -> dict[str, dict[str, float]]:
+    """Spark's own breakdown of each query's triggers since `since` (its progress
+    reports' durationMs: latestOffset, getBatch, queryPlanning, addBatch, walCommit,
+    commitOffsets, triggerExecution), mean milliseconds per trigger that ran a batch."""
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.getOrCreate()  # the apply job's, running in its thread
+    out: dict[str, dict[str, float]] = {}
+    prefix = f"cdc-{settings.pipeline.name}-"
+    for query in spark.streams.active:
+        name = query.name or ""
+        if not name.startswith(prefix):
+            continue
+        progress = [p if isinstance(p, dict) else json.loads(p.json) for p in query.recentProgress]
+        reports = [p for p in progress if p["numInputRows"] and _epoch(p["timestamp"]) >= since]
+        totals: dict[str, float] = defaultdict(float)
+        for report in reports:
+            for key, ms in report["durationMs"].items():
+                totals[key] += ms
+        out[name.removeprefix(prefix)] = {
+            "triggers": len(reports),
+            **{k: round(v / len(reports)) for k, v in sorted(totals.items())},
+        }
+    return out
+
+
+def _epoch(timestamp: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
 def load(settings: Settings) -> None:
     with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
         conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
@@ -157,8 +189,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=40, help="of each phase")
     args = parser.parse_args()
     stores = [s for s in args.stores.split(",") if s]
-    settings = load_settings()
-    source = in_database(settings, DATABASE)
+    source = load_settings()
     load(source)
     bench = bench_settings(source, [TABLE])
     clock = Clock()
@@ -177,13 +208,17 @@ def main() -> None:
             time.sleep(5)
             for phase, rate in (("idle", 0), (f"{args.rate} updates/s", args.rate)):
                 clock.reset()
-                before = resources.cpu()
+                before, since = resources.cpu(), time.time()
                 if rate:
                     update(bench, rate, args.seconds)
                 else:
                     time.sleep(args.seconds)
                 cores = resources.cpu().cores_since(before)
-                runs[phase] = {"stores": clock.figures(), "cores": cores}
+                runs[phase] = {
+                    "stores": clock.figures(),
+                    "spark_ms_per_trigger": spark_durations(bench, since),
+                    "cores": cores,
+                }
                 print(f"{phase}: {runs[phase]}", flush=True)
             stop.set()
             job.join(timeout=120)
@@ -199,7 +234,7 @@ def main() -> None:
             "runs": runs,
         },
         "batch_cost",
-        settings,
+        source,
     )
 
 

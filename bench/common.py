@@ -51,19 +51,6 @@ def record(figures: dict[str, object], name: str, settings: Settings | None = No
         fh.write(json.dumps(figures) + "\n")
 
 
-def in_database(settings: Settings, name: str) -> Settings:
-    """The settings pointed at a database of the benchmark's own (created if missing), so
-    that what a benchmark loads never lands among the tables `cdc demo` captures."""
-    import psycopg
-
-    with psycopg.connect(settings.postgres.dsn("postgres"), autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
-    return settings.model_copy(
-        update={"postgres": settings.postgres.model_copy(update={"database": name})}
-    )
-
-
 def bench_settings(settings: Settings, tables: list[str], **pipeline: object) -> Settings:
     """The settings with a pipeline of the benchmark's own (random name) over `tables`,
     its warehouse in a directory of its own (no join views or windows)."""

@@ -3,8 +3,9 @@ and with Debezium's own initial snapshot.
 
     .venv/bin/python bench/snapshot_throughput.py [--scale 20] [--no-warehouse]
 
-Needs the local stack (`cdc up`). Loads pgbench at the given scale into a database of
-its own (cdcbench_snapshot) if it is not there, then, in one run:
+Needs the local stack (`cdc up`). Loads pgbench at the given scale into the stack's
+database (the one database its replication role may read) if it is not there, then, in
+one run:
   1. `\\copy pgbench_accounts TO /dev/null`: what reading the table costs at least;
   2. our initial snapshot into Kafka (a pipeline of its own), and on into the warehouse
      (`cdc apply --store warehouse --once` over the snapshot's events);
@@ -29,7 +30,7 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import bench_settings, cleanup, in_database, record
+from bench.common import bench_settings, cleanup, record
 from cdc.capture import connector_config, secret_reference
 from cdc.clients import kafka_admin
 from cdc.components.postgres import postgres_bin_dir
@@ -41,7 +42,6 @@ from materializers.apply import run_apply
 from snapshot.initial import run_snapshot
 
 TABLE = "public.pgbench_accounts"
-DATABASE = "cdcbench_snapshot"
 
 
 def load_pgbench(settings: Settings, scale: int) -> int:
@@ -149,7 +149,7 @@ def main() -> None:
         "--no-warehouse", action="store_true", help="skip applying the snapshot to Delta"
     )
     args = parser.parse_args()
-    settings = in_database(load_settings(), DATABASE)
+    settings = load_settings()
     rows = load_pgbench(settings, args.scale)
     copy_s = copy_seconds(settings)
     print(f"\\copy: {copy_s:.2f} s", flush=True)

@@ -6,8 +6,8 @@ each kept busy.
                                         [--stores cache,search,warehouse]
 
 Needs the local stack (`cdc up`). Loads pgbench (TPC-B-like; pgbench_history gets a
-primary key, since the pipeline refuses tables without one) into a database of its
-own, takes the initial snapshot of its four tables, runs `cdc apply` for every store
+primary key, since the pipeline refuses tables without one) into the stack's database,
+takes the initial snapshot of its four tables, runs `cdc apply` for every store
 in this process and waits until the stores hold the snapshot. Then for each rate:
 pgbench -R RATE -T SECONDS, after which it waits until every store has caught up.
 
@@ -37,7 +37,7 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ResourceSampler, bench_settings, cleanup, in_database, record
+from bench.common import ResourceSampler, bench_settings, cleanup, record
 from bench.snapshot_throughput import pgbench_init, psql_args, psql_env
 from cdc.clients import kafka_client_kwargs
 from cdc.components.postgres import postgres_bin_dir
@@ -48,7 +48,6 @@ from materializers.apply import run_apply
 from materializers.progress import read_progress
 from snapshot.initial import run_snapshot
 
-DATABASE = "cdcbench"
 TABLES = [f"public.pgbench_{t}" for t in ("accounts", "branches", "tellers", "history")]
 STORES = ("cache", "search", "warehouse")
 
@@ -244,9 +243,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     stores = tuple(s for s in STORES if s in args.stores.split(","))
-    settings = load_settings()
-    source = in_database(settings, DATABASE)
-    print(f"loading pgbench at scale {args.scale} into database {DATABASE} ...", flush=True)
+    source = load_settings()
+    print(f"loading pgbench at scale {args.scale} ...", flush=True)
     load(source, args.scale)
     bench = bench_settings(source, TABLES)
     stop = threading.Event()
@@ -282,7 +280,7 @@ def main() -> None:
         "trigger_interval_s": bench.apply.trigger_interval_s,
         "partitions": bench.pipeline.partitions,
     }
-    record(figures, "streaming", settings)
+    record(figures, "streaming", source)
 
 
 if __name__ == "__main__":
