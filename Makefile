@@ -51,7 +51,7 @@ format:
 	$(RUFF) format .
 	$(RUFF) check --fix .
 
-# CI's tier: everything but the long forms (`make test-long`), within about 45 minutes
+# CI's tier: everything but the long forms (`make test-long`); about 55 minutes on 2 cores
 test: install lint
 	$(PYTEST) tests -m "not long and not chaos" --durations=40
 
