@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import functools
 import io
-import json
 import sys
 import threading
 import time
@@ -33,7 +32,7 @@ from rich.console import Console
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import materializers.apply as apply
-from bench.common import ResourceSampler, bench_settings, cleanup, record
+from bench.common import ResourceSampler, bench_settings, cleanup, record, trigger_durations
 from cdc.settings import Settings, load_settings
 from snapshot.initial import run_snapshot
 
@@ -130,35 +129,16 @@ def instrument(clock: Clock) -> None:
 
 
 def spark_durations(settings: Settings, since: float) -> dict[str, dict[str, float]]:
-    """Spark's own breakdown of each query's triggers since `since` (its progress
-    reports' durationMs: latestOffset, getBatch, queryPlanning, addBatch, walCommit,
-    commitOffsets, triggerExecution), mean milliseconds per trigger that ran a batch."""
+    """Spark's own breakdown of each of the apply job's queries since `since`."""
     from pyspark.sql import SparkSession
 
     spark = SparkSession.builder.getOrCreate()  # the apply job's, running in its thread
-    out: dict[str, dict[str, float]] = {}
     prefix = f"cdc-{settings.pipeline.name}-"
-    for query in spark.streams.active:
-        name = query.name or ""
-        if not name.startswith(prefix):
-            continue
-        progress = [p if isinstance(p, dict) else json.loads(p.json) for p in query.recentProgress]
-        reports = [p for p in progress if p["numInputRows"] and _epoch(p["timestamp"]) >= since]
-        totals: dict[str, float] = defaultdict(float)
-        for report in reports:
-            for key, ms in report["durationMs"].items():
-                totals[key] += ms
-        out[name.removeprefix(prefix)] = {
-            "triggers": len(reports),
-            **{k: round(v / len(reports)) for k, v in sorted(totals.items())},
-        }
-    return out
-
-
-def _epoch(timestamp: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+    return {
+        query.name.removeprefix(prefix): trigger_durations(query, since)
+        for query in spark.streams.active
+        if (query.name or "").startswith(prefix)
+    }
 
 
 def load(settings: Settings) -> None:

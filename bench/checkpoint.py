@@ -14,7 +14,6 @@ them to bench/results/checkpoint.jsonl.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -24,17 +23,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import record
+from bench.common import record, trigger_durations
 from cdc.settings import load_settings
-from cdc.spark import spark_session
+from cdc.spark import CHECKPOINT_FILE_MANAGER, spark_session
 
 MANAGERS = {
     "FileContext (Spark's default)": (
         "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager"
     ),
-    "FileSystem (the pipeline's)": (
-        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
-    ),
+    "FileSystem (the pipeline's)": CHECKPOINT_FILE_MANAGER,
 }
 WARM_UP = 5  # triggers left out: the JVM's first ones
 
@@ -51,16 +48,10 @@ def run(spark: Any, seconds: float) -> dict[str, float]:
             .start()
         )
         time.sleep(seconds)
-        reports = [p if isinstance(p, dict) else json.loads(p.json) for p in query.recentProgress][
-            WARM_UP:
-        ]
+        durations = trigger_durations(query, skip=WARM_UP)
         query.stop()
-    totals: dict[str, float] = defaultdict(float)
-    for report in reports:
-        for key, ms in report["durationMs"].items():
-            totals[key] += ms
-    keys = ("walCommit", "commitOffsets", "addBatch", "triggerExecution")
-    return {"triggers": len(reports), **{k: round(totals[k] / len(reports), 1) for k in keys}}
+    keys = ("triggers", "walCommit", "commitOffsets", "addBatch", "triggerExecution")
+    return {k: durations.get(k, 0.0) for k in keys}
 
 
 def main() -> None:

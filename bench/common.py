@@ -10,10 +10,19 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from cdc.settings import PipelineSettings, Settings
 
-__all__ = ["CpuMark", "ResourceSampler", "bench_settings", "cleanup", "machine", "record"]
+__all__ = [
+    "CpuMark",
+    "ResourceSampler",
+    "bench_settings",
+    "cleanup",
+    "machine",
+    "record",
+    "trigger_durations",
+]
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -49,6 +58,28 @@ def record(figures: dict[str, object], name: str, settings: Settings | None = No
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as fh:
         fh.write(json.dumps(figures) + "\n")
+
+
+def trigger_durations(query: Any, since: float = 0.0, skip: int = 0) -> dict[str, float]:
+    """Spark's own breakdown of a streaming query's triggers that ran a batch (its
+    progress reports' durationMs: latestOffset, getBatch, queryPlanning, addBatch,
+    walCommit, commitOffsets, triggerExecution): the mean milliseconds per trigger, of
+    the reports from `since` (epoch seconds) on, the first `skip` of them left out."""
+    from datetime import datetime
+
+    reports = []
+    for report in query.recentProgress:
+        report = report if isinstance(report, dict) else json.loads(report.json)
+        at = datetime.fromisoformat(report["timestamp"].replace("Z", "+00:00")).timestamp()
+        if report["numInputRows"] and at >= since:
+            reports.append(report)
+    reports = reports[skip:]
+    totals: dict[str, float] = {}
+    for report in reports:
+        for key, ms in report["durationMs"].items():
+            totals[key] = totals.get(key, 0.0) + ms
+    means = {k: round(v / len(reports), 1) for k, v in sorted(totals.items())}
+    return {"triggers": len(reports), **means}
 
 
 def bench_settings(settings: Settings, tables: list[str], **pipeline: object) -> Settings:

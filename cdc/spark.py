@@ -21,7 +21,7 @@ from cdc.state import prepare_job_state
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["kafka_options", "spark_jars", "spark_session"]
+__all__ = ["CHECKPOINT_FILE_MANAGER", "kafka_options", "spark_jars", "spark_session"]
 
 _VERSIONED = re.compile(r"^(?P<name>.+?)-\d[\w.\-]*\.jar$")
 
@@ -96,7 +96,7 @@ logger.trigger.level = error
 """
 
 
-_CHECKPOINT_FILE_MANAGER = (
+CHECKPOINT_FILE_MANAGER = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 )
 
@@ -136,7 +136,7 @@ def spark_session(settings: Settings, app_name: str) -> SparkSession:
         # each micro-batch writes two checkpoint files (its offsets, then its commit);
         # through Hadoop's FileSystem API (write a temporary file, rename it) each costs a
         # fifth of what the default FileContext one does (bench/results/checkpoint.jsonl)
-        .config("spark.sql.streaming.checkpointFileManagerClass", _CHECKPOINT_FILE_MANAGER)
+        .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
     )
     if spark.master.startswith("local"):
         # Delta rebuilds a table's state from its log before each MERGE, by default in 50
