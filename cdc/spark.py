@@ -120,7 +120,14 @@ def spark_session(settings: Settings, app_name: str) -> SparkSession:
         .master(spark.master)
         .config("spark.jars", ",".join(str(j) for j in spark_jars(settings)))
         .config("spark.driver.memory", spark.driver_memory)
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log_config}")
+        # a query stopped while its foreachBatch runs in Python checks the Python error's
+        # text for an interruption with a regular expression, which overflows the default
+        # thread stack on a long traceback (SPARK-48717's check): the thread then dies
+        # printing a thousand-line StackOverflowError to the terminal (2 stops in 5 here)
+        .config(
+            "spark.driver.extraJavaOptions",
+            f"-Dlog4j2.configurationFile=file:{log_config} -Xss16m",
+        )
         .config("spark.sql.shuffle.partitions", str(spark.shuffle_partitions))
         # the stores' queries share the cores: a store's small batch never waits for the
         # end of another store's large one (each query runs in a pool of its own)

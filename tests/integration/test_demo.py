@@ -30,6 +30,8 @@ def test_the_demo_runs_non_interactively_and_verifies(stack: RunningStack) -> No
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         out = result.stdout
         assert "cdc demo:" in out  # the dashboard, printed without a terminal
+        # the apply job stopped at the end without a JVM thread dying on its stack
+        assert "StackOverflowError" not in result.stderr, result.stderr[-3000:]
         assert "orders_enriched" in out and "orders_per_minute" in out
         met = next(line for line in out.splitlines() if line.startswith("Great Expectations:"))
         have, _, total = met.split(":")[1].split()[:3]
