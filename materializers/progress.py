@@ -151,6 +151,11 @@ def late_events(settings: Settings, window: str) -> int | None:
         return None
 
 
+def forget_late(settings: Settings, window: str) -> None:
+    """Forget the late events noted for a window whose query starts afresh."""
+    _late_file(settings, window).unlink(missing_ok=True)
+
+
 def note_late(settings: Settings, window: str, recent: list[dict[str, Any]]) -> None:
     """Add up the late events of the window query's progress reports not noted yet."""
     path = _late_file(settings, window)

@@ -9,11 +9,14 @@ A windowed aggregate is its own Structured Streaming query over the table's chan
 topic: creations (op "c") per tumbling window of commit time, deduplicated by (key,
 LSN) within the watermark (the connector may send an event twice after a crash),
 with state in its checkpoint; each micro-batch's updated windows replace theirs in
-the Delta table.
+the Delta table. The table is a function of the log its checkpoint read: a query that
+starts afresh (a new pipeline, a lost checkpoint) empties it first, and counts every
+window again from the log's start.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdc.catalog import Table
@@ -23,6 +26,7 @@ from cdc.spark import kafka_options
 from cdc.topics import change_topic
 from materializers.events import parse_events
 from materializers.generated import with_generated
+from materializers.progress import forget_late
 from materializers.typed import json_type, spark_type, typed_column
 from materializers.typed import quoted as q
 
@@ -159,6 +163,7 @@ def window_query(
     spark: Any, settings: Settings, window: WindowAggregate, table: Table, checkpoint: str
 ) -> Any:
     """The streaming query keeping `window`, ready for a trigger and start()."""
+    from delta.tables import DeltaTable
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -203,6 +208,10 @@ def window_query(
         F.count("*").alias("rows"), F.sum("amount").alias("total")
     )
     path = view_path(warehouse_root(settings), window.name)
+    if _fresh(checkpoint):  # what another query counted goes
+        forget_late(settings, window.name)
+        if DeltaTable.isDeltaTable(spark, path):
+            DeltaTable.forPath(spark, path).delete()
     fields = [
         T.StructField("window_start", T.TimestampType()),
         T.StructField("window_end", T.TimestampType()),
@@ -232,3 +241,9 @@ def window_query(
         .option("checkpointLocation", checkpoint)
         .foreachBatch(write)
     )
+
+
+def _fresh(checkpoint: str) -> bool:
+    """Whether the query with `checkpoint` has not committed a batch yet."""
+    commits = Path(checkpoint) / "commits"
+    return not commits.is_dir() or not any(p.name.isdigit() for p in commits.iterdir())
