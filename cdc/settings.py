@@ -465,7 +465,9 @@ class ApplySettings(BaseModel):
         "batch waits, uncommitted, for the store to answer again",
     )
     warehouse_path: str | None = Field(
-        None, description="Delta tables' root (any Spark filesystem); default data_dir/warehouse"
+        None,
+        description="Delta tables' root (any Spark filesystem), default data_dir/warehouse; "
+        "a pipeline's tables are under <root>/<topic prefix>",
     )
     backfill_rewritten_tables: bool = Field(
         True,

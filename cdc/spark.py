@@ -7,6 +7,8 @@ version of each library is on the classpath.
 
 from __future__ import annotations
 
+import logging
+import logging.handlers
 import os
 import re
 import sys
@@ -101,6 +103,19 @@ CHECKPOINT_FILE_MANAGER = (
 )
 
 
+def _python_log(path: Path) -> None:
+    """The job's Python log records of INFO and up also go to `path` (0600, rolled at
+    64 MB), beside Spark's own log, once per process."""
+    root = logging.getLogger()
+    if any(getattr(h, "baseFilename", None) == str(path) for h in root.handlers):
+        return
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    handler = logging.handlers.RotatingFileHandler(path, maxBytes=64 << 20, backupCount=3)
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+
+
 def spark_session(settings: Settings, app_name: str) -> SparkSession:
     """A Spark session with the Kafka source, Delta Lake and the PostgreSQL JDBC driver."""
     os.environ.setdefault("JAVA_HOME", str(settings.java_home))
@@ -109,6 +124,7 @@ def spark_session(settings: Settings, app_name: str) -> SparkSession:
     log_config = settings.data_dir / "spark" / "log4j2.properties"
     prepare_job_state(settings)  # its folders, marked for `cdc down --purge`
     log_file = settings.data_dir / "spark" / "spark.log"
+    _python_log(log_file.with_name("python.log"))
     written = log_config.with_name(f".{log_config.name}.{os.getpid()}")
     written.write_text(_LOG4J2.format(level=settings.spark.log_level.lower(), log=log_file))
     written.replace(log_config)  # whole, for another cdc process starting its Spark

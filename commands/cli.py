@@ -45,10 +45,12 @@ RowsOutputOption = Annotated[
 def _root(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log what happens")] = False,
 ) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    # the terminal gets warnings and errors (everything with --verbose); a Spark job's
+    # Python log (ours, Great Expectations') also goes to its file (cdc/spark.py)
+    terminal = logging.StreamHandler()
+    terminal.setLevel(logging.DEBUG if verbose else logging.WARNING)
+    terminal.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[terminal])
     if not verbose:
         logging.getLogger("kafka").setLevel(logging.CRITICAL)
         # a store that does not answer is told in one line by `cdc apply`, not per request

@@ -251,7 +251,8 @@ class WarehouseReader:
     """The Delta tables as Spark reads them (the latest committed version each time)."""
 
     def __init__(self, settings: Settings) -> None:
-        self.root = Path(settings.apply.warehouse_path or settings.data_dir / "warehouse")
+        base = Path(settings.apply.warehouse_path or settings.data_dir / "warehouse")
+        self.root = base / settings.pipeline.topic_prefix
         self.spark = chaos_spark(settings)
 
     def close(self) -> None:

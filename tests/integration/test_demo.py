@@ -32,6 +32,10 @@ def test_the_demo_runs_non_interactively_and_verifies(stack: RunningStack) -> No
         assert "cdc demo:" in out  # the dashboard, printed without a terminal
         # the apply job stopped at the end without a JVM thread dying on its stack
         assert "StackOverflowError" not in result.stderr, result.stderr[-3000:]
+        # Great Expectations' own log lines go to the log file, not through the terminal
+        assert "great_expectations" not in result.stderr, result.stderr[-3000:]
+        python_log = stack.settings.data_dir / "spark" / "python.log"
+        assert "great_expectations" in python_log.read_text()
         assert "orders_enriched" in out and "orders_per_minute" in out
         met = next(line for line in out.splitlines() if line.startswith("Great Expectations:"))
         have, _, total = met.split(":")[1].split()[:3]

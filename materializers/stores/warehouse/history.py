@@ -1,5 +1,5 @@
 """The warehouse's history (SCD type 2): every change of a batch becomes one version of
-its key, once, in `<warehouse>/<schema>/<table>/history`."""
+its key, once, in `<warehouse>/<prefix>/<schema>/<table>/history`."""
 
 from __future__ import annotations
 

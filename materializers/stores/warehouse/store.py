@@ -1,6 +1,6 @@
 """Delta Lake: per source table, the current state kept by MERGE with a position guard.
 
-`<warehouse>/<schema>/<table>/current` holds one row per key ever seen: the
+`<warehouse>/<prefix>/<schema>/<table>/current` holds one row per key ever seen: the
 columns typed from the PostgreSQL catalog, plus the position `_cdc_commit_lsn`,
 `_cdc_lsn` (materializers/position.py), `_cdc_offset`, `_cdc_partition`,
 `_cdc_commit_ts` and `_cdc_deleted`. A delete keeps the row as a deleted marker

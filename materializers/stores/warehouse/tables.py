@@ -1,8 +1,10 @@
 """The warehouse's Delta tables: where they live and how they are made.
 
-`<warehouse>/<schema>/<table>/current` (one row per key) and `.../history` (one row
-per version), created with Delta's column mapping by name and given the columns
-PostgreSQL adds, or widened where PostgreSQL widened a type.
+`<warehouse>/<prefix>/<schema>/<table>/current` (one row per key) and `.../history`
+(one row per version), `<prefix>` the pipeline's topic prefix: a pipeline's tables are
+its own, as its cache keys and search indexes are. They are created with Delta's column
+mapping by name and given the columns PostgreSQL adds, or widened where PostgreSQL
+widened a type.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ __all__ = ["current_path", "ensure_delta", "history_path", "warehouse_root"]
 
 
 def warehouse_root(settings: Settings) -> str:
-    return settings.apply.warehouse_path or str(settings.data_dir / "warehouse")
+    """The pipeline's folder in the warehouse (apply.warehouse_path, else data_dir's)."""
+    base = settings.apply.warehouse_path or str(settings.data_dir / "warehouse")
+    return f"{base.rstrip('/')}/{settings.pipeline.topic_prefix}"
 
 
 def current_path(root: str, table: str) -> str:

@@ -1,5 +1,5 @@
 """Derived data in the warehouse: join views and windowed aggregates (`apply.joins`,
-`apply.windows`), under `<warehouse>/_views/<name>`.
+`apply.windows`), under `<warehouse>/<prefix>/_views/<name>`.
 
 A join view is refreshed by the warehouse after each micro-batch, for the rows the
 batch touched on either side, from the current-state tables it has just written: it

@@ -1,0 +1,29 @@
+"""Each pipeline's warehouse tables are its own, as its cache keys and indexes are: a
+pipeline started over a warehouse another one wrote does not find that one's rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cdc.settings import PipelineSettings, Settings
+from materializers.stores.warehouse.tables import current_path, warehouse_root
+from materializers.stores.warehouse.views import view_path
+
+
+def settings_for(prefix: str, warehouse_path: str | None = None) -> Settings:
+    settings = Settings(data_dir=Path("/srv/cdc"))  # type: ignore[call-arg]
+    pipe = PipelineSettings(name=prefix, topic_prefix=prefix, tables=["public.orders"])
+    apply = settings.apply.model_copy(update={"warehouse_path": warehouse_path})
+    return settings.model_copy(update={"pipeline": pipe, "apply": apply})
+
+
+def test_two_pipelines_never_share_a_delta_table() -> None:
+    one, two = (warehouse_root(settings_for(p)) for p in ("shop", "shop2"))
+    assert current_path(one, "public.orders") == "/srv/cdc/warehouse/shop/public/orders/current"
+    assert current_path(two, "public.orders") == "/srv/cdc/warehouse/shop2/public/orders/current"
+    assert view_path(one, "per_minute") != view_path(two, "per_minute")
+
+
+def test_a_configured_root_holds_the_pipelines_folder() -> None:
+    root = warehouse_root(settings_for("shop", "s3a://lake/cdc/"))
+    assert current_path(root, "sales.orders") == "s3a://lake/cdc/shop/sales/orders/current"
