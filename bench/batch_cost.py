@@ -190,7 +190,9 @@ def main() -> None:
                 clock.reset()
                 before, since = resources.cpu(), time.time()
                 if rate:
+                    started = time.thread_time()
                     update(bench, rate, args.seconds)
+                    resources.exclude(time.thread_time() - started)
                 else:
                     time.sleep(args.seconds)
                 cores = resources.cpu().cores_since(before)

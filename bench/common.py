@@ -97,6 +97,7 @@ def bench_settings(settings: Settings, tables: list[str], **pipeline: object) ->
     )
 
 
+DRIVER = "apply driver (python)"  # this process, less the sampler's and workload's time
 # (component, what its command line holds) for the JVMs and Spark's Python workers
 _JAVA = [
     ("spark (JVM)", "org.apache.spark.deploy.SparkSubmit"),
@@ -111,7 +112,7 @@ _PROGRAMS = {"postgres": "postgres", "redis-server": "redis", "pgbench": "pgbenc
 
 def _component(pid: str) -> str | None:
     if int(pid) == os.getpid():
-        return "apply driver (python)"
+        return DRIVER
     try:
         program = Path(f"/proc/{pid}/comm").read_text().strip()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -137,12 +138,14 @@ class ResourceSampler:
     set size (PSS: shared pages counted once across processes), keeping the peak of
     their sum per component, and the CPU time they have used. Spark's JVM and its
     Python workers (which write cache and search) count apart; this process (which
-    runs the apply job's driver) is `apply driver`."""
+    runs the apply job's driver) is `apply driver`, less the CPU time of its sampling
+    thread and of any workload the benchmark runs in it (`exclude`)."""
 
     def __init__(self, interval: float = 1.0) -> None:
         self.interval = interval
         self.peak_mib: dict[str, int] = {}
         self._ticks: dict[str, tuple[str, int]] = {}  # pid -> (component, CPU ticks)
+        self._foreign_s = 0.0  # this process's CPU seconds that are not the driver's
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -155,7 +158,20 @@ class ResourceSampler:
         self._stop.set()
         self._thread.join()
 
+    def exclude(self, cpu_s: float) -> None:
+        """CPU seconds this process spent on the benchmark's own work (a workload it ran
+        in a thread of its own): not the apply driver's."""
+        with self._lock:
+            self._foreign_s += cpu_s
+
     def sample(self) -> dict[str, int]:
+        started = time.thread_time()
+        try:
+            return self._sample()
+        finally:  # reading every process's smaps is the driver's busiest thread at rest
+            self.exclude(time.thread_time() - started)
+
+    def _sample(self) -> dict[str, int]:
         totals: dict[str, int] = {}
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit() and (component := _component(entry.name)):
@@ -174,6 +190,8 @@ class ResourceSampler:
         with self._lock:
             for component, ticks in self._ticks.values():
                 per[component] = per.get(component, 0.0) + ticks / _HZ
+            if DRIVER in per:
+                per[DRIVER] -= self._foreign_s
         return CpuMark(time.monotonic(), per, _machine_busy_s())
 
     def _run(self) -> None:
