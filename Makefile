@@ -11,7 +11,7 @@ RUFF := $(VENV)/bin/ruff
 help:
 	@echo "make demo              install, start the stack, run the demo shop with a live dashboard"
 	@echo "make test              install, lint, then the unit and integration tests on the real stack (CI)"
-	@echo "make test-long         the long forms: the short chaos run, the schema zoo, a 10,000-key repair"
+	@echo "make test-long         the long forms (the short chaos run, the schema zoo, a 10,000-key repair) and the Spark cluster test"
 	@echo "make test-fast         unit tests only (pure logic, seconds)"
 	@echo "make test-integration  integration tests against the real stack"
 	@echo "make bench-snapshot    snapshot of 2 M rows: ours, copy-to-null and Debezium's"
@@ -53,10 +53,10 @@ format:
 
 # CI's tier: everything but the long forms (`make test-long`); about 55 minutes on 2 cores
 test: install lint
-	$(PYTEST) tests -m "not long and not chaos" --durations=40
+	$(PYTEST) tests -m "not long and not chaos and not cluster" --durations=40
 
 test-long: install
-	$(PYTEST) tests -m "long or chaos" --durations=10
+	$(PYTEST) tests -m "long or chaos or cluster" --durations=10
 
 test-fast:
 	$(PYTEST) tests/unit -q
