@@ -117,6 +117,62 @@ def catchup_rows(r: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+# the latency targets per store at a pgbench rate, with all three stores running
+_LIMITS = {
+    50: {"cache": 2.0, "search": 2.0, "warehouse": 15.0},
+    1000: {"cache": 2.0, "search": 2.0, "warehouse": 5.0},
+}
+# the processes of the apply job (its driver, Spark's JVM and its Python workers)
+_APPLY = ("apply driver (python)", "spark (JVM)", "spark (Python workers)")
+
+
+def _apply_cores(cores: dict[str, float]) -> float:
+    return round(sum(cores.get(name, 0.0) for name in _APPLY), 2)
+
+
+def floor_rows(floor: dict[str, Any], every: dict[str, Any] | None) -> list[list[str]]:
+    """The floor query per trigger, and the apply job's CPU at 50 TPS against it."""
+    rows = []
+    for run in floor["runs"]:
+        rows.append(
+            [
+                f"Floor: Kafka → foreachBatch → Redis, {floor['rate']} records/s, "
+                f"trigger {run['trigger']}",
+                f"p50 {run['p50_s']} s, p99 {run['p99_s']} s; "
+                f"{_apply_cores(run['cores'])} cores (driver, Spark)",
+                "the simplest query this machine runs",
+                "",
+                "",
+            ]
+        )
+    one_second = next((r for r in floor["runs"] if r["trigger"] == "1 second"), None)
+    run = next((r for r in (every or {}).get("runs", []) if r["target_tps"] == 50), None)
+    if one_second and run and "cores_busy_during_load" in run:
+        ours, base = _apply_cores(run["cores_busy_during_load"]), _apply_cores(one_second["cores"])
+        ratio = round(ours / base, 1) if base else float("inf")
+        rows.append(
+            [
+                "The apply job's CPU at 50 TPS (all stores)",
+                f"{ours} cores (driver, Spark's JVM and Python workers)",
+                f"the floor at trigger 1 s: {base} cores",
+                f"≤ 1.5× the floor: {ratio}×",
+                _met(ratio <= 1.5),
+            ]
+        )
+    return rows
+
+
+def idle_row(r: dict[str, Any]) -> list[str]:
+    cores = _apply_cores(r["runs"]["idle"]["cores"])
+    return [
+        f"An idle apply job ({' + '.join(r['stores'])})",
+        f"{cores} cores",
+        "",
+        "≤ 0.1 cores",
+        _met(cores <= 0.1),
+    ]
+
+
 def streaming_rows(r: dict[str, Any]) -> list[list[str]]:
     rows = []
     stores = r.get("stores", list(STORES))
@@ -133,10 +189,11 @@ def streaming_rows(r: dict[str, Any]) -> list[list[str]]:
                 "",
             ]
         )
+        limits = _LIMITS.get(run["target_tps"], {}) if not alone else {}
         for store in stores:
             f = run[store]
-            limit = 5.0 if store == "warehouse" else 2.0
-            target = f"p99 ≤ {limit:g} s at 1,000 TPS" if run["target_tps"] == 1000 else ""
+            limit = limits.get(store)
+            target = f"p99 ≤ {limit:g} s at {run['target_tps']:,} TPS" if limit else ""
             rows.append(
                 [
                     f"… {store}: commit → visible",
@@ -192,6 +249,10 @@ def table() -> str:
     for subset in sorted(subsets, key=len, reverse=True):
         if fewer := latest("streaming", lambda r, s=subset: tuple(r.get("stores", ())) == s):
             rows += streaming_rows(fewer)
+    if floor := latest("floor"):
+        rows += floor_rows(floor, every)
+    if batch := latest("batch_cost", lambda r: "idle" in r.get("runs", {})):
+        rows.append(idle_row(batch))
     if every:
         rows.append(memory_row(every))
         machine = every["machine"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.report import catchup_rows, snapshot_rows, streaming_rows
+from bench.report import catchup_rows, floor_rows, idle_row, snapshot_rows, streaming_rows
 
 
 def test_snapshot_is_judged_against_debezium_and_copy() -> None:
@@ -43,7 +43,7 @@ def test_catch_up_needs_25000_per_second_and_the_capture_rate() -> None:
     assert "cores busy" not in rows["… apply into search"][1]
 
 
-def test_streaming_targets_apply_at_1000_tps_only() -> None:
+def test_streaming_targets_apply_at_50_and_1000_tps_with_every_store() -> None:
     def store(p99: float) -> dict[str, object]:
         return {"p50_s": 1.0, "p95_s": p99, "p99_s": p99, "lag_bounded": True}
 
@@ -65,6 +65,13 @@ def test_streaming_targets_apply_at_1000_tps_only() -> None:
                 "search": store(2.5),
                 "warehouse": store(4.0),
             },
+            run
+            | {
+                "target_tps": 50,
+                "cache": store(1.9),
+                "search": store(1.9),
+                "warehouse": store(16.0),
+            },
         ],
     }
     judged = [(row[0], row[-1]) for row in streaming_rows(record) if row[-1]]
@@ -72,4 +79,40 @@ def test_streaming_targets_apply_at_1000_tps_only() -> None:
         ("… cache: commit → visible", "yes"),
         ("… search: commit → visible", "**no**"),
         ("… warehouse: commit → visible", "yes"),
+        ("… cache: commit → visible", "yes"),
+        ("… search: commit → visible", "yes"),
+        ("… warehouse: commit → visible", "**no**"),  # 15 s at 50 TPS
     ]
+    # a run of fewer stores is shown, not judged (the others' cost is not in it)
+    fewer = record | {"stores": ["cache", "search"]}
+    assert not [row for row in streaming_rows(fewer) if row[-1]]
+
+
+def test_the_apply_jobs_cpu_is_judged_against_the_floors_at_one_second() -> None:
+    floor = {
+        "rate": 200,
+        "runs": [
+            {"trigger": "0 seconds", "p50_s": 0.2, "p99_s": 0.4, "cores": {"spark (JVM)": 1.0}},
+            {
+                "trigger": "1 second",
+                "p50_s": 0.6,
+                "p99_s": 1.1,
+                "cores": {"spark (JVM)": 0.3, "apply driver (python)": 0.1, "redis": 0.5},
+            },
+        ],
+    }
+    cores = {"spark (JVM)": 0.4, "spark (Python workers)": 0.15, "postgres": 0.9}
+    every = {"runs": [{"target_tps": 50, "cores_busy_during_load": cores}]}
+    judged = floor_rows(floor, every)[-1]
+    # the apply job's processes only (not redis, not postgres): 0.55 against 0.4
+    assert judged[1].startswith("0.55 cores") and judged[2].endswith("0.4 cores")
+    assert judged[3] == "≤ 1.5× the floor: 1.4×" and judged[-1] == "yes"
+    assert len(floor_rows(floor, None)) == 2  # no 50 TPS run: the floor alone
+
+
+def test_an_idle_apply_job_is_judged_against_a_tenth_of_a_core() -> None:
+    idle = {"spark (JVM)": 0.05, "apply driver (python)": 0.04, "kafka": 0.3}
+    record = {"stores": ["cache", "search"], "runs": {"idle": {"cores": idle}}}
+    assert idle_row(record)[1:] == ["0.09 cores", "", "≤ 0.1 cores", "yes"]
+    idle["spark (Python workers)"] = 0.02
+    assert idle_row(record)[-1] == "**no**"
