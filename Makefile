@@ -51,7 +51,7 @@ format:
 	$(RUFF) format .
 	$(RUFF) check --fix .
 
-# CI's tier: everything but the long forms (`make test-long`); about 55 minutes on 2 cores
+# CI's tier: everything but the long forms (`make test-long`); 30-55 minutes on 2 cores
 test: install lint
 	$(PYTEST) tests -m "not long and not chaos and not cluster" --durations=40
 
