@@ -35,6 +35,16 @@ def checkpoint_dir(settings: Settings, store: str) -> Path:
     return settings.data_dir / "checkpoints" / settings.pipeline.name / store
 
 
+def last_committed_batch(checkpoint: Path) -> int | None:
+    """The newest batch a Structured Streaming query with `checkpoint` has committed
+    (its commits/<id> files), or None before its first."""
+    try:
+        batches = [int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()]
+    except OSError:
+        return None
+    return max(batches, default=None)
+
+
 def progress_file(settings: Settings, store: str) -> Path:
     return settings.data_dir / "checkpoints" / settings.pipeline.name / f"{store}.progress.json"
 

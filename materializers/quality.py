@@ -23,7 +23,7 @@ from cdc.decode import UNAVAILABLE
 from cdc.errors import StoreError
 from cdc.settings import Settings, WindowAggregate
 from cdc.topics import change_topic
-from materializers.progress import checkpoint_dir, late_events
+from materializers.progress import checkpoint_dir, last_committed_batch, late_events
 from materializers.typed import quoted as q
 from materializers.typed import spark_type
 
@@ -479,7 +479,9 @@ def _window_caught_up(
     deadline = time.monotonic() + timeout
     while True:
         try:
-            batch = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+            batch = last_committed_batch(checkpoint)
+            if batch is None:
+                raise ValueError("no batch committed yet")
             lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
             read = {int(p): o for p, o in json.loads(lines[2]).get(topic, {}).items()}
             if all(read.get(p, 0) >= end for p, end in ends.items()):

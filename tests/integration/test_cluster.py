@@ -5,6 +5,7 @@ OpenSearch over HTTP and a Delta reader of this test's own."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -17,7 +18,9 @@ import psycopg
 import pyspark
 import pytest
 import requests
+from rich.console import Console
 
+from commands.pipeline import drop_pipeline
 from materializers.apply import run_apply
 from snapshot.initial import run_snapshot
 from tests.conftest import Capture, RunningStack
@@ -128,12 +131,10 @@ def test_snapshot_and_apply_on_a_cluster_give_the_local_runs_stores(
     # the same table, another pipeline, in local mode in this process
     local = pipeline_for(stack.settings, [t.table])
     try:
-        run_snapshot(local, _quiet())
+        run_snapshot(local, Console(file=io.StringIO()))
         run_apply(local, once=True)
         on_cluster, in_local_mode = stores(t.settings, t.table), stores(local, t.table)
     finally:
-        from commands.pipeline import drop_pipeline
-
         drop_pipeline(local)
     with psycopg.connect(t.dsn) as conn:
         count = conn.execute(f"SELECT count(*) FROM {t.name}").fetchone()
@@ -141,11 +142,3 @@ def test_snapshot_and_apply_on_a_cluster_give_the_local_runs_stores(
     for store in ("cache", "search", "warehouse"):
         assert len(on_cluster[store]) == count[0], store
         assert on_cluster[store] == in_local_mode[store], store
-
-
-def _quiet() -> object:
-    import io
-
-    from rich.console import Console
-
-    return Console(file=io.StringIO())

@@ -26,7 +26,7 @@ from cdc.spark import kafka_options
 from cdc.topics import change_topic
 from materializers.events import parse_events
 from materializers.generated import with_generated
-from materializers.progress import forget_late
+from materializers.progress import forget_late, last_committed_batch
 from materializers.typed import json_type, spark_type, typed_column
 from materializers.typed import quoted as q
 
@@ -208,7 +208,7 @@ def window_query(
         F.count("*").alias("rows"), F.sum("amount").alias("total")
     )
     path = view_path(warehouse_root(settings), window.name)
-    if _fresh(checkpoint):  # what another query counted goes
+    if last_committed_batch(Path(checkpoint)) is None:  # what another query counted goes
         forget_late(settings, window.name)
         if DeltaTable.isDeltaTable(spark, path):
             DeltaTable.forPath(spark, path).delete()
@@ -241,9 +241,3 @@ def window_query(
         .option("checkpointLocation", checkpoint)
         .foreachBatch(write)
     )
-
-
-def _fresh(checkpoint: str) -> bool:
-    """Whether the query with `checkpoint` has not committed a batch yet."""
-    commits = Path(checkpoint) / "commits"
-    return not commits.is_dir() or not any(p.name.isdigit() for p in commits.iterdir())
