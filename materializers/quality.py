@@ -276,6 +276,7 @@ def history_checks(settings: Settings, table: Table) -> list[Check]:
     from delta.tables import DeltaTable
 
     from cdc.spark import spark_session
+    from materializers.stores.warehouse.history import NEWEST
     from materializers.stores.warehouse.tables import current_path, history_path, warehouse_root
 
     spark = spark_session(settings, "cdc-verify")
@@ -299,8 +300,22 @@ def history_checks(settings: Settings, table: Table) -> list[Check]:
         "h._cdc_commit_lsn <=> c._cdc_commit_lsn AND h._cdc_lsn <=> c._cdc_lsn)"
     ).collect()[0][0]
     backwards = history.where("valid_to < valid_from").count()
+    marked = 0
+    if NEWEST in history.columns:  # (a history not yet rewritten by `cdc apply` has none)
+        marked = spark.sql(
+            f"SELECT count(*) FROM (SELECT count_if({NEWEST}) AS n, "
+            f"max_by({NEWEST}, struct(_cdc_commit_lsn, _cdc_lsn)) AS last "
+            f"FROM cdc_verify_history GROUP BY {', '.join(keys)}) WHERE n <> 1 OR NOT last"
+        ).collect()[0][0]
     name = table.qualified
     return [
+        Check(
+            name,
+            "history: each key's newest version, and only it, is marked newest",
+            None,
+            not marked,
+            f"{marked} keys otherwise",
+        ),
         Check(
             name,
             "history: at most one open version per key",

@@ -5,6 +5,7 @@ differ (with both sides). History (Delta, SCD type 2), per table:
   - no two versions of a key at the same position (`_cdc_commit_lsn`, `_cdc_lsn`);
   - `valid_from <= valid_to`;
   - at most one open version (`valid_to IS NULL`) per key, and it is the newest;
+  - the newest version, and only it, is marked `_cdc_newest` (where the column exists);
   - each key's newest version equals its current row (values, deleted or not, position),
     and every current row has versions.
 """
@@ -85,6 +86,7 @@ class HistoryReport:
     inverted: int = 0  # valid_from > valid_to
     open_many: int = 0  # keys with more than one open version
     newest_closed: int = 0  # keys whose newest version has a valid_to
+    newest_unmarked: int = 0  # keys whose newest version is not the one marked _cdc_newest
     newest_differs: int = 0  # keys whose newest version is not their current row
     no_history: int = 0  # current rows without any version
     no_current: int = 0  # keys with versions but no current row
@@ -97,6 +99,7 @@ class HistoryReport:
             + self.inverted
             + self.open_many
             + self.newest_closed
+            + self.newest_unmarked
             + self.newest_differs
             + self.no_history
             + self.no_current
@@ -107,7 +110,8 @@ class HistoryReport:
             f"warehouse history {self.table}: {self.versions} versions of {self.keys} keys; "
             f"duplicates {self.duplicates}, valid_from > valid_to {self.inverted}, "
             f"keys with several open versions {self.open_many}, newest version closed "
-            f"{self.newest_closed}, newest version != current row {self.newest_differs}, "
+            f"{self.newest_closed}, newest version not the one marked {self.newest_unmarked}, "
+            f"newest version != current row {self.newest_differs}, "
             f"current rows without history {self.no_history}, history without current row "
             f"{self.no_current}"
         )
@@ -163,6 +167,10 @@ def check_history(
         if newest.valid_to is not None:
             report.newest_closed += 1
             example("newest version closed", _version(newest))
+        marked = [v for v in held if v.marked]
+        if newest.marked is not None and marked != [newest]:
+            report.newest_unmarked += 1
+            example("newest version not the one marked", _version(newest))
         row = current.get(key)
         if row is None:
             report.no_current += 1

@@ -236,6 +236,7 @@ class Version:
     valid_from: Any
     valid_to: Any
     values: tuple[Any, ...]
+    marked: bool | None = None  # marked the key's newest (None: a layout without the mark)
 
 
 @dataclass(frozen=True)
@@ -297,9 +298,18 @@ class WarehouseReader:
         frame = self._frame(spec, "history")
         position = self.position_columns(frame.columns)
         columns = [spec.key, "_cdc_op", "valid_from", "valid_to", *position, *spec.names]
+        mark = ["_cdc_newest"] if "_cdc_newest" in frame.columns else []
         width = len(position)
         versions = [
-            Version(int(r[0]), str(r[1]), tuple(r[4 : 4 + width]), r[2], r[3], spec.row(r.asDict()))
-            for r in frame.select(*columns).collect()
+            Version(
+                int(r[0]),
+                str(r[1]),
+                tuple(r[4 : 4 + width]),
+                r[2],
+                r[3],
+                spec.row(r.asDict()),
+                r["_cdc_newest"] if mark else None,
+            )
+            for r in frame.select(*columns, *mark).collect()
         ]
         return position, versions

@@ -67,3 +67,20 @@ def test_each_broken_rule_is_found() -> None:
     assert report.newest_differs == 1
     assert report.no_current == 1
     assert report.no_history == 1
+
+
+def test_a_newest_version_not_the_one_marked_is_found() -> None:
+    """The `_cdc_newest` partition must hold each key's newest version and only it."""
+    current = {1: Current(False, (5, 5), (12, 0, "n")), 2: Current(False, (5, 5), (12, 0, "n"))}
+
+    def marked(v: Version, mark: bool) -> Version:
+        return Version(v.key, v.op, v.position, v.valid_from, v.valid_to, v.values, mark)
+
+    versions = [
+        marked(version(1, "r", 1, 0, 2, 10), False),
+        marked(version(1, "u", 5, 2, None, 12), True),
+        marked(version(2, "r", 1, 0, 2, 10), True),  # an older version marked
+        marked(version(2, "u", 5, 2, None, 12), False),
+    ]
+    report = check_history("public.accounts", ["a", "b"], versions, current)
+    assert (report.newest_unmarked, report.problems) == (1, 1), report.describe()

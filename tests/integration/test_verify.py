@@ -152,8 +152,8 @@ def test_query_search_get_and_verify_finds_drift(stack: RunningStack) -> None:
         assert clean.returncode == 0, clean.stdout + clean.stderr
         document = json.loads(clean.stdout)
         # key unique, key not null, no placeholder in name and attrs, row count = source;
-        # the history's three invariants; the aggregates equal PostgreSQL's
-        assert document["ok"] and len(document["expectations"]) == 5 + 3 + 1
+        # the history's four invariants; the aggregates equal PostgreSQL's
+        assert document["ok"] and len(document["expectations"]) == 5 + 4 + 1
         aggregates = document["expectations"][-1]
         assert aggregates["ok"] and aggregates["observed"].startswith("rows 189, sum(id) ")
     finally:
@@ -253,15 +253,19 @@ def test_verify_checks_the_history(stack: RunningStack) -> None:
         spark = spark_session(settings, "test-verify-history")
         path = history_path(warehouse_root(settings), table)
         history = spark.read.format("delta").load(path)
-        extra = history.where("id = 1 AND valid_to IS NULL").withColumn(
-            "_cdc_lsn", F.col("_cdc_lsn") + 1
+        extra = (
+            history.where("id = 1 AND valid_to IS NULL")
+            .withColumn("_cdc_lsn", F.col("_cdc_lsn") + 1)
+            .withColumn("_cdc_newest", F.lit(False))
         )
         extra.write.format("delta").mode("append").save(path)
         broken = run_cdc("verify", "--store", "warehouse", "-o", "json", env=env)
         assert broken.returncode == 1, broken.stdout[-2000:] + broken.stderr[-2000:]
         failed = [c for c in json.loads(broken.stdout)["expectations"] if not c["ok"]]
+        # the planted version is newer than the key's newest and not marked so
         assert [c["expectation"] for c in failed] == [
-            "history: at most one open version per key"
+            "history: each key's newest version, and only it, is marked newest",
+            "history: at most one open version per key",
         ], failed
     finally:
         drop_pipeline(settings)

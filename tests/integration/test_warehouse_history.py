@@ -6,6 +6,7 @@ back with a Delta reader of the test's own."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +152,112 @@ def test_a_batch_of_redelivered_and_new_changes_leaves_one_open_version(
     # the same batches again (a replay after a crash) change nothing
     write([event(1, 2, "u", "v1", (200, 210), 2000), event(2, 5, "c", "v2", (350, 360), 3500)])
     assert len(_versions(spark, root)) == 5
+
+
+def _newest_marked(spark: Any, root: str) -> list[tuple[Any, ...]]:
+    """Per key: how many versions are marked newest, and whether the last is."""
+    history = spark.read.format("delta").load(history_path(root, "public.t"))
+    history.createOrReplaceTempView("test_newest")
+    return [
+        tuple(r)
+        for r in spark.sql(
+            "SELECT id, count_if(_cdc_newest), "
+            "max_by(_cdc_newest, struct(_cdc_commit_lsn, _cdc_lsn)) "
+            "FROM test_newest GROUP BY id ORDER BY id"
+        ).collect()
+    ]
+
+
+def _last_commit(path: str) -> list[dict]:  # type: ignore[type-arg]
+    log = sorted(Path(path, "_delta_log").glob("*.json"))[-1]
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def test_a_steady_batch_rewrites_only_each_keys_newest_version(
+    stack: RunningStack, tmp_path: Path
+) -> None:
+    """The history is partitioned by each key's newest version: a batch of changes newer
+    than what is stored rewrites files of that partition only, never older versions',
+    so its cost does not grow with the history; one version per key is marked newest,
+    also after a batch holding an older change (which reads every version)."""
+    from cdc.spark import spark_session
+
+    spark = spark_session(stack.settings, "test-history")
+    root = str(tmp_path / "warehouse")
+    store = WarehouseStore(spark, root)
+    store.prepare([TABLE])
+    tables = {"public.t": TABLE}
+    path = history_path(root, "public.t")
+
+    def write(rows: list[dict]) -> None:  # type: ignore[type-arg]
+        store.write_frame(tables, spark.createDataFrame(rows, EVENTS), {"public.t"})
+
+    write([event(k, k, "r", "v0", (100, 0), 1000) for k in (1, 2, 3)])
+    for n in range(1, 4):  # older versions pile up
+        write([event(k, 10 * n + k, "u", f"v{n}", (100 * n + 100, k), 1000 + n) for k in (1, 2)])
+    write([event(1, 50, "u", "v4", (500, 1), 1005)])
+
+    removed = [a["remove"] for a in _last_commit(path) if "remove" in a]
+    added = [a["add"] for a in _last_commit(path) if "add" in a]
+    assert removed, "the key's newest version was not rewritten"
+    assert all(list(r["partitionValues"].values()) == ["true"] for r in removed), removed
+    assert {v for a in added for v in a["partitionValues"].values()} == {"true", "false"}
+    assert _newest_marked(spark, root) == [(1, 1, True), (2, 1, True), (3, 1, True)]
+
+    write([event(2, 60, "u", "v1.5", (250, 2), 1001)])  # older than key 2's newest
+    assert _newest_marked(spark, root) == [(1, 1, True), (2, 1, True), (3, 1, True)]
+    assert [v for v in _versions(spark, root) if v[0] == 2] == [
+        (2, "r", "v0", 1000, 1001),
+        (2, "u", "v1", 1001, 1001),
+        (2, "u", "v1.5", 1001, 1002),
+        (2, "u", "v2", 1002, 1003),
+        (2, "u", "v3", 1003, None),
+    ]
+
+
+def test_a_history_written_before_the_partition_is_rewritten_once(
+    stack: RunningStack, tmp_path: Path
+) -> None:
+    """A history from before the newest-version partition (no such column) is rewritten
+    partitioned, each key's newest version marked, and goes on from there."""
+    from delta.tables import DeltaTable
+
+    from cdc.spark import spark_session
+    from materializers.stores.warehouse.tables import ensure_delta
+
+    spark = spark_session(stack.settings, "test-history")
+    root = str(tmp_path / "warehouse")
+    tables = {"public.t": TABLE}
+    store = WarehouseStore(spark, root)
+    store.prepare([TABLE])
+    store.write_frame(
+        tables,
+        spark.createDataFrame(
+            [event(1, 0, "r", "v0", (100, 0), 1000), event(1, 1, "u", "v1", (200, 1), 2000)],
+            EVENTS,
+        ),
+        {"public.t"},
+    )
+    path = history_path(root, "public.t")
+    old = spark.read.format("delta").load(path).drop("_cdc_newest").collect()
+    schema = spark.read.format("delta").load(path).drop("_cdc_newest").schema
+    shutil.rmtree(path)  # the same versions in the old layout: no partition, no column
+    ensure_delta(spark, path, list(schema.fields))
+    spark.createDataFrame(old, schema).write.format("delta").mode("append").save(path)
+    assert DeltaTable.forPath(spark, path).detail().first()["partitionColumns"] == []
+
+    store = WarehouseStore(spark, root)  # `cdc apply` started again
+    store.prepare([TABLE])
+    assert DeltaTable.forPath(spark, path).detail().first()["partitionColumns"] == ["_cdc_newest"]
+    assert _newest_marked(spark, root) == [(1, 1, True)]
+    store.write_frame(
+        tables,
+        spark.createDataFrame([event(1, 2, "u", "v2", (300, 1), 3000)], EVENTS),
+        {"public.t"},
+    )
+    assert _versions(spark, root) == [
+        (1, "r", "v0", 1000, 2000),
+        (1, "u", "v1", 2000, 3000),
+        (1, "u", "v2", 3000, None),
+    ]
+    assert _newest_marked(spark, root) == [(1, 1, True)]

@@ -1,5 +1,12 @@
 """The warehouse's history (SCD type 2): every change of a batch becomes one version of
-its key, once, in `<warehouse>/<prefix>/<schema>/<table>/history`."""
+its key, once, in `<warehouse>/<prefix>/<schema>/<table>/history`.
+
+The table is partitioned by `_cdc_newest`: each key's newest version (open, or ended by
+a TRUNCATE) sits in the `true` partition, every older version in the `false` one. A batch
+of changes newer than their keys' newest versions (the steady case) reads and rewrites
+only the newest partition, whose size is the number of keys, never the history's; the
+older versions are only ever appended to.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,9 @@ from typing import Any
 from cdc.catalog import Table
 from materializers.typed import quoted as q
 
-__all__ = ["write_history"]
+__all__ = ["NEWEST", "partition_history", "write_history"]
+
+NEWEST = "_cdc_newest"  # the partition column: the key's newest version
 
 
 def write_history(
@@ -26,15 +35,20 @@ def write_history(
     else from `stored`: the current state as it was before the batch's MERGEs began
     (read once, so the history does not depend on which MERGE commits first).
 
-    valid_to is derived again for every version of the keys the batch touches, its
-    stored versions and its new ones together, so a batch that holds changes already
-    stored (Debezium's redelivery after a crash), new ones, or one older than a
-    stored version still leaves each key one chain: one open version, each version
-    ending where the next begins. A stored valid_to only ever shortens (a TRUNCATE's
-    cut stays). One MERGE writes the new versions and the changed ends; a replayed
-    batch finds nothing to change.
+    valid_to is derived again for the stored versions of the keys the batch touches
+    and its new ones together, so a batch that holds changes already stored
+    (Debezium's redelivery after a crash), new ones, or one older than a stored version
+    still leaves each key one chain: one open version, each version ending where the
+    next begins. A stored valid_to only ever shortens (a TRUNCATE's cut stays). One
+    MERGE writes the new versions and the changed ends; a replayed batch finds nothing
+    to change.
+
+    When every change of the batch sits at or after its key's newest stored version,
+    only those newest versions can change: they are all the stored versions read, and
+    the MERGE is confined to the newest partition. Otherwise (a change older than a
+    stored one: a redelivery, a backfill row) every stored version of the touched keys
+    takes part.
     """
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     # tombstones carry no envelope; a change delivered twice is one version
@@ -70,18 +84,44 @@ def write_history(
         F.lit(True).alias("_new"),
     )
     keys = [q(k) for k in table.key]
-    chain = ["_cdc_commit_lsn", "_cdc_lsn", "valid_from", "valid_to"]
-    # the stored versions of the touched keys, their valid_to the most they may end
-    known = (
+    chain = ["_cdc_commit_lsn", "_cdc_lsn", "valid_from", "valid_to", NEWEST]
+    touched = rows.select(*keys).distinct()
+    newest = (
         history.toDF()
+        .where(NEWEST)
         .select(*keys, *chain)
-        .join(rows.select(*keys).distinct(), list(table.key), "left_semi")
-        .withColumnRenamed("valid_to", "_cap")
-        .withColumn("_new", F.lit(False))
+        .join(touched, list(table.key), "left_semi")
+        .localCheckpoint()  # read once: for the check below and for the chain
     )
-    values = [c for c in rows.columns if c not in (*table.key, *chain, "_cap", "_new")]
+    late = (
+        rows.select(*keys, F.col("_cdc_commit_lsn").alias("_c"), F.col("_cdc_lsn").alias("_l"))
+        .join(newest, list(table.key))
+        .where("_c < _cdc_commit_lsn OR (_c = _cdc_commit_lsn AND _l < _cdc_lsn)")
+        .limit(1)
+        .count()
+    )
+    known = newest
+    if late:  # every stored version of the touched keys
+        known = history.toDF().select(*keys, *chain).join(touched, list(table.key), "left_semi")
+    _merge(table, rows, known, history, confined=not late)
+
+
+def _merge(table: Table, rows: Any, known: Any, history: Any, confined: bool) -> None:
+    """Derive the chains of the touched keys from their `known` stored versions and the
+    batch's `rows`; write the new versions and the stored ones whose end or newest flag
+    changed (`confined`: all of them in the newest partition)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    keys = [q(k) for k in table.key]
+    # new attributes: the target's own, kept by the checkpoint, would confuse the MERGE
+    renamed = {"valid_to": "_cap", NEWEST: "_was"}
+    known = known.select(*[F.col(q(c)).alias(renamed.get(c, c)) for c in known.columns])
+    known = known.withColumn("_new", F.lit(False))
+    values = [c for c in rows.columns if c not in (*table.key, *known.columns)]
     for c in values:
         known = known.withColumn(c, F.lit(None).cast(rows.schema[c].dataType))
+    rows = rows.withColumn("_was", F.lit(None).cast("boolean"))
     # a position both stored and in the batch is the stored version
     position = Window.partitionBy(*keys, "_cdc_commit_lsn", "_cdc_lsn").orderBy("_new")
     following = Window.partitionBy(*keys).orderBy("_cdc_commit_lsn", "_cdc_lsn")
@@ -90,20 +130,50 @@ def write_history(
         .withColumn("_n", F.row_number().over(position))
         .where("_n = 1")
         .withColumn("valid_to", F.least(F.lead("valid_from").over(following), F.col("_cap")))
-        .where("_new OR NOT (_cap <=> valid_to)")  # inserted, or ending sooner
-        .drop("_n", "_cap")
+        .withColumn(NEWEST, F.lead(F.lit(True)).over(following).isNull())
+        # inserted, or ending sooner, or no longer the newest
+        .where(f"_new OR NOT (_cap <=> valid_to) OR NOT (_was <=> {NEWEST})")
+        .drop("_n", "_cap", "_was")
     )
     same = " AND ".join(
         [f"h.{k} <=> s.{k}" for k in keys]
         + [f"h.{c} <=> s.{c}" for c in ("_cdc_commit_lsn", "_cdc_lsn")]
     )
+    if confined:  # Delta reads and rewrites the newest partition's files only
+        same = f"h.{NEWEST} = true AND {same}"
     (
         history.alias("h")
         .merge(derived.alias("s"), same)
-        .whenMatchedUpdate(condition="NOT s._new", set={"valid_to": "s.valid_to"})
+        .whenMatchedUpdate(
+            condition="NOT s._new", set={"valid_to": "s.valid_to", NEWEST: f"s.{NEWEST}"}
+        )
         .whenNotMatchedInsert(
             condition="s._new",
             values={q(c): f"s.{q(c)}" for c in derived.columns if c != "_new"},
         )
         .execute()
     )
+
+
+def partition_history(spark: Any, table: Table, path: str, history: Any) -> Any:
+    """The history at `path`, partitioned by NEWEST: a history written before the
+    partition existed is rewritten once (a Delta version of its own), each key's newest
+    version marked."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    if NEWEST in history.detail().first()["partitionColumns"]:
+        return history
+    keys = [q(k) for k in table.key]
+    following = Window.partitionBy(*keys).orderBy("_cdc_commit_lsn", "_cdc_lsn")
+    (
+        history.toDF()
+        .withColumn(NEWEST, F.lead(F.lit(True)).over(following).isNull())
+        .write.format("delta")
+        .mode("overwrite")
+        .option("overwriteSchema", "true")
+        .partitionBy(NEWEST)
+        .save(path)
+    )
+    return DeltaTable.forPath(spark, path)

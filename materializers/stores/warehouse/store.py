@@ -29,7 +29,7 @@ from cdc.decode import Interval, decode_value, parse_interval
 from cdc.settings import JoinView
 from materializers.keys import key_text, shortest_real
 from materializers.stores.base import Entry, FrameStore, Rows
-from materializers.stores.warehouse.history import write_history
+from materializers.stores.warehouse.history import NEWEST, partition_history, write_history
 from materializers.stores.warehouse.tables import current_path, ensure_delta, history_path
 from materializers.typed import quoted as q
 from materializers.typed import spark_type, typed_image
@@ -103,6 +103,7 @@ class WarehouseStore(FrameStore):
     def prepare(self, tables: Iterable[Table]) -> None:
         for table in tables:
             self._ensure(table)
+            self._history(table)
 
     def _ensure(self, table: Table) -> Any:
         """The table's current state (SCD type 1), created or widened to its columns."""
@@ -122,7 +123,8 @@ class WarehouseStore(FrameStore):
         )
 
     def _history(self, table: Table) -> Any:
-        """The table's history (SCD type 2), created or widened to its columns."""
+        """The table's history (SCD type 2), created or widened to its columns, and
+        partitioned by each key's newest version (history.NEWEST)."""
         from pyspark.sql import types as T
 
         return self._delta(
@@ -135,18 +137,24 @@ class WarehouseStore(FrameStore):
                 T.StructField("valid_from", T.TimestampType()),
                 T.StructField("valid_to", T.TimestampType()),
                 T.StructField("_cdc_commit_lsn", T.LongType()),
+                T.StructField(NEWEST, T.BooleanType()),
             ],
             table,
+            partitioned_by=(NEWEST,),
         )
 
-    def _delta(self, path: str, meta: list[Any], table: Table) -> Any:
+    def _delta(
+        self, path: str, meta: list[Any], table: Table, partitioned_by: tuple[str, ...] = ()
+    ) -> Any:
         from pyspark.sql import types as T
 
         fields = [T.StructField(c.name, spark_type(c)) for c in table.columns] + meta
         known = self._tables.get(path)
         if known is not None and known[0] == fields:
             return known[1]  # a handle always reads the table's latest version
-        target = ensure_delta(self.spark, path, fields)
+        target = ensure_delta(self.spark, path, fields, partitioned_by)
+        if partitioned_by == (NEWEST,):
+            target = partition_history(self.spark, table, path, target)
         self._tables[path] = (fields, target)
         return target
 
@@ -162,7 +170,7 @@ class WarehouseStore(FrameStore):
             condition=f"{cut} AND NOT _cdc_deleted", set={"_cdc_deleted": "true"}
         )
         self._history(table).update(
-            condition=f"{cut} AND valid_to IS NULL AND _cdc_op <> 'd'",
+            condition=f"{NEWEST} AND {cut} AND valid_to IS NULL AND _cdc_op <> 'd'",
             set={"valid_to": f"timestamp_millis({int(commit_ms)})"},
         )
         self._truncated.add(table.qualified)  # its join views are rebuilt after the batch

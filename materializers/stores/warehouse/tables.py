@@ -46,8 +46,11 @@ _COLUMN_MAPPING = {
 _NOT_PHYSICAL = re.compile(r"[ ,;{}()\n\t=]")
 
 
-def ensure_delta(spark: Any, path: str, fields: list[Any]) -> Any:
-    """The Delta table at `path`, created with `fields` or given the ones it lacks."""
+def ensure_delta(
+    spark: Any, path: str, fields: list[Any], partitioned_by: tuple[str, ...] = ()
+) -> Any:
+    """The Delta table at `path`, created with `fields` (partitioned by the columns
+    `partitioned_by`) or given the ones it lacks."""
     from delta.tables import DeltaTable
     from pyspark.sql import types as T
 
@@ -57,7 +60,10 @@ def ensure_delta(spark: Any, path: str, fields: list[Any]) -> Any:
         builder = DeltaTable.createIfNotExists(spark).location(path)
         for key, value in _COLUMN_MAPPING.items():
             builder = builder.property(key, value)
-        builder.addColumns(T.StructType(fields)).execute()
+        builder = builder.addColumns(T.StructType(fields))
+        if partitioned_by:
+            builder = builder.partitionedBy(*partitioned_by)
+        builder.execute()
     target = DeltaTable.forPath(spark, path)
     have = {f.name: f.dataType for f in target.toDF().schema.fields}
     added = [f for f in fields if f.name not in have]
