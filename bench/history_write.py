@@ -69,6 +69,7 @@ def main() -> None:
     parser.add_argument("--versions", type=int, default=5)
     parser.add_argument("--batch", type=int, default=1000, help="updates per timed batch")
     parser.add_argument("--batches", type=int, default=5)
+    parser.add_argument("--label", default="", help="recorded with the figures (e.g. the commit)")
     args = parser.parse_args()
 
     settings = load_settings()
@@ -125,6 +126,7 @@ def main() -> None:
         current = [c for _, c in times.seen]
         record(
             {
+                "label": args.label,
                 "keys": args.keys,
                 "versions": args.versions,
                 "history_rows": args.keys * args.versions + args.batch * args.batches,
