@@ -4,7 +4,8 @@
 
 No stack needed (Spark in this process, Delta tables in a temporary folder). Writes a
 table of --keys keys whose history holds --versions versions of each (its snapshot and
---versions - 1 updates of every key, as batches of the warehouse's own writer), then
+--versions - 1 updates of every key, as batches of the warehouse's own writer; the
+first, into empty tables, is recorded as `first_*`), then
 times --batches micro-batches of --batch updates of random keys: the history write and
 the current state's MERGE, each as the warehouse logs them. Appends the figures to
 bench/results/history_write.jsonl.
@@ -117,6 +118,7 @@ def main() -> None:
     try:
         every = list(range(args.keys))
         write(events(every, "r"))
+        first = times.seen[0]  # the snapshot into empty tables
         for _ in range(args.versions - 1):
             write(events(every, "u"))
         times.seen.clear()
@@ -132,6 +134,8 @@ def main() -> None:
                 "history_rows": args.keys * args.versions + args.batch * args.batches,
                 "batch": args.batch,
                 "batches": args.batches,
+                "first_history_s": first[0],
+                "first_current_s": first[1],
                 "history_s_median": round(statistics.median(history), 2),
                 "current_s_median": round(statistics.median(current), 2),
                 "history_s": history,

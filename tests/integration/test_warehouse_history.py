@@ -261,3 +261,80 @@ def test_a_history_written_before_the_partition_is_rewritten_once(
         (1, "u", "v2", 3000, None),
     ]
     assert _newest_marked(spark, root) == [(1, 1, True)]
+
+
+def _operations(path: str) -> list[str]:
+    """Each Delta commit's operation, oldest first."""
+    found = []
+    for log in sorted(Path(path, "_delta_log").glob("*.json")):
+        for line in log.read_text().splitlines():
+            action = json.loads(line)
+            if "commitInfo" in action:
+                found.append(action["commitInfo"]["operation"])
+    return found
+
+
+def test_a_first_load_is_appended_and_equals_what_a_merge_writes(
+    stack: RunningStack, tmp_path: Path
+) -> None:
+    """Into tables that hold no row (a first load, a reset) a batch is appended, not
+    merged: its current state and history are what the MERGEs write (several changes of
+    a key, a delete and its tombstone, an unchanged TOASTed value), and the same batch
+    again (a replay after a crash, now merged) changes nothing."""
+    from cdc.decode import UNAVAILABLE
+    from cdc.spark import spark_session
+
+    spark = spark_session(stack.settings, "test-history")
+    root = str(tmp_path / "warehouse")
+    store = WarehouseStore(spark, root)
+    store.prepare([TABLE])
+    tables = {"public.t": TABLE}
+    tombstone = {**event(2, 4, "d", None, (0, 0), 0), "commit_lsn": None, "lsn": None}
+    tombstone.update(op=None, commit_ms=None)
+    batch = [
+        event(1, 0, "r", "v0", (100, 0), 1000),
+        event(2, 1, "r", "v0", (100, 0), 1000),
+        event(3, 2, "r", "v0", (100, 0), 1000),
+        event(1, 3, "u", "v1", (200, 1), 2000),
+        event(2, 4, "d", None, (200, 2), 2000),
+        tombstone,
+        event(3, 6, "u", UNAVAILABLE, (300, 1), 3000),  # body unchanged, TOASTed
+    ]
+    expected = [
+        (1, "r", "v0", 1000, 2000),
+        (1, "u", "v1", 2000, None),
+        (2, "r", "v0", 1000, 2000),
+        (2, "d", None, 2000, None),
+        (3, "r", "v0", 1000, 3000),
+        (3, "u", "v0", 3000, None),
+    ]
+
+    def write(rows: list[dict]) -> None:  # type: ignore[type-arg]
+        store.write_frame(tables, spark.createDataFrame(rows, EVENTS), {"public.t"})
+
+    def current() -> list[tuple[Any, ...]]:
+        frame = spark.read.format("delta").load(current_path(root, "public.t"))
+        return sorted(
+            (r["id"], r["body"], r["_cdc_deleted"], r["_cdc_commit_lsn"], r["_cdc_lsn"])
+            for r in frame.collect()
+        )
+
+    write(batch)
+    for path in (current_path(root, "public.t"), history_path(root, "public.t")):
+        assert _operations(path)[-1] == "WRITE", _operations(path)
+    state = [(1, "v1", False, 200, 1), (2, None, True, 200, 2), (3, "v0", False, 300, 1)]
+    assert current() == state
+    assert _versions(spark, root) == expected
+    assert _newest_marked(spark, root) == [(1, 1, True), (2, 1, True), (3, 1, True)]
+
+    write(batch)  # replayed: merged this time, and nothing changes
+    assert _operations(current_path(root, "public.t"))[-1] == "MERGE"
+    assert current() == state
+    assert _versions(spark, root) == expected
+
+    store.reset(TABLE)  # emptied (a rebuild): the next batch is appended again
+    write(batch)
+    assert _operations(history_path(root, "public.t"))[-1] == "WRITE"
+    assert current() == state
+    assert _versions(spark, root) == expected
+    assert _newest_marked(spark, root) == [(1, 1, True), (2, 1, True), (3, 1, True)]

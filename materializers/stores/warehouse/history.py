@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from cdc.catalog import Table
+from materializers.stores.warehouse.tables import append_rows
 from materializers.typed import quoted as q
 
 __all__ = ["NEWEST", "partition_history", "write_history"]
@@ -21,7 +22,7 @@ NEWEST = "_cdc_newest"  # the partition column: the key's newest version
 
 
 def write_history(
-    table: Table, decoded: Any, placeholders: set[str], stored: Any, history: Any
+    table: Table, decoded: Any, placeholders: set[str], stored: Any, history: Any, empty: bool
 ) -> None:
     """Every change of the batch becomes a version (SCD type 2), once.
 
@@ -33,7 +34,8 @@ def write_history(
     a version with _cdc_op 'd' and no values (a tombstone is not a version). An
     unchanged TOASTed value is taken from the key's previous version in the batch,
     else from `stored`: the current state as it was before the batch's MERGEs began
-    (read once, so the history does not depend on which MERGE commits first).
+    (read once, so the history does not depend on which MERGE commits first; None when
+    the current state holds no row).
 
     valid_to is derived again for the stored versions of the keys the batch touches
     and its new ones together, so a batch that holds changes already stored
@@ -47,13 +49,14 @@ def write_history(
     only those newest versions can change: they are all the stored versions read, and
     the MERGE is confined to the newest partition. Otherwise (a change older than a
     stored one: a redelivery, a backfill row) every stored version of the touched keys
-    takes part.
+    takes part. Into an `empty` history (a first load, or after a reset) the versions
+    are appended, with nothing stored to read or match.
     """
     from pyspark.sql import functions as F
 
     # tombstones carry no envelope; a change delivered twice is one version
     versions = decoded.where("commit_lsn IS NOT NULL").dropDuplicates(["key", "commit_lsn", "lsn"])
-    if placeholders:
+    if placeholders and stored is not None:
         on = [F.col(q(f"k_{k}")).eqNullSafe(F.col(q(f"cur_{k}"))) for k in table.key]
         versions = versions.join(stored, on, "left")
     columns = []
@@ -68,7 +71,7 @@ def write_history(
             value = (
                 F.when(~F.col(q(f"__ph_{c}")), value)
                 .when(known, F.col(q(f"__carried_{c}") + ".v"))
-                .otherwise(F.col(q(f"cur_{c}")))
+                .otherwise(F.col(q(f"cur_{c}")) if stored is not None else F.lit(None))
             )
         columns.append(F.when(F.col("op") == "d", None).otherwise(value).alias(c))
     rows = versions.select(
@@ -85,6 +88,9 @@ def write_history(
     )
     keys = [q(k) for k in table.key]
     chain = ["_cdc_commit_lsn", "_cdc_lsn", "valid_from", "valid_to", NEWEST]
+    if empty:
+        _merge(table, rows, None, history, confined=False)
+        return
     touched = rows.select(*keys).distinct()
     newest = (
         history.toDF()
@@ -109,25 +115,27 @@ def write_history(
 def _merge(table: Table, rows: Any, known: Any, history: Any, confined: bool) -> None:
     """Derive the chains of the touched keys from their `known` stored versions and the
     batch's `rows`; write the new versions and the stored ones whose end or newest flag
-    changed (`confined`: all of them in the newest partition)."""
+    changed (`confined`: all of them in the newest partition). `known` None: nothing is
+    stored, and the new versions are appended."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     keys = [q(k) for k in table.key]
-    # new attributes: the target's own, kept by the checkpoint, would confuse the MERGE
-    renamed = {"valid_to": "_cap", NEWEST: "_was"}
-    known = known.select(*[F.col(q(c)).alias(renamed.get(c, c)) for c in known.columns])
-    known = known.withColumn("_new", F.lit(False))
-    values = [c for c in rows.columns if c not in (*table.key, *known.columns)]
-    for c in values:
-        known = known.withColumn(c, F.lit(None).cast(rows.schema[c].dataType))
     rows = rows.withColumn("_was", F.lit(None).cast("boolean"))
+    if known is not None:
+        # new attributes: the target's own, kept by the checkpoint, would confuse the MERGE
+        renamed = {"valid_to": "_cap", NEWEST: "_was"}
+        known = known.select(*[F.col(q(c)).alias(renamed.get(c, c)) for c in known.columns])
+        known = known.withColumn("_new", F.lit(False))
+        for c in rows.columns:
+            if c not in known.columns:
+                known = known.withColumn(c, F.lit(None).cast(rows.schema[c].dataType))
+        rows = known.unionByName(rows)
     # a position both stored and in the batch is the stored version
     position = Window.partitionBy(*keys, "_cdc_commit_lsn", "_cdc_lsn").orderBy("_new")
     following = Window.partitionBy(*keys).orderBy("_cdc_commit_lsn", "_cdc_lsn")
     derived = (
-        known.unionByName(rows)
-        .withColumn("_n", F.row_number().over(position))
+        rows.withColumn("_n", F.row_number().over(position))
         .where("_n = 1")
         .withColumn("valid_to", F.least(F.lead("valid_from").over(following), F.col("_cap")))
         .withColumn(NEWEST, F.lead(F.lit(True)).over(following).isNull())
@@ -135,6 +143,9 @@ def _merge(table: Table, rows: Any, known: Any, history: Any, confined: bool) ->
         .where(f"_new OR NOT (_cap <=> valid_to) OR NOT (_was <=> {NEWEST})")
         .drop("_n", "_cap", "_was")
     )
+    if known is None:
+        append_rows(history, derived.drop("_new"))
+        return
     same = " AND ".join(
         [f"h.{k} <=> s.{k}" for k in keys]
         + [f"h.{c} <=> s.{c}" for c in ("_cdc_commit_lsn", "_cdc_lsn")]

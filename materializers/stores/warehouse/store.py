@@ -18,10 +18,11 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import UTC, date, datetime
 from datetime import time as clock
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 from cdc.catalog import Column, Table
@@ -30,7 +31,13 @@ from cdc.settings import JoinView
 from materializers.keys import key_text, shortest_real
 from materializers.stores.base import Entry, FrameStore, Rows
 from materializers.stores.warehouse.history import NEWEST, partition_history, write_history
-from materializers.stores.warehouse.tables import current_path, ensure_delta, history_path
+from materializers.stores.warehouse.tables import (
+    append_rows,
+    current_path,
+    ensure_delta,
+    history_path,
+    is_empty,
+)
 from materializers.typed import quoted as q
 from materializers.typed import spark_type, typed_image
 
@@ -97,6 +104,8 @@ class WarehouseStore(FrameStore):
         self._truncated: set[str] = set()
         # each Delta table's handle, kept while the columns it was checked for hold
         self._tables: dict[str, tuple[list[Any], Any]] = {}
+        # the Delta tables known to hold rows (only a reset empties one again)
+        self._filled: set[str] = set()
         # MERGEs of a batch at once: twice the cores, as much of a MERGE is driver work
         self.parallel = min(2 * (os.cpu_count() or 1), 8)
 
@@ -193,6 +202,8 @@ class WarehouseStore(FrameStore):
         its own: time travel still reaches what was there)."""
         self._ensure(table).delete()
         self._history(table).delete()
+        self._filled.discard(current_path(self.root, table.qualified))
+        self._filled.discard(history_path(self.root, table.qualified))
         self._truncated.add(table.qualified)
 
     def rows(self, table: Table) -> Rows:
@@ -265,6 +276,16 @@ class WarehouseStore(FrameStore):
         fields = found[0].asDict()
         return Entry(fields, bool(fields["_cdc_deleted"]))
 
+    def _empty(self, path: str, target: Any) -> bool:
+        """The Delta table holds no row yet (a first load, or after a reset): a batch
+        into it is a plain append, every change of it new to the table."""
+        if path in self._filled:
+            return False
+        if is_empty(target):
+            return True
+        self._filled.add(path)
+        return False
+
     def _timed(self, work: Callable[..., Any], *args: Any) -> float:
         """Run `work` in this thread, in the warehouse's scheduler pool; its seconds."""
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.name)
@@ -272,10 +293,38 @@ class WarehouseStore(FrameStore):
         work(*args)
         return time.monotonic() - started
 
-    def _merge(self, table: Table, events: Any, pool: ThreadPoolExecutor) -> tuple[Any, Any, Any]:
-        """Start the MERGEs of a table's events of the batch into its history and its
-        current state. Returns the decoded events (cached: the caller unpersists them)
-        and the two MERGEs' futures (each gives its seconds)."""
+    def _write_table(
+        self, table: Table, events: Any, histories: ThreadPoolExecutor, keys: bool
+    ) -> tuple[float, float, Any]:
+        """A table's events of the batch into its history (in `histories`) and its current
+        state (in this thread); their seconds, and with `keys` the batch's keys of it."""
+        from pyspark.sql import functions as F
+
+        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.name)
+        decoded, history, current = self._merge(table, events, histories)
+        try:
+            try:
+                current_s = self._timed(current)
+            finally:
+                wait([history])  # the history reads the decoded events too
+            touched = None
+            if keys:  # for the join views' refresh
+                touched = (
+                    decoded.select(*[F.col(q(f"k_{k}")).alias(k) for k in table.key])
+                    .distinct()
+                    .localCheckpoint()
+                )
+            return history.result(), current_s, touched
+        finally:
+            decoded.unpersist()
+
+    def _merge(
+        self, table: Table, events: Any, pool: ThreadPoolExecutor
+    ) -> tuple[Any, Future[float], Callable[[], Any]]:
+        """Start the history write of a table's events of the batch (in `pool`), and make
+        the write of its current state. Returns the decoded events (cached: the caller
+        unpersists them), the history's future (its seconds), and the current state's
+        write to run."""
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
@@ -338,8 +387,9 @@ class WarehouseStore(FrameStore):
                 f"__carried_{c}", F.last(value, ignorenulls=True).over(so_far)
             )
         decoded = decoded.cache()  # read by the history MERGE and the current one
+        fresh = self._empty(current_path(self.root, table.qualified), target)
         stored = None
-        if placeholders:  # the stored values the history may need, read before any MERGE
+        if placeholders and not fresh:  # values the history may need, read before any MERGE
             keys = decoded.select(*[F.col(q(f"k_{k}")) for k in table.key]).distinct()
             stored = (
                 target.toDF()
@@ -358,6 +408,7 @@ class WarehouseStore(FrameStore):
                 )
                 .localCheckpoint()
             )
+        history_table = self._history(table)
         history = pool.submit(
             self._timed,
             write_history,
@@ -365,7 +416,8 @@ class WarehouseStore(FrameStore):
             decoded,
             placeholders,
             stored,
-            self._history(table),
+            history_table,
+            self._empty(history_path(self.root, table.qualified), history_table),
         )
         newest = Window.partitionBy("key").orderBy(
             F.col("commit_lsn").desc_nulls_last(), F.col("lsn").desc(), F.col("offset").desc()
@@ -409,6 +461,23 @@ class WarehouseStore(FrameStore):
             )
             for c, v in values.items()
         }
+        # a key the table does not hold yet: the change's values (none for a delete)
+        inserted = {
+            **{
+                q(c): (v if c in table.key else f"CASE WHEN s.op = 'd' THEN NULL ELSE {v} END")
+                for c, v in insert.items()
+            },
+            **meta,
+            "_cdc_deleted": "s.op = 'd'",
+        }
+        if fresh:
+            # every key is new: what the MERGE below would write, in a plain append
+            first = (
+                source.alias("s")
+                .where("s.commit_lsn IS NOT NULL")
+                .selectExpr(*[f"{v} AS {c}" for c, v in inserted.items()])
+            )
+            return decoded, history, partial(append_rows, target, first)
         merge = (
             target.alias("t")
             .merge(source.alias("s"), condition)
@@ -434,21 +503,9 @@ class WarehouseStore(FrameStore):
                     "_cdc_deleted": "false",
                 },
             )
-            .whenNotMatchedInsert(
-                condition="s.commit_lsn IS NOT NULL",
-                values={
-                    **{
-                        q(c): (
-                            v if c in table.key else f"CASE WHEN s.op = 'd' THEN NULL ELSE {v} END"
-                        )
-                        for c, v in insert.items()
-                    },
-                    **meta,
-                    "_cdc_deleted": "s.op = 'd'",
-                },
-            )
+            .whenNotMatchedInsert(condition="s.commit_lsn IS NOT NULL", values=inserted)
         )
-        return decoded, history, pool.submit(self._timed, merge.execute)
+        return decoded, history, merge.execute
 
     def write_frame(self, tables: dict[str, Table], events: Any, present: set[str]) -> None:
         """MERGE each key's newest event of the batch into its table's current state, and
@@ -458,39 +515,33 @@ class WarehouseStore(FrameStore):
         A TOAST placeholder in the last event is filled from the key's latest earlier
         event in the batch that carried the value (if none did, the stored value stays).
 
-        The MERGEs of the batch (each table's history and current state: separate Delta
-        tables) run side by side, so the cores work while a MERGE's driver plans, reads a
-        log or commits. The history reads the current state only for values an unchanged
-        TOASTed column leaves out, which a concurrent MERGE of the same batch does not
-        change (it keeps the stored value, or writes the batch's own, which the history
-        takes from the batch).
+        The tables of the batch are written side by side, each table's history and
+        current state too (separate Delta tables), so the cores work while a MERGE's
+        driver plans, reads a log or commits. A table that holds no row yet (a first
+        load, a reset) is appended to, not merged into. The history reads the current
+        state only for values an unchanged TOASTed column leaves out, which a concurrent
+        MERGE of the same batch does not change (it keeps the stored value, or writes the
+        batch's own, which the history takes from the batch).
         """
-        from pyspark.sql import functions as F
-
         joined = {t for j in self.joins for t in (j.table, j.references)}
         touched: dict[str, Any] = {}
-        pool = ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="merge")
-        merges = []
-        try:
-            for name in sorted(present & set(tables)):
-                merges.append((name, *self._merge(tables[name], events, pool)))
-            for name, decoded, history, current in merges:
-                log.info(
-                    "warehouse %s: history %.1f s, current %.1f s",
-                    name,
-                    history.result(),
-                    current.result(),
-                )
-                if name in joined:  # the keys, for the join views' refresh
-                    touched[name] = (
-                        decoded.select(*[F.col(q(f"k_{k}")).alias(k) for k in tables[name].key])
-                        .distinct()
-                        .localCheckpoint()
-                    )
-        finally:
-            pool.shutdown(wait=True)  # every MERGE has ended before the batch does
-            for _, decoded, _, _ in merges:
-                decoded.unpersist()
+        names = sorted(present & set(tables))
+        # a thread per table (its decoding, its reads of stored values, its current
+        # state's MERGE) and one per history write
+        with (
+            ThreadPoolExecutor(self.parallel, thread_name_prefix="table") as each,
+            ThreadPoolExecutor(self.parallel, thread_name_prefix="history") as histories,
+        ):
+            writes = [
+                each.submit(self._write_table, tables[n], events, histories, n in joined)
+                for n in names
+            ]
+            wait(writes)  # every MERGE has ended before the batch does
+        for name, write in zip(names, writes, strict=True):
+            history_s, current_s, keys = write.result()  # the first failure raises
+            log.info("warehouse %s: history %.1f s, current %.1f s", name, history_s, current_s)
+            if keys is not None:
+                touched[name] = keys
         self._refresh_joins(tables, touched)
 
 

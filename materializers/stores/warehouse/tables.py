@@ -17,7 +17,14 @@ from cdc.errors import StoreError
 from cdc.settings import Settings
 from materializers.typed import quoted as q
 
-__all__ = ["current_path", "ensure_delta", "history_path", "warehouse_root"]
+__all__ = [
+    "append_rows",
+    "current_path",
+    "ensure_delta",
+    "history_path",
+    "is_empty",
+    "warehouse_root",
+]
 
 
 def warehouse_root(settings: Settings) -> str:
@@ -95,3 +102,19 @@ def ensure_delta(
     if added or changed:
         target = DeltaTable.forPath(spark, path)
     return target
+
+
+def is_empty(target: Any) -> bool:
+    """No data file in the Delta table's latest version: new, or every row deleted."""
+    return int(target.detail().first()["numFiles"]) == 0
+
+
+def append_rows(target: Any, rows: Any) -> None:
+    """Append `rows` (a frame with the table's column names) to the Delta table, each
+    column in the table's order and type: what a MERGE that matched nothing writes, in
+    a plain write (a MERGE costs seconds here whatever its size)."""
+    from pyspark.sql import functions as F
+
+    location = target.detail().first()["location"]
+    columns = [F.col(q(f.name)).cast(f.dataType) for f in target.toDF().schema.fields]
+    rows.select(*columns).write.format("delta").mode("append").save(location)
