@@ -220,11 +220,13 @@ def _view(
     for store, figures in status.stores.items():
         lag = figures.get("lag_s")
         backlog = str(figures["backlog_events"])
+        if figures.get("nothing_applied"):  # lag counted from the snapshot
+            backlog += " [dim](first batch running)[/dim]"
         if figures.get("waiting"):  # the store does not answer: its batch waits
             backlog += f" [yellow](waiting: {figures['waiting']['reason']})[/yellow]"
         stores.add_row(store, backlog, "?" if lag is None else f"{lag:.1f}")
     for store in applying:
-        if store not in status.stores:  # no micro-batch has finished yet
+        if store not in status.stores:  # no batch has finished, and the log is empty
             stores.add_row(store, "[dim]first batch running[/dim]", "–")
     done = sum(workload.done.values())
     dead = f"[red]{status.dead_letters}[/red]" if status.dead_letters else "0"

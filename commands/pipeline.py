@@ -240,18 +240,26 @@ def pipe_streams(settings: Settings) -> bool:
 def _store_progress(
     settings: Settings, ends: dict[str, dict[int, int]]
 ) -> dict[str, dict[str, Any]]:
-    """Per store: the events it has still to apply, and how far behind the source it is."""
+    """Per store: the events it has still to apply, and how far behind the source it is.
+    A store that has finished no batch yet is listed once the log holds events
+    (`nothing_applied`), its lag counted from the snapshot."""
+    from materializers.progress import Progress
+    from snapshot.generation import read_generation
 
     stores: dict[str, dict[str, Any]] = {}
     now_ms = time.time() * 1000
+    generation = read_generation(settings)
     for store in settings.apply.stores:
         progress = read_progress(settings, store)
-        if progress is None:
-            continue
+        nothing_applied = progress is None
+        progress = progress or Progress()
         backlog = progress.backlog(ends)
-        lag = progress.lag_s(backlog, now_ms)
+        if nothing_applied and not backlog:
+            continue
+        lag = progress.lag_s(backlog, now_ms, generation.ts_ms if generation else None)
         latency = progress.last_latency_s()
         stores[store] = {
+            "nothing_applied": nothing_applied,
             "backlog_events": backlog,
             "lag_s": round(lag, 3) if lag is not None else None,
             "last_latency_s": round(latency, 3) if latency is not None else None,

@@ -104,6 +104,8 @@ def pipeline_table(p: PipelineStatus) -> Table:
         if s["backlog_events"]:
             lag = "?" if s["lag_s"] is None else f"{s['lag_s']:.1f}s"
             state = f"backlog {s['backlog_events']} events; lag {lag}"
+            if s.get("nothing_applied"):
+                state = f"no batch finished yet ({state}, since the snapshot)"
         else:
             state = "[green]caught up[/green] (backlog 0; lag 0s)"
         if s.get("last_latency_s") is not None:

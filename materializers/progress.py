@@ -90,16 +90,18 @@ class Progress:
             for partition, end in parts.items()
         )
 
-    def lag_s(self, backlog: int, now_ms: float) -> float | None:
+    def lag_s(self, backlog: int, now_ms: float, snapshot_ms: int | None = None) -> float | None:
         """How far behind the source the store is: 0 when it holds everything in the log
         (an idle store is caught up, however old its last change); with a backlog, the
         time since the commit of the newest change it holds (it is at least that far
-        behind); None when it has a backlog and has applied no change yet."""
+        behind). A store that has applied no change yet lacks the snapshot's rows: it is
+        at least as far behind as the snapshot taken at `snapshot_ms` (None without)."""
         if not backlog:
             return 0.0
-        if self.commit_ms is None:
+        since = self.commit_ms if self.commit_ms is not None else snapshot_ms
+        if since is None:
             return None
-        return max(now_ms - self.commit_ms, 0) / 1000
+        return max(now_ms - since, 0) / 1000
 
     def last_latency_s(self) -> float | None:
         """Commit to visible of the newest change the store applied: its batch's end minus

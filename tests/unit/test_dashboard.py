@@ -1,5 +1,6 @@
 """The demo's dashboard (pure rendering, no services)."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 from rich.console import Console
@@ -76,3 +77,44 @@ def test_status_shows_a_store_without_backlog_as_caught_up() -> None:
     assert "caught up" in lines["store cache"] and "0.8s after commit" in lines["store cache"]
     assert "backlog 7 events; lag 12.5s" in lines["store search"]
     assert "caught up" not in lines["store search"]
+
+
+def test_a_store_whose_first_batch_runs_shows_its_lag_from_the_snapshot(tmp_path: Path) -> None:
+    """Before a store's first batch ends, status and the dashboard list it with the log's
+    events as its backlog and its lag counted from the snapshot (it lacks the snapshot's
+    rows): a figure from the start, not "first batch running" for minutes."""
+    import json
+    import time
+
+    from cdc.settings import Settings
+    from commands.pipeline import _store_progress
+    from materializers.progress import Progress, write_progress
+    from snapshot.generation import generation_file
+
+    settings = Settings(data_dir=tmp_path)  # type: ignore[call-arg]
+    ends = {"cdc.public.orders": {0: 12}}
+    assert _store_progress(settings, {"cdc.public.orders": {0: 0}}) == {}  # nothing to apply
+    snapshot_ms = int(time.time() * 1000) - 40_000
+    path = generation_file(settings)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"lsn": 5, "ts_ms": snapshot_ms, "ends": {}}))
+    write_progress(settings, "cache", Progress(applied={"cdc.public.orders:0": 11}))
+
+    stores = _store_progress(settings, ends)
+    assert stores["cache"]["backlog_events"] == 0 and not stores["cache"]["nothing_applied"]
+    warehouse = stores["warehouse"]
+    assert warehouse["nothing_applied"] and warehouse["backlog_events"] == 12
+    assert 40 <= warehouse["lag_s"] < 100
+
+    text = render(stores, ["warehouse", "cache"])
+    lines = {line.split("│")[1].strip(): line for line in text.splitlines() if "│" in line}
+    assert "first batch running" in lines["warehouse"] and "12" in lines["warehouse"]
+    assert f"{warehouse['lag_s']:.1f}" in lines["warehouse"]
+
+    from commands.pipeline import PipelineStatus
+    from commands.render import pipeline_table
+
+    console = Console(record=True, width=200)
+    console.print(pipeline_table(PipelineStatus("cdc", "done", None, None, None, stores=stores)))
+    line = next(x for x in console.export_text().splitlines() if "store warehouse" in x)
+    assert "no batch finished yet (backlog 12 events; lag" in line and "caught up" not in line

@@ -75,5 +75,8 @@ def test_a_caught_up_store_has_no_lag_however_old_its_last_change() -> None:
     # with a backlog it is at least as far behind as its newest change is old
     assert idle.lag_s(backlog=5, now_ms=an_hour_later) == 3_600.0
     assert Progress().lag_s(backlog=5, now_ms=an_hour_later) is None
+    # nothing applied yet: at least as far behind as the snapshot it lacks is old
+    assert Progress().lag_s(backlog=5, now_ms=an_hour_later, snapshot_ms=601_000) == 3_000.0
+    assert idle.lag_s(backlog=5, now_ms=an_hour_later, snapshot_ms=601_000) == 3_600.0
     assert Progress().lag_s(backlog=0, now_ms=an_hour_later) == 0.0
     assert Progress().last_latency_s() is None
