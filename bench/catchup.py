@@ -8,7 +8,8 @@ connector paused and apply stopped, makes --changes single-row updates (in
 transactions of 10,000), and measures
   * capture alone: the connector resumed, until every change is in Kafka;
   * apply per store: `cdc apply --store S --once` over the backlog, until caught up
-    (Spark's start excluded; each store alone, so each has both cores).
+    (Spark's start excluded; each store alone, so each has both cores; the search
+    index searched once a second meanwhile, as by an application reading it).
 Prints changes/s per stage, the cores each component kept busy and the CPU time the
 machine spent per change, and appends them to bench/results/catchup.jsonl.
 """
@@ -19,6 +20,7 @@ import argparse
 import io
 import logging
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,11 +30,13 @@ from rich.console import Console
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import CpuMark, ResourceSampler, bench_settings, cleanup, record
+from cdc.clients import opensearch_client
 from cdc.connect import ConnectClient
 from cdc.settings import load_settings
 from cdc.spark import spark_session
 from cdc.topics import change_topic, end_offsets
 from materializers.apply import run_apply
+from materializers.stores.search import index_name
 from snapshot.initial import run_snapshot
 
 STORES = ("cache", "search", "warehouse")
@@ -48,6 +52,21 @@ def wait_for_log(settings, topic: str, total: int, timeout: float = 1800) -> flo
     return time.monotonic() - started
 
 
+class Searcher(threading.Thread):
+    """A search of the store's index once a second, as an application reading it while it
+    catches up would make (an index nobody searches is not refreshed by OpenSearch)."""
+
+    def __init__(self, settings, index: str) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(daemon=True)
+        self.client = opensearch_client(settings.opensearch)
+        self.index = index
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(1.0):
+            self.client.search(index=self.index, body={"size": 0}, ignore=[404])
+
+
 def cpu_figures(stage: str, done: CpuMark, mark: CpuMark, changes: int) -> dict[str, object]:
     """The cores each component kept busy during a stage, and the machine's CPU time
     per change (µs): whether the stage was bound by the CPU, and whose."""
@@ -61,6 +80,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=500_000)
     parser.add_argument("--changes", type=int, default=1_000_000)
     parser.add_argument("--stores", default=",".join(STORES))
+    parser.add_argument("--change", help="what this run measures (recorded with it)")
     args = parser.parse_args()
     # the apply job's per-batch figures (what each store wrote, the warehouse's MERGEs)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
@@ -84,6 +104,7 @@ def main() -> None:
             f"md5(g::text) FROM generate_series(1, {args.rows}) g"
         )
     figures: dict[str, object] = {
+        **({"change": args.change} if args.change else {}),
         "benchmark": "catchup",
         "rows": args.rows,
         "changes": args.changes,
@@ -127,9 +148,15 @@ def main() -> None:
             } | cpu_figures("capture", resources.cpu(), mark, args.changes)
             for store in stores:
                 print(f"applying {args.changes} changes to {store} ...", flush=True)
+                searcher = None
+                if store == "search":
+                    searcher = Searcher(settings, index_name(bench.pipeline.topic_prefix, table))
+                    searcher.start()
                 mark = resources.cpu()
                 run_apply(bench, [store], once=True)
                 done = resources.cpu()
+                if searcher is not None:
+                    searcher.done.set()
                 seconds = done.at - mark.at
                 figures[f"{store}_s"] = round(seconds, 1)
                 figures[f"{store}_changes_per_s"] = round(args.changes / seconds)

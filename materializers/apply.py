@@ -52,6 +52,8 @@ from snapshot.generation import read_generation
 from snapshot.rewrites import check_rewrites
 
 __all__ = [
+    "BULK_EVENTS",
+    "backlog",
     "check_source_not_rewound",
     "failure_line",
     "run_apply",
@@ -59,6 +61,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# a batch is written in bulk (Store.bulk) when the store is at least this many events
+# behind the log at its start: a catch-up, never a steady batch
+BULK_EVENTS = 20_000
 
 
 def _batch_writer(
@@ -103,12 +109,14 @@ def _batch_writer(
         batch = with_generated(batch, settings.postgres.dsn(), topics, tables)
         progress = read_progress(settings, store.name) or Progress()
         check_source_not_rewound(store.name, wal, progress)
-        ends.check_not_rewound(store.name, topics, progress)
+        behind = backlog(
+            ends.check_not_rewound(store.name, topics, progress), progress.applied_of(topics)
+        )
         cutoffs = dict(progress.truncated)
         cut_times.clear()
         cut_times.update(progress.truncated_ms)
         if isinstance(store, RowStore):
-            _write_partitions(batch, topics, tables, batch_id, cutoffs)
+            _write_partitions(batch, topics, tables, batch_id, cutoffs, behind >= BULK_EVENTS)
         else:
             parsed = _unheld_as_errors(
                 parse_events(batch, topics).where("table IS NOT NULL"), tables
@@ -192,6 +200,7 @@ def _batch_writer(
         tables: dict[str, Table],
         batch_id: int,
         cutoffs: dict[str, tuple[int, int]],
+        bulk: bool,
     ) -> None:
         """A Python store is written by Spark's Python workers, partition by partition
         (materializers/writer.py); the driver gets the counts, the dead letters and the
@@ -221,7 +230,14 @@ def _batch_writer(
         counts = {"written": 0, "stale": 0}
         summary: dict[str, Any] = {"n": 0, "commit_ms": None, "commit_lsn": 0}
         truncations = []
-        for row in frame.mapInArrow(run, RESULT_DDL).collect():
+        if bulk:  # a batch of a backlog: written for throughput (Store.bulk)
+            store.bulk(tables.values(), on=True)
+        try:
+            results = frame.mapInArrow(run, RESULT_DDL).collect()
+        finally:
+            if bulk:  # before the batch commits: what it wrote is visible then
+                store.bulk(tables.values(), on=False)
+        for row in results:
             if row["kind"] == "dead":
                 dead.send_row(row)
                 continue
@@ -325,34 +341,46 @@ class _EndOffsets:
         self.settings = settings
         self._consumer: Any = None
 
-    def check_not_rewound(self, store: str, topics: dict[str, str], progress: Progress) -> None:
-        """Raise LogRewoundError if a topic ends before what `store` has applied of it
-        (the topic was deleted and created again: its offsets started over, and what the
-        store holds no longer matches the log)."""
-        wanted = progress.applied_of(topics)
-        if not wanted:
-            return
+    def read(self, topics: dict[str, str]) -> dict[tuple[str, int], int]:
+        """The end offset of each partition of `topics` (a deleted topic has none)."""
         from kafka import KafkaConsumer, TopicPartition
 
         if self._consumer is None:
             self._consumer = KafkaConsumer(
                 **kafka_client_kwargs(self.settings.kafka), enable_auto_commit=False
             )
-        existing = {
-            (t, p)
-            for t in {t for t, _ in wanted}
-            for p in (self._consumer.partitions_for_topic(t) or ())
-        }
-        parts = [TopicPartition(t, p) for (t, p) in wanted if (t, p) in existing]
-        for tp, end in self._consumer.end_offsets(parts).items():
-            if end <= wanted[(tp.topic, tp.partition)]:
-                table = topics[tp.topic]
+        parts = [
+            TopicPartition(t, p)
+            for t in topics
+            for p in self._consumer.partitions_for_topic(t) or ()
+        ]
+        if not parts:
+            return {}
+        return {(tp.topic, tp.partition): e for tp, e in self._consumer.end_offsets(parts).items()}
+
+    def check_not_rewound(
+        self, store: str, topics: dict[str, str], progress: Progress
+    ) -> dict[tuple[str, int], int]:
+        """Raise LogRewoundError if a topic ends before what `store` has applied of it
+        (the topic was deleted and created again: its offsets started over, and what the
+        store holds no longer matches the log). Returns the topics' end offsets."""
+        ends = self.read(topics)
+        wanted = progress.applied_of(topics)
+        for (topic, partition), end in sorted(ends.items()):
+            if (topic, partition) in wanted and end <= wanted[(topic, partition)]:
                 raise LogRewoundError(
-                    f"change topic {tp.topic} partition {tp.partition} ends at offset {end}, "
-                    f"before offset {wanted[(tp.topic, tp.partition)]} that the {store} has "
+                    f"change topic {topic} partition {partition} ends at offset {end}, "
+                    f"before offset {wanted[(topic, partition)]} that the {store} has "
                     "applied: the topic was deleted and created again; rebuild that store's "
-                    f"table from the log with `cdc rebuild --store {store} --table {table}`"
+                    f"table from the log with `cdc rebuild --store {store} --table "
+                    f"{topics[topic]}`"
                 )
+        return ends
+
+
+def backlog(ends: dict[tuple[str, int], int], applied: dict[tuple[str, int], int]) -> int:
+    """The log's records after what a store has applied (its last offset per partition)."""
+    return sum(max(0, end - applied.get(where, -1) - 1) for where, end in ends.items())
 
 
 def _unheld_as_errors(parsed: Any, tables: dict[str, Table]) -> Any:

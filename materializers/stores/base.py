@@ -101,6 +101,11 @@ class Store(ABC):
     def ping(self) -> None:  # noqa: B027 - optional
         """Raise StoreUnavailableError if the store does not answer."""
 
+    def bulk(self, tables: Iterable[Table], on: bool) -> None:  # noqa: B027 - optional
+        """A batch of a backlog (catch-up) is about to be written (`on`), or has been
+        (not `on`): the store may trade what its readers see during that batch for
+        throughput, and must give it back when the batch ends."""
+
     def close(self) -> None:  # noqa: B027 - optional
         """Release connections."""
 

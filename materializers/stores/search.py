@@ -179,11 +179,59 @@ class SearchStore(RowStore):
         self.prefix = prefix
         self.retry_s = retry_s
         self._indexes: dict[str, str] = {}
+        self._refresh: dict[str, str | None] = {}  # index -> its refresh interval, in bulk
 
     def prepare(self, tables: Iterable[Table]) -> None:
         self.ping()
+        tables = list(tables)
         for table in tables:
             self.ensure_index(table)
+        # a catch-up batch the job did not live to end left its indexes' refresh off
+        self.bulk(tables, on=False, only_if_left=True)
+
+    def bulk(self, tables: Iterable[Table], on: bool, only_if_left: bool = False) -> None:
+        """During a catch-up batch the tables' indexes are not refreshed (OpenSearch's
+        advice for bulk indexing: no new segment each second while a backlog is
+        written); after it, each index's refresh interval is given back (its own, or
+        OpenSearch's default) and it is refreshed at once, so searches see the batch
+        when it is committed. The pipeline sets refresh off (-1) only for the length of
+        one batch: `only_if_left` undoes it where a job stopped during such a batch."""
+        names = [index_name(self.prefix, t.qualified) for t in tables]
+        try:
+            for at in range(0, len(names), 50):  # a URL names at most 50 of them
+                self._bulk(names[at : at + 50], on, only_if_left)
+        except (ConnectionError, TransportError) as exc:
+            raise StoreUnavailableError(
+                f"OpenSearch at {self.url} does not answer ({type(exc).__name__})"
+            ) from None
+
+    def _bulk(self, names: list[str], on: bool, only_if_left: bool) -> None:
+        # every index that exists (with the defaults), and its own interval if it has one
+        found = {
+            index: body.get("settings", {}).get("index", {}).get("refresh_interval")
+            for index, body in self.client.indices.get_settings(
+                index=",".join(names),
+                name="index.refresh_interval",
+                include_defaults=True,
+                ignore_unavailable=True,
+            ).items()
+        }
+        if on:  # what each index had, to give back (None: OpenSearch's default)
+            self._refresh |= {i: v for i, v in found.items() if v != "-1"}
+            found = {i: "-1" for i in found}
+        else:
+            found = {
+                i: self._refresh.pop(i, None)
+                for i, v in found.items()
+                if v == "-1" and (i in self._refresh or only_if_left)
+            }
+        for value in set(found.values()):
+            indexes = ",".join(i for i, v in found.items() if v == value)
+            self.client.indices.put_settings(
+                index=indexes, body={"index": {"refresh_interval": value}}
+            )
+        if found and not on:
+            self.client.indices.refresh(index=",".join(found))
 
     def ping(self) -> None:
         try:

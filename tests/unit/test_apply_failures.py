@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 
 from cdc.errors import SourceRewoundError, StoreUnavailableError
-from materializers.apply import check_source_not_rewound, failure_line, unavailable_reason
+from materializers.apply import (
+    backlog,
+    check_source_not_rewound,
+    failure_line,
+    unavailable_reason,
+)
 from materializers.progress import Progress
 
 # what Spark's query.exception() carried back when PostgreSQL restarted under a batch
@@ -60,3 +65,12 @@ def test_a_source_behind_what_a_store_applied_stops_it() -> None:
     # a TRUNCATE's position counts as applied too
     with pytest.raises(SourceRewoundError, match=r"up to 1/0"):
         check_source_not_rewound("cache", 0xFFFF, Progress(truncated={"public.t": (1 << 32, 5)}))
+
+
+def test_the_backlog_counts_the_log_after_what_a_store_applied() -> None:
+    ends = {("t", 0): 100, ("t", 1): 50, ("u", 0): 7}
+    # partition 0 applied through offset 89; partition 1 through its end; u not at all
+    assert backlog(ends, {("t", 0): 89, ("t", 1): 49}) == 10 + 0 + 7
+    # a partition applied further than the log ends (never counted negative)
+    assert backlog({("t", 0): 10}, {("t", 0): 20}) == 0
+    assert backlog({}, {("t", 0): 20}) == 0
