@@ -170,6 +170,7 @@ def main() -> None:
         "slowest_store_changes_per_s": slowest,
         "apply_keeps_up_with_capture": slowest >= int(figures["capture_changes_per_s"]),  # type: ignore[call-overload]
         "max_offsets_per_trigger": bench.apply.max_offsets_per_trigger,
+        "warehouse_max_offsets_per_trigger": bench.apply.warehouse_max_offsets_per_trigger,
         "partitions": bench.pipeline.partitions,
     }
     record(figures, "catchup", settings)

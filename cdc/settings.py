@@ -455,6 +455,12 @@ class ApplySettings(BaseModel):
     )
     trigger_interval_s: float = Field(1.0, gt=0, description="micro-batch interval")
     max_offsets_per_trigger: int = Field(200_000, ge=1, description="events per micro-batch")
+    warehouse_max_offsets_per_trigger: int = Field(
+        500_000,
+        ge=1,
+        description="events per warehouse micro-batch: a catch-up in fewer, larger Delta "
+        "commits, each MERGE's fixed cost spread over more events",
+    )
     deleted_marker_ttl_s: int = Field(
         86_400, ge=1, description="how long the cache keeps a deleted key's position"
     )

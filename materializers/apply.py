@@ -588,6 +588,9 @@ def _prepare(settings: Settings, store: Store, tables: dict[str, Table]) -> None
 
 
 def _start_store_query(spark: Any, settings: Settings, store: Store, once: bool) -> Any:
+    limit = settings.apply.max_offsets_per_trigger
+    if isinstance(store, FrameStore):  # Delta: fewer, larger commits when catching up
+        limit = settings.apply.warehouse_max_offsets_per_trigger
     source = (
         spark.readStream.format("kafka")
         .options(**kafka_options(settings))
@@ -596,7 +599,7 @@ def _start_store_query(spark: Any, settings: Settings, store: Store, once: bool)
         .option("startingOffsets", "earliest")
         # records a re-snapshot deleted are gone on purpose; start from what is there
         .option("failOnDataLoss", "false")
-        .option("maxOffsetsPerTrigger", settings.apply.max_offsets_per_trigger)
+        .option("maxOffsetsPerTrigger", limit)
         .load()
     )
     writer = (

@@ -37,7 +37,9 @@ def test_apply_killed_mid_batch_and_restarted_converges(captured: Capture) -> No
     name, table, settings, dsn = t.name, t.table, t.settings, t.dsn
     env = {
         **t.env,
-        "CDC_APPLY__MAX_OFFSETS_PER_TRIGGER": "1500",  # many small batches: one is cut short
+        # many small batches in every store: one is cut short
+        "CDC_APPLY__MAX_OFFSETS_PER_TRIGGER": "1500",
+        "CDC_APPLY__WAREHOUSE_MAX_OFFSETS_PER_TRIGGER": "1500",
     }
     writer = Writer(dsn, name, first_new_id=100_000, max_id=6_000)
     apply = None

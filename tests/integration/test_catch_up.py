@@ -5,7 +5,9 @@ Read with this test's own OpenSearch client, searching without a refresh of its 
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -13,8 +15,11 @@ import pytest
 import materializers.apply
 from cdc.topics import change_topic, end_offsets
 from materializers.apply import run_apply
+from materializers.progress import read_progress
 from materializers.stores.search import SearchStore, index_name
+from materializers.stores.warehouse.tables import current_path, warehouse_root
 from tests.conftest import Capture, Captured
+from tests.contents import warehouse_rows
 from tests.stores import opensearch_reader
 
 pytestmark = pytest.mark.integration
@@ -86,3 +91,29 @@ def test_refresh_left_off_by_a_stopped_job_is_undone_at_its_start(captured: Capt
     client.indices.refresh(index=index)
     hits = client.search(index=index, body={"size": 1000, "query": {"term": {"n": 2}}})
     assert hits["hits"]["total"]["value"] == 10
+
+
+def test_the_warehouse_takes_a_backlog_in_larger_batches(captured: Capture) -> None:
+    """apply.warehouse_max_offsets_per_trigger, not the fast stores' limit, sizes the
+    warehouse's batches: a backlog of 1,000 events is one Delta commit per table, where
+    the cache takes ten batches (read from the Delta log and the cache's progress)."""
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, n int NOT NULL)",
+        "INSERT INTO {name} SELECT g, 0 FROM generate_series(1, 1000) g",
+        prefix="bulk",
+    )
+    apply = t.settings.apply.model_copy(
+        update={"max_offsets_per_trigger": 100, "warehouse_max_offsets_per_trigger": 100_000}
+    )
+    settings = t.settings.model_copy(update={"apply": apply})
+    run_apply(settings, ["cache", "warehouse"], once=True)
+    path = current_path(warehouse_root(settings), t.table)
+    written = [
+        action["commitInfo"]["operation"]
+        for log in sorted(Path(path, "_delta_log").glob("*.json"))
+        for action in map(json.loads, log.read_text().splitlines())
+        if "commitInfo" in action and action["commitInfo"]["operation"] in ("WRITE", "MERGE")
+    ]
+    assert written == ["WRITE"]  # the first load, whole, appended once
+    assert read_progress(settings, "cache").batch >= 9  # type: ignore[union-attr]
+    assert len(warehouse_rows(settings, t.table, ["n"])) == 1000
