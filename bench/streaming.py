@@ -241,6 +241,7 @@ def main() -> None:
         default=",".join(STORES),
         help="the stores to apply to (fewer: what the others cost the ones left)",
     )
+    parser.add_argument("--change", help="what this run measures (recorded with it)")
     args = parser.parse_args()
     stores = tuple(s for s in STORES if s in args.stores.split(","))
     source = load_settings()
@@ -249,6 +250,7 @@ def main() -> None:
     bench = bench_settings(source, TABLES)
     stop = threading.Event()
     figures: dict[str, object] = {
+        **({"change": args.change} if args.change else {}),
         "benchmark": "streaming",
         "scale": args.scale,
         "seconds": args.seconds,
@@ -279,6 +281,7 @@ def main() -> None:
     figures |= {
         "trigger_interval_s": bench.apply.trigger_interval_s,
         "partitions": bench.pipeline.partitions,
+        "spark_master": bench.spark.master,
     }
     record(figures, "streaming", source)
 
