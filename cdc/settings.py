@@ -391,7 +391,11 @@ class RedisSettings(_Section):
 class SparkSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    master: str = Field("local[*]", description="local[*] by default; any Spark master URL")
+    master: str = Field(
+        "local[*]",
+        description="local[*] (this machine, twice its cores in task slots) by default; "
+        "local[N] for N slots; any Spark master URL",
+    )
     driver_memory: Heap = "2g"
     shuffle_partitions: int = Field(4, ge=1)
     log_level: str = "WARN"

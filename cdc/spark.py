@@ -23,7 +23,13 @@ from cdc.state import prepare_job_state
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["CHECKPOINT_FILE_MANAGER", "kafka_options", "spark_jars", "spark_session"]
+__all__ = [
+    "CHECKPOINT_FILE_MANAGER",
+    "kafka_options",
+    "spark_jars",
+    "spark_master",
+    "spark_session",
+]
 
 _VERSIONED = re.compile(r"^(?P<name>.+?)-\d[\w.\-]*\.jar$")
 
@@ -116,6 +122,17 @@ def _python_log(path: Path) -> None:
     root.addHandler(handler)
 
 
+def spark_master(master: str, cores: int | None = None) -> str:
+    """The master URL Spark is given: `local[*]` becomes twice the machine's cores in task
+    slots. The stores' queries share the JVM, and a slot is held until its task ends: with
+    one slot per core, a cache or search batch's tasks wait behind the warehouse's long
+    MERGE tasks; with two, they start at once and the OS shares the cores
+    (bench/results/streaming.jsonl). Any other URL is Spark's as given."""
+    if master != "local[*]":
+        return master
+    return f"local[{2 * (cores or os.cpu_count() or 1)}]"
+
+
 def spark_session(settings: Settings, app_name: str) -> SparkSession:
     """A Spark session with the Kafka source, Delta Lake and the PostgreSQL JDBC driver."""
     os.environ.setdefault("JAVA_HOME", str(settings.java_home))
@@ -133,7 +150,7 @@ def spark_session(settings: Settings, app_name: str) -> SparkSession:
     spark = settings.spark
     builder = (
         SparkSession.builder.appName(app_name)
-        .master(spark.master)
+        .master(spark_master(spark.master))
         .config("spark.jars", ",".join(str(j) for j in spark_jars(settings)))
         .config("spark.driver.memory", spark.driver_memory)
         # a query stopped while its foreachBatch runs in Python checks the Python error's
