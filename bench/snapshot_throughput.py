@@ -2,6 +2,7 @@
 and with Debezium's own initial snapshot.
 
     .venv/bin/python bench/snapshot_throughput.py [--scale 20] [--no-warehouse]
+        [--no-debezium] [--experiment "what this run tries"]
 
 Needs the local stack (`cdc up`). Loads pgbench at the given scale into the stack's
 database (the one database its replication role may read) if it is not there, then, in
@@ -12,7 +13,8 @@ one run:
   3. Debezium's initial snapshot (`snapshot.mode=initial`, same connector settings,
      same Connect worker, topic with as many partitions) of the same table into Kafka,
      timed from registering the connector until its topic holds every row.
-Prints rows/s and the ratios and appends them to bench/results/snapshot.jsonl.
+Prints rows/s, the ratios and the cores each component kept busy during our read and
+write, and appends them to bench/results/snapshot.jsonl.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import bench_settings, cleanup, record
+from bench.common import CpuMark, ResourceSampler, bench_settings, cleanup, record
 from cdc.capture import connector_config, secret_reference
 from cdc.clients import kafka_admin
 from cdc.components.postgres import postgres_bin_dir
@@ -148,6 +150,12 @@ def main() -> None:
     parser.add_argument(
         "--no-warehouse", action="store_true", help="skip applying the snapshot to Delta"
     )
+    parser.add_argument(
+        "--no-debezium", action="store_true", help="skip Debezium's snapshot (no ratio to it)"
+    )
+    parser.add_argument(
+        "--experiment", help="what this run tries (recorded as such, not as the figure)"
+    )
     args = parser.parse_args()
     settings = load_settings()
     rows = load_pgbench(settings, args.scale)
@@ -158,13 +166,21 @@ def main() -> None:
     notes: list[tuple[float, str]] = []
     figures: dict[str, object] = {"benchmark": "snapshot", "table": TABLE, "rows": rows}
     try:
-        result = run_snapshot(
-            bench, Console(file=io.StringIO()), lambda n: notes.append((time.monotonic(), n))
-        )
+        marks: dict[str, CpuMark] = {}
+
+        def note(line: str) -> None:
+            notes.append((time.monotonic(), line))
+            if line.startswith("snapshot "):  # the read starts, then "snapshot done"
+                marks["done" if line.startswith("snapshot done") else "read"] = resources.cpu()
+
+        with ResourceSampler() as resources:
+            result = run_snapshot(bench, Console(file=io.StringIO()), note)
         read_started = next(t for t, n in notes if n.startswith("snapshot "))
         copy_done = next(t for t, n in notes if n.startswith("snapshot done"))
         ours_s = copy_done - read_started
-        print(f"our snapshot into Kafka: {ours_s:.2f} s", flush=True)
+        cores = marks["done"].cores_since(marks["read"])
+        print(f"our snapshot into Kafka: {ours_s:.2f} s; cores {cores}", flush=True)
+        figures["snapshot_cores"] = cores
         if not args.no_warehouse:
             spark_session(bench, "bench-snapshot-warehouse")  # started before the clock
             started = time.monotonic()
@@ -177,8 +193,8 @@ def main() -> None:
             }
     finally:
         cleanup(bench)
-    dbz_total_s, dbz_stream_s = debezium_snapshot(bench, rows)
-    print(f"Debezium's snapshot into Kafka: {dbz_total_s:.2f} s", flush=True)
+    if args.experiment:
+        figures["experiment"] = args.experiment
     figures |= {
         "copy_to_devnull_s": round(copy_s, 2),
         "copy_rows_per_s": round(rows / copy_s),
@@ -186,13 +202,18 @@ def main() -> None:
         "snapshot_read_write_s": round(ours_s, 2),
         "snapshot_rows_per_s": round(rows / ours_s),
         "ratio_to_copy": round(ours_s / copy_s, 1),
-        "debezium_total_s": round(dbz_total_s, 2),
-        "debezium_first_to_last_s": round(dbz_stream_s, 2),
-        "debezium_rows_per_s": round(rows / dbz_total_s),
-        "speedup_over_debezium": round(dbz_total_s / ours_s, 1),
-        "speedup_over_debezium_total": round(dbz_total_s / result.seconds, 1),
         "partitions": bench.pipeline.partitions,
     }
+    if not args.no_debezium:
+        dbz_total_s, dbz_stream_s = debezium_snapshot(bench, rows)
+        print(f"Debezium's snapshot into Kafka: {dbz_total_s:.2f} s", flush=True)
+        figures |= {
+            "debezium_total_s": round(dbz_total_s, 2),
+            "debezium_first_to_last_s": round(dbz_stream_s, 2),
+            "debezium_rows_per_s": round(rows / dbz_total_s),
+            "speedup_over_debezium": round(dbz_total_s / ours_s, 1),
+            "speedup_over_debezium_total": round(dbz_total_s / result.seconds, 1),
+        }
     record(figures, "snapshot", settings)
 
 
