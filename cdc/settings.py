@@ -413,14 +413,24 @@ QualifiedTable = Annotated[str, Field(pattern=r"^[^.\s]+\.[^.\s]+$")]
 class JoinView(BaseModel):
     """A table joined with the table one of its columns references, kept in the warehouse.
 
-    Each row of `table` with `columns` of the `references` row whose primary key equals
-    its `on` column (NULLs when there is none), named `<prefix><column>`. A change on
-    either side updates the joined rows.
+    kind `table` (a table-table join): each row of `table` with `columns` of the
+    `references` row whose primary key equals its `on` column (NULLs when there is
+    none), named `<prefix><column>`. A change on either side updates the joined rows.
+
+    kind `stream_table` (an enrichment): each row ever inserted into `table` (an event:
+    it stays when the row is later changed or deleted) with `columns` of the
+    `references` row as it was when the insert committed, at the insert's position in
+    the source: a later change of the referenced row never rewrites it.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: ViewName
+    kind: Literal["table", "stream_table"] = Field(
+        "table",
+        description="table: the rows joined with the referenced rows as they are now; "
+        "stream_table: each insert joined with the referenced row as of its commit",
+    )
     table: QualifiedTable
     references: QualifiedTable
     on: str = Field(description="the column of `table` holding the referenced primary key")

@@ -106,6 +106,8 @@ class WarehouseStore(FrameStore):
         self._tables: dict[str, tuple[list[Any], Any]] = {}
         # the Delta tables known to hold rows (only a reset empties one again)
         self._filled: set[str] = set()
+        # each enrichment's newest event position (None: not read yet)
+        self._enriched: dict[str, tuple[int, int] | None] = {}
         # MERGEs of a batch at once: twice the cores, as much of a MERGE is driver work
         self.parallel = min(2 * (os.cpu_count() or 1), 8)
 
@@ -191,11 +193,37 @@ class WarehouseStore(FrameStore):
 
         truncated, self._truncated = self._truncated, set()
         for join in self.joins:
+            if join.kind != "table":
+                continue
             sides = {join.table, join.references}
             if not sides & (set(touched) | truncated) or not sides <= set(tables):
                 continue
             keys = {} if sides & truncated else {t: touched[t] for t in sides & set(touched)}
             refresh_join(self.spark, self.root, join, tables, keys)
+
+    def _refresh_enrichments(
+        self, tables: dict[str, Table], kept: dict[str, dict[str, Any]]
+    ) -> None:
+        """Stream-table joins (enrich.py) whose stream got inserts, or whose referenced
+        table changed, in the batch."""
+        from materializers.stores.warehouse.enrich import refresh_enrichment
+
+        for join in self.joins:
+            if join.kind != "stream_table" or not {join.table, join.references} <= set(tables):
+                continue
+            created = kept.get(join.table, {}).get("created")
+            versions = kept.get(join.references, {}).get("versions")
+            if created is None and versions is None:
+                continue
+            self._enriched[join.name] = refresh_enrichment(
+                self.spark,
+                self.root,
+                join,
+                tables,
+                created,
+                versions,
+                self._enriched.get(join.name),
+            )
 
     def reset(self, table: Table) -> None:
         """Every row of the table's current state and history goes (a Delta version of
@@ -294,10 +322,13 @@ class WarehouseStore(FrameStore):
         return time.monotonic() - started
 
     def _write_table(
-        self, table: Table, events: Any, histories: ThreadPoolExecutor, keys: bool
-    ) -> tuple[float, float, Any]:
+        self, table: Table, events: Any, histories: ThreadPoolExecutor, keep: set[str]
+    ) -> tuple[float, float, dict[str, Any]]:
         """A table's events of the batch into its history (in `histories`) and its current
-        state (in this thread); their seconds, and with `keys` the batch's keys of it."""
+        state (in this thread); their seconds, and what the views want kept of the batch
+        (`keep`): its keys of the table ("keys", for the join views), its creation
+        events ("created", for the enrichments it streams) and the positions of its
+        changes per key ("versions", for the enrichments it is referenced by)."""
         from pyspark.sql import functions as F
 
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.name)
@@ -307,14 +338,26 @@ class WarehouseStore(FrameStore):
                 current_s = self._timed(current)
             finally:
                 wait([history])  # the history reads the decoded events too
-            touched = None
-            if keys:  # for the join views' refresh
-                touched = (
+            kept: dict[str, Any] = {}
+            if "keys" in keep:
+                kept["keys"] = (
                     decoded.select(*[F.col(q(f"k_{k}")).alias(k) for k in table.key])
                     .distinct()
                     .localCheckpoint()
                 )
-            return history.result(), current_s, touched
+            changes = decoded.where("commit_lsn IS NOT NULL")  # tombstones are not changes
+            if "created" in keep:  # an INSERT carries every value: no placeholder
+                kept["created"] = (
+                    changes.where("op = 'c'")
+                    .select(*[q(c.name) for c in table.columns], "commit_lsn", "lsn", "commit_ms")
+                    .dropDuplicates([*table.key, "commit_lsn", "lsn"])
+                    .localCheckpoint()
+                )
+            if "versions" in keep and len(table.key) == 1:
+                kept["versions"] = changes.select(
+                    F.col(q(f"k_{table.key[0]}")).alias("ref"), "commit_lsn", "lsn"
+                ).localCheckpoint()
+            return history.result(), current_s, kept
         finally:
             decoded.unpersist()
 
@@ -523,8 +566,15 @@ class WarehouseStore(FrameStore):
         MERGE of the same batch does not change (it keeps the stored value, or writes the
         batch's own, which the history takes from the batch).
         """
-        joined = {t for j in self.joins for t in (j.table, j.references)}
-        touched: dict[str, Any] = {}
+        keep: dict[str, set[str]] = {}
+        for join in self.joins:
+            if join.kind == "table":
+                keep.setdefault(join.table, set()).add("keys")
+                keep.setdefault(join.references, set()).add("keys")
+            else:
+                keep.setdefault(join.table, set()).add("created")
+                keep.setdefault(join.references, set()).add("versions")
+        kept: dict[str, dict[str, Any]] = {}
         names = sorted(present & set(tables))
         # a thread per table (its decoding, its reads of stored values, its current
         # state's MERGE) and one per history write
@@ -533,16 +583,15 @@ class WarehouseStore(FrameStore):
             ThreadPoolExecutor(self.parallel, thread_name_prefix="history") as histories,
         ):
             writes = [
-                each.submit(self._write_table, tables[n], events, histories, n in joined)
+                each.submit(self._write_table, tables[n], events, histories, keep.get(n, set()))
                 for n in names
             ]
             wait(writes)  # every MERGE has ended before the batch does
         for name, write in zip(names, writes, strict=True):
-            history_s, current_s, keys = write.result()  # the first failure raises
+            history_s, current_s, kept[name] = write.result()  # the first failure raises
             log.info("warehouse %s: history %.1f s, current %.1f s", name, history_s, current_s)
-            if keys is not None:
-                touched[name] = keys
-        self._refresh_joins(tables, touched)
+        self._refresh_joins(tables, {n: k["keys"] for n, k in kept.items() if "keys" in k})
+        self._refresh_enrichments(tables, kept)
 
 
 def any_of(conditions: list[Any]) -> Any:

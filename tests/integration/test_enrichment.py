@@ -1,0 +1,217 @@
+"""A stream-table join (`apply.joins` of kind stream_table): each insert into the stream
+table enriched with the referenced row as it was when the insert committed. The expected
+enrichment is what the test itself set before each insert; the view is read with the
+test's own Delta reader."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from cdc.catalog import Column, Table
+from cdc.settings import JoinView
+from materializers.apply import run_apply
+from materializers.progress import checkpoint_dir
+from materializers.stores.warehouse.store import WarehouseStore
+from materializers.stores.warehouse.tables import warehouse_root
+from materializers.stores.warehouse.views import view_path
+from tests.conftest import Capture, RunningStack
+from tests.logcheck import table_info, wait_until_equal
+
+pytestmark = pytest.mark.integration
+
+
+def enriched(spark: Any, root: str, name: str) -> list[tuple[Any, ...]]:
+    """(item id, product id, qty, product name, price) per event, in the view."""
+    frame = spark.read.format("delta").load(view_path(root, name))
+    return sorted(
+        (r["id"], r["product_id"], r["qty"], r["product_name"], r["product_price"])
+        for r in frame.collect()
+    )
+
+
+def test_each_insert_is_enriched_with_the_referenced_row_as_of_its_commit(
+    captured: Capture,
+) -> None:
+    t = captured(
+        "CREATE TABLE {name}_prod (id int PRIMARY KEY, name text NOT NULL, price numeric(10,2))",
+        "CREATE TABLE {name}_item (id int PRIMARY KEY, product_id int, qty int NOT NULL)",
+        "INSERT INTO {name}_prod SELECT g, 'P' || g, g * 10 FROM generate_series(1, 5) g",
+        "INSERT INTO {name}_item VALUES (1, 1, 1), (2, 2, 1)",  # before the snapshot
+        prefix="enrich",
+        tables=["public.{name}_prod", "public.{name}_item"],
+    )
+    products, items = f"{t.name}_prod", f"{t.name}_item"
+    join = JoinView(
+        name=f"items_priced_{t.name}",
+        kind="stream_table",
+        table=f"public.{items}",
+        references=f"public.{products}",
+        on="product_id",
+        columns=["name", "price"],
+    )
+    settings = t.settings.model_copy(
+        update={"apply": t.settings.apply.model_copy(update={"joins": [join]})}
+    )
+    expected: list[tuple[Any, ...]] = []
+
+    def insert(conn: Any, item: int, product: int, qty: int, known: Any) -> None:
+        conn.execute(f"INSERT INTO {items} VALUES (%s, %s, %s)", (item, product, qty))
+        expected.append((item, product, qty, *known))
+
+    with psycopg.connect(t.dsn, autocommit=True) as conn:
+        insert(conn, 101, 1, 1, ("P1", Decimal("10.00")))
+        insert(conn, 102, 2, 2, ("P2", Decimal("20.00")))
+        conn.execute(f"UPDATE {products} SET price = 11 WHERE id = 1")
+        insert(conn, 103, 1, 3, ("P1", Decimal("11.00")))
+        with conn.transaction():  # the change before the insert, in one transaction
+            conn.execute(f"UPDATE {products} SET price = 21, name = 'P2b' WHERE id = 2")
+            insert(conn, 104, 2, 4, ("P2b", Decimal("21.00")))
+        with conn.transaction():  # the insert before the change, in one transaction
+            insert(conn, 105, 3, 5, ("P3", Decimal("30.00")))
+            conn.execute(f"UPDATE {products} SET price = 31 WHERE id = 3")
+        conn.execute(f"DELETE FROM {products} WHERE id = 4")
+        insert(conn, 106, 4, 6, (None, None))  # its product deleted before it
+        insert(conn, 107, 99, 7, (None, None))  # no such product
+    for name in (products, items):
+        wait_until_equal(settings, table_info(settings, f"public.{name}"))
+    run_apply(settings, ["warehouse"], once=True)
+
+    from cdc.spark import spark_session
+
+    spark = spark_session(settings, "test")
+    root = warehouse_root(settings)
+    assert enriched(spark, root, join.name) == sorted(expected)
+
+    # later changes of the products, and of the items, rewrite no event: an event is the
+    # insert as it committed, enriched as of then
+    with psycopg.connect(t.dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE {products} SET price = price + 100")
+        conn.execute(f"UPDATE {items} SET qty = 0 WHERE id = 101")
+        conn.execute(f"DELETE FROM {items} WHERE id = 102")
+        conn.execute(f"INSERT INTO {products} VALUES (4, 'P4 again', 44)")
+        insert(conn, 108, 1, 8, ("P1", Decimal("111.00")))
+        insert(conn, 109, 4, 9, ("P4 again", Decimal("44.00")))
+    for name in (products, items):
+        wait_until_equal(settings, table_info(settings, f"public.{name}"))
+    run_apply(settings, ["warehouse"], once=True)
+    assert enriched(spark, root, join.name) == sorted(expected)
+
+    # replayed from offset 0 over itself: every event is there once, as it was
+    shutil.rmtree(checkpoint_dir(settings, "warehouse"))
+    run_apply(settings, ["warehouse"], once=True)
+    assert enriched(spark, root, join.name) == sorted(expected)
+
+    # and from the log alone, into an empty warehouse
+    shutil.rmtree(checkpoint_dir(settings, "warehouse"))
+    shutil.rmtree(root)
+    run_apply(settings, ["warehouse"], once=True)
+    assert enriched(spark, root, join.name) == sorted(expected)
+
+
+PRODUCT = Table(
+    "public",
+    "prod",
+    (
+        Column("id", "integer", "int4", "N", False, None, True),
+        Column("price", "integer", "int4", "N", False, None, False),
+    ),
+    ("id",),
+    "d",
+    1,
+    1,
+)
+ITEM = Table(
+    "public",
+    "item",
+    (
+        Column("id", "integer", "int4", "N", False, None, True),
+        Column("product_id", "integer", "int4", "N", False, None, False),
+    ),
+    ("id",),
+    "d",
+    1,
+    1,
+)
+EVENTS = (
+    "table string, topic string, partition int, offset long, key string, op string, "
+    "after string, commit_ms long, commit_lsn long, lsn long, error string, value string, "
+    "cut_ms long"
+)
+
+
+def change(table: str, after: dict[str, int], op: str, at: tuple[int, int]) -> dict[str, Any]:
+    return {
+        "table": f"public.{table}",
+        "topic": f"p.public.{table}",
+        "partition": 0,
+        "offset": at[0],
+        "key": json.dumps({"id": after["id"]}),
+        "op": op,
+        "after": None if op == "d" else json.dumps(after),
+        "commit_ms": at[0] * 10,
+        "commit_lsn": at[0],
+        "lsn": at[1],
+        "error": None,
+        "value": "{}",
+        "cut_ms": None,
+    }
+
+
+def test_a_referenced_change_read_after_the_events_it_precedes_enriches_them_again(
+    stack: RunningStack, tmp_path: Path
+) -> None:
+    """The products' topic read behind the items' (another topic, another partition): a
+    price change committed before an insert reaches the warehouse a batch after it. The
+    event is enriched again with it; a change committed after the insert leaves it."""
+    from cdc.spark import spark_session
+
+    spark = spark_session(stack.settings, "test-enrichment")
+    root = str(tmp_path / "warehouse")
+    join = JoinView(
+        name="priced",
+        kind="stream_table",
+        table="public.item",
+        references="public.prod",
+        on="product_id",
+        columns=["price"],
+    )
+    store = WarehouseStore(spark, root, [join])
+    tables = {"public.prod": PRODUCT, "public.item": ITEM}
+    store.prepare(tables.values())
+
+    def write(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+        frame = spark.createDataFrame(rows, EVENTS)
+        store.write_frame(tables, frame, {r["table"] for r in rows})
+        view = spark.read.format("delta").load(view_path(root, "priced"))
+        return sorted((r["id"], r["product_price"]) for r in view.collect())
+
+    assert write(
+        [
+            change("prod", {"id": 1, "price": 10}, "r", (100, 0)),
+            change("item", {"id": 7, "product_id": 1}, "c", (300, 1)),
+            change("item", {"id": 8, "product_id": 1}, "c", (150, 1)),
+        ]
+    ) == [(7, 10), (8, 10)]
+    # committed at 200, between the two inserts, read a batch later
+    assert write([change("prod", {"id": 1, "price": 15}, "u", (200, 1))]) == [(7, 15), (8, 10)]
+    # committed after both, and the first batch delivered again: nothing changes
+    assert write(
+        [
+            change("prod", {"id": 1, "price": 20}, "u", (400, 1)),
+            change("item", {"id": 7, "product_id": 1}, "c", (300, 1)),
+        ]
+    ) == [(7, 15), (8, 10)]
+    # the product deleted before a later insert: no price for it
+    assert write(
+        [
+            change("prod", {"id": 1}, "d", (500, 1)),
+            change("item", {"id": 9, "product_id": 1}, "c", (600, 1)),
+        ]
+    ) == [(7, 15), (8, 10), (9, None)]
