@@ -21,7 +21,7 @@ from typing import Any
 from cdc.catalog import Table
 from cdc.decode import UNAVAILABLE
 from cdc.errors import StoreError
-from cdc.settings import Settings, WindowAggregate
+from cdc.settings import JoinView, Settings, WindowAggregate
 from cdc.topics import change_topic
 from materializers.progress import checkpoint_dir, last_committed_batch, late_events
 from materializers.typed import quoted as q
@@ -350,6 +350,9 @@ def view_checks(settings: Settings, tables: dict[str, Table]) -> list[Check]:
     for join in settings.apply.joins:
         if join.table not in tables or join.references not in tables:
             continue
+        if join.kind == "stream_table":
+            checks.append(enrichment_check(settings, join, tables))
+            continue
         drift = verify_join(settings, join, tables)
         found = drift.missing + drift.extra + drift.different
         checks.append(
@@ -366,6 +369,35 @@ def view_checks(settings: Settings, tables: dict[str, Table]) -> list[Check]:
         if window.table in tables:
             checks.append(window_check(settings, window, tables[window.table]))
     return checks
+
+
+def enrichment_check(settings: Settings, join: JoinView, tables: dict[str, Table]) -> Check:
+    """A stream-table join against its events enriched again from the change log, once
+    the warehouse has applied every change committed before now."""
+    from cdc.spark import spark_session
+    from materializers.enrichment_check import enrichment_drift
+    from materializers.stores.warehouse.store import warehouse_value
+    from materializers.stores.warehouse.tables import warehouse_root
+    from materializers.stores.warehouse.views import view_path
+    from materializers.verify import consistent_cut
+
+    stream, referenced = tables[join.table], tables[join.references]
+    consistent_cut(settings, [stream, referenced], ["warehouse"], 120.0)
+    spark = spark_session(settings, "cdc-verify")
+    carried = [referenced.column(c) for c in join.columns]
+    held = {
+        (
+            *[warehouse_value(stream.column(k), row[k]) for k in stream.key],
+            row["_cdc_commit_lsn"],
+            row["_cdc_lsn"],
+        ): tuple(warehouse_value(c, row[join.column_prefix + c.name]) for c in carried)
+        for row in spark.read.format("delta")
+        .load(view_path(warehouse_root(settings), join.name))
+        .toLocalIterator()
+    }
+    ok, detail = enrichment_drift(settings, join, tables, held, warehouse_value)
+    what = "stream-table join equals its events enriched again from the log"
+    return Check(f"view {join.name}", what, None, ok is not False, detail)
 
 
 _UNIT_MS = {"second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000}

@@ -18,6 +18,7 @@ from cdc.catalog import Column, Table
 from cdc.settings import JoinView
 from materializers.apply import run_apply
 from materializers.progress import checkpoint_dir
+from materializers.quality import view_checks
 from materializers.stores.warehouse.store import WarehouseStore
 from materializers.stores.warehouse.tables import warehouse_root
 from materializers.stores.warehouse.views import view_path
@@ -103,7 +104,20 @@ def test_each_insert_is_enriched_with_the_referenced_row_as_of_its_commit(
     run_apply(settings, ["warehouse"], once=True)
     assert enriched(spark, root, join.name) == sorted(expected)
 
-    # replayed from offset 0 over itself: every event is there once, as it was
+    # `cdc verify` enriches the events again from the log: equal now; an event's price
+    # changed behind the pipeline's back, or an event removed, is found
+    tables = {f"public.{n}": table_info(settings, f"public.{n}") for n in (products, items)}
+    (check,) = view_checks(settings, tables)
+    assert (check.ok, check.observed) == (True, "9 events: 0 missing, 0 extra, 0 different")
+    path = view_path(root, join.name)
+    spark.sql(f"UPDATE delta.`{path}` SET product_price = 1 WHERE id = 103")
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id = 104")
+    (check,) = view_checks(settings, tables)
+    assert not check.ok
+    assert check.observed.startswith("9 events: 1 missing, 0 extra, 1 different")
+
+    # replayed from offset 0 over itself: the event removed is there again, and the
+    # price changed is as of the insert again: every event is there once, as it was
     shutil.rmtree(checkpoint_dir(settings, "warehouse"))
     run_apply(settings, ["warehouse"], once=True)
     assert enriched(spark, root, join.name) == sorted(expected)

@@ -96,3 +96,24 @@ def test_window_durations_in_milliseconds() -> None:
     assert duration_ms("30 seconds") == 30_000
     assert duration_ms("2 hours") == 7_200_000
     assert duration_ms("1 day") == 86_400_000
+
+
+def test_a_stream_table_join_is_declared_beside_the_others() -> None:
+    enrichment = join(name="priced", kind="stream_table")
+    check_views(settings_with(joins=[join(), enrichment]), TABLES)
+    with pytest.raises(ValidationError, match="kind"):
+        join(kind="stream_stream")
+
+
+def test_a_joined_column_named_as_one_the_view_has_is_refused() -> None:
+    view = join(columns=["id"], prefix="")  # the referenced id over the table's own
+    with pytest.raises(ConfigError, match="id is already a column of the view"):
+        check_views(settings_with(joins=[view]), TABLES)
+
+
+def test_an_enrichment_column_named_as_the_event_s_is_refused() -> None:
+    tables = TABLES | {"public.customers": table("customers", "ts")}
+    view = join(kind="stream_table", columns=["ts"], prefix="event_")
+    with pytest.raises(ConfigError, match="event_ts is already a column of the view"):
+        check_views(settings_with(joins=[view]), tables)
+    check_views(settings_with(joins=[join(columns=["ts"], prefix="event_")]), tables)

@@ -71,8 +71,7 @@ def refresh_enrichment(
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    from materializers.stores.warehouse.tables import ensure_delta
-    from materializers.stores.warehouse.views import view_path
+    from materializers.stores.warehouse.tables import ensure_delta, view_path
 
     stream, referenced = tables[join.table], tables[join.references]
     target = ensure_delta(

@@ -23,6 +23,7 @@ __all__ = [
     "ensure_delta",
     "history_path",
     "is_empty",
+    "view_path",
     "warehouse_root",
 ]
 
@@ -41,6 +42,11 @@ def current_path(root: str, table: str) -> str:
 def history_path(root: str, table: str) -> str:
     schema, name = table.split(".", 1)
     return f"{root.rstrip('/')}/{schema}/{name}/history"
+
+
+def view_path(root: str, name: str) -> str:
+    """A join view's, an enrichment's or a window aggregate's Delta table."""
+    return f"{root.rstrip('/')}/_views/{name}"
 
 
 # Delta's column mapping by name: a column is stored under a physical name of its own, so

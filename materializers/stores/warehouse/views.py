@@ -27,6 +27,8 @@ from cdc.topics import change_topic
 from materializers.events import parse_events
 from materializers.generated import with_generated
 from materializers.progress import forget_late, last_committed_batch
+from materializers.stores.warehouse.enrich import EVENT_COLUMNS
+from materializers.stores.warehouse.tables import view_path
 from materializers.typed import json_type, spark_type, typed_column
 from materializers.typed import quoted as q
 
@@ -34,10 +36,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = ["check_views", "refresh_join", "view_path", "window_query"]
-
-
-def view_path(root: str, name: str) -> str:
-    return f"{root.rstrip('/')}/_views/{name}"
 
 
 def check_views(settings: Settings, tables: dict[str, Table]) -> None:
@@ -71,6 +69,15 @@ def check_views(settings: Settings, tables: dict[str, Table]) -> None:
             raise ConfigError(
                 f"view {join.name}: {right.qualified} has a composite key "
                 f"({', '.join(right.key)}); a join view needs a single-column key"
+            )
+        taken = {c.name for c in left.columns}
+        if join.kind == "stream_table":
+            taken |= set(EVENT_COLUMNS)
+        clash = sorted(taken & {join.column_prefix + c for c in join.columns})
+        if clash:
+            raise ConfigError(
+                f"view {join.name}: {', '.join(clash)} is already a column of the view "
+                f"(of {left.qualified}, or the event's); give the join another prefix"
             )
     for window in apply.windows:
         t = table(window.table, window.name)
