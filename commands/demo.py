@@ -29,7 +29,14 @@ from cdc.topics import change_topic, end_offsets
 from commands.pipeline import pipe_streams, pipeline_status, sync_pipeline
 from commands.workload import Workload
 
-__all__ = ["DEMO_JOIN", "DEMO_WINDOW", "DemoResult", "run_demo", "with_demo_views"]
+__all__ = [
+    "DEMO_ENRICHMENT",
+    "DEMO_JOIN",
+    "DEMO_WINDOW",
+    "DemoResult",
+    "run_demo",
+    "with_demo_views",
+]
 
 TABLES = ["public.customers", "public.products", "public.orders", "public.order_items"]
 # the derived data the demo keeps in the warehouse
@@ -40,6 +47,15 @@ DEMO_JOIN = JoinView(
     on="customer_id",
     columns=["name", "email", "country"],
 )
+# each order line enriched with its product as it was when the line was inserted
+DEMO_ENRICHMENT = JoinView(
+    name="order_items_priced",
+    kind="stream_table",
+    table="public.order_items",
+    references="public.products",
+    on="product_id",
+    columns=["name", "price"],
+)
 DEMO_WINDOW = WindowAggregate(name="orders_per_minute", table="public.orders", sum="total")
 
 
@@ -48,7 +64,9 @@ def with_demo_views(settings: Settings) -> Settings:
     apply = settings.apply
     if apply.joins or apply.windows:
         return settings
-    views = apply.model_copy(update={"joins": [DEMO_JOIN], "windows": [DEMO_WINDOW]})
+    views = apply.model_copy(
+        update={"joins": [DEMO_JOIN, DEMO_ENRICHMENT], "windows": [DEMO_WINDOW]}
+    )
     return settings.model_copy(update={"apply": views})
 
 
@@ -253,6 +271,9 @@ def _show_and_verify(settings: Settings, out: Console, progress: Callable[[str],
         "ORDER BY id DESC LIMIT 5",
         "SELECT window_start, rows AS orders, total AS revenue FROM orders_per_minute "
         "ORDER BY window_start DESC LIMIT 3",
+        # the price the line was sold at, and the product's price when it was inserted
+        "SELECT order_id, line, quantity, unit_price, product_name, product_price "
+        "FROM order_items_priced ORDER BY event_ts DESC, order_id DESC, line LIMIT 5",
     ):
         answer = run_query(settings, sql, TABLES)
         table = Table(*answer.columns, title=f"cdc query {sql!r}", title_justify="left")
