@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,7 +11,10 @@ import time
 
 import pytest
 
+from cdc.settings import JoinView
 from materializers.progress import read_progress
+from materializers.quality import view_checks
+from materializers.stores.warehouse.tables import view_path, warehouse_root
 from tests.conftest import Capture
 from tests.contents import (
     cache_contents,
@@ -35,11 +39,21 @@ def test_apply_killed_mid_batch_and_restarted_converges(captured: Capture) -> No
         prefix="kill",
     )
     name, table, settings, dsn = t.name, t.table, t.settings, t.dsn
+    # each insert enriched with its own row as of the insert: its inserted values
+    enrichment = JoinView(
+        name=f"{name}_inserts",
+        kind="stream_table",
+        table=table,
+        references=table,
+        on="id",
+        columns=["version", "note"],
+    )
     env = {
         **t.env,
         # many small batches in every store: one is cut short
         "CDC_APPLY__MAX_OFFSETS_PER_TRIGGER": "1500",
         "CDC_APPLY__WAREHOUSE_MAX_OFFSETS_PER_TRIGGER": "1500",
+        "CDC_APPLY__JOINS": json.dumps([enrichment.model_dump()]),
     }
     writer = Writer(dsn, name, first_new_id=100_000, max_id=6_000)
     apply = None
@@ -84,6 +98,19 @@ def test_apply_killed_mid_batch_and_restarted_converges(captured: Capture) -> No
         assert (
             history.where("valid_to IS NULL").groupBy("id").count().where("count > 1").count() == 0
         )
+        # every insert once, enriched with what it inserted; and as the log enriches it
+        inserts = history.where("_cdc_op = 'c'")
+        events = history.sparkSession.read.format("delta").load(
+            view_path(warehouse_root(settings), enrichment.name)
+        )
+        assert inserts.count() > 0
+        assert events.count() == inserts.count()
+        assert events.where("id_version <=> version AND id_note <=> note").count() == events.count()
+        with_join = settings.model_copy(
+            update={"apply": settings.apply.model_copy(update={"joins": [enrichment]})}
+        )
+        (check,) = view_checks(with_join, {table: table_info(settings, table)})
+        assert check.ok, check.observed
     finally:
         writer.stop.set()
         if apply is not None and apply.poll() is None:
