@@ -442,9 +442,21 @@ class JoinView(BaseModel):
         return self.prefix if self.prefix is not None else self.on.removesuffix("_id") + "_"
 
 
-class WindowAggregate(BaseModel):
-    """Rows created in `table` per tumbling window of commit time, and the sum of a column.
+_DURATION = r"^[0-9]{1,9} (second|minute|hour|day)s?$"
+_UNIT_MS = {"second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
 
+
+def duration_ms(text: str) -> int:
+    """'10 minutes' -> 600000 (the settings' window and watermark form)."""
+    count, unit = text.split()
+    return int(count) * _UNIT_MS[unit.rstrip("s")]
+
+
+class WindowAggregate(BaseModel):
+    """Rows created in `table` per window of commit time, and the sum of a column.
+
+    kind `tumbling`: windows of `window` one after the other; `hopping`: windows of
+    `window` starting every `slide` (an event is in each window that holds its time).
     A Structured Streaming aggregation with a watermark: an event whose commit time is
     older than the newest commit time seen minus `watermark` is too late and not
     counted (`cdc status` shows how many were).
@@ -454,9 +466,27 @@ class WindowAggregate(BaseModel):
 
     name: ViewName
     table: QualifiedTable
+    kind: Literal["tumbling", "hopping"] = "tumbling"
     sum: str | None = Field(None, description="a numeric column to add up")
-    window: str = Field("1 minute", pattern=r"^[0-9]{1,9} (second|minute|hour|day)s?$")
-    watermark: str = Field("10 minutes", pattern=r"^[0-9]{1,9} (second|minute|hour|day)s?$")
+    window: str = Field("1 minute", pattern=_DURATION)
+    slide: str | None = Field(
+        None, pattern=_DURATION, description="hopping: how often a window starts"
+    )
+    watermark: str = Field("10 minutes", pattern=_DURATION)
+
+    @model_validator(mode="after")
+    def _check_slide(self) -> WindowAggregate:
+        if self.kind == "tumbling" and self.slide is not None:
+            raise ValueError(f'window {self.name} is tumbling: a slide is for kind = "hopping"')
+        if self.kind == "hopping":
+            if self.slide is None:
+                raise ValueError(f"window {self.name} is hopping: set its slide")
+            if not 0 < duration_ms(self.slide) < duration_ms(self.window):
+                raise ValueError(
+                    f"window {self.name}: slide {self.slide} must be shorter than its "
+                    f"window {self.window} (and not 0)"
+                )
+        return self
 
 
 class ApplySettings(BaseModel):

@@ -31,6 +31,7 @@ from commands.workload import Workload
 
 __all__ = [
     "DEMO_ENRICHMENT",
+    "DEMO_HOPPING",
     "DEMO_JOIN",
     "DEMO_WINDOW",
     "DemoResult",
@@ -57,6 +58,15 @@ DEMO_ENRICHMENT = JoinView(
     columns=["name", "price"],
 )
 DEMO_WINDOW = WindowAggregate(name="orders_per_minute", table="public.orders", sum="total")
+# revenue over the last 5 minutes, every minute
+DEMO_HOPPING = WindowAggregate(
+    name="revenue_5_minutes",
+    table="public.orders",
+    sum="total",
+    kind="hopping",
+    window="5 minutes",
+    slide="1 minute",
+)
 
 
 def with_demo_views(settings: Settings) -> Settings:
@@ -65,7 +75,10 @@ def with_demo_views(settings: Settings) -> Settings:
     if apply.joins or apply.windows:
         return settings
     views = apply.model_copy(
-        update={"joins": [DEMO_JOIN, DEMO_ENRICHMENT], "windows": [DEMO_WINDOW]}
+        update={
+            "joins": [DEMO_JOIN, DEMO_ENRICHMENT],
+            "windows": [DEMO_WINDOW, DEMO_HOPPING],
+        }
     )
     return settings.model_copy(update={"apply": views})
 
@@ -270,6 +283,8 @@ def _show_and_verify(settings: Settings, out: Console, progress: Callable[[str],
         "SELECT id, status, total, customer_name, customer_country FROM orders_enriched "
         "ORDER BY id DESC LIMIT 5",
         "SELECT window_start, rows AS orders, total AS revenue FROM orders_per_minute "
+        "ORDER BY window_start DESC LIMIT 3",
+        "SELECT window_start, window_end, total AS revenue FROM revenue_5_minutes "
         "ORDER BY window_start DESC LIMIT 3",
         # the price the line was sold at, and the product's price when it was inserted
         "SELECT order_id, line, quantity, unit_price, product_name, product_price "

@@ -21,7 +21,7 @@ from typing import Any
 from cdc.catalog import Table
 from cdc.decode import UNAVAILABLE
 from cdc.errors import StoreError
-from cdc.settings import JoinView, Settings, WindowAggregate
+from cdc.settings import JoinView, Settings, WindowAggregate, duration_ms
 from cdc.topics import change_topic
 from materializers.progress import checkpoint_dir, last_committed_batch, late_events
 from materializers.typed import quoted as q
@@ -34,6 +34,7 @@ __all__ = [
     "view_checks",
     "warehouse_checks",
     "window_check",
+    "window_starts",
 ]
 
 
@@ -400,23 +401,29 @@ def enrichment_check(settings: Settings, join: JoinView, tables: dict[str, Table
     return Check(f"view {join.name}", what, None, ok is not False, detail)
 
 
-_UNIT_MS = {"second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
-
-
-def duration_ms(text: str) -> int:
-    """'10 minutes' -> 600000 (the settings' window and watermark form)."""
-    count, unit = text.split()
-    return int(count) * _UNIT_MS[unit.rstrip("s")]
+def window_starts(window: WindowAggregate, ms: int) -> list[int]:
+    """The starts (ms since the epoch) of the windows that hold an event committed at
+    `ms`: one tumbling window; every hopping window (starts every `slide`, from the
+    epoch) that began at or before it and ends after it."""
+    width = duration_ms(window.window)
+    step = duration_ms(window.slide) if window.slide else width
+    starts = []
+    start = ms - ms % step
+    while start > ms - width:
+        starts.append(start)
+        start -= step
+    return sorted(starts)
 
 
 def window_check(
     settings: Settings, window: WindowAggregate, table: Table, timeout: float = 120.0
 ) -> Check:
     """The window aggregate against its windows recomputed from the change topic: the
-    creations (op c, each (key, LSN) once) per window of commit time, counted and summed.
-    Waits until the window's query has committed the whole topic as it is now. Events it
-    found too late were not counted: then only the total is compared (counted + late =
-    created). A compacted topic no longer holds every creation: then it is not compared."""
+    creations (op c, each (key, LSN) once) per window of commit time (window_starts),
+    counted and summed. Waits until the window's query has committed the whole topic as
+    it is now. Events it found too late were not counted: then only the total is
+    compared (counted + late = the (event, window) pairs; one per creation in tumbling
+    windows). A compacted topic no longer holds every creation: then it is not compared."""
     from cdc.decode import decode_value
     from cdc.topics import read_topic
 
@@ -433,7 +440,6 @@ def window_check(
         return Check(name, what, None, True, "not recomputed: compaction removed records")
     if not _window_caught_up(settings, window, ends, timeout):
         return Check(name, what, None, False, f"its query did not read the log within {timeout}s")
-    width = duration_ms(window.window)
     column = table.column(window.sum) if window.sum else None
     seen: set[tuple[bytes | None, Any]] = set()
     expected_windows: dict[int, list[Any]] = {}
@@ -457,18 +463,26 @@ def window_check(
         if (record.key_bytes, source.get("lsn")) in seen:
             continue
         seen.add((record.key_bytes, source.get("lsn")))
-        start = source["ts_ms"] - source["ts_ms"] % width
-        counted = expected_windows.setdefault(start, [0, None])
-        counted[0] += 1
         amount = decode_value(column, value["after"].get(column.name)) if column else None
-        if amount is not None:
-            counted[1] = amount if counted[1] is None else counted[1] + amount
+        for start in window_starts(window, source["ts_ms"]):
+            counted = expected_windows.setdefault(start, [0, None])
+            counted[0] += 1
+            if amount is not None:
+                counted[1] = amount if counted[1] is None else counted[1] + amount
     held = _window_rows(settings, window)
     late = _late(settings, window)
-    if late:
+    if late:  # Spark counts a late event once per window it is too late for
         total = sum(rows for rows, _ in held.values())
-        ok = total + late == len(seen)
-        return Check(name, what, None, ok, f"{total} counted + {late} late of {len(seen)} created")
+        places = sum(rows for rows, _ in expected_windows.values())
+        ok = total + late == places
+        return Check(
+            name,
+            what,
+            None,
+            ok,
+            f"{total} counted + {late} late of {places} (event, window) pairs "
+            f"({len(seen)} created)",
+        )
     differ = sorted(
         start
         for start in set(held) | set(expected_windows)

@@ -37,7 +37,7 @@ def test_the_demo_runs_non_interactively_and_verifies(stack: RunningStack) -> No
         python_log = stack.settings.data_dir / "spark" / "python.log"
         assert "great_expectations" in python_log.read_text()
         assert "orders_enriched" in out and "orders_per_minute" in out
-        assert "order_items_priced" in out
+        assert "order_items_priced" in out and "revenue_5_minutes" in out
         met = next(line for line in out.splitlines() if line.startswith("Great Expectations:"))
         have, _, total = met.split(":")[1].split()[:3]
         assert have == total and int(total) > 0

@@ -52,7 +52,16 @@ def test_join_view_and_window_aggregate_equal_postgres(captured: Capture) -> Non
         columns=["name", "country"],
     )
     window = WindowAggregate(name=f"per_minute_{suffix}", table=f"public.{orders}", sum="total")
-    apply = settings.apply.model_copy(update={"joins": [join], "windows": [window]})
+    # 3-minute windows starting every minute: each order is in three of them
+    hopping = WindowAggregate(
+        name=f"per_3_minutes_{suffix}",
+        table=f"public.{orders}",
+        sum="total",
+        kind="hopping",
+        window="3 minutes",
+        slide="1 minute",
+    )
+    apply = settings.apply.model_copy(update={"joins": [join], "windows": [window, hopping]})
     settings = settings.model_copy(update={"apply": apply})
     dsn = t.dsn
 
@@ -74,6 +83,21 @@ def test_join_view_and_window_aggregate_equal_postgres(captured: Capture) -> Non
                 f"count(*), sum(total) FROM {orders} WHERE id > 50 GROUP BY 1"
             ).fetchall()
         return sorted((w.astimezone(UTC).replace(tzinfo=None), n, total) for w, n, total in rows)
+
+    def expected_hopping() -> list[tuple]:  # type: ignore[type-arg]
+        # each order in the windows starting in its commit's minute and the two before
+        with psycopg.connect(dsn) as conn:
+            rows = conn.execute(
+                "SELECT date_trunc('minute', pg_xact_commit_timestamp(xmin)) "
+                "- g * interval '1 minute' AS w, count(*), sum(total) "
+                f"FROM {orders}, generate_series(0, 2) g WHERE id > 50 GROUP BY 1"
+            ).fetchall()
+        return sorted((w.astimezone(UTC).replace(tzinfo=None), n, total) for w, n, total in rows)
+
+    def hopping_now() -> list[tuple]:  # type: ignore[type-arg]
+        return [
+            (start, n, Decimal(total)) for start, _, n, total in view_rows(settings, hopping.name)
+        ]
 
     def windows_now() -> list[tuple]:  # type: ignore[type-arg]
         return [
@@ -99,7 +123,9 @@ def test_join_view_and_window_aggregate_equal_postgres(captured: Capture) -> Non
     assert any(row[3].startswith("Renamed") for row in first_join)
     assert windows_now() == expected_windows()
     assert sum(n for _, n, _ in windows_now()) == 60
-    assert pipeline_status(settings).late_events == {window.name: 0}
+    assert hopping_now() == expected_hopping()
+    assert sum(n for _, n, _ in hopping_now()) == 3 * 60
+    assert pipeline_status(settings).late_events == {window.name: 0, hopping.name: 0}
 
     # a change on the referenced side only: the joined rows follow
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -120,6 +146,7 @@ def test_join_view_and_window_aggregate_equal_postgres(captured: Capture) -> Non
     assert [(c.ok, c.observed) for c in checks.values()] == [
         (True, "0 missing, 0 extra, 0 different"),
         (True, f"0 of {len(expected_windows())} windows differ"),
+        (True, f"0 of {len(expected_hopping())} windows differ"),
     ]
     from cdc.spark import spark_session
 
@@ -127,7 +154,12 @@ def test_join_view_and_window_aggregate_equal_postgres(captured: Capture) -> Non
     root = warehouse_root(settings)
     spark.sql(f"UPDATE delta.`{view_path(root, join.name)}` SET customer_name = 'x' WHERE id = 200")
     spark.sql(f"UPDATE delta.`{view_path(root, window.name)}` SET rows = rows + 1")
+    spark.sql(
+        f"DELETE FROM delta.`{view_path(root, hopping.name)}` "
+        f"WHERE window_start = TIMESTAMP '{expected_hopping()[0][0]}'"
+    )
     checks = {c.table: c for c in view_checks(settings, tables)}
+    assert not checks[f"view {hopping.name}"].ok
     assert checks[f"view {join.name}"].observed.startswith("0 missing, 0 extra, 1 different")
     assert not checks[f"view {join.name}"].ok
     assert not checks[f"view {window.name}"].ok
@@ -142,4 +174,4 @@ def test_join_view_and_window_aggregate_equal_postgres(captured: Capture) -> Non
     shutil.rmtree(checkpoint_dir(settings, f"window-{window.name}"))
     run_apply(settings, ["warehouse"], once=True)
     assert windows_now() == expected_windows()
-    assert view_checks(settings, tables)[-1].ok
+    assert view_checks(settings, tables)[1].ok

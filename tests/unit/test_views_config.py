@@ -117,3 +117,36 @@ def test_an_enrichment_column_named_as_the_event_s_is_refused() -> None:
     with pytest.raises(ConfigError, match="event_ts is already a column of the view"):
         check_views(settings_with(joins=[view]), tables)
     check_views(settings_with(joins=[join(columns=["ts"], prefix="event_")]), tables)
+
+
+def test_a_hopping_window_needs_a_slide_shorter_than_itself() -> None:
+    hopping = WindowAggregate(
+        name="w", table="public.orders", kind="hopping", window="5 minutes", slide="1 minute"
+    )
+    assert hopping.slide == "1 minute"
+    for wrong, message in [
+        ({"kind": "hopping"}, "is hopping: set its slide"),
+        ({"kind": "hopping", "slide": "5 minutes"}, "must be shorter than its window"),
+        ({"kind": "hopping", "slide": "0 seconds"}, "must be shorter than its window"),
+        ({"slide": "1 minute"}, "is tumbling: a slide is for kind"),
+        ({"kind": "sliding"}, "kind"),
+    ]:
+        fields = {"name": "w", "table": "public.orders", "window": "5 minutes"} | wrong
+        with pytest.raises(ValidationError, match=message):
+            WindowAggregate(**fields)  # type: ignore[arg-type]
+
+
+def test_an_event_is_in_each_hopping_window_that_holds_its_time() -> None:
+    from materializers.quality import window_starts
+
+    minute = 60_000
+    tumbling = WindowAggregate(name="t", table="public.orders", window="5 minutes")
+    hopping = WindowAggregate(
+        name="h", table="public.orders", kind="hopping", window="5 minutes", slide="2 minutes"
+    )
+    at = 12 * minute + 30_000  # 00:12:30
+    assert window_starts(tumbling, at) == [10 * minute]
+    # windows [8, 13), [10, 15), [12, 17) hold it; [6, 11) has ended, [14, 19) not begun
+    assert window_starts(hopping, at) == [8 * minute, 10 * minute, 12 * minute]
+    # at a window's very start it is in that one, and no more in the one ending then
+    assert window_starts(hopping, 13 * minute) == [10 * minute, 12 * minute]

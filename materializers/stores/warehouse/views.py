@@ -211,7 +211,12 @@ def window_query(
         .withWatermark("commit_ts", window.watermark)
         .dropDuplicatesWithinWatermark(["key", "lsn"])
     )
-    counts = created.groupBy(F.window("commit_ts", window.window)).agg(
+    windows = (
+        F.window("commit_ts", window.window, window.slide)
+        if window.slide
+        else F.window("commit_ts", window.window)
+    )
+    counts = created.groupBy(windows).agg(
         F.count("*").alias("rows"), F.sum("amount").alias("total")
     )
     path = view_path(warehouse_root(settings), window.name)
