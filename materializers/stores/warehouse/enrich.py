@@ -83,7 +83,7 @@ def refresh_enrichment(
         newest = tuple(top["m"]) if top and top["m"] is not None else (0, 0)
     columns = [F.col(q(c.name)) for c in stream.columns]
     parts = []
-    if created is not None:
+    if created is not None and not created.isEmpty():  # a batch of updates has none
         parts.append(created.select(*columns, "commit_lsn", "lsn", "commit_ms"))
     if versions is not None:
         first = versions.agg(F.min(F.struct("commit_lsn", "lsn")).alias("m")).first()
