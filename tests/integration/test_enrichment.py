@@ -229,3 +229,18 @@ def test_a_referenced_change_read_after_the_events_it_precedes_enriches_them_aga
             change("item", {"id": 9, "product_id": 1}, "c", (600, 1)),
         ]
     ) == [(7, 15), (8, 10), (9, None)]
+    # a TRUNCATE of the products, read after an insert it came before (cdc.truncations
+    # read behind the items' topic): the insert's product had ended when it committed
+    assert write(
+        [
+            change("prod", {"id": 2, "price": 5}, "c", (650, 1)),
+            change("item", {"id": 10, "product_id": 2}, "c", (700, 1)),
+        ]
+    ) == [(7, 15), (8, 10), (9, None), (10, 5)]
+    store.truncate(PRODUCT, (680, 1), 6_800)
+    assert write([change("prod", {"id": 3, "price": 1}, "c", (800, 1))]) == [
+        (7, 15),
+        (8, 10),
+        (9, None),
+        (10, None),
+    ]

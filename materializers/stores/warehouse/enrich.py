@@ -61,13 +61,15 @@ def refresh_enrichment(
     created: DataFrame | None,
     versions: DataFrame | None,
     newest: tuple[int, int] | None,
+    everything: bool = False,
 ) -> tuple[int, int] | None:
     """Enrich the batch's creation events of the stream table (`created`: its columns,
     commit_lsn, lsn, commit_ms), and again the view's events that a version of the
     batch's referenced rows precedes (`versions`: `ref` the referenced key, commit_lsn,
     lsn), when one is older than `newest`, the newest event position the view held
-    before the batch (None: not known, read from the view). Returns the newest event
-    position the view holds now."""
+    before the batch (None: not known, read from the view); with `everything`, every
+    event of the view again (after a TRUNCATE of the referenced table). Returns the
+    newest event position the view holds now."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
@@ -85,7 +87,9 @@ def refresh_enrichment(
     parts = []
     if created is not None and not created.isEmpty():  # a batch of updates has none
         parts.append(created.select(*columns, "commit_lsn", "lsn", "commit_ms"))
-    if versions is not None:
+    if everything:
+        parts.append(_held_events(held, columns))
+    elif versions is not None:
         first = versions.agg(F.min(F.struct("commit_lsn", "lsn")).alias("m")).first()
         if first and first["m"] is not None and tuple(first["m"]) < newest:
             earliest = versions.groupBy("ref").agg(
@@ -93,13 +97,11 @@ def refresh_enrichment(
             )
             event = F.struct(F.col("_cdc_commit_lsn"), F.col("_cdc_lsn"))
             parts.append(
-                held.join(earliest, F.col(q(join.on)) == F.col("ref"))
-                .where(event > F.col("__first"))
-                .select(
-                    *columns,
-                    F.col("_cdc_commit_lsn").alias("commit_lsn"),
-                    F.col("_cdc_lsn").alias("lsn"),
-                    F.unix_millis("event_ts").alias("commit_ms"),
+                _held_events(
+                    held.join(earliest, F.col(q(join.on)) == F.col("ref")).where(
+                        event > F.col("__first")
+                    ),
+                    columns,
                 )
             )
     if not parts:
@@ -128,6 +130,18 @@ def refresh_enrichment(
     if top and top["m"] is not None:
         newest = max(newest, tuple(top["m"]))
     return newest
+
+
+def _held_events(held: DataFrame, columns: list[Any]) -> DataFrame:
+    """The view's rows as events to enrich again."""
+    from pyspark.sql import functions as F
+
+    return held.select(
+        *columns,
+        F.col("_cdc_commit_lsn").alias("commit_lsn"),
+        F.col("_cdc_lsn").alias("lsn"),
+        F.unix_millis("event_ts").alias("commit_ms"),
+    )
 
 
 def _as_of(

@@ -202,10 +202,11 @@ class WarehouseStore(FrameStore):
             refresh_join(self.spark, self.root, join, tables, keys)
 
     def _refresh_enrichments(
-        self, tables: dict[str, Table], kept: dict[str, dict[str, Any]]
+        self, tables: dict[str, Table], kept: dict[str, dict[str, Any]], truncated: set[str]
     ) -> None:
         """Stream-table joins (enrich.py) whose stream got inserts, or whose referenced
-        table changed, in the batch."""
+        table changed, in the batch; every event again after a TRUNCATE of the referenced
+        table (read after events it came before: it ends the versions they took)."""
         from materializers.stores.warehouse.enrich import refresh_enrichment
 
         for join in self.joins:
@@ -213,7 +214,8 @@ class WarehouseStore(FrameStore):
                 continue
             created = kept.get(join.table, {}).get("created")
             versions = kept.get(join.references, {}).get("versions")
-            if created is None and versions is None:
+            again = join.references in truncated
+            if created is None and versions is None and not again:
                 continue
             self._enriched[join.name] = refresh_enrichment(
                 self.spark,
@@ -223,6 +225,7 @@ class WarehouseStore(FrameStore):
                 created,
                 versions,
                 self._enriched.get(join.name),
+                everything=again,
             )
 
     def reset(self, table: Table) -> None:
@@ -590,8 +593,9 @@ class WarehouseStore(FrameStore):
         for name, write in zip(names, writes, strict=True):
             history_s, current_s, kept[name] = write.result()  # the first failure raises
             log.info("warehouse %s: history %.1f s, current %.1f s", name, history_s, current_s)
+        truncated = set(self._truncated)  # (the join views' refresh takes them)
         self._refresh_joins(tables, {n: k["keys"] for n, k in kept.items() if "keys" in k})
-        self._refresh_enrichments(tables, kept)
+        self._refresh_enrichments(tables, kept, truncated)
 
 
 def any_of(conditions: list[Any]) -> Any:
