@@ -23,6 +23,7 @@ from materializers.stores.warehouse.store import WarehouseStore
 from materializers.stores.warehouse.tables import warehouse_root
 from materializers.stores.warehouse.views import view_path
 from tests.conftest import Capture, RunningStack
+from tests.integration.test_warehouse_history import EVENTS
 from tests.logcheck import table_info, wait_until_equal
 
 pytestmark = pytest.mark.integration
@@ -152,11 +153,6 @@ ITEM = Table(
     "d",
     1,
     1,
-)
-EVENTS = (
-    "table string, topic string, partition int, offset long, key string, op string, "
-    "after string, commit_ms long, commit_lsn long, lsn long, error string, value string, "
-    "cut_ms long"
 )
 
 
