@@ -35,6 +35,7 @@ __all__ = [
     "notification_topic",
     "pipeline_topic_specs",
     "read_topic",
+    "thinned",
     "topic_name",
     "transaction_topic",
     "truncate_topics",
@@ -275,6 +276,17 @@ def read_topic(kafka: KafkaSettings, topic: str, timeout: float = 300.0) -> list
         return sorted(records, key=lambda r: (r.partition, r.offset))
     finally:
         consumer.close()
+
+
+def thinned(records: list[ChangeRecord]) -> bool:
+    """Whether a partition of records read with read_topic skips offsets: compaction
+    removed records, so the topic no longer holds every change."""
+    ends: dict[int, int] = {}
+    for record in records:
+        if record.partition in ends and record.offset != ends[record.partition]:
+            return True
+        ends[record.partition] = record.offset + 1
+    return False
 
 
 def wait_for_records(

@@ -18,7 +18,7 @@ from typing import Any
 from cdc.catalog import TRUNCATIONS_TABLE, Column, Table
 from cdc.decode import decode_value
 from cdc.settings import JoinView, Settings
-from cdc.topics import ChangeRecord, change_topic, read_topic
+from cdc.topics import ChangeRecord, change_topic, read_topic, thinned
 from materializers.position import event_position
 
 __all__ = ["Version", "enrich", "enrichment_drift"]
@@ -80,7 +80,7 @@ def enrichment_drift(
     logs = {}
     for table in (stream, referenced):
         records = read_topic(settings.kafka, change_topic(settings.pipeline, table.qualified))
-        if _thinned(records):
+        if thinned(records):
             return None, f"not recomputed: compaction removed records of {table.qualified}"
         logs[table.qualified] = records
     log = _referenced_log(settings, referenced, logs[referenced.qualified])
@@ -118,16 +118,6 @@ def enrichment_drift(
         f"{len(expected)} events: {len(missing)} missing, {len(extra)} extra, "
         f"{len(different)} different" + (f" (e.g. {found[0]})" if found else "")
     )
-
-
-def _thinned(records: list[ChangeRecord]) -> bool:
-    """Whether a partition of the topic skips offsets (compaction removed records)."""
-    ends: dict[int, int] = {}
-    for record in records:
-        if record.partition in ends and record.offset != ends[record.partition]:
-            return True
-        ends[record.partition] = record.offset + 1
-    return False
 
 
 def _referenced_log(settings: Settings, table: Table, records: list[ChangeRecord]) -> _Log:

@@ -1,4 +1,5 @@
-"""Shared by the test tiers: run the real `cdc` command, pick free ports."""
+"""Shared by the test tiers: run the real `cdc` command, pick free ports, the schema of a
+warehouse batch."""
 
 from __future__ import annotations
 
@@ -40,3 +41,12 @@ def run_cdc(
         cwd=ROOT,
         stdin=subprocess.DEVNULL,
     )
+
+
+# the parsed events of a warehouse batch (materializers/events.py, with `cut_ms`), as
+# tests hand them to WarehouseStore.write_frame
+EVENTS = (
+    "table string, topic string, partition int, offset long, key string, op string, "
+    "after string, commit_ms long, commit_lsn long, lsn long, error string, value string, "
+    "cut_ms long"
+)

@@ -23,7 +23,7 @@ from materializers.stores.warehouse.store import WarehouseStore
 from materializers.stores.warehouse.tables import warehouse_root
 from materializers.stores.warehouse.views import view_path
 from tests.conftest import Capture, RunningStack
-from tests.integration.test_warehouse_history import EVENTS
+from tests.helpers import EVENTS
 from tests.logcheck import table_info, wait_until_equal
 
 pytestmark = pytest.mark.integration

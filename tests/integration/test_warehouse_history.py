@@ -16,6 +16,7 @@ from cdc.catalog import Column, Table
 from materializers.stores.warehouse.store import WarehouseStore
 from materializers.stores.warehouse.tables import current_path, history_path
 from tests.conftest import RunningStack
+from tests.helpers import EVENTS
 
 pytestmark = pytest.mark.integration
 
@@ -30,11 +31,6 @@ TABLE = Table(
     "d",
     1,
     1,
-)
-EVENTS = (
-    "table string, topic string, partition int, offset long, key string, op string, "
-    "after string, commit_ms long, commit_lsn long, lsn long, error string, value string, "
-    "cut_ms long"
 )
 
 

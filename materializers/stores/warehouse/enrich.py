@@ -41,10 +41,11 @@ def enrichment_fields(join: JoinView, stream: Table, referenced: Table) -> list[
     from pyspark.sql import types as T
 
     fields = [T.StructField(c.name, spark_type(c)) for c in stream.columns]
+    event_ts, commit_lsn, lsn = EVENT_COLUMNS
     fields += [
-        T.StructField("event_ts", T.TimestampType()),
-        T.StructField("_cdc_commit_lsn", T.LongType()),
-        T.StructField("_cdc_lsn", T.LongType()),
+        T.StructField(event_ts, T.TimestampType()),
+        T.StructField(commit_lsn, T.LongType()),
+        T.StructField(lsn, T.LongType()),
     ]
     fields += [
         T.StructField(join.column_prefix + c, spark_type(referenced.column(c)))
