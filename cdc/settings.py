@@ -410,6 +410,16 @@ ViewName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,62}$")]
 QualifiedTable = Annotated[str, Field(pattern=r"^[^.\s]+\.[^.\s]+$")]
 
 
+_DURATION = r"^[0-9]{1,9} (second|minute|hour|day)s?$"
+_UNIT_MS = {"second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
+
+
+def duration_ms(text: str) -> int:
+    """'10 minutes' -> 600000 (the settings' window and watermark form)."""
+    count, unit = text.split()
+    return int(count) * _UNIT_MS[unit.rstrip("s")]
+
+
 class JoinView(BaseModel):
     """A table joined with the table one of its columns references, kept in the warehouse.
 
@@ -421,72 +431,141 @@ class JoinView(BaseModel):
     it stays when the row is later changed or deleted) with `columns` of the
     `references` row as it was when the insert committed, at the insert's position in
     the source: a later change of the referenced row never rewrites it.
+
+    kind `stream_stream` (two streams within a window): each row inserted into `table`
+    (the start) with the first later change of a `references` row whose `on` column
+    holds the start's key and whose values match `when` (the end), committed at most
+    `within` after the start; a start with no end within is kept as such once the
+    watermark has passed its window. `references` may be `table` itself (on = its key).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: ViewName
-    kind: Literal["table", "stream_table"] = Field(
+    kind: Literal["table", "stream_table", "stream_stream"] = Field(
         "table",
         description="table: the rows joined with the referenced rows as they are now; "
-        "stream_table: each insert joined with the referenced row as of its commit",
+        "stream_table: each insert joined with the referenced row as of its commit; "
+        "stream_stream: each insert with the first matching change `within` after it",
     )
     table: QualifiedTable
     references: QualifiedTable
-    on: str = Field(description="the column of `table` holding the referenced primary key")
-    columns: list[str] = Field(min_length=1, description="the referenced table's columns")
-    prefix: str | None = Field(None, description="default: `on` without _id, then _")
+    on: str = Field(
+        description="the column of `table` holding the referenced primary key "
+        "(stream_stream: the column of `references` holding `table`'s key)"
+    )
+    columns: list[str] = Field(
+        default_factory=list, description="the referenced table's columns (the end's)"
+    )
+    prefix: str | None = Field(
+        None, description="default: `on` without _id, then _ (stream_stream: end_)"
+    )
+    when: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="stream_stream: the end's columns and the values (as text) one of "
+        'which each must hold, e.g. {status = ["shipped", "cancelled"]}',
+    )
+    within: str | None = Field(
+        None, pattern=_DURATION, description="stream_stream: the longest start-to-end time"
+    )
+    watermark: str = Field(
+        "10 minutes",
+        pattern=_DURATION,
+        description="stream_stream: how late an event may come (older ones are counted, "
+        "not joined)",
+    )
 
     @property
     def column_prefix(self) -> str:
-        return self.prefix if self.prefix is not None else self.on.removesuffix("_id") + "_"
+        if self.prefix is not None:
+            return self.prefix
+        if self.kind == "stream_stream":
+            return "end_"
+        return self.on.removesuffix("_id") + "_"
 
-
-_DURATION = r"^[0-9]{1,9} (second|minute|hour|day)s?$"
-_UNIT_MS = {"second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
-
-
-def duration_ms(text: str) -> int:
-    """'10 minutes' -> 600000 (the settings' window and watermark form)."""
-    count, unit = text.split()
-    return int(count) * _UNIT_MS[unit.rstrip("s")]
+    @model_validator(mode="after")
+    def _check_kind(self) -> JoinView:
+        streams = self.kind == "stream_stream"
+        if streams and self.within is None:
+            raise ValueError(f'join {self.name} is stream_stream: set within (e.g. "30 minutes")')
+        if not streams:
+            given = sorted({"when", "within", "watermark"} & self.model_fields_set)
+            if given:
+                raise ValueError(
+                    f"join {self.name} is {self.kind}: {', '.join(given)} is for "
+                    'kind = "stream_stream"'
+                )
+            if not self.columns:
+                raise ValueError(f"join {self.name}: name at least one column to carry")
+        for column, values in self.when.items():
+            if not values:
+                raise ValueError(f"join {self.name}: when.{column} names no value")
+        return self
 
 
 class WindowAggregate(BaseModel):
     """Rows created in `table` per window of commit time, and the sum of a column.
 
     kind `tumbling`: windows of `window` one after the other; `hopping`: windows of
-    `window` starting every `slide` (an event is in each window that holds its time).
+    `window` starting every `slide` (an event is in each window that holds its time);
+    `session`: per value of `group_by`,
+    creations less than `gap` apart (a session ends `gap` after its last creation).
     A Structured Streaming aggregation with a watermark: an event whose commit time is
     older than the newest commit time seen minus `watermark` is too late and not
-    counted (`cdc status` shows how many were).
+    counted (`cdc status` shows how many were). Sessions are kept once the watermark
+    has passed their end; tumbling and hopping windows as they fill.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: ViewName
     table: QualifiedTable
-    kind: Literal["tumbling", "hopping"] = "tumbling"
+    kind: Literal["tumbling", "hopping", "session"] = "tumbling"
     sum: str | None = Field(None, description="a numeric column to add up")
     window: str = Field("1 minute", pattern=_DURATION)
     slide: str | None = Field(
         None, pattern=_DURATION, description="hopping: how often a window starts"
     )
+    gap: str | None = Field(
+        None, pattern=_DURATION, description="session: the quiet time that ends a session"
+    )
+    group_by: str | None = Field(
+        None, description="session: the column whose values have sessions of their own"
+    )
     watermark: str = Field("10 minutes", pattern=_DURATION)
 
     @model_validator(mode="after")
-    def _check_slide(self) -> WindowAggregate:
-        if self.kind == "tumbling" and self.slide is not None:
-            raise ValueError(f'window {self.name} is tumbling: a slide is for kind = "hopping"')
-        if self.kind == "hopping":
+    def _check_kind(self) -> WindowAggregate:
+        kind, name = self.kind, self.name
+        if kind != "hopping" and self.slide is not None:
+            raise ValueError(f'window {name} is {kind}: a slide is for kind = "hopping"')
+        if kind != "session" and (self.gap is not None or self.group_by is not None):
+            raise ValueError(f'window {name} is {kind}: gap and group_by are for kind = "session"')
+        if kind == "hopping":
             if self.slide is None:
-                raise ValueError(f"window {self.name} is hopping: set its slide")
+                raise ValueError(f"window {name} is hopping: set its slide")
             if not 0 < duration_ms(self.slide) < duration_ms(self.window):
                 raise ValueError(
-                    f"window {self.name}: slide {self.slide} must be shorter than its "
+                    f"window {name}: slide {self.slide} must be shorter than its "
                     f"window {self.window} (and not 0)"
                 )
+        if kind == "session":
+            if self.gap is None or duration_ms(self.gap) == 0:
+                raise ValueError(
+                    f'window {name} is a session window: set its gap (e.g. "10 minutes")'
+                )
+            if "window" in self.model_fields_set:
+                raise ValueError(f"window {name} is a session window: it has a gap, not a window")
+        elif duration_ms(self.window) == 0:
+            raise ValueError(f"window {name}: its window must be longer than 0")
         return self
+
+    @property
+    def key(self) -> list[str]:
+        """The columns that name one window in its table."""
+        if self.kind == "session":
+            return [*([self.group_by] if self.group_by else []), "window_start"]
+        return ["window_start"]
 
 
 class ApplySettings(BaseModel):

@@ -271,12 +271,14 @@ def _store_progress(
 
 
 def _late_events(settings: Settings) -> dict[str, int]:
-    """Per window aggregate: the events that came after its watermark (not counted)."""
+    """Per window aggregate and stream-stream join: the events that came after its
+    watermark (not counted)."""
     late = {}
-    for window in settings.apply.windows:
-        counted = late_events(settings, window.name)
+    joins = [j.name for j in settings.apply.joins if j.kind == "stream_stream"]
+    for name in [w.name for w in settings.apply.windows] + joins:
+        counted = late_events(settings, name)
         if counted is not None:
-            late[window.name] = counted
+            late[name] = counted
     return late
 
 

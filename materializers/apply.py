@@ -44,7 +44,8 @@ from materializers.progress import (
 )
 from materializers.stores.base import FrameStore, RowStore, Store
 from materializers.stores.registry import executor_settings, make_row_store, make_store
-from materializers.stores.warehouse.views import check_views, window_query
+from materializers.stores.warehouse.streams import stream_join_query, window_query
+from materializers.stores.warehouse.views import check_views
 from materializers.typed import unheld_columns
 from materializers.writer import RESULT_DDL, partition_writer
 from snapshot.encoding import int_to_lsn
@@ -470,8 +471,13 @@ def run_apply(
         starters[name] = functools.partial(_start_store_query, spark, settings, store, once)
     for window in settings.apply.windows if "warehouse" in selected else []:
         starters[f"window-{window.name}"] = functools.partial(
-            _start_window_query, spark, settings, window, tables[window.table], once
+            _start_window_query, spark, settings, window, window_query, tables[window.table], once
         )
+    for join in settings.apply.joins if "warehouse" in selected else []:
+        if join.kind == "stream_stream":  # a query of its own, with a watermark, as a window's
+            starters[f"window-{join.name}"] = functools.partial(
+                _start_window_query, spark, settings, join, stream_join_query, tables, once
+            )
     queries = {name: start() for name, start in starters.items()}
     windows = {n[len("window-") :]: q for n, q in queries.items() if n.startswith("window-")}
     if once:
@@ -530,8 +536,8 @@ _RAISED = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$")
 
 
 def _note_late(settings: Settings, windows: dict[str, Any]) -> None:
-    """Events a windowed aggregate did not count (later than its watermark), added up
-    per window for `cdc status`."""
+    """Events a windowed aggregate or a stream-stream join did not count (later than its
+    watermark), added up per window for `cdc status`."""
     for name, query in windows.items():
         note_late(settings, name, query.recentProgress)
 
@@ -611,12 +617,13 @@ def _start_store_query(spark: Any, settings: Settings, store: Store, once: bool)
 
 
 def _start_window_query(
-    spark: Any, settings: Settings, window: Any, table: Table, once: bool
+    spark: Any, settings: Settings, view: Any, query: Callable[..., Any], read: Any, once: bool
 ) -> Any:
-    checkpoint = str(checkpoint_dir(settings, f"window-{window.name}"))
+    """A window aggregate's or stream-stream join's query (`query`, streams.py)."""
+    checkpoint = str(checkpoint_dir(settings, f"window-{view.name}"))
     # a pool of its own (the query's thread inherits it from this one)
-    spark.sparkContext.setLocalProperty("spark.scheduler.pool", f"window-{window.name}")
-    writer = window_query(spark, settings, window, table, checkpoint)
+    spark.sparkContext.setLocalProperty("spark.scheduler.pool", f"window-{view.name}")
+    writer = query(spark, settings, view, read, checkpoint)
     return _triggered(settings, writer, once).start()
 
 

@@ -354,6 +354,9 @@ def view_checks(settings: Settings, tables: dict[str, Table]) -> list[Check]:
         if join.kind == "stream_table":
             checks.append(enrichment_check(settings, join, tables))
             continue
+        if join.kind == "stream_stream":
+            checks.append(stream_check(settings, join, tables))
+            continue
         drift = verify_join(settings, join, tables)
         found = drift.missing + drift.extra + drift.different
         checks.append(
@@ -367,9 +370,111 @@ def view_checks(settings: Settings, tables: dict[str, Table]) -> list[Check]:
             )
         )
     for window in settings.apply.windows:
-        if window.table in tables:
+        if window.table not in tables:
+            continue
+        if window.kind == "session":
+            checks.append(stream_check(settings, window, tables))
+        else:
             checks.append(window_check(settings, window, tables[window.table]))
     return checks
+
+
+def stream_check(
+    settings: Settings,
+    view: JoinView | WindowAggregate,
+    tables: dict[str, Table],
+    timeout: float = 120.0,
+) -> Check:
+    """A session window, or a stream-stream join, against its rows computed
+    again from the change log (materializers/stream_check.py), once its query has
+    committed the whole log as it is now. Events it found too late were not applied:
+    then it is not recomputed (`cdc status` shows how many)."""
+    from cdc.topics import read_topic, thinned
+    from materializers.stores.warehouse.store import warehouse_value
+    from materializers.stream_check import compare_due, expected_rows
+
+    name = f"view {view.name}"
+    what = (
+        "stream-stream join equals its starts and ends joined again from the log"
+        if isinstance(view, JoinView)
+        else f"{view.kind} window aggregate equals its windows recomputed from the log"
+    )
+    read = {view.table} | ({view.references} if isinstance(view, JoinView) else set())
+    logs = {t: read_topic(settings.kafka, change_topic(settings.pipeline, t)) for t in read}
+    if any(thinned(records) for records in logs.values()):
+        return Check(name, what, None, True, "not recomputed: compaction removed records")
+    ends = {
+        change_topic(settings.pipeline, t): {r.partition: r.offset + 1 for r in records}
+        for t, records in logs.items()
+    }
+    watermark = _caught_up(settings, view.name, ends, timeout)
+    if watermark is None:
+        return Check(name, what, None, False, f"its query did not read the log within {timeout}s")
+    late = _late(settings, view)
+    if late:
+        return Check(
+            name, what, None, True, f"not recomputed: {late} events came after the watermark"
+        )
+    expected = expected_rows(view, tables, logs, warehouse_value)
+    ok, detail = compare_due(expected, _held_rows(settings, view, tables), watermark)
+    return Check(name, what, None, ok, detail)
+
+
+def _held_rows(
+    settings: Settings, view: JoinView | WindowAggregate, tables: dict[str, Table]
+) -> dict[Any, Any]:
+    """The view's rows, keyed and valued as stream_check.expected_rows makes them."""
+    from delta.tables import DeltaTable
+
+    from cdc.spark import spark_session
+    from materializers.stores.warehouse.store import warehouse_value
+    from materializers.stores.warehouse.tables import warehouse_root
+    from materializers.stores.warehouse.views import view_path
+    from materializers.typed import quoted as q
+
+    spark = spark_session(settings, "cdc-verify")
+    path = view_path(warehouse_root(settings), view.name)
+    if not DeltaTable.isDeltaTable(spark, path):
+        return {}
+    frame = spark.read.format("delta").load(path)
+
+    def ms(column: str) -> str:
+        return f"unix_millis({column}) AS {column}_ms"
+
+    if isinstance(view, JoinView):
+        start, end = tables[view.table], tables[view.references]
+        (key,) = start.key
+        carried = [view.column_prefix + c for c in view.columns]
+        rows = frame.selectExpr(
+            f"{q(key)} AS k", "_cdc_commit_lsn", "_cdc_lsn", ms("end_ts"), *map(q, carried)
+        ).collect()
+        return {
+            (warehouse_value(start.column(key), r["k"]), r["_cdc_commit_lsn"], r["_cdc_lsn"]): (
+                r["end_ts_ms"],
+                *[
+                    warehouse_value(end.column(c), r[p])
+                    for c, p in zip(view.columns, carried, strict=True)
+                ],
+            )
+            for r in rows
+        }
+    total = lambda r: None if r["total"] is None else float(r["total"])  # noqa: E731
+    group = tables[view.table].column(view.group_by) if view.group_by else None
+    rows = frame.selectExpr(
+        f"{q(view.group_by)} AS g" if view.group_by else "NULL AS g",
+        ms("window_start"),
+        ms("window_end"),
+        "rows",
+        "total",
+    ).collect()
+    return {
+        (warehouse_value(group, r["g"]) if group else None, r["window_start_ms"]): (
+            r["window_end_ms"],
+            r["rows"],
+            total(r),
+        )
+        for r in rows
+    }
 
 
 def enrichment_check(settings: Settings, join: JoinView, tables: dict[str, Table]) -> Check:
@@ -520,18 +625,26 @@ def _window_rows(settings: Settings, window: WindowAggregate) -> dict[int, tuple
     }
 
 
-def _late(settings: Settings, window: WindowAggregate) -> int:
-    return late_events(settings, window.name) or 0
+def _late(settings: Settings, view: WindowAggregate | JoinView) -> int:
+    return late_events(settings, view.name) or 0
 
 
 def _window_caught_up(
     settings: Settings, window: WindowAggregate, ends: dict[int, int], timeout: float
 ) -> bool:
-    """Whether the window's query has committed a batch that read up to `ends` (its
-    Structured Streaming checkpoint: commits/<id>, offsets/<id>)."""
-
-    checkpoint = checkpoint_dir(settings, f"window-{window.name}")
     topic = change_topic(settings.pipeline, window.table)
+    return _caught_up(settings, window.name, {topic: ends}, timeout) is not None
+
+
+def _caught_up(
+    settings: Settings, name: str, ends: dict[str, dict[int, int]], timeout: float
+) -> int | None:
+    """The watermark (ms) of the last batch the query of view `name` committed, once
+    that batch read every topic of `ends` up to its end offsets; None after `timeout`
+    (its Structured Streaming checkpoint: commits/<id>, offsets/<id>: a version line, the
+    batch's metadata, then each source's offsets)."""
+
+    checkpoint = checkpoint_dir(settings, f"window-{name}")
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -539,11 +652,20 @@ def _window_caught_up(
             if batch is None:
                 raise ValueError("no batch committed yet")
             lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
-            read = {int(p): o for p, o in json.loads(lines[2]).get(topic, {}).items()}
-            if all(read.get(p, 0) >= end for p, end in ends.items()):
-                return True
+            sources = [json.loads(line) for line in lines[2:]]
+            reading = {t: [s[t] for s in sources if t in s] for t in ends}  # per reader
+            if all(
+                reading[topic]
+                and all(
+                    int(read.get(str(p), 0)) >= end
+                    for read in reading[topic]
+                    for p, end in offsets.items()
+                )
+                for topic, offsets in ends.items()
+            ):
+                return int(json.loads(lines[1]).get("batchWatermarkMs", 0))
         except (OSError, ValueError, IndexError):
             pass
         if time.monotonic() > deadline:
-            return False
+            return None
         time.sleep(1)

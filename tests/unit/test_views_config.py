@@ -129,11 +129,48 @@ def test_a_hopping_window_needs_a_slide_shorter_than_itself() -> None:
         ({"kind": "hopping", "slide": "5 minutes"}, "must be shorter than its window"),
         ({"kind": "hopping", "slide": "0 seconds"}, "must be shorter than its window"),
         ({"slide": "1 minute"}, "is tumbling: a slide is for kind"),
-        ({"kind": "sliding"}, "kind"),
+        ({"kind": "rolling"}, "kind"),
+        ({"kind": "session", "gap": "1 minute", "slide": "1 minute"}, "is session: a slide"),
+        ({"kind": "tumbling", "window": "0 minutes"}, "must be longer than 0"),
     ]:
         fields = {"name": "w", "table": "public.orders", "window": "5 minutes"} | wrong
         with pytest.raises(ValidationError, match=message):
             WindowAggregate(**fields)  # type: ignore[arg-type]
+
+
+def test_a_session_window_needs_a_gap_and_no_window() -> None:
+    session = WindowAggregate(
+        name="w", table="public.orders", kind="session", gap="10 minutes", group_by="customer_id"
+    )
+    assert session.key == ["customer_id", "window_start"]
+    assert WindowAggregate(name="w", table="public.orders").key == ["window_start"]
+    for wrong, message in [
+        ({"kind": "session"}, "is a session window: set its gap"),
+        ({"kind": "session", "gap": "0 minutes"}, "is a session window: set its gap"),
+        ({"kind": "session", "gap": "1 minute", "window": "5 minutes"}, "has a gap, not a"),
+        ({"gap": "1 minute"}, "is tumbling: gap and group_by are for kind"),
+        ({"kind": "hopping", "slide": "1 minute", "group_by": "id"}, "is hopping: gap and"),
+    ]:
+        fields = {"name": "w", "table": "public.orders"} | wrong
+        with pytest.raises(ValidationError, match=message):
+            WindowAggregate(**fields)  # type: ignore[arg-type]
+
+
+def test_a_stream_stream_join_needs_its_window() -> None:
+    fields = {"name": "j", "table": "public.orders", "references": "public.orders", "on": "id"}
+    shipped = JoinView(
+        **fields, kind="stream_stream", within="30 minutes", when={"status": ["shipped"]}
+    )
+    assert shipped.column_prefix == "end_"
+    for wrong, message in [
+        ({"kind": "stream_stream"}, "is stream_stream: set within"),
+        ({"kind": "stream_stream", "within": "1 hour", "when": {"status": []}}, "names no value"),
+        ({"within": "1 hour", "columns": ["x"]}, "is table: within is for kind"),
+        ({"kind": "stream_table", "when": {"a": ["b"]}}, "is stream_table: when is for kind"),
+        ({}, "name at least one column"),
+    ]:
+        with pytest.raises(ValidationError, match=message):
+            JoinView(**(fields | wrong))  # type: ignore[arg-type]
 
 
 def test_an_event_is_in_each_hopping_window_that_holds_its_time() -> None:
