@@ -33,6 +33,8 @@ __all__ = [
     "DEMO_ENRICHMENT",
     "DEMO_HOPPING",
     "DEMO_JOIN",
+    "DEMO_SESSIONS",
+    "DEMO_SHIPPING",
     "DEMO_WINDOW",
     "DemoResult",
     "run_demo",
@@ -68,6 +70,28 @@ DEMO_HOPPING = WindowAggregate(
     slide="1 minute",
 )
 
+# each order with its shipping within 30 minutes (time-to-ship), or none
+DEMO_SHIPPING = JoinView(
+    name="time_to_ship",
+    kind="stream_stream",
+    table="public.orders",
+    references="public.orders",
+    on="id",
+    when={"status": ["shipped"]},
+    within="30 minutes",
+    watermark="10 seconds",
+)
+# each customer's orders less than 30 seconds apart
+DEMO_SESSIONS = WindowAggregate(
+    name="customer_sessions",
+    table="public.orders",
+    kind="session",
+    group_by="customer_id",
+    sum="total",
+    gap="30 seconds",
+    watermark="10 seconds",
+)
+
 
 def with_demo_views(settings: Settings) -> Settings:
     """The settings with the demo's join view and window aggregate, unless views are set."""
@@ -76,8 +100,8 @@ def with_demo_views(settings: Settings) -> Settings:
         return settings
     views = apply.model_copy(
         update={
-            "joins": [DEMO_JOIN, DEMO_ENRICHMENT],
-            "windows": [DEMO_WINDOW, DEMO_HOPPING],
+            "joins": [DEMO_JOIN, DEMO_ENRICHMENT, DEMO_SHIPPING],
+            "windows": [DEMO_WINDOW, DEMO_HOPPING, DEMO_SESSIONS],
         }
     )
     return settings.model_copy(update={"apply": views})
@@ -289,6 +313,12 @@ def _show_and_verify(settings: Settings, out: Console, progress: Callable[[str],
         # the price the line was sold at, and the product's price when it was inserted
         "SELECT order_id, line, quantity, unit_price, product_name, product_price "
         "FROM order_items_priced ORDER BY event_ts DESC, order_id DESC, line LIMIT 5",
+        # orders shipped within 30 minutes of their creation (the rest once it has passed)
+        "SELECT id, start_ts, end_ts, elapsed_s FROM time_to_ship WHERE end_ts IS NOT NULL "
+        "ORDER BY start_ts DESC LIMIT 5",
+        # customers' sessions, once 30 seconds without an order have passed
+        "SELECT customer_id, window_start, window_end, rows AS orders, total "
+        "FROM customer_sessions ORDER BY window_end DESC, customer_id LIMIT 5",
     ):
         answer = run_query(settings, sql, TABLES)
         table = Table(*answer.columns, title=f"cdc query {sql!r}", title_justify="left")

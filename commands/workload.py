@@ -93,11 +93,13 @@ class Workload(threading.Thread):
             )
 
     def _order_status(self, conn: psycopg.Connection[Any], rng: random.Random) -> None:
+        # half the time one of the newest orders: orders are paid and shipped soon
+        recent = "ORDER BY id DESC LIMIT 20" if rng.random() < 0.5 else ""
         conn.execute(
             "UPDATE orders SET status = CASE status WHEN 'new' THEN 'paid' WHEN 'paid' THEN "
             "'shipped' WHEN 'shipped' THEN 'delivered' ELSE status END, updated_at = now() "
-            "WHERE id = (SELECT id FROM orders WHERE status IN ('new', 'paid', 'shipped') "
-            "ORDER BY random() LIMIT 1)"
+            "WHERE id = (SELECT id FROM (SELECT id FROM orders WHERE status IN "
+            f"('new', 'paid', 'shipped') {recent}) o ORDER BY random() LIMIT 1)"
         )
 
     def _customer_update(self, conn: psycopg.Connection[Any], rng: random.Random) -> None:

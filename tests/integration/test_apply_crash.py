@@ -9,9 +9,11 @@ import subprocess
 import sys
 import time
 
+import psycopg
 import pytest
 
-from cdc.settings import JoinView
+from cdc.settings import JoinView, WindowAggregate
+from commands.pipeline import pipeline_status
 from materializers.progress import read_progress
 from materializers.quality import view_checks
 from materializers.stores.warehouse.tables import view_path, warehouse_root
@@ -48,12 +50,33 @@ def test_apply_killed_mid_batch_and_restarted_converges(captured: Capture) -> No
         on="id",
         columns=["version", "note"],
     )
+    # with a watermark, mid-window when killed: sessions of inserts, and each insert's
+    # first update within 2 seconds
+    sessions = WindowAggregate(
+        name=f"{name}_sessions",
+        table=table,
+        kind="session",
+        gap="1 second",
+        group_by="note",
+        watermark="10 seconds",
+    )
+    updated = JoinView(
+        name=f"{name}_updated",
+        kind="stream_stream",
+        table=table,
+        references=table,
+        on="id",
+        columns=["version"],
+        within="2 seconds",
+        watermark="10 seconds",
+    )
     env = {
         **t.env,
         # many small batches in every store: one is cut short
         "CDC_APPLY__MAX_OFFSETS_PER_TRIGGER": "1500",
         "CDC_APPLY__WAREHOUSE_MAX_OFFSETS_PER_TRIGGER": "1500",
-        "CDC_APPLY__JOINS": json.dumps([enrichment.model_dump()]),
+        "CDC_APPLY__JOINS": json.dumps([enrichment.model_dump(), updated.model_dump()]),
+        "CDC_APPLY__WINDOWS": json.dumps([sessions.model_dump()]),
     }
     writer = Writer(dsn, name, first_new_id=100_000, max_id=6_000)
     apply = None
@@ -81,6 +104,9 @@ def test_apply_killed_mid_batch_and_restarted_converges(captured: Capture) -> No
         writer.stop.set()
         writer.join()
         assert writer.error is None
+        time.sleep(12)  # then a change whose time moves the watermark past the writer's
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"INSERT INTO {name} VALUES (900000, 0, 'tick')")
         wait_until_equal(settings, table_info(settings, table))  # the log holds everything
 
         result = run_cdc("apply", "--once", env=env)
@@ -106,11 +132,16 @@ def test_apply_killed_mid_batch_and_restarted_converges(captured: Capture) -> No
         assert inserts.count() > 0
         assert events.count() == inserts.count()
         assert events.where("id_version <=> version AND id_note <=> note").count() == events.count()
-        with_join = settings.model_copy(
-            update={"apply": settings.apply.model_copy(update={"joins": [enrichment]})}
-        )
-        (check,) = view_checks(with_join, {table: table_info(settings, table)})
-        assert check.ok, check.observed
+        views = {"joins": [enrichment, updated], "windows": [sessions]}
+        with_views = settings.model_copy(update={"apply": settings.apply.model_copy(update=views)})
+        assert pipeline_status(with_views).late_events == {sessions.name: 0, updated.name: 0}
+        checks = view_checks(with_views, {table: table_info(settings, table)})
+        assert [c.table for c in checks] == [
+            f"view {v}" for v in (enrichment.name, updated.name, sessions.name)
+        ]
+        assert all(c.ok for c in checks), [c.observed for c in checks]
+        for check in checks[1:]:  # recomputed, with sessions and starts due
+            assert not check.observed.startswith(("not recomputed", "0 due")), check.observed
     finally:
         writer.stop.set()
         if apply is not None and apply.poll() is None:

@@ -130,7 +130,7 @@ def test_a_hopping_window_needs_a_slide_shorter_than_itself() -> None:
         ({"kind": "hopping", "slide": "0 seconds"}, "must be shorter than its window"),
         ({"slide": "1 minute"}, "is tumbling: a slide is for kind"),
         ({"kind": "rolling"}, "kind"),
-        ({"kind": "session", "gap": "1 minute", "slide": "1 minute"}, "is session: a slide"),
+        ({"kind": "session", "gap": "1 minute"}, "has a gap, not a window"),
         ({"kind": "tumbling", "window": "0 minutes"}, "must be longer than 0"),
     ]:
         fields = {"name": "w", "table": "public.orders", "window": "5 minutes"} | wrong
@@ -143,6 +143,8 @@ def test_a_session_window_needs_a_gap_and_no_window() -> None:
         name="w", table="public.orders", kind="session", gap="10 minutes", group_by="customer_id"
     )
     assert session.key == ["customer_id", "window_start"]
+    # as `cdc` hands them on in the environment (CDC_APPLY__WINDOWS: a JSON dump)
+    assert WindowAggregate.model_validate(session.model_dump()) == session
     assert WindowAggregate(name="w", table="public.orders").key == ["window_start"]
     for wrong, message in [
         ({"kind": "session"}, "is a session window: set its gap"),
@@ -162,6 +164,9 @@ def test_a_stream_stream_join_needs_its_window() -> None:
         **fields, kind="stream_stream", within="30 minutes", when={"status": ["shipped"]}
     )
     assert shipped.column_prefix == "end_"
+    enrichment = JoinView(**fields, kind="stream_table", columns=["total"])
+    for view in (shipped, enrichment):
+        assert JoinView.model_validate(view.model_dump()) == view
     for wrong, message in [
         ({"kind": "stream_stream"}, "is stream_stream: set within"),
         ({"kind": "stream_stream", "within": "1 hour", "when": {"status": []}}, "names no value"),
