@@ -508,22 +508,23 @@ class WindowAggregate(BaseModel):
 
     kind `tumbling`: windows of `window` one after the other; `hopping`: windows of
     `window` starting every `slide` (an event is in each window that holds its time);
-    `session`: per value of `group_by`,
+    `sliding`: one window ending at each creation's commit time, holding the creations
+    of the `window` up to it (both ends included); `session`: per value of `group_by`,
     creations less than `gap` apart (a session ends `gap` after its last creation).
     A Structured Streaming aggregation with a watermark: an event whose commit time is
     older than the newest commit time seen minus `watermark` is too late and not
-    counted (`cdc status` shows how many were). Sessions are kept once the watermark
-    has passed their end; tumbling and hopping windows as they fill.
+    counted (`cdc status` shows how many were). Sliding windows and sessions are kept
+    once the watermark has passed their end; tumbling and hopping windows as they fill.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: ViewName
     table: QualifiedTable
-    kind: Literal["tumbling", "hopping", "session"] = "tumbling"
+    kind: Literal["tumbling", "hopping", "sliding", "session"] = "tumbling"
     sum: str | None = Field(None, description="a numeric column to add up")
     window: str = Field(
-        "1 minute", pattern=_DURATION, description="tumbling, hopping: the window's length"
+        "1 minute", pattern=_DURATION, description="tumbling, hopping, sliding: its length"
     )
     slide: str | None = Field(
         None, pattern=_DURATION, description="hopping: how often a window starts"
@@ -578,7 +579,7 @@ class WindowAggregate(BaseModel):
         """The columns that name one window in its table."""
         if self.kind == "session":
             return [*([self.group_by] if self.group_by else []), "window_start"]
-        return ["window_start"]
+        return ["window_end"] if self.kind == "sliding" else ["window_start"]
 
 
 class ApplySettings(BaseModel):

@@ -35,6 +35,7 @@ __all__ = [
     "DEMO_JOIN",
     "DEMO_SESSIONS",
     "DEMO_SHIPPING",
+    "DEMO_SLIDING",
     "DEMO_WINDOW",
     "DemoResult",
     "run_demo",
@@ -81,6 +82,15 @@ DEMO_SHIPPING = JoinView(
     within="30 minutes",
     watermark="10 seconds",
 )
+# at each order: the orders and revenue of the minute up to it
+DEMO_SLIDING = WindowAggregate(
+    name="orders_last_minute",
+    table="public.orders",
+    kind="sliding",
+    sum="total",
+    window="1 minute",
+    watermark="10 seconds",
+)
 # each customer's orders less than 30 seconds apart
 DEMO_SESSIONS = WindowAggregate(
     name="customer_sessions",
@@ -101,7 +111,7 @@ def with_demo_views(settings: Settings) -> Settings:
     views = apply.model_copy(
         update={
             "joins": [DEMO_JOIN, DEMO_ENRICHMENT, DEMO_SHIPPING],
-            "windows": [DEMO_WINDOW, DEMO_HOPPING, DEMO_SESSIONS],
+            "windows": [DEMO_WINDOW, DEMO_HOPPING, DEMO_SLIDING, DEMO_SESSIONS],
         }
     )
     return settings.model_copy(update={"apply": views})
@@ -313,6 +323,9 @@ def _show_and_verify(settings: Settings, out: Console, progress: Callable[[str],
         # the price the line was sold at, and the product's price when it was inserted
         "SELECT order_id, line, quantity, unit_price, product_name, product_price "
         "FROM order_items_priced ORDER BY event_ts DESC, order_id DESC, line LIMIT 5",
+        # the minute up to each order (written once the watermark has passed it)
+        "SELECT window_end, rows AS orders, total AS revenue FROM orders_last_minute "
+        "ORDER BY window_end DESC LIMIT 3",
         # orders shipped within 30 minutes of their creation (the rest once it has passed)
         "SELECT id, start_ts, end_ts, elapsed_s FROM time_to_ship WHERE end_ts IS NOT NULL "
         "ORDER BY start_ts DESC LIMIT 5",

@@ -44,7 +44,7 @@ from materializers.progress import (
 )
 from materializers.stores.base import FrameStore, RowStore, Store
 from materializers.stores.registry import executor_settings, make_row_store, make_store
-from materializers.stores.warehouse.streams import stream_join_query, window_query
+from materializers.stores.warehouse.streams import late_readers, stream_join_query, window_query
 from materializers.stores.warehouse.views import check_views
 from materializers.typed import unheld_columns
 from materializers.writer import RESULT_DDL, partition_writer
@@ -538,8 +538,9 @@ _RAISED = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$")
 def _note_late(settings: Settings, windows: dict[str, Any]) -> None:
     """Events a windowed aggregate or a stream-stream join did not count (later than its
     watermark), added up per window for `cdc status`."""
+    readers = {w.name: late_readers(w) for w in settings.apply.windows}
     for name, query in windows.items():
-        note_late(settings, name, query.recentProgress)
+        note_late(settings, name, query.recentProgress, readers.get(name, 1))
 
 
 def failure_line(exc: BaseException) -> str:

@@ -168,19 +168,26 @@ def forget_late(settings: Settings, window: str) -> None:
     _late_file(settings, window).unlink(missing_ok=True)
 
 
-def note_late(settings: Settings, window: str, recent: list[dict[str, Any]]) -> None:
-    """Add up the late events of the window query's progress reports not noted yet."""
+def note_late(
+    settings: Settings, window: str, recent: list[dict[str, Any]], readers: int = 1
+) -> None:
+    """Add up the late events of the window query's progress reports not noted yet
+    (each one dropped by each of the query's `readers` of its topic).
+    A report without operators is a trigger that ran no batch (nothing to read): it
+    carries the id the next batch will have, which it must not mark as noted."""
     path = _late_file(settings, window)
     try:
         noted = json.loads(path.read_text())
     except (OSError, ValueError):
         noted = {"late": 0, "batch": -1}
-    fresh = [p for p in recent if p["batchId"] > noted["batch"]]
+    fresh = [p for p in recent if p["batchId"] > noted["batch"] and p.get("stateOperators")]
     if not fresh:
         return
+    dropped = 0
     for report in fresh:
         for operator in report.get("stateOperators", []):
-            noted["late"] += int(operator.get("numRowsDroppedByWatermark", 0))
+            dropped += int(operator.get("numRowsDroppedByWatermark", 0))
+    noted["late"] += dropped // readers
     noted["batch"] = max(p["batchId"] for p in fresh)
     make_state_dir(settings, path.parent)
     path.write_text(json.dumps(noted))

@@ -372,7 +372,7 @@ def view_checks(settings: Settings, tables: dict[str, Table]) -> list[Check]:
     for window in settings.apply.windows:
         if window.table not in tables:
             continue
-        if window.kind == "session":
+        if window.kind in ("sliding", "session"):
             checks.append(stream_check(settings, window, tables))
         else:
             checks.append(window_check(settings, window, tables[window.table]))
@@ -385,7 +385,7 @@ def stream_check(
     tables: dict[str, Table],
     timeout: float = 120.0,
 ) -> Check:
-    """A session window, or a stream-stream join, against its rows computed
+    """A sliding or session window, or a stream-stream join, against its rows computed
     again from the change log (materializers/stream_check.py), once its query has
     committed the whole log as it is now. Events it found too late were not applied:
     then it is not recomputed (`cdc status` shows how many)."""
@@ -459,6 +459,9 @@ def _held_rows(
             for r in rows
         }
     total = lambda r: None if r["total"] is None else float(r["total"])  # noqa: E731
+    if view.kind == "sliding":
+        rows = frame.selectExpr(ms("window_end"), "rows", "total").collect()
+        return {r["window_end_ms"]: (r["rows"], total(r)) for r in rows}
     group = tables[view.table].column(view.group_by) if view.group_by else None
     rows = frame.selectExpr(
         f"{q(view.group_by)} AS g" if view.group_by else "NULL AS g",

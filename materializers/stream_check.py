@@ -1,9 +1,9 @@
 """`cdc verify` of the derived data kept with a watermark (materializers/stores/
-warehouse/streams.py) that the window check does not cover: session windows and
-stream-stream joins, computed again from the change log, read with a Kafka
+warehouse/streams.py) that the window check does not cover: sliding and session
+windows and stream-stream joins, computed again from the change log, read with a Kafka
 consumer of its own, and compared with their Delta tables.
 
-Spark writes a session and a start without an end once the
+Spark writes a sliding window, a session and a start without an end once the
 watermark has passed their end; the watermark is the one the query's last committed
 micro-batch ran with (its checkpoint's offset log). What falls due within a
 millisecond of it may be written or not; anything before must be, anything after must
@@ -28,6 +28,7 @@ __all__ = [
     "events_of",
     "first_ends",
     "session_windows",
+    "sliding_windows",
 ]
 
 Position = tuple[int, int]
@@ -68,6 +69,19 @@ def events_of(
 def _total(values: list[Any]) -> Any:
     present = [v for v in values if v is not None]
     return sum(present[1:], present[0]) if present else None
+
+
+def sliding_windows(
+    created: list[Event], width_ms: int, amount: str | None
+) -> dict[int, tuple[tuple[int, Any], int]]:
+    """Per distinct commit time E of a creation: (rows, total) of the creations from
+    E - width to E (both included), due at E."""
+    out = {}
+    for end in sorted({e.ms for e in created}):
+        inside = [e for e in created if end - width_ms <= e.ms <= end]
+        total = _total([e.values.get(amount) for e in inside]) if amount else None
+        out[end] = ((len(inside), total), end)
+    return out
 
 
 def session_windows(
@@ -170,6 +184,12 @@ def expected_rows(
     table = tables[view.table]
     read = [c for c in (view.sum, view.group_by) if c]
     created = events_of(logs[table.qualified], table, read, ("c",))
+    if view.kind == "sliding":
+        width = duration_ms(view.window)
+        return {
+            end: ((rows, _number(total)), due)
+            for end, ((rows, total), due) in sliding_windows(created, width, view.sum).items()
+        }
     group = table.column(view.group_by) if view.group_by else None
     sessions = session_windows(created, duration_ms(view.gap or ""), view.group_by, view.sum)
     return {

@@ -50,14 +50,21 @@ def test_apply_killed_mid_batch_and_restarted_converges(captured: Capture) -> No
         on="id",
         columns=["version", "note"],
     )
-    # with a watermark, mid-window when killed: sessions of inserts, and each insert's
-    # first update within 2 seconds
+    # with a watermark, mid-window when killed: sessions of inserts, sliding windows of
+    # a second, and each insert's first update within 2 seconds
     sessions = WindowAggregate(
         name=f"{name}_sessions",
         table=table,
         kind="session",
         gap="1 second",
         group_by="note",
+        watermark="10 seconds",
+    )
+    sliding = WindowAggregate(
+        name=f"{name}_sliding",
+        table=table,
+        kind="sliding",
+        window="1 second",
         watermark="10 seconds",
     )
     updated = JoinView(
@@ -76,7 +83,7 @@ def test_apply_killed_mid_batch_and_restarted_converges(captured: Capture) -> No
         "CDC_APPLY__MAX_OFFSETS_PER_TRIGGER": "1500",
         "CDC_APPLY__WAREHOUSE_MAX_OFFSETS_PER_TRIGGER": "1500",
         "CDC_APPLY__JOINS": json.dumps([enrichment.model_dump(), updated.model_dump()]),
-        "CDC_APPLY__WINDOWS": json.dumps([sessions.model_dump()]),
+        "CDC_APPLY__WINDOWS": json.dumps([sessions.model_dump(), sliding.model_dump()]),
     }
     writer = Writer(dsn, name, first_new_id=100_000, max_id=6_000)
     apply = None
@@ -132,12 +139,13 @@ def test_apply_killed_mid_batch_and_restarted_converges(captured: Capture) -> No
         assert inserts.count() > 0
         assert events.count() == inserts.count()
         assert events.where("id_version <=> version AND id_note <=> note").count() == events.count()
-        views = {"joins": [enrichment, updated], "windows": [sessions]}
+        views = {"joins": [enrichment, updated], "windows": [sessions, sliding]}
         with_views = settings.model_copy(update={"apply": settings.apply.model_copy(update=views)})
-        assert pipeline_status(with_views).late_events == {sessions.name: 0, updated.name: 0}
+        late = pipeline_status(with_views).late_events
+        assert late == {sessions.name: 0, sliding.name: 0, updated.name: 0}
         checks = view_checks(with_views, {table: table_info(settings, table)})
         assert [c.table for c in checks] == [
-            f"view {v}" for v in (enrichment.name, updated.name, sessions.name)
+            f"view {v}" for v in (enrichment.name, updated.name, sessions.name, sliding.name)
         ]
         assert all(c.ok for c in checks), [c.observed for c in checks]
         for check in checks[1:]:  # recomputed, with sessions and starts due

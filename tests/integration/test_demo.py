@@ -39,6 +39,7 @@ def test_the_demo_runs_non_interactively_and_verifies(stack: RunningStack) -> No
         assert "orders_enriched" in out and "orders_per_minute" in out
         assert "order_items_priced" in out and "revenue_5_minutes" in out
         assert "time_to_ship" in out and "customer_sessions" in out
+        assert "orders_last_minute" in out
         met = next(line for line in out.splitlines() if line.startswith("Great Expectations:"))
         have, _, total = met.split(":")[1].split()[:3]
         assert have == total and int(total) > 0

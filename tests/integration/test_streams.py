@@ -1,5 +1,5 @@
-"""Derived data with a watermark on commit time: session windows and a stream-stream
-join (an order's creation and its shipping within a time), against a
+"""Derived data with a watermark on commit time: sliding and session windows and a
+stream-stream join (an order's creation and its shipping within a time), against a
 reference the test computes from PostgreSQL's commit times; the same after a replay
 from the log's start; a late event is counted, not applied."""
 
@@ -29,7 +29,7 @@ from tests.logcheck import table_info, wait_until_equal
 
 pytestmark = pytest.mark.integration
 
-GAP, WITHIN, WATERMARK = 2.0, 3.0, 1.0  # seconds
+GAP, SLIDING, WITHIN, WATERMARK = 2.0, 2.0, 3.0, 1.0  # seconds
 
 
 def view_rows(settings: Settings, name: str) -> list[dict[str, Any]]:
@@ -59,7 +59,7 @@ def commit_times(dsn: str, orders: str) -> dict[int, tuple[datetime, int, Decima
     }
 
 
-def test_sessions_and_stream_join_equal_a_reference(captured: Capture) -> None:
+def test_sliding_and_session_windows_and_stream_join_equal_a_reference(captured: Capture) -> None:
     t = captured(
         "CREATE TABLE {name} (id int PRIMARY KEY, customer_id int NOT NULL, "
         "total numeric(12, 2) NOT NULL, status text NOT NULL DEFAULT 'new')",
@@ -68,6 +68,14 @@ def test_sessions_and_stream_join_equal_a_reference(captured: Capture) -> None:
     )
     orders = t.name
     seconds = lambda s: f"{int(s)} seconds"  # noqa: E731
+    sliding = WindowAggregate(
+        name=f"sliding_{orders}",
+        table=t.table,
+        kind="sliding",
+        sum="total",
+        window=seconds(SLIDING),
+        watermark=seconds(WATERMARK),
+    )
     sessions = WindowAggregate(
         name=f"sessions_{orders}",
         table=t.table,
@@ -88,7 +96,9 @@ def test_sessions_and_stream_join_equal_a_reference(captured: Capture) -> None:
         within=seconds(WITHIN),
         watermark=seconds(WATERMARK),
     )
-    apply = t.settings.apply.model_copy(update={"joins": [shipping], "windows": [sessions]})
+    apply = t.settings.apply.model_copy(
+        update={"joins": [shipping], "windows": [sliding, sessions]}
+    )
     settings = t.settings.model_copy(update={"apply": apply})
 
     # a timeline of orders (customer, total) and status changes, in real time
@@ -128,6 +138,17 @@ def test_sessions_and_stream_join_equal_a_reference(captured: Capture) -> None:
     run_apply(settings, ["warehouse"], once=True)
 
     # the references, from the creation and update times PostgreSQL recorded
+    def expected_sliding() -> list[tuple[Any, ...]]:
+        ends = sorted({ts for ts, _, _ in starts.values()})
+        width = timedelta(seconds=SLIDING)
+        out = []
+        for end in ends:
+            if end >= wm:  # not final yet: not written
+                continue
+            inside = [total for ts, _, total in starts.values() if end - width <= ts <= end]
+            out.append((end - width, end, len(inside), sum(inside)))
+        return out
+
     def expected_sessions() -> list[tuple[Any, ...]]:
         out = []
         for customer in sorted({c for _, c, _ in starts.values()}):
@@ -155,8 +176,12 @@ def test_sessions_and_stream_join_equal_a_reference(captured: Capture) -> None:
                 out.append((i, ts, None, None))
         return out
 
-    def held() -> tuple[list[Any], list[Any]]:
+    def held() -> tuple[list[Any], list[Any], list[Any]]:
         return (
+            sorted(
+                (r["window_start"], r["window_end"], r["rows"], r["total"])
+                for r in view_rows(settings, sliding.name)
+            ),
             sorted(
                 (r["customer_id"], r["window_start"], r["window_end"], r["rows"], r["total"])
                 for r in view_rows(settings, sessions.name)
@@ -167,27 +192,27 @@ def test_sessions_and_stream_join_equal_a_reference(captured: Capture) -> None:
             ),
         )
 
-    expected = (expected_sessions(), expected_shipping())
+    expected = (expected_sliding(), expected_sessions(), expected_shipping())
     # the timeline has each case: a session of two orders and one of one; an order
     # shipped in time, one cancelled in time, one shipped too late, some never
-    assert {n for _, _, _, n, _ in expected[0]} == {1, 2}
-    assert [s for _, _, _, s in expected[1] if s] == ["shipped", "cancelled"]
-    assert len([s for _, _, _, s in expected[1] if s is None]) >= 3
+    assert {n for _, _, _, n, _ in expected[1]} == {1, 2}
+    assert [s for _, _, _, s in expected[2] if s] == ["shipped", "cancelled"]
+    assert len([s for _, _, _, s in expected[2] if s is None]) >= 3
     first = held()
     assert first == expected
     elapsed = {r["id"]: r["elapsed_s"] for r in view_rows(settings, shipping.name)}
     assert elapsed[1] == (now[1][0] - starts[1][0]).total_seconds()
     assert elapsed[2] is None
     late = pipeline_status(settings).late_events
-    assert late == {sessions.name: 0, shipping.name: 0}
+    assert late == {sliding.name: 0, sessions.name: 0, shipping.name: 0}
 
     tables = {t.table: table_info(settings, t.table)}
     checks = {c.table: c for c in view_checks(settings, tables)}
     assert all(c.ok for c in checks.values()), [c.observed for c in checks.values()]
-    assert len(checks) == 2
+    assert len(checks) == 3
 
     # a replay from the log's start (the checkpoints lost) computes the same tables
-    for name in (sessions.name, shipping.name):
+    for name in (sliding.name, sessions.name, shipping.name):
         shutil.rmtree(checkpoint_dir(settings, f"window-{name}"))
     run_apply(settings, ["warehouse"], once=True)
     assert held() == first
@@ -204,7 +229,10 @@ def test_sessions_and_stream_join_equal_a_reference(captured: Capture) -> None:
     checks = {c.table: c for c in view_checks(settings, tables)}
     assert not checks[f"view {sessions.name}"].ok
     assert not checks[f"view {shipping.name}"].ok
-    for name in (sessions.name, shipping.name):
+    assert checks[f"view {sliding.name}"].ok
+    spark.sql(f"UPDATE delta.`{view_path(root, sliding.name)}` SET total = total + 1")
+    assert not {c.table: c for c in view_checks(settings, tables)}[f"view {sliding.name}"].ok
+    for name in (sliding.name, sessions.name, shipping.name):
         shutil.rmtree(checkpoint_dir(settings, f"window-{name}"))
     run_apply(settings, ["warehouse"], once=True)
     assert held() == first
@@ -233,4 +261,4 @@ def test_sessions_and_stream_join_equal_a_reference(captured: Capture) -> None:
     run_apply(settings, ["warehouse"], once=True)
     assert held() == first
     late = pipeline_status(settings).late_events
-    assert late == {sessions.name: 1, shipping.name: 1}
+    assert late == {sliding.name: 1, sessions.name: 1, shipping.name: 1}

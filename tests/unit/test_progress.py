@@ -67,6 +67,21 @@ def test_late_events_add_up_per_report(tmp_path: Path) -> None:
     assert late_events(settings, "w") == 4
 
 
+def test_an_idle_trigger_report_does_not_hide_the_batch_that_follows(tmp_path: Path) -> None:
+    # a trigger that found nothing to read reports the id the next batch will have, and
+    # no operator; that batch, run later (by the next `cdc apply --once`), still counts
+    settings = _settings(tmp_path)
+    idle = {"batchId": 3, "stateOperators": [], "numInputRows": 0}
+    note_late(settings, "w", [idle])
+    ran = {"batchId": 3, "stateOperators": [{"numRowsDroppedByWatermark": 1}]}
+    note_late(settings, "w", [ran])
+    assert late_events(settings, "w") == 1
+    # a sliding window's two readers of its topic each drop a late event
+    twice = {"batchId": 4, "stateOperators": [{"numRowsDroppedByWatermark": 1}] * 2}
+    note_late(settings, "w", [twice], readers=2)
+    assert late_events(settings, "w") == 2
+
+
 def test_a_caught_up_store_has_no_lag_however_old_its_last_change() -> None:
     idle = Progress(applied={"p.public.t:0": 9}, commit_ms=1_000, applied_ms=1_400)
     an_hour_later = 1_000 + 3_600_000

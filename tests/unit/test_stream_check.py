@@ -4,11 +4,31 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from materializers.stream_check import Event, compare_due, first_ends, session_windows
+from materializers.stream_check import (
+    Event,
+    compare_due,
+    first_ends,
+    session_windows,
+    sliding_windows,
+)
 
 
 def event(ms: int, at: int, **values: object) -> Event:
     return Event((at, at), ms, dict(values))
+
+
+def test_a_sliding_window_ends_at_each_creation_time_and_holds_its_width() -> None:
+    created = [
+        event(1000, 1, t=Decimal("1")),
+        event(1000, 2, t=Decimal("2")),  # the same commit: one window
+        event(2000, 3, t=Decimal("4")),
+        event(3001, 4, t=None),
+    ]
+    assert sliding_windows(created, 2000, "t") == {
+        1000: ((2, Decimal("3")), 1000),
+        2000: ((3, Decimal("7")), 2000),  # from 0 to 2000, both included
+        3001: ((2, Decimal("4")), 3001),  # 1001 to 3001: not the first two
+    }
 
 
 def test_a_session_ends_a_gap_after_its_last_creation_per_group() -> None:

@@ -9,7 +9,8 @@ drops an event the connector sent twice (same key and LSN, within the watermark)
 keeps its state (open windows, sessions, unmatched starts) in its checkpoint. An event
 whose commit time is older than the newest commit time the query has seen minus the
 watermark is too late: Spark drops it and the apply job counts it (`cdc status`).
-Memory is bounded by the events within the watermark (joins: and within `within`).
+Memory is bounded by the events within the watermark (sliding windows: and within the
+window; joins: and within `within`).
 
 Each micro-batch's results are merged into the Delta table on the window's key (the
 join's start), so a batch run again after a crash writes the same rows once. The table
@@ -18,8 +19,9 @@ pipeline, a lost checkpoint) empties it first, and computes it again from the lo
 start.
 
 - tumbling and hopping windows are written as they fill (update mode);
-- sessions are written once the watermark has passed their end (append mode: Spark
-  has no update mode for session windows, SPARK-36463);
+- sliding windows (one per distinct commit time of a creation, the `window` up to it)
+  and sessions are written once the watermark has passed their end (append mode:
+  Spark has no update mode for session windows, SPARK-36463);
 - a join's start is written when its end arrives (the earliest end wins, whatever
   order the batches brought them in), or without an end once the watermark has passed
   `within` after it.
@@ -45,10 +47,16 @@ from materializers.typed import quoted as q
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["JOIN_COLUMNS", "stream_join_query", "window_query"]
+__all__ = ["JOIN_COLUMNS", "late_readers", "stream_join_query", "window_query"]
 
 # a stream-stream join's columns after the start's key and before the end's carried ones
 JOIN_COLUMNS = ("start_ts", "end_ts", "elapsed_s")
+
+
+def late_readers(window: WindowAggregate) -> int:
+    """How many of the query's readers drop each late event: a sliding window reads its
+    topic twice (the windows' ends and their members), each reader dropping it."""
+    return 2 if window.kind == "sliding" else 1
 
 
 def _events(
@@ -158,6 +166,36 @@ def window_query(
             F.col("session_window.end").alias("window_end"),
             "rows",
             "total",
+        )
+        mode = "append"
+    elif window.kind == "sliding":
+        # one window per distinct creation time, joined with the creations of the window up
+        # to it (a join needs an equality: every row has the same __all)
+        ends = (
+            created()
+            .select(F.col("commit_ts").alias("window_end"), F.lit(0).alias("__all"))
+            .dropDuplicatesWithinWatermark(["window_end"])
+        )
+        members = created().select(
+            F.col("commit_ts").alias("__member_ts"), "__amount", F.lit(0).alias("__member_all")
+        )
+        size = f"INTERVAL {window.window}"
+        counts = (
+            ends.join(
+                members,
+                F.expr(
+                    f"__all = __member_all AND __member_ts >= window_end - {size} "
+                    "AND __member_ts <= window_end"
+                ),
+            )
+            .groupBy("window_end")
+            .agg(*measures)
+            .select(
+                F.expr(f"window_end - {size}").alias("window_start"),
+                "window_end",
+                "rows",
+                "total",
+            )
         )
         mode = "append"
     else:
