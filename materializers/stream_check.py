@@ -75,12 +75,14 @@ def sliding_windows(
     created: list[Event], width_ms: int, amount: str | None
 ) -> dict[int, tuple[tuple[int, Any], int]]:
     """Per distinct commit time E of a creation: (rows, total) of the creations from
-    E - width to E (both included), due at E."""
+    E - width to E (both included), due at E + width: Spark's join of the ends with
+    their members holds a member `width` longer than an end, and passes on the
+    watermark less that (the watermark its aggregation writes a window by)."""
     out = {}
     for end in sorted({e.ms for e in created}):
         inside = [e for e in created if end - width_ms <= e.ms <= end]
         total = _total([e.values.get(amount) for e in inside]) if amount else None
-        out[end] = ((len(inside), total), end)
+        out[end] = ((len(inside), total), end + width_ms)
     return out
 
 

@@ -25,9 +25,9 @@ def test_a_sliding_window_ends_at_each_creation_time_and_holds_its_width() -> No
         event(3001, 4, t=None),
     ]
     assert sliding_windows(created, 2000, "t") == {
-        1000: ((2, Decimal("3")), 1000),
-        2000: ((3, Decimal("7")), 2000),  # from 0 to 2000, both included
-        3001: ((2, Decimal("4")), 3001),  # 1001 to 3001: not the first two
+        1000: ((2, Decimal("3")), 3000),  # written once the watermark is a width past
+        2000: ((3, Decimal("7")), 4000),  # from 0 to 2000, both included
+        3001: ((2, Decimal("4")), 5001),  # 1001 to 3001: not the first two
     }
 
 

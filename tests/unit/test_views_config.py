@@ -192,3 +192,41 @@ def test_an_event_is_in_each_hopping_window_that_holds_its_time() -> None:
     assert window_starts(hopping, at) == [8 * minute, 10 * minute, 12 * minute]
     # at a window's very start it is in that one, and no more in the one ending then
     assert window_starts(hopping, 13 * minute) == [10 * minute, 12 * minute]
+
+
+def shipped(**changes: object) -> JoinView:
+    # each customer created, ended by the first order naming it
+    fields = {
+        "name": "first_order",
+        "kind": "stream_stream",
+        "table": "public.customers",
+        "references": "public.orders",
+        "on": "customer_id",
+        "within": "1 hour",
+        "columns": ["total"],
+    } | changes
+    return JoinView(**fields)  # type: ignore[arg-type]
+
+
+def test_a_stream_stream_join_links_the_end_s_column_to_the_start_s_key() -> None:
+    check_views(settings_with(joins=[shipped(when={"total": ["1"]})]), TABLES)
+    for view, message in [
+        (shipped(on="buyer_id"), "public.orders has no column buyer_id"),
+        (shipped(when={"state": ["x"]}), "public.orders has no column state"),
+        (shipped(prefix="", columns=["id"]), "id is already a column of the view"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            check_views(settings_with(joins=[view]), TABLES)
+    pair = TABLES | {"public.customers": table("customers", "name", key=("id", "name"))}
+    with pytest.raises(ConfigError, match="needs a single-column key"):
+        check_views(settings_with(joins=[shipped()]), pair)
+
+
+def test_a_session_is_grouped_by_a_column_of_its_table() -> None:
+    session = WindowAggregate(
+        name="s", table="public.orders", kind="session", gap="1 minute", group_by="customer_id"
+    )
+    check_views(settings_with(windows=[session]), TABLES)
+    wrong = session.model_copy(update={"group_by": "buyer_id"})
+    with pytest.raises(ConfigError, match=r"public\.orders has no column buyer_id"):
+        check_views(settings_with(windows=[wrong]), TABLES)

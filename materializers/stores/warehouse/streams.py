@@ -21,7 +21,8 @@ start.
 - tumbling and hopping windows are written as they fill (update mode);
 - sliding windows (one per distinct commit time of a creation, the `window` up to it)
   and sessions are written once the watermark has passed their end (append mode:
-  Spark has no update mode for session windows, SPARK-36463);
+  Spark has no update mode for session windows, SPARK-36463); a sliding window's by
+  `window` more (its aggregation follows a join, whose watermark is `window` behind);
 - a join's start is written when its end arrives (the earliest end wins, whatever
   order the batches brought them in), or without an end once the watermark has passed
   `within` after it.
