@@ -37,6 +37,7 @@ from materializers.generated import with_generated
 from materializers.progress import (
     Progress,
     checkpoint_dir,
+    forget_other_definition,
     note_late,
     read_progress,
     set_waiting,
@@ -621,10 +622,11 @@ def _start_window_query(
     spark: Any, settings: Settings, view: Any, query: Callable[..., Any], read: Any, once: bool
 ) -> Any:
     """A window aggregate's or stream-stream join's query (`query`, streams.py)."""
-    checkpoint = str(checkpoint_dir(settings, f"window-{view.name}"))
+    checkpoint = checkpoint_dir(settings, f"window-{view.name}")
+    forget_other_definition(checkpoint, view.model_dump_json())
     # a pool of its own (the query's thread inherits it from this one)
     spark.sparkContext.setLocalProperty("spark.scheduler.pool", f"window-{view.name}")
-    writer = query(spark, settings, view, read, checkpoint)
+    writer = query(spark, settings, view, read, str(checkpoint))
     return _triggered(settings, writer, once).start()
 
 

@@ -4,7 +4,8 @@
 The apply job writes it (and reads it back: the TRUNCATE cut-offs, the generation it
 swept, what it applied of each topic partition); `cdc status`, `cdc verify`'s cut,
 `cdc rebuild` and the benchmarks read it. A window aggregate keeps the events it
-counted too late beside it (`window-<name>.progress.json`).
+counted too late beside it (`window-<name>.progress.json`), and the definition its
+checkpoint was written for (`window-<name>.definition`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from materializers.position import Position
 __all__ = [
     "Progress",
     "checkpoint_dir",
+    "forget_other_definition",
     "late_events",
     "note_late",
     "progress_file",
@@ -33,6 +35,25 @@ __all__ = [
 
 def checkpoint_dir(settings: Settings, store: str) -> Path:
     return settings.data_dir / "checkpoints" / settings.pipeline.name / store
+
+
+def forget_other_definition(checkpoint: Path, definition: str) -> None:
+    """Remove a window query's checkpoint when its view was defined otherwise when the
+    checkpoint was written (another window, gap, key...): its state and its table would
+    mix both definitions. The query then starts afresh from the log's start (it empties
+    its table first). The definition is kept beside the checkpoint."""
+    import shutil
+
+    marker = checkpoint.with_name(f"{checkpoint.name}.definition")
+    try:
+        held = marker.read_text()
+    except OSError:
+        held = None
+    if held is not None and held != definition:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    if held != definition:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(definition)
 
 
 def last_committed_batch(checkpoint: Path) -> int | None:

@@ -7,6 +7,8 @@ from pathlib import Path
 from cdc.settings import Settings
 from materializers.progress import (
     Progress,
+    forget_other_definition,
+    last_committed_batch,
     late_events,
     note_late,
     read_progress,
@@ -95,3 +97,16 @@ def test_a_caught_up_store_has_no_lag_however_old_its_last_change() -> None:
     assert idle.lag_s(backlog=5, now_ms=an_hour_later, snapshot_ms=601_000) == 3_600.0
     assert Progress().lag_s(backlog=0, now_ms=an_hour_later) == 0.0
     assert Progress().last_latency_s() is None
+
+
+def test_a_window_defined_otherwise_starts_afresh(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "window-w"
+    (checkpoint / "commits").mkdir(parents=True)
+    (checkpoint / "commits" / "0").write_text("v1")
+    forget_other_definition(checkpoint, '{"window": "1 minute"}')  # first: kept
+    assert last_committed_batch(checkpoint) == 0
+    forget_other_definition(checkpoint, '{"window": "1 minute"}')  # the same: kept
+    assert last_committed_batch(checkpoint) == 0
+    forget_other_definition(checkpoint, '{"window": "5 minutes"}')  # another: gone
+    assert last_committed_batch(checkpoint) is None
+    assert (tmp_path / "window-w.definition").read_text() == '{"window": "5 minutes"}'
