@@ -160,6 +160,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=50.0, help="transactions per second")
     parser.add_argument("--seconds", type=int, default=180)
+    parser.add_argument("--change", help="what this run measures (recorded with it)")
     args = parser.parse_args()
     source = load_settings()
     _create_shop(source, lambda line: print(line, flush=True))
@@ -168,6 +169,8 @@ def main() -> None:
         "benchmark": "derived",
         "rate": args.rate,
         "seconds": args.seconds,
+        "views_trigger_interval_s": source.apply.views_trigger_interval_s,
+        **({"change": args.change} if args.change else {}),
     }
     try:
         print("snapshot of the demo shop ...", flush=True)

@@ -591,6 +591,12 @@ class ApplySettings(BaseModel):
         default_factory=lambda: list(STORE_NAMES), description="stores to keep"
     )
     trigger_interval_s: float = Field(1.0, gt=0, description="micro-batch interval")
+    views_trigger_interval_s: float = Field(
+        5.0,
+        gt=0,
+        description="micro-batch interval of the window queries and stream-stream joins: "
+        "each of their batches costs the cores the stores share, whatever it holds",
+    )
     max_offsets_per_trigger: int = Field(200_000, ge=1, description="events per micro-batch")
     warehouse_max_offsets_per_trigger: int = Field(
         500_000,

@@ -627,10 +627,10 @@ def _start_window_query(
     # a pool of its own (the query's thread inherits it from this one)
     spark.sparkContext.setLocalProperty("spark.scheduler.pool", f"window-{view.name}")
     writer = query(spark, settings, view, read, str(checkpoint))
-    return _triggered(settings, writer, once).start()
+    return _triggered(settings, writer, once, settings.apply.views_trigger_interval_s).start()
 
 
-def _triggered(settings: Settings, writer: Any, once: bool) -> Any:
+def _triggered(settings: Settings, writer: Any, once: bool, every: float | None = None) -> Any:
     if once:
         return writer.trigger(availableNow=True)
-    return writer.trigger(processingTime=f"{settings.apply.trigger_interval_s} seconds")
+    return writer.trigger(processingTime=f"{every or settings.apply.trigger_interval_s} seconds")
