@@ -40,7 +40,6 @@ TABLE = "public.batch_cost"
 ROWS = 1000
 # the driver-side functions one micro-batch calls (materializers/apply.py's names)
 PHASES = (
-    "read_source",
     "check_rewrites",
     "with_generated",
     "read_progress",
@@ -102,6 +101,8 @@ def instrument(clock: Clock) -> None:
     """Wrap the apply job's driver-side calls with the clock (before it starts)."""
     for phase in PHASES:
         setattr(apply, phase, clock.wrap(phase, getattr(apply, phase)))
+    source = apply.SourceReader.read
+    apply.SourceReader.read = clock.wrap("read_source", source)  # type: ignore[method-assign]
     ends = apply._EndOffsets.check_not_rewound
     apply._EndOffsets.check_not_rewound = clock.wrap("log end offsets", ends)  # type: ignore[method-assign]
     make_writer = apply._batch_writer

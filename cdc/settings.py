@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PositiveFloat,
     SecretStr,
     ValidationError,
     field_validator,
@@ -404,6 +405,8 @@ class SparkSettings(BaseModel):
 
 StoreName = Literal["warehouse", "search", "cache"]
 STORE_NAMES: tuple[StoreName, ...] = get_args(StoreName)  # the store registry's names
+# commit to visible, p99 over apply.freshness_window_s, that each store is held to
+_FRESHNESS_SLO_S: dict[StoreName, float] = {"cache": 5.0, "search": 5.0, "warehouse": 60.0}
 
 
 ViewName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,62}$")]
@@ -603,6 +606,34 @@ class ApplySettings(BaseModel):
         ge=1,
         description="events per warehouse micro-batch: a catch-up in fewer, larger Delta "
         "commits, each MERGE's fixed cost spread over more events",
+    )
+    freshness_slo_s: dict[StoreName, PositiveFloat] = Field(
+        default_factory=lambda: dict(_FRESHNESS_SLO_S),
+        description="per store, the commit-to-visible latency its p99 over "
+        "freshness_window_s (and its lag) must stay under: `cdc status` exits 1 and the "
+        "metrics say so when it does not (a store left out has no SLO)",
+    )
+    freshness_window_s: float = Field(
+        300.0, gt=0, description="the window `cdc status` gives freshness percentiles over"
+    )
+    warehouse_apart: bool = Field(
+        True,
+        description="`cdc apply` of the warehouse beside other stores runs the warehouse "
+        "(and its views) in a process of its own, at warehouse_nice, so that its Spark "
+        "jobs never take the cores the other stores' batches need",
+    )
+    warehouse_nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="the CPU priority (nice) the warehouse's own process runs at",
+    )
+    driver_batch_events: int = Field(
+        10_000,
+        ge=0,
+        description="a cache or search batch at most this many events behind the log is "
+        "written by the driver, through the store's connection kept from batch to batch; a "
+        "larger one (a catch-up) by Spark's Python workers, one per topic partition (0: always)",
     )
     deleted_marker_ttl_s: int = Field(
         86_400, ge=1, description="how long the cache keeps a deleted key's position"

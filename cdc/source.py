@@ -12,6 +12,7 @@ some pipeline captures (and on no other).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -37,6 +38,7 @@ from cdc.settings import PROJECT_ROOT, Settings
 from cdc.topics import check_names_apart
 
 __all__ = [
+    "SourceReader",
     "admin_connection",
     "captured_tables",
     "drop_publication",
@@ -407,6 +409,80 @@ def captured_tables(settings: Settings) -> dict[str, Table]:
     return read_source(settings)[0]
 
 
+# what a captured table's description depends on, per table: its pg_class row, its
+# columns' pg_attribute rows, their types and defaults, its primary key's index. Every
+# DDL that changes a description writes one of these rows (a new xmin); the statistics
+# ANALYZE and VACUUM keep (pages, tuples) are updated in place and change none.
+_FINGERPRINT = """
+SELECT c.oid::text || '/' || c.xmin::text || '/' || n.nspname || '.' || c.relname || '/' ||
+  coalesce((SELECT string_agg(a.attnum || ':' || a.xmin || ':' || t.xmin || ':' ||
+                              coalesce(d.xmin::text, ''), ',' ORDER BY a.attnum)
+            FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+            LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+            WHERE a.attrelid = c.oid AND a.attnum > 0), '') || '/' ||
+  coalesce((SELECT string_agg(i.indexrelid || ':' || i.xmin, ',' ORDER BY i.indexrelid)
+            FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary), '')
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))
+ORDER BY 1
+"""
+
+
+class SourceReader:
+    """read_source for a process that asks every micro-batch (the apply job): one
+    connection kept (opened again after PostgreSQL went away), and each table described
+    again only when its catalog rows changed (one query tells), so a batch costs the
+    source a few cheap queries, not a login and a dozen catalog reads."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._conn: psycopg.Connection[Any] | None = None
+        self._seen: tuple[str, ...] | None = None
+        self._tables: dict[str, Table] = {}
+
+    def read(self) -> tuple[dict[str, Table], int]:
+        """The pipeline's tables and the source's WAL position, as read_source."""
+        pipe = self.settings.pipeline
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = admin_connection(self.settings)
+                self._conn.autocommit = True
+            conn = self._conn
+            names = published_tables(conn, pipe.publication)
+            pairs = [n.split(".", 1) for n in names]
+            seen = tuple(
+                r[0]
+                for r in conn.execute(
+                    _FINGERPRINT, ([p[0] for p in pairs], [p[1] for p in pairs])
+                ).fetchall()
+            )
+            if seen != self._seen or list(self._tables) != names:
+                self._tables = {name: describe_table(conn, name, pipe) for name in names}
+                self._seen = seen
+            return dict(self._tables), _wal_position(conn)
+        except psycopg.OperationalError as exc:  # the connection went (a restart)
+            self.close()
+            pg = self.settings.postgres
+            raise SourceUnavailableError(
+                f"PostgreSQL at {pg.host}:{pg.port} does not answer ({str(exc).strip()[:120]})"
+            ) from None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._conn.close()
+            self._conn = None
+
+
+def _wal_position(conn: psycopg.Connection[Any]) -> int:
+    """Where the source's next change will be written, or a standby has replayed to."""
+    row = conn.execute(
+        "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+        "ELSE pg_current_wal_lsn() END) - '0/0'::pg_lsn"
+    ).fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
 def read_source(settings: Settings) -> tuple[dict[str, Table], int]:
     """The pipeline's tables as the catalog describes them now (read every batch, so a
     schema change reaches the stores without a restart), and the source's WAL position
@@ -416,11 +492,7 @@ def read_source(settings: Settings) -> tuple[dict[str, Table], int]:
         with admin_connection(settings) as conn:
             names = published_tables(conn, pipe.publication)
             tables = {name: describe_table(conn, name, pipe) for name in names}
-            row = conn.execute(
-                "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
-                "ELSE pg_current_wal_lsn() END) - '0/0'::pg_lsn"
-            ).fetchone()
-            return tables, int(row[0]) if row and row[0] is not None else 0
+            return tables, _wal_position(conn)
     except psycopg.OperationalError as exc:  # the connection went (a restart)
         pg = settings.postgres
         raise SourceUnavailableError(

@@ -117,8 +117,10 @@ def down(
 @app.command()
 def status(output: OutputOption = Form.text) -> None:
     """Show each component: up or down, address, version, and its details (connectors, tasks),
-    then the pipeline. Exits 1 if a component is down, the slot is lost or the connector
-    or a task failed."""
+    then the pipeline: per store its backlog, lag, freshness (commit to visible, p50 and
+    p99 over apply.freshness_window_s) against its SLO, and the process applying it.
+    Exits 1 if a component is down, the slot is lost, the connector or a task failed, or
+    a store breaches its freshness SLO (apply.freshness_slo_s)."""
     stack = Stack(settings())
     if not _print_status(stack, Output(output)):
         raise typer.Exit(1)
@@ -138,7 +140,9 @@ def _print_status(stack: Stack, output: Output) -> bool:
         status_table(statuses),
         *([pipeline_table(pipeline)] if pipeline is not None else []),
     )
-    return all(s.up for s in statuses) and not (pipeline is not None and pipeline.broken)
+    return all(s.up for s in statuses) and not (
+        pipeline is not None and (pipeline.broken or pipeline.breached)
+    )
 
 
 @app.command("config")

@@ -16,7 +16,11 @@ __all__ = ["StatusCollector", "families", "serve"]
 
 def families(components: Sequence[ComponentStatus], pipeline: PipelineStatus) -> list[Any]:
     """The metric families for one look at the stack and the pipeline."""
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+    )
 
     up = GaugeMetricFamily("cdc_component_up", "1 when the component answers", labels=["component"])
     for c in components:
@@ -99,7 +103,45 @@ def families(components: Sequence[ComponentStatus], pipeline: PipelineStatus) ->
         "1 while the store does not answer and its batch waits, uncommitted",
         labels=["pipeline", "store"],
     )
+    freshness = HistogramMetricFamily(
+        "cdc_store_freshness_seconds",
+        "commit to visible: how long after its commit each change became visible in the store",
+        labels=["pipeline", "store"],
+    )
+    p50 = GaugeMetricFamily(
+        "cdc_store_freshness_p50_seconds",
+        "median commit-to-visible latency over apply.freshness_window_s",
+        labels=["pipeline", "store"],
+    )
+    p99 = GaugeMetricFamily(
+        "cdc_store_freshness_p99_seconds",
+        "99th percentile commit-to-visible latency over apply.freshness_window_s",
+        labels=["pipeline", "store"],
+    )
+    slo = GaugeMetricFamily(
+        "cdc_store_freshness_slo_seconds",
+        "apply.freshness_slo_s: the store's p99 (and lag) must stay under it",
+        labels=["pipeline", "store"],
+    )
+    breached = GaugeMetricFamily(
+        "cdc_store_freshness_slo_breached",
+        "1 while the store's p99 over the window, or its lag, is above its SLO",
+        labels=["pipeline", "store"],
+    )
     for store, figures in pipeline.stores.items():
+        labels = [pipeline.name, store]
+        fresh = figures.get("freshness") or {}
+        if fresh.get("histogram"):
+            histogram = fresh["histogram"]
+            freshness.add_metric(
+                labels, [tuple(b) for b in histogram["buckets"]], histogram["sum_s"]
+            )
+        if fresh.get("p50_s") is not None:
+            p50.add_metric(labels, float(fresh["p50_s"]))
+            p99.add_metric(labels, float(fresh["p99_s"]))
+        if fresh.get("slo_s") is not None:
+            slo.add_metric(labels, float(fresh["slo_s"]))
+            breached.add_metric(labels, 1.0 if fresh.get("breached") else 0.0)
         backlog.add_metric([pipeline.name, store], float(figures["backlog_events"]))
         if figures.get("lag_s") is not None:
             lag.add_metric([pipeline.name, store], float(figures["lag_s"]))
@@ -129,6 +171,11 @@ def families(components: Sequence[ComponentStatus], pipeline: PipelineStatus) ->
         backlog,
         lag,
         waiting,
+        freshness,
+        p50,
+        p99,
+        slo,
+        breached,
         dead,
         late,
     ]

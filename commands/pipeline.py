@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -50,6 +51,15 @@ class PipelineStatus:
     dead_letters: int = 0
     late_events: dict[str, int] = field(default_factory=dict)  # per window aggregate
     error: str | None = None
+
+    @property
+    def breached(self) -> dict[str, str]:
+        """The stores whose freshness breaches their SLO, and why (`cdc status` exits 1)."""
+        return {
+            store: figures["freshness"]["why"]
+            for store, figures in self.stores.items()
+            if (figures.get("freshness") or {}).get("breached")
+        }
 
     @property
     def broken(self) -> bool:
@@ -243,6 +253,7 @@ def _store_progress(
     """Per store: the events it has still to apply, and how far behind the source it is.
     A store that has finished no batch yet is listed once the log holds events
     (`nothing_applied`), its lag counted from the snapshot."""
+    from materializers.freshness import Freshness, judge
     from materializers.progress import Progress
     from snapshot.generation import read_generation
 
@@ -266,8 +277,42 @@ def _store_progress(
             "applied_at_ms": progress.applied_ms,
             # the store did not answer: its batch waits, uncommitted (reason, since_ms)
             "waiting": progress.waiting,
+            # the apply process that wrote its last batch, and whether it still runs
+            "pid": progress.pid,
+            "running": _running(progress.pid),
+        }
+        freshness = Freshness.from_json(progress.freshness)
+        judged = judge(
+            freshness,
+            lag,
+            # judged once an apply job has written the store (until then, its lag says
+            # how far behind it is)
+            None if nothing_applied else settings.apply.freshness_slo_s.get(store),
+            now_ms,
+            settings.apply.freshness_window_s,
+        )
+        stores[store]["freshness"] = judged.to_json() | {
+            "window_s": settings.apply.freshness_window_s,
+            "histogram": {
+                "buckets": freshness.cumulative(),
+                "sum_s": freshness.sum_s,
+                "count": freshness.count,
+            },
         }
     return stores
+
+
+def _running(pid: int | None) -> bool | None:
+    """Whether process `pid` runs on this machine (None: no pid known)."""
+    if pid is None:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: it runs
+        return True
+    return True
 
 
 def _late_events(settings: Settings) -> dict[str, int]:

@@ -110,6 +110,20 @@ def pipeline_table(p: PipelineStatus) -> Table:
             state = "[green]caught up[/green] (backlog 0; lag 0s)"
         if s.get("last_latency_s") is not None:
             state += f"; its newest change was visible {s['last_latency_s']:.1f}s after commit"
+        fresh = s.get("freshness") or {}
+        if fresh.get("p99_s") is not None:
+            state += (
+                f"; visible {fresh['p50_s']:.1f}s (p50) / {fresh['p99_s']:.1f}s (p99) after "
+                f"commit over the last {fresh['window_s']:.0f}s"
+            )
+        if fresh.get("slo_s") is not None:
+            state += (
+                f"; [red]SLO {fresh['slo_s']:g}s breached[/red]: {escape(fresh['why'])}"
+                if fresh.get("breached")
+                else f"; SLO {fresh['slo_s']:g}s met"
+            )
+        if s.get("pid") is not None:
+            state += f"; applied by pid {s['pid']}" + ("" if s.get("running") else " (stopped)")
         if s.get("waiting"):
             since = s["waiting"]["since_ms"]
             state = (

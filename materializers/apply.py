@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
+import os
 import re
 import sys
 import threading
@@ -21,18 +23,21 @@ from cdc.catalog import TRUNCATIONS_TABLE, Table
 from cdc.clients import kafka_client_kwargs
 from cdc.errors import (
     CdcError,
+    ConfigError,
     LogRewoundError,
+    NotInstalledError,
     SourceRewoundError,
     SourceUnavailableError,
     StoreError,
     StoreUnavailableError,
 )
 from cdc.settings import Settings
-from cdc.source import captured_tables, ping_source, read_source
+from cdc.source import SourceReader, captured_tables, ping_source
 from cdc.spark import kafka_options, spark_session
 from cdc.topics import change_topic, change_topic_pattern
 from materializers.dead_letters import DeadLetters
 from materializers.events import parse_events
+from materializers.freshness import RATIO, Freshness
 from materializers.generated import with_generated
 from materializers.progress import (
     Progress,
@@ -48,7 +53,8 @@ from materializers.stores.registry import executor_settings, make_row_store, mak
 from materializers.stores.warehouse.streams import late_readers, stream_join_query, window_query
 from materializers.stores.warehouse.views import check_views
 from materializers.typed import unheld_columns
-from materializers.writer import RESULT_DDL, partition_writer
+from materializers.warehouse_process import WarehouseProcess
+from materializers.writer import RESULT_DDL, partition_writer, result_schema
 from snapshot.encoding import int_to_lsn
 from snapshot.generation import read_generation
 from snapshot.rewrites import check_rewrites
@@ -102,10 +108,12 @@ def _batch_writer(
             return
 
     ends = _EndOffsets(settings)
+    source = SourceReader(settings)
     cut_times: dict[str, int] = {}  # table -> commit time of its last TRUNCATE (warehouse)
 
     def write_once(batch: Any, batch_id: int) -> None:
-        tables, wal = read_source(settings)
+        started_ms = int(time.time() * 1000)  # events' ages are counted from here
+        tables, wal = source.read()
         check_rewrites(settings, tables.values(), notify)
         topics = {change_topic(settings.pipeline, t): t for t in [*tables, TRUNCATIONS_TABLE]}
         batch = with_generated(batch, settings.postgres.dsn(), topics, tables)
@@ -118,13 +126,20 @@ def _batch_writer(
         cut_times.clear()
         cut_times.update(progress.truncated_ms)
         if isinstance(store, RowStore):
-            _write_partitions(batch, topics, tables, batch_id, cutoffs, behind >= BULK_EVENTS)
+            mode = (
+                "bulk"
+                if behind >= BULK_EVENTS
+                else "driver"
+                if behind <= settings.apply.driver_batch_events
+                else "workers"
+            )
+            _write_partitions(batch, topics, tables, batch_id, cutoffs, mode, started_ms)
         else:
             parsed = _unheld_as_errors(
                 parse_events(batch, topics).where("table IS NOT NULL"), tables
             ).cache()
             try:
-                _write_frame(parsed, tables, batch_id, cutoffs)
+                _write_frame(parsed, tables, batch_id, cutoffs, started_ms)
             finally:
                 parsed.unpersist()
         _sweep_generation(tables)
@@ -147,7 +162,11 @@ def _batch_writer(
         log.info("%s: generation %d whole; rows from before it removed", store.name, generation.lsn)
 
     def _write_frame(
-        parsed: Any, tables: dict[str, Table], batch_id: int, cutoffs: dict[str, tuple[int, int]]
+        parsed: Any,
+        tables: dict[str, Table],
+        batch_id: int,
+        cutoffs: dict[str, tuple[int, int]],
+        started_ms: int,
     ) -> None:
         """A store that writes Spark frames (the warehouse) takes the batch as one. One
         job tells what the batch holds (per topic partition: last offset, events, newest
@@ -156,8 +175,15 @@ def _batch_writer(
         from pyspark.sql import functions as F
 
         valid = F.col("error").isNull()
-        parts = (
-            parsed.groupBy("table", "topic", "partition")
+        # per topic partition and fine age bucket (materializers/freshness.py) of the
+        # changes (not the snapshot's or a backfill's reads), in one job
+        age = F.greatest(F.lit(started_ms) - F.col("commit_ms"), F.lit(1))
+        bucket = F.when(
+            valid & F.col("commit_ms").isNotNull() & (F.col("op") != "r"),
+            F.greatest(F.ceil(F.log(age) / math.log(RATIO)) - 1, F.lit(0)),
+        )
+        groups = (
+            parsed.groupBy("table", "topic", "partition", bucket.alias("bucket"))
             .agg(
                 F.max("offset").alias("offset"),
                 F.count(F.when(valid, 1)).alias("n"),
@@ -167,6 +193,31 @@ def _batch_writer(
             )
             .collect()
         )
+        ages: dict[int, int] = {}
+        merged: dict[tuple[str, str, int], dict[str, Any]] = {}
+        for g in groups:
+            if g["bucket"] is not None and g["table"] != TRUNCATIONS_TABLE:
+                ages[g["bucket"]] = ages.get(g["bucket"], 0) + g["n"]
+            part = merged.setdefault(
+                (g["table"], g["topic"], g["partition"]),
+                {
+                    "table": g["table"],
+                    "topic": g["topic"],
+                    "partition": g["partition"],
+                    "offset": -1,
+                    "n": 0,
+                    "commit_ms": None,
+                    "commit_lsn": None,
+                    "errors": 0,
+                },
+            )
+            part["offset"] = max(part["offset"], g["offset"])
+            part["n"] += g["n"]
+            part["errors"] += g["errors"]
+            for newest in ("commit_ms", "commit_lsn"):
+                if g[newest] is not None:
+                    part[newest] = max(part[newest] or g[newest], g[newest])
+        parts = list(merged.values())
         if any(p["errors"] for p in parts):
             for row in parsed.where("error IS NOT NULL").toLocalIterator():
                 dead.send_row(row)
@@ -194,7 +245,7 @@ def _batch_writer(
             summary["n"],
             time.monotonic() - started,
         )
-        _record(batch_id, summary, offsets, None, cutoffs)
+        _record(batch_id, summary, offsets, None, cutoffs, ages, started_ms)
 
     def _write_partitions(
         batch: Any,
@@ -202,13 +253,19 @@ def _batch_writer(
         tables: dict[str, Table],
         batch_id: int,
         cutoffs: dict[str, tuple[int, int]],
-        bulk: bool,
+        mode: str,
+        started_ms: int,
     ) -> None:
-        """A Python store is written by Spark's Python workers, partition by partition
-        (materializers/writer.py); the driver gets the counts, the dead letters and the
-        batch's TRUNCATEs. A TRUNCATE is applied after the batch's writes: it empties
-        what was written before its LSN, which is what applying it first and leaving out
-        the older events would have left."""
+        """A Python store's batch goes through materializers/writer.py: a small one
+        (`mode` "driver") here, collected in partition order and written through the
+        driver's own connection, as cheap as a micro-batch gets (no Python worker, no
+        connection per task, no per-task imports: bench/results/streaming.jsonl); a
+        larger one ("workers", or "bulk": a catch-up, Store.bulk) by Spark's Python
+        workers, partition by partition. Either way the driver gets the counts, the dead
+        letters and the batch's TRUNCATEs. A TRUNCATE is applied after the batch's
+        writes: it empties what was written before its LSN, which is what applying it
+        first and leaving out the older events would have left."""
+        import pyarrow as pa
         from pyspark.sql import functions as F
 
         mapping = F.create_map(*[x for t, n in topics.items() for x in (F.lit(t), F.lit(n))])
@@ -220,26 +277,52 @@ def _batch_writer(
             F.col("key").cast("string").alias("key"),
             F.col("value").cast("string").alias("value"),
         ).where("table IS NOT NULL")
-        run = partition_writer(
-            functools.partial(make_row_store, executor_settings(settings, store.name), store.name),
-            tables,
-            functools.partial(change_topic, settings.pipeline),
-            TRUNCATIONS_TABLE,
-            cutoffs,
-            chunk,
-        )
+        topic_of = functools.partial(change_topic, settings.pipeline)
         offsets: dict[str, int] = {}
         counts = {"written": 0, "stale": 0}
         summary: dict[str, Any] = {"n": 0, "commit_ms": None, "commit_lsn": 0}
         truncations = []
-        if bulk:  # a batch of a backlog: written for throughput (Store.bulk)
-            store.bulk(tables.values(), on=True)
-        try:
-            results = frame.mapInArrow(run, RESULT_DDL).collect()
-        finally:
-            if bulk:  # before the batch commits: what it wrote is visible then
-                store.bulk(tables.values(), on=False)
+        results: list[Any]
+        if mode == "driver":
+            assert isinstance(store, RowStore)
+            here = partition_writer(
+                lambda: store,
+                tables,
+                topic_of,
+                TRUNCATIONS_TABLE,
+                cutoffs,
+                chunk,
+                close=False,
+                started_ms=started_ms,
+            )
+            arrow = frame.toArrow()  # partition by partition, each in offset order
+            results = pa.Table.from_batches(
+                list(here(iter(arrow.to_batches()))), schema=result_schema()
+            ).to_pylist()
+        else:
+            run = partition_writer(
+                functools.partial(
+                    make_row_store, executor_settings(settings, store.name), store.name
+                ),
+                tables,
+                topic_of,
+                TRUNCATIONS_TABLE,
+                cutoffs,
+                chunk,
+                started_ms=started_ms,
+            )
+            if mode == "bulk":  # a batch of a backlog: written for throughput (Store.bulk)
+                store.bulk(tables.values(), on=True)
+            try:
+                results = frame.mapInArrow(run, RESULT_DDL).collect()
+            finally:
+                if mode == "bulk":  # before the batch commits: its writes are visible then
+                    store.bulk(tables.values(), on=False)
+        ages: dict[int, int] = {}
         for row in results:
+            if row["kind"] == "age":
+                ages[row["bucket"]] = ages.get(row["bucket"], 0) + row["n"]
+                continue
             if row["kind"] == "dead":
                 dead.send_row(row)
                 continue
@@ -261,7 +344,7 @@ def _batch_writer(
                 store.truncate(tables[row["table"]], at, row["commit_ms"])
                 cutoffs[row["table"]] = max(at, cutoffs.get(row["table"], (0, 0)))
         log.info("%s batch %d: %s", store.name, batch_id, counts)
-        _record(batch_id, summary, offsets, counts, cutoffs)
+        _record(batch_id, summary, offsets, counts, cutoffs, ages, started_ms)
 
     def _truncated(
         parsed: Any, tables: dict[str, Table], cutoffs: dict[str, tuple[int, int]], found: bool
@@ -315,8 +398,13 @@ def _batch_writer(
         offsets: dict[str, int],
         counts: Any,
         cutoffs: dict[str, tuple[int, int]],
+        ages: dict[int, int],
+        started_ms: int,
     ) -> None:
         previous = read_progress(settings, store.name) or Progress()
+        applied_ms = int(time.time() * 1000)
+        freshness = Freshness.from_json(previous.freshness)
+        freshness.add(ages, applied_ms - started_ms, applied_ms, settings.apply.freshness_window_s)
         commit_ms = summary["commit_ms"] if summary and summary["n"] else previous.commit_ms
         newest = [summary.get("commit_lsn") or 0, previous.commit_lsn]
         newest += [commit for commit, _ in cutoffs.values()]
@@ -325,11 +413,13 @@ def _batch_writer(
             applied={**previous.applied, **offsets},
             commit_lsn=max(newest),  # the newest source position the store took
             commit_ms=commit_ms,
-            applied_ms=int(time.time() * 1000),
+            applied_ms=applied_ms,
             last_batch=counts,
             truncated=dict(cutoffs),
             truncated_ms=dict(cut_times),
             generation=previous.generation,  # the last one swept
+            pid=os.getpid(),
+            freshness=freshness.to_json(),
         )
         write_progress(settings, store.name, record)
 
@@ -463,6 +553,15 @@ def run_apply(
     tables = captured_tables(settings)
     check_rewrites(settings, tables.values(), notify)  # DDL while the job was down
     selected = stores or list(settings.apply.stores)
+    apart = None  # the warehouse, in a process of its own (materializers/warehouse_process)
+    if (
+        not once
+        and settings.apply.warehouse_apart
+        and "warehouse" in selected
+        and len(selected) > 1
+    ):
+        selected = [s for s in selected if s != "warehouse"]
+        apart = WarehouseProcess(settings)
     if "warehouse" in selected:
         check_views(settings, tables)
     starters: dict[str, Callable[[], Any]] = {}
@@ -481,6 +580,10 @@ def run_apply(
             )
     queries = {name: start() for name, start in starters.items()}
     windows = {n[len("window-") :]: q for n, q in queries.items() if n.startswith("window-")}
+    if apart is not None:
+        apart.start()
+        nice = settings.apply.warehouse_nice
+        notify(f"warehouse: in a process of its own (pid {apart.pid}, nice {nice})")
     if once:
         try:
             for query in queries.values():
@@ -521,6 +624,8 @@ def run_apply(
                     continue
                 if name.startswith("window-"):
                     windows[name[len("window-") :]] = queries[name]
+            if apart is not None:
+                _watch_apart(apart, failures, stop)
             _note_late(settings, windows)
             # (never a query's awaitTermination here: it raises the query's failure,
             # which the loop above restarts the query for)
@@ -531,6 +636,34 @@ def run_apply(
     finally:
         for query in queries.values():
             query.stop()
+        if apart is not None:
+            apart.stop()
+
+
+# what the warehouse's process exits with when starting it again cannot help: a setting,
+# an install, or a log or source that went back
+_FATAL_EXITS = {e.exit_code: e for e in (ConfigError, NotInstalledError, LogRewoundError)}
+
+
+def _watch_apart(
+    apart: WarehouseProcess, failures: dict[str, int], stop: threading.Event | None
+) -> None:
+    """Start the warehouse's process again when it has stopped (after a pause that grows
+    with its failures), as a failed query is; raise its error when that cannot help."""
+    code = apart.exit_code()
+    if code is None:
+        return
+    said = apart.last_line.removeprefix("cdc apply: ")
+    if code in _FATAL_EXITS:
+        raise _FATAL_EXITS[code](f"the warehouse's apply process stopped: {said}")
+    failures["warehouse"] = failures.get("warehouse", 0) + 1
+    pause = min(2 ** failures["warehouse"], 60)
+    notify(f"warehouse: its process exited ({code}: {said}); starting it again in {pause} s")
+    if stop is not None and stop.wait(pause):
+        return
+    if stop is None:
+        time.sleep(pause)
+    apart.start()
 
 
 _RAISED = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$")
@@ -608,6 +741,11 @@ def _start_store_query(spark: Any, settings: Settings, store: Store, once: bool)
         # records a re-snapshot deleted are gone on purpose; start from what is there
         .option("failOnDataLoss", "false")
         .option("maxOffsetsPerTrigger", limit)
+        # each task's consumer finds the fetch it sent ahead at the end of the last batch
+        # still waiting at the broker for new records (up to 500 ms by default) and waits
+        # for it before it can fetch its range: a small batch then costs a partition's
+        # quiet time per task
+        .option("kafka.fetch.max.wait.ms", "100")
         .load()
     )
     writer = (

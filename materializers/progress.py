@@ -84,6 +84,8 @@ class Progress:
     truncated_ms: dict[str, int] = field(default_factory=dict)  # table -> its commit time
     generation: int = -1  # the last snapshot generation swept (snapshot/generation.py)
     waiting: dict[str, Any] | None = None  # the store did not answer: reason, since_ms
+    pid: int | None = None  # the process that wrote its last batch
+    freshness: dict[str, Any] | None = None  # commit to visible (materializers/freshness.py)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Progress:

@@ -20,10 +20,11 @@ import orjson
 
 from cdc.catalog import Table
 from cdc.decode import UNAVAILABLE, mark_unavailable
+from materializers.freshness import age_bucket
 from materializers.position import event_position
 from materializers.stores.base import Event, RowStore
 
-__all__ = ["RESULT_DDL", "partition_writer"]
+__all__ = ["RESULT_DDL", "partition_writer", "result_schema"]
 
 # what each worker takes: the Kafka record with its table's name (key and value as text)
 _INPUT_COLUMNS = ("table", "topic", "partition", "offset", "key", "value")
@@ -31,18 +32,19 @@ _INPUT_COLUMNS = ("table", "topic", "partition", "offset", "key", "value")
 # what each partition's worker returns: kind 'applied' (one row per topic partition:
 # its last offset, the newest commit time and the counts), 'dead' (an event the store
 # refused or that is not a change event, with the error) or 'truncate' (a TRUNCATE of
-# `table` at `lsn`, committed at commit_ms)
+# `table` at `lsn`, committed at commit_ms) or 'age' (n events whose age at the batch's
+# start falls in fine bucket `bucket`: materializers/freshness.py)
 RESULT_DDL = (
     "kind string, topic string, partition int, offset long, key string, value string, "
     "error string, commit_ms long, n long, written long, stale long, table string, lsn long, "
-    "commit_lsn long"
+    "commit_lsn long, bucket long"
 )
 _NOT_A_CHANGE_EVENT = "not a change event"
 _OPS = ("c", "u", "d", "r")
 _LONG = (-(2**63), 2**63 - 1)
 
 
-def _result_schema() -> Any:
+def result_schema() -> Any:
     import pyarrow as pa
 
     strings = ("kind", "topic", "key", "value", "error", "table")
@@ -162,8 +164,13 @@ def partition_writer(
     truncations_table: str,
     cutoffs: dict[str, tuple[int, int]],
     chunk: int = 5000,
+    close: bool = True,
+    started_ms: int = 0,
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The function mapInArrow runs on each partition.
+    """The function mapInArrow runs on each partition, or the driver on a whole small
+    batch collected in partition order (`close` False: the store it opens is the
+    driver's own, kept open from batch to batch). `started_ms`: when the batch started,
+    which its events' ages are counted from (materializers/freshness.py).
 
     Rows of `truncations_table` are reported, not written. An event of a table from
     before its last TRUNCATE (`cutoffs`: table -> the TRUNCATE's position) is counted as
@@ -185,6 +192,7 @@ def partition_writer(
             "stale": 0,
         }
         pending: dict[tuple[str, str], Event] = {}
+        ages: dict[int, int] = {}
         store = open_store()
 
         def flush() -> None:
@@ -258,6 +266,9 @@ def partition_writer(
                     seen["n"] += 1
                     if commit_ms is not None and commit_ms > (seen["commit_ms"] or 0):
                         seen["commit_ms"] = commit_ms
+                    if commit_ms is not None and op != "r":  # a change, not a snapshot read
+                        age = age_bucket(started_ms - commit_ms)
+                        ages[age] = ages.get(age, 0) + 1
                     commit_lsn, lsn = position if position is not None else (None, None)
                     if commit_lsn is not None and commit_lsn > (seen["commit_lsn"] or 0):
                         seen["commit_lsn"] = commit_lsn
@@ -274,13 +285,15 @@ def partition_writer(
                         flush()
             flush()
         finally:
-            store.close()
+            if close:
+                store.close()
         rows = [
             {"kind": "applied", "topic": topic, "partition": partition, "offset": offset}
             for (topic, partition), offset in applied.items()
         ]
         if rows:  # the partition's totals ride on its first row
             rows[0] |= {k: seen[k] for k in ("n", "commit_ms", "commit_lsn", "written", "stale")}
-        yield pa.RecordBatch.from_pylist(rows + out, schema=_result_schema())
+        rows += [{"kind": "age", "bucket": b, "n": n} for b, n in ages.items()]
+        yield pa.RecordBatch.from_pylist(rows + out, schema=result_schema())
 
     return run

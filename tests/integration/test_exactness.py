@@ -73,13 +73,25 @@ def source(dsn: str, name: str) -> dict[int, str]:
         return dict(conn.execute(f"SELECT id, body FROM {name}").fetchall())  # type: ignore[arg-type]
 
 
-def test_redelivered_and_older_changes_change_nothing(captured: Capture) -> None:
+# a small batch of the cache and the search index is written by the driver, a larger one
+# by Spark's Python workers (apply.driver_batch_events): both paths keep every guard
+@pytest.mark.parametrize("driver_batch_events", [10_000, 0], ids=["driver", "workers"])
+def test_redelivered_and_older_changes_change_nothing(
+    captured: Capture, driver_batch_events: int
+) -> None:
     t = captured(
         "CREATE TABLE {name} (id int PRIMARY KEY, body text)",
         "INSERT INTO {name} SELECT g, 'v0' FROM generate_series(1, 20) g",
         prefix="exact",
     )
-    name, table, settings, dsn = t.name, t.table, t.settings, t.dsn
+    name, table, dsn = t.name, t.table, t.dsn
+    settings = t.settings.model_copy(
+        update={
+            "apply": t.settings.apply.model_copy(
+                update={"driver_batch_events": driver_batch_events}
+            )
+        }
+    )
     kafka = settings.kafka
     topic = change_topic(settings.pipeline, table)
     with psycopg.connect(dsn, autocommit=True) as conn:

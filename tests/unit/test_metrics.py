@@ -27,6 +27,17 @@ def look() -> tuple[list[ComponentStatus], PipelineStatus]:
                 "backlog_events": 3,
                 "lag_s": 1.5,
                 "waiting": {"reason": "Redis at 127.0.0.1:6379 does not answer", "since_ms": 1},
+                "freshness": {
+                    "p50_s": 0.8,
+                    "p99_s": 1.9,
+                    "slo_s": 5.0,
+                    "breached": True,
+                    "histogram": {
+                        "buckets": [["0.5", 3.0], ["1.0", 10.0], ["2.0", 12.0], ["+Inf", 12.0]],
+                        "sum_s": 9.5,
+                        "count": 12,
+                    },
+                },
             },
             "warehouse": {"backlog_events": 0, "lag_s": None},
         },
@@ -58,4 +69,11 @@ def test_the_endpoint_serves_the_status_figures() -> None:
         line.startswith('cdc_store_lag_seconds{pipeline="cdc",store="warehouse"') for line in lines
     )
     assert 'cdc_dead_letters_total{pipeline="cdc"} 2.0' in lines
+    histogram = 'cdc_store_freshness_seconds_bucket{le="1.0",pipeline="cdc",store="cache"} 10.0'
+    assert histogram in lines
+    assert 'cdc_store_freshness_seconds_count{pipeline="cdc",store="cache"} 12.0' in lines
+    assert 'cdc_store_freshness_seconds_sum{pipeline="cdc",store="cache"} 9.5' in lines
+    assert 'cdc_store_freshness_p99_seconds{pipeline="cdc",store="cache"} 1.9' in lines
+    assert 'cdc_store_freshness_slo_seconds{pipeline="cdc",store="cache"} 5.0' in lines
+    assert 'cdc_store_freshness_slo_breached{pipeline="cdc",store="cache"} 1.0' in lines
     assert 'cdc_window_late_events_total{pipeline="cdc",window="orders_per_minute"} 7.0' in lines

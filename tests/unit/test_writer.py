@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from cdc.catalog import Column, Table
 from cdc.decode import UNAVAILABLE
+from materializers.freshness import age_bucket
 from materializers.stores.base import Entry, Event, Rows, Store, WriteResult
 from materializers.writer import partition_writer
 
@@ -191,3 +192,22 @@ def test_a_value_without_a_position_is_a_dead_letter() -> None:
     no_lsn = json.dumps({"op": "u", "after": {"id": 1, "body": "x"}, "source": {"ts_ms": 1}})
     out = write([row(1, 0, value=no_lsn)], Recorder())
     assert [r["error"] for r in out if r["kind"] == "dead"] == ["not a change event"]
+
+
+def test_changes_are_counted_by_age_and_the_driver_keeps_its_store_open() -> None:
+    """Each change (not a snapshot read, not a tombstone) is counted in the fine bucket of
+    its age at the batch's start, for the store's freshness; run by the driver
+    (`close` False), the writer leaves the store it was given open."""
+    store = Recorder()
+    snapshot_read = row(3, 2, op="r")
+    out = write(
+        [row(1, 0), row(2, 1), snapshot_read, row(2, 3, value=None)],
+        store,
+        started_ms=2000,
+        close=False,
+    )
+    ages = {r["bucket"]: r["n"] for r in out if r["kind"] == "age"}
+    # commit times 1000 and 1001 (envelope): ages 1000 and 999 ms
+    assert ages == {age_bucket(1000): 1, age_bucket(999): 1} or ages == {age_bucket(1000): 2}
+    assert sum(ages.values()) == 2
+    assert not store.closed

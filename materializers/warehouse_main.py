@@ -1,0 +1,46 @@
+"""The child process of materializers/warehouse_process.py: the warehouse's apply job.
+
+Reads its settings from standard input (8 bytes of length, then the pickled Settings),
+lowers its CPU priority to `apply.warehouse_nice` (its Spark JVM inherits it), runs the
+warehouse's queries until standard input closes or SIGTERM comes, and exits with the
+exit code of the error that stopped it (its one line on standard error)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import threading
+
+from cdc.errors import CdcError
+from cdc.settings import Settings
+from materializers.apply import run_apply
+
+
+def main() -> int:
+    stdin = sys.stdin.buffer
+    size = int.from_bytes(stdin.read(8), "big")
+    settings = pickle.loads(stdin.read(size))
+    if not isinstance(settings, Settings):
+        print("cdc apply: the warehouse process got no settings", file=sys.stderr)
+        return 2
+    os.nice(settings.apply.warehouse_nice)
+    stop = threading.Event()
+
+    def watch_parent() -> None:
+        stdin.read()  # returns when the parent closes the pipe, or dies
+        stop.set()
+
+    threading.Thread(target=watch_parent, name="parent", daemon=True).start()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        run_apply(settings, ["warehouse"], stop=stop)
+    except CdcError as exc:
+        print(f"cdc apply: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
