@@ -110,6 +110,9 @@ _JAVA = [
 _PROGRAMS = {"postgres": "postgres", "redis-server": "redis", "pgbench": "pgbench"}
 
 
+WAREHOUSE_PROCESS = "materializers.warehouse_main"  # the warehouse's own apply process
+
+
 def _component(pid: str) -> str | None:
     if int(pid) == os.getpid():
         return DRIVER
@@ -120,7 +123,26 @@ def _component(pid: str) -> str | None:
         return None
     if program in _PROGRAMS:
         return _PROGRAMS[program]
-    return next((name for name, marker in _JAVA if marker in cmdline), None)
+    if WAREHOUSE_PROCESS in cmdline:
+        return "warehouse process (python)"
+    name = next((name for name, marker in _JAVA if marker in cmdline), None)
+    if name and name.startswith("spark") and _parent_runs(pid, WAREHOUSE_PROCESS):
+        return f"warehouse {name}"  # the Spark of the warehouse's own process
+    return name
+
+
+def _parent_runs(pid: str, marker: str) -> bool:
+    """Whether a process's parent (or its parent's parent) has `marker` in its command."""
+    for _ in range(2):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            pid = stat[stat.rindex(")") + 2 :].split()[1]
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError, IndexError):
+            return False
+        if marker in cmdline:
+            return True
+    return False
 
 
 def _pss_kib(pid: str) -> int:

@@ -24,6 +24,7 @@ from cdc.settings import KafkaSettings, PipelineSettings
 __all__ = [
     "ChangeRecord",
     "TopicSpec",
+    "change_times",
     "change_topic",
     "change_topic_pattern",
     "change_topic_spec",
@@ -187,6 +188,44 @@ def end_offsets(kafka: KafkaSettings, topics: list[str]) -> dict[str, dict[int, 
         return result
     finally:
         consumer.close()
+
+
+def change_times(
+    kafka: KafkaSettings, wanted: set[tuple[str, int, int]], timeout_s: float = 2.0
+) -> dict[tuple[str, int, int], int]:
+    """For each (topic, partition, offset), the commit time (ms) of the change at that
+    offset, or at the first one after it that compaction kept: its `source.ts_ms`, else
+    the record's timestamp. A position with no record after it within `timeout_s` has
+    none."""
+    if not wanted:
+        return {}
+    consumer = KafkaConsumer(**kafka_client_kwargs(kafka), enable_auto_commit=False)
+    try:
+        starts = {TopicPartition(t, p): offset for t, p, offset in wanted}
+        consumer.assign(list(starts))
+        for tp, offset in starts.items():
+            consumer.seek(tp, offset)
+        found: dict[tuple[str, int, int], int] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(found) < len(starts) and time.monotonic() < deadline:
+            for tp, records in consumer.poll(timeout_ms=200, max_records=500).items():
+                if not records or (tp.topic, tp.partition, starts[tp]) in found:
+                    continue
+                found[(tp.topic, tp.partition, starts[tp])] = _commit_ms(records[0])
+                consumer.pause(tp)
+        return found
+    finally:
+        consumer.close()
+
+
+def _commit_ms(record: Any) -> int:
+    try:
+        ts = json.loads(record.value)["source"]["ts_ms"]
+        if isinstance(ts, int):
+            return ts
+    except (TypeError, ValueError, KeyError):
+        pass
+    return int(record.timestamp)
 
 
 def truncate_topics(kafka: KafkaSettings, specs: list[TopicSpec]) -> None:

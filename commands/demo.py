@@ -169,27 +169,41 @@ def run_demo(
         except BaseException as exc:  # shown below
             failure.append(exc)
 
-    progress("starting the apply job (warehouse, search, cache) and the shop's workload")
+    progress("starting the apply job (the warehouse in a process of its own, search, cache)")
     applier = threading.Thread(target=apply, name="apply", daemon=True)
     applier.start()
     workload = Workload(settings.postgres.dsn(), rate=rate)
-    workload.start()
     try:
-        _dashboard(settings, out, workload, duration, result, failure)
-    except KeyboardInterrupt:
+        # the workload starts once every store holds the snapshot: from then on the
+        # dashboard shows each store following the source
+        _wait_for_first_batches(settings, progress, failure)
+        progress("starting the shop's workload")
+        workload.start()
+        try:
+            _dashboard(settings, out, workload, duration, result, failure)
+        except KeyboardInterrupt:  # ends the workload, not the demo
+            progress("Ctrl-C: the workload stops; the stores catch up, then verify runs")
+        finally:
+            workload.stop.set()
+            if workload.is_alive():
+                workload.join()
+            result.transactions = sum(workload.done.values())
+        progress(
+            "lag at the end of the workload: "
+            + ", ".join(
+                f"{store} {'?' if lag is None else f'{lag:.1f}s'}"
+                for store, lag in sorted(result.lag.items())
+            )
+        )
+        if workload.error is not None:
+            progress(f"the workload stopped: {workload.error}")
+        if not failure:
+            _dashboard(settings, out, workload, None, result, failure, catch_up=True)
+            result.ok = _show_and_verify(settings, out, progress)
+    except KeyboardInterrupt:  # a second Ctrl-C: stop at once
         result.interrupted = True
     finally:
         workload.stop.set()
-        workload.join()
-        result.transactions = sum(workload.done.values())
-    if workload.error is not None:
-        progress(f"the workload stopped: {workload.error}")
-    try:
-        if not result.interrupted and not failure:
-            result.ok = _show_and_verify(settings, out, progress)
-    except KeyboardInterrupt:
-        result.interrupted = True
-    finally:
         stop_apply.set()
         applier.join(timeout=60)
     if failure:
@@ -217,6 +231,28 @@ def _create_shop(settings: Settings, progress: Callable[[str], None]) -> None:
                 conn.execute((PROJECT_ROOT / "sql" / "demo_seed.sql").read_text())
 
 
+def _wait_for_first_batches(
+    settings: Settings,
+    progress: Callable[[str], None],
+    failure: list[BaseException],
+    timeout: float = 600.0,
+) -> None:
+    """Wait until every store has finished its first batch (the snapshot's rows), saying
+    which have, for at most `timeout` seconds."""
+    started = time.monotonic()
+    said: set[str] = set()
+    wanted = list(settings.apply.stores)
+    while time.monotonic() - started < timeout and not failure:
+        stores = pipeline_status(settings, TABLES).stores
+        done = {s for s in wanted if s in stores and not stores[s].get("nothing_applied")}
+        for store in sorted(done - said):
+            progress(f"{store}: holds the snapshot ({time.monotonic() - started:.0f}s)")
+        said |= done
+        if said >= set(wanted):
+            return
+        time.sleep(1)
+
+
 def _dashboard(
     settings: Settings,
     out: Console,
@@ -224,8 +260,10 @@ def _dashboard(
     duration: float | None,
     result: DemoResult,
     failure: list[BaseException],
+    catch_up: bool = False,
 ) -> None:
-    """Refresh the dashboard every second until `duration` is over (or Ctrl-C)."""
+    """Refresh the dashboard every second until `duration` is over (or Ctrl-C); with
+    `catch_up`, until every store has applied the whole log (at most 10 minutes)."""
     topics = {change_topic(settings.pipeline, t): t for t in TABLES}
     started = time.monotonic()
     last: dict[str, int] = {}
@@ -235,9 +273,11 @@ def _dashboard(
     printed = 0.0
     if live:
         live.start()
+    if catch_up:
+        duration = 600.0
     try:
         while duration is None or time.monotonic() - started < duration:
-            if failure or (workload.error is not None):
+            if failure or (workload.error is not None and not catch_up):
                 break
             time.sleep(1)
             now = time.monotonic()
@@ -249,15 +289,28 @@ def _dashboard(
                 rates = {t: (ends[t] - last.get(t, 0)) / (now - last_at) for t in ends}
             last, last_at = ends, now
             status = pipeline_status(settings, TABLES)
-            result.lag = {s: f.get("lag_s") for s, f in status.stores.items()}
+            if not catch_up:
+                result.lag = {s: f.get("lag_s") for s, f in status.stores.items()}
+            caught_up = all(
+                status.stores.get(s, {}).get("backlog_events") == 0 for s in settings.apply.stores
+            )
             view = _view(
-                topics, rates, status, workload, now - started, duration, settings.apply.stores
+                topics,
+                rates,
+                status,
+                workload,
+                now - started,
+                None if catch_up else duration,
+                settings.apply.stores,
+                "caught up" if caught_up else "catching up" if catch_up else None,
             )
             if live:
                 live.update(view, refresh=True)
-            elif now - printed >= 10:  # without a terminal: a snapshot every 10 s
-                out.print(view)
+            elif now - printed >= 10 or (catch_up and caught_up):
+                out.print(view)  # without a terminal: a snapshot every 10 s
                 printed = now
+            if catch_up and caught_up:
+                break
     finally:
         if live:
             live.stop()
@@ -271,8 +324,14 @@ def _view(
     elapsed: float,
     duration: float | None,
     applying: Iterable[str] = (),
+    phase: str | None = None,
 ) -> Group:
-    left = "Ctrl-C to stop" if duration is None else f"{max(0, duration - elapsed):.0f}s left"
+    if phase is not None:  # after the workload
+        left = f"the workload has stopped; the stores are {phase}"
+    elif duration is None:
+        left = "Ctrl-C ends the workload"
+    else:
+        left = f"{max(0, duration - elapsed):.0f}s left"
     tables = Table(title=f"cdc demo: {elapsed:.0f}s, {left}", title_justify="left")
     tables.add_column("table")
     tables.add_column("events/s", justify="right")
@@ -280,7 +339,7 @@ def _view(
     for topic, table in topics.items():
         tables.add_row(table, f"{rates.get(topic, 0):.0f}", str(status.topics.get(topic, 0)))
     stores = Table()
-    for column in ("store", "backlog (events)", "lag (s)"):
+    for column in ("store", "backlog (events)", "lag (s)", "visible after commit (p50/p99)"):
         stores.add_column(column, justify="right" if column != "store" else "left")
     for store, figures in status.stores.items():
         lag = figures.get("lag_s")
@@ -289,14 +348,30 @@ def _view(
             backlog += " [dim](first batch running)[/dim]"
         if figures.get("waiting"):  # the store does not answer: its batch waits
             backlog += f" [yellow](waiting: {figures['waiting']['reason']})[/yellow]"
-        stores.add_row(store, backlog, "?" if lag is None else f"{lag:.1f}")
+        stores.add_row(
+            store,
+            backlog,
+            "?" if lag is None else f"{lag:.1f}",
+            _freshness(figures.get("freshness") or {}),
+        )
     for store in applying:
         if store not in status.stores:  # no batch has finished, and the log is empty
-            stores.add_row(store, "[dim]first batch running[/dim]", "–")
+            stores.add_row(store, "[dim]first batch running[/dim]", "–", "–")
     done = sum(workload.done.values())
     dead = f"[red]{status.dead_letters}[/red]" if status.dead_letters else "0"
     footer = f"workload: {done} transactions ({workload.rate:.0f}/s target); dead letters: {dead}"
     return Group(tables, stores, footer)
+
+
+def _freshness(fresh: dict[str, Any]) -> str:
+    """A store's commit-to-visible p50/p99 over the window, and its SLO."""
+    if fresh.get("p99_s") is None:
+        return "–"
+    shown = f"{fresh['p50_s']:.1f}s / {fresh['p99_s']:.1f}s"
+    if fresh.get("slo_s") is not None:
+        verdict = "[red]breached[/red]" if fresh.get("breached") else "[green]met[/green]"
+        shown += f" (SLO {fresh['slo_s']:g}s {verdict})"
+    return shown
 
 
 def _show_and_verify(settings: Settings, out: Console, progress: Callable[[str], None]) -> bool:

@@ -14,7 +14,13 @@ from cdc.errors import CdcError
 from cdc.role import drop_role, other_pipelines, sync_grants
 from cdc.settings import Settings
 from cdc.source import admin_connection, drop_publication
-from cdc.topics import change_topic, dead_letter_topic, end_offsets, pipeline_topic_specs
+from cdc.topics import (
+    change_times,
+    change_topic,
+    dead_letter_topic,
+    end_offsets,
+    pipeline_topic_specs,
+)
 from materializers.progress import late_events, read_progress
 from snapshot.slot import drop_slot
 from snapshot.state import forget, read_state
@@ -258,16 +264,26 @@ def _store_progress(
     from snapshot.generation import read_generation
 
     stores: dict[str, dict[str, Any]] = {}
-    now_ms = time.time() * 1000
     generation = read_generation(settings)
-    for store in settings.apply.stores:
-        progress = read_progress(settings, store)
-        nothing_applied = progress is None
-        progress = progress or Progress()
+    records = {store: read_progress(settings, store) for store in settings.apply.stores}
+    # the commit time of each store's oldest change not applied (its lag), read in one go
+    first = {
+        store: progress.first_unapplied(ends)
+        for store, progress in records.items()
+        if progress is not None
+    }
+    times = change_times(settings.kafka, set().union(*first.values()))
+    now_ms = time.time() * 1000
+    for store, found in records.items():
+        nothing_applied = found is None
+        progress = found or Progress()
         backlog = progress.backlog(ends)
         if nothing_applied and not backlog:
             continue
-        lag = progress.lag_s(backlog, now_ms, generation.ts_ms if generation else None)
+        oldest = min((times[p] for p in first.get(store, ()) if p in times), default=None)
+        lag = progress.lag_s(
+            backlog, now_ms, generation.ts_ms if generation else None, oldest_ms=oldest
+        )
         latency = progress.last_latency_s()
         stores[store] = {
             "nothing_applied": nothing_applied,

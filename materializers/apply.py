@@ -653,12 +653,16 @@ def _watch_apart(
     code = apart.exit_code()
     if code is None:
         return
-    said = apart.last_line.removeprefix("cdc apply: ")
+    said = apart.last_said
     if code in _FATAL_EXITS:
         raise _FATAL_EXITS[code](f"the warehouse's apply process stopped: {said}")
     failures["warehouse"] = failures.get("warehouse", 0) + 1
     pause = min(2 ** failures["warehouse"], 60)
-    notify(f"warehouse: its process exited ({code}: {said}); starting it again in {pause} s")
+    how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+    notify(
+        f"warehouse: its process exited ({how}{'; ' + said if said else ''}); "
+        f"starting it again in {pause} s"
+    )
     if stop is not None and stop.wait(pause):
         return
     if stop is None:

@@ -113,14 +113,23 @@ class Progress:
             for partition, end in parts.items()
         )
 
-    def lag_s(self, backlog: int, now_ms: float, snapshot_ms: int | None = None) -> float | None:
+    def lag_s(
+        self,
+        backlog: int,
+        now_ms: float,
+        snapshot_ms: int | None = None,
+        oldest_ms: int | None = None,
+    ) -> float | None:
         """How far behind the source the store is: 0 when it holds everything in the log
         (an idle store is caught up, however old its last change); with a backlog, the
-        time since the commit of the newest change it holds (it is at least that far
+        age of the oldest change it has not applied (`oldest_ms`, its commit time), else
+        the time since the commit of the newest change it holds (it is at least that far
         behind). A store that has applied no change yet lacks the snapshot's rows: it is
         at least as far behind as the snapshot taken at `snapshot_ms` (None without)."""
         if not backlog:
             return 0.0
+        if oldest_ms is not None:
+            return max(now_ms - oldest_ms, 0) / 1000
         since = self.commit_ms if self.commit_ms is not None else snapshot_ms
         if since is None:
             return None
@@ -132,6 +141,16 @@ class Progress:
         if self.commit_ms is None or self.applied_ms is None:
             return None
         return max(self.applied_ms - self.commit_ms, 0) / 1000
+
+    def first_unapplied(self, ends: dict[str, dict[int, int]]) -> set[tuple[str, int, int]]:
+        """(topic, partition, offset) of the first record not applied, per partition
+        that has one."""
+        return {
+            (topic, partition, self.offset(topic, partition) + 1)
+            for topic, parts in ends.items()
+            for partition, end in parts.items()
+            if self.offset(topic, partition) + 1 < end
+        }
 
     def behind(self, ends: dict[str, dict[int, int]]) -> list[str]:
         """The topic partitions not applied up to their end ("topic:partition")."""

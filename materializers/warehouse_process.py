@@ -38,7 +38,7 @@ class WarehouseProcess:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._process: subprocess.Popen[bytes] | None = None
-        self.last_line = ""  # the last line it wrote: its error, when it failed
+        self.last_said = ""  # the last line it said as `cdc apply: ...`: why it stopped
 
     @property
     def pid(self) -> int | None:
@@ -70,8 +70,8 @@ class WarehouseProcess:
     def _forward(self, stream: IO[bytes]) -> None:
         for raw in stream:
             line = raw.decode("utf-8", "replace").rstrip("\n")
-            if line.strip():
-                self.last_line = line
+            if line.startswith("cdc apply: "):
+                self.last_said = line.removeprefix("cdc apply: ")
             print(line, file=sys.stderr, flush=True)
 
     def exit_code(self) -> int | None:

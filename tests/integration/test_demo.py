@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import psycopg
 import pytest
@@ -30,6 +31,14 @@ def test_the_demo_runs_non_interactively_and_verifies(stack: RunningStack) -> No
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         out = result.stdout
         assert "cdc demo:" in out  # the dashboard, printed without a terminal
+        # every store held the snapshot before the workload began, and shows its lag
+        said = " ".join(result.stderr.split())  # lines as the terminal's width wrapped them
+        for store in ("cache", "search", "warehouse"):
+            assert f"{store}: holds the snapshot" in said, said[-3000:]
+            lag = rf"lag at the end of the workload:[^·]*\b{store} \d+\.\ds"
+            assert re.search(lag, said), said[-3000:]
+        # the workload over, the stores catch up on the dashboard before verify runs
+        assert "the stores are caught up" in out
         # the apply job stopped at the end without a JVM thread dying on its stack
         assert "StackOverflowError" not in result.stderr, result.stderr[-3000:]
         # Great Expectations' own log lines go to the log file, not through the terminal

@@ -110,3 +110,14 @@ def test_a_window_defined_otherwise_starts_afresh(tmp_path: Path) -> None:
     forget_other_definition(checkpoint, '{"window": "5 minutes"}')  # another: gone
     assert last_committed_batch(checkpoint) is None
     assert (tmp_path / "window-w.definition").read_text() == '{"window": "5 minutes"}'
+
+
+def test_the_lag_is_the_age_of_the_oldest_change_not_applied() -> None:
+    """An idle pipeline whose store stopped an hour after its newest applied change, with
+    changes committed a minute ago waiting: the lag is a minute, not an hour."""
+    store = Progress(applied={"p.public.t:0": 9, "p.public.t:1": 4}, commit_ms=1_000)
+    ends = {"p.public.t": {0: 12, 1: 5, 2: 0}}
+    assert store.first_unapplied(ends) == {("p.public.t", 0, 10)}
+    now = 1_000 + 3_600_000
+    assert store.lag_s(backlog=2, now_ms=now, oldest_ms=now - 60_000) == 60.0
+    assert store.lag_s(backlog=0, now_ms=now, oldest_ms=now - 60_000) == 0.0
