@@ -344,8 +344,10 @@ def apply_(
 
     One streaming query per store, each with its own checkpoint. Each micro-batch keeps
     every key's last event and writes it only where it is newer than what the store
-    holds, so replays and restarts converge. Runs until Ctrl-C (or, with --once, until
-    it has applied what the topics hold).
+    holds, so replays and restarts converge. Beside other stores, the warehouse runs in
+    a process of its own at a lower CPU priority (apply.warehouse_apart), so its work
+    never holds the cache and the search index back. Runs until Ctrl-C (or, with
+    --once, until it has applied what the topics hold).
     """
     from materializers.apply import run_apply
 
