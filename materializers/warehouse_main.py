@@ -3,7 +3,8 @@
 Reads its settings from standard input (8 bytes of length, then the pickled Settings),
 lowers its CPU priority to `apply.warehouse_nice` (its Spark JVM inherits it), runs the
 warehouse's queries until standard input closes or SIGTERM comes, and exits with the
-exit code of the error that stopped it (its one line on standard error)."""
+exit code of the error that stopped it (its one line on standard error). Killed with
+its parent (Linux's parent-death signal); its Spark JVM exits when it does."""
 
 from __future__ import annotations
 
@@ -18,7 +19,20 @@ from cdc.settings import Settings
 from materializers.apply import run_apply
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (as a kill of the parent's
+    process group would have): a `cdc apply` killed mid-batch leaves no warehouse
+    writing beside the one its restart starts. Elsewhere, the closed pipe stops it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def main() -> int:
+    _die_with_parent()
     stdin = sys.stdin.buffer
     size = int.from_bytes(stdin.read(8), "big")
     settings = pickle.loads(stdin.read(size))

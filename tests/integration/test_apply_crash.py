@@ -34,6 +34,15 @@ from tests.writer import Writer
 pytestmark = pytest.mark.integration
 
 
+def ended(pid: int) -> bool:
+    """Whether process `pid` is gone (or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1].startswith("Z")
+    except FileNotFoundError:
+        return True
+
+
 def test_apply_killed_mid_batch_and_restarted_converges(captured: Capture) -> None:
     t = captured(
         "CREATE TABLE {name} (id int PRIMARY KEY, version int NOT NULL, note text)",
@@ -106,8 +115,15 @@ def test_apply_killed_mid_batch_and_restarted_converges(captured: Capture) -> No
             assert time.monotonic() < deadline, "the apply job made no progress"
             assert apply.poll() is None, "the apply job died"
             time.sleep(0.5)
+        warehouse = read_progress(settings, "warehouse").pid  # type: ignore[union-attr]
+        assert warehouse not in (None, apply.pid)  # the warehouse's own process
         os.killpg(apply.pid, signal.SIGKILL)  # the job and its Spark JVM, mid-stream
         apply.wait()
+        # the warehouse's process dies with it (no warehouse writes beside a restart's)
+        deadline_gone = time.monotonic() + 10
+        while not ended(warehouse):
+            assert time.monotonic() < deadline_gone, "the warehouse's process outlived it"
+            time.sleep(0.2)
         writer.stop.set()
         writer.join()
         assert writer.error is None
