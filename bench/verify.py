@@ -1,0 +1,131 @@
+"""`cdc verify`, phase by phase: what a verification of every store costs, and where.
+
+    .venv/bin/python bench/verify.py [--dataset demo|pgbench] [--scale 2] [--runs 2]
+
+Needs the local stack (`cdc up`). Takes a pipeline of its own over the dataset (the demo
+shop's four tables with the demo's seven views, or pgbench's four tables at --scale),
+snapshots it, applies it to every store (`cdc apply --once`), then runs verify as `cdc
+verify` does (materializers/reconcile.py) --runs times, timing each phase: the stores
+against the source at a consistent cut, then the warehouse's expectations (current
+state, history, aggregates) and its views. Prints the seconds per phase and appends
+them to bench/results/verify.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import io
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from rich.console import Console
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import materializers.reconcile as reconcile
+from bench.common import bench_settings, cleanup, record
+from bench.snapshot_throughput import pgbench_init
+from cdc.catalog import describe_table
+from cdc.settings import Settings, load_settings
+from cdc.source import admin_connection
+from commands.demo import TABLES as DEMO_TABLES
+from commands.demo import _create_shop, with_demo_views
+from materializers.apply import run_apply
+from snapshot.initial import run_snapshot
+
+PGBENCH = [f"public.pgbench_{t}" for t in ("accounts", "branches", "tellers", "history")]
+# the phases of reconcile(): the names it calls
+PHASES = ("verify", "warehouse_checks", "history_checks", "aggregate_check", "view_checks")
+
+
+def timed(seconds: dict[str, float], phase: str, function: Callable[..., Any]) -> Any:
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            seconds[phase] = seconds.get(phase, 0.0) + time.perf_counter() - started
+
+    return wrapper
+
+
+def prepare(source: Settings, dataset: str, scale: int) -> tuple[Settings, list[str]]:
+    if dataset == "demo":
+        _create_shop(source, lambda line: print(line, flush=True))
+        return with_demo_views(bench_settings(source, DEMO_TABLES)), DEMO_TABLES
+    pgbench_init(source, scale)
+    with psycopg.connect(source.postgres.dsn(), autocommit=True) as conn:
+        conn.execute(
+            "ALTER TABLE pgbench_history ADD COLUMN IF NOT EXISTS id bigint "
+            "GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
+        )
+    return bench_settings(source, PGBENCH), PGBENCH
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", choices=("demo", "pgbench"), default="demo")
+    parser.add_argument("--scale", type=int, default=2, help="pgbench's scale")
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--change", help="what this run measures (recorded with it)")
+    args = parser.parse_args()
+    source = load_settings()
+    bench, names = prepare(source, args.dataset, args.scale)
+    stores: list[str] = list(bench.apply.stores)
+    runs = []
+    try:
+        run_snapshot(bench, Console(file=io.StringIO()))
+        print("applying the snapshot to every store ...", flush=True)
+        run_apply(bench, stores, once=True)
+        with admin_connection(bench) as conn:
+            tables = [describe_table(conn, name, bench.pipeline) for name in names]
+            rows = sum(
+                conn.execute(f"SELECT count(*) FROM {t.qualified}").fetchone()[0]  # type: ignore[index]
+                for t in tables
+            )
+        for run in range(args.runs):
+            seconds: dict[str, float] = {}
+            originals = {phase: getattr(reconcile, phase) for phase in PHASES}
+            for phase, function in originals.items():
+                setattr(reconcile, phase, timed(seconds, phase, function))
+            try:
+                started = time.perf_counter()
+                report = reconcile.reconcile(bench, tables, stores, 900)
+                total = time.perf_counter() - started
+            finally:
+                for phase, function in originals.items():
+                    setattr(reconcile, phase, function)
+            figures = {
+                "run": run + 1,
+                "ok": report.ok,
+                "total_s": round(total, 1),
+                "phases_s": {p: round(s, 1) for p, s in seconds.items()},
+                "checks": len(report.checks),
+            }
+            print(f"verify run {run + 1}: {figures}", flush=True)
+            runs.append(figures)
+    finally:
+        cleanup(bench)
+    record(
+        {
+            **({"change": args.change} if args.change else {}),
+            "benchmark": "verify",
+            "dataset": args.dataset,
+            "tables": len(names),
+            "rows": rows,
+            "views": len(bench.apply.joins) + len(bench.apply.windows),
+            "runs": runs,
+        },
+        "verify",
+        source,
+    )
+
+
+if __name__ == "__main__":
+    main()
