@@ -1,0 +1,60 @@
+"""The warehouse's own process dies with the apply job that started it, even when that
+job is killed outright (no warehouse keeps writing beside the job's restart)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# a parent that starts a child as WarehouseProcess does (a session of its own), the child
+# asking for its parent's death as warehouse_main does, then ignoring everything else
+PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen(
+    [sys.executable, "-c",
+     "import signal, time\\n"
+     "from materializers.warehouse_main import _die_with_parent\\n"
+     "_die_with_parent()\\n"
+     "signal.signal(signal.SIGTERM, signal.SIG_IGN)\\n"
+     "print('ready', flush=True)\\n"
+     "time.sleep(120)\\n"],
+    start_new_session=True, stdout=subprocess.PIPE, cwd=sys.argv[1],
+)
+assert child.stdout.readline().strip() == b"ready"
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def ended(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1].startswith("Z")
+    except FileNotFoundError:
+        return True
+
+
+def test_the_warehouse_process_dies_with_its_parent() -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(ROOT)],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert not ended(child)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 5
+        while not ended(child):
+            assert time.monotonic() < deadline, "the child outlived its parent"
+            time.sleep(0.05)
+    finally:
+        parent.kill()
