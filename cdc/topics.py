@@ -8,6 +8,7 @@ the pattern the apply job subscribes to."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ __all__ = [
     "truncate_topics",
     "wait_for_records",
 ]
+
+log = logging.getLogger(__name__)
 
 
 def topic_name(prefix: str, table: str) -> str:
@@ -194,28 +197,45 @@ def change_times(
     kafka: KafkaSettings, wanted: set[tuple[str, int, int]], timeout_s: float = 2.0
 ) -> dict[tuple[str, int, int], int]:
     """For each (topic, partition, offset), the commit time (ms) of the change at that
-    offset, or at the first one after it that compaction kept: its `source.ts_ms`, else
-    the record's timestamp. A position with no record after it within `timeout_s` has
-    none."""
+    offset, or at the first one after it that compaction or retention kept: its
+    `source.ts_ms`, else the record's timestamp. A position with no record after it
+    within `timeout_s` has none; so has every position when Kafka does not answer (a
+    figure for `cdc status`, not a check)."""
+    found: dict[tuple[str, int, int], int] = {}
     if not wanted:
-        return {}
-    consumer = KafkaConsumer(**kafka_client_kwargs(kafka), enable_auto_commit=False)
-    try:
-        starts = {TopicPartition(t, p): offset for t, p, offset in wanted}
-        consumer.assign(list(starts))
-        for tp, offset in starts.items():
-            consumer.seek(tp, offset)
-        found: dict[tuple[str, int, int], int] = {}
-        deadline = time.monotonic() + timeout_s
-        while len(found) < len(starts) and time.monotonic() < deadline:
-            for tp, records in consumer.poll(timeout_ms=200, max_records=500).items():
-                if not records or (tp.topic, tp.partition, starts[tp]) in found:
-                    continue
-                found[(tp.topic, tp.partition, starts[tp])] = _commit_ms(records[0])
-                consumer.pause(tp)
         return found
+    # a round per offset wanted of a partition (stores stand at different offsets of it)
+    per_partition: dict[TopicPartition, list[int]] = {}
+    for topic, partition, offset in sorted(wanted):
+        per_partition.setdefault(TopicPartition(topic, partition), []).append(offset)
+    rounds = [
+        {tp: offsets[i] for tp, offsets in per_partition.items() if i < len(offsets)}
+        for i in range(max(map(len, per_partition.values())))
+    ]
+    consumer = None
+    deadline = time.monotonic() + timeout_s
+    try:
+        consumer = KafkaConsumer(
+            **kafka_client_kwargs(kafka), enable_auto_commit=False, auto_offset_reset="earliest"
+        )
+        for starts in rounds:
+            consumer.assign(list(starts))
+            for tp, offset in starts.items():
+                consumer.seek(tp, offset)
+            seen: set[TopicPartition] = set()
+            while len(seen) < len(starts) and time.monotonic() < deadline:
+                for tp, records in consumer.poll(timeout_ms=200, max_records=500).items():
+                    if records and tp not in seen:
+                        seen.add(tp)
+                        found[(tp.topic, tp.partition, starts[tp])] = _commit_ms(records[0])
+                        consumer.pause(tp)
+            consumer.resume(*consumer.paused())
+    except Exception as exc:  # Kafka went away: what was found so far
+        log.info("the log's change times: Kafka does not answer (%s)", type(exc).__name__)
     finally:
-        consumer.close()
+        if consumer is not None:
+            consumer.close()
+    return found
 
 
 def _commit_ms(record: Any) -> int:
