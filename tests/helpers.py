@@ -13,6 +13,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def ended(pid: int) -> bool:
+    """Whether process `pid` is gone (or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1].startswith("Z")
+    except FileNotFoundError:
+        return True
+
+
 def free_ports(count: int) -> list[int]:
     """Distinct ports nothing listens on now (held open together so they differ)."""
     socks = []

@@ -27,20 +27,11 @@ from tests.contents import (
     source_tuples,
     warehouse_rows,
 )
-from tests.helpers import ROOT, run_cdc
+from tests.helpers import ROOT, ended, run_cdc
 from tests.logcheck import table_info, wait_until_equal
 from tests.writer import Writer
 
 pytestmark = pytest.mark.integration
-
-
-def ended(pid: int) -> bool:
-    """Whether process `pid` is gone (or a zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ", 1)[1].startswith("Z")
-    except FileNotFoundError:
-        return True
 
 
 def test_apply_killed_mid_batch_and_restarted_converges(captured: Capture) -> None:

@@ -12,16 +12,14 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psycopg
 import pytest
-import redis
-import requests
 
 from tests.conftest import Capture
-from tests.helpers import ROOT, run_cdc
+from tests.helpers import ROOT, ended, run_cdc
 from tests.logcheck import poll
+from tests.stores import cache, search
 
 pytestmark = pytest.mark.integration
 
@@ -31,30 +29,14 @@ def source_rows(dsn: str, name: str) -> dict[int, int]:
         return dict(conn.execute(f"SELECT id, n FROM {name}").fetchall())  # type: ignore[arg-type]
 
 
-def redis_rows(url: str, prefix: str) -> dict[int, int]:
-    client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
-    rows = {}
-    for key in client.scan_iter(match=prefix + "*", count=1000):
-        entry = client.hgetall(key)
-        if "_deleted" not in entry:
-            rows[json.loads(key[len(prefix) :])["id"]] = int(entry["n"])
-    return rows
-
-
-def search_rows(url: str, index: str) -> dict[int, int]:
-    requests.post(f"{url}/{index}/_refresh", timeout=30).raise_for_status()
-    body = {"size": 10000, "_source": ["id", "n"]}
-    hits = requests.post(f"{url}/{index}/_search", json=body, timeout=30).json()["hits"]["hits"]
-    return {h["_source"]["id"]: h["_source"]["n"] for h in hits}
+def values(rows: dict) -> dict[int, int]:  # type: ignore[type-arg]
+    """A store's rows (tests/stores.py) as id -> n."""
+    return {key: int(row["n"]) for key, row in rows.items()}
 
 
 def stores(env: dict[str, str]) -> dict[str, dict]:  # type: ignore[type-arg]
     status = run_cdc("status", "-o", "json", env=env)
     return json.loads(status.stdout)["pipeline"]["stores"]  # type: ignore[no-any-return]
-
-
-def alive(pid: int) -> bool:
-    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text()
 
 
 def test_the_warehouse_apart_holds_no_other_store_back(captured: Capture) -> None:
@@ -64,8 +46,6 @@ def test_the_warehouse_apart_holds_no_other_store_back(captured: Capture) -> Non
         prefix="apart",
     )
     name, table, settings, dsn, env = t.name, t.table, t.settings, t.dsn, t.env
-    prefix = settings.pipeline.topic_prefix
-    cache_prefix, index = f"{prefix}:{table}:", f"{prefix}.{table}".lower()
     log = settings.data_dir / f"{name}-apply.log"
     apply = None
     warehouse = None
@@ -102,8 +82,8 @@ def test_the_warehouse_apart_holds_no_other_store_back(captured: Capture) -> Non
                 conn.execute(f"UPDATE {name} SET n = n + 1 WHERE id % 3 < {step}")
             conn.execute(f"DELETE FROM {name} WHERE id > 290")
         expected = source_rows(dsn, name)
-        poll(lambda: redis_rows(settings.redis.url, cache_prefix) == expected, 120, "the cache")
-        poll(lambda: search_rows(settings.opensearch.url, index) == expected, 120, "the index")
+        poll(lambda: values(cache(settings, table)) == expected, 120, "the cache")
+        poll(lambda: values(search(settings, table)) == expected, 120, "the index")
         frozen = stores(env)["warehouse"]
         assert frozen["applied_at_ms"] == applied_before and frozen["backlog_events"] > 0
 
@@ -116,7 +96,7 @@ def test_the_warehouse_apart_holds_no_other_store_back(captured: Capture) -> Non
             "the warehouse to be started again and catch up",
         )
         again = stores(env)["warehouse"]["pid"]
-        assert again not in (warehouse, apply.pid) and alive(again)
+        assert again not in (warehouse, apply.pid) and not ended(again)
         assert apply.poll() is None
         assert "warehouse: its process exited" in log.read_text()
         warehouse = again
@@ -125,9 +105,9 @@ def test_the_warehouse_apart_holds_no_other_store_back(captured: Capture) -> Non
         os.kill(apply.pid, signal.SIGINT)
         apply.wait(timeout=120)
         deadline = time.monotonic() + 60
-        while alive(warehouse) and time.monotonic() < deadline:
+        while not ended(warehouse) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert not alive(warehouse), "the warehouse's process outlived the apply job"
+        assert ended(warehouse), "the warehouse's process outlived the apply job"
         assert stores(env)["warehouse"]["running"] is False
     finally:
         for pid in (warehouse, apply.pid if apply is not None else None):

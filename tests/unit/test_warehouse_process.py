@@ -8,9 +8,8 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import ROOT, ended
 
 # a parent that starts a child as WarehouseProcess does (a session of its own), the child
 # asking for its parent's death as warehouse_main does, then ignoring everything else
@@ -30,14 +29,6 @@ assert child.stdout.readline().strip() == b"ready"
 print(child.pid, flush=True)
 time.sleep(120)
 """
-
-
-def ended(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ", 1)[1].startswith("Z")
-    except FileNotFoundError:
-        return True
 
 
 def test_the_warehouse_process_dies_with_its_parent() -> None:
