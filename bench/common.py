@@ -261,11 +261,11 @@ def _machine_busy_s() -> float:
 
 
 def cleanup(settings: Settings) -> None:
-    """Drop the benchmark's pipeline (connector, slot, publication) and delete its topics
-    and its apply checkpoints."""
+    """Drop the benchmark's pipeline (connector, slot, publication), delete its topics,
+    its cache keys and search indices, and its apply checkpoints."""
     import shutil
 
-    from cdc.clients import kafka_admin
+    from cdc.clients import kafka_admin, opensearch_client, redis_client
     from commands.pipeline import drop_pipeline
 
     drop_pipeline(settings)
@@ -277,5 +277,15 @@ def cleanup(settings: Settings) -> None:
             admin.delete_topics(mine)
     finally:
         admin.close()
+    # (a benchmark's name is `bench` and hex digits: nothing to escape in these patterns)
+    redis = redis_client(settings.redis, socket_timeout=30)
+    try:
+        keys = list(redis.scan_iter(match=f"{prefix}:*", count=10_000))
+        for at in range(0, len(keys), 10_000):
+            redis.delete(*keys[at : at + 10_000])
+    finally:
+        redis.close()
+    search = opensearch_client(settings.opensearch)
+    search.indices.delete(index=f"{prefix.lower()}.*", ignore_unavailable=True)
     shutil.rmtree(settings.data_dir / "checkpoints" / settings.pipeline.name, ignore_errors=True)
     shutil.rmtree(settings.data_dir / "bench" / settings.pipeline.name, ignore_errors=True)

@@ -15,7 +15,7 @@ from cdc.errors import ConnectorError
 from cdc.role import replication_password, write_secret
 from cdc.settings import Settings
 from cdc.source import HEARTBEAT_TABLE, SIGNAL_TABLE
-from cdc.topics import notification_topic
+from cdc.topics import CUT_MESSAGE_PREFIX, notification_topic
 
 __all__ = [
     "DEBEZIUM_POSTGRES",
@@ -107,6 +107,9 @@ def pipeline_connector_config(settings: Settings, tables: Sequence[Table]) -> di
                 "ON CONFLICT (pipeline) DO UPDATE SET ts = excluded.ts"
             ),
             "provide.transaction.metadata": "true",
+            # a cut's marker only (materializers/verify.py): another program's logical
+            # decoding messages do not leave the database
+            "message.prefix.include.list": _regex_literal(CUT_MESSAGE_PREFIX),
             "signal.enabled.channels": "source",
             "signal.data.collection": SIGNAL_TABLE,
             "incremental.snapshot.chunk.size": "2048",

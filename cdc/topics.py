@@ -23,6 +23,7 @@ from cdc.errors import SourceError, TopicError
 from cdc.settings import KafkaSettings, PipelineSettings
 
 __all__ = [
+    "CUT_MESSAGE_PREFIX",
     "ChangeRecord",
     "TopicSpec",
     "change_times",
@@ -45,6 +46,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# the prefix of the logical decoding messages `cdc verify` writes at a cut (the only
+# prefix the connector passes on, to `<prefix>.message`: materializers/verify.py)
+CUT_MESSAGE_PREFIX = "cdc.cut"
 
 
 def topic_name(prefix: str, table: str) -> str:
@@ -103,9 +108,9 @@ def dead_letter_topic(pipeline: PipelineSettings) -> str:
 
 def change_topic_pattern(pipeline: PipelineSettings) -> str:
     """`<prefix>.<schema>.<table>` (a name may hold more dots): not the transaction,
-    notification or dead-letter topics."""
+    notification, dead-letter or logical decoding message topics."""
     prefix = re.escape(pipeline.topic_prefix)
-    return rf"^{prefix}\.(?!(?:transaction|notifications|dlq)$).+$"
+    return rf"^{prefix}\.(?!(?:transaction|notifications|dlq|message)$).+$"
 
 
 @dataclass(frozen=True)

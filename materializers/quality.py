@@ -29,10 +29,9 @@ from materializers.typed import spark_type
 
 __all__ = [
     "Check",
-    "aggregate_check",
+    "expectations",
     "history_checks",
     "view_checks",
-    "warehouse_checks",
     "window_check",
     "window_starts",
 ]
@@ -47,7 +46,14 @@ class Check:
     observed: str  # what was found, for people
 
 
-def _suite(table: Table, frame: Any, source_count: int) -> Any:
+# the suite's sums are taken over these columns of the live rows (a name no table's
+# column has: the pipeline's own columns start with `_cdc_`)
+_SUM_ALIAS = "_cdc_verify_sum_{}"
+
+
+def _suite(table: Table, frame: Any, source_count: int, sums: int) -> Any:
+    """The table's expectations over its live rows, and the observed aggregates (row
+    count, `sums` column sums) that aggregate_check compares with PostgreSQL's."""
     import great_expectations as gx
     import great_expectations.expectations as gxe
     from pyspark.sql import types as T
@@ -66,38 +72,55 @@ def _suite(table: Table, frame: Any, source_count: int) -> Any:
                 gxe.ExpectColumnValuesToNotBeInSet(column=column.name, value_set=[UNAVAILABLE])
             )
     suite.add_expectation(gxe.ExpectTableRowCountToEqual(value=source_count))
+    for i in range(sums):
+        suite.add_expectation(gxe.ExpectColumnSumToBeBetween(column=_SUM_ALIAS.format(i)))
     return suite
 
 
-def warehouse_checks(settings: Settings, table: Table, source_count: int) -> list[Check]:
-    """Run the table's suite over its live rows in the warehouse."""
+def _context() -> Any:
     import great_expectations as gx
-    from delta.tables import DeltaTable
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
-    from cdc.spark import spark_session
-    from materializers.stores.warehouse.tables import current_path, warehouse_root
-
     logging.getLogger("great_expectations").setLevel(logging.ERROR)
-    spark = spark_session(settings, "cdc-verify")
-    path = current_path(warehouse_root(settings), table.qualified)
-    if not DeltaTable.isDeltaTable(spark, path):
-        return [Check(table.qualified, "warehouse table exists", None, False, "no Delta table")]
-    frame = spark.read.format("delta").load(path).where("NOT _cdc_deleted")
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
-    asset = context.data_sources.add_spark(name="warehouse").add_dataframe_asset(
+    return context
+
+
+@dataclass
+class _Live:
+    """One pass of the table's suite over its live rows in the warehouse."""
+
+    checks: list[Check]  # its expectations, for people
+    aggregates: list[Any] | str  # the row count then each sum; or why they were not taken
+
+
+def _live_suite(
+    context: Any, frame: Any, table: Table, source_count: int, summed: list[Any]
+) -> _Live:
+    """Run the table's suite over `frame` (its live rows, the sums' columns added)."""
+    asset = context.data_sources.add_or_update_spark(name="warehouse").add_dataframe_asset(
         name=table.qualified
     )
     batch = asset.add_batch_definition_whole_dataframe("live rows").get_batch(
         batch_parameters={"dataframe": frame}
     )
-    result = batch.validate(_suite(table, frame, source_count))
-    checks = []
+    result = batch.validate(_suite(table, frame, source_count, len(summed)))
+    checks, rows, sums = [], None, {}
+    failed = ""
     for r in result.results:
         kwargs = r.expectation_config.kwargs
         column = kwargs.get("column") or ", ".join(kwargs.get("column_list") or []) or None
         found = r.result or {}
+        info = r.exception_info or {}
+        if column and column.startswith(_SUM_ALIAS.format("")):
+            if info.get("raised_exception"):
+                message = str(info.get("exception_message") or "").strip().splitlines()
+                failed = f"an aggregate could not be computed: {(message or ['?'])[0][:200]}"
+            sums[int(column.rsplit("_", 1)[1])] = found.get("observed_value")
+            continue
+        if r.expectation_config.type == "expect_table_row_count_to_equal":
+            rows = found.get("observed_value")
         if "observed_value" in found:
             observed = f"observed {found['observed_value']}"
         else:
@@ -105,7 +128,9 @@ def warehouse_checks(settings: Settings, table: Table, source_count: int) -> lis
         checks.append(
             Check(table.qualified, r.expectation_config.type, column, bool(r.success), observed)
         )
-    return checks
+    if rows is None:
+        failed = failed or "an aggregate could not be computed: no row count"
+    return _Live(checks, failed or [rows, *(sums.get(i) for i in range(len(summed)))])
 
 
 # summed by the aggregate check: exact on both sides (a float's sum depends on the order
@@ -138,32 +163,9 @@ def _aggregate_suite(columns: int) -> Any:
     return suite
 
 
-def _observed(batch: Any, columns: int) -> list[Any]:
-    """The suite's observed values over `batch`: the row count, then each sum."""
-    result = batch.validate(_aggregate_suite(columns))
-    observed = []
-    for r in result.results:
-        info = r.exception_info or {}
-        if info.get("raised_exception"):
-            message = str(info.get("exception_message") or "").strip().splitlines()
-            raise StoreError(f"an aggregate could not be computed: {(message or ['?'])[0][:200]}")
-        observed.append((r.result or {}).get("observed_value"))
-    if not observed or observed[0] is None:
-        raise StoreError("an aggregate could not be computed: no row count")
-    return observed
-
-
-def _context() -> Any:
-    import great_expectations as gx
-    from great_expectations.data_context.types.base import ProgressBarsConfig
-
-    logging.getLogger("great_expectations").setLevel(logging.ERROR)
-    context = gx.get_context(mode="ephemeral")
-    context.variables.progress_bars = ProgressBarsConfig(globally=False)
-    return context
-
-
-def _source_aggregates(settings: Settings, table: Table, summed: list[Any]) -> list[Any]:
+def _source_aggregates(
+    settings: Settings, context: Any, table: Table, summed: list[Any]
+) -> list[Any]:
     """The aggregates of `table` in PostgreSQL, by the suite on GE's SQL datasource."""
     from psycopg import sql
 
@@ -177,57 +179,74 @@ def _source_aggregates(settings: Settings, table: Table, summed: list[Any]) -> l
         ),
         sql.Identifier(table.schema, table.name),
     )
-    # SQLAlchemy percent-encodes every reserved character of the password but a space,
-    # which GE's URL check refuses: encoded here too
-    url = settings.postgres.sqlalchemy_url().render_as_string(hide_password=False)
-    url = url.replace(" ", "%20")
-    source = _context().data_sources.add_postgres(name="source", connection_string=url)
-    asset = source.add_query_asset(name="aggregates", query=query.as_string(None))
     try:
-        return _observed(asset.add_batch_definition_whole_table("now").get_batch(), len(summed))
-    except StoreError as exc:  # the message names no connection string
-        raise StoreError(f"PostgreSQL, {table.qualified}: {exc}") from None
+        source = context.data_sources.get("source")
+    except KeyError:
+        # SQLAlchemy percent-encodes every reserved character of the password but a
+        # space, which GE's URL check refuses: encoded here too
+        url = settings.postgres.sqlalchemy_url().render_as_string(hide_password=False)
+        url = url.replace(" ", "%20")
+        source = context.data_sources.add_postgres(name="source", connection_string=url)
+    asset = source.add_query_asset(name=table.qualified, query=query.as_string(None))
+    try:
+        result = (
+            asset.add_batch_definition_whole_table("now")
+            .get_batch()
+            .validate(_aggregate_suite(len(summed)))
+        )
+    finally:
+        source.delete_asset(table.qualified)
+    observed = []
+    for r in result.results:
+        info = r.exception_info or {}
+        if info.get("raised_exception"):
+            message = str(info.get("exception_message") or "").strip().splitlines()
+            raise StoreError(  # the message names no connection string
+                f"PostgreSQL, {table.qualified}: an aggregate could not be computed: "
+                f"{(message or ['?'])[0][:200]}"
+            )
+        observed.append((r.result or {}).get("observed_value"))
+    if not observed or observed[0] is None:
+        raise StoreError(f"PostgreSQL, {table.qualified}: no row count")
+    return observed
 
 
-def _warehouse_aggregates(settings: Settings, table: Table, summed: list[Any]) -> list[Any]:
-    """The same aggregates over the table's live rows in the warehouse (integers and
-    decimals summed as decimal(38, scale), as PostgreSQL sums them as numeric)."""
+def _live_frame(spark: Any, path: str, summed: list[Any]) -> Any:
+    """The table's live rows in the warehouse, kept in memory for the checks' passes,
+    with each summed column as decimal(38, scale) (PostgreSQL sums them as numeric)."""
     from pyspark.sql import functions as F
 
-    from cdc.spark import spark_session
-    from materializers.stores.warehouse.tables import current_path, warehouse_root
-
-    spark = spark_session(settings, "cdc-verify")
-    path = current_path(warehouse_root(settings), table.qualified)
     frame = spark.read.format("delta").load(path).where("NOT _cdc_deleted")
     types = {f.name: f.dataType for f in frame.schema.fields}
-    frame = frame.select(
-        F.lit(1).alias("one"),
+    return frame.select(
+        "*",
         *[
             F.col(q(c.name))
             .cast(f"decimal(38, {getattr(types[c.name], 'scale', 0)})")
-            .alias(f"c{i}")
+            .alias(_SUM_ALIAS.format(i))
             for i, c in enumerate(summed)
         ],
-    )
-    asset = (
-        _context().data_sources.add_spark(name="warehouse").add_dataframe_asset(name="aggregates")
-    )
-    batch = asset.add_batch_definition_whole_dataframe("live rows").get_batch(
-        batch_parameters={"dataframe": frame}
-    )
-    return _observed(batch, len(summed))
+    ).cache()
 
 
-def aggregate_check(
-    settings: Settings, table: Table, rounds: int = AGGREGATE_ROUNDS, timeout: float = 120.0
-) -> Check:
-    """The table's aggregates in PostgreSQL and in the warehouse, at a consistent cut.
+def expectations(
+    settings: Settings,
+    tables: list[Table],
+    counts: dict[str, int],
+    rounds: int = AGGREGATE_ROUNDS,
+    timeout: float = 120.0,
+) -> list[Check]:
+    """The expectations over each table in the warehouse, in one pass over its live rows
+    (kept in memory meanwhile) and one over its history (history_checks):
 
-    PostgreSQL is read before the cut and again after the warehouse: only when both reads
-    agree (the source held still meanwhile) are they compared with the warehouse; else
-    the round is taken again, and a source that moved in every round is reported as not
-    compared."""
+    - its suite: the primary key unique and never NULL, no text column holding
+      Debezium's unchanged-TOAST placeholder, the live row count equal to the source's
+      (`counts`, taken at verify's cut);
+    - its aggregates (row count, the sum of every integer and numeric column) equal to
+      PostgreSQL's at a consistent cut. PostgreSQL is read before the cut and again
+      after the warehouse: only when both reads agree (the source held still meanwhile)
+      are they compared; else the round is taken again for the tables that moved, and a
+      source that moved in every round is reported as not compared."""
     from delta.tables import DeltaTable
 
     from cdc.spark import spark_session
@@ -235,79 +254,139 @@ def aggregate_check(
     from materializers.verify import consistent_cut
 
     what = "row count and sums equal PostgreSQL's"
-    path = current_path(warehouse_root(settings), table.qualified)
-    if not DeltaTable.isDeltaTable(spark_session(settings, "cdc-verify"), path):
-        return Check(table.qualified, what, None, False, "no Delta table")
-    summed = _summed(table)
-    if any("%" in name for name in (table.schema, table.name, *(c.name for c in summed))):
-        # GE's SQL datasource answers nothing for a query naming one (found by a test)
-        return Check(table.qualified, what, None, True, "not compared: a name holds %")
-    names = ["rows", *(f"sum({c.name})" for c in summed)]
-    for _ in range(rounds):
-        try:
-            before = _source_aggregates(settings, table, summed)
-            consistent_cut(settings, [table], ["warehouse"], timeout)
-            held = _warehouse_aggregates(settings, table, summed)
-            again = _source_aggregates(settings, table, summed)
-        except StoreError as exc:
-            return Check(table.qualified, what, None, False, str(exc))
-        if again != before:
-            time.sleep(1)
-            continue  # the source changed during the round
-        differ = [
-            f"{name} {mine} in PostgreSQL, {theirs} in the warehouse"
-            for name, mine, theirs in zip(names, before, held, strict=True)
-            if mine != theirs
-        ]
-        shown = ", ".join(f"{name} {value}" for name, value in zip(names, before, strict=True))
-        return Check(
-            table.qualified, what, None, not differ, "; ".join(differ) if differ else shown
-        )
-    return Check(
-        table.qualified,
-        what,
-        None,
-        True,
-        f"not compared: the source changed in each of {rounds} rounds",
-    )
-
-
-def history_checks(settings: Settings, table: Table) -> list[Check]:
-    """The invariants of the table's history (SCD type 2) against its current state."""
-    from delta.tables import DeltaTable
-
-    from cdc.spark import spark_session
-    from materializers.stores.warehouse.history import NEWEST
-    from materializers.stores.warehouse.tables import current_path, history_path, warehouse_root
-
     spark = spark_session(settings, "cdc-verify")
     root = warehouse_root(settings)
+    context = _context()
+    found: dict[str, list[Check]] = {t.qualified: [] for t in tables}
+    compared: dict[str, Check] = {}
+    present = []
+    for table in tables:
+        if DeltaTable.isDeltaTable(spark, current_path(root, table.qualified)):
+            present.append(table)
+            continue
+        found[table.qualified].append(
+            Check(table.qualified, "warehouse table exists", None, False, "no Delta table")
+        )
+        compared[table.qualified] = Check(table.qualified, what, None, False, "no Delta table")
+    for table in present:
+        if any("%" in n for n in (table.schema, table.name, *(c.name for c in _summed(table)))):
+            # GE's SQL datasource answers nothing for a query naming one (found by a test)
+            compared[table.qualified] = Check(
+                table.qualified, what, None, True, "not compared: a name holds %"
+            )
+    pending = list(present)  # each round: the tables still to look at
+    for round_ in range(rounds):
+        before: dict[str, list[Any]] = {}
+        for table in pending:
+            if table.qualified in compared:
+                continue
+            try:
+                before[table.qualified] = _source_aggregates(
+                    settings, context, table, _summed(table)
+                )
+            except StoreError as exc:
+                compared[table.qualified] = Check(table.qualified, what, None, False, str(exc))
+        if before:
+            consistent_cut(
+                settings, [t for t in pending if t.qualified in before], ["warehouse"], timeout
+            )
+        moved = []
+        for table in pending:
+            name = table.qualified
+            summed = _summed(table)
+            frame = _live_frame(spark, current_path(root, name), summed)
+            try:
+                live = _live_suite(context, frame, table, counts[name], summed)
+                if round_ == 0:
+                    found[name] += live.checks + history_checks(spark, root, table, frame)
+            finally:
+                frame.unpersist()
+            if name in compared:
+                continue
+            try:
+                again = _source_aggregates(settings, context, table, summed)
+            except StoreError as exc:
+                compared[name] = Check(name, what, None, False, str(exc))
+                continue
+            if again != before[name]:
+                moved.append(table)  # the source changed during the round
+                continue
+            compared[name] = _aggregates_compared(table, summed, before[name], live.aggregates)
+        pending = moved
+        if not pending:
+            break
+        time.sleep(1)
+    for table in pending:
+        compared[table.qualified] = Check(
+            table.qualified,
+            what,
+            None,
+            True,
+            f"not compared: the source changed in each of {rounds} rounds",
+        )
+    return [c for t in tables for c in (*found[t.qualified], compared[t.qualified])]
+
+
+def _aggregates_compared(
+    table: Table, summed: list[Any], source: list[Any], held: list[Any] | str
+) -> Check:
+    what = "row count and sums equal PostgreSQL's"
+    if isinstance(held, str):
+        return Check(table.qualified, what, None, False, held)
+    names = ["rows", *(f"sum({c.name})" for c in summed)]
+    differ = [
+        f"{name} {mine} in PostgreSQL, {theirs} in the warehouse"
+        for name, mine, theirs in zip(names, source, held, strict=True)
+        if mine != theirs
+    ]
+    shown = ", ".join(f"{name} {value}" for name, value in zip(names, source, strict=True))
+    return Check(table.qualified, what, None, not differ, "; ".join(differ) if differ else shown)
+
+
+def history_checks(spark: Any, root: str, table: Table, live: Any) -> list[Check]:
+    """The invariants of the table's history (SCD type 2) against its `live` rows, in
+    one pass: each key's newest version, and only it, is marked newest; at most one
+    version per key is open; every live row's version is open; no version ends before
+    it begins."""
+    from delta.tables import DeltaTable
+
+    from materializers.stores.warehouse.history import NEWEST
+    from materializers.stores.warehouse.tables import history_path
+
     path = history_path(root, table.qualified)
     if not DeltaTable.isDeltaTable(spark, path):
         return [Check(table.qualified, "history exists", None, False, "no Delta table")]
     history = spark.read.format("delta").load(path)
-    current = spark.read.format("delta").load(current_path(root, table.qualified))
     keys = [q(k) for k in table.key]
-    on = " AND ".join(f"h.{k} <=> c.{k}" for k in keys)
+    position = "struct(coalesce(_cdc_commit_lsn, -1), coalesce(_cdc_lsn, -1))"
+    newest = NEWEST in history.columns  # (a history not yet rewritten by `cdc apply` has none)
     history.createOrReplaceTempView("cdc_verify_history")
-    current.createOrReplaceTempView("cdc_verify_current")
-    several = spark.sql(
-        f"SELECT count(*) FROM (SELECT {', '.join(keys)} FROM cdc_verify_history "
-        f"WHERE valid_to IS NULL GROUP BY {', '.join(keys)} HAVING count(*) > 1)"
-    ).collect()[0][0]
-    not_open = spark.sql(
-        "SELECT count(*) FROM cdc_verify_current c WHERE NOT c._cdc_deleted AND NOT EXISTS "
-        f"(SELECT 1 FROM cdc_verify_history h WHERE {on} AND h.valid_to IS NULL AND "
-        "h._cdc_commit_lsn <=> c._cdc_commit_lsn AND h._cdc_lsn <=> c._cdc_lsn)"
-    ).collect()[0][0]
-    backwards = history.where("valid_to < valid_from").count()
-    marked = 0
-    if NEWEST in history.columns:  # (a history not yet rewritten by `cdc apply` has none)
-        marked = spark.sql(
-            f"SELECT count(*) FROM (SELECT count_if({NEWEST}) AS n, "
-            f"max_by({NEWEST}, struct(_cdc_commit_lsn, _cdc_lsn)) AS last "
-            f"FROM cdc_verify_history GROUP BY {', '.join(keys)}) WHERE n <> 1 OR NOT last"
-        ).collect()[0][0]
+    live.createOrReplaceTempView("cdc_verify_live")
+    marks = (
+        f"count_if({NEWEST}) AS marked, "
+        f"max_by({NEWEST}, struct(_cdc_commit_lsn, _cdc_lsn)) AS newest"
+        if newest
+        else "1 AS marked, true AS newest"
+    )
+    (several, not_open, backwards, marked) = spark.sql(
+        f"""
+        WITH per_key AS (
+            SELECT {", ".join(keys)},
+                   count_if(valid_to IS NULL) AS opened,
+                   count_if(valid_to < valid_from) AS backwards,
+                   collect_list(CASE WHEN valid_to IS NULL THEN {position} END) AS opens,
+                   {marks}
+            FROM cdc_verify_history GROUP BY {", ".join(keys)}
+        ),
+        live AS (SELECT {", ".join(keys)}, {position} AS at FROM cdc_verify_live)
+        SELECT count_if(h.opened > 1),
+               count_if(l.at IS NOT NULL
+                        AND (h.opens IS NULL OR NOT array_contains(h.opens, l.at))),
+               coalesce(sum(h.backwards), 0),
+               count_if(h.opened IS NOT NULL AND (h.marked <> 1 OR NOT h.newest))
+        FROM per_key h FULL OUTER JOIN live l ON {" AND ".join(f"h.{k} <=> l.{k}" for k in keys)}
+        """
+    ).collect()[0]
     name = table.qualified
     return [
         Check(
@@ -347,6 +426,7 @@ def view_checks(settings: Settings, tables: dict[str, Table]) -> list[Check]:
     change log."""
     from materializers.verify import verify_join
 
+    logs = _Logs(settings)
     checks = []
     for join in settings.apply.joins:
         if join.table not in tables or join.references not in tables:
@@ -355,7 +435,7 @@ def view_checks(settings: Settings, tables: dict[str, Table]) -> list[Check]:
             checks.append(enrichment_check(settings, join, tables))
             continue
         if join.kind == "stream_stream":
-            checks.append(stream_check(settings, join, tables))
+            checks.append(stream_check(settings, join, tables, logs))
             continue
         drift = verify_join(settings, join, tables)
         found = drift.missing + drift.extra + drift.different
@@ -373,23 +453,42 @@ def view_checks(settings: Settings, tables: dict[str, Table]) -> list[Check]:
         if window.table not in tables:
             continue
         if window.kind in ("sliding", "session"):
-            checks.append(stream_check(settings, window, tables))
+            checks.append(stream_check(settings, window, tables, logs))
         else:
-            checks.append(window_check(settings, window, tables[window.table]))
+            checks.append(window_check(settings, window, tables[window.table], logs))
     return checks
+
+
+class _Logs:
+    """Each table's change log, read from its topic once for every window and
+    stream-stream join check of one verify: each waits for its query to have committed
+    the log as it was read, and compares with it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._read: dict[str, list[Any]] = {}
+
+    def __call__(self, table: str) -> list[Any]:
+        from cdc.topics import read_topic
+
+        if table not in self._read:
+            topic = change_topic(self.settings.pipeline, table)
+            self._read[table] = read_topic(self.settings.kafka, topic)
+        return self._read[table]
 
 
 def stream_check(
     settings: Settings,
     view: JoinView | WindowAggregate,
     tables: dict[str, Table],
+    read_log: _Logs | None = None,
     timeout: float = 120.0,
 ) -> Check:
     """A sliding or session window, or a stream-stream join, against its rows computed
     again from the change log (materializers/stream_check.py), once its query has
     committed the whole log as it is now. Events it found too late were not applied:
     then it is not recomputed (`cdc status` shows how many)."""
-    from cdc.topics import read_topic, thinned
+    from cdc.topics import thinned
     from materializers.stores.warehouse.store import warehouse_value
     from materializers.stream_check import compare_due, expected_rows
 
@@ -399,8 +498,9 @@ def stream_check(
         if isinstance(view, JoinView)
         else f"{view.kind} window aggregate equals its windows recomputed from the log"
     )
-    read = {view.table} | ({view.references} if isinstance(view, JoinView) else set())
-    logs = {t: read_topic(settings.kafka, change_topic(settings.pipeline, t)) for t in read}
+    read = read_log or _Logs(settings)
+    sides = {view.table} | ({view.references} if isinstance(view, JoinView) else set())
+    logs = {t: read(t) for t in sides}
     if any(thinned(records) for records in logs.values()):
         return Check(name, what, None, True, "not recomputed: compaction removed records")
     ends = {
@@ -500,9 +600,11 @@ def enrichment_check(settings: Settings, join: JoinView, tables: dict[str, Table
             row["_cdc_commit_lsn"],
             row["_cdc_lsn"],
         ): tuple(warehouse_value(c, row[join.column_prefix + c.name]) for c in carried)
-        for row in spark.read.format("delta")
+        for batch in spark.read.format("delta")
         .load(view_path(warehouse_root(settings), join.name))
-        .toLocalIterator()
+        .toArrow()
+        .to_batches()
+        for row in batch.to_pylist()
     }
     ok, detail = enrichment_drift(settings, join, tables, held, warehouse_value)
     what = "stream-table join equals its events enriched again from the log"
@@ -524,7 +626,11 @@ def window_starts(window: WindowAggregate, ms: int) -> list[int]:
 
 
 def window_check(
-    settings: Settings, window: WindowAggregate, table: Table, timeout: float = 120.0
+    settings: Settings,
+    window: WindowAggregate,
+    table: Table,
+    read_log: _Logs | None = None,
+    timeout: float = 120.0,
 ) -> Check:
     """The window aggregate against its windows recomputed from the change topic: the
     creations (op c, each (key, LSN) once) per window of commit time (window_starts),
@@ -533,10 +639,10 @@ def window_check(
     compared (counted + late = the (event, window) pairs; one per creation in tumbling
     windows). A compacted topic no longer holds every creation: then it is not compared."""
     from cdc.decode import decode_value
-    from cdc.topics import read_topic, thinned
+    from cdc.topics import thinned
 
     name = f"view {window.name}"
-    records = read_topic(settings.kafka, change_topic(settings.pipeline, table.qualified))
+    records = (read_log or _Logs(settings))(table.qualified)
     ends = {r.partition: r.offset + 1 for r in records}  # in offset order: the last wins
     what = "window aggregate equals its windows recomputed from the log"
     if thinned(records):

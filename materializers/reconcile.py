@@ -11,13 +11,7 @@ from typing import Any
 
 from cdc.catalog import Table
 from cdc.settings import Settings
-from materializers.quality import (
-    Check,
-    aggregate_check,
-    history_checks,
-    view_checks,
-    warehouse_checks,
-)
+from materializers.quality import Check, expectations, view_checks
 from materializers.repair import repair
 from materializers.verify import Drift, verify
 
@@ -64,9 +58,6 @@ def reconcile(
     if "warehouse" in stores:
         progress("running the expectations over the warehouse")
         counts = {d.table: d.source_rows for d in report.drifts if d.store == "warehouse"}
-        for table in tables:
-            report.checks += warehouse_checks(settings, table, counts[table.qualified])
-            report.checks += history_checks(settings, table)
-            report.checks.append(aggregate_check(settings, table, timeout=timeout))
+        report.checks += expectations(settings, tables, counts, timeout=timeout)
         report.checks += view_checks(settings, {t.qualified: t for t in tables})
     return report

@@ -11,6 +11,7 @@ it was read); only what still differs is drift.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -30,7 +31,7 @@ from cdc.decode import parse_interval
 from cdc.errors import VerifyError
 from cdc.settings import JoinView, Settings
 from cdc.source import admin_connection
-from cdc.topics import change_topic
+from cdc.topics import CUT_MESSAGE_PREFIX, change_topic
 from materializers.keys import key_text
 from materializers.progress import Progress, read_progress
 from materializers.stores.base import Rows, Store
@@ -133,6 +134,7 @@ def consistent_cut(
     with admin_connection(settings) as conn:
         conn.autocommit = True
         lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]  # type: ignore[index]
+        _mark_cut(conn)
         while True:
             row = conn.execute(
                 "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots "
@@ -151,7 +153,7 @@ def consistent_cut(
                     f"the connector has not confirmed LSN {lsn} within {timeout:.0f}s: "
                     "check `cdc status` (is Kafka Connect running?)"
                 )
-            time.sleep(0.5)
+            time.sleep(_POLL_S)
     topics = [change_topic(settings.pipeline, t.qualified) for t in tables]
     topics.append(change_topic(settings.pipeline, TRUNCATIONS_TABLE))
     ends = end_offsets(settings.kafka, topics)
@@ -166,39 +168,45 @@ def consistent_cut(
                     f"({len(behind)} partitions behind, e.g. {behind[0]}): is `cdc apply` "
                     "running? (`cdc apply --once` applies what the topics hold)"
                 )
-            time.sleep(0.5)
+            time.sleep(_POLL_S)
 
 
-def _digest(form: dict[str, Any]) -> str:
+_POLL_S = 0.1  # how often the cut looks at the slot and the stores' progress
+
+
+def _mark_cut(conn: psycopg.Connection[Any]) -> None:
+    """Write a logical decoding message (CUT_MESSAGE_PREFIX) after the cut's LSN.
+
+    The connector confirms a position to the slot only with a record it has passed on:
+    WAL that holds no captured change (a checkpoint, a write to a table no pipeline
+    captures) is confirmed at its next heartbeat (pipeline.heartbeat_interval_ms, 10 s).
+    The message is a record (on `<prefix>.message`, which the apply job does not read),
+    confirmed within Connect's offset flush interval (1 s). A user not allowed to write
+    one (pg_logical_emit_message) waits for the heartbeat instead."""
+    with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+        conn.execute("SELECT pg_logical_emit_message(false, %s, '')", (CUT_MESSAGE_PREFIX,))
+
+
+def _digest(form: dict[str, Any]) -> bytes:
     text = json.dumps(form, sort_keys=True, default=str, ensure_ascii=False)
-    return hashlib.sha1(text.encode()).hexdigest()
+    return hashlib.sha1(text.encode()).digest()
 
 
 Form = Callable[[Table, dict[str, Any]], dict[str, Any]]
 
 
 def _compare(store: str, form: Form, table: Table, source: Rows, held: Rows) -> Drift:
-    """`store`'s rows `held` (in its comparison form) against the source's rows."""
+    """`store`'s rows `held` (in its comparison form) against the source's rows: each
+    row's content hash on either side, compared key by key."""
     drift = Drift(store, table.qualified, len(source), len(held))
-    if len(source) == len(held) and _fingerprint(source, form, table) == _fingerprint(
-        held, None, table
-    ):
-        return drift  # the cheap aggregate agrees: no need to look key by key
-    drift.missing = sorted(set(source) - set(held))
-    drift.extra = sorted(set(held) - set(source))
-    drift.different = sorted(
-        k for k in set(source) & set(held) if _digest(form(table, source[k])) != _digest(held[k])
-    )
+    mine = {k: _digest(form(table, row)) for k, row in source.items()}
+    theirs = {k: _digest(row) for k, row in held.items()}
+    if mine == theirs:
+        return drift
+    drift.missing = sorted(mine.keys() - theirs.keys())
+    drift.extra = sorted(theirs.keys() - mine.keys())
+    drift.different = sorted(k for k in mine.keys() & theirs.keys() if mine[k] != theirs[k])
     return drift
-
-
-def _fingerprint(rows: Rows, form: Form | None, table: Table) -> int:
-    """An order-free aggregate of every (key, content) pair."""
-    total = 0
-    for key, row in rows.items():
-        content = _digest(form(table, row) if form else row)
-        total ^= int(hashlib.sha1(f"{key}\0{content}".encode()).hexdigest()[:15], 16)
-    return total
 
 
 def verify(

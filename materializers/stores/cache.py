@@ -326,7 +326,7 @@ class CacheStore(RowStore):
     def _keys(self, table: Table) -> list[bytes]:
         """The hashes of `table` (the pattern characters in its name escaped)."""
         prefix = re.sub(r"([\\\[\]*?])", r"\\\1", cache_key(self.prefix, table.qualified, ""))
-        return list(self.client.scan_iter(match=prefix + "*", count=2000))
+        return list(self.client.scan_iter(match=prefix + "*", count=10_000))
 
     def rows(self, table: Table) -> Rows:
         prefix = len(cache_key(self.prefix, table.qualified, ""))

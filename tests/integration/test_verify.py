@@ -222,6 +222,7 @@ def test_verify_checks_the_history(stack: RunningStack) -> None:
     """A warehouse history with a key holding two open versions (written behind the
     pipeline's back with a Delta writer of the test's own) fails `cdc verify`, naming the
     broken invariant; the history as the apply job wrote it passes."""
+    from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
     from cdc.spark import spark_session
@@ -266,6 +267,22 @@ def test_verify_checks_the_history(stack: RunningStack) -> None:
         assert [c["expectation"] for c in failed] == [
             "history: each key's newest version, and only it, is marked newest",
             "history: at most one open version per key",
+        ], failed
+
+        # key 2's open version made to end a day before it begins: it is open no more
+        DeltaTable.forPath(spark, path).update(
+            "id = 2 AND valid_to IS NULL", {"valid_to": "valid_from - INTERVAL 1 DAY"}
+        )
+        broken = run_cdc("verify", "--store", "warehouse", "-o", "json", env=env)
+        failed = [c for c in json.loads(broken.stdout)["expectations"] if not c["ok"]]
+        assert [(c["expectation"], c["observed"]) for c in failed] == [
+            (
+                "history: each key's newest version, and only it, is marked newest",
+                "1 keys otherwise",
+            ),
+            ("history: at most one open version per key", "1 keys with several"),
+            ("history: every live row's version is open", "1 live rows without"),
+            ("history: no version ends before it begins", "1 versions"),
         ], failed
     finally:
         drop_pipeline(settings)

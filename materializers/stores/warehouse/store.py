@@ -252,9 +252,11 @@ class WarehouseStore(FrameStore):
             frame = frame.where("NOT _cdc_deleted")
         names = [c.name for c in table.columns]
         rows = {}
-        for record in frame.select(*[q(n) for n in names]).toLocalIterator():
-            values = dict(zip(names, record, strict=True))
-            rows[key_text(table, values)] = self.form(table, values)
+        # as Arrow: one job, no Row objects (timestamps come with their UTC zone)
+        for batch in frame.select(*[q(n) for n in names]).toArrow().to_batches():
+            for record in batch.to_pylist():
+                values = dict(zip(names, record.values(), strict=True))
+                rows[key_text(table, values)] = self.form(table, values)
         return rows
 
     def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
