@@ -20,7 +20,7 @@ help:
 	@echo "make bench-floor       the engine's floor: the simplest Kafka -> foreachBatch -> Redis query"
 	@echo "make bench-batch-cost  one micro-batch of the apply job, phase by phase, idle and at 200 changes/s"
 	@echo "make bench-derived     the demo's derived data at 50 TPS: state and latency per view"
-	@echo "make bench-verify      cdc verify phase by phase: the demo's data and views, then pgbench's 4 tables"
+	@echo "make bench-verify      cdc verify phase by phase: the demo's data and views, pgbench's 4 tables, 14 small tables"
 	@echo "make bench-report      the latest figures into the README's table"
 	@echo "make chaos             the long chaos run (>= 12 min, every fault 3 times): figures to bench/results/chaos.jsonl"
 	@echo "make mutants           one-line mutants of the write guards, each against its tests (all must fail)"
@@ -89,6 +89,7 @@ bench-derived: up
 bench-verify: up
 	$(VENV)/bin/python bench/verify.py --dataset demo
 	$(VENV)/bin/python bench/verify.py --dataset pgbench --scale 2
+	$(VENV)/bin/python bench/verify.py --dataset small
 
 bench-report:
 	$(VENV)/bin/python bench/report.py --readme

@@ -260,6 +260,33 @@ def memory_row(r: dict[str, Any]) -> list[str]:
     ]
 
 
+# `cdc verify` of each bench/verify.py dataset: what it holds, and its target (seconds)
+VERIFY_TARGETS = {
+    "demo": ("the demo's shop with its seven views", 30.0),
+    "pgbench": ("pgbench's 4 tables", 45.0),
+    "small": ("14 small tables", 20.0),
+}
+
+
+def verify_row(r: dict[str, Any]) -> list[str]:
+    """One dataset's verify: the spread of its runs' totals and the slowest phases."""
+    what, target = VERIFY_TARGETS[r["dataset"]]
+    totals = [run["total_s"] for run in r["runs"]]
+    worst = max(r["runs"], key=lambda run: run["total_s"])
+    phases = ", ".join(
+        f"{name} {seconds}"
+        for name, seconds in sorted(worst["phases_s"].items(), key=lambda kv: -kv[1])
+    )
+    spread = f"{min(totals)}–{max(totals)} s" if len(totals) > 1 else f"{totals[0]} s"
+    return [
+        f"`cdc verify`, {what} ({_n(r['tables'])} tables, {_n(r['rows'])} rows)",
+        f"{spread} over {len(totals)} runs (slowest: {phases})",
+        "",
+        f"≤ {target:g} s",
+        _met(max(totals) <= target),
+    ]
+
+
 def table() -> str:
     rows: list[list[str]] = []
     machine: dict[str, Any] = {}
@@ -281,6 +308,9 @@ def table() -> str:
         rows += floor_rows(floor, every)
     if batch := latest("batch_cost", lambda r: "idle" in r.get("runs", {})):
         rows.append(idle_row(batch))
+    for dataset in VERIFY_TARGETS:
+        if checked := latest("verify", lambda r, d=dataset: r.get("dataset") == d):
+            rows.append(verify_row(checked))
     if every:
         rows.append(memory_row(every))
         machine = every["machine"]

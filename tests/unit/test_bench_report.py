@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from bench.report import catchup_rows, floor_rows, idle_row, snapshot_rows, streaming_rows
+from bench.report import (
+    catchup_rows,
+    floor_rows,
+    idle_row,
+    snapshot_rows,
+    streaming_rows,
+    verify_row,
+)
 
 
 def test_snapshot_is_judged_against_debezium_and_copy() -> None:
@@ -132,3 +139,17 @@ def test_an_idle_apply_job_is_judged_against_a_tenth_of_a_core() -> None:
     assert idle_row(record)[1:] == ["0.09 cores", "", "≤ 0.1 cores", "yes"]
     idle["spark (Python workers)"] = 0.02
     assert idle_row(record)[-1] == "**no**"
+
+
+def test_verify_is_judged_per_dataset_by_its_slowest_run() -> None:
+    def record(dataset: str, totals: list[float]) -> dict[str, object]:
+        runs = [
+            {"total_s": t, "phases_s": {"verify": t / 2, "expectations": t / 2}} for t in totals
+        ]
+        return {"dataset": dataset, "tables": 4, "rows": 42_000, "runs": runs}
+
+    demo = verify_row(record("demo", [24.0, 29.5]))
+    assert demo[-1] == "yes" and demo[3] == "≤ 30 s" and "24.0–29.5 s over 2 runs" in demo[1]
+    assert verify_row(record("demo", [24.0, 31.0]))[-1] == "**no**"
+    assert verify_row(record("small", [19.0]))[3] == "≤ 20 s"
+    assert verify_row(record("pgbench", [46.0]))[-1] == "**no**"
