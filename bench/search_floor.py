@@ -148,6 +148,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--changes", type=int, default=500_000)
     parser.add_argument("--profile", action="store_true", help="where the writer's time goes")
+    parser.add_argument("--writer-only", action="store_true", help="measure the writer alone")
     parser.add_argument("--change", help="what this run measures (recorded with it)")
     args = parser.parse_args()
     settings = load_settings()
@@ -169,18 +170,20 @@ def main() -> None:
         with ResourceSampler() as resources:
             # raw: the writer's own documents, as bulk bodies made before the clock starts
             store.ensure_index(info)
-            bodies = raw_bodies(store, info, found)
-            print("raw: ready-made bulk bodies ...", flush=True)
+            if not args.writer_only:
+                bodies = raw_bodies(store, info, found)
+                print("raw: ready-made bulk bodies ...", flush=True)
 
-            def send() -> None:
-                for body in bodies:
-                    answer = client.bulk(body=body)
-                    if answer.get("errors"):
-                        raise SystemExit(f"OpenSearch refused a document: {answer['items'][0]}")
+                def send() -> None:
+                    for body in bodies:
+                        answer = client.bulk(body=body)
+                        if answer.get("errors"):
+                            item = answer["items"][0]
+                            raise SystemExit(f"OpenSearch refused a document: {item}")
 
-            figures["raw"] = measure(resources, args.changes, send)
-            print(f"raw: {figures['raw']}", flush=True)
-            store.reset(info)
+                figures["raw"] = measure(resources, args.changes, send)
+                print(f"raw: {figures['raw']}", flush=True)
+                store.reset(info)
             batches = arrow_batches(info.qualified, topic, found)
             print("writer: partition_writer over Arrow batches ...", flush=True)
             tables = {info.qualified: info}
@@ -211,28 +214,25 @@ def main() -> None:
 def raw_bodies(store: SearchStore, info: Table, found: list[tuple[bytes, bytes]]) -> list[bytes]:
     """The bulk bodies (ndjson, CHUNK documents each) of the writer's own documents: the
     actions it makes, captured instead of sent."""
-    from opensearchpy import helpers
-
     captured: list[dict[str, Any]] = []
-    original = helpers.streaming_bulk
 
-    def capture(client: Any, actions: Any, **_: Any) -> Any:
+    def capture(actions: list[dict[str, Any]]) -> Any:
         captured.extend(actions)
         return iter(())
 
-    helpers.streaming_bulk = capture  # type: ignore[assignment]
+    store._send = capture  # type: ignore[method-assign]
     try:
         run = partition_writer(
             lambda: store, {info.qualified: info}, lambda t: "", "cdc.truncations", {}, close=False
         )
         list(run(iter(arrow_batches(info.qualified, "", found))))
     finally:
-        helpers.streaming_bulk = original  # type: ignore[assignment]
+        del store._send
     bodies = []
     for at in range(0, len(captured), CHUNK):
         lines = []
         for action in captured[at : at + CHUNK]:
-            meta = {k.lstrip("_"): v for k, v in action.items() if k not in ("_op_type", "_source")}
+            meta = {k: v for k, v in action.items() if k not in ("_op_type", "_source")}
             lines.append(orjson.dumps({action["_op_type"]: meta}))
             lines.append(orjson.dumps(action["_source"]))
         bodies.append(b"\n".join(lines) + b"\n")

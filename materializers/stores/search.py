@@ -16,7 +16,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import orjson
@@ -152,6 +152,10 @@ def plain_value(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float | str | dict):
         return value
     return cache_text(value)
+
+
+_BULK_ACTIONS = 5000  # per bulk request
+_BULK_BYTES = 20 * 1024 * 1024
 
 
 class FastJSON(JSONSerializer):
@@ -351,15 +355,7 @@ class SearchStore(RowStore):
             actions.append({"_op_type": "index", "_source": doc, **meta})
         by_id = {(self._indexes[e.table], e.key): e for e in events}
         failed = 0
-        for ok, item in helpers.streaming_bulk(
-            self.client,
-            actions,
-            raise_on_error=False,
-            raise_on_exception=False,
-            chunk_size=5000,
-            max_chunk_bytes=20 * 1024 * 1024,
-            max_retries=3,
-        ):
+        for ok, item in self._send(actions):
             info = next(iter(item.values()))
             status = info.get("status")
             if ok:
@@ -375,6 +371,50 @@ class SearchStore(RowStore):
                 event = by_id[(info["_index"], info["_id"])]
                 result.rejected.append((event, str(info.get("error"))[:500]))
         return result, failed
+
+    def _send(self, actions: list[dict[str, Any]]) -> Iterator[tuple[bool, dict[str, Any]]]:
+        """Each action's outcome, as opensearch-py's streaming_bulk gives it (ok, {op:
+        {_index, _id, status, ...}}), sent in bulk requests of at most _BULK_ACTIONS
+        actions or _BULK_BYTES bytes, each line made once by orjson (streaming_bulk
+        expands and serializes every action through the client: an eighth of the writer's
+        time, bench/search_floor.py). A request that gets no answer, or an error status
+        for the whole of it, is that status for each of its actions (the caller retries
+        the batch)."""
+        serializer = self.client.transport.serializer
+        lines: list[bytes] = []
+        sent: list[dict[str, Any]] = []
+        size = 0
+        for action in actions:
+            op = action["_op_type"]
+            meta = {k: v for k, v in action.items() if k not in ("_op_type", "_source")}
+            lines.append(orjson.dumps({op: meta}))
+            size += len(lines[-1]) + 1
+            if "_source" in action:
+                try:
+                    lines.append(orjson.dumps(action["_source"], default=serializer.default))
+                except TypeError:  # an integer beyond 64 bits (a json column's)
+                    lines.append(serializer.dumps(action["_source"]).encode())
+                size += len(lines[-1]) + 1
+            sent.append(action)
+            if len(sent) >= _BULK_ACTIONS or size >= _BULK_BYTES:
+                yield from self._post(lines, sent)
+                lines, sent, size = [], [], 0
+        if sent:
+            yield from self._post(lines, sent)
+
+    def _post(
+        self, lines: list[bytes], sent: list[dict[str, Any]]
+    ) -> Iterator[tuple[bool, dict[str, Any]]]:
+        try:
+            answer = self.client.bulk(body=b"\n".join(lines) + b"\n")
+        except TransportError as exc:  # (ConnectionError is one: status "N/A")
+            for action in sent:
+                info = {"_index": action["_index"], "_id": action["_id"]}
+                yield False, {action["_op_type"]: info | {"status": exc.status_code}}
+            return
+        for item in answer["items"]:
+            status = next(iter(item.values())).get("status", 500)
+            yield isinstance(status, int) and 200 <= status < 300, item
 
     def truncate(self, table: Table, before: tuple[int, int], commit_ms: int) -> None:
         """Delete every document written before the TRUNCATE (position `before`), each at

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
-from cdc.capture import connector_config, offset_reaches, start_offset
+import re
+
+from cdc.capture import connector_config, offset_reaches, pipeline_connector_config, start_offset
+from cdc.catalog import Column, Table
 from cdc.connect import refusal, summarize_trace
 from cdc.settings import Settings
 
@@ -83,3 +86,15 @@ def test_a_refused_connector_config_names_its_errors_on_one_line() -> None:
         "Error while validating connector config: password authentication failed"
     )
     assert refusal("not found") == "not found"
+
+
+def test_the_connector_passes_on_only_verify_s_cut_markers() -> None:
+    """A logical decoding message of another program never leaves the database; the
+    markers `cdc verify` writes at a cut do (they make the connector confirm the cut's
+    position at once, materializers/verify.py)."""
+    column = Column("id", "integer", "int4", "N", False, None, True)
+    table = Table("public", "orders", (column,), ("id",), "d", 0, 0)
+    config = pipeline_connector_config(Settings(), [table])
+    included = re.compile(config["message.prefix.include.list"])
+    assert included.fullmatch("cdc.cut")
+    assert not included.fullmatch("cdcXcut") and not included.fullmatch("app.audit")

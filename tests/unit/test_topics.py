@@ -32,7 +32,14 @@ def test_the_apply_job_reads_every_change_topic_and_no_other() -> None:
     assert pattern.match("shop.public.my.table")  # a table name holding a dot
     assert pattern.match("shop.cdc.truncations")
     assert pattern.match("shop.public.transaction")
-    for other in ("shop.transaction", "shop.notifications", "shop.dlq", "shopx.public.t"):
+    others = (
+        "shop.transaction",
+        "shop.notifications",
+        "shop.dlq",
+        "shop.message",
+        "shopx.public.t",
+    )
+    for other in others:
         assert not pattern.match(other), other
 
 
