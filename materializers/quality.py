@@ -53,7 +53,7 @@ _SUM_ALIAS = "_cdc_verify_sum_{}"
 
 def _suite(table: Table, frame: Any, source_count: int, sums: int) -> Any:
     """The table's expectations over its live rows, and the observed aggregates (row
-    count, `sums` column sums) that aggregate_check compares with PostgreSQL's."""
+    count, `sums` column sums) that the aggregate check compares with PostgreSQL's."""
     import great_expectations as gx
     import great_expectations.expectations as gxe
     from pyspark.sql import types as T
@@ -106,6 +106,7 @@ def _live_suite(
         batch_parameters={"dataframe": frame}
     )
     result = batch.validate(_suite(table, frame, source_count, len(summed)))
+    aliases = {_SUM_ALIAS.format(i): i for i in range(len(summed))}
     checks, rows, sums = [], None, {}
     failed = ""
     for r in result.results:
@@ -113,11 +114,11 @@ def _live_suite(
         column = kwargs.get("column") or ", ".join(kwargs.get("column_list") or []) or None
         found = r.result or {}
         info = r.exception_info or {}
-        if column and column.startswith(_SUM_ALIAS.format("")):
+        if column in aliases:
             if info.get("raised_exception"):
                 message = str(info.get("exception_message") or "").strip().splitlines()
                 failed = f"an aggregate could not be computed: {(message or ['?'])[0][:200]}"
-            sums[int(column.rsplit("_", 1)[1])] = found.get("observed_value")
+            sums[aliases[column]] = found.get("observed_value")
             continue
         if r.expectation_config.type == "expect_table_row_count_to_equal":
             rows = found.get("observed_value")

@@ -3,8 +3,8 @@
 The cut: note PostgreSQL's current LSN, wait until the slot has confirmed it (every
 change before it is in Kafka), note the change topics' end offsets, and wait until
 each store has applied up to them. Then each table is read from the source and from
-each store, every row brought to one canonical form per store, and compared: row
-counts first, then per-key content hashes, narrowing to the keys that differ. A key
+each store, every row brought to one canonical form per store, and compared by its
+content hash, key by key. A key
 that differs is compared again after a fresh cut (the source may have moved on since
 it was read); only what still differs is drift.
 """

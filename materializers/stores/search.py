@@ -410,7 +410,8 @@ class SearchStore(RowStore):
         except TransportError as exc:  # (ConnectionError is one: status "N/A")
             for action in sent:
                 info = {"_index": action["_index"], "_id": action["_id"]}
-                yield False, {action["_op_type"]: info | {"status": exc.status_code}}
+                failed = {"status": exc.status_code, "error": str(exc)[:500]}
+                yield False, {action["_op_type"]: info | failed}
             return
         for item in answer["items"]:
             status = next(iter(item.values())).get("status", 500)
