@@ -47,7 +47,6 @@ from materializers.writer import partition_writer
 
 OPENSEARCH = "opensearch"
 PYTHON = "apply driver (python)"  # this process (bench/common.py's name for it)
-CHUNK = 5000
 
 
 def table(name: str) -> Table:
@@ -212,30 +211,22 @@ def main() -> None:
 
 
 def raw_bodies(store: SearchStore, info: Table, found: list[tuple[bytes, bytes]]) -> list[bytes]:
-    """The bulk bodies (ndjson, CHUNK documents each) of the writer's own documents: the
-    actions it makes, captured instead of sent."""
-    captured: list[dict[str, Any]] = []
+    """The bulk bodies of the writer's own documents, as its `_send` makes them:
+    captured instead of posted."""
+    bodies: list[bytes] = []
 
-    def capture(actions: list[dict[str, Any]]) -> Any:
-        captured.extend(actions)
+    def capture(lines: list[bytes], sent: list[dict[str, Any]]) -> Any:
+        bodies.append(b"\n".join(lines) + b"\n")
         return iter(())
 
-    store._send = capture  # type: ignore[method-assign]
+    store._post = capture  # type: ignore[method-assign]
     try:
         run = partition_writer(
             lambda: store, {info.qualified: info}, lambda t: "", "cdc.truncations", {}, close=False
         )
         list(run(iter(arrow_batches(info.qualified, "", found))))
     finally:
-        del store._send
-    bodies = []
-    for at in range(0, len(captured), CHUNK):
-        lines = []
-        for action in captured[at : at + CHUNK]:
-            meta = {k: v for k, v in action.items() if k not in ("_op_type", "_source")}
-            lines.append(orjson.dumps({action["_op_type"]: meta}))
-            lines.append(orjson.dumps(action["_source"]))
-        bodies.append(b"\n".join(lines) + b"\n")
+        del store._post
     return bodies
 
 
