@@ -52,7 +52,7 @@ from materializers.stores.base import FrameStore, RowStore, Store
 from materializers.stores.registry import executor_settings, make_row_store, make_store
 from materializers.stores.warehouse.streams import late_readers, stream_join_query, window_query
 from materializers.stores.warehouse.views import check_views
-from materializers.typed import unheld_columns
+from materializers.typed import may_hold_placeholder, unheld_columns
 from materializers.warehouse_process import WarehouseProcess
 from materializers.writer import RESULT_DDL, partition_writer, result_schema
 from snapshot.encoding import int_to_lsn
@@ -190,6 +190,7 @@ def _batch_writer(
                 F.max(F.when(valid, F.col("commit_ms"))).alias("commit_ms"),
                 F.max(F.when(valid, F.col("commit_lsn"))).alias("commit_lsn"),
                 F.count("error").alias("errors"),
+                F.count(F.when(valid & may_hold_placeholder(F.col("after")), 1)).alias("toasted"),
             )
             .collect()
         )
@@ -209,11 +210,13 @@ def _batch_writer(
                     "commit_ms": None,
                     "commit_lsn": None,
                     "errors": 0,
+                    "toasted": 0,
                 },
             )
             part["offset"] = max(part["offset"], g["offset"])
             part["n"] += g["n"]
             part["errors"] += g["errors"]
+            part["toasted"] += g["toasted"]
             for newest in ("commit_ms", "commit_lsn"):
                 if g[newest] is not None:
                     part[newest] = max(part[newest] or g[newest], g[newest])
@@ -236,7 +239,8 @@ def _batch_writer(
         events = parsed.where(valid & (F.col("table") != TRUNCATIONS_TABLE))
         # an event from before its table's last TRUNCATE is history, not current state
         assert isinstance(store, FrameStore)
-        store.write_frame(tables, events.withColumn("cut_ms", cut_ms), present)
+        toasted = {p["table"] for p in data if p["toasted"]}
+        store.write_frame(tables, events.withColumn("cut_ms", cut_ms), present, toasted)
         dead.flush()
         log.info(
             "%s batch %d: %d events in %.1f s",

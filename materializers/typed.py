@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 __all__ = [
     "PLACEHOLDER_BYTES_B64",
     "json_type",
+    "may_hold_placeholder",
     "quoted",
     "spark_type",
     "typed_column",
@@ -220,6 +221,20 @@ def typed_column(column: Column, raw: SparkColumn) -> SparkColumn:
     if column.is_array:
         return F.transform(raw, lambda e: _convert(column, e))
     return _convert(column, raw)
+
+
+def may_hold_placeholder(after: SparkColumn) -> SparkColumn:
+    """False where a row image (JSON text) holds none of Debezium's TOAST placeholders in
+    any of their forms (is_placeholder's): a text or JSON value, an hstore, bytea (base64),
+    a uuid array, an array of the placeholder's codes. A value that merely contains one
+    of them counts too: true only means look closer."""
+    codes = [str(c) for c in PLACEHOLDER_ARRAYS[3][:8]]
+    forms = [UNAVAILABLE, PLACEHOLDER_B64, PLACEHOLDER_ARRAYS[2][0]]
+    forms += [",".join(codes), ", ".join(codes)]
+    found = after.contains(forms[0])
+    for form in forms[1:]:
+        found = found | after.contains(form)
+    return found
 
 
 def is_placeholder(column: Column, raw: SparkColumn) -> SparkColumn | None:

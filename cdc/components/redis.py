@@ -18,7 +18,9 @@ __all__ = ["Redis"]
 
 class Redis(Component):
     name = "redis"
-    start_timeout = 30.0
+    # a Redis that exits (a bad setting, a port taken) is seen at once; one that lives
+    # but does not answer is loading its data file, 20 s per 3.5 M keys here
+    start_timeout = 600.0
 
     @property
     def section(self) -> RedisSettings:

@@ -122,6 +122,13 @@ class FrameStore(Store):
     """A store written from Spark frames (the warehouse)."""
 
     @abstractmethod
-    def write_frame(self, tables: dict[str, Table], events: Any, present: set[str]) -> None:
+    def write_frame(
+        self,
+        tables: dict[str, Table],
+        events: Any,
+        present: set[str],
+        toasted: set[str] | None = None,
+    ) -> None:
         """Write a batch's parsed events (materializers/events.py, with `cut_ms`) of the
-        tables in `present`, each key's newest change by the write rule."""
+        tables in `present`, each key's newest change by the write rule (`toasted`: the
+        tables whose events may carry a TOAST placeholder, None: any of them)."""

@@ -14,10 +14,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc.decode import PLACEHOLDER_ARRAYS, PLACEHOLDER_B64, UNAVAILABLE
+from cdc.decode import PLACEHOLDER_ARRAYS, PLACEHOLDER_B64, PLACEHOLDER_HSTORE, UNAVAILABLE
 from cdc.topics import change_topic
 from materializers.apply import run_apply
-from tests.conftest import Capture
+from tests.conftest import Capture, RunningStack
 from tests.contents import topic_records
 from tests.stores import stores
 
@@ -107,3 +107,26 @@ def test_no_store_writes_a_placeholder_of_any_type(captured: Capture) -> None:
                 # the key's previous row left
                 assert held in (None, before[store][other][column]), (store, key, column)
                 assert held != before[store][key][column], (store, key, column)
+
+
+def test_every_placeholder_form_marks_its_row_image(stack: RunningStack) -> None:
+    """The apply job decodes placeholders only for the tables whose events of a batch may
+    hold one (materializers/typed.py: may_hold_placeholder): every form Debezium writes,
+    read from an envelope as parse_events reads it, is seen; a plain image is not."""
+    from pyspark.sql import functions as F
+
+    from cdc.spark import spark_session
+    from materializers.events import ENVELOPE_DDL
+    from materializers.typed import may_hold_placeholder
+
+    spark = spark_session(stack.settings, "test-placeholder-forms")
+    forms = [UNAVAILABLE, PLACEHOLDER_B64, PLACEHOLDER_HSTORE, *PLACEHOLDER_ARRAYS]
+    images = [{"id": 1, "c": form, "d": "x"} for form in forms]
+    images.append({"id": 2, "c": "__debezium", "d": [95, 95, 100], "e": {"k": "v"}})
+    envelopes = [(json.dumps({"op": "u", "after": image}, indent=1),) for image in images]
+    seen = (
+        spark.createDataFrame(envelopes, "value string")
+        .select(may_hold_placeholder(F.from_json("value", ENVELOPE_DDL)["after"]).alias("seen"))
+        .collect()
+    )
+    assert [row.seen for row in seen] == [True] * len(forms) + [False]

@@ -327,7 +327,12 @@ class WarehouseStore(FrameStore):
         return time.monotonic() - started
 
     def _write_table(
-        self, table: Table, events: Any, histories: ThreadPoolExecutor, keep: set[str]
+        self,
+        table: Table,
+        events: Any,
+        histories: ThreadPoolExecutor,
+        keep: set[str],
+        toasted: bool,
     ) -> tuple[float, float, dict[str, Any]]:
         """A table's events of the batch into its history (in `histories`) and its current
         state (in this thread); their seconds, and what the views want kept of the batch
@@ -337,7 +342,7 @@ class WarehouseStore(FrameStore):
         from pyspark.sql import functions as F
 
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.name)
-        decoded, history, current = self._merge(table, events, histories)
+        decoded, history, current = self._merge(table, events, histories, toasted)
         try:
             try:
                 current_s = self._timed(current)
@@ -367,12 +372,13 @@ class WarehouseStore(FrameStore):
             decoded.unpersist()
 
     def _merge(
-        self, table: Table, events: Any, pool: ThreadPoolExecutor
+        self, table: Table, events: Any, pool: ThreadPoolExecutor, toasted: bool = True
     ) -> tuple[Any, Future[float], Callable[[], Any]]:
         """Start the history write of a table's events of the batch (in `pool`), and make
-        the write of its current state. Returns the decoded events (cached: the caller
-        unpersists them), the history's future (its seconds), and the current state's
-        write to run."""
+        the write of its current state. Returns the decoded events (checkpointed: the
+        caller unpersists them), the history's future (its seconds), and the current
+        state's write to run. `toasted` false: no event of the batch carries a TOAST
+        placeholder, and no value is carried over or read from the stored rows."""
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
@@ -402,7 +408,7 @@ class WarehouseStore(FrameStore):
             "commit_ms",
             "cut_ms",
             *key_image,
-            *typed_image(table, F.col("after")),
+            *typed_image(table, F.col("after"), placeholders=toasted),
         )
         # a key column's value comes from the event's key, never a placeholder
         placeholders = {
@@ -434,7 +440,10 @@ class WarehouseStore(FrameStore):
             decoded = decoded.withColumn(
                 f"__carried_{c}", F.last(value, ignorenulls=True).over(so_far)
             )
-        decoded = decoded.cache()  # read by the history MERGE and the current one
+        # read by the history MERGE and the current one: computed once, and the plans
+        # that read it start from its rows, not from the decoding of the Kafka records
+        # (planning and generating code for those cost more than running them)
+        decoded = decoded.localCheckpoint()
         fresh = self._empty(current_path(self.root, table.qualified), target)
         stored = None
         if placeholders and not fresh:  # values the history may need, read before any MERGE
@@ -555,9 +564,16 @@ class WarehouseStore(FrameStore):
         )
         return decoded, history, merge.execute
 
-    def write_frame(self, tables: dict[str, Table], events: Any, present: set[str]) -> None:
+    def write_frame(
+        self,
+        tables: dict[str, Table],
+        events: Any,
+        present: set[str],
+        toasted: set[str] | None = None,
+    ) -> None:
         """MERGE each key's newest event of the batch into its table's current state, and
         every event into its history (`present`: the tables the batch has events of;
+        `toasted`: those of them whose events may carry a TOAST placeholder, None: any;
         `cut_ms`, per event: the commit time of the TRUNCATE it came before, if any).
 
         A TOAST placeholder in the last event is filled from the key's latest earlier
@@ -588,7 +604,14 @@ class WarehouseStore(FrameStore):
             ThreadPoolExecutor(self.parallel, thread_name_prefix="history") as histories,
         ):
             writes = [
-                each.submit(self._write_table, tables[n], events, histories, keep.get(n, set()))
+                each.submit(
+                    self._write_table,
+                    tables[n],
+                    events,
+                    histories,
+                    keep.get(n, set()),
+                    toasted is None or n in toasted,
+                )
                 for n in names
             ]
             wait(writes)  # every MERGE has ended before the batch does
