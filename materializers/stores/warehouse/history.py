@@ -91,23 +91,21 @@ def write_history(
     if empty:
         _merge(table, rows, None, history, confined=False)
         return
-    touched = rows.select(*keys).distinct()
+    # each touched key's first position in the batch
+    first = rows.groupBy(*keys).agg(F.min(F.struct("_cdc_commit_lsn", "_cdc_lsn")).alias("_first"))
     newest = (
         history.toDF()
         .where(NEWEST)
         .select(*keys, *chain)
-        .join(touched, list(table.key), "left_semi")
+        .join(first, list(table.key))
+        # the batch holds a change from before the key's newest stored version
+        .withColumn("_late", F.col("_first") < F.struct("_cdc_commit_lsn", "_cdc_lsn"))
         .localCheckpoint()  # read once: for the check below and for the chain
     )
-    late = (
-        rows.select(*keys, F.col("_cdc_commit_lsn").alias("_c"), F.col("_cdc_lsn").alias("_l"))
-        .join(newest, list(table.key))
-        .where("_c < _cdc_commit_lsn OR (_c = _cdc_commit_lsn AND _l < _cdc_lsn)")
-        .limit(1)
-        .count()
-    )
-    known = newest
+    late = newest.where("_late").limit(1).count()
+    known = newest.drop("_first", "_late")
     if late:  # every stored version of the touched keys
+        touched = first.select(*keys)
         known = history.toDF().select(*keys, *chain).join(touched, list(table.key), "left_semi")
     _merge(table, rows, known, history, confined=not late)
 
