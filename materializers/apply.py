@@ -94,11 +94,10 @@ def _batch_writer(
                     # nothing goes to the dead-letter topic; the batch is written again
                     # once it answers
                     _wait_for(settings, store.name, why, batch_id, store.ping)
-                elif isinstance(exc, SourceUnavailableError):
-                    # the catalog is read every batch: it waits for PostgreSQL likewise
-                    _wait_for(
-                        settings, store.name, str(exc), batch_id, lambda: ping_source(settings)
-                    )
+                elif (source := unavailable_reason(exc, SourceUnavailableError)) is not None:
+                    # the catalog is read every batch, generated columns computed in the
+                    # Python workers: each waits for PostgreSQL likewise
+                    _wait_for(settings, store.name, source, batch_id, lambda: ping_source(settings))
                 else:
                     raise
                 waited = True
@@ -506,13 +505,16 @@ def _unheld_as_errors(parsed: Any, tables: dict[str, Table]) -> Any:
     )
 
 
-def unavailable_reason(exc: BaseException) -> str | None:
-    """The one-line reason when `exc` says a store does not answer (raised here, or in a
-    Python worker and carried back by Spark as text); None for any other error."""
-    if isinstance(exc, StoreUnavailableError):
+def unavailable_reason(
+    exc: BaseException, kind: type[CdcError] = StoreUnavailableError
+) -> str | None:
+    """The one-line reason when `exc` says a store (`kind`: or PostgreSQL, with
+    SourceUnavailableError) does not answer, raised here or in a Python worker and
+    carried back by Spark as text; None for any other error."""
+    if isinstance(exc, kind):
         return str(exc)
     text = str(exc)
-    marker = f"{StoreUnavailableError.__name__}: "
+    marker = f"{kind.__name__}: "
     if marker not in text:
         return None
     return text[text.rindex(marker) + len(marker) :].splitlines()[0].strip()

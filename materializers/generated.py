@@ -28,7 +28,7 @@ from psycopg import sql
 
 from cdc.catalog import Column, Table
 from cdc.decode import UNAVAILABLE, is_unavailable
-from cdc.errors import ValueDecodeError
+from cdc.errors import SourceUnavailableError, ValueDecodeError
 from cdc.postgres_text import postgres_text
 from snapshot.encoding import column_json
 
@@ -119,7 +119,15 @@ def compute(conn: Any, table: Table, afters: list[dict[str, Any]]) -> None:
         )
         try:
             results = conn.execute(query, params).fetchall()
-        except psycopg.DataError as exc:  # e.g. NULL for a NOT NULL domain's missing input
+        except (psycopg.OperationalError, psycopg.InterfaceError):
+            raise  # PostgreSQL went away (computing_generated says so)
+        except psycopg.Error as exc:
+            # an expression that fails on these values (e.g. NULL for a NOT NULL domain's
+            # missing input: an integrity error; a division by zero: a data error)
+            if len(chunk) > 1:  # each row again: only the failing ones are read back
+                for after in chunk:
+                    compute(conn, table, [after])
+                continue
             log.warning("%s: generated columns read back: %s", table.qualified, exc)
             unknown += [(after, names) for after in chunk]
             continue
@@ -190,10 +198,18 @@ def computing_generated(
                     ):
                         found.setdefault(topic, []).append((i, envelope))
                 if found:
-                    if conn is None:
-                        conn = psycopg.connect(dsn, autocommit=True)
-                    for topic, events in found.items():
-                        compute(conn, by_topic[topic], [e["after"] for _, e in events])
+                    try:
+                        if conn is None:
+                            conn = psycopg.connect(dsn, autocommit=True)
+                        for topic, events in found.items():
+                            compute(conn, by_topic[topic], [e["after"] for _, e in events])
+                    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                        # the apply job waits for PostgreSQL and writes the batch again
+                        why = str(exc).strip().splitlines()[0] if str(exc).strip() else "gone"
+                        raise SourceUnavailableError(
+                            f"PostgreSQL does not answer (generated columns): {why}"
+                        ) from None
+                    for events in found.values():
                         for i, envelope in events:
                             values[i] = orjson.dumps(envelope)
                     index = batch.schema.get_field_index("value")

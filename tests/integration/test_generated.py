@@ -128,3 +128,30 @@ def test_generated_columns_reach_every_store(captured: Capture) -> None:
     assert [(d.store, d.ok, d.store_rows) for d in results] == [(s, True, 10) for s in STORES], [
         (d.store, d.different[:3]) for d in results
     ]
+
+
+def test_a_generated_value_its_event_cannot_give_is_read_back(captured: Capture) -> None:
+    """An expression that fails on the event's values (here NULL, the placeholder's
+    stand-in, cast to a NOT NULL domain: an integrity error, not a data error) holds no
+    store back: that row's generated values are read from the source, the other rows of
+    the batch keep theirs."""
+    t = captured(
+        "CREATE DOMAIN {name}_nn AS int NOT NULL",
+        "CREATE TABLE {name} (id int PRIMARY KEY, a int, big text, "
+        "big_len {name}_nn GENERATED ALWAYS AS (length(big) + a) STORED)",
+        "ALTER TABLE {name} ALTER COLUMN big SET STORAGE EXTERNAL",
+        "INSERT INTO {name} (id, a, big) SELECT g, g, repeat(md5(g::text), 300) "
+        "FROM generate_series(1, 3) g",
+        prefix="gen",
+    )
+    with psycopg.connect(t.dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE {t.name} SET a = 50 WHERE id = 1")  # `big`: its placeholder
+        conn.execute(f"UPDATE {t.name} SET a = 60, big = 'x' WHERE id = 2")
+        wanted = dict(conn.execute(f"SELECT id, big_len FROM {t.name}").fetchall())
+    assert wanted == {1: 9650, 2: 61, 3: 9603}
+    wait_until_captured(t.settings)
+    run_apply(t.settings, STORES, once=True)
+    found = stores.stores(t.settings, f"public.{t.name}")
+    for store in STORES:
+        held = {int(k): int(row["big_len"]) for k, row in found[store].items()}
+        assert held == wanted, (store, held)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cdc.errors import SourceRewoundError, StoreUnavailableError
+from cdc.errors import SourceRewoundError, SourceUnavailableError, StoreUnavailableError
 from materializers.apply import (
     backlog,
     check_source_not_rewound,
@@ -52,6 +52,17 @@ def test_a_store_that_does_not_answer_is_recognised_also_as_text() -> None:
     worker = "Traceback...\ncdc.errors.StoreUnavailableError: OpenSearch at x does not answer\n"
     assert unavailable_reason(RuntimeError(worker)) == "OpenSearch at x does not answer"
     assert unavailable_reason(RuntimeError("ValueError: bad")) is None
+
+
+def test_postgres_gone_in_a_python_worker_is_recognised_as_text() -> None:
+    """Generated columns are computed in Spark's Python workers: PostgreSQL going away
+    there reaches the driver as text, and the apply job waits for it."""
+    worker = "Traceback...\ncdc.errors.SourceUnavailableError: PostgreSQL does not answer\n"
+    assert unavailable_reason(RuntimeError(worker), SourceUnavailableError) == (
+        "PostgreSQL does not answer"
+    )
+    assert unavailable_reason(RuntimeError(worker)) is None  # not a store
+    assert unavailable_reason(SourceUnavailableError("down"), SourceUnavailableError) == "down"
 
 
 def test_a_source_behind_what_a_store_applied_stops_it() -> None:
