@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +45,9 @@ from cdc.decode import (
     NUMERIC_SPECIAL,
     PLACEHOLDER_ARRAYS,
     PLACEHOLDER_B64,
+    PLACEHOLDER_CODES,
     PLACEHOLDER_HSTORE,
+    PLACEHOLDER_UUID,
     UNAVAILABLE,
     bit_length,
 )
@@ -228,13 +231,9 @@ def may_hold_placeholder(after: SparkColumn) -> SparkColumn:
     any of their forms (is_placeholder's): a text or JSON value, an hstore, bytea (base64),
     a uuid array, an array of the placeholder's codes. A value that merely contains one
     of them counts too: true only means look closer."""
-    codes = [str(c) for c in PLACEHOLDER_ARRAYS[3][:8]]
-    forms = [UNAVAILABLE, PLACEHOLDER_B64, PLACEHOLDER_ARRAYS[2][0]]
-    forms += [",".join(codes), ", ".join(codes)]
-    found = after.contains(forms[0])
-    for form in forms[1:]:
-        found = found | after.contains(form)
-    return found
+    codes = [str(c) for c in PLACEHOLDER_CODES[:8]]
+    forms = [UNAVAILABLE, PLACEHOLDER_B64, PLACEHOLDER_UUID, ",".join(codes), ", ".join(codes)]
+    return functools.reduce(operator.or_, [after.contains(form) for form in forms])
 
 
 def is_placeholder(column: Column, raw: SparkColumn) -> SparkColumn | None:
