@@ -96,8 +96,17 @@ def pipeline_connector_config(settings: Settings, tables: Sequence[Table]) -> di
         user=pipe.replication_user,
         password=replication_password(settings).get_secret_value(),
     )
+    # The publication is the filter: it holds each captured table by its OID, and
+    # follows it through a rename (cdc/identity.py). A name filter here would drop every
+    # change of a renamed table without a word while the slot moves on; without one, the
+    # changes go to the new name's topic. Only the pipeline's own two tables there are
+    # not data (the TRUNCATE records are).
+    del config["table.include.list"]
     config.update(
         {
+            "table.exclude.list": ",".join(
+                _regex_literal(t) for t in (SIGNAL_TABLE, HEARTBEAT_TABLE)
+            ),
             # the setup keeps the publication exact: Debezium must not create or alter it
             "publication.autocreate.mode": "disabled",
             "slot.drop.on.stop": "false",
@@ -232,7 +241,7 @@ def register_connector(
     old_reader = None
     if start_lsn is not None and (not existing or state == "STOPPED"):
         _start_at(client, settings, config, start_lsn, start_ts_ms, existing)
-    elif existing and client.config(name) == config:
+    elif existing and _same_config(client.config(name), config):
         client.wait_running(name, timeout=timeout)
         wait_slot_active(settings, settings.pipeline.slot, timeout=timeout)
         return
@@ -248,9 +257,7 @@ def register_connector(
             tasks = client.task_configs(name)
         except ConnectorError:
             tasks = []
-        if tasks and all(
-            t.get("table.include.list") == config["table.include.list"] for t in tasks
-        ):
+        if tasks and all(_runs(t, config) for t in tasks):
             break
         if time.monotonic() > deadline:
             raise ConnectorError(f"connector {name} did not take its new configuration")
@@ -261,6 +268,17 @@ def register_connector(
         timeout=max(deadline - time.monotonic(), 5),
         not_pid=old_reader,
     )
+
+
+def _same_config(stored: dict[str, str], config: dict[str, str]) -> bool:
+    """Whether Connect holds `config` (it adds the connector's name to what it shows)."""
+    return {k: v for k, v in stored.items() if k != "name"} == config
+
+
+def _runs(task: dict[str, Any], config: dict[str, str]) -> bool:
+    """Whether a task's configuration is `config` (its secrets aside: Connect may show
+    them resolved)."""
+    return all(task.get(k) == v for k, v in config.items() if "password" not in k)
 
 
 def _start_at(
@@ -276,7 +294,7 @@ def _start_at(
     name = settings.pipeline.connector
     if not existing:
         client.create_stopped(name, config)
-    elif client.config(name) != config:
+    elif not _same_config(client.config(name), config):
         client.put_config(name, config)  # a stopped connector stays stopped
     partition = {"server": settings.pipeline.topic_prefix}
     stored = [o["offset"] for o in client.offsets(name) if o.get("partition") == partition]

@@ -22,6 +22,7 @@ __all__ = [
     "published_tables",
     "publishing_relations",
     "resolve_tables",
+    "selected_tables",
     "toast_blind_columns",
 ]
 
@@ -196,8 +197,7 @@ def check_wal_level(conn: psycopg.Connection[Any]) -> None:
         )
 
 
-def resolve_tables(conn: psycopg.Connection[Any], pipeline: PipelineSettings) -> list[Table]:
-    """The tables the pipeline captures, each checked: it exists and has a key."""
+def _existing_tables(conn: psycopg.Connection[Any]) -> list[str]:
     rows = conn.execute(
         "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition "
@@ -205,13 +205,35 @@ def resolve_tables(conn: psycopg.Connection[Any], pipeline: PipelineSettings) ->
         "AND n.nspname NOT LIKE 'pg_toast%%' ORDER BY 1, 2",
         (OWN_SCHEMA,),
     ).fetchall()
-    existing = [f"{schema}.{name}" for schema, name in rows]
+    return [f"{schema}.{name}" for schema, name in rows]
+
+
+def selected_tables(conn: psycopg.Connection[Any], pipeline: PipelineSettings) -> list[str]:
+    """The existing tables pipeline.tables selects (a name that matches none is skipped)."""
+    existing = _existing_tables(conn)
+    return [
+        t
+        for t in existing
+        if any(fnmatch.fnmatchcase(t, p) for p in pipeline.tables)
+        and not any(fnmatch.fnmatchcase(t, p) for p in pipeline.exclude_tables)
+    ]
+
+
+def resolve_tables(conn: psycopg.Connection[Any], pipeline: PipelineSettings) -> list[Table]:
+    """The tables the pipeline captures, each checked: it exists and has a key."""
+    existing = _existing_tables(conn)
     chosen: list[str] = []
     for pattern in pipeline.tables:
         if "." not in pattern:
             raise SourceError(f"table {pattern!r} needs its schema: write it as schema.table")
         matches = [t for t in existing if fnmatch.fnmatchcase(t, pattern)]
         if not matches:
+            if renamed := _renamed_to(conn, pipeline.name, pattern):
+                raise SourceError(
+                    f"table {pattern} was renamed to {renamed} (the same table, which the "
+                    f"pipeline still captures): name {renamed} in pipeline.tables in its "
+                    "place and run `cdc setup`"
+                )
             close = [t for t in existing if t.split(".")[1] == pattern.split(".")[1]]
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise SourceError(
@@ -225,6 +247,20 @@ def resolve_tables(conn: psycopg.Connection[Any], pipeline: PipelineSettings) ->
     if not chosen:
         raise SourceError("pipeline.tables selects no table: name at least one schema.table")
     return [describe_table(conn, t, pipeline) for t in chosen]
+
+
+def _renamed_to(conn: psycopg.Connection[Any], pipeline: str, name: str) -> str | None:
+    """The name now of the relation `pipeline` captured as `name`, if it was renamed."""
+    exists = conn.execute("SELECT to_regclass('cdc.captured') IS NOT NULL").fetchone()
+    if not (exists and exists[0]):
+        return None
+    row = conn.execute(
+        "SELECT n.nspname || '.' || c.relname FROM cdc.captured k "
+        "JOIN pg_class c ON c.oid = k.relid JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE k.pipeline = %s AND k.table_name = %s",
+        (pipeline, name),
+    ).fetchone()
+    return str(row[0]) if row and row[0] != name else None
 
 
 def describe_table(

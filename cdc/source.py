@@ -33,6 +33,7 @@ from cdc.catalog import (
     toast_blind_columns,
 )
 from cdc.errors import SourceError, SourceUnavailableError
+from cdc.identity import record_captured
 from cdc.role import publication_comment, replication_password, role_statements, sync_grants
 from cdc.settings import PROJECT_ROOT, Settings
 from cdc.topics import check_names_apart
@@ -125,6 +126,7 @@ def prepare_source(settings: Settings) -> list[Table]:
                     pipe.publication,
                 )
                 _publish(conn, pipe.publication, tables)
+                record_captured(conn, pipe.name, tables)
                 conn.execute(
                     sql.SQL("COMMENT ON PUBLICATION {} IS {}").format(
                         sql.Identifier(pipe.publication),
@@ -236,6 +238,16 @@ def setup_sql(settings: Settings) -> str:
             sql.SQL("COMMENT ON PUBLICATION {} IS {}").format(
                 publication, sql.Literal(publication_comment(pipe.replication_user))
             ),
+        ]
+        composed.append(
+            sql.SQL("DELETE FROM cdc.captured WHERE pipeline = {}").format(sql.Literal(pipe.name))
+        )
+        composed += [
+            sql.SQL(
+                "INSERT INTO cdc.captured (pipeline, relid, table_name) "
+                "VALUES ({}, {}::regclass, {})"
+            ).format(sql.Literal(pipe.name), sql.Literal(t.regclass), sql.Literal(t.qualified))
+            for t in tables
         ]
         composed += [
             sql.SQL(

@@ -119,8 +119,9 @@ def status(output: OutputOption = Form.text) -> None:
     """Show each component: up or down, address, version, and its details (connectors, tasks),
     then the pipeline: per store its backlog, lag, freshness (commit to visible, p50 and
     p99 over apply.freshness_window_s) against its SLO, and the process applying it.
-    Exits 1 if a component is down, the slot is lost, the connector or a task failed, or
-    a store breaches its freshness SLO (apply.freshness_slo_s)."""
+    Exits 1 if a component is down, the slot is lost, the connector or a task failed, a
+    captured table was renamed or dropped (or one selected is not captured: `cdc setup`),
+    or a store breaches its freshness SLO (apply.freshness_slo_s)."""
     stack = Stack(settings())
     if not _print_status(stack, Output(output)):
         raise typer.Exit(1)
@@ -210,7 +211,9 @@ def setup(
     Creates or updates the replication role and its grants on exactly the captured
     tables, the replica identities, the publication, the signal and heartbeat tables,
     and the change topics. On a streaming pipeline, tables new to pipeline.tables are
-    captured and backfilled; tables no longer in it stop being captured.
+    captured and backfilled; tables no longer in it stop being captured. A captured
+    table renamed since is captured under its new name and backfilled there; one dropped
+    and created again is cut (as a TRUNCATE: the stores drop the old rows) and backfilled.
     """
     from commands.pipeline import sync_pipeline
 
@@ -228,6 +231,8 @@ def setup(
         return
     for label, items in (
         ("created topics", result.topics_created),
+        ("renamed (a new table under its new name)", [f"{a} -> {b}" for a, b in result.renamed]),
+        ("dropped and created again (cut, as a TRUNCATE, then backfilled)", result.recreated),
         ("now captured", result.added),
         ("no longer captured (topic kept)", result.removed),
         ("backfill started", result.backfills),

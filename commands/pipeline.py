@@ -8,9 +8,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cdc.catalog import published_tables
+from psycopg import sql
+
+from cdc.catalog import published_tables, selected_tables
 from cdc.connect import ConnectClient
 from cdc.errors import CdcError
+from cdc.identity import current_relations, drift, recorded
 from cdc.role import drop_role, other_pipelines, sync_grants
 from cdc.settings import Settings
 from cdc.source import admin_connection, drop_publication
@@ -56,6 +59,8 @@ class PipelineStatus:
     stores: dict[str, dict[str, Any]] = field(default_factory=dict)  # per store: backlog, lag
     dead_letters: int = 0
     late_events: dict[str, int] = field(default_factory=dict)  # per window aggregate
+    # a captured table renamed, dropped, or selected and not captured: what to run
+    tables_drift: list[str] = field(default_factory=list)
     error: str | None = None
 
     @property
@@ -73,6 +78,8 @@ class PipelineStatus:
         connector or a task failed (`cdc status` exits 1; a warning does not)."""
         if self.slot is not None and self.slot.get("health") == "failed":
             return True
+        if self.tables_drift:
+            return True
         connector = self.connector or {}
         return connector.get("state") == "FAILED" or "FAILED" in connector.get("tasks", [])
 
@@ -87,8 +94,12 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
             if state:
                 status.snapshot, status.snapshot_lsn = state.status, state.lsn
             status.slot = _slot(conn, pipe.slot, pipe.wal_retained_warn_bytes)
+            published = published_tables(conn, pipe.publication)
+            if published or state:
+                found = drift(conn, pipe.name, published, selected_tables(conn, pipe))
+                status.tables_drift = found.problems(lambda name: change_topic(pipe, name))
             if tables is None:
-                tables = published_tables(conn, pipe.publication)
+                tables = published
         connectors = ConnectClient(settings.connect.url).connectors()
         entry = connectors.get(pipe.connector, {}).get("status")
         if entry:
@@ -212,11 +223,19 @@ class SyncResult:
     removed: list[str]
     topics_created: list[str]
     backfills: list[str]  # tables whose backfill was requested
+    renamed: list[tuple[str, str]] = field(default_factory=list)  # (captured as, now)
+    recreated: list[str] = field(default_factory=list)  # dropped and created again
 
 
-def _published(settings: Settings) -> list[str]:
+def _captured_before(settings: Settings) -> dict[int, str]:
+    """The relations the pipeline captured (OID -> name), as recorded, or for a pipeline
+    set up before they were recorded, as its publication holds them now."""
+    pipe = settings.pipeline
     with admin_connection(settings) as conn:
-        return published_tables(conn, settings.pipeline.publication)
+        has = recorded(conn, pipe.name)
+        if has is not None:
+            return has
+        return current_relations(conn, published_tables(conn, pipe.publication))
 
 
 def sync_pipeline(settings: Settings) -> SyncResult:
@@ -224,29 +243,53 @@ def sync_pipeline(settings: Settings) -> SyncResult:
 
     On a streaming pipeline, a table that is new to it is captured from now on and
     backfilled (Debezium incremental snapshot); a table no longer selected stops being
-    captured (its topic stays, as a copy of what was).
+    captured (its topic stays, as a copy of what was). A captured table renamed since is
+    a new table under its new name (backfilled; the stores keep what they hold under
+    the old one). A table dropped and created again under a captured name is cut first,
+    as a TRUNCATE would be (every store drops the old table's rows), then backfilled.
     """
     from cdc.capture import register_connector
+    from cdc.catalog import TRUNCATIONS_TABLE
     from cdc.source import prepare_source
     from cdc.topics import ensure_topics
     from snapshot.backfill import start_backfill
 
-    before = _published(settings)
+    before = _captured_before(settings)
     tables = prepare_source(settings)
     names = [t.qualified for t in tables]
+    with admin_connection(settings) as conn:
+        now = current_relations(conn, names)
     created = ensure_topics(
         settings.kafka,
         pipeline_topic_specs(settings.pipeline, [t.qualified for t in tables]),
     )
-    added = [t for t in names if before and t not in before]
-    removed = [t for t in before if t not in names]
+    renamed = sorted(
+        (before[oid], name) for oid, name in now.items() if before.get(oid, name) != name
+    )
+    recreated = sorted(
+        name for oid, name in now.items() if oid not in before and name in before.values()
+    )
+    oids = {name: oid for oid, name in now.items()}
+    added = [t for t in names if before and before.get(oids.get(t, -1)) != t]
+    removed = [t for t in before.values() if t not in names]
     backfills = []
     if pipe_streams(settings) and (added or removed):
+        if recreated:
+            # the old table's rows leave every store at this point, before the backfill
+            with admin_connection(settings) as conn:
+                for name in recreated:
+                    conn.execute(
+                        sql.SQL("INSERT INTO {} (table_name) VALUES (%s)").format(
+                            sql.Identifier(*TRUNCATIONS_TABLE.split("."))
+                        ),
+                        (name,),
+                    )
+                conn.commit()
         register_connector(settings, tables)
         for table in added:
             start_backfill(settings, table)
             backfills.append(table)
-    return SyncResult(names, added, removed, created, backfills)
+    return SyncResult(names, added, removed, created, backfills, renamed, recreated)
 
 
 def pipe_streams(settings: Settings) -> bool:
@@ -368,6 +411,8 @@ def drop_pipeline(settings: Settings) -> list[str]:
             gone.append(f"slot {pipe.slot}")
         if conn.execute("SELECT to_regclass('cdc.snapshots') IS NOT NULL").fetchone()[0]:  # type: ignore[index]
             forget(conn, pipe.name)
+        if recorded(conn, pipe.name) is not None:
+            conn.execute("DELETE FROM cdc.captured WHERE pipeline = %s", (pipe.name,))
     if drop_publication(settings):
         gone.append(f"publication {pipe.publication}")
     with admin_connection(settings) as conn:

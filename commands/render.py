@@ -98,6 +98,8 @@ def pipeline_table(p: PipelineStatus) -> Table:
         table.add_row(f"connector {c['name']}", text)
     else:
         table.add_row("connector", "none")
+    for problem in p.tables_drift:
+        table.add_row("[red]tables[/red]", f"[red]{escape(problem)}[/red]")
     for topic, end in p.topics.items():
         table.add_row(f"topic {topic}", f"end offset {end}")
     for store, s in p.stores.items():

@@ -91,3 +91,14 @@ BEGIN
     RETURN NULL;
 END
 $$;
+
+-- What each pipeline captures, by relation: a table is the relation (its OID), not its
+-- name. A rename (ALTER TABLE … RENAME, SET SCHEMA, ALTER SCHEMA … RENAME) keeps the OID
+-- and the publication's hold on it; a table dropped and created again has a new OID.
+-- `cdc sync` writes it; `cdc status` and `cdc sync` compare it with the catalog.
+CREATE TABLE IF NOT EXISTS cdc.captured (
+    pipeline   text NOT NULL,
+    relid      oid  NOT NULL,
+    table_name text NOT NULL,
+    PRIMARY KEY (pipeline, relid)
+);

@@ -79,6 +79,9 @@ class _Rows:
     def fetchall(self) -> list[tuple[str, str]]:
         return self.rows
 
+    def fetchone(self) -> tuple[bool]:
+        return (False,)  # no cdc.captured: no table was renamed
+
 
 class _Catalog:
     """A connection whose catalog holds `names` (schema, table)."""

@@ -1,0 +1,111 @@
+"""A captured table is a relation, not a name.
+
+PostgreSQL's publication holds a table by its OID: after `ALTER TABLE … RENAME`, `SET
+SCHEMA` or `ALTER SCHEMA … RENAME` it still publishes the table's changes, under the new
+name (the connector follows the publication, so they reach the new name's topic); a
+table dropped and created again under the same name is a new relation that the
+publication no longer holds. `cdc.captured` records, per pipeline, each relation it
+captures with the name it is captured under; comparing it with the catalog tells what
+happened to each (`cdc status`), and what `cdc setup` must do about it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from cdc.catalog import Table
+
+__all__ = ["CAPTURED_TABLE", "Drift", "drift", "record_captured", "recorded"]
+
+CAPTURED_TABLE = "cdc.captured"
+
+
+@dataclass(frozen=True)
+class Drift:
+    """What happened to the pipeline's tables since it last recorded them."""
+
+    renamed: list[tuple[str, str]] = field(default_factory=list)  # (captured as, now)
+    dropped: list[str] = field(default_factory=list)  # the relation is gone
+    uncaptured: list[str] = field(default_factory=list)  # selected, not in the publication
+
+    def problems(self, topic: Any) -> list[str]:
+        """One line per table: what happened and what to run (`topic(name)`: its topic)."""
+        lines = [
+            f"table {old} was renamed to {new}: its changes since go to topic {topic(new)}, "
+            f"which no store applies under the old name; name {new} in pipeline.tables "
+            "(if a pattern does not) and run `cdc setup` (it backfills it under its new name)"
+            for old, new in self.renamed
+        ]
+        lines += [
+            f"table {name} was dropped: nothing of it is captured any more; "
+            "remove it from pipeline.tables and run `cdc setup`"
+            for name in self.dropped
+            if name not in self.uncaptured
+        ]
+        lines += [
+            f"table {name} is selected by pipeline.tables but not captured (created again, "
+            "or new): its changes are not read; run `cdc setup` (it captures and backfills it)"
+            for name in self.uncaptured
+        ]
+        return lines
+
+    def __bool__(self) -> bool:
+        return bool(self.renamed or self.dropped or self.uncaptured)
+
+
+def recorded(conn: psycopg.Connection[Any], pipeline: str) -> dict[int, str] | None:
+    """The relations `pipeline` captures (OID -> the name captured under), or None for a
+    pipeline set up before they were recorded."""
+    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (CAPTURED_TABLE,)).fetchone()
+    if not (exists and exists[0]):
+        return None
+    rows = conn.execute(
+        "SELECT relid::bigint, table_name FROM cdc.captured WHERE pipeline = %s", (pipeline,)
+    ).fetchall()
+    return {int(oid): name for oid, name in rows} or None
+
+
+def current_relations(conn: psycopg.Connection[Any], qualified: Sequence[str]) -> dict[int, str]:
+    """The OID of each existing table among `qualified` ("schema.table")."""
+    pairs = [name.split(".", 1) for name in qualified]
+    rows = conn.execute(
+        "SELECT c.oid::bigint, n.nspname || '.' || c.relname FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+        ([p[0] for p in pairs], [p[1] for p in pairs]),
+    ).fetchall()
+    return {int(oid): name for oid, name in rows}
+
+
+def record_captured(conn: psycopg.Connection[Any], pipeline: str, tables: Sequence[Table]) -> None:
+    """Record the relations `pipeline` captures now (in the caller's transaction)."""
+    conn.execute("DELETE FROM cdc.captured WHERE pipeline = %s", (pipeline,))
+    for oid, name in current_relations(conn, [t.qualified for t in tables]).items():
+        conn.execute(
+            "INSERT INTO cdc.captured (pipeline, relid, table_name) VALUES (%s, %s, %s)",
+            (pipeline, oid, name),
+        )
+
+
+def drift(
+    conn: psycopg.Connection[Any], pipeline: str, published: Sequence[str], selected: Sequence[str]
+) -> Drift:
+    """Compare what `pipeline` recorded with the catalog: `published` are the names its
+    publication holds now, `selected` the existing tables its settings select."""
+    before = recorded(conn, pipeline) or {}
+    now: dict[int, str] = {}
+    if before:
+        rows = conn.execute(
+            "SELECT c.oid::bigint, n.nspname || '.' || c.relname FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = ANY(%s::oid[])",
+            (list(before),),
+        ).fetchall()
+        now = {int(oid): name for oid, name in rows}
+    renamed = [(name, now[oid]) for oid, name in before.items() if oid in now and now[oid] != name]
+    dropped = [name for oid, name in before.items() if oid not in now]
+    uncaptured = [name for name in selected if name not in published]
+    return Drift(sorted(renamed), sorted(dropped), sorted(uncaptured))

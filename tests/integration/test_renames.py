@@ -1,0 +1,99 @@
+"""A captured table is a relation: renamed, or dropped and created again, no change is lost."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from cdc.errors import SourceError
+from cdc.settings import Settings
+from cdc.topics import change_topic, read_topic
+from commands.pipeline import pipeline_status, sync_pipeline
+from materializers.apply import run_apply
+from tests.conftest import Capture
+from tests.contents import (
+    cache_contents,
+    expected_cache,
+    expected_search,
+    search_contents,
+    source_tuples,
+    warehouse_rows,
+)
+from tests.logcheck import poll, table_info, wait_until_equal
+
+pytestmark = pytest.mark.integration
+
+STORES = ["cache", "search", "warehouse"]
+TABLE = [
+    "CREATE TABLE {name} (id int PRIMARY KEY, note text)",
+    "INSERT INTO {name} SELECT g, 'v' || g FROM generate_series(1, 50) g",
+]
+
+
+def with_tables(settings: Settings, *tables: str) -> Settings:
+    pipeline = settings.pipeline.model_copy(update={"tables": list(tables)})
+    return settings.model_copy(update={"pipeline": pipeline})
+
+
+def assert_stores_equal_source(settings: Settings, table: str) -> None:
+    assert cache_contents(settings, table) == expected_cache(settings, table)
+    assert search_contents(settings, table) == expected_search(settings, table)
+    assert warehouse_rows(settings, table, ["note"]) == source_tuples(settings, table, ["note"])
+
+
+def test_a_renamed_table_loses_no_change_and_is_followed_under_its_new_name(
+    captured: Capture,
+) -> None:
+    t = captured(*TABLE, prefix="ren")
+    old, new = t.table, f"{t.table}_new"
+    run_apply(t.settings, STORES, once=True)
+    with psycopg.connect(t.dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER TABLE {t.name} RENAME TO {t.name}_new")
+        conn.execute(f"UPDATE {t.name}_new SET note = 'after the rename' WHERE id <= 5")
+        conn.execute(f"INSERT INTO {t.name}_new VALUES (51, 'new')")
+        conn.execute(f"DELETE FROM {t.name}_new WHERE id = 50")
+
+    # the changes made under the new name reach its topic (a name filter dropped them)
+    topic = change_topic(t.settings.pipeline, new)
+    poll(lambda: len(read_topic(t.settings.kafka, topic)) >= 8, 90, "the changes after the rename")
+    status = pipeline_status(t.settings)
+    assert status.broken
+    assert any(f"{old} was renamed to {new}" in line for line in status.tables_drift)
+    with pytest.raises(SourceError, match=f"{old} was renamed to {new}"):
+        sync_pipeline(t.settings)  # pipeline.tables still names the old table
+
+    renamed = with_tables(t.settings, new)
+    result = sync_pipeline(renamed)
+    assert result.renamed == [(old, new)] and result.backfills == [new]
+    assert result.removed == [old]
+    wait_until_equal(renamed, table_info(renamed, new), timeout=120)
+    run_apply(renamed, STORES, once=True)
+    assert_stores_equal_source(renamed, new)
+    assert not pipeline_status(renamed).tables_drift
+
+
+def test_a_table_dropped_and_created_again_is_cut_then_backfilled(captured: Capture) -> None:
+    t = captured(*TABLE, prefix="recr")
+    run_apply(t.settings, STORES, once=True)
+    with psycopg.connect(t.dsn, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE {t.name}")
+        conn.execute(f"CREATE TABLE {t.name} (id int PRIMARY KEY, note text)")
+        conn.execute(f"INSERT INTO {t.name} SELECT g, 'again ' || g FROM generate_series(40, 60) g")
+
+    status = pipeline_status(t.settings)
+    assert status.broken
+    assert any(f"{t.table} is selected by pipeline.tables" in s for s in status.tables_drift)
+
+    result = sync_pipeline(t.settings)
+    assert result.recreated == [t.table] and result.backfills == [t.table]
+    topic = change_topic(t.settings.pipeline, t.table)
+
+    def backfilled() -> bool:
+        reads = [r for r in read_topic(t.settings.kafka, topic) if r.value and r.value["op"] == "r"]
+        return sum(1 for r in reads if str(r.value["after"]["note"]).startswith("again")) >= 21
+
+    poll(backfilled, 120, "the backfill of the table created again")
+    run_apply(t.settings, STORES, once=True)
+    # keys 1..39, only the dropped table's, are gone from every store
+    assert_stores_equal_source(t.settings, t.table)
+    assert not pipeline_status(t.settings).tables_drift
