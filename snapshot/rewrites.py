@@ -1,8 +1,9 @@
 """DDL that changes stored values without a change event.
 
-`ALTER TABLE … ADD COLUMN c … DEFAULT x` gives every existing row the value x, and a
-type change (`ALTER COLUMN c TYPE …`) rewrites every value, yet PostgreSQL's logical
-decoding emits no row change for either: the stores would keep NULL or the old value.
+`ALTER TABLE … ADD COLUMN c … DEFAULT x` gives every existing row the value x, a type
+change (`ALTER COLUMN c TYPE …`) rewrites every value, and `DROP COLUMN` (or `RENAME
+COLUMN`) removes one, yet PostgreSQL's logical decoding emits no row change for any:
+the stores would keep NULL, the old value, or the dropped column's.
 Each table's columns are recorded (at the snapshot, then by the apply job); when a
 micro-batch reads a catalog whose columns changed that way, the table is backfilled
 through the log once (all stores take the backfill from the topic), or, when
@@ -65,6 +66,10 @@ def rewrites(before: Schema, table: Table) -> list[str]:
                 found.append(f"column {column.name} was added with a default")
         elif old[0] != column.type and not _same_values(old[0], column.type):
             found.append(f"column {column.name} changed type from {old[0]} to {column.type}")
+    # a dropped (or renamed) column: every stored row still holds its value, and no
+    # event removes it; the backfill writes each row again without it
+    names = {c.name for c in table.columns}
+    found += [f"column {name} was dropped" for name in before if name not in names]
     return found
 
 

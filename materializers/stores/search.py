@@ -491,12 +491,18 @@ class SearchStore(RowStore):
             return {}
         self.client.indices.refresh(index=index)
         names = [c.name for c in table.columns]
-        return {
-            store_key_text(table, hit["_id"]): {name: hit["_source"].get(name) for name in names}
-            for hit in helpers.scan(
-                self.client, index=index, query={"query": {"match_all": {}}}, request_timeout=60
+        rows = {}
+        for hit in helpers.scan(
+            self.client, index=index, query={"query": {"match_all": {}}}, request_timeout=60
+        ):
+            source = hit["_source"]
+            row = {name: source.get(name) for name in names}
+            # a field of a column PostgreSQL dropped: drift, as a field left in the cache
+            row.update(
+                {k: v for k, v in source.items() if k not in row and not k.startswith("_cdc")}
             )
-        }
+            rows[store_key_text(table, hit["_id"])] = row
+        return rows
 
     def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
         def plain(column: Column, value: Any) -> Any:

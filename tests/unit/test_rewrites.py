@@ -49,3 +49,10 @@ def test_type_changes_that_keep_every_value() -> None:
         before = schema_of(table(("id", "integer", False), ("n", kind, False)))
         now = table(("id", "integer", False), ("n", new, False))
         assert rewrites(before, now) == [], (kind, new)
+
+
+def test_a_dropped_or_renamed_column_rewrites() -> None:
+    """Every stored row still holds the dropped column's value, and no event removes it."""
+    assert rewrites(BEFORE, table(("id", "integer", False))) == ["column n was dropped"]
+    renamed = table(("id", "integer", False), ("m", "numeric(8,2)", False))
+    assert rewrites(BEFORE, renamed) == ["column n was dropped"]

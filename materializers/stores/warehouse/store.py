@@ -33,7 +33,9 @@ from materializers.stores.base import Entry, FrameStore, Rows
 from materializers.stores.warehouse.history import NEWEST, partition_history, write_history
 from materializers.stores.warehouse.tables import (
     append_rows,
+    clear_columns,
     current_path,
+    dropped_columns,
     ensure_delta,
     history_path,
     is_empty,
@@ -131,6 +133,7 @@ class WarehouseStore(FrameStore):
                 T.StructField("_cdc_commit_lsn", T.LongType()),
             ],
             table,
+            clear_dropped=True,
         )
 
     def _history(self, table: Table) -> Any:
@@ -155,8 +158,16 @@ class WarehouseStore(FrameStore):
         )
 
     def _delta(
-        self, path: str, meta: list[Any], table: Table, partitioned_by: tuple[str, ...] = ()
+        self,
+        path: str,
+        meta: list[Any],
+        table: Table,
+        partitioned_by: tuple[str, ...] = (),
+        clear_dropped: bool = False,
     ) -> Any:
+        """The Delta table at `path` for `table`'s columns and `meta`. A column dropped
+        in PostgreSQL stays in the Delta table (its history keeps what it held); with
+        `clear_dropped` (the current state) no live row keeps a value in it."""
         from pyspark.sql import types as T
 
         fields = [T.StructField(c.name, spark_type(c)) for c in table.columns] + meta
@@ -164,6 +175,8 @@ class WarehouseStore(FrameStore):
         if known is not None and known[0] == fields:
             return known[1]  # a handle always reads the table's latest version
         target = ensure_delta(self.spark, path, fields, partitioned_by)
+        if clear_dropped:
+            clear_columns(target, dropped_columns(target, fields))
         if partitioned_by == (NEWEST,):
             target = partition_history(self.spark, table, path, target)
         self._tables[path] = (fields, target)
@@ -251,12 +264,17 @@ class WarehouseStore(FrameStore):
         if live:
             frame = frame.where("NOT _cdc_deleted")
         names = [c.name for c in table.columns]
+        # a current state's column that PostgreSQL dropped: a value left in it is drift,
+        # as a field left in the cache or the index is
+        gone = [n for n in frame.columns if live and n not in names and not n.startswith("_cdc")]
         rows = {}
         # as Arrow: one job, no Row objects (timestamps come with their UTC zone)
-        for batch in frame.select(*[q(n) for n in names]).toArrow().to_batches():
+        for batch in frame.select(*[q(n) for n in names + gone]).toArrow().to_batches():
             for record in batch.to_pylist():
-                values = dict(zip(names, record.values(), strict=True))
-                rows[key_text(table, values)] = self.form(table, values)
+                values = dict(zip(names + gone, record.values(), strict=True))
+                row = self.form(table, values)
+                row.update({n: values[n] for n in gone if values[n] is not None})
+                rows[key_text(table, values)] = row
         return rows
 
     def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,9 @@ from materializers.typed import quoted as q
 
 __all__ = [
     "append_rows",
+    "clear_columns",
     "current_path",
+    "dropped_columns",
     "ensure_delta",
     "history_path",
     "is_empty",
@@ -57,6 +59,27 @@ _COLUMN_MAPPING = {
     "delta.minWriterVersion": "5",
 }
 _NOT_PHYSICAL = re.compile(r"[ ,;{}()\n\t=]")
+
+
+def dropped_columns(target: Any, fields: list[Any]) -> list[str]:
+    """The Delta table's data columns that `fields` no longer have (dropped in
+    PostgreSQL, or renamed there)."""
+    wanted = {f.name for f in fields}
+    return [
+        f.name
+        for f in target.toDF().schema.fields
+        if f.name not in wanted and not f.name.startswith("_cdc")
+    ]
+
+
+def clear_columns(target: Any, columns: list[str]) -> None:
+    """Set `columns` to NULL in every row that holds a value in one (no commit when none
+    does)."""
+    if not columns:
+        return
+    held = " OR ".join(f"{q(c)} IS NOT NULL" for c in columns)
+    if target.toDF().where(held).limit(1).count():
+        target.update(condition=held, set={q(c): "NULL" for c in columns})
 
 
 def ensure_delta(
