@@ -150,6 +150,46 @@ def test_a_batch_of_redelivered_and_new_changes_leaves_one_open_version(
     assert len(_versions(spark, root)) == 5
 
 
+def test_a_backfill_read_stamped_after_the_next_change_ends_where_it_begins(
+    stack: RunningStack, tmp_path: Path
+) -> None:
+    """A backfill's read sits at the commit Debezium had last seen (commit LSN, 0), yet
+    carries the time Debezium read it: under load, after the commit time of a change
+    placed after it. No version may end before it begins (a backfill under pgbench left
+    three such versions), whether the change comes in the read's batch or a later one."""
+    from cdc.spark import spark_session
+
+    spark = spark_session(stack.settings, "test-history")
+    root = str(tmp_path / "warehouse")
+    store = WarehouseStore(spark, root)
+    store.prepare([TABLE])
+    tables = {"public.t": TABLE}
+
+    def write(rows: list[dict]) -> None:  # type: ignore[type-arg]
+        store.write_frame(tables, spark.createDataFrame(rows, EVENTS), {"public.t"})
+
+    write([event(1, 0, "r", "v0", (100, 0), 1000), event(2, 1, "r", "v0", (100, 0), 1000)])
+    # key 1: the read (stamped 9000) and the change after it (committed 5000), one batch
+    # key 2: the read, then the change after it (committed 6000) in the next batch
+    write(
+        [
+            event(1, 2, "r", "b1", (200, 0), 9000),
+            event(1, 3, "u", "v1", (200, 210), 5000),
+            event(2, 4, "r", "b2", (200, 0), 9000),
+        ]
+    )
+    write([event(2, 5, "u", "v2", (300, 310), 6000)])
+    assert _versions(spark, root) == [
+        (1, "r", "v0", 1000, 5000),
+        (1, "r", "b1", 5000, 5000),  # begins no later than the change after it
+        (1, "u", "v1", 5000, None),
+        (2, "r", "v0", 1000, 6000),
+        (2, "r", "b2", 6000, 6000),  # a stored version's start moves back too
+        (2, "u", "v2", 6000, None),
+    ]
+    assert [n for n in _newest_marked(spark, root)] == [(1, 1, True), (2, 1, True)]
+
+
 def _newest_marked(spark: Any, root: str) -> list[tuple[Any, ...]]:
     """Per key: how many versions are marked newest, and whether the last is."""
     history = spark.read.format("delta").load(history_path(root, "public.t"))

@@ -29,13 +29,14 @@ def write_history(
     A version is identified by its key and its position in the source (commit LSN,
     change LSN), never by its Kafka offset: a change Debezium delivered twice (at
     another offset) is one version, in the batch and against the table. valid_from
-    is the commit time; valid_to is the next version's valid_from in position order
-    (NULL for the newest), capped by the TRUNCATE that ended the version. A delete is
-    a version with _cdc_op 'd' and no values (a tombstone is not a version). An
-    unchanged TOASTed value is taken from the key's previous version in the batch,
-    else from `stored`: the current state as it was before the batch's MERGEs began
-    (read once, so the history does not depend on which MERGE commits first; None when
-    the current state holds no row).
+    is the commit time, no later than the next version's (a backfill's read, see
+    _merge); valid_to is the next version's valid_from in position order (NULL for
+    the newest), capped by the TRUNCATE that ended the version. A delete is a version
+    with _cdc_op 'd' and no values (a tombstone is not a version). An unchanged
+    TOASTed value is taken from the key's previous version in the batch, else from
+    `stored`: the current state as it was before the batch's MERGEs began (read once,
+    so the history does not depend on which MERGE commits first; None when the current
+    state holds no row).
 
     valid_to is derived again for the stored versions of the keys the batch touches
     and its new ones together, so a batch that holds changes already stored
@@ -46,7 +47,8 @@ def write_history(
     to change.
 
     When every change of the batch sits at or after its key's newest stored version,
-    only those newest versions can change: they are all the stored versions read, and
+    and none committed before that version's time, only those newest versions can
+    change: they are all the stored versions read, and
     the MERGE is confined to the newest partition. Otherwise (a change older than a
     stored one: a redelivery, a backfill row) every stored version of the touched keys
     takes part. Into an `empty` history (a first load, or after a reset) the versions
@@ -91,19 +93,28 @@ def write_history(
     if empty:
         _merge(table, rows, None, history, confined=False)
         return
-    # each touched key's first position in the batch
-    first = rows.groupBy(*keys).agg(F.min(F.struct("_cdc_commit_lsn", "_cdc_lsn")).alias("_first"))
+    # each touched key's first position and earliest time in the batch
+    first = rows.groupBy(*keys).agg(
+        F.min(F.struct("_cdc_commit_lsn", "_cdc_lsn")).alias("_first"),
+        F.min("valid_from").alias("_earliest"),
+    )
     newest = (
         history.toDF()
         .where(NEWEST)
         .select(*keys, *chain)
         .join(first, list(table.key))
-        # the batch holds a change from before the key's newest stored version
-        .withColumn("_late", F.col("_first") < F.struct("_cdc_commit_lsn", "_cdc_lsn"))
+        # the batch holds a change from before the key's newest stored version, or one
+        # committed before that version's time (a backfill's read stamped late): the
+        # versions before it may end elsewhere
+        .withColumn(
+            "_late",
+            (F.col("_first") < F.struct("_cdc_commit_lsn", "_cdc_lsn"))
+            | (F.col("_earliest") < F.col("valid_from")),
+        )
         .localCheckpoint()  # read once: for the check below and for the chain
     )
     late = newest.where("_late").limit(1).count()
-    known = newest.drop("_first", "_late")
+    known = newest.drop("_first", "_earliest", "_late")
     if late:  # every stored version of the touched keys
         touched = first.select(*keys)
         known = history.toDF().select(*keys, *chain).join(touched, list(table.key), "left_semi")
@@ -120,10 +131,14 @@ def _merge(table: Table, rows: Any, known: Any, history: Any, confined: bool) ->
 
     keys = [q(k) for k in table.key]
     rows = rows.withColumn("_was", F.lit(None).cast("boolean"))
+    rows = rows.withColumn("_from", F.lit(None).cast("timestamp"))
     if known is not None:
         # new attributes: the target's own, kept by the checkpoint, would confuse the MERGE
         renamed = {"valid_to": "_cap", NEWEST: "_was"}
-        known = known.select(*[F.col(q(c)).alias(renamed.get(c, c)) for c in known.columns])
+        known = known.select(
+            *[F.col(q(c)).alias(renamed.get(c, c)) for c in known.columns],
+            F.col("valid_from").alias("_from"),
+        )
         known = known.withColumn("_new", F.lit(False))
         for c in rows.columns:
             if c not in known.columns:
@@ -132,14 +147,23 @@ def _merge(table: Table, rows: Any, known: Any, history: Any, confined: bool) ->
     # a position both stored and in the batch is the stored version
     position = Window.partitionBy(*keys, "_cdc_commit_lsn", "_cdc_lsn").orderBy("_new")
     following = Window.partitionBy(*keys).orderBy("_cdc_commit_lsn", "_cdc_lsn")
+    onwards = following.rowsBetween(0, Window.unboundedFollowing)
     derived = (
         rows.withColumn("_n", F.row_number().over(position))
         .where("_n = 1")
+        # A version's time follows its position: it begins no later than any version
+        # after it (nor than the TRUNCATE that ends it). A read (a backfill's row) is
+        # stamped when Debezium read it, yet placed at the commit it had last seen: a
+        # change placed after it may have committed before that stamp.
+        .withColumn("valid_from", F.least(F.min("valid_from").over(onwards), F.col("_cap")))
         .withColumn("valid_to", F.least(F.lead("valid_from").over(following), F.col("_cap")))
         .withColumn(NEWEST, F.lead(F.lit(True)).over(following).isNull())
-        # inserted, or ending sooner, or no longer the newest
-        .where(f"_new OR NOT (_cap <=> valid_to) OR NOT (_was <=> {NEWEST})")
-        .drop("_n", "_cap", "_was")
+        # inserted, or beginning or ending sooner, or no longer the newest
+        .where(
+            f"_new OR NOT (_cap <=> valid_to) OR NOT (_was <=> {NEWEST}) "
+            "OR NOT (_from <=> valid_from)"
+        )
+        .drop("_n", "_cap", "_was", "_from")
     )
     if known is None:
         append_rows(history, derived.drop("_new"))
@@ -154,7 +178,8 @@ def _merge(table: Table, rows: Any, known: Any, history: Any, confined: bool) ->
         history.alias("h")
         .merge(derived.alias("s"), same)
         .whenMatchedUpdate(
-            condition="NOT s._new", set={"valid_to": "s.valid_to", NEWEST: f"s.{NEWEST}"}
+            condition="NOT s._new",
+            set={"valid_from": "s.valid_from", "valid_to": "s.valid_to", NEWEST: f"s.{NEWEST}"},
         )
         .whenNotMatchedInsert(
             condition="s._new",
