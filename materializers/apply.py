@@ -41,6 +41,7 @@ from materializers.freshness import RATIO, Freshness
 from materializers.generated import with_generated
 from materializers.progress import (
     Progress,
+    add_cut,
     checkpoint_dir,
     forget_other_definition,
     note_late,
@@ -108,7 +109,7 @@ def _batch_writer(
 
     ends = _EndOffsets(settings)
     source = SourceReader(settings)
-    cut_times: dict[str, int] = {}  # table -> commit time of its last TRUNCATE (warehouse)
+    cuts: dict[str, list[list[int]]] = {}  # table -> its TRUNCATEs (Progress.truncations)
 
     def write_once(batch: Any, batch_id: int) -> None:
         started_ms = int(time.time() * 1000)  # events' ages are counted from here
@@ -122,8 +123,8 @@ def _batch_writer(
             ends.check_not_rewound(store.name, topics, progress), progress.applied_of(topics)
         )
         cutoffs = dict(progress.truncated)
-        cut_times.clear()
-        cut_times.update(progress.truncated_ms)
+        cuts.clear()
+        cuts.update(progress.truncations)
         if isinstance(store, RowStore):
             mode = (
                 "bulk"
@@ -353,9 +354,9 @@ def _batch_writer(
         parsed: Any, tables: dict[str, Table], cutoffs: dict[str, tuple[int, int]], found: bool
     ) -> Any:
         """Apply the batch's TRUNCATEs (rows of cdc.truncations; `found`: the batch has
-        some) to the store, in position order, adding them to `cutoffs` (and their commit
-        times to `cut_times`). Returns, per event, the commit time of the TRUNCATE it
-        comes before (NULL for the events after their table's last TRUNCATE). The
+        some) to the store, in position order, adding them to `cutoffs` (and to `cuts`,
+        with their commit times). Returns, per event, the commit time of the first
+        TRUNCATE after it (NULL for the events after their table's last TRUNCATE). The
         cut-offs are kept in the progress file, so an event from before a TRUNCATE that
         comes in a later batch (another topic, read further behind) is known as such."""
         from pyspark.sql import functions as F
@@ -378,21 +379,25 @@ def _batch_writer(
             if row["name"] in tables:
                 at = (row["commit_lsn"], row["lsn"])
                 store.truncate(tables[row["name"]], at, row["commit_ms"])
-                if at > cutoffs.get(row["name"], (0, 0)):
-                    cutoffs[row["name"]] = at
-                    cut_times[row["name"]] = row["commit_ms"]
+                cutoffs[row["name"]] = max(at, cutoffs.get(row["name"], (0, 0)))
+                cuts[row["name"]] = add_cut(cuts.get(row["name"], []), at, row["commit_ms"])
         cut_ms = F.lit(None).cast("long")
-        for name, (commit, lsn) in cutoffs.items():
-            # tombstones (no position) follow their delete event, which the cut-off judges
-            before = (
-                (F.col("table") == name)
-                & F.col("commit_lsn").isNotNull()
-                & (
-                    (F.col("commit_lsn") < commit)
-                    | ((F.col("commit_lsn") == commit) & (F.col("lsn") <= lsn))
+        for name, table_cuts in cuts.items():
+            # the first TRUNCATE after the event (cut_for); tombstones (no position)
+            # follow their delete event, which the cut-off judges
+            first = None
+            for commit, lsn, ms in table_cuts:
+                before = (
+                    (F.col("table") == name)
+                    & F.col("commit_lsn").isNotNull()
+                    & (
+                        (F.col("commit_lsn") < commit)
+                        | ((F.col("commit_lsn") == commit) & (F.col("lsn") <= lsn))
+                    )
                 )
-            )
-            cut_ms = F.when(before, F.lit(cut_times.get(name, 0))).otherwise(cut_ms)
+                first = F.when(before, F.lit(ms)) if first is None else first.when(before, ms)
+            if first is not None:
+                cut_ms = first.otherwise(cut_ms)
         return cut_ms
 
     def _record(
@@ -419,7 +424,7 @@ def _batch_writer(
             applied_ms=applied_ms,
             last_batch=counts,
             truncated=dict(cutoffs),
-            truncated_ms=dict(cut_times),
+            truncations=dict(cuts),
             generation=previous.generation,  # the last one swept
             pid=os.getpid(),
             freshness=freshness.to_json(),

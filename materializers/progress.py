@@ -21,7 +21,9 @@ from cdc.state import make_state_dir
 from materializers.position import Position
 
 __all__ = [
+    "MAX_CUTS",
     "Progress",
+    "add_cut",
     "checkpoint_dir",
     "forget_other_definition",
     "late_events",
@@ -66,6 +68,17 @@ def last_committed_batch(checkpoint: Path) -> int | None:
     return max(batches, default=None)
 
 
+MAX_CUTS = 20  # the TRUNCATEs kept per table
+
+
+def add_cut(cuts: list[list[int]], at: Position, commit_ms: int) -> list[list[int]]:
+    """`cuts` (oldest first) with the TRUNCATE at `at` (once: a replay meets it again),
+    the last MAX_CUTS kept."""
+    if any((c[0], c[1]) == at for c in cuts):
+        return cuts
+    return sorted([*cuts, [at[0], at[1], commit_ms]])[-MAX_CUTS:]
+
+
 def progress_file(settings: Settings, store: str) -> Path:
     return settings.data_dir / "checkpoints" / settings.pipeline.name / f"{store}.progress.json"
 
@@ -81,7 +94,9 @@ class Progress:
     applied_ms: int | None = None  # when the last batch was written
     last_batch: dict[str, int] | None = None  # its counts (written, stale)
     truncated: dict[str, Position] = field(default_factory=dict)  # table -> last TRUNCATE
-    truncated_ms: dict[str, int] = field(default_factory=dict)  # table -> its commit time
+    # table -> its TRUNCATEs, [commit_lsn, lsn, commit time], oldest first (the last
+    # MAX_CUTS): a version before one ends at the first after it (the warehouse's history)
+    truncations: dict[str, list[list[int]]] = field(default_factory=dict)
     generation: int = -1  # the last snapshot generation swept (snapshot/generation.py)
     waiting: dict[str, Any] | None = None  # the store did not answer: reason, since_ms
     pid: int | None = None  # the process that wrote its last batch
@@ -94,6 +109,11 @@ class Progress:
         for table, at in (known.pop("truncated", None) or {}).items():
             # written as [commit_lsn, lsn]; a bare LSN before positions had two parts
             truncated[table] = (int(at[0]), int(at[1])) if isinstance(at, list) else (int(at), 0)
+        if "truncations" not in known:  # a record of the last TRUNCATE's time only
+            times = data.get("truncated_ms") or {}
+            known["truncations"] = {
+                t: [[*at, int(times[t])]] for t, at in truncated.items() if t in times
+            }
         return cls(truncated=truncated, **known)
 
     def to_json(self) -> dict[str, Any]:

@@ -44,5 +44,11 @@ def reset_store(
     progress = read_progress(settings, store) or Progress()
     # the TRUNCATEs the source still has (a restored source has lost those past its WAL)
     kept = {t: at for t, at in progress.truncated.items() if not wal or at[0] <= wal}
-    write_progress(settings, store, Progress(truncated=kept))
+    # with their times: the replayed versions from before a TRUNCATE end at it
+    times = {
+        t: [c for c in cuts if not wal or c[0] <= wal] for t, cuts in progress.truncations.items()
+    }
+    write_progress(
+        settings, store, Progress(truncated=kept, truncations={t: c for t, c in times.items() if c})
+    )
     return chosen

@@ -13,6 +13,7 @@ from cdc.source import TRUNCATE_TRIGGER, TRUNCATIONS_TABLE
 from cdc.topics import change_topic, read_topic
 from commands.pipeline import drop_pipeline
 from materializers.apply import run_apply
+from materializers.rebuild import reset_store
 from tests.conftest import Capture
 from tests.contents import (
     cache_contents,
@@ -175,6 +176,7 @@ def test_a_truncate_empties_the_table_in_every_store(captured: Capture) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"UPDATE {name} SET qty = 0 WHERE id <= 10")  # before the truncate
         conn.execute(f"TRUNCATE {name}")
+        conn.execute("SELECT pg_sleep(1.5)")  # the two TRUNCATEs' times apart
         conn.execute(f"INSERT INTO {name} VALUES (5, 55), (100, 1)")  # after it
         with conn.transaction():  # inserts on both sides of a TRUNCATE in one transaction
             conn.execute(f"INSERT INTO {name} VALUES (200, 2)")
@@ -209,6 +211,34 @@ def test_a_truncate_empties_the_table_in_every_store(captured: Capture) -> None:
     # history: the truncated rows' versions are closed; only the survivors are open
     open_versions = history_rows(settings, table).where("valid_to IS NULL")
     assert sorted(r["id"] for r in open_versions.collect()) == [5, 300]
+    # ... and each closed one ends at the first TRUNCATE after it, not the last
+    with psycopg.connect(dsn) as conn:
+        first, second = (
+            r[0].timestamp()
+            for r in conn.execute(
+                "SELECT truncated_at FROM cdc.truncations WHERE table_name = %s ORDER BY id",
+                (table,),
+            ).fetchall()
+        )
+    ends = {
+        (r["id"], r["_cdc_op"]): r["valid_to"].timestamp()
+        for r in history_rows(settings, table).where("valid_to IS NOT NULL").collect()
+    }
+    for key in (1, 2, 3, 4, 6, 7, 8, 9, 10):
+        assert abs(ends[(key, "u")] - first) < 1, (key, ends[(key, "u")], first, second)
+    for key in (100, 200):
+        assert abs(ends[(key, "c")] - second) < 1, (key, ends[(key, "c")], first, second)
+    # rebuilt from the log, the history ends its versions at the same TRUNCATEs (their
+    # positions were kept without their times: the versions ended in 1970)
+    reset_store(settings, "warehouse", [table], lambda _: None)
+    run_apply(settings, ["warehouse"], once=True)
+    rebuilt = {
+        (r["id"], r["_cdc_op"]): r["valid_to"].timestamp()
+        for r in history_rows(settings, table).where("valid_to IS NOT NULL").collect()
+    }
+    for key in (1, 2, 3, 4, 6, 7, 8, 9, 10):
+        assert abs(rebuilt[(key, "u")] - first) < 1, (key, rebuilt[(key, "u")], first)
+    assert warehouse_rows(settings, table, ["qty"]) == {5: (555,), 300: (3,)}
 
     def truncate_triggers() -> int:
         with psycopg.connect(dsn) as conn:

@@ -6,7 +6,9 @@ from pathlib import Path
 
 from cdc.settings import Settings
 from materializers.progress import (
+    MAX_CUTS,
     Progress,
+    add_cut,
     forget_other_definition,
     last_committed_batch,
     late_events,
@@ -31,7 +33,7 @@ def test_a_record_reads_back_as_written(tmp_path: Path) -> None:
         commit_ms=1000,
         applied_ms=1500,
         truncated={"public.t": (70, 2)},
-        truncated_ms={"public.t": 900},
+        truncations={"public.t": [[60, 1, 800], [70, 2, 900]]},
         generation=5,
     )
     write_progress(settings, "cache", record)
@@ -121,3 +123,18 @@ def test_the_lag_is_the_age_of_the_oldest_change_not_applied() -> None:
     now = 1_000 + 3_600_000
     assert store.lag_s(backlog=2, now_ms=now, oldest_ms=now - 60_000) == 60.0
     assert store.lag_s(backlog=0, now_ms=now, oldest_ms=now - 60_000) == 0.0
+
+
+def test_a_record_of_the_last_truncate_s_time_only_reads_as_one_cut() -> None:
+    old = Progress.from_json({"truncated": {"public.t": [70, 2]}, "truncated_ms": {"public.t": 9}})
+    assert old.truncations == {"public.t": [[70, 2, 9]]}
+
+
+def test_every_truncate_is_kept_with_its_time_once_in_position_order() -> None:
+    cuts = add_cut(add_cut([], (300, 310), 3000), (100, 110), 1000)
+    cuts = add_cut(cuts, (300, 310), 3000)  # met again in a replay: kept once
+    assert cuts == [[100, 110, 1000], [300, 310, 3000]]
+    many: list[list[int]] = []
+    for n in range(MAX_CUTS + 5):
+        many = add_cut(many, (n, 0), n)
+    assert len(many) == MAX_CUTS and many[0] == [5, 0, 5]
