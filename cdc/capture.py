@@ -130,6 +130,14 @@ def pipeline_connector_config(settings: Settings, tables: Sequence[Table]) -> di
             "notification.enabled.channels": "sink",
             "notification.sink.topic.name": notification_topic(pipe),
             "topic.creation.default.partitions": str(pipe.partitions),
+            # Connect makes only the topics of names the setup did not: a table renamed
+            # since (`cdc setup` compacts its topic when it captures it under that name),
+            # or renamed and back in one transaction, whose change in between Debezium
+            # sends without a key (the name is gone when it looks the key up). Kept 30
+            # days, uncompacted: a compacted topic refuses a record without a key, and
+            # the task would fail on it for ever.
+            "topic.creation.default.cleanup.policy": "delete",
+            "topic.creation.default.retention.ms": "2592000000",
         }
     )
     keyed = [f"{t.qualified}:{','.join(t.key)}" for t in tables if t.qualified in pipe.key_columns]

@@ -19,7 +19,15 @@ import psycopg
 
 from cdc.catalog import Table
 
-__all__ = ["CAPTURED_TABLE", "Drift", "drift", "record_captured", "recorded"]
+__all__ = [
+    "CAPTURED_TABLE",
+    "Drift",
+    "current_relations",
+    "drift",
+    "record_captured",
+    "recorded",
+    "recorded_since",
+]
 
 CAPTURED_TABLE = "cdc.captured"
 
@@ -31,6 +39,8 @@ class Drift:
     renamed: list[tuple[str, str]] = field(default_factory=list)  # (captured as, now)
     dropped: list[str] = field(default_factory=list)  # the relation is gone
     uncaptured: list[str] = field(default_factory=list)  # selected, not in the publication
+    # change topics of no captured table written since the record: (topic, its table)
+    strays: list[tuple[str, str]] = field(default_factory=list)
 
     def problems(self, topic: Any) -> list[str]:
         """One line per table: what happened and what to run (`topic(name)`: its topic)."""
@@ -51,10 +61,19 @@ class Drift:
             "or new): its changes are not read; run `cdc setup` (it captures and backfills it)"
             for name in self.uncaptured
         ]
+        targets = {new for _, new in self.renamed}
+        lines += [
+            f"topic {topic} holds changes made under the name {name}, which no captured "
+            "table has now (a captured table renamed to it, and back?): no store applied "
+            "them; backfill the table they belong to (`cdc backfill schema.table`), then "
+            "run `cdc setup` (this line then goes)"
+            for topic, name in self.strays
+            if name not in targets
+        ]
         return lines
 
     def __bool__(self) -> bool:
-        return bool(self.renamed or self.dropped or self.uncaptured)
+        return bool(self.renamed or self.dropped or self.uncaptured or self.strays)
 
 
 def recorded(conn: psycopg.Connection[Any], pipeline: str) -> dict[int, str] | None:
@@ -67,6 +86,23 @@ def recorded(conn: psycopg.Connection[Any], pipeline: str) -> dict[int, str] | N
         "SELECT relid::bigint, table_name FROM cdc.captured WHERE pipeline = %s", (pipeline,)
     ).fetchall()
     return {int(oid): name for oid, name in rows} or None
+
+
+def recorded_since(conn: psycopg.Connection[Any], pipeline: str) -> int | None:
+    """When `pipeline`'s relations were recorded (ms since the epoch), or None."""
+    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (CAPTURED_TABLE,)).fetchone()
+    if not (exists and exists[0]):
+        return None
+    try:
+        with conn.transaction():  # a savepoint: the caller's transaction goes on
+            row = conn.execute(
+                "SELECT (extract(epoch FROM min(recorded_at)) * 1000)::bigint FROM cdc.captured "
+                "WHERE pipeline = %s",
+                (pipeline,),
+            ).fetchone()
+    except psycopg.errors.UndefinedColumn:  # recorded before the time was (`cdc setup` adds it)
+        return None
+    return int(row[0]) if row and row[0] is not None else None
 
 
 def current_relations(conn: psycopg.Connection[Any], qualified: Sequence[str]) -> dict[int, str]:

@@ -38,11 +38,13 @@ __all__ = [
     "notification_topic",
     "pipeline_topic_specs",
     "read_topic",
+    "set_topic_configs",
     "thinned",
     "topic_name",
     "transaction_topic",
     "truncate_topics",
     "wait_for_records",
+    "written_since",
 ]
 
 log = logging.getLogger(__name__)
@@ -181,6 +183,21 @@ def ensure_topics(kafka: KafkaSettings, specs: list[TopicSpec]) -> list[str]:
         admin.close()
 
 
+def set_topic_configs(kafka: KafkaSettings, specs: list[TopicSpec]) -> None:
+    """Give existing topics their specs' configuration (a renamed table's topic, which
+    Kafka Connect made uncompacted, once the pipeline captures the table under that
+    name)."""
+    if not specs:
+        return
+    admin = kafka_admin(kafka, 30000)
+    try:
+        admin.alter_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, s.name, dict(s.config)) for s in specs]
+        )
+    finally:
+        admin.close()
+
+
 def end_offsets(kafka: KafkaSettings, topics: list[str]) -> dict[str, dict[int, int]]:
     """The next offset to be written, per topic and partition."""
     consumer = KafkaConsumer(**kafka_client_kwargs(kafka), enable_auto_commit=False)
@@ -196,6 +213,35 @@ def end_offsets(kafka: KafkaSettings, topics: list[str]) -> dict[str, dict[int, 
         return result
     finally:
         consumer.close()
+
+
+def written_since(
+    kafka: KafkaSettings, pipeline: PipelineSettings, since_ms: int, captured: set[str]
+) -> list[str]:
+    """The pipeline's change topics of no table in `captured` ("schema.table") whose last
+    change committed at or after `since_ms`: the changes of a captured table made under
+    another name (renamed, and perhaps back), which no store applies. (A table removed
+    from the pipeline then has none: its last change committed before.)"""
+    pattern = re.compile(change_topic_pattern(pipeline))
+    own = {change_topic(pipeline, t) for t in captured}
+    # the pipeline's own tables' (Debezium writes its signal table's rows too)
+    ours = change_topic(pipeline, TRUNCATIONS_TABLE).rsplit(".", 1)[0] + "."
+    consumer = KafkaConsumer(**kafka_client_kwargs(kafka), enable_auto_commit=False)
+    try:
+        others = sorted(
+            t
+            for t in consumer.topics()
+            if pattern.match(t) and t not in own and not t.startswith(ours)
+        )
+        tps = [TopicPartition(t, p) for t in others for p in consumer.partitions_for_topic(t) or ()]
+        # written to since (Kafka's own time): only those are read
+        found = consumer.offsets_for_times({tp: since_ms for tp in tps}) if tps else {}
+        recent = [tp for tp, at in found.items() if at is not None]
+        ends = consumer.end_offsets(recent) if recent else {}
+    finally:
+        consumer.close()
+    last = change_times(kafka, {(tp.topic, tp.partition, ends[tp] - 1) for tp in recent})
+    return sorted({topic for (topic, _, _), ms in last.items() if ms >= since_ms})
 
 
 def change_times(

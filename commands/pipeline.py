@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from psycopg import sql
@@ -13,16 +13,19 @@ from psycopg import sql
 from cdc.catalog import published_tables, selected_tables
 from cdc.connect import ConnectClient
 from cdc.errors import CdcError
-from cdc.identity import current_relations, drift, recorded
+from cdc.identity import current_relations, drift, recorded, recorded_since
 from cdc.role import drop_role, other_pipelines, sync_grants
 from cdc.settings import Settings
 from cdc.source import admin_connection, drop_publication
 from cdc.topics import (
     change_times,
     change_topic,
+    change_topic_spec,
     dead_letter_topic,
     end_offsets,
     pipeline_topic_specs,
+    set_topic_configs,
+    written_since,
 )
 from materializers.progress import late_events, read_progress
 from snapshot.slot import drop_slot
@@ -95,11 +98,16 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
                 status.snapshot, status.snapshot_lsn = state.status, state.lsn
             status.slot = _slot(conn, pipe.slot, pipe.wal_retained_warn_bytes)
             published = published_tables(conn, pipe.publication)
-            if published or state:
-                found = drift(conn, pipe.name, published, selected_tables(conn, pipe))
-                status.tables_drift = found.problems(lambda name: change_topic(pipe, name))
+            found = drift(conn, pipe.name, published, selected_tables(conn, pipe))
+            since = recorded_since(conn, pipe.name)
             if tables is None:
                 tables = published
+        if since is not None:
+            written = written_since(settings.kafka, pipe, since, set(published))
+            prefix = len(pipe.topic_prefix) + 1
+            found = replace(found, strays=[(t, t[prefix:]) for t in written])
+        if published or state:
+            status.tables_drift = found.problems(lambda name: change_topic(pipe, name))
         connectors = ConnectClient(settings.connect.url).connectors()
         entry = connectors.get(pipe.connector, {}).get("status")
         if entry:
@@ -272,6 +280,8 @@ def sync_pipeline(settings: Settings) -> SyncResult:
     oids = {name: oid for oid, name in now.items()}
     added = [t for t in names if before and before.get(oids.get(t, -1)) != t]
     removed = [t for t in before.values() if t not in names]
+    # a renamed table's topic, made by Kafka Connect uncompacted (cdc/capture.py)
+    set_topic_configs(settings.kafka, [change_topic_spec(settings.pipeline, n) for _, n in renamed])
     backfills = []
     if pipe_streams(settings) and (added or removed):
         if recreated:

@@ -13,7 +13,7 @@ from cdc.catalog import Table
 from cdc.errors import BackfillError, CdcError, VerifyError
 from cdc.settings import Settings
 from materializers.stores.registry import make_store
-from materializers.verify import Drift
+from materializers.verify import Drift, source_rows
 from snapshot.backfill import start_backfill, watch_backfill
 
 __all__ = ["backfill_keys", "key_filters", "repair", "repair_filters"]
@@ -37,14 +37,24 @@ def repair(
     store takes them. The keys go in signals of at most REPAIR_FILTER_CHARS of filter
     each, one after the other (Debezium keeps a running backfill's filter in its
     offsets, and reads a queue of them one by one anyway); `report` hears of each.
-    Keys only a store has (no such row in the source) are removed from that store.
+    Keys only a store has (no such row in the source) are removed from that store
+    first, each table's before its backfills (which may take minutes), and only those
+    the source still lacks as they go: a key inserted since verify looked is
+    backfilled instead, never removed.
     """
     done = []
     by_name = {t.qualified: t for t in tables}
     for name in sorted({d.table for d in drifts if not d.ok}):
         table = by_name[name]
         mine = [d for d in drifts if d.table == name]
-        stale = sorted({k for d in mine for k in d.missing + d.different})
+        extra = sorted({k for d in mine for k in d.extra})
+        real = set(source_rows(settings, table, extra)) if extra else set()
+        for drift in mine:
+            gone = [k for k in drift.extra if k not in real]
+            if gone:
+                _remove(settings, drift.store, table, gone)
+                done.append(f"{name}: removed {len(gone)} keys only {drift.store} had")
+        stale = sorted({k for d in mine for k in d.missing + d.different} | real)
         if stale:
             filters = repair_filters(table, stale, max(d.source_rows for d in mine))
             backfill_keys(settings, table, filters, len(stale), report)
@@ -53,10 +63,6 @@ def repair(
             else:
                 signals = f"{len(filters)} signal" + ("s" if len(filters) > 1 else "")
                 done.append(f"{name}: backfilled {len(stale)} keys ({signals})")
-        for drift in mine:
-            if drift.extra:
-                _remove(settings, drift.store, table, drift.extra)
-                done.append(f"{name}: removed {len(drift.extra)} keys only {drift.store} had")
     return done
 
 

@@ -102,3 +102,6 @@ CREATE TABLE IF NOT EXISTS cdc.captured (
     table_name text NOT NULL,
     PRIMARY KEY (pipeline, relid)
 );
+-- when `cdc setup` recorded it: a change topic of another name written since holds
+-- changes of a captured table made under that name (`cdc status`)
+ALTER TABLE cdc.captured ADD COLUMN IF NOT EXISTS recorded_at timestamptz NOT NULL DEFAULT now();

@@ -144,10 +144,20 @@ def test_query_search_get_and_verify_finds_drift(stack: RunningStack) -> None:
         drift = {d.store: d for d in verify(settings, [info], ["cache"])}
         assert drift["cache"].extra == ['{"id":5000}']
 
-        # --repair: the drifted keys are backfilled through the log, the extra one removed
-        done = repair(settings, [info], drifts())
-        assert any("backfilled 5 keys" in line for line in done), done
+        # --repair: the drifted keys are backfilled through the log, the extra one removed;
+        # one more extra key (5001) is inserted in the source after verify found it, before
+        # the repair: it is backfilled, never removed
+        cache.hset(cache_key(settings.pipeline.topic_prefix, table, '{"id":5001}'), "name", "x")
+        found = drifts()
+        assert {d.store: d.extra for d in found}["cache"] == ['{"id":5000}', '{"id":5001}']
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"INSERT INTO {name} (id, name) VALUES (5001, 'real now')")
+        done = repair(settings, [info], found)
+        assert any("backfilled 6 keys" in line for line in done), done
+        assert any("removed 1 keys only cache had" in line for line in done), done
         run_apply(settings, ["cache", "search", "warehouse"], once=True)
+        kept = cache.hget(cache_key(settings.pipeline.topic_prefix, table, '{"id":5001}'), "name")
+        assert kept == b"real now"
         clean = run_cdc("verify", "--table", name, "-o", "json", env=env)
         assert clean.returncode == 0, clean.stdout + clean.stderr
         document = json.loads(clean.stdout)
@@ -155,7 +165,7 @@ def test_query_search_get_and_verify_finds_drift(stack: RunningStack) -> None:
         # the history's four invariants; the aggregates equal PostgreSQL's
         assert document["ok"] and len(document["expectations"]) == 5 + 4 + 1
         aggregates = document["expectations"][-1]
-        assert aggregates["ok"] and aggregates["observed"].startswith("rows 189, sum(id) ")
+        assert aggregates["ok"] and aggregates["observed"].startswith("rows 190, sum(id) ")
     finally:
         drop_pipeline(settings)
         with psycopg.connect(dsn, autocommit=True) as conn:

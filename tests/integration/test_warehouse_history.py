@@ -20,6 +20,8 @@ from tests.helpers import EVENTS
 
 pytestmark = pytest.mark.integration
 
+PLACEHOLDER = "__debezium_unavailable_value"  # Debezium's, for an unchanged TOASTed text
+
 TABLE = Table(
     "public",
     "t",
@@ -188,6 +190,38 @@ def test_a_backfill_read_stamped_after_the_next_change_ends_where_it_begins(
         (2, "u", "v2", 6000, None),
     ]
     assert [n for n in _newest_marked(spark, root)] == [(1, 1, True), (2, 1, True)]
+
+
+def test_a_truncate_read_late_ends_the_version_before_it_and_keeps_its_values(
+    stack: RunningStack, tmp_path: Path
+) -> None:
+    """A TRUNCATE read after the re-insert that follows it (its topic read behind the
+    table's) still ends the version before it; an update before a TRUNCATE, whose TOASTed
+    value is unchanged, keeps that value in its version when the TRUNCATE is applied
+    first (it read as NULL from the row the TRUNCATE marked deleted)."""
+    from cdc.spark import spark_session
+
+    spark = spark_session(stack.settings, "test-history")
+    root = str(tmp_path / "warehouse")
+    store = WarehouseStore(spark, root)
+    store.prepare([TABLE])
+    tables = {"public.t": TABLE}
+
+    def write(rows: list[dict]) -> None:  # type: ignore[type-arg]
+        store.write_frame(tables, spark.createDataFrame(rows, EVENTS), {"public.t"})
+
+    write([event(1, 0, "c", "a", (100, 1), 1000), event(2, 1, "c", "big", (100, 2), 1000)])
+    write([event(1, 2, "c", "b", (300, 1), 3000)])  # the re-insert after the TRUNCATE
+    store.truncate(TABLE, (200, 1), 2000)  # the TRUNCATE, read a batch later
+    # key 2: its update (the TOASTed body unchanged) and a TRUNCATE after it, applied first
+    store.truncate(TABLE, (500, 1), 5000)
+    write([event(2, 3, "u", PLACEHOLDER, (400, 1), 4000, cut_ms=5000)])
+    assert _versions(spark, root) == [
+        (1, "c", "a", 1000, 2000),  # ends at the TRUNCATE, not at the re-insert
+        (1, "c", "b", 3000, 5000),
+        (2, "c", "big", 1000, 4000),
+        (2, "u", "big", 4000, 5000),  # its unchanged value, not NULL
+    ]
 
 
 def _newest_marked(spark: Any, root: str) -> list[tuple[Any, ...]]:

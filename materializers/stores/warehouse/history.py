@@ -70,10 +70,15 @@ def write_history(
         value = F.col(q(c))
         if f"__ph_{c}" in placeholders:
             known = F.coalesce(F.col(q(f"__carried_{c}") + ".known"), F.lit(False))
+            # the stored row's value: its own, unless a delete removed it (an event from
+            # before a TRUNCATE, cut_ms set, still had the value the TRUNCATE removed)
+            held = F.when(
+                ~F.col("cur__deleted") | F.col("cut_ms").isNotNull(), F.col(q(f"cur_{c}"))
+            )
             value = (
                 F.when(~F.col(q(f"__ph_{c}")), value)
                 .when(known, F.col(q(f"__carried_{c}") + ".v"))
-                .otherwise(F.col(q(f"cur_{c}")) if stored is not None else F.lit(None))
+                .otherwise(held if stored is not None else F.lit(None))
             )
         columns.append(F.when(F.col("op") == "d", None).otherwise(value).alias(c))
     rows = versions.select(

@@ -193,9 +193,12 @@ class WarehouseStore(FrameStore):
         self._ensure(table).update(
             condition=f"{cut} AND NOT _cdc_deleted", set={"_cdc_deleted": "true"}
         )
+        # every version from before it that lasts past it: the open ones, and one whose
+        # next version (after the TRUNCATE) was written first, its topic read further ahead
+        ended = f"timestamp_millis({int(commit_ms)})"
         self._history(table).update(
-            condition=f"{NEWEST} AND {cut} AND valid_to IS NULL AND _cdc_op <> 'd'",
-            set={"valid_to": f"timestamp_millis({int(commit_ms)})"},
+            condition=f"{cut} AND _cdc_op <> 'd' AND (valid_to IS NULL OR valid_to > {ended})",
+            set={"valid_to": ended},
         )
         self._truncated.add(table.qualified)  # its join views are rebuilt after the batch
 
@@ -470,11 +473,10 @@ class WarehouseStore(FrameStore):
                 target.toDF()
                 .select(
                     *[F.col(q(k)).alias(f"cur_{k}") for k in table.key],
-                    # a deleted row's values are no one's to keep
-                    *[
-                        F.when(~F.col("_cdc_deleted"), F.col(q(f[5:]))).alias(f"cur_{f[5:]}")
-                        for f in placeholders
-                    ],
+                    # a deleted row's values are no one's to keep (write_history), but
+                    # those of a row a TRUNCATE deleted are an earlier change's
+                    F.col("_cdc_deleted").alias("cur__deleted"),
+                    *[F.col(q(f[5:])).alias(f"cur_{f[5:]}") for f in placeholders],
                 )
                 .join(
                     keys,
