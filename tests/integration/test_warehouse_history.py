@@ -210,8 +210,8 @@ def test_a_truncate_read_late_ends_the_version_before_it_and_keeps_its_values(
     def write(rows: list[dict]) -> None:  # type: ignore[type-arg]
         store.write_frame(tables, spark.createDataFrame(rows, EVENTS), {"public.t"})
 
-    write([event(1, 0, "c", "a", (100, 1), 1000), event(2, 1, "c", "big", (100, 2), 1000)])
-    write([event(1, 2, "c", "b", (300, 1), 3000)])  # the re-insert after the TRUNCATE
+    write([event(1, 0, "c", "a", (100, 1), 1000)])
+    write([event(1, 1, "c", "b", (300, 1), 3000), event(2, 2, "c", "big", (250, 1), 2500)])
     store.truncate(TABLE, (200, 1), 2000)  # the TRUNCATE, read a batch later
     # key 2: its update (the TOASTed body unchanged) and a TRUNCATE after it, applied first
     store.truncate(TABLE, (500, 1), 5000)
@@ -219,7 +219,7 @@ def test_a_truncate_read_late_ends_the_version_before_it_and_keeps_its_values(
     assert _versions(spark, root) == [
         (1, "c", "a", 1000, 2000),  # ends at the TRUNCATE, not at the re-insert
         (1, "c", "b", 3000, 5000),
-        (2, "c", "big", 1000, 4000),
+        (2, "c", "big", 2500, 4000),
         (2, "u", "big", 4000, 5000),  # its unchanged value, not NULL
     ]
 
