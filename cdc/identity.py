@@ -72,9 +72,6 @@ class Drift:
         ]
         return lines
 
-    def __bool__(self) -> bool:
-        return bool(self.renamed or self.dropped or self.uncaptured or self.strays)
-
 
 def recorded(conn: psycopg.Connection[Any], pipeline: str) -> dict[int, str] | None:
     """The relations `pipeline` captures (OID -> the name captured under), or None for a
