@@ -73,11 +73,16 @@ class Drift:
         return lines
 
 
+def _has_records(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the source has cdc.captured (a setup of this version made it)."""
+    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (CAPTURED_TABLE,)).fetchone()
+    return bool(exists and exists[0])
+
+
 def recorded(conn: psycopg.Connection[Any], pipeline: str) -> dict[int, str] | None:
     """The relations `pipeline` captures (OID -> the name captured under), or None for a
     pipeline set up before they were recorded."""
-    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (CAPTURED_TABLE,)).fetchone()
-    if not (exists and exists[0]):
+    if not _has_records(conn):
         return None
     rows = conn.execute(
         "SELECT relid::bigint, table_name FROM cdc.captured WHERE pipeline = %s", (pipeline,)
@@ -87,8 +92,7 @@ def recorded(conn: psycopg.Connection[Any], pipeline: str) -> dict[int, str] | N
 
 def recorded_since(conn: psycopg.Connection[Any], pipeline: str) -> int | None:
     """When `pipeline`'s relations were recorded (ms since the epoch), or None."""
-    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (CAPTURED_TABLE,)).fetchone()
-    if not (exists and exists[0]):
+    if not _has_records(conn):
         return None
     try:
         with conn.transaction():  # a savepoint: the caller's transaction goes on
