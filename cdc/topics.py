@@ -389,11 +389,12 @@ def read_topic(kafka: KafkaSettings, topic: str, timeout: float = 300.0) -> list
 
 
 def thinned(records: list[ChangeRecord]) -> bool:
-    """Whether a partition of records read with read_topic skips offsets: compaction
-    removed records, so the topic no longer holds every change."""
+    """Whether a partition of records read with read_topic skips offsets, at its head or
+    between two records: compaction (or retention) removed records, so the topic no
+    longer holds every change. Every partition's log starts at offset 0."""
     ends: dict[int, int] = {}
     for record in records:
-        if record.partition in ends and record.offset != ends[record.partition]:
+        if record.offset != ends.get(record.partition, 0):
             return True
         ends[record.partition] = record.offset + 1
     return False

@@ -10,10 +10,12 @@ from cdc.catalog import TRUNCATIONS_TABLE
 from cdc.errors import SourceError
 from cdc.settings import PipelineSettings
 from cdc.topics import (
+    ChangeRecord,
     change_topic,
     change_topic_pattern,
     check_names_apart,
     pipeline_topic_specs,
+    thinned,
     topic_name,
 )
 
@@ -61,3 +63,15 @@ def test_tables_that_would_share_a_topic_or_an_index_are_refused() -> None:
         check_names_apart(["public.a b", "public.a_b"], pipe)
     with pytest.raises(SourceError, match="would share the search index"):
         check_names_apart(["public.Orders", "public.orders"], pipe)
+
+
+def test_a_log_is_thinned_when_records_are_missing_at_its_head_or_between_two() -> None:
+    whole = [
+        ChangeRecord(0, 0, b"k", b"{}"),
+        ChangeRecord(0, 1, b"k", b"{}"),
+        ChangeRecord(1, 0, b"j", b"{}"),
+    ]
+    assert not thinned(whole)
+    assert thinned([ChangeRecord(0, 5, b"k", b"{}"), ChangeRecord(0, 6, b"k", b"{}")])
+    assert thinned([ChangeRecord(0, 0, b"k", b"{}"), ChangeRecord(0, 2, b"k", b"{}")])
+    assert thinned([*whole, ChangeRecord(2, 3, b"k", b"{}")])
