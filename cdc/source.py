@@ -451,6 +451,8 @@ class SourceReader:
         self._conn: psycopg.Connection[Any] | None = None
         self._seen: tuple[str, ...] | None = None
         self._tables: dict[str, Table] = {}
+        # the source's system identifier and timeline, as the last read found them
+        self.lineage: tuple[str, int | None] | None = None
 
     def read(self) -> tuple[dict[str, Table], int]:
         """The pipeline's tables and the source's WAL position, as read_source."""
@@ -471,6 +473,7 @@ class SourceReader:
             if seen != self._seen or list(self._tables) != names:
                 self._tables = {name: describe_table(conn, name, pipe) for name in names}
                 self._seen = seen
+            self.lineage = source_lineage(conn)
             return dict(self._tables), _wal_position(conn)
         except psycopg.OperationalError as exc:  # the connection went (a restart)
             self.close()
@@ -484,6 +487,57 @@ class SourceReader:
             with contextlib.suppress(psycopg.Error):
                 self._conn.close()
             self._conn = None
+
+
+def source_lineage(conn: psycopg.Connection[Any]) -> tuple[str, int | None]:
+    """The database cluster's system identifier and the timeline it writes on (None on a
+    standby): a restore to a point in time, or a promoted standby, writes on a new
+    timeline, which forked from its parent at a position its history file records."""
+    row = conn.execute(
+        "SELECT (SELECT system_identifier FROM pg_control_system())::text, "
+        "CASE WHEN pg_is_in_recovery() THEN NULL "
+        "ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END"
+    ).fetchone()
+    assert row is not None
+    return str(row[0]), int(row[1], 16) if row[1] else None
+
+
+def timeline_forks(settings: Settings, timeline: int) -> dict[int, int]:
+    """Per timeline the current one descends from, where it left it: the first WAL
+    position (as an int) not on it. Read with the replication protocol's
+    TIMELINE_HISTORY, as the replication role (no superuser needed)."""
+    if timeline <= 1:
+        return {}
+    try:
+        with psycopg.connect(
+            replication_dsn(settings, replication=True), connect_timeout=5
+        ) as conn:
+            result = conn.pgconn.exec_(f"TIMELINE_HISTORY {int(timeline)}".encode())
+            if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
+                message = (result.error_message or b"").decode(errors="replace").strip()
+                raise SourceError(f"could not read timeline {timeline}'s history: {message}")
+            content = result.get_value(0, 1) or b""
+    except psycopg.OperationalError as exc:
+        pg = settings.postgres
+        raise SourceUnavailableError(
+            f"PostgreSQL at {pg.host}:{pg.port} does not answer ({str(exc).strip()[:120]})"
+        ) from None
+    if content.startswith(b"\\x"):  # bytea in its hex text form
+        content = bytes.fromhex(content[2:].decode())
+    return parse_timeline_history(content.decode())
+
+
+def parse_timeline_history(text: str) -> dict[int, int]:
+    """A timeline history file's lines, "parent<TAB>X/Y<TAB>reason": per parent timeline,
+    the WAL position where its child left it."""
+    forks = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 2 or not fields[0].isdigit():
+            continue  # a comment or a blank line
+        high, low = fields[1].split("/")
+        forks[int(fields[0])] = (int(high, 16) << 32) + int(low, 16)
+    return forks
 
 
 def _wal_position(conn: psycopg.Connection[Any]) -> int:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cdc.catalog import TRUNCATIONS_TABLE, Table
-from cdc.clients import kafka_client_kwargs
+from cdc.clients import kafka_admin, kafka_client_kwargs
 from cdc.errors import (
     CdcError,
     ConfigError,
@@ -32,7 +32,7 @@ from cdc.errors import (
     StoreUnavailableError,
 )
 from cdc.settings import Settings
-from cdc.source import SourceReader, captured_tables, ping_source
+from cdc.source import SourceReader, captured_tables, ping_source, timeline_forks
 from cdc.spark import kafka_options, spark_session
 from cdc.topics import change_topic, change_topic_pattern
 from materializers.dead_letters import DeadLetters
@@ -51,7 +51,12 @@ from materializers.progress import (
 )
 from materializers.stores.base import FrameStore, RowStore, Store
 from materializers.stores.registry import executor_settings, make_row_store, make_store
-from materializers.stores.warehouse.streams import late_readers, stream_join_query, window_query
+from materializers.stores.warehouse.streams import (
+    PLAN,
+    late_readers,
+    stream_join_query,
+    window_query,
+)
 from materializers.stores.warehouse.views import check_views
 from materializers.typed import may_hold_placeholder, unheld_columns
 from materializers.warehouse_process import WarehouseProcess
@@ -110,6 +115,7 @@ def _batch_writer(
     ends = _EndOffsets(settings)
     source = SourceReader(settings)
     cuts: dict[str, list[list[int]]] = {}  # table -> its TRUNCATEs (Progress.truncations)
+    topic_ids: dict[str, str] = {}  # topic -> its id, as the batch's check found it
 
     def write_once(batch: Any, batch_id: int) -> None:
         started_ms = int(time.time() * 1000)  # events' ages are counted from here
@@ -119,9 +125,13 @@ def _batch_writer(
         batch = with_generated(batch, settings.postgres.dsn(), topics, tables)
         progress = read_progress(settings, store.name) or Progress()
         check_source_not_rewound(store.name, wal, progress)
+        check_source_lineage(
+            store.name, source.lineage, functools.partial(timeline_forks, settings), progress
+        )
         behind = backlog(
             ends.check_not_rewound(store.name, topics, progress), progress.applied_of(topics)
         )
+        topic_ids.update(ends.ids)
         cutoffs = dict(progress.truncated)
         cuts.clear()
         cuts.update(progress.truncations)
@@ -419,6 +429,15 @@ def _batch_writer(
         record = Progress(
             batch=batch_id,
             applied={**previous.applied, **offsets},
+            # the id of each topic the store has applied records of
+            topic_ids={
+                **previous.topic_ids,
+                **{
+                    t: i
+                    for t, i in topic_ids.items()
+                    if any(o.startswith(f"{t}:") for o in offsets)
+                },
+            },
             commit_lsn=max(newest),  # the newest source position the store took
             commit_ms=commit_ms,
             applied_ms=applied_ms,
@@ -426,6 +445,7 @@ def _batch_writer(
             truncated=dict(cutoffs),
             truncations=dict(cuts),
             generation=previous.generation,  # the last one swept
+            source=list(source.lineage) if source.lineage else previous.source,
             pid=os.getpid(),
             freshness=freshness.to_json(),
         )
@@ -440,6 +460,8 @@ class _EndOffsets:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._consumer: Any = None
+        self._admin: Any = None
+        self.ids: dict[str, str] = {}  # topic -> its id, as the last check found it
 
     def read(self, topics: dict[str, str]) -> dict[tuple[str, int], int]:
         """The end offset of each partition of `topics` (a deleted topic has none)."""
@@ -463,19 +485,49 @@ class _EndOffsets:
     ) -> dict[tuple[str, int], int]:
         """Raise LogRewoundError if a topic ends before what `store` has applied of it
         (the topic was deleted and created again: its offsets started over, and what the
-        store holds no longer matches the log). Returns the topics' end offsets."""
+        store holds no longer matches the log): its id is not the one the store applied
+        records of, a partition the store applied is gone, or a partition ends before
+        what the store applied. Returns the topics' end offsets."""
         ends = self.read(topics)
         wanted = progress.applied_of(topics)
-        for (topic, partition), end in sorted(ends.items()):
-            if (topic, partition) in wanted and end <= wanted[(topic, partition)]:
-                raise LogRewoundError(
-                    f"change topic {topic} partition {partition} ends at offset {end}, "
-                    f"before offset {wanted[(topic, partition)]} that the {store} has "
-                    "applied: the topic was deleted and created again; rebuild that store's "
-                    f"table from the log with `cdc rebuild --store {store} --table "
-                    f"{topics[topic]}`"
+        self.ids = self._topic_ids(sorted({t for t, _ in ends}))
+
+        def rewound(topic: str, why: str) -> LogRewoundError:
+            return LogRewoundError(
+                f"change topic {topic} {why}: the topic was deleted and created again; "
+                f"rebuild that store's table from the log with `cdc rebuild --store {store} "
+                f"--table {topics[topic]}`"
+            )
+
+        for topic, held in sorted(self.ids.items()):
+            if progress.topic_ids.get(topic, held) != held:
+                raise rewound(
+                    topic, f"is not the one the {store} applied records of (its id changed)"
+                )
+        present = {t for t, _ in ends}
+        for (topic, partition), offset in sorted(wanted.items()):
+            end = ends.get((topic, partition))
+            if topic in present and end is None:
+                raise rewound(topic, f"has no partition {partition}, which the {store} applied")
+            if end is not None and end <= offset:
+                raise rewound(
+                    topic,
+                    f"partition {partition} ends at offset {end}, before offset {offset} "
+                    f"that the {store} has applied",
                 )
         return ends
+
+    def _topic_ids(self, topics: list[str]) -> dict[str, str]:
+        """Each topic's id (KIP-516), as Kafka describes it now."""
+        if not topics:
+            return {}
+        if self._admin is None:
+            self._admin = kafka_admin(self.settings.kafka, timeout_ms=30000)
+        return {
+            t["name"]: str(t["topic_id"])
+            for t in self._admin.describe_topics(topics)
+            if t.get("topic_id") and not t.get("error_code")
+        }
 
 
 def backlog(ends: dict[tuple[str, int], int], applied: dict[tuple[str, int], int]) -> int:
@@ -733,6 +785,43 @@ def check_source_not_rewound(store: str, wal: int, progress: Progress) -> None:
         )
 
 
+def check_source_lineage(
+    store: str,
+    lineage: tuple[str, int | None] | None,
+    forks: Callable[[int], dict[int, int]],
+    progress: Progress,
+) -> None:
+    """Raise SourceRewoundError if the source is not the database `store` applied changes
+    of (another system identifier), or has moved to a timeline that left the one the
+    store applied from before a position the store holds: restored to a point in time,
+    or a standby promoted before it had received those changes. `forks(timeline)`: per
+    ancestor timeline, where the current one left it (its history file)."""
+    if lineage is None or not progress.source:
+        return
+    (system, timeline), (now_system, now_timeline) = progress.source, lineage
+    remedy = (
+        "Stop `cdc apply`, run `cdc drop`, set a new pipeline.topic_prefix (the old topics "
+        "hold what it lost), `cdc snapshot`, then `cdc rebuild --store S` for each store"
+    )
+    if system != now_system:
+        raise SourceRewoundError(
+            f"PostgreSQL is another database cluster (system identifier {now_system}) than "
+            f"the one the {store} store applied changes of ({system}): it was replaced. " + remedy
+        )
+    if now_timeline is None or timeline is None or now_timeline == timeline:
+        return
+    taken = max([progress.commit_lsn or 0, *(c for c, _ in progress.truncated.values())])
+    left = forks(now_timeline).get(timeline)
+    if left is None or taken >= left:
+        where = f"left it at {int_to_lsn(left)}" if left is not None else "does not descend from it"
+        raise SourceRewoundError(
+            f"PostgreSQL writes on timeline {now_timeline}, which {where}, and the {store} "
+            f"store applied changes of timeline {timeline} up to {int_to_lsn(taken)}: the "
+            "database was restored to an earlier point, or a standby was promoted before it "
+            "had them, and those changes are gone from it. " + remedy
+        )
+
+
 def _prepare(settings: Settings, store: Store, tables: dict[str, Table]) -> None:
     """The store's indexes, tables...; a store that does not answer yet is waited for."""
     while True:
@@ -776,7 +865,7 @@ def _start_window_query(
 ) -> Any:
     """A window aggregate's or stream-stream join's query (`query`, streams.py)."""
     checkpoint = checkpoint_dir(settings, f"window-{view.name}")
-    forget_other_definition(checkpoint, view.model_dump_json())
+    forget_other_definition(checkpoint, f"{view.model_dump_json()} plan {PLAN}")
     # a pool of its own (the query's thread inherits it from this one)
     spark.sparkContext.setLocalProperty("spark.scheduler.pool", f"window-{view.name}")
     writer = query(spark, settings, view, read, str(checkpoint))

@@ -89,6 +89,9 @@ class Progress:
 
     batch: int = -1  # the last micro-batch written
     applied: dict[str, int] = field(default_factory=dict)  # "topic:partition" -> last offset
+    # topic -> the Kafka topic id (KIP-516) those offsets are of: a topic deleted and
+    # created again under its name has another, whatever its offsets have grown to
+    topic_ids: dict[str, str] = field(default_factory=dict)
     commit_lsn: int = 0  # the newest source position the store took (a change or a TRUNCATE)
     commit_ms: int | None = None  # commit time of the newest change applied
     applied_ms: int | None = None  # when the last batch was written
@@ -98,6 +101,8 @@ class Progress:
     # MAX_CUTS): a version before one ends at the first after it (the warehouse's history)
     truncations: dict[str, list[list[int]]] = field(default_factory=dict)
     generation: int = -1  # the last snapshot generation swept (snapshot/generation.py)
+    # the source's [system identifier, timeline] when the last batch was written
+    source: list[Any] | None = None
     waiting: dict[str, Any] | None = None  # the store did not answer: reason, since_ms
     pid: int | None = None  # the process that wrote its last batch
     freshness: dict[str, Any] | None = None  # commit to visible (materializers/freshness.py)

@@ -33,6 +33,7 @@ import functools
 import json
 import operator
 import re
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from cdc.catalog import Column, Table
@@ -65,6 +66,7 @@ __all__ = [
     "typed_column",
     "typed_image",
     "unheld_columns",
+    "widest",
 ]
 
 # Debezium's placeholder for an unchanged TOASTed bytea, as JsonConverter writes it
@@ -86,6 +88,21 @@ def _decimal(column: Column) -> tuple[int, int] | None:
     # Spark's decimal: at most 38 digits, scale at most the precision (PostgreSQL 15
     # allows numeric(3,5)); otherwise exact text
     return (precision, scale) if precision <= 38 and scale <= precision else None
+
+
+def widest(column: Column) -> Column:
+    """The column as a query that outlives the catalog it started with reads it: typed
+    as every widening PostgreSQL may make of it later would be (integers as bigint,
+    float4 as float8, numeric(p,s) as numeric(38,s)), so that a value written after
+    `ALTER COLUMN … TYPE` to a wider type is read whole, never NULL."""
+    suffix = "[]" if column.is_array else ""
+    if column.base in ("int2", "int4"):
+        return replace(column, type=f"bigint{suffix}", base="int8")
+    if column.base == "float4":
+        return replace(column, type=f"double precision{suffix}", base="float8")
+    if column.base == "numeric" and (held := _decimal(column)) is not None:
+        return replace(column, type=f"numeric(38,{held[1]}){suffix}")
+    return column
 
 
 def quoted(name: str) -> str:

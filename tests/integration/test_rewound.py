@@ -14,7 +14,9 @@ import redis
 from kafka.admin import NewTopic
 
 from cdc.clients import kafka_admin, kafka_client_kwargs
+from cdc.errors import SourceError
 from cdc.settings import Settings
+from cdc.source import timeline_forks
 from cdc.topics import change_topic
 from materializers.progress import progress_file
 from tests.conftest import Capture, Captured
@@ -115,6 +117,85 @@ def test_a_change_topic_deleted_and_created_again_stops_the_apply(p: Pipeline) -
     said = stopped.stderr.strip().splitlines()[-1]
     assert topic in said and "cdc rebuild --store cache" in said, said
     assert not p.equal()  # nothing applied in silence meanwhile
+    rebuilt(p)
+
+
+def _partition_ends(p: Pipeline) -> dict[int, int]:
+    from kafka import KafkaConsumer, TopicPartition
+
+    topic = change_topic(p.settings.pipeline, p.table)
+    consumer = KafkaConsumer(**kafka_client_kwargs(p.settings.kafka))
+    try:
+        parts = [TopicPartition(topic, n) for n in consumer.partitions_for_topic(topic) or ()]
+        return {tp.partition: end for tp, end in consumer.end_offsets(parts).items()}
+    finally:
+        consumer.close()
+
+
+def test_a_change_topic_created_again_and_grown_past_what_was_applied_stops_the_apply(
+    p: Pipeline,
+) -> None:
+    """Offsets alone cannot tell: the new topic holds more records than the store
+    applied of the old one, so only its id says it is another topic."""
+    p.start()
+    assert p.apply().returncode == 0
+    topic = change_topic(p.settings.pipeline, p.table)
+    applied = json.loads(progress_file(p.settings, "cache").read_text())["applied"]
+    partitions = len(_partition_ends(p))
+    admin = kafka_admin(p.settings.kafka)
+    try:
+        admin.delete_topics([topic])
+        poll(lambda: topic not in admin.list_topics(), 60, f"{topic} to go")
+        time.sleep(2)
+        admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        admin.close()
+    p.sql(f"INSERT INTO {p.name} SELECT g, 'new' FROM generate_series(1000, 1599) g")
+    poll(lambda: sum(_partition_ends(p).values()) >= 600, 120, f"{topic} to be written again")
+    grown = _partition_ends(p)
+    assert all(end > applied[f"{topic}:{n}"] + 1 for n, end in grown.items()), (grown, applied)
+    stopped = p.apply()
+    assert stopped.returncode == 11, stopped.stderr
+    said = stopped.stderr.strip().splitlines()[-1]
+    assert topic in said and "cdc rebuild --store cache" in said, said
+    assert not p.equal()  # nothing applied in silence meanwhile
+    rebuilt(p)
+
+
+@pytest.mark.parametrize(
+    ("lineage", "said"),
+    [
+        (lambda system, _: [str(int(system) + 1), 1], "another database cluster"),
+        (lambda system, _: [system, 2], "writes on timeline 1, which does not descend"),
+    ],
+    ids=["replaced", "another-timeline"],
+)
+def test_a_source_of_another_cluster_or_timeline_stops_the_apply(
+    p: Pipeline, lineage: Any, said: str
+) -> None:
+    """A restore to a point in time writes on a new timeline, with a WAL that may soon pass
+    every position the store holds: the store's record of the source's system identifier
+    and timeline tells, not the position. Simulated by the record (the shared PostgreSQL
+    cannot be restored): the store applied from a timeline the source does not descend
+    from, or from another cluster."""
+    p.start()
+    assert p.apply().returncode == 0
+    path = progress_file(p.settings, "cache")
+    progress = json.loads(path.read_text())
+    system, timeline = progress["source"]
+    assert int(system) > 0 and timeline == 1  # what the source is
+    progress["source"] = lineage(system, timeline)
+    path.write_text(json.dumps(progress))
+    p.sql(f"INSERT INTO {p.name} VALUES (100, 'after the restore')")
+    wait_until_equal(p.settings, table_info(p.settings, p.table))
+    stopped = p.apply()
+    assert stopped.returncode == 11, stopped.stderr
+    line = stopped.stderr.strip().splitlines()[-1]
+    assert said in line and "cdc rebuild" in line, line
+    assert 100 not in cache_rows(p.settings, p.table)
+    # a timeline's history is read with the replication protocol, as the replication role
+    with pytest.raises(SourceError, match="could not read timeline 2's history"):
+        timeline_forks(p.settings, 2)
     rebuilt(p)
 
 

@@ -8,6 +8,7 @@ import pytest
 from cdc.errors import SourceRewoundError, SourceUnavailableError, StoreUnavailableError
 from materializers.apply import (
     backlog,
+    check_source_lineage,
     check_source_not_rewound,
     failure_line,
     unavailable_reason,
@@ -85,3 +86,24 @@ def test_the_backlog_counts_the_log_after_what_a_store_applied() -> None:
     # a partition applied further than the log ends (never counted negative)
     assert backlog({("t", 0): 10}, {("t", 0): 20}) == 0
     assert backlog({}, {("t", 0): 20}) == 0
+
+
+def test_a_source_on_a_timeline_that_left_before_what_a_store_applied_stops_it() -> None:
+    from cdc.source import parse_timeline_history
+
+    # timeline 3 left 2 at 0/5000000, which had left 1 at 0/3000000
+    history = "1\t0/3000000\tno recovery target specified\n\n2\t0/5000000\tbefore 2026-11-26\n"
+    forks = parse_timeline_history(history)
+    assert forks == {1: 0x3000000, 2: 0x5000000}
+    applied = Progress(commit_lsn=0x4FFFFFF, source=["42", 2])
+    check_source_lineage("cache", ("42", 2), lambda _: forks, applied)  # the same timeline
+    check_source_lineage("cache", ("42", 3), lambda _: forks, applied)  # left after it
+    check_source_lineage("cache", ("42", None), lambda _: forks, applied)  # a standby
+    check_source_lineage("cache", ("42", 3), lambda _: forks, Progress())  # none recorded
+    ahead = Progress(commit_lsn=0x5000000, source=["42", 2])
+    with pytest.raises(SourceRewoundError, match="timeline 3, which left it at 0/5000000"):
+        check_source_lineage("cache", ("42", 3), lambda _: forks, ahead)
+    with pytest.raises(SourceRewoundError, match="does not descend from it"):
+        check_source_lineage("cache", ("42", 3), lambda _: {}, applied)
+    with pytest.raises(SourceRewoundError, match="another database cluster"):
+        check_source_lineage("cache", ("43", 2), lambda _: forks, applied)

@@ -110,3 +110,20 @@ def test_numerics_spark_cannot_type_as_decimal_are_kept_as_exact_text() -> None:
     assert spark_type(numeric("numeric(3,5)")) == T.StringType()
     assert spark_type(numeric("numeric(5,-2)")) == T.StringType()
     assert spark_type(numeric("numeric(40,2)")) == T.StringType()
+
+
+def test_a_window_query_reads_each_column_as_its_widest_widening() -> None:
+    from pyspark.sql import types as T
+
+    from materializers.typed import json_type, spark_type, widest
+
+    def column(kind: str, base: str, array: bool = False) -> Column:
+        return Column("c", kind, base, "N", array, None, False)
+
+    assert spark_type(widest(column("numeric(6,2)", "numeric"))) == T.DecimalType(38, 2)
+    assert json_type(widest(column("integer", "int4"))) == T.LongType()
+    assert json_type(widest(column("smallint[]", "int2", True))) == T.ArrayType(T.LongType())
+    assert json_type(widest(column("real", "float4"))) == T.DoubleType()
+    # exact text and other types stay as they are
+    assert spark_type(widest(column("numeric", "numeric"))) == T.StringType()
+    assert widest(column("text", "text")) == column("text", "text")

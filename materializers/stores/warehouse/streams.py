@@ -30,6 +30,7 @@ start.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,13 +43,18 @@ from materializers.events import parse_events
 from materializers.generated import with_generated
 from materializers.progress import forget_late, last_committed_batch
 from materializers.stores.warehouse.tables import view_path
-from materializers.typed import json_type, spark_type, typed_column
+from materializers.typed import json_type, spark_type, typed_column, widest
 from materializers.typed import quoted as q
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["JOIN_COLUMNS", "late_readers", "stream_join_query", "window_query"]
+__all__ = ["JOIN_COLUMNS", "PLAN", "late_readers", "stream_join_query", "window_query"]
+
+# the shape of these queries' plans and state: a checkpoint written for another shape
+# cannot be read, so a query whose checkpoint has another starts afresh (the number is
+# kept with the view's definition beside its checkpoint)
+PLAN = 2
 
 # a stream-stream join's columns after the start's key and before the end's carried ones
 JOIN_COLUMNS = ("start_ts", "end_ts", "elapsed_s")
@@ -60,6 +66,12 @@ def late_readers(window: WindowAggregate) -> int:
     return 2 if window.kind == "sliding" else 1
 
 
+def _wide(table: Table) -> Table:
+    """The table with each column typed as its widest widening (typed.widest): a query
+    keeps the types it started with while PostgreSQL may widen a column under it."""
+    return replace(table, columns=tuple(widest(c) for c in table.columns))
+
+
 def _events(
     spark: Any,
     settings: Settings,
@@ -68,10 +80,11 @@ def _events(
     ops: tuple[str, ...],
     watermark: str,
     when: dict[str, list[str]] | None = None,
+    unique: bool = True,
 ) -> DataFrame:
-    """The table's change events of `ops`, each (key, LSN) once within the watermark:
-    __commit_lsn, __lsn, commit_ts (the watermarked event time), and `columns` typed from
-    the row after the change, as `__c_<name>`."""
+    """The table's change events of `ops`: __key, __commit_lsn, __lsn, commit_ts (the
+    watermarked event time), and `columns` typed from the row after the change, as
+    `__c_<name>`; with `unique`, each (key, LSN) once within the watermark."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -94,7 +107,7 @@ def _events(
     matching = F.lit(True)
     for column, values in (when or {}).items():
         matching = matching & F.col(q(f"__c_{column}")).cast("string").isin(*values)
-    return (
+    events = (
         parse_events(records, {topic: table.qualified})
         .where(F.col("op").isin(*ops) & F.col("error").isNull())
         .select(
@@ -109,8 +122,8 @@ def _events(
         # Spark's optimizer would push it below the watermark)
         .withWatermark("commit_ts", watermark)
         .where(F.when(matching, F.col("commit_ts")).isNotNull())
-        .dropDuplicatesWithinWatermark(["__key", "__lsn"])
     )
+    return events.dropDuplicatesWithinWatermark(["__key", "__lsn"]) if unique else events
 
 
 def _start_afresh(spark: Any, settings: Settings, name: str, checkpoint: str) -> None:
@@ -136,6 +149,7 @@ def window_query(
 
     from materializers.stores.warehouse.tables import ensure_delta, warehouse_root
 
+    table = _wide(table)
     read = [c for c in (window.sum, window.group_by) if c is not None]
     amount_type: Any = T.DecimalType(38, 2)
     if window.sum is not None:
@@ -143,8 +157,8 @@ def window_query(
         if isinstance(amount_type, T.DecimalType):  # room for the sum
             amount_type = T.DecimalType(38, amount_type.scale)
 
-    def created() -> DataFrame:
-        events = _events(spark, settings, table, read, ("c",), window.watermark)
+    def created(unique: bool = True) -> DataFrame:
+        events = _events(spark, settings, table, read, ("c",), window.watermark, unique=unique)
         amount = F.col(q(f"__c_{window.sum}")) if window.sum else F.lit(None)
         return events.withColumn("__amount", amount.cast(amount_type))
 
@@ -200,10 +214,14 @@ def window_query(
         )
         mode = "append"
     else:
+        # each (creation, window) pair once: a creation too late for its older windows
+        # still counts in those the watermark has not passed (and late counts per pair)
         windows = F.window("commit_ts", window.window, window.slide or window.window)
         counts = (
-            created()
-            .groupBy(windows)
+            created(unique=False)
+            .withColumn("window", windows)
+            .dropDuplicates(["__key", "__lsn", "window"])
+            .groupBy("window")
             .agg(*measures)
             .select(
                 F.col("window.start").alias("window_start"),
@@ -269,7 +287,7 @@ def stream_join_query(
 
     from materializers.stores.warehouse.tables import ensure_delta, warehouse_root
 
-    start, end = tables[join.table], tables[join.references]
+    start, end = _wide(tables[join.table]), _wide(tables[join.references])
     if len(start.key) != 1:
         raise ConfigError(
             f"join {join.name}: {start.qualified} has a composite key "

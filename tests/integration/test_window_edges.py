@@ -1,0 +1,182 @@
+"""Window queries at their edges: an event late for some of its hopping windows still
+counts in the others, and a column widened while the queries run is read whole."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+from kafka import KafkaProducer
+
+from cdc.clients import kafka_client_kwargs
+from cdc.settings import Settings, WindowAggregate
+from cdc.topics import change_topic, read_topic
+from commands.pipeline import pipeline_status
+from materializers.apply import run_apply
+from materializers.quality import view_checks, window_starts
+from materializers.stores.warehouse.tables import view_path, warehouse_root
+from tests.conftest import Capture
+from tests.logcheck import table_info, wait_until_equal
+
+pytestmark = pytest.mark.integration
+
+
+def view_rows(settings: Settings, name: str) -> list[dict[str, Any]]:
+    """The view's Delta table, read by Spark's own Delta reader."""
+    from cdc.spark import spark_session
+
+    spark = spark_session(settings, "test")
+    path = view_path(warehouse_root(settings), name)
+    try:
+        return [r.asDict() for r in spark.read.format("delta").load(path).collect()]
+    except Exception:  # not written yet
+        return []
+
+
+def with_views(settings: Settings, *windows: WindowAggregate) -> Settings:
+    apply = settings.apply.model_copy(update={"windows": list(windows)})
+    return settings.model_copy(update={"apply": apply})
+
+
+def test_a_hopping_window_counts_a_late_event_in_the_windows_still_open(
+    captured: Capture,
+) -> None:
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, total numeric(6, 2) NOT NULL)",
+        prefix="hop",
+    )
+    hopping = WindowAggregate(
+        name=f"hop_{t.name}",
+        table=t.table,
+        kind="hopping",
+        sum="total",
+        window="10 seconds",
+        slide="2 seconds",
+        watermark="2 seconds",
+    )
+    settings = with_views(t.settings, hopping)
+    with psycopg.connect(t.dsn, autocommit=True) as conn:
+        for i in range(1, 4):
+            conn.execute(f"INSERT INTO {t.name} VALUES (%s, 1)", (i,))
+            time.sleep(1.0)
+        time.sleep(3.0)
+        conn.execute(f"INSERT INTO {t.name} VALUES (4, 1)")  # the tick: moves the watermark
+    wait_until_equal(settings, table_info(settings, t.table))
+    run_apply(settings, ["warehouse"], once=True)
+    before = {r["window_start"]: r["rows"] for r in view_rows(settings, hopping.name)}
+    assert sum(before.values()) == 4 * 5  # each creation in five windows
+
+    # a creation committed 3 s before the watermark, delivered now: too late for the
+    # windows that ended before the watermark, in time for the others
+    topic = change_topic(settings.pipeline, t.table)
+    records = [r for r in read_topic(settings.kafka, topic) if r.value]
+    tick = next(r for r in records if r.value["after"]["id"] == 4)
+    watermark = tick.value["source"]["ts_ms"] - 2000
+    value = dict(tick.value)
+    at = watermark - 3000
+    value["after"] = dict(value["after"], id=500)
+    value["source"] = dict(value["source"], lsn=value["source"]["lsn"] + 1, ts_ms=at)
+    producer = KafkaProducer(**kafka_client_kwargs(settings.kafka), acks="all")
+    producer.send(
+        topic,
+        key=json.dumps({"id": 500}).encode(),
+        value=json.dumps(value).encode(),
+        partition=tick.partition,
+    ).get(timeout=30)
+    producer.close()
+    run_apply(settings, ["warehouse"], once=True)
+
+    after = {r["window_start"]: r["rows"] for r in view_rows(settings, hopping.name)}
+    counted_in = {s for s in after if after[s] != before.get(s, 0)}
+    starts = window_starts(hopping, at)
+    assert len(starts) == 5
+
+    def start_of(ms: int) -> datetime:
+        return datetime.fromtimestamp(ms / 1000, UTC).replace(tzinfo=None)
+
+    # Spark's rule: a window is closed for late data once its end is at the watermark
+    still_open = {start_of(s) for s in starts if s + 10_000 > watermark}
+    assert 0 < len(still_open) < 5
+    assert counted_in == still_open, (counted_in, still_open)
+    assert all(after[s] == before.get(s, 0) + 1 for s in counted_in)
+    late = pipeline_status(settings).late_events
+    assert late == {hopping.name: 5 - len(still_open)}  # one per (event, window) pair
+    checks = view_checks(settings, {t.table: table_info(settings, t.table)})
+    assert [c.ok for c in checks] == [True], [c.observed for c in checks]
+
+
+def test_a_column_widened_while_the_window_queries_run_is_read_whole(captured: Capture) -> None:
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, customer int NOT NULL, "
+        "amount numeric(6, 2) NOT NULL)",
+        prefix="widen",
+    )
+    per_hour = WindowAggregate(
+        name=f"hour_{t.name}", table=t.table, sum="amount", window="1 hour", watermark="1 second"
+    )
+    sessions = WindowAggregate(
+        name=f"sess_{t.name}",
+        table=t.table,
+        kind="session",
+        sum="amount",
+        gap="1 second",
+        group_by="customer",
+        watermark="1 second",
+    )
+    settings = with_views(t.settings, per_hour, sessions)
+    stop = threading.Event()
+    failed: list[BaseException] = []
+
+    def apply() -> None:
+        try:
+            run_apply(settings, ["warehouse"], stop=stop)
+        except BaseException as exc:
+            failed.append(exc)
+
+    def wait_for(what: str, holds: Any) -> None:
+        deadline = time.monotonic() + 180
+        while not holds():
+            assert not failed, failed
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(2)
+
+    runner = threading.Thread(target=apply, daemon=True)
+    runner.start()
+    try:
+        with psycopg.connect(t.dsn, autocommit=True) as conn:
+            conn.execute(f"INSERT INTO {t.name} VALUES (1, 1, 10.00)")
+            wait_for(
+                "the first window",
+                lambda: sum(r["rows"] for r in view_rows(settings, per_hour.name)) == 1,
+            )
+            # widenings that keep every value: no backfill, the queries go on
+            conn.execute(
+                f"ALTER TABLE {t.name} ALTER COLUMN amount TYPE numeric(12, 2), "
+                "ALTER COLUMN customer TYPE bigint"
+            )
+            conn.execute(f"INSERT INTO {t.name} VALUES (2, 3000000000, 1234567.89)")
+            time.sleep(2.5)
+            conn.execute(f"INSERT INTO {t.name} VALUES (3, 1, 1.00)")  # closes the session
+        wait_for(
+            "the widened row in the hourly window",
+            lambda: sum(r["rows"] for r in view_rows(settings, per_hour.name)) == 3,
+        )
+        totals = sum(r["total"] for r in view_rows(settings, per_hour.name))
+        assert totals == Decimal("1234578.89")
+        wait_for(
+            "the widened customer's session",
+            lambda: any(r["customer"] == 3000000000 for r in view_rows(settings, sessions.name)),
+        )
+        (session,) = [r for r in view_rows(settings, sessions.name) if r["customer"] == 3000000000]
+        assert (session["rows"], session["total"]) == (1, Decimal("1234567.89"))
+        assert not [r for r in view_rows(settings, sessions.name) if r["customer"] is None]
+    finally:
+        stop.set()
+        runner.join(timeout=120)
+    assert not failed, failed
