@@ -9,6 +9,7 @@ hands it to the store, which writes it only if it is newer than what it holds.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 import os
@@ -641,6 +642,25 @@ def run_apply(
             starters[f"window-{join.name}"] = functools.partial(
                 _start_window_query, spark, settings, join, stream_join_query, tables, once
             )
+    late = _LateNotes(settings)
+    if late.names:
+        late.listen(spark)
+    try:
+        _run_queries(settings, starters, apart, late, once, stop)
+    finally:
+        late.stop(spark)
+
+
+def _run_queries(
+    settings: Settings,
+    starters: dict[str, Callable[[], Any]],
+    apart: WarehouseProcess | None,
+    late: _LateNotes,
+    once: bool,
+    stop: threading.Event | None,
+) -> None:
+    """Start the queries, then (once) wait for them to end, or keep them running until
+    `stop`, starting a failed one again."""
     queries = {name: start() for name, start in starters.items()}
     windows = {n[len("window-") :]: q for n, q in queries.items() if n.startswith("window-")}
     if apart is not None:
@@ -659,7 +679,7 @@ def run_apply(
         finally:
             for query in queries.values():
                 query.stop()
-        _note_late(settings, windows)
+        late.catch_up(windows)
         return
     failures: dict[str, int] = {}
     try:
@@ -689,7 +709,7 @@ def run_apply(
                     windows[name[len("window-") :]] = queries[name]
             if apart is not None:
                 _watch_apart(apart, failures, stop)
-            _note_late(settings, windows)
+            late.note_recent(windows)
             # (never a query's awaitTermination here: it raises the query's failure,
             # which the loop above restarts the query for)
             if stop is None:
@@ -736,12 +756,71 @@ def _watch_apart(
 _RAISED = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$")
 
 
-def _note_late(settings: Settings, windows: dict[str, Any]) -> None:
+class _LateNotes:
     """Events a windowed aggregate or a stream-stream join did not count (later than its
-    watermark), added up per window for `cdc status`."""
-    readers = {w.name: late_readers(w) for w in settings.apply.windows}
-    for name, query in windows.items():
-        note_late(settings, name, query.recentProgress, readers.get(name, 1))
+    watermark), added up per window for `cdc status`. Each query's progress report is
+    noted as Spark's listener bus delivers it, after every batch, so that neither a
+    query that fails next (and is replaced) nor a `--once` run of more batches than
+    Spark keeps in memory (`recentProgress`, the last 100) loses one; the reports
+    still in memory are noted too, once a second (a report is noted once: by batch id)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.readers = {w.name: late_readers(w) for w in settings.apply.windows}
+        prefix = f"cdc-{settings.pipeline.name}-"
+        self.names = {f"{prefix}window-{w.name}": w.name for w in settings.apply.windows}
+        self.names |= {f"{prefix}join-{j.name}": j.name for j in settings.apply.joins}
+        self._lock = threading.Lock()
+        self._seen: dict[str, int] = {}  # window -> the newest batch id of a report noted
+        self._listener: Any = None
+
+    def note(self, name: str, reports: list[dict[str, Any]]) -> None:
+        with self._lock:
+            note_late(self.settings, name, reports, self.readers.get(name, 1))
+            for report in reports:
+                self._seen[name] = max(self._seen.get(name, -1), int(report["batchId"]))
+
+    def note_recent(self, windows: dict[str, Any]) -> None:
+        for name, query in windows.items():
+            self.note(name, query.recentProgress)
+
+    def listen(self, spark: Any) -> None:
+        from pyspark.sql.streaming import StreamingQueryListener
+
+        notes = self
+
+        class _Listener(StreamingQueryListener):
+            def onQueryStarted(self, event: Any) -> None:
+                pass
+
+            def onQueryProgress(self, event: Any) -> None:
+                name = notes.names.get(event.progress.name)
+                if name is not None:
+                    notes.note(name, [json.loads(event.progress.json)])
+
+            def onQueryIdle(self, event: Any) -> None:
+                pass
+
+            def onQueryTerminated(self, event: Any) -> None:
+                pass
+
+        self._listener = _Listener()
+        spark.streams.addListener(self._listener)
+
+    def stop(self, spark: Any) -> None:
+        if self._listener is not None:
+            spark.streams.removeListener(self._listener)
+            self._listener = None
+
+    def catch_up(self, windows: dict[str, Any], timeout: float = 30.0) -> None:
+        """Wait until the listener has noted each query's last batch (its reports arrive
+        after the query ends), then note what is still in memory."""
+        deadline = time.monotonic() + timeout
+        for name, query in windows.items():
+            ran = [p["batchId"] for p in query.recentProgress if p.get("stateOperators")]
+            while ran and self._seen.get(name, -1) < max(ran) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        self.note_recent(windows)
 
 
 def failure_line(exc: BaseException) -> str:

@@ -16,7 +16,7 @@ from kafka import KafkaProducer
 
 from cdc.clients import kafka_client_kwargs
 from cdc.settings import Settings, WindowAggregate
-from cdc.topics import change_topic, read_topic
+from cdc.topics import change_topic, read_topic, wait_for_records
 from commands.pipeline import pipeline_status
 from materializers.apply import run_apply
 from materializers.quality import view_checks, window_starts
@@ -74,22 +74,8 @@ def test_a_hopping_window_counts_a_late_event_in_the_windows_still_open(
 
     # a creation committed 3 s before the watermark, delivered now: too late for the
     # windows that ended before the watermark, in time for the others
-    topic = change_topic(settings.pipeline, t.table)
-    records = [r for r in read_topic(settings.kafka, topic) if r.value]
-    tick = next(r for r in records if r.value["after"]["id"] == 4)
-    watermark = tick.value["source"]["ts_ms"] - 2000
-    value = dict(tick.value)
-    at = watermark - 3000
-    value["after"] = dict(value["after"], id=500)
-    value["source"] = dict(value["source"], lsn=value["source"]["lsn"] + 1, ts_ms=at)
-    producer = KafkaProducer(**kafka_client_kwargs(settings.kafka), acks="all")
-    producer.send(
-        topic,
-        key=json.dumps({"id": 500}).encode(),
-        value=json.dumps(value).encode(),
-        partition=tick.partition,
-    ).get(timeout=30)
-    producer.close()
+    at = inject_late(settings, t.table, 4, 3)
+    watermark = at + 3000
     run_apply(settings, ["warehouse"], once=True)
 
     after = {r["window_start"]: r["rows"] for r in view_rows(settings, hopping.name)}
@@ -107,6 +93,69 @@ def test_a_hopping_window_counts_a_late_event_in_the_windows_still_open(
     assert all(after[s] == before.get(s, 0) + 1 for s in counted_in)
     late = pipeline_status(settings).late_events
     assert late == {hopping.name: 5 - len(still_open)}  # one per (event, window) pair
+    checks = view_checks(settings, {t.table: table_info(settings, t.table)})
+    assert [c.ok for c in checks] == [True], [c.observed for c in checks]
+
+
+def inject_late(settings: Settings, table: str, newest: int, seconds: float) -> int:
+    """Deliver now a creation committed `seconds` before the watermark (the commit time
+    of creation `newest` minus 2 s), as a connector restored from old offsets would;
+    return its commit time."""
+    topic = change_topic(settings.pipeline, table)
+    records = [r for r in read_topic(settings.kafka, topic) if r.value]
+    tick = next(r for r in records if r.value["after"]["id"] == newest)
+    at = tick.value["source"]["ts_ms"] - 2000 - int(seconds * 1000)
+    value = dict(tick.value)
+    value["after"] = dict(value["after"], id=500)
+    value["source"] = dict(value["source"], lsn=value["source"]["lsn"] + 1, ts_ms=at)
+    producer = KafkaProducer(**kafka_client_kwargs(settings.kafka), acks="all")
+    producer.send(
+        topic,
+        key=json.dumps({"id": 500}).encode(),
+        value=json.dumps(value).encode(),
+        partition=tick.partition,
+    ).get(timeout=30)
+    producer.close()
+    return at
+
+
+def test_a_late_event_is_counted_however_many_batches_a_run_takes(captured: Capture) -> None:
+    """Spark keeps the last few progress reports in memory (100 by default; 2 here, to
+    stand for a long `--once` run): the late count must not come from them alone."""
+    from cdc.spark import spark_session
+
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, total numeric(6, 2) NOT NULL)",
+        prefix="late",
+    )
+    tumbling = WindowAggregate(
+        name=f"tumble_{t.name}",
+        table=t.table,
+        sum="total",
+        window="10 seconds",
+        watermark="2 seconds",
+    )
+    settings = with_views(t.settings, tumbling)
+    with psycopg.connect(t.dsn, autocommit=True) as conn:
+        conn.execute(f"INSERT INTO {t.name} VALUES (1, 1)")
+        time.sleep(3.0)
+        conn.execute(f"INSERT INTO {t.name} VALUES (2, 1)")  # moves the watermark past 1
+    wait_until_equal(settings, table_info(settings, t.table))
+    run_apply(settings, ["warehouse"], once=True)
+    inject_late(settings, t.table, 2, 30)
+    with psycopg.connect(t.dsn, autocommit=True) as conn:
+        for i in range(10, 28):  # after the late one: many batches of a record or so each
+            conn.execute(f"INSERT INTO {t.name} VALUES (%s, 1)", (i,))
+    topic = change_topic(settings.pipeline, t.table)
+    assert len(wait_for_records(settings.kafka, topic, 2 + 1 + 18)) == 21
+    spark = spark_session(settings, "test")
+    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "2")
+    try:
+        apply = settings.apply.model_copy(update={"max_offsets_per_trigger": 1})
+        run_apply(settings.model_copy(update={"apply": apply}), ["warehouse"], once=True)
+    finally:
+        spark.conf.unset("spark.sql.streaming.numRecentProgressUpdates")
+    assert pipeline_status(settings).late_events == {tumbling.name: 1}
     checks = view_checks(settings, {t.table: table_info(settings, t.table)})
     assert [c.ok for c in checks] == [True], [c.observed for c in checks]
 
