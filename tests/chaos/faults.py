@@ -10,6 +10,12 @@
     postgres-kill     SIGKILL of the postmaster; its backends end; `cdc up` (crash recovery)
     opensearch-stop   SIGSTOP of OpenSearch for `stop_s` (60 s), then SIGCONT
     redis-stop        SIGSTOP of Redis for `stop_s`, then SIGCONT
+    backfill          `cdc backfill public.accounts` under the load, Kafka Connect killed
+                      (SIGKILL) while it runs and `cdc up`; the backfill is followed to its end
+    rename            `accounts` renamed, a transfer made under the passing name (which no
+                      store applies), renamed back; `cdc status` must name the passing
+                      name's topic; then what it says: `cdc backfill public.accounts` and
+                      `cdc setup`
 
 After every fault the connector must run again (`cdc status -o json`), and an apply job
 that ended by itself is noted and started again.
@@ -20,12 +26,14 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import requests
 
 from tests.chaos.stack import ChaosError, ChaosStack
@@ -43,6 +51,8 @@ class FaultKind(StrEnum):
     POSTGRES_KILL = "postgres-kill"
     OPENSEARCH_STOP = "opensearch-stop"
     REDIS_STOP = "redis-stop"
+    BACKFILL = "backfill"
+    RENAME = "rename"
 
 
 _KILLED_COMPONENT = {
@@ -97,6 +107,10 @@ def inject(stack: ChaosStack, kind: FaultKind, at_s: float, stop_s: float) -> Fa
         _stop_postgres(stack, signal.SIGINT, record)
     elif kind is FaultKind.POSTGRES_KILL:
         _stop_postgres(stack, signal.SIGKILL, record)
+    elif kind is FaultKind.BACKFILL:
+        _backfill_with_connect_killed(stack, record)
+    elif kind is FaultKind.RENAME:
+        _rename_and_back(stack, record)
     wait_pipeline_healthy(stack, record)
     record.recovery_s = time.monotonic() - began
     return record
@@ -154,6 +168,59 @@ def _stop_postgres(stack: ChaosStack, sig: signal.Signals, record: FaultRecord) 
     stack.up()
     if stack.pid("postgres") in (None, pid):
         raise ChaosError("`cdc up` did not start postgres again")
+
+
+def _backfill_with_connect_killed(stack: ChaosStack, record: FaultRecord) -> None:
+    backfill = stack.start_cdc("backfill", "public.accounts")
+    time.sleep(3)
+    _kill_component(stack, "connect", record)
+    try:
+        out, _ = backfill.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        backfill.kill()
+        raise ChaosError("`cdc backfill public.accounts` did not end within 600 s") from None
+    if backfill.returncode != 0:
+        raise ChaosError(f"`cdc backfill public.accounts` failed: {out.strip()[-600:]}")
+    record.notes.append("backfill followed to its end")
+
+
+def _rename_and_back(stack: ChaosStack, record: FaultRecord) -> None:
+    passing = "accounts_passing"
+    with psycopg.connect(stack.settings.postgres.dsn(), autocommit=True) as conn:
+        conn.execute(f"ALTER TABLE public.accounts RENAME TO {passing}")
+        try:  # a transfer of 1 between two accounts that exist: the sum stays
+            with conn.transaction():
+                rows = conn.execute(
+                    f"SELECT aid FROM public.{passing} WHERE balance > 0 ORDER BY aid LIMIT 2 "
+                    "FOR UPDATE"
+                ).fetchall()
+                if len(rows) == 2:
+                    conn.execute(
+                        f"UPDATE public.{passing} SET balance = balance - 1 WHERE aid = %s",
+                        rows[0],
+                    )
+                    conn.execute(
+                        f"UPDATE public.{passing} SET balance = balance + 1 WHERE aid = %s",
+                        rows[1],
+                    )
+        finally:
+            conn.execute(f"ALTER TABLE public.{passing} RENAME TO accounts")
+    deadline = time.monotonic() + 120
+    while True:  # the change reaches its topic, then status names it
+        said = stack.cdc("status", "-o", "json")
+        if passing in said.stdout and said.returncode != 0:
+            break
+        if time.monotonic() > deadline:
+            raise ChaosError(f"`cdc status` did not name {passing} in 120 s: {said.stdout[-600:]}")
+        time.sleep(4)
+    record.notes.append(f"cdc status named {passing} (exit {said.returncode})")
+    for args in (("backfill", "public.accounts"), ("setup",)):
+        done = stack.cdc(*args)
+        if done.returncode != 0:
+            raise ChaosError(f"`cdc {' '.join(args)}` failed: {done.stderr.strip()[-600:]}")
+    said = stack.cdc("status", "-o", "json")
+    if passing in said.stdout:
+        raise ChaosError(f"`cdc status` still names {passing} after the backfill and setup")
 
 
 def wait_pipeline_healthy(stack: ChaosStack, record: FaultRecord, timeout: float = 240) -> None:

@@ -75,6 +75,8 @@ SHORT = ChaosOptions(
         FaultKind.OPENSEARCH_STOP,
         FaultKind.POSTGRES_RESTART,
         FaultKind.KAFKA_KILL,
+        FaultKind.BACKFILL,
+        FaultKind.RENAME,
     ),
     rounds=1,
     gap_s=(3.0, 8.0),

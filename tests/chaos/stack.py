@@ -66,6 +66,18 @@ class ChaosStack:
     def cdc(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         return run_cdc(*args, env=self.env, timeout=timeout)
 
+    def start_cdc(self, *args: str) -> subprocess.Popen[str]:
+        """`cdc ARGS` started in the background (its output together, as text)."""
+        return subprocess.Popen(
+            [sys.executable, "-m", "commands", *args],
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("CDC_")}, **self.env},
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
     def up(self, attempts: int = 3) -> None:
         """`cdc up`, as a user would run it again when it fails (a port still held...)."""
         for attempt in range(attempts):
