@@ -46,6 +46,9 @@ class Column:
     # columns it reads; PostgreSQL 15 publishes no value for it (materializers/generated.py)
     generated: str | None = None
     inputs: tuple[str, ...] = ()
+    # an enum's labels in their order: `ALTER TYPE … RENAME VALUE` changes every value
+    # holding the old label without a change event (snapshot/rewrites.py)
+    labels: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -283,6 +286,7 @@ def describe_table(
             has_default=r[7],
             generated=r[8],
             inputs=tuple(r[9] or ()),
+            labels=tuple(r[10] or ()),
         )
         for r in conn.execute(_COLUMNS, (oid,)).fetchall()
     )
@@ -377,7 +381,10 @@ SELECT a.attname,
            JOIN pg_attribute i ON i.attrelid = p.refobjid AND i.attnum = p.refobjsubid
            WHERE p.classid = 'pg_attrdef'::regclass AND p.objid = d.oid
              AND p.refobjid = a.attrelid AND p.refobjsubid NOT IN (0, a.attnum)
-           ORDER BY i.attnum) END
+           ORDER BY i.attnum) END,
+       CASE WHEN bt.typtype = 'e' THEN ARRAY(
+           SELECT e.enumlabel FROM pg_enum e WHERE e.enumtypid = bt.oid
+           ORDER BY e.enumsortorder) END
 FROM pg_attribute a
 LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 JOIN pg_type t ON t.oid = a.atttypid

@@ -428,7 +428,11 @@ def captured_tables(settings: Settings) -> dict[str, Table]:
 _FINGERPRINT = """
 SELECT c.oid::text || '/' || c.xmin::text || '/' || n.nspname || '.' || c.relname || '/' ||
   coalesce((SELECT string_agg(a.attnum || ':' || a.xmin || ':' || t.xmin || ':' ||
-                              coalesce(d.xmin::text, ''), ',' ORDER BY a.attnum)
+                              coalesce(d.xmin::text, '') || ':' ||
+                              coalesce((SELECT string_agg(e.xmin::text, '.' ORDER BY e.oid)
+                                        FROM pg_enum e
+                                        WHERE e.enumtypid IN (t.oid, t.typelem, t.typbasetype)),
+                                       ''), ',' ORDER BY a.attnum)
             FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
             LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
             WHERE a.attrelid = c.oid AND a.attnum > 0), '') || '/' ||

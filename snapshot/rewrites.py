@@ -1,8 +1,9 @@
 """DDL that changes stored values without a change event.
 
 `ALTER TABLE … ADD COLUMN c … DEFAULT x` gives every existing row the value x, a type
-change (`ALTER COLUMN c TYPE …`) rewrites every value, and `DROP COLUMN` (or `RENAME
-COLUMN`) removes one, yet PostgreSQL's logical decoding emits no row change for any:
+change (`ALTER COLUMN c TYPE …`) rewrites every value, `DROP COLUMN` (or `RENAME
+COLUMN`) removes one, and `ALTER TYPE … RENAME VALUE` changes an enum's label in every
+row that holds it, yet PostgreSQL's logical decoding emits no row change for any:
 the stores would keep NULL, the old value, or the dropped column's.
 Each table's columns are recorded (at the snapshot, then by the apply job); when a
 micro-batch reads a catalog whose columns changed that way, the table is backfilled
@@ -30,7 +31,7 @@ __all__ = ["check_rewrites", "record_schemas", "rewrites", "schema_of", "schemas
 
 log = logging.getLogger(__name__)
 
-Schema = dict[str, list[Any]]  # column -> [type, has a default]
+Schema = dict[str, list[Any]]  # column -> [type, has a default(, an enum's labels)]
 
 _INTEGERS = {"smallint", "integer", "bigint"}
 _NUMERIC = re.compile(r"^numeric\((\d+),(\d+)\)$")
@@ -42,7 +43,10 @@ def schemas_file(settings: Settings) -> Path:
 
 
 def schema_of(table: Table) -> Schema:
-    return {c.name: [c.type, c.has_default] for c in table.columns}
+    return {
+        c.name: [c.type, c.has_default, *([list(c.labels)] if c.labels else [])]
+        for c in table.columns
+    }
 
 
 def _same_values(before: str, after: str) -> bool:
@@ -66,6 +70,12 @@ def rewrites(before: Schema, table: Table) -> list[str]:
                 found.append(f"column {column.name} was added with a default")
         elif old[0] != column.type and not _same_values(old[0], column.type):
             found.append(f"column {column.name} changed type from {old[0]} to {column.type}")
+        elif len(old) > 2 and (gone := [v for v in old[2] if v not in column.labels]):
+            # RENAME VALUE: every row holding the old label reads the new one
+            found.append(
+                f"column {column.name}'s type {column.type} no longer has the value(s) "
+                f"{', '.join(gone)} (renamed)"
+            )
     # a dropped (or renamed) column: every stored row still holds its value, and no
     # event removes it; the backfill writes each row again without it
     names = {c.name for c in table.columns}

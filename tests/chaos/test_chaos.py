@@ -1,12 +1,13 @@
-"""The short chaos run: a stack of its own, the bank's transfers at 30 per second, and
-one at a time the apply job, Kafka Connect, Redis and Kafka killed (SIGKILL), PostgreSQL
+"""The short chaos run: a stack of its own, the bank's transfers at 30 per second, and one
+at a time the apply job, Kafka Connect, Redis and Kafka killed (SIGKILL), PostgreSQL
 restarted (fast shutdown), OpenSearch frozen for 60 s (SIGSTOP), a backfill with Kafka
 Connect killed while it runs, and a captured table renamed and back with a change made
-under the passing name, each followed by the recovery a user would make; then every store equals PostgreSQL, read by the harness's own
-readers, the sum of balances is the same in each, the warehouse history keeps its rules,
-and no dead letter was written. An apply job that ends by itself is started again and
-reported (not failed). Select it with `-m chaos`, leave it out with `-m "not chaos"`;
-CHAOS_SEED=N replays a run's fault order. The long form is `make chaos`."""
+under the passing name, each followed by the recovery a user would make; then every
+store equals PostgreSQL, read by the harness's own readers, the sum of balances is the
+same in each, the warehouse history keeps its rules, and no dead letter was written. An
+apply job that ends by itself is started again and reported (not failed). Select it with
+`-m chaos`, leave it out with `-m "not chaos"`; CHAOS_SEED=N replays a run's fault
+order. The long form is `make chaos`."""
 
 from __future__ import annotations
 

@@ -108,3 +108,37 @@ def test_a_dropped_column_leaves_every_store_and_verify_judges_them_alike(
         assert held["search"][key] == {"id": key, "qty": qty}, key
         assert held["warehouse"][key]["qty"] == qty, key
     assert all(d.ok for d in verify(settings, [now], STORES))
+
+
+def test_an_enum_value_renamed_reaches_every_store(captured: Capture) -> None:
+    t = captured(
+        "CREATE TYPE {name}_mood AS ENUM ('sad', 'ok')",
+        "CREATE TABLE {name} (id int PRIMARY KEY, mood {name}_mood)",
+        "INSERT INTO {name} SELECT g, CASE WHEN g % 2 = 0 THEN 'sad' ELSE 'ok' END::{name}_mood "
+        "FROM generate_series(1, 10) g",
+        prefix="enum",
+    )
+    name, table, settings, dsn = t.name, t.table, t.settings, t.dsn
+    run_apply(settings, STORES, once=True)
+    assert stores(settings, table)["cache"][2]["mood"] == "sad"
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        # no row changes, yet every 'sad' row now reads 'unhappy'
+        conn.execute(f"ALTER TYPE {name}_mood RENAME VALUE 'sad' TO 'unhappy'")
+        conn.execute(f"UPDATE {name} SET mood = 'ok' WHERE id = 1")  # a batch to see it
+
+    def renamed(held: dict[str, dict[Any, dict[str, Any]]]) -> bool:
+        return all(
+            rows[k]["mood"] == ("unhappy" if k % 2 == 0 else "ok")
+            for rows in held.values()
+            for k in range(1, 11)
+        )
+
+    deadline = time.monotonic() + 180
+    while True:
+        run_apply(settings, STORES, once=True)
+        held = stores(settings, table)
+        if renamed(held) or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert renamed(held), {s: {k: r["mood"] for k, r in rows.items()} for s, rows in held.items()}

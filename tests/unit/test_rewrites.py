@@ -56,3 +56,17 @@ def test_a_dropped_or_renamed_column_rewrites() -> None:
     assert rewrites(BEFORE, table(("id", "integer", False))) == ["column n was dropped"]
     renamed = table(("id", "integer", False), ("m", "numeric(8,2)", False))
     assert rewrites(BEFORE, renamed) == ["column n was dropped"]
+
+
+def test_an_enum_value_renamed_rewrites_and_one_added_does_not() -> None:
+    def mood(*labels: str) -> Table:
+        column = Column("m", "mood", "mood", "E", False, None, False, labels=labels)
+        return Table("public", "t", (column,), ("m",), "d", 1, 1)
+
+    before = schema_of(mood("sad", "ok"))
+    assert rewrites(before, mood("sad", "ok", "happy")) == []
+    assert rewrites(before, mood("unhappy", "ok")) == [
+        "column m's type mood no longer has the value(s) sad (renamed)"
+    ]
+    # a schema recorded before labels were: nothing to compare
+    assert rewrites({"m": ["mood", False]}, mood("unhappy", "ok")) == []
