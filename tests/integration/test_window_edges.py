@@ -3,6 +3,7 @@ counts in the others, and a column widened while the queries run is read whole."
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -16,7 +17,7 @@ from kafka import KafkaProducer
 
 from cdc.clients import kafka_client_kwargs
 from cdc.settings import Settings, WindowAggregate
-from cdc.topics import change_topic, read_topic, wait_for_records
+from cdc.topics import ChangeRecord, change_topic, read_topic, wait_for_records
 from commands.pipeline import pipeline_status
 from materializers.apply import run_apply
 from materializers.quality import view_checks, window_starts
@@ -229,3 +230,71 @@ def test_a_column_widened_while_the_window_queries_run_is_read_whole(captured: C
         stop.set()
         runner.join(timeout=120)
     assert not failed, failed
+
+
+def firsts(records: list[ChangeRecord]) -> dict[int, int]:
+    """Each partition's first offset read."""
+    found: dict[int, int] = {}
+    for r in records:
+        found.setdefault(r.partition, r.offset)
+    return found
+
+
+def test_a_log_compacted_at_its_head_is_not_recomputed_into_false_drift(
+    captured: Capture,
+) -> None:
+    """Creations, then updates of the same keys: compaction removes a prefix of each
+    partition and leaves no gap between the records it keeps."""
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    from cdc.clients import kafka_admin
+
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, total numeric(6, 2) NOT NULL)",
+        prefix="compact",
+    )
+    window = WindowAggregate(name=f"per_min_{t.name}", table=t.table, sum="total")
+    settings = with_views(t.settings, window)
+    topic = change_topic(settings.pipeline, t.table)
+    admin = kafka_admin(settings.kafka, 30000)
+    try:
+        admin.alter_configs(
+            [
+                ConfigResource(
+                    ConfigResourceType.TOPIC,
+                    topic,
+                    {
+                        "cleanup.policy": "compact",
+                        "segment.ms": "100",
+                        "min.compaction.lag.ms": "0",
+                        "min.cleanable.dirty.ratio": "0.01",
+                    },
+                )
+            ]
+        )
+    finally:
+        admin.close()
+    with psycopg.connect(t.dsn, autocommit=True) as conn:
+        conn.execute(f"INSERT INTO {t.name} SELECT g, 1 FROM generate_series(1, 30) g")
+    wait_until_equal(settings, table_info(settings, t.table))
+    run_apply(settings, ["warehouse"], once=True)  # the window counts the 30 creations
+    with psycopg.connect(t.dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE {t.name} SET total = 2")
+        deadline = time.monotonic() + 180
+        n = 100
+        while not any(first > 0 for first in firsts(read_topic(settings.kafka, topic)).values()):
+            # segments roll, the cleaner runs
+            assert time.monotonic() < deadline, "the cleaner did not compact the topic"
+            time.sleep(1)
+            conn.execute(f"INSERT INTO {t.name} VALUES (%s, 1)", (n,))
+            n += 1
+    records = read_topic(settings.kafka, topic)
+    gaps = [
+        (a.partition, a.offset, b.offset)
+        for a, b in itertools.pairwise(records)
+        if a.partition == b.partition and b.offset != a.offset + 1
+    ]
+    assert not gaps, gaps  # removed at the head alone
+    run_apply(settings, ["warehouse"], once=True)
+    (check,) = view_checks(settings, {t.table: table_info(settings, t.table)})
+    assert check.ok and "compaction removed records" in check.observed, check.observed
