@@ -78,8 +78,19 @@ def connector_config(
         "topic.creation.default.replication.factor": "1",
         "topic.creation.default.partitions": "1",
         "topic.creation.default.cleanup.policy": "compact",
+        # a change event as large as kafka.max_message_bytes goes through (the topics and
+        # the local broker take it too); the producer's buffer holds two of them
+        **_sized(settings.kafka.max_message_bytes),
         # retry retriable errors (PostgreSQL restarting, Kafka unavailable) for ever
         "errors.max.retries": "-1",
+    }
+
+
+def _sized(limit: int) -> dict[str, str]:
+    return {
+        "producer.override.max.request.size": str(limit),
+        "producer.override.buffer.memory": str(max(32 * 1024 * 1024, 2 * limit)),
+        "topic.creation.default.max.message.bytes": str(limit),
     }
 
 

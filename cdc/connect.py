@@ -159,6 +159,20 @@ def summarize_trace(trace: str) -> str:
     return line[:300] or "no trace given"
 
 
+def too_large(trace: str, limit: int) -> str | None:
+    """What to do when the task failed on a change event larger than Kafka takes (None
+    for another failure): the connector stops at that event and resumes there, so
+    raising the limit loses nothing."""
+    if "RecordTooLargeException" not in trace:
+        return None
+    return (
+        f"a change event is larger than kafka.max_message_bytes ({limit} bytes), so capture "
+        "stopped at it (nothing after it is lost: the slot keeps the WAL): raise "
+        "kafka.max_message_bytes (at most 268435456), run `cdc up` (a local broker) and "
+        "`cdc setup` (the topics and the connector); the connector resumes at that event"
+    )
+
+
 def refusal(message: object) -> str:
     """Connect's error message on one line: an invalid config lists its errors on the
     lines after the first, and they are the part that says what is wrong."""

@@ -186,6 +186,15 @@ class KafkaSettings(_Section):
     port: Port = 59092
     controller_port: Port = 59093
     heap: Heap = "768m"
+    max_message_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024 * 1024,
+        le=256 * 1024 * 1024,
+        description=(
+            "the largest change event (a row as JSON) Kafka takes: the local broker, every "
+            "topic of the pipeline and every producer (Debezium, the snapshot) are set to it"
+        ),
+    )
     security_protocol: KafkaProtocol = Field(
         "PLAINTEXT", description="SASL_SSL: TLS and a SASL login; SSL: TLS only"
     )

@@ -34,6 +34,7 @@ __all__ = [
     "dead_letter_topic",
     "end_offsets",
     "ensure_topics",
+    "folder_problem",
     "heartbeat_topic",
     "notification_topic",
     "pipeline_topic_specs",
@@ -69,9 +70,25 @@ def change_topic(pipeline: PipelineSettings, table: str) -> str:
     return topic_name(pipeline.topic_prefix, table)
 
 
+def folder_problem(table: str) -> str | None:
+    """Why the table's schema or name cannot be a warehouse folder (`<schema>/<name>`):
+    a `/` or `\\` would reach another folder, `.` and `..` are folders already, and the
+    schema `_views` holds the derived views. None when it can."""
+    schema, name = table.split(".", 1)
+    for part, what in ((schema, "schema"), (name, "name")):
+        if "/" in part or "\\" in part:
+            return f"its {what} holds a path separator (/ or \\)"
+        if part in (".", ".."):
+            return f"its {what} is {part!r}"
+    if schema == "_views":
+        return "the warehouse keeps its derived views under the folder _views"
+    return None
+
+
 def check_names_apart(tables: list[str], pipeline: PipelineSettings) -> None:
-    """Refuse two tables that would share a change topic (Debezium replaces the characters
-    a topic name cannot hold) or a search index (index names are lower case)."""
+    """Refuse a table whose name cannot be a warehouse folder (folder_problem), and two
+    tables that would share a change topic (Debezium replaces the characters a topic
+    name cannot hold) or a search index (index names are lower case)."""
 
     def topic(table: str) -> str:
         return change_topic(pipeline, table)
@@ -79,6 +96,12 @@ def check_names_apart(tables: list[str], pipeline: PipelineSettings) -> None:
     def index(table: str) -> str:
         return change_topic(pipeline, table).lower()
 
+    for table in tables:
+        if problem := folder_problem(table):
+            raise SourceError(
+                f"table {table} cannot be captured: {problem}; rename it, or leave it out "
+                "(pipeline.tables, pipeline.exclude_tables)"
+            )
     for what, name_of in (("change topic", topic), ("search index", index)):
         seen: dict[str, str] = {}
         for table in tables:
@@ -173,10 +196,20 @@ def ensure_topics(kafka: KafkaSettings, specs: list[TopicSpec]) -> list[str]:
                     "rebuild every store"
                 )
         missing = [s for s in specs if s.name not in existing]
+        # the largest event the pipeline's producers send (kafka.max_message_bytes)
+        sized = {"max.message.bytes": str(kafka.max_message_bytes)}
         if missing:
             admin.create_topics(
-                [NewTopic(s.name, s.partitions, 1, topic_configs=s.config) for s in missing],
+                [
+                    NewTopic(s.name, s.partitions, 1, topic_configs={**s.config, **sized})
+                    for s in missing
+                ],
                 timeout_ms=30000,
+            )
+        present = [s.name for s in specs if s.name in existing]
+        if present:  # made before, or with another limit: set it (incrementally)
+            admin.alter_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, name, sized) for name in present]
             )
         return [s.name for s in missing]
     finally:

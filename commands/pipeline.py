@@ -118,9 +118,12 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
             }
             failed = [t for t in entry.get("tasks", []) if t.get("state") == "FAILED"]
             if failed:
-                from cdc.connect import summarize_trace
+                from cdc.connect import summarize_trace, too_large
 
-                status.connector["error"] = summarize_trace(failed[0].get("trace", ""))
+                trace = failed[0].get("trace", "")
+                status.connector["error"] = too_large(
+                    trace, settings.kafka.max_message_bytes
+                ) or summarize_trace(trace)
         if tables:
             topics = [change_topic(pipe, t) for t in tables]
             ends = end_offsets(settings.kafka, [*topics, dead_letter_topic(pipe)])

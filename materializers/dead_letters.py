@@ -42,7 +42,13 @@ class DeadLetters:
         if self._producer is None:
             from kafka import KafkaProducer
 
-            self._producer = KafkaProducer(**kafka_client_kwargs(self.settings.kafka), acks="all")
+            kafka = self.settings.kafka
+            self._producer = KafkaProducer(
+                **kafka_client_kwargs(kafka),
+                acks="all",
+                max_request_size=kafka.max_message_bytes,
+                buffer_memory=max(32 * 1024 * 1024, 2 * kafka.max_message_bytes),
+            )
         record = {
             "store": self.store,
             "error": error,

@@ -267,6 +267,12 @@ def _copy_tables(
             .option("kafka.linger.ms", "20")
             .option("kafka.batch.size", "524288")
             .option("kafka.compression.type", "lz4")
+            # a row as large as kafka.max_message_bytes (the topics take it too)
+            .option("kafka.max.request.size", str(settings.kafka.max_message_bytes))
+            .option(
+                "kafka.buffer.memory",
+                str(max(32 * 1024 * 1024, 2 * settings.kafka.max_message_bytes)),
+            )
             .save()
         )
         done.set()

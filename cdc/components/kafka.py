@@ -93,6 +93,9 @@ class Kafka(Component):
                 "share.coordinator.state.topic.min.isr": 1,
                 "group.initial.rebalance.delay.ms": 0,
                 "auto.create.topics.enable": "false",
+                # a row of several MB is a change event of several MB (topics are set alike)
+                "message.max.bytes": self.section.max_message_bytes,
+                "replica.fetch.max.bytes": self.section.max_message_bytes,
                 # compaction runs often enough to see it work on a laptop
                 "log.cleaner.backoff.ms": 5000,
             },

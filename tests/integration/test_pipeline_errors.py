@@ -267,3 +267,20 @@ def test_a_failing_connector_is_summarized(captured: Capture) -> None:
     assert "FAILED" in status.connector["tasks"]
     assert "publication" in status.connector["error"].lower()
     assert "\n" not in status.connector["error"]
+
+
+def test_a_table_name_that_would_leave_its_warehouse_folder_is_refused(captured: Capture) -> None:
+    """A role that may create tables in a captured schema names one so that its warehouse
+    folder would be another table's (`<schema>/<name>/current`): setup refuses it."""
+    t = captured(
+        'CREATE TABLE public."{name}/../../public/victim" (id int PRIMARY KEY)',
+        prefix="path",
+        tables=["public.{name}*"],
+        snapshot=False,
+    )
+    result = run_cdc("setup", env=t.env)
+    assert result.returncode == 7, result.stderr
+    said = result.stderr.strip()
+    assert said.count("\n") == 0, said
+    assert f"table public.{t.name}/../../public/victim cannot be captured" in said, said
+    assert "path separator" in said, said

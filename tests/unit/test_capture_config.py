@@ -113,3 +113,30 @@ def test_the_pipeline_connector_filters_by_publication_not_by_name() -> None:
     assert any(p.fullmatch("cdc.heartbeat") for p in excluded)
     for kept in ("public.orders", "public.carriers", "cdc.truncations", "cdcXheartbeat"):
         assert not any(p.fullmatch(kept) for p in excluded)
+
+
+def test_debezium_s_producer_and_the_topics_it_makes_take_kafka_max_message_bytes() -> None:
+    settings = Settings.model_validate({"kafka": {"max_message_bytes": 64 * 1024 * 1024}})
+    config = connector_config(settings, topic_prefix="x", tables=["a.b"], slot="s", publication="p")
+    assert config["producer.override.max.request.size"] == str(64 * 1024 * 1024)
+    assert config["producer.override.buffer.memory"] == str(128 * 1024 * 1024)
+    assert config["topic.creation.default.max.message.bytes"] == str(64 * 1024 * 1024)
+    default = connector_config(
+        Settings(), topic_prefix="x", tables=["a.b"], slot="s", publication="p"
+    )
+    assert default["producer.override.max.request.size"] == str(16 * 1024 * 1024)
+
+
+def test_a_task_stopped_by_an_event_too_large_says_what_to_raise() -> None:
+    from cdc.connect import too_large
+
+    trace = (
+        "org.apache.kafka.connect.errors.ConnectException: Unrecoverable exception from "
+        "producer send callback\\n\\tat ...\\nCaused by: org.apache.kafka.common.errors."
+        "RecordTooLargeException: The message is 1280131 bytes when serialized which is "
+        "larger than 1048576, which is the value of the max.request.size configuration."
+    )
+    said = too_large(trace, 1048576)
+    assert said is not None and "kafka.max_message_bytes (1048576 bytes)" in said
+    assert "`cdc setup`" in said and "nothing after it is lost" in said
+    assert too_large("java.lang.IllegalStateException: other", 1048576) is None

@@ -5,15 +5,18 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cdc.catalog import TRUNCATIONS_TABLE
-from cdc.errors import SourceError
+from cdc.errors import ConfigError, SourceError
 from cdc.settings import PipelineSettings
 from cdc.topics import (
     ChangeRecord,
     change_topic,
     change_topic_pattern,
     check_names_apart,
+    folder_problem,
     pipeline_topic_specs,
     thinned,
     topic_name,
@@ -75,3 +78,59 @@ def test_a_log_is_thinned_when_records_are_missing_at_its_head_or_between_two() 
     assert thinned([ChangeRecord(0, 5, b"k", b"{}"), ChangeRecord(0, 6, b"k", b"{}")])
     assert thinned([ChangeRecord(0, 0, b"k", b"{}"), ChangeRecord(0, 2, b"k", b"{}")])
     assert thinned([*whole, ChangeRecord(2, 3, b"k", b"{}")])
+
+
+@pytest.mark.parametrize(
+    "table",
+    ["public.../pr2/evil", "public.a/b", "public.a\\b", "public...", "public..", "_views.t"],
+)
+def test_a_table_whose_name_would_reach_another_warehouse_folder_is_refused(table: str) -> None:
+    from materializers.stores.warehouse.tables import current_path, history_path
+
+    pipeline = PipelineSettings(name="p", tables=["public.t"])
+    with pytest.raises(SourceError, match=f"table {re.escape(table)} cannot be captured"):
+        check_names_apart([table], pipeline)
+    for path in (current_path, history_path):
+        with pytest.raises(ConfigError, match="has no folder in the warehouse"):
+            path("/w/p", table)
+
+
+def test_names_with_dots_spaces_and_letters_keep_their_folder() -> None:
+    from materializers.stores.warehouse.tables import current_path
+
+    assert folder_problem("public.Order.Items é 1") is None
+    assert current_path("/w/p", "public.Order.Items é 1") == "/w/p/public/Order.Items é 1/current"
+    check_names_apart(["public.Order.Items é 1", "s p a c e.x..y"], PipelineSettings(name="p"))
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.text(st.characters(exclude_characters="\x00"), min_size=1, max_size=12),
+            st.text(st.characters(exclude_characters="\x00"), min_size=1, max_size=12),
+        ),
+        min_size=1,
+        max_size=4,
+        unique=True,
+    )
+)
+def test_fuzz_no_accepted_table_name_leaves_or_shares_a_warehouse_folder(
+    names: list[tuple[str, str]],
+) -> None:
+    import posixpath
+
+    from materializers.stores.warehouse.tables import current_path, view_path
+
+    tables = [f"{schema}.{name}" for schema, name in names if "." not in schema]
+    try:
+        check_names_apart(tables, PipelineSettings(name="p"))
+    except SourceError:
+        return
+    root = "/w/p"
+    folders = [posixpath.normpath(current_path(root, t)) for t in tables]
+    views = posixpath.normpath(view_path(root, "v"))
+    for folder in folders:
+        assert folder.startswith(root + "/") and not folder.startswith(
+            posixpath.dirname(views) + "/"
+        )
+    assert len(set(folders)) == len(folders)

@@ -13,8 +13,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from cdc.errors import StoreError
+from cdc.errors import ConfigError, StoreError
 from cdc.settings import Settings
+from cdc.topics import folder_problem
 from materializers.typed import quoted as q
 
 __all__ = [
@@ -36,14 +37,25 @@ def warehouse_root(settings: Settings) -> str:
     return f"{base.rstrip('/')}/{settings.pipeline.topic_prefix}"
 
 
-def current_path(root: str, table: str) -> str:
+def _folder(root: str, table: str) -> str:
+    """The table's folder in the warehouse; a name that would reach another folder is
+    refused (`cdc setup` refuses it first: cdc.topics.folder_problem)."""
+    problem = folder_problem(table)
+    if problem is not None:
+        raise ConfigError(
+            f"table {table} has no folder in the warehouse: {problem}; rename it, or leave "
+            "it out (pipeline.tables, pipeline.exclude_tables) and run `cdc setup`"
+        )
     schema, name = table.split(".", 1)
-    return f"{root.rstrip('/')}/{schema}/{name}/current"
+    return f"{root.rstrip('/')}/{schema}/{name}"
+
+
+def current_path(root: str, table: str) -> str:
+    return f"{_folder(root, table)}/current"
 
 
 def history_path(root: str, table: str) -> str:
-    schema, name = table.split(".", 1)
-    return f"{root.rstrip('/')}/{schema}/{name}/history"
+    return f"{_folder(root, table)}/history"
 
 
 def view_path(root: str, name: str) -> str:
