@@ -270,13 +270,22 @@ def register_connector(
     # a reconfigured connector restarts its task: wait for the task that runs the new
     # configuration, and for its own replication connection, before anyone relies on it
     deadline = time.monotonic() + timeout
+    # a task that failed with the old configuration (e.g. stopped at an event larger
+    # than the old kafka.max_message_bytes) is started again at that event with the new
+    # one; Connect may show its old failure a while: one still there after that is real
+    tasks = connectors.get(name, {}).get("status", {}).get("tasks", [])
+    was_failed = any(t.get("state") == "FAILED" for t in tasks)
+    grace = time.monotonic() + (30 if was_failed else 0)
     while True:
-        client.wait_running(name, timeout=max(deadline - time.monotonic(), 1))
         try:
-            tasks = client.task_configs(name)
+            client.wait_running(name, timeout=max(deadline - time.monotonic(), 1))
         except ConnectorError:
-            tasks = []
-        if tasks and all(_runs(t, config) for t in tasks):
+            if time.monotonic() > grace:
+                raise
+            client.restart_failed(name)
+            time.sleep(2)
+            continue
+        if _took(client, name, config):
             break
         if time.monotonic() > deadline:
             raise ConnectorError(f"connector {name} did not take its new configuration")
@@ -292,6 +301,15 @@ def register_connector(
 def _same_config(stored: dict[str, str], config: dict[str, str]) -> bool:
     """Whether Connect holds `config` (it adds the connector's name to what it shows)."""
     return {k: v for k, v in stored.items() if k != "name"} == config
+
+
+def _took(client: ConnectClient, name: str, config: dict[str, str]) -> bool:
+    """Whether every task of the connector runs with `config`."""
+    try:
+        tasks = client.task_configs(name)
+    except ConnectorError:
+        tasks = []
+    return bool(tasks) and all(_runs(t, config) for t in tasks)
 
 
 def _runs(task: dict[str, Any], config: dict[str, str]) -> bool:

@@ -67,6 +67,11 @@ class ConnectClient:
     def status(self, name: str) -> dict[str, Any]:
         return dict(self._call("GET", f"/connectors/{name}/status"))
 
+    def restart_failed(self, name: str) -> None:
+        """Restart the connector's failed tasks (with its configuration now)."""
+        params = {"includeTasks": "true", "onlyFailed": "true"}
+        self._call("POST", f"/connectors/{name}/restart", params=params)
+
     def pause(self, name: str) -> None:
         self._call("PUT", f"/connectors/{name}/pause")
 

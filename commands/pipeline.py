@@ -286,18 +286,20 @@ def sync_pipeline(settings: Settings) -> SyncResult:
     # a renamed table's topic, made by Kafka Connect uncompacted (cdc/capture.py)
     set_topic_configs(settings.kafka, [change_topic_spec(settings.pipeline, n) for _, n in renamed])
     backfills = []
-    if pipe_streams(settings) and (added or removed):
-        if recreated:
-            # the old table's rows leave every store at this point, before the backfill
-            with admin_connection(settings) as conn:
-                for name in recreated:
-                    conn.execute(
-                        sql.SQL("INSERT INTO {} (table_name) VALUES (%s)").format(
-                            sql.Identifier(*TRUNCATIONS_TABLE.split("."))
-                        ),
-                        (name,),
-                    )
-                conn.commit()
+    streams = pipe_streams(settings)
+    if streams and (added or removed) and recreated:
+        # the old table's rows leave every store at this point, before the backfill
+        with admin_connection(settings) as conn:
+            for name in recreated:
+                conn.execute(
+                    sql.SQL("INSERT INTO {} (table_name) VALUES (%s)").format(
+                        sql.Identifier(*TRUNCATIONS_TABLE.split("."))
+                    ),
+                    (name,),
+                )
+            conn.commit()
+    if streams:  # its tables, or another setting (kafka.max_message_bytes…): the same
+        # configuration is left alone, another one restarts the task where it stopped
         register_connector(settings, tables)
         for table in added:
             start_backfill(settings, table)

@@ -20,7 +20,8 @@ from tests.conftest import Capture
 from tests.helpers import ROOT, run_cdc
 from tests.logcheck import poll
 
-pytestmark = pytest.mark.integration
+# about three minutes of load: in `make test-long`, not in CI's run
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 WINDOW_S = 15
 SLO_S = 4

@@ -17,7 +17,7 @@ from materializers.apply import run_apply
 from snapshot.initial import run_snapshot
 from tests.conftest import Capture
 from tests.logcheck import poll
-from tests.stores import stores
+from tests.stores import cache, stores
 
 pytestmark = pytest.mark.integration
 
@@ -76,5 +76,5 @@ def test_an_event_over_the_limit_stops_capture_loudly_and_a_higher_limit_resumes
     records = wait_for_records(kafka, topic, 4, timeout=120)
     assert sorted(r.key["id"] for r in records if r.value and r.value["op"] == "u") == [1, 2]
     run_apply(t.settings, ["cache"], once=True)
-    rows = stores(t.settings, t.table)["cache"]
+    rows = cache(t.settings, t.table, "id")
     assert len(rows[1]["body"]) > 3_000_000 and rows[2]["body"] == "after"
