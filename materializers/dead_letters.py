@@ -18,13 +18,29 @@ from typing import Any
 
 from cdc.clients import kafka_client_kwargs
 from cdc.errors import StoreUnavailableError
-from cdc.settings import Settings
+from cdc.settings import KafkaSettings, Settings
 from cdc.source import captured_tables
 from cdc.state import make_state_dir
 from cdc.topics import change_topic, dead_letter_topic
 from materializers.progress import checkpoint_dir
 
-__all__ = ["DeadLetter", "DeadLetters", "read_dead_letters", "replay_dead_letters"]
+__all__ = [
+    "DeadLetter",
+    "DeadLetters",
+    "producer_config",
+    "read_dead_letters",
+    "replay_dead_letters",
+]
+
+
+def producer_config(kafka: KafkaSettings) -> dict[str, Any]:
+    """The dead-letter producer's configuration: a letter carries the event, as large as
+    kafka.max_message_bytes."""
+    return {
+        **kafka_client_kwargs(kafka),
+        "acks": "all",
+        "max_request_size": kafka.max_message_bytes,
+    }
 
 
 class DeadLetters:
@@ -42,13 +58,7 @@ class DeadLetters:
         if self._producer is None:
             from kafka import KafkaProducer
 
-            kafka = self.settings.kafka
-            self._producer = KafkaProducer(
-                **kafka_client_kwargs(kafka),
-                acks="all",
-                max_request_size=kafka.max_message_bytes,
-                buffer_memory=max(32 * 1024 * 1024, 2 * kafka.max_message_bytes),
-            )
+            self._producer = KafkaProducer(**producer_config(self.settings.kafka))
         record = {
             "store": self.store,
             "error": error,

@@ -140,3 +140,16 @@ def test_a_task_stopped_by_an_event_too_large_says_what_to_raise() -> None:
     assert said is not None and "kafka.max_message_bytes (1048576 bytes)" in said
     assert "`cdc setup`" in said and "nothing after it is lost" in said
     assert too_large("java.lang.IllegalStateException: other", 1048576) is None
+
+
+def test_the_dead_letter_producer_takes_only_what_kafka_python_knows() -> None:
+    from kafka import KafkaProducer
+
+    from materializers.dead_letters import producer_config
+
+    settings = Settings.model_validate({"kafka": {"max_message_bytes": 32 * 1024 * 1024}})
+    config = producer_config(settings.kafka)
+    assert set(config) <= set(KafkaProducer.DEFAULT_CONFIG), set(config) - set(
+        KafkaProducer.DEFAULT_CONFIG
+    )
+    assert config["max_request_size"] == 32 * 1024 * 1024
