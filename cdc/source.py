@@ -465,7 +465,12 @@ class SourceReader:
             if self._conn is None or self._conn.closed:
                 self._conn = admin_connection(self.settings)
                 self._conn.autocommit = True
+                self.lineage = None
             conn = self._conn
+            if self.lineage is None or self.lineage[1] is None:
+                # a primary changes timeline only through a restart, which ends this
+                # connection: read once per connection (a standby's, every batch)
+                self.lineage = source_lineage(conn)
             names = published_tables(conn, pipe.publication)
             pairs = [n.split(".", 1) for n in names]
             seen = tuple(
@@ -477,7 +482,6 @@ class SourceReader:
             if seen != self._seen or list(self._tables) != names:
                 self._tables = {name: describe_table(conn, name, pipe) for name in names}
                 self._seen = seen
-            self.lineage = source_lineage(conn)
             return dict(self._tables), _wal_position(conn)
         except psycopg.OperationalError as exc:  # the connection went (a restart)
             self.close()
