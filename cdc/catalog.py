@@ -21,6 +21,7 @@ __all__ = [
     "describe_table",
     "published_tables",
     "publishing_relations",
+    "reserved_problem",
     "resolve_tables",
     "selected_tables",
     "toast_blind_columns",
@@ -266,6 +267,27 @@ def _renamed_to(conn: psycopg.Connection[Any], pipeline: str, name: str) -> str 
     return str(row[0]) if row and row[0] != name else None
 
 
+RESERVED_PREFIX = "_cdc_"  # the stores' own columns and fields (positions, flags)
+HISTORY_COLUMNS = ("valid_from", "valid_to")  # the warehouse history's own
+
+
+def reserved_problem(columns: list[str], warehouse: bool) -> str | None:
+    """Why a table with these columns cannot be kept (in a `warehouse` too): a column
+    named like one a store adds to every row (None: nothing)."""
+    for name in columns:
+        if name.startswith(RESERVED_PREFIX):
+            return (
+                f"its column {name} starts with {RESERVED_PREFIX}, which every store keeps "
+                "for its own columns; rename the column"
+            )
+        if name in HISTORY_COLUMNS and warehouse:
+            return (
+                f"its column {name} is one the warehouse history adds to every version; "
+                "rename the column, or leave the table out (pipeline.exclude_tables)"
+            )
+    return None
+
+
 def describe_table(
     conn: psycopg.Connection[Any], qualified: str, pipeline: PipelineSettings
 ) -> Table:
@@ -322,6 +344,8 @@ def describe_table(
                 f'needs pipeline.replica_identity."{qualified}" = "full" so that updates and '
                 "deletes carry those columns"
             )
+    if problem := reserved_problem([c.name for c in columns], warehouse=False):
+        raise SourceError(f"table {qualified} cannot be captured: {problem}")
     generated_key = [
         c.name for c in columns if c.generated and c.name in (configured or primary_key)
     ]

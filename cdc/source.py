@@ -29,6 +29,7 @@ from cdc.catalog import (
     describe_table,
     published_tables,
     publishing_relations,
+    reserved_problem,
     resolve_tables,
     toast_blind_columns,
 )
@@ -100,6 +101,14 @@ def _sql_file(name: str) -> str:
     return (PROJECT_ROOT / "sql" / name).read_text()
 
 
+def _check_storable(table: Table, settings: Settings) -> None:
+    """Refuse a table whose columns a store cannot keep beside its own (the warehouse
+    also refuses it as it starts: WarehouseStore._history)."""
+    columns = [c.name for c in table.columns]
+    if problem := reserved_problem(columns, "warehouse" in settings.apply.stores):
+        raise SourceError(f"table {table.qualified} cannot be captured: {problem}")
+
+
 def prepare_source(settings: Settings) -> list[Table]:
     """Make the source ready for the pipeline; returns the captured tables."""
     pipe = settings.pipeline
@@ -117,6 +126,7 @@ def prepare_source(settings: Settings) -> list[Table]:
                 _apply_replica_identity(conn, tables, pipe.replica_identity)
                 for table in tables:
                     check_publishable(conn, table)
+                    _check_storable(table, settings)
                 for statement in role_statements(conn, settings):
                     conn.execute(statement)
                 revoked = sync_grants(

@@ -54,22 +54,22 @@ MUTANTS = (
     Mutant(
         "warehouse MERGE guard takes anything",
         "materializers/stores/warehouse/store.py",
-        '    "(t._cdc_commit_lsn IS NULL OR t._cdc_commit_lsn < s.commit_lsn OR "',
-        '    "(true OR t._cdc_commit_lsn < s.commit_lsn OR "',
+        '    "(t._cdc_commit_lsn IS NULL OR t._cdc_commit_lsn < s._cdc_commit_lsn OR "',
+        '    "(true OR t._cdc_commit_lsn < s._cdc_commit_lsn OR "',
         (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),
     ),
     Mutant(
         "history identifies a version by its offset",
         "materializers/stores/warehouse/history.py",
-        'position = Window.partitionBy(*keys, "_cdc_commit_lsn", "_cdc_lsn").orderBy("_new")',
-        'position = Window.partitionBy(*keys, "_cdc_offset").orderBy("_new")',
+        'position = Window.partitionBy(*keys, "_cdc_commit_lsn", "_cdc_lsn").orderBy("_cdc_new")',
+        'position = Window.partitionBy(*keys, "_cdc_offset").orderBy("_cdc_new")',
         (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),
     ),
     Mutant(
         "history ends a stored version only at a TRUNCATE",
         "materializers/stores/warehouse/history.py",
-        '.withColumn("valid_to", F.least(F.lead("valid_from").over(following), F.col("_cap")))',
-        '.withColumn("valid_to", F.col("_cap"))',
+        '.withColumn("valid_to", F.least(F.lead("valid_from").over(following), F.col("_cdc_cap")))',
+        '.withColumn("valid_to", F.col("_cdc_cap"))',
         (f"{HISTORY}::test_a_batch_of_redelivered_and_new_changes_leaves_one_open_version",),
     ),
     Mutant(
@@ -152,8 +152,8 @@ MUTANTS = (
     Mutant(
         "the warehouse keeps a deleted row live",
         "materializers/stores/warehouse/store.py",
-        "condition=f\"s.commit_lsn IS NOT NULL AND s.op = 'd' AND {_OLDER}\",",
-        "condition=f\"s.commit_lsn IS NOT NULL AND s.op = 'x' AND {_OLDER}\",",
+        "condition=f\"s._cdc_commit_lsn IS NOT NULL AND s._cdc_op = 'd' AND {_OLDER}\",",
+        "condition=f\"s._cdc_commit_lsn IS NOT NULL AND s._cdc_op = 'x' AND {_OLDER}\",",
         (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),
     ),
     Mutant(

@@ -74,7 +74,7 @@ def search(settings: Any, table: str, key: str = "id") -> Rows:
     requests.post(f"{url}/{index}/_refresh", timeout=30, **http).raise_for_status()
     hits = requests.post(f"{url}/{index}/_search", json={"size": 1000}, timeout=30, **http).json()
     return {
-        h["_source"][key]: {c: v for c, v in h["_source"].items() if not c.startswith("_")}
+        h["_source"][key]: {c: v for c, v in h["_source"].items() if not c.startswith("_cdc_")}
         for h in hits["hits"]["hits"]
     }
 

@@ -284,3 +284,27 @@ def test_a_table_name_that_would_leave_its_warehouse_folder_is_refused(captured:
     assert said.count("\n") == 0, said
     assert f"table public.{t.name}/../../public/victim cannot be captured" in said, said
     assert "path separator" in said, said
+
+
+@pytest.mark.parametrize(
+    ("column", "said"),
+    [
+        ("_cdc_note", "its column _cdc_note starts with _cdc_"),
+        ("valid_from", "its column valid_from is one the warehouse history adds"),
+    ],
+)
+def test_a_column_named_like_one_a_store_adds_is_refused(
+    captured: Capture, column: str, said: str
+) -> None:
+    """A store's own columns (positions, flags, the history's validity) cannot be a
+    table's too: setup says which column, in one line."""
+    t = captured(
+        f"CREATE TABLE {{name}} (id int PRIMARY KEY, {column} text)",
+        prefix="own",
+        snapshot=False,
+    )
+    result = run_cdc("setup", env=t.env)
+    assert result.returncode == 7, result.stderr
+    line = result.stderr.strip()
+    assert line.count("\n") == 0, line
+    assert f"table public.{t.name} cannot be captured: {said}" in line, line

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from cdc.catalog import reserved_problem
 from cdc.settings import PipelineSettings, Settings
 from materializers.stores.warehouse.tables import current_path, warehouse_root
 from materializers.stores.warehouse.views import view_path
@@ -27,3 +30,19 @@ def test_two_pipelines_never_share_a_delta_table() -> None:
 def test_a_configured_root_holds_the_pipelines_folder() -> None:
     root = warehouse_root(settings_for("shop", "s3a://lake/cdc/"))
     assert current_path(root, "sales.orders") == "s3a://lake/cdc/shop/sales/orders/current"
+
+
+@pytest.mark.parametrize(
+    ("columns", "warehouse", "said"),
+    [
+        (["id", "_cdc_lsn"], False, "its column _cdc_lsn starts with _cdc_"),
+        (["id", "valid_to"], True, "its column valid_to is one the warehouse history adds"),
+        (["id", "valid_to"], False, None),
+        (["key", "op", "offset", "lsn", "commit_lsn", "_cdc", "cdc_x", "k_key"], True, None),
+    ],
+)
+def test_only_the_stores_own_column_names_are_refused(
+    columns: list[str], warehouse: bool, said: str | None
+) -> None:
+    problem = reserved_problem(columns, warehouse)
+    assert (problem is None) if said is None else (problem or "").startswith(said), problem

@@ -57,15 +57,17 @@ def write_history(
     from pyspark.sql import functions as F
 
     # tombstones carry no envelope; a change delivered twice is one version
-    versions = decoded.where("commit_lsn IS NOT NULL").dropDuplicates(["key", "commit_lsn", "lsn"])
+    versions = decoded.where("_cdc_commit_lsn IS NOT NULL").dropDuplicates(
+        ["_cdc_key", "_cdc_commit_lsn", "_cdc_lsn"]
+    )
     if placeholders and stored is not None:
-        on = [F.col(q(f"k_{k}")).eqNullSafe(F.col(q(f"cur_{k}"))) for k in table.key]
+        on = [F.col(q(f"_cdc_k_{k}")).eqNullSafe(F.col(q(f"_cdc_cur_{k}"))) for k in table.key]
         versions = versions.join(stored, on, "left")
     columns = []
     for column in table.columns:
         c = column.name
         if c in table.key:
-            columns.append(F.col(q(f"k_{c}")).alias(c))
+            columns.append(F.col(q(f"_cdc_k_{c}")).alias(c))
             continue
         value = F.col(q(c))
         if f"__ph_{c}" in placeholders:
@@ -73,25 +75,26 @@ def write_history(
             # the stored row's value: its own, unless a delete removed it (an event from
             # before a TRUNCATE, cut_ms set, still had the value the TRUNCATE removed)
             held = F.when(
-                ~F.col("cur__deleted") | F.col("cut_ms").isNotNull(), F.col(q(f"cur_{c}"))
+                ~F.col("_cdc_cur_deleted") | F.col("_cdc_cut_ms").isNotNull(),
+                F.col(q(f"_cdc_cur_{c}")),
             )
             value = (
                 F.when(~F.col(q(f"__ph_{c}")), value)
                 .when(known, F.col(q(f"__carried_{c}") + ".v"))
                 .otherwise(held if stored is not None else F.lit(None))
             )
-        columns.append(F.when(F.col("op") == "d", None).otherwise(value).alias(c))
+        columns.append(F.when(F.col("_cdc_op") == "d", None).otherwise(value).alias(c))
     rows = versions.select(
         *columns,
-        F.col("op").alias("_cdc_op"),
-        F.col("offset").alias("_cdc_offset"),
-        F.col("partition").alias("_cdc_partition"),
-        F.col("commit_lsn").alias("_cdc_commit_lsn"),
-        F.col("lsn").alias("_cdc_lsn"),
-        F.timestamp_millis("commit_ms").alias("valid_from"),
+        "_cdc_op",
+        "_cdc_offset",
+        "_cdc_partition",
+        "_cdc_commit_lsn",
+        "_cdc_lsn",
+        F.timestamp_millis("_cdc_commit_ms").alias("valid_from"),
         # a version from before its table's TRUNCATE ends there at the latest
-        F.timestamp_millis("cut_ms").alias("_cap"),
-        F.lit(True).alias("_new"),
+        F.timestamp_millis("_cdc_cut_ms").alias("_cdc_cap"),
+        F.lit(True).alias("_cdc_new"),
     )
     keys = [q(k) for k in table.key]
     chain = ["_cdc_commit_lsn", "_cdc_lsn", "valid_from", "valid_to", NEWEST]
@@ -100,8 +103,8 @@ def write_history(
         return
     # each touched key's first position and earliest time in the batch
     first = rows.groupBy(*keys).agg(
-        F.min(F.struct("_cdc_commit_lsn", "_cdc_lsn")).alias("_first"),
-        F.min("valid_from").alias("_earliest"),
+        F.min(F.struct("_cdc_commit_lsn", "_cdc_lsn")).alias("_cdc_first"),
+        F.min("valid_from").alias("_cdc_earliest"),
     )
     newest = (
         history.toDF()
@@ -112,14 +115,14 @@ def write_history(
         # committed before that version's time (a backfill's read stamped late): the
         # versions before it may end elsewhere
         .withColumn(
-            "_late",
-            (F.col("_first") < F.struct("_cdc_commit_lsn", "_cdc_lsn"))
-            | (F.col("_earliest") < F.col("valid_from")),
+            "_cdc_late",
+            (F.col("_cdc_first") < F.struct("_cdc_commit_lsn", "_cdc_lsn"))
+            | (F.col("_cdc_earliest") < F.col("valid_from")),
         )
         .localCheckpoint()  # read once: for the check below and for the chain
     )
-    late = newest.where("_late").limit(1).count()
-    known = newest.drop("_first", "_earliest", "_late")
+    late = newest.where("_cdc_late").limit(1).count()
+    known = newest.drop("_cdc_first", "_cdc_earliest", "_cdc_late")
     if late:  # every stored version of the touched keys
         touched = first.select(*keys)
         known = history.toDF().select(*keys, *chain).join(touched, list(table.key), "left_semi")
@@ -135,43 +138,43 @@ def _merge(table: Table, rows: Any, known: Any, history: Any, confined: bool) ->
     from pyspark.sql import functions as F
 
     keys = [q(k) for k in table.key]
-    rows = rows.withColumn("_was", F.lit(None).cast("boolean"))
-    rows = rows.withColumn("_from", F.lit(None).cast("timestamp"))
+    rows = rows.withColumn("_cdc_was", F.lit(None).cast("boolean"))
+    rows = rows.withColumn("_cdc_from", F.lit(None).cast("timestamp"))
     if known is not None:
         # new attributes: the target's own, kept by the checkpoint, would confuse the MERGE
-        renamed = {"valid_to": "_cap", NEWEST: "_was"}
+        renamed = {"valid_to": "_cdc_cap", NEWEST: "_cdc_was"}
         known = known.select(
             *[F.col(q(c)).alias(renamed.get(c, c)) for c in known.columns],
-            F.col("valid_from").alias("_from"),
+            F.col("valid_from").alias("_cdc_from"),
         )
-        known = known.withColumn("_new", F.lit(False))
+        known = known.withColumn("_cdc_new", F.lit(False))
         for c in rows.columns:
             if c not in known.columns:
                 known = known.withColumn(c, F.lit(None).cast(rows.schema[c].dataType))
         rows = known.unionByName(rows)
     # a position both stored and in the batch is the stored version
-    position = Window.partitionBy(*keys, "_cdc_commit_lsn", "_cdc_lsn").orderBy("_new")
+    position = Window.partitionBy(*keys, "_cdc_commit_lsn", "_cdc_lsn").orderBy("_cdc_new")
     following = Window.partitionBy(*keys).orderBy("_cdc_commit_lsn", "_cdc_lsn")
     onwards = following.rowsBetween(0, Window.unboundedFollowing)
     derived = (
-        rows.withColumn("_n", F.row_number().over(position))
-        .where("_n = 1")
+        rows.withColumn("_cdc_n", F.row_number().over(position))
+        .where("_cdc_n = 1")
         # A version's time follows its position: it begins no later than any version
         # after it (nor than the TRUNCATE that ends it). A read (a backfill's row) is
         # stamped when Debezium read it, yet placed at the commit it had last seen: a
         # change placed after it may have committed before that stamp.
-        .withColumn("valid_from", F.least(F.min("valid_from").over(onwards), F.col("_cap")))
-        .withColumn("valid_to", F.least(F.lead("valid_from").over(following), F.col("_cap")))
+        .withColumn("valid_from", F.least(F.min("valid_from").over(onwards), F.col("_cdc_cap")))
+        .withColumn("valid_to", F.least(F.lead("valid_from").over(following), F.col("_cdc_cap")))
         .withColumn(NEWEST, F.lead(F.lit(True)).over(following).isNull())
         # inserted, or beginning or ending sooner, or no longer the newest
         .where(
-            f"_new OR NOT (_cap <=> valid_to) OR NOT (_was <=> {NEWEST}) "
-            "OR NOT (_from <=> valid_from)"
+            f"_cdc_new OR NOT (_cdc_cap <=> valid_to) OR NOT (_cdc_was <=> {NEWEST}) "
+            "OR NOT (_cdc_from <=> valid_from)"
         )
-        .drop("_n", "_cap", "_was", "_from")
+        .drop("_cdc_n", "_cdc_cap", "_cdc_was", "_cdc_from")
     )
     if known is None:
-        append_rows(history, derived.drop("_new"))
+        append_rows(history, derived.drop("_cdc_new"))
         return
     same = " AND ".join(
         [f"h.{k} <=> s.{k}" for k in keys]
@@ -183,12 +186,12 @@ def _merge(table: Table, rows: Any, known: Any, history: Any, confined: bool) ->
         history.alias("h")
         .merge(derived.alias("s"), same)
         .whenMatchedUpdate(
-            condition="NOT s._new",
+            condition="NOT s._cdc_new",
             set={"valid_from": "s.valid_from", "valid_to": "s.valid_to", NEWEST: f"s.{NEWEST}"},
         )
         .whenNotMatchedInsert(
-            condition="s._new",
-            values={q(c): f"s.{q(c)}" for c in derived.columns if c != "_new"},
+            condition="s._cdc_new",
+            values={q(c): f"s.{q(c)}" for c in derived.columns if c != "_cdc_new"},
         )
         .execute()
     )

@@ -25,8 +25,9 @@ from decimal import Decimal
 from functools import partial
 from typing import Any
 
-from cdc.catalog import Column, Table
+from cdc.catalog import Column, Table, reserved_problem
 from cdc.decode import Interval, decode_value, parse_interval
+from cdc.errors import ConfigError
 from cdc.settings import JoinView
 from materializers.keys import key_text, shortest_real
 from materializers.stores.base import Entry, FrameStore, Rows
@@ -59,9 +60,11 @@ META = [
 # the position (materializers/position.py) of the target row `t` is older than the
 # source row `s`'s; a row written before positions were kept counts as older
 _OLDER = (
-    "(t._cdc_commit_lsn IS NULL OR t._cdc_commit_lsn < s.commit_lsn OR "
-    "(t._cdc_commit_lsn = s.commit_lsn AND t._cdc_lsn < s.lsn))"
+    "(t._cdc_commit_lsn IS NULL OR t._cdc_commit_lsn < s._cdc_commit_lsn OR "
+    "(t._cdc_commit_lsn = s._cdc_commit_lsn AND t._cdc_lsn < s._cdc_lsn))"
 )
+# what the decoded events carry beside the table's columns, each as `_cdc_<name>`
+_EVENT_META = ("key", "op", "offset", "partition", "commit_lsn", "lsn", "commit_ms", "cut_ms")
 
 
 def warehouse_value(column: Column, value: Any) -> Any:
@@ -140,6 +143,9 @@ class WarehouseStore(FrameStore):
         """The table's history (SCD type 2), created or widened to its columns, and
         partitioned by each key's newest version (history.NEWEST)."""
         from pyspark.sql import types as T
+
+        if problem := reserved_problem([c.name for c in table.columns], warehouse=True):
+            raise ConfigError(f"table {table.qualified} cannot be kept in the warehouse: {problem}")
 
         return self._delta(
             history_path(self.root, table.qualified),
@@ -372,21 +378,26 @@ class WarehouseStore(FrameStore):
             kept: dict[str, Any] = {}
             if "keys" in keep:
                 kept["keys"] = (
-                    decoded.select(*[F.col(q(f"k_{k}")).alias(k) for k in table.key])
+                    decoded.select(*[F.col(q(f"_cdc_k_{k}")).alias(k) for k in table.key])
                     .distinct()
                     .localCheckpoint()
                 )
-            changes = decoded.where("commit_lsn IS NOT NULL")  # tombstones are not changes
+            changes = decoded.where("_cdc_commit_lsn IS NOT NULL")  # tombstones are not changes
             if "created" in keep:  # an INSERT carries every value: no placeholder
                 kept["created"] = (
-                    changes.where("op = 'c'")
-                    .select(*[q(c.name) for c in table.columns], "commit_lsn", "lsn", "commit_ms")
+                    changes.where("_cdc_op = 'c'")
+                    .select(
+                        *[q(c.name) for c in table.columns],
+                        *[F.col(f"_cdc_{c}").alias(c) for c in ("commit_lsn", "lsn", "commit_ms")],
+                    )
                     .dropDuplicates([*table.key, "commit_lsn", "lsn"])
                     .localCheckpoint()
                 )
             if "versions" in keep and len(table.key) == 1:
                 kept["versions"] = changes.select(
-                    F.col(q(f"k_{table.key[0]}")).alias("ref"), "commit_lsn", "lsn"
+                    F.col(q(f"_cdc_k_{table.key[0]}")).alias("ref"),
+                    F.col("_cdc_commit_lsn").alias("commit_lsn"),
+                    F.col("_cdc_lsn").alias("lsn"),
                 ).localCheckpoint()
             return history.result(), current_s, kept
         finally:
@@ -416,18 +427,12 @@ class WarehouseStore(FrameStore):
                 0,
             ),
             F.col("key"),
-            prefix="k_",
+            prefix="_cdc_k_",
             placeholders=False,
         )
         decoded = rows.select(
-            "key",
-            "op",
-            "offset",
-            "partition",
-            "commit_lsn",
-            "lsn",
-            "commit_ms",
-            "cut_ms",
+            # under names no column can take (cdc.catalog.reserved_problem)
+            *[F.col(c).alias(f"_cdc_{c}") for c in _EVENT_META],
             *key_image,
             *typed_image(table, F.col("after"), placeholders=toasted),
         )
@@ -440,14 +445,16 @@ class WarehouseStore(FrameStore):
             # value): the value kept under this key belongs to another row, so it is
             # not known (NULL), never kept
             c = flag[len("__ph_") :]
-            created = F.col(q(flag)) & (F.col("op") == "c")
+            created = F.col(q(flag)) & (F.col("_cdc_op") == "c")
             decoded = decoded.withColumn(
                 c,
                 F.when(created, F.lit(None).cast(decoded.schema[c].dataType)).otherwise(
                     F.col(q(c))
                 ),
             ).withColumn(flag, F.col(q(flag)) & ~created)
-        by_key = Window.partitionBy("key").orderBy("commit_lsn", "lsn", "offset")
+        by_key = Window.partitionBy("_cdc_key").orderBy(
+            "_cdc_commit_lsn", "_cdc_lsn", "_cdc_offset"
+        )
         so_far = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
         types = {c.name: spark_type(c) for c in table.columns}
         for flag in placeholders:
@@ -455,7 +462,7 @@ class WarehouseStore(FrameStore):
             # the key's latest known value of c in the batch up to this event: a real
             # value is known, a placeholder tells nothing, a delete forgets
             value = F.when(
-                F.col("op") == "d",
+                F.col("_cdc_op") == "d",
                 F.struct(F.lit(None).cast(types[c]).alias("v"), F.lit(False).alias("known")),
             ).when(~F.col(q(flag)), F.struct(F.col(q(c)).alias("v"), F.lit(True).alias("known")))
             decoded = decoded.withColumn(
@@ -468,19 +475,22 @@ class WarehouseStore(FrameStore):
         fresh = self._empty(current_path(self.root, table.qualified), target)
         stored = None
         if placeholders and not fresh:  # values the history may need, read before any MERGE
-            keys = decoded.select(*[F.col(q(f"k_{k}")) for k in table.key]).distinct()
+            keys = decoded.select(*[F.col(q(f"_cdc_k_{k}")) for k in table.key]).distinct()
             stored = (
                 target.toDF()
                 .select(
-                    *[F.col(q(k)).alias(f"cur_{k}") for k in table.key],
+                    *[F.col(q(k)).alias(f"_cdc_cur_{k}") for k in table.key],
                     # a deleted row's values are no one's to keep (write_history), but
                     # those of a row a TRUNCATE deleted are an earlier change's
-                    F.col("_cdc_deleted").alias("cur__deleted"),
-                    *[F.col(q(f[5:])).alias(f"cur_{f[5:]}") for f in placeholders],
+                    F.col("_cdc_deleted").alias("_cdc_cur_deleted"),
+                    *[F.col(q(f[5:])).alias(f"_cdc_cur_{f[5:]}") for f in placeholders],
                 )
                 .join(
                     keys,
-                    [F.col(q(f"cur_{k}")).eqNullSafe(F.col(q(f"k_{k}"))) for k in table.key],
+                    [
+                        F.col(q(f"_cdc_cur_{k}")).eqNullSafe(F.col(q(f"_cdc_k_{k}")))
+                        for k in table.key
+                    ],
                     "left_semi",
                 )
                 .localCheckpoint()
@@ -496,11 +506,13 @@ class WarehouseStore(FrameStore):
             history_table,
             self._empty(history_path(self.root, table.qualified), history_table),
         )
-        newest = Window.partitionBy("key").orderBy(
-            F.col("commit_lsn").desc_nulls_last(), F.col("lsn").desc(), F.col("offset").desc()
+        newest = Window.partitionBy("_cdc_key").orderBy(
+            F.col("_cdc_commit_lsn").desc_nulls_last(),
+            F.col("_cdc_lsn").desc(),
+            F.col("_cdc_offset").desc(),
         )
         source = (
-            decoded.where("cut_ms IS NULL")  # what a later TRUNCATE emptied is history only
+            decoded.where("_cdc_cut_ms IS NULL")  # what a later TRUNCATE emptied is history only
             .withColumn("__rank", F.row_number().over(newest))
             .where("__rank = 1")
         )
@@ -510,19 +522,19 @@ class WarehouseStore(FrameStore):
             source = source.withColumn(
                 c, F.when(known, F.col(q(f"__carried_{c}") + ".v")).otherwise(F.col(q(c)))
             ).withColumn(flag, F.col(q(flag)) & ~known)
-        condition = " AND ".join(f"t.{q(k)} <=> s.{q('k_' + k)}" for k in table.key)
+        condition = " AND ".join(f"t.{q(k)} <=> s.{q('_cdc_k_' + k)}" for k in table.key)
         meta = {
-            "_cdc_commit_lsn": "s.commit_lsn",
-            "_cdc_lsn": "s.lsn",
-            "_cdc_offset": "s.offset",
-            "_cdc_partition": "s.partition",
-            "_cdc_commit_ts": "timestamp_millis(s.commit_ms)",
+            "_cdc_commit_lsn": "s._cdc_commit_lsn",
+            "_cdc_lsn": "s._cdc_lsn",
+            "_cdc_offset": "s._cdc_offset",
+            "_cdc_partition": "s._cdc_partition",
+            "_cdc_commit_ts": "timestamp_millis(s._cdc_commit_ms)",
         }
         values = {}
         for column in table.columns:
             c = column.name
             if column.name in table.key:
-                values[c] = f"s.{q('k_' + c)}"
+                values[c] = f"s.{q('_cdc_k_' + c)}"
             elif f"__ph_{c}" in placeholders:  # a deleted row's values are no one's to keep
                 values[c] = (
                     f"CASE WHEN s.{q('__ph_' + c)} THEN (CASE WHEN t._cdc_deleted THEN NULL "
@@ -541,17 +553,17 @@ class WarehouseStore(FrameStore):
         # a key the table does not hold yet: the change's values (none for a delete)
         inserted = {
             **{
-                q(c): (v if c in table.key else f"CASE WHEN s.op = 'd' THEN NULL ELSE {v} END")
+                q(c): (v if c in table.key else f"CASE WHEN s._cdc_op = 'd' THEN NULL ELSE {v} END")
                 for c, v in insert.items()
             },
             **meta,
-            "_cdc_deleted": "s.op = 'd'",
+            "_cdc_deleted": "s._cdc_op = 'd'",
         }
         if fresh:
             # every key is new: what the MERGE below would write, in a plain append
             first = (
                 source.alias("s")
-                .where("s.commit_lsn IS NOT NULL")
+                .where("s._cdc_commit_lsn IS NOT NULL")
                 .selectExpr(*[f"{v} AS {c}" for c, v in inserted.items()])
             )
             return decoded, history, partial(append_rows, target, first)
@@ -559,28 +571,28 @@ class WarehouseStore(FrameStore):
             target.alias("t")
             .merge(source.alias("s"), condition)
             .whenMatchedUpdate(  # a tombstone: deletes what an earlier record wrote
-                condition="s.commit_lsn IS NULL AND NOT t._cdc_deleted AND "
-                "t._cdc_partition = s.partition AND t._cdc_offset < s.offset",
+                condition="s._cdc_commit_lsn IS NULL AND NOT t._cdc_deleted AND "
+                "t._cdc_partition = s._cdc_partition AND t._cdc_offset < s._cdc_offset",
                 # its marker sits just below the change it deleted (position.below)
                 set={
-                    "_cdc_offset": "s.offset",
+                    "_cdc_offset": "s._cdc_offset",
                     "_cdc_lsn": "t._cdc_lsn - 1",
                     "_cdc_deleted": "true",
                 },
             )
             .whenMatchedUpdate(
-                condition=f"s.commit_lsn IS NOT NULL AND s.op = 'd' AND {_OLDER}",
+                condition=f"s._cdc_commit_lsn IS NOT NULL AND s._cdc_op = 'd' AND {_OLDER}",
                 set={**meta, "_cdc_deleted": "true"},
             )
             .whenMatchedUpdate(
-                condition=f"s.commit_lsn IS NOT NULL AND {_OLDER}",
+                condition=f"s._cdc_commit_lsn IS NOT NULL AND {_OLDER}",
                 set={
                     **{q(c): v for c, v in values.items()},
                     **meta,
                     "_cdc_deleted": "false",
                 },
             )
-            .whenNotMatchedInsert(condition="s.commit_lsn IS NOT NULL", values=inserted)
+            .whenNotMatchedInsert(condition="s._cdc_commit_lsn IS NOT NULL", values=inserted)
         )
         return decoded, history, merge.execute
 
