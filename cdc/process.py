@@ -1,9 +1,11 @@
 """Background processes of the local stack: start detached, find again, stop.
 
-A process is recorded by a pid file in its component's state directory that
-holds its pid and its start time (in clock ticks since boot, from
-/proc/PID/stat): a pid that the kernel has reused for another process has
-another start time, so it is never mistaken for ours.
+A process is recorded by a pid file that holds its pid and its start time (in clock
+ticks since boot, from /proc/PID/stat): a pid that the kernel has reused for another
+process has another start time, so it is never mistaken for ours. The pid files live
+in `<data_dir>/run` (the invoking user's, 0700), and one another user wrote is not
+believed: the start time of any process is world-readable, so a forged pid file
+would otherwise make `cdc down` signal any process.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from cdc.files import append_log, chown_tree, read_own, write_file
 
 __all__ = [
     "ServiceUser",
@@ -51,12 +55,8 @@ class ServiceUser:
         return cls(name, entry.pw_uid, entry.pw_gid)
 
     def own(self, path: Path) -> None:
-        """Give a directory tree to this user."""
-        for root, dirs, files in os.walk(path):
-            os.chown(root, self.uid, self.gid)
-            for name in dirs + files:
-                with contextlib.suppress(FileNotFoundError):
-                    os.chown(os.path.join(root, name), self.uid, self.gid, follow_symlinks=False)
+        """Give a directory tree to this user (no link followed: cdc.files)."""
+        chown_tree(path, self.uid, self.gid)
 
 
 def port_free(host: str, port: int) -> bool:
@@ -99,11 +99,12 @@ def _start_time(pid: int) -> str | None:
 
 
 def read_pid(pid_file: Path) -> int | None:
-    """The pid recorded in pid_file if that very process still runs."""
+    """The pid recorded in pid_file if that very process still runs (and the file is
+    this user's own: cdc.files.read_own)."""
     try:
-        pid_text, started = pid_file.read_text().split()
+        pid_text, started = (read_own(pid_file) or "").split()
         pid = int(pid_text)
-    except (OSError, ValueError):
+    except ValueError:
         return None
     if alive(pid) and _start_time(pid) == started:
         return pid
@@ -127,10 +128,9 @@ def spawn(
 ) -> int:
     """Start argv detached (its own session), output appended to log_file."""
     log_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    pid_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     # a log may quote a failed statement or a config: its owner alone reads it
-    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.chmod(log_file, 0o600)
-    with os.fdopen(fd, "ab") as out:
+    with os.fdopen(append_log(log_file), "ab") as out:
         proc = subprocess.Popen(
             list(argv),
             cwd=cwd,
@@ -144,7 +144,7 @@ def spawn(
             group=user.gid if user else None,
             extra_groups=[] if user else None,
         )
-    pid_file.write_text(f"{proc.pid} {_start_time(proc.pid)}\n")
+    write_file(pid_file, f"{proc.pid} {_start_time(proc.pid)}\n")
     log.debug("started %s as pid %d", argv[0], proc.pid)
     return proc.pid
 

@@ -6,6 +6,12 @@ It is a member of REPLICATION_GROUP, which the local stack's pg_hba.conf admits 
 pipeline's database only (no physical replication). Its password is the configured one,
 else a random one kept in `<data_dir>/secrets/<role>.password` (0600); PostgreSQL only
 ever receives its SCRAM verifier, computed by libpq on this side.
+
+Generated columns' expressions (written by whoever owns a captured table) are evaluated
+by the apply job through EXPRESSIONS_FUNCTION, a SECURITY DEFINER function owned by
+EXPRESSIONS_ROLE: a role that cannot log in and holds nothing but USAGE on the schemas
+those expressions name. Inside it no code can take another role (PostgreSQL refuses SET
+ROLE in a security-definer function), so an expression runs with no privilege at all.
 """
 
 from __future__ import annotations
@@ -21,12 +27,16 @@ from psycopg import sql
 from pydantic import SecretStr
 
 from cdc.catalog import OWN_SCHEMA, TRUNCATIONS_TABLE
+from cdc.files import private_folder, write_file
 from cdc.settings import Settings
 from cdc.state import make_state_dir
 
 __all__ = [
+    "EXPRESSIONS_FUNCTION",
+    "EXPRESSIONS_ROLE",
     "REPLICATION_GROUP",
     "drop_role",
+    "expression_grants",
     "other_pipelines",
     "password_file",
     "publication_comment",
@@ -37,6 +47,8 @@ __all__ = [
 ]
 
 REPLICATION_GROUP = "cdc_replicators"
+EXPRESSIONS_ROLE = "cdc_expressions"
+EXPRESSIONS_FUNCTION = (OWN_SCHEMA, "generated_values")
 _OWN_TABLES_WRITTEN = ("debezium_signal", "heartbeat", "snapshots")
 
 
@@ -45,17 +57,14 @@ def password_file(settings: Settings) -> Path:
 
 
 def write_secret(path: Path, text: str) -> None:
-    """Write a secret file readable by its owner only (its folder 0700)."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path.parent.chmod(0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    path.chmod(0o600)
-    folder = path.parent.stat()
+    """Write a secret file readable by its owner only (its folder 0700), never through a
+    link another user left there (cdc.files)."""
+    folder = private_folder(path.parent)
+    owner = None
     if os.geteuid() == 0 and (folder.st_uid, folder.st_gid) != (0, 0):
         # the folder of a component that runs as the service user: it reads the file
-        os.chown(path, folder.st_uid, folder.st_gid)
+        owner = (folder.st_uid, folder.st_gid)
+    write_file(path, text, 0o600, owner)
 
 
 def replication_password(settings: Settings) -> SecretStr:
@@ -107,6 +116,62 @@ def role_statements(conn: psycopg.Connection[Any], settings: Settings) -> list[s
         sql.SQL("GRANT SELECT ON {} TO {}").format(
             sql.Identifier(*TRUNCATIONS_TABLE.split(".", 1)), role
         ),
+        *_expression_statements(role),
+    ]
+
+
+def _expression_statements(role: sql.Identifier) -> list[sql.Composed]:
+    """EXPRESSIONS_ROLE and EXPRESSIONS_FUNCTION, which only `role` may call."""
+    function = sql.Identifier(*EXPRESSIONS_FUNCTION)
+    owner = sql.Identifier(EXPRESSIONS_ROLE)
+    return [
+        _create_if_missing(EXPRESSIONS_ROLE, "NOLOGIN"),
+        sql.SQL(
+            "ALTER ROLE {} WITH NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION"
+        ).format(owner),
+        # the query is the apply job's own (generated.compute): the expressions of a
+        # table's generated columns over VALUES, each row's number and its results
+        sql.SQL(
+            "CREATE OR REPLACE FUNCTION {}(query text) RETURNS TABLE (n int, v text) "
+            "LANGUAGE plpgsql SECURITY DEFINER AS $f$ BEGIN RETURN QUERY EXECUTE query; END $f$"
+        ).format(function),
+        sql.SQL("ALTER FUNCTION {}(text) OWNER TO {}").format(function, owner),
+        sql.SQL("REVOKE ALL ON FUNCTION {}(text) FROM PUBLIC").format(function),
+        sql.SQL("GRANT EXECUTE ON FUNCTION {}(text) TO {}").format(function, role),
+    ]
+
+
+_EXPRESSION_SCHEMAS = """
+SELECT DISTINCT n.nspname FROM (
+  SELECT p.pronamespace AS ns FROM pg_attrdef d
+  JOIN pg_depend x ON x.classid = 'pg_attrdef'::regclass AND x.objid = d.oid
+  JOIN pg_proc p ON x.refclassid = 'pg_proc'::regclass AND p.oid = x.refobjid
+  WHERE d.adrelid = ANY(%(tables)s::regclass[])
+  UNION
+  SELECT t.typnamespace FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+  WHERE a.attrelid = ANY(%(tables)s::regclass[]) AND a.attnum > 0 AND NOT a.attisdropped
+  UNION
+  SELECT c.relnamespace FROM pg_class c WHERE c.oid = ANY(%(tables)s::regclass[])
+) s JOIN pg_namespace n ON n.oid = s.ns
+WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')
+ORDER BY 1
+"""
+
+
+def expression_grants(conn: psycopg.Connection[Any], tables: Iterable[str]) -> list[sql.Composed]:
+    """USAGE for EXPRESSIONS_ROLE on the schemas the generated columns of `tables`
+    (regclass texts) need: of the functions their expressions call, of their columns'
+    types, and their own. Nothing else: an expression that reads a table, or calls
+    a function that does, fails, and its value is read back from the source's row."""
+    names = list(tables)
+    if not names:
+        return []
+    rows = conn.execute(_EXPRESSION_SCHEMAS, {"tables": names}).fetchall()
+    return [
+        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+            sql.Identifier(r[0]), sql.Identifier(EXPRESSIONS_ROLE)
+        )
+        for r in rows
     ]
 
 

@@ -63,7 +63,11 @@ class _Section(BaseModel):
 class PostgresSettings(_Section):
     port: Port = 55432
     user: str = "postgres"
-    password: SecretStr = SecretStr("postgres")
+    password: SecretStr = Field(
+        SecretStr("postgres"),
+        description="the superuser's; none on the local stack: generated into "
+        "<data_dir>/secrets/postgres.password",
+    )
     database: str = "cdc"
     connector_host: str | None = Field(
         None, description="host Kafka Connect reaches PostgreSQL at, if not `host` (containers)"
@@ -812,6 +816,27 @@ class Settings(BaseSettings):
         return self.cache_dir / "jvm"
 
 
+def admin_password_file(settings: Settings) -> Path:
+    return settings.data_dir / "secrets" / "postgres.password"
+
+
+def local_admin_password(settings: Settings) -> Settings:
+    """The settings with the local stack's generated superuser password (made with its
+    cluster: cdc.components.postgres) when none is configured."""
+    pg = settings.postgres
+    if not pg.managed or "password" in pg.model_fields_set:
+        return settings
+    try:
+        text = admin_password_file(settings).read_text().strip()
+    except OSError:  # none (a cluster made before keeps `postgres`), or another user's
+        return settings
+    if not text:
+        return settings
+    return settings.model_copy(
+        update={"postgres": pg.model_copy(update={"password": SecretStr(text)})}
+    )
+
+
 def _config_file() -> Path | None:
     named = os.environ.get("CDC_CONFIG")
     if named:
@@ -826,7 +851,7 @@ def _config_file() -> Path | None:
 def load_settings(**overrides: Any) -> Settings:
     """Read the settings, turning any invalid value into one readable ConfigError."""
     try:
-        return Settings(**overrides)
+        return local_admin_password(Settings(**overrides))
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "settings"

@@ -35,7 +35,13 @@ from cdc.catalog import (
 )
 from cdc.errors import SourceError, SourceUnavailableError
 from cdc.identity import record_captured
-from cdc.role import publication_comment, replication_password, role_statements, sync_grants
+from cdc.role import (
+    expression_grants,
+    publication_comment,
+    replication_password,
+    role_statements,
+    sync_grants,
+)
 from cdc.settings import PROJECT_ROOT, Settings
 from cdc.topics import check_names_apart
 
@@ -128,6 +134,10 @@ def prepare_source(settings: Settings) -> list[Table]:
                     check_publishable(conn, table)
                     _check_storable(table, settings)
                 for statement in role_statements(conn, settings):
+                    conn.execute(statement)
+                for statement in expression_grants(
+                    conn, [t.regclass for t in tables if t.generated]
+                ):
                     conn.execute(statement)
                 revoked = sync_grants(
                     conn,
@@ -229,6 +239,7 @@ def setup_sql(settings: Settings) -> str:
                     )
                 )
         composed += role_statements(conn, settings)
+        composed += expression_grants(conn, [t.regclass for t in tables if t.generated])
         role = sql.Identifier(pipe.replication_user)
         for schema in sorted({t.schema for t in tables}):
             composed.append(

@@ -7,6 +7,7 @@ version of `cdc` without markers, never is, and `cdc down --purge` leaves it.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -27,7 +28,7 @@ MARKER = ".cdc-state"
 # topics are gone: checkpoints (Spark's, progress, generations, schemas), Spark's own
 # scratch and logs, the benchmarks' pipelines; and the generated replication passwords
 # (a new setup generates and sets a new one)
-PIPELINE_STATE = ("checkpoints", "spark", "bench", "secrets")
+PIPELINE_STATE = ("checkpoints", "spark", "bench", "secrets", "run")
 
 
 def inside(path: Path, root: Path) -> bool:
@@ -39,10 +40,11 @@ def is_marked(path: Path) -> bool:
     return (path / MARKER).is_file()
 
 
-def make_state_dir(settings: Settings, path: Path, mode: int = 0o777) -> Path:
+def make_state_dir(settings: Settings, path: Path, mode: int = 0o700) -> Path:
     """Create the folder `path` (and its parents) under data_dir, marking as `cdc`'s the
     topmost folder this call creates and `path` itself if this call creates it. A path
-    outside data_dir is only created."""
+    outside data_dir is only created. The folders it makes are their owner's alone: they
+    hold captured rows (checkpoints, Spark's scratch, the warehouse) or secrets."""
     data_dir = settings.data_dir
     made: list[Path] = []
     if path.is_relative_to(data_dir):
@@ -76,8 +78,11 @@ def local_warehouse(settings: Settings) -> Path | None:
 def prepare_job_state(settings: Settings) -> None:
     """Create and mark the folders a Spark job of the pipeline writes in: Spark's own,
     the checkpoints, and the warehouse when it lies under data_dir."""
-    for name in ("spark", "checkpoints"):
-        make_state_dir(settings, settings.data_dir / name)
+    folders = [settings.data_dir / name for name in ("spark", "checkpoints")]
     warehouse = local_warehouse(settings)
     if warehouse is not None and warehouse.is_relative_to(settings.data_dir):
-        make_state_dir(settings, warehouse)
+        folders.append(warehouse)
+    for folder in folders:
+        make_state_dir(settings, folder)
+        if is_marked(folder) and folder.stat().st_uid == os.geteuid():
+            folder.chmod(0o700)  # made before they were made so: the rows are no one else's

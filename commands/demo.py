@@ -23,7 +23,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from cdc.settings import PROJECT_ROOT, JoinView, Settings, WindowAggregate
+from cdc.settings import PROJECT_ROOT, JoinView, Settings, WindowAggregate, local_admin_password
 from cdc.stack import Stack
 from cdc.topics import change_topic, end_offsets
 from commands.pipeline import pipe_streams, pipeline_status, sync_pipeline
@@ -144,6 +144,7 @@ def run_demo(
         duration = 30.0
     stack = Stack(settings)
     stack.up(progress)
+    settings = local_admin_password(settings)  # generated as the cluster was made
     _create_shop(settings, progress)
     settings = with_demo_views(settings)
     if pipe_streams(settings):

@@ -39,7 +39,7 @@ from cdc.topics import change_topic, change_topic_pattern
 from materializers.dead_letters import DeadLetters
 from materializers.events import parse_events
 from materializers.freshness import RATIO, Freshness
-from materializers.generated import with_generated
+from materializers.generated import expressions_dsn, with_generated
 from materializers.progress import (
     Progress,
     add_cut,
@@ -123,7 +123,7 @@ def _batch_writer(
         tables, wal = source.read()
         check_rewrites(settings, tables.values(), notify)
         topics = {change_topic(settings.pipeline, t): t for t in [*tables, TRUNCATIONS_TABLE]}
-        batch = with_generated(batch, settings.postgres.dsn(), topics, tables)
+        batch = with_generated(batch, expressions_dsn(settings), topics, tables)
         progress = read_progress(settings, store.name) or Progress()
         check_source_not_rewound(store.name, wal, progress)
         check_source_lineage(

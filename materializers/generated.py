@@ -13,7 +13,13 @@ source stored with that change.
 One case cannot be computed from the event: an input that is an unchanged TOASTed
 value (Debezium's placeholder). Then the generated values are read from the source's
 row as it is now (a later state of the key, whose own events follow in the log), or
-kept as stored when the row is gone.
+kept as stored when the row is gone. So is an expression that fails on the event's
+values, or runs longer than EXPRESSION_TIMEOUT.
+
+The expressions are the table owner's code: they run as no one. The job connects as
+the replication role (never the administrator: the connection string travels to
+Spark's Python workers), in a read-only transaction, and evaluates them through
+cdc.role.EXPRESSIONS_FUNCTION, which runs them as a role without privileges.
 """
 
 from __future__ import annotations
@@ -28,16 +34,34 @@ from psycopg import sql
 
 from cdc.catalog import Column, Table
 from cdc.decode import UNAVAILABLE, is_unavailable
-from cdc.errors import SourceUnavailableError, ValueDecodeError
+from cdc.errors import ConfigError, SourceUnavailableError, ValueDecodeError
 from cdc.postgres_text import postgres_text
+from cdc.role import EXPRESSIONS_FUNCTION
+from cdc.settings import Settings
+from cdc.source import replication_dsn
 from snapshot.encoding import column_json
 
-__all__ = ["computing_generated", "with_generated"]
+__all__ = ["computing_generated", "expressions_dsn", "with_generated"]
 
 log = logging.getLogger(__name__)
 
 _OPS = ("c", "u", "r")
-_PARAMS = 20000  # per statement (PostgreSQL takes at most 65535)
+_PARAMS = 20000  # values per statement
+EXPRESSION_TIMEOUT = "10s"  # per chunk of rows: longer, and the rows are read back
+_EVALUATE = sql.SQL("SELECT n, v FROM {}(%s)").format(sql.Identifier(*EXPRESSIONS_FUNCTION))
+
+
+def expressions_dsn(settings: Settings) -> str:
+    """Where the expressions are evaluated: as the replication role (its password, never
+    the administrator's, is what travels to the workers)."""
+    return replication_dsn(settings)
+
+
+def _read_only(conn: Any, query: sql.Composable, params: list[Any]) -> list[Any]:
+    with conn.transaction():
+        conn.execute("SET TRANSACTION READ ONLY")
+        conn.execute(f"SET LOCAL statement_timeout = '{EXPRESSION_TIMEOUT}'")
+        return list(conn.execute(query, params).fetchall())
 
 
 def _encoded(table: Table) -> sql.Composable:
@@ -76,23 +100,25 @@ def compute(conn: Any, table: Table, afters: list[dict[str, Any]]) -> None:
     unknown: list[tuple[dict[str, Any], list[str]]] = []
     for start in range(0, len(afters), rows):
         chunk = afters[start : start + rows]
-        values = sql.SQL(", ").join(
-            sql.SQL("({})").format(
-                sql.SQL(", ").join(
-                    [
-                        sql.SQL("%s::int"),
-                        *(sql.SQL("%s::{}").format(sql.SQL(c.type)) for c in inputs),
-                    ]
-                )
-            )
-            for _ in chunk
-        )
-        params: list[Any] = []
         missing: list[set[str]] = []
+        rows_sql = []
         for number, after in enumerate(chunk):
             missing.append(_unavailable(inputs, after))
-            params.append(number)
-            params += [_input_text(c, after, missing[-1]) for c in inputs]
+            texts = [_input_text(c, after, missing[-1]) for c in inputs]
+            rows_sql.append(
+                sql.SQL("({})").format(
+                    sql.SQL(", ").join(
+                        [
+                            sql.SQL("{}::int").format(sql.Literal(number)),
+                            *(
+                                sql.SQL("{}::{}").format(sql.Literal(t), sql.SQL(c.type))
+                                for t, c in zip(texts, inputs, strict=True)
+                            ),
+                        ]
+                    )
+                )
+            )
+        values = sql.SQL(", ").join(rows_sql)
         slots = [f"i{n}" for n in range(len(inputs))]
         # the expressions name the table's columns: innermost, each input under its name;
         # each result is cast to its column's type, as PostgreSQL stores it
@@ -103,7 +129,9 @@ def compute(conn: Any, table: Table, afters: list[dict[str, Any]]) -> None:
             encoded=_encoded(table),
             exprs=sql.SQL(", ").join(
                 sql.SQL("({})::{} AS {}").format(
-                    sql.SQL(c.generated or "NULL"), sql.SQL(c.type), sql.Identifier(c.name)
+                    sql.SQL(c.generated or "NULL"),
+                    sql.SQL(c.type),
+                    sql.Identifier(c.name),
                 )
                 for c in table.generated
             ),
@@ -117,18 +145,29 @@ def compute(conn: Any, table: Table, afters: list[dict[str, Any]]) -> None:
             values=values,
             header=sql.SQL(", ").join(sql.Identifier(h) for h in ["n", *slots]),
         )
+        text = query.as_string(None)  # the function takes one query text, values in it
         try:
-            results = conn.execute(query, params).fetchall()
+            results = _read_only(conn, _EVALUATE, [text])
+        except psycopg.errors.QueryCanceled as exc:  # longer than EXPRESSION_TIMEOUT
+            log.warning("%s: generated columns read back: %s", table.qualified, _line(exc))
+            unknown += [(after, names) for after in chunk]  # no row again: each would wait
+            continue
         except (psycopg.OperationalError, psycopg.InterfaceError):
             raise  # PostgreSQL went away (computing_generated says so)
         except psycopg.Error as exc:
+            if _unset(exc):
+                raise ConfigError(
+                    f"{'.'.join(EXPRESSIONS_FUNCTION)} is missing or not granted to the "
+                    "replication role: run `cdc setup`"
+                ) from None
             # an expression that fails on these values (e.g. NULL for a NOT NULL domain's
-            # missing input: an integrity error; a division by zero: a data error)
+            # missing input: an integrity error; a division by zero: a data error; a
+            # function that reads or writes a table: no privilege, a read-only transaction)
             if len(chunk) > 1:  # each row again: only the failing ones are read back
                 for after in chunk:
                     compute(conn, table, [after])
                 continue
-            log.warning("%s: generated columns read back: %s", table.qualified, exc)
+            log.warning("%s: generated columns read back: %s", table.qualified, _line(exc))
             unknown += [(after, names) for after in chunk]
             continue
         for number, encoded in results:
@@ -145,6 +184,21 @@ def compute(conn: Any, table: Table, afters: list[dict[str, Any]]) -> None:
         _read_back(conn, table, after, names, later)
 
 
+def _line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or ["failed"])[0]
+
+
+def _unset(exc: psycopg.Error) -> bool:
+    """Whether the evaluating function itself is missing or not granted (a pipeline set
+    up before it existed), not something an expression calls."""
+    if not isinstance(exc, psycopg.errors.UndefinedFunction | psycopg.errors.InsufficientPrivilege):
+        return False
+    text = str(exc)
+    return f"function {EXPRESSIONS_FUNCTION[1]}" in text or (
+        f"function {'.'.join(EXPRESSIONS_FUNCTION)}(" in text
+    )
+
+
 def _read_back(
     conn: Any, table: Table, after: dict[str, Any], names: list[str], wanted: list[str]
 ) -> None:
@@ -157,8 +211,8 @@ def _read_back(
         sql.SQL(", ").join(sql.Identifier(c.name) for c in key),
         sql.SQL(", ").join(sql.SQL("%s::{}").format(sql.SQL(c.type)) for c in key),
     )
-    row = conn.execute(query, [postgres_text(c, after.get(c.name)) for c in key]).fetchone()
-    values = orjson.loads(row[0]) if row else [UNAVAILABLE] * len(names)
+    found = _read_only(conn, query, [postgres_text(c, after.get(c.name)) for c in key])
+    values = orjson.loads(found[0][0]) if found else [UNAVAILABLE] * len(names)
     after.update((n, v) for n, v in zip(names, values, strict=True) if n in wanted)
 
 

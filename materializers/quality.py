@@ -656,14 +656,14 @@ def window_check(
     if column is not None and column.generated is not None:  # not in the log: computed
         import psycopg
 
-        from materializers.generated import compute
+        from materializers.generated import compute, expressions_dsn
 
         afters = [
             r.value["after"]
             for r in records
             if r.value and r.value.get("op") == "c" and column.name not in r.value["after"]
         ]
-        with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
+        with psycopg.connect(expressions_dsn(settings), autocommit=True) as conn:
             compute(conn, table, afters)
     for record in records:
         value = record.value

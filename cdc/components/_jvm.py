@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from cdc.errors import INSTALL_HINT, NotInstalledError
+from cdc.files import private_folder, write_file
 from cdc.settings import Settings
 
 LOG4J2_PROPERTIES = """\
@@ -52,8 +52,8 @@ def jar_version(lib: Path, prefix: str) -> str | None:
     return None
 
 
-def write_properties(path: Path, values: dict[str, object]) -> None:
-    path.write_text("".join(f"{key}={value}\n" for key, value in values.items()))
+def write_properties(path: Path, values: dict[str, object], mode: int = 0o600) -> None:
+    write_file(path, "".join(f"{key}={value}\n" for key, value in values.items()), mode)
 
 
 def write_secret_properties(path: Path, values: dict[str, str]) -> None:
@@ -66,12 +66,8 @@ def write_secret_properties(path: Path, values: dict[str, str]) -> None:
 
 def write_private(path: Path, data: bytes) -> None:
     """Write a file of mode 0600 (also when it was there before) in a folder of mode 0700."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path.parent.chmod(0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
+    private_folder(path.parent)
+    write_file(path, data)
 
 
 def _escaped(value: str) -> str:

@@ -109,10 +109,16 @@ class Component(ABC):
 
     @property
     def pid_file(self) -> Path:
+        """In the invoking user's own folder: the state folder may be the service user's,
+        who could leave a pid file there naming any process (cdc.process)."""
+        return self.settings.data_dir / "run" / f"{self.name}.pid"
+
+    @property
+    def _old_pid_file(self) -> Path:  # where a cdc before `run/` kept it
         return self.state_dir / f"{self.name}.pid"
 
     def pid(self) -> int | None:
-        return read_pid(self.pid_file)
+        return read_pid(self.pid_file) or read_pid(self._old_pid_file)
 
     def service_user(self) -> ServiceUser | None:
         """The user to run as: None to run as ourselves."""
@@ -152,7 +158,8 @@ class Component(ABC):
         if self.pid() is not None:
             log.info("%s already runs", self.name)
             return
-        make_state_dir(self.settings, self.state_dir)  # marked when made: a purge removes it
+        # marked when made (a purge removes it); enterable by the service user it is given to
+        make_state_dir(self.settings, self.state_dir, 0o711)
         user = self.service_user()
         if user is not None:
             self._check_reachable(self.state_dir, user)
@@ -160,6 +167,7 @@ class Component(ABC):
         if user is not None:
             user.own(self.state_dir)
         self.state_dir.chmod(0o700)  # logs, configs and secrets: its owner alone
+        make_state_dir(self.settings, self.pid_file.parent, 0o700)
         argv, env = self.command()
         spawn(
             argv,
@@ -198,6 +206,8 @@ class Component(ABC):
             return False
         stop_pid(pid, self.stop_signal, self.stop_timeout)
         self.pid_file.unlink(missing_ok=True)
+        if read_pid(self._old_pid_file) is None:
+            self._old_pid_file.unlink(missing_ok=True)
         return True
 
     def status(self) -> ComponentStatus:

@@ -18,6 +18,7 @@ from cdc.components._jvm import (
 from cdc.components.base import Component
 from cdc.connect import ConnectClient
 from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError
+from cdc.files import private_folder, write_file
 from cdc.settings import ConnectSettings
 
 __all__ = ["CONVERTERS", "Connect"]
@@ -73,7 +74,7 @@ class Connect(Component):
                 "no authentication and listens on 127.0.0.1 only; set connect.host = "
                 '"127.0.0.1", or run your own worker (connect.managed = false)'
             )
-        (self.state_dir / "secrets").mkdir(mode=0o700, exist_ok=True)
+        private_folder(self.state_dir / "secrets")
         group = self.section.group_id
         write_properties(
             self.state_dir / "worker.properties",
@@ -106,7 +107,7 @@ class Connect(Component):
                 "topic.creation.enable": "true",
             },
         )
-        (self.state_dir / "log4j2.properties").write_text(LOG4J2_PROPERTIES)
+        write_file(self.state_dir / "log4j2.properties", LOG4J2_PROPERTIES)
 
     def _kafka_security(self) -> dict[str, str]:
         """How the worker logs in to Kafka: for its own clients (config, offset and status

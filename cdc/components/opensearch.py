@@ -10,7 +10,6 @@ state directory, so the installed distribution (and a plain node) never carries 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -21,6 +20,7 @@ from cdc.clients import opensearch_client
 from cdc.components._jvm import heap_flags, java
 from cdc.components.base import Component
 from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError
+from cdc.files import chmod_tree, read_plain, write_file
 from cdc.settings import OpenSearchSettings, Settings
 
 __all__ = ["OpenSearch"]
@@ -109,13 +109,14 @@ class OpenSearch(Component):
             self._install_secured_home()
         conf = self.state_dir / "config"
         (conf / "jvm.options.d").mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(home / "config" / "log4j2.properties", conf / "log4j2.properties")
+        log4j2 = read_plain(home / "config" / "log4j2.properties")
+        write_file(conf / "log4j2.properties", log4j2, 0o644)
         # the distribution's options name paths relative to its home, which is not ours to write
-        options = (home / "config" / "jvm.options").read_text()
+        options = read_plain(home / "config" / "jvm.options").decode()
         options = options.replace("file=logs/", f"file={self.state_dir / 'logs'}/")
         options = options.replace("HeapDumpPath=data", f"HeapDumpPath={self.state_dir / 'data'}")
         options = options.replace("ErrorFile=logs/", f"ErrorFile={self.state_dir / 'logs'}/")
-        (conf / "jvm.options").write_text(options)
+        write_file(conf / "jvm.options", options, 0o644)
         for sub in ("data", "logs", "tmp"):
             (self.state_dir / sub).mkdir(exist_ok=True)
         config = (
@@ -132,17 +133,16 @@ class OpenSearch(Component):
         )
         if self.section.secured:
             config += self._security_config(conf)
-        (conf / "opensearch.yml").write_text(config)
+        write_file(conf / "opensearch.yml", config, 0o644)
         if self.section.secured:  # what the security plugin asks of its config directory
-            for path in [conf, *conf.rglob("*")]:
-                path.chmod(0o700 if path.is_dir() else 0o600)
+            chmod_tree(conf, 0o700, 0o600)
 
     def _install_secured_home(self) -> None:
         """A private copy of the distribution with the security plugin installed (once)."""
         home, dist, plugin = self.state_dir / "home", self.home(), self.plugin_zip()
         marker = home / ".cdc-installed"
         want = f"{dist.name} {plugin.name}\n"
-        if marker.exists() and marker.read_text() == want:
+        if marker.exists() and read_plain(marker).decode() == want:
             return
         shutil.rmtree(home, ignore_errors=True)
         shutil.copytree(dist, home, symlinks=True)
@@ -158,7 +158,7 @@ class OpenSearch(Component):
             raise ComponentError(
                 f"opensearch: installing the security plugin from {plugin} failed: {lines[-1]}"
             )
-        marker.write_text(want)
+        write_file(marker, want, 0o644)
 
     def _security_config(self, conf: Path) -> str:
         """Write the certificates, the user and the security plugin's files into the
@@ -167,15 +167,17 @@ class OpenSearch(Component):
         s = self.section
         assert s.cert_file is not None and s.key_file is not None and s.ca_file is not None
         assert s.username is not None and s.password is not None
-        shutil.copyfile(s.cert_file, conf / "node.crt")
-        shutil.copyfile(s.ca_file, conf / "ca.crt")
-        _write_private(conf / "node.key", s.key_file.read_bytes())
+        write_file(conf / "node.crt", s.cert_file.read_bytes())
+        write_file(conf / "ca.crt", s.ca_file.read_bytes())
+        write_file(conf / "node.key", s.key_file.read_bytes())
         security = conf / "opensearch-security"
         if security.exists():
             shutil.rmtree(security)
-        shutil.copytree(self.runtime_home() / "config" / "opensearch-security", security)
+        shutil.copytree(
+            self.runtime_home() / "config" / "opensearch-security", security, symlinks=True
+        )
         user = _yaml_string(s.username)
-        _write_private(
+        write_file(
             security / INTERNAL_USERS,
             (
                 '_meta:\n  type: "internalusers"\n  config_version: 2\n'
@@ -183,9 +185,10 @@ class OpenSearch(Component):
                 '  reserved: true\n  description: "cdc (cdc.toml [opensearch] username)"\n'
             ).encode(),
         )
-        (security / ROLES_MAPPING).write_text(
+        write_file(
+            security / ROLES_MAPPING,
             '_meta:\n  type: "rolesmapping"\n  config_version: 2\n'
-            f"all_access:\n  reserved: true\n  users: [{user}]\n"
+            f"all_access:\n  reserved: true\n  users: [{user}]\n",
         )
         return (
             "plugins.security.ssl.transport.pemcert_filepath: node.crt\n"
@@ -248,14 +251,6 @@ class OpenSearch(Component):
         client = self._client()
         health = client.cluster.health()
         return {"health": health.get("status"), "indices": len(client.indices.get_alias())}
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    """Write a file only its owner can read (mode 0600 from its creation)."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
 
 
 def _yaml_string(value: str) -> str:

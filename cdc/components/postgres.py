@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -16,8 +16,10 @@ from psycopg import sql
 
 from cdc.components.base import Component
 from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError
-from cdc.role import REPLICATION_GROUP
-from cdc.settings import PostgresSettings
+from cdc.files import private_folder, write_file
+from cdc.role import REPLICATION_GROUP, write_secret
+from cdc.settings import PostgresSettings, admin_password_file, local_admin_password
+from cdc.state import make_state_dir
 
 __all__ = ["Postgres", "postgres_bin_dir"]
 
@@ -73,6 +75,7 @@ class Postgres(Component):
         user = self.service_user()
         run = self.state_dir / "run"
         run.mkdir(exist_ok=True)
+        self._generate_password()
         with tempfile.NamedTemporaryFile("w", dir=self.state_dir, delete=False) as pw:
             pw.write(self.section.password.get_secret_value() + "\n")
         try:
@@ -101,8 +104,21 @@ class Postgres(Component):
         finally:
             os.unlink(pw.name)
         if proc.returncode != 0:
-            self.log_file.write_text(proc.stdout + proc.stderr)
+            write_file(self.log_file, proc.stdout + proc.stderr)
             raise ComponentError(f"postgres: initdb failed; see {self.log_file}")
+
+    def _generate_password(self) -> None:
+        """A new cluster's superuser gets a random password unless one is configured: no
+        local user logs in with one everyone knows (`postgres`), which as a superuser
+        runs programs as the service user (COPY … TO PROGRAM). It is kept in
+        <data_dir>/secrets/postgres.password (0600), where load_settings finds it."""
+        if "password" in self.section.model_fields_set:
+            return
+        path = admin_password_file(self.settings)
+        text = secrets.token_urlsafe(24)
+        make_state_dir(self.settings, path.parent, 0o700)
+        write_secret(path, text + "\n")
+        self.settings = local_admin_password(self.settings)
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         settings = {
@@ -125,8 +141,7 @@ class Postgres(Component):
         if self.section.cert_file is not None:  # TLS, and TCP connections over TLS only
             cert_file, key_file = self._tls_files()
             settings.update(ssl="on", ssl_cert_file=str(cert_file), ssl_key_file=str(key_file))
-        self._write_hba()
-        self._hba_tls(self.section.cert_file is not None)
+        self._write_hba(tls=self.section.cert_file is not None)
         argv = [self._bin("postgres"), "-D", str(self.data_path)]
         for key, value in settings.items():
             argv += ["-c", f"{key}={value}"]
@@ -138,8 +153,10 @@ class Postgres(Component):
         section = self.section
         assert section.cert_file is not None and section.key_file is not None
         tls = self.state_dir / "tls"
-        tls.mkdir(mode=0o700, exist_ok=True)
         copies = (tls / "server.crt", tls / "server.key")
+        user = self.service_user()
+        owner = (user.uid, user.gid) if user is not None else None
+        private_folder(tls, owner)
         for source, copy in zip((section.cert_file, section.key_file), copies, strict=True):
             try:
                 data = source.read_bytes()
@@ -148,51 +165,36 @@ class Postgres(Component):
                 raise ComponentError(
                     f"postgres: cannot read {source} (postgres.cert_file/key_file): {why}"
                 ) from None
-            fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-            copy.chmod(0o600)
-        user = self.service_user()
-        if user is not None:
-            user.own(tls)
+            write_file(copy, data, 0o600, owner)
         return copies
 
-    def _write_hba(self) -> None:
+    def _write_hba(self, tls: bool) -> None:
         """Who may connect, written at every start. The replication roles (members of
         REPLICATION_GROUP) reach only the pipeline's database, where they stream logical
         changes (`replication=database` connections match a database line); no line admits
-        physical replication (`pg_basebackup` would copy the whole cluster, pg_authid too)."""
+        physical replication (`pg_basebackup` would copy the whole cluster, pg_authid too).
+        With TLS on, every TCP line admits TLS connections only (`hostssl`). The file is
+        replaced, never written through (cdc.files): its folder is the service user's."""
         database = '"' + self.section.database.replace('"', '""') + '"'
         group = f"+{REPLICATION_GROUP}"
+        host = "hostssl" if tls else "host"
         remote = self.section.host not in ("127.0.0.1", "localhost", "::1")
         addresses = ["127.0.0.1/32", "::1/128", *(["0.0.0.0/0", "::/0"] if remote else [])]
         lines = [
             f"local {database} {group} scram-sha-256",
             f"local all {group} reject",
             "local all all scram-sha-256",
-            *(f"host {database} {group} {a} scram-sha-256" for a in addresses),
-            f"host all {group} all reject",
-            *(f"host all all {a} scram-sha-256" for a in addresses),
+            *(f"{host} {database} {group} {a} scram-sha-256" for a in addresses),
+            f"{host} all {group} all reject",
+            *(f"{host} all all {a} scram-sha-256" for a in addresses),
         ]
-        hba = self.data_path / "pg_hba.conf"
-        fd = os.open(hba, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write("# written by cdc at every start: edits are lost\n")
-            out.write("\n".join(lines) + "\n")
         user = self.service_user()
-        if user is not None:
-            os.chown(hba, user.uid, user.gid)
-
-    def _hba_tls(self, tls: bool) -> None:
-        """With TLS on, every TCP line of pg_hba.conf admits TLS connections only
-        (`hostssl`); with it off, `host` again. Unix-socket (`local`) lines stay."""
-        hba = self.data_path / "pg_hba.conf"
-        if not hba.exists():
-            return
-        text = hba.read_text()
-        changed = re.sub(r"^host(?:ssl)?(?=[ \t])", "hostssl" if tls else "host", text, flags=re.M)
-        if changed != text:
-            hba.write_text(changed)
+        write_file(
+            self.data_path / "pg_hba.conf",
+            "# written by cdc at every start: edits are lost\n" + "\n".join(lines) + "\n",
+            0o600,
+            (user.uid, user.gid) if user is not None else None,
+        )
 
     def _connect(self, database: str | None = None) -> psycopg.Connection[Any]:
         return psycopg.connect(self.section.dsn(database), connect_timeout=3, autocommit=True)

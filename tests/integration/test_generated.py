@@ -10,6 +10,7 @@ never read later."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import psycopg
@@ -155,3 +156,53 @@ def test_a_generated_value_its_event_cannot_give_is_read_back(captured: Capture)
     for store in STORES:
         held = {int(k): int(row["big_len"]) for k, row in found[store].items()}
         assert held == wanted, (store, held)
+
+
+def test_a_table_owners_expression_runs_with_no_privilege_and_no_time_to_stall(
+    captured: Capture,
+) -> None:
+    """A table owner's generated column calls an IMMUTABLE wrapper around code that
+    writes a table, or waits: it ran as the pipeline's administrator (a superuser on the
+    local stack), for as long as it liked. Now it runs as a role without privileges, read
+    only, for at most EXPRESSION_TIMEOUT; the values it cannot give are read back from
+    the source's row, and no store waits. (The role and its schema are left behind.)"""
+    owner = f"owner_{uuid.uuid4().hex[:8]}"
+    t = captured(
+        f"CREATE ROLE {owner} LOGIN",
+        f"CREATE SCHEMA {{name}} AUTHORIZATION {owner}",
+        f"SET ROLE {owner}",
+        "CREATE TABLE {name}.seen (n serial PRIMARY KEY, who text)",
+        "CREATE FUNCTION {name}.note() RETURNS int LANGUAGE plpgsql AS "
+        "$$BEGIN INSERT INTO {name}.seen (who) VALUES (current_user); RETURN 0; END$$",
+        "CREATE FUNCTION {name}.noted(i int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS "
+        "$$BEGIN PERFORM {name}.note(); RETURN i * 2; END$$",
+        "CREATE FUNCTION {name}.slow(i int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS "
+        f"$$BEGIN IF current_user <> '{owner}' THEN PERFORM pg_sleep(3600); END IF; "
+        "RETURN i * 3; END$$",
+        "CREATE TABLE {name}.noting (id int PRIMARY KEY, v int, "
+        "g int GENERATED ALWAYS AS ({name}.noted(v)) STORED)",
+        "CREATE TABLE {name}.waiting (id int PRIMARY KEY, v int, "
+        "g int GENERATED ALWAYS AS ({name}.slow(v)) STORED)",
+        "INSERT INTO {name}.noting (id, v) VALUES (1, 1), (2, 2)",
+        "INSERT INTO {name}.waiting (id, v) VALUES (1, 1), (2, 2)",
+        "RESET ROLE",
+        prefix="owned",
+        tables=["{name}.noting", "{name}.waiting"],
+    )
+    with psycopg.connect(t.dsn, autocommit=True) as conn:
+        conn.execute(f"SET ROLE {owner}")
+        for table in ("noting", "waiting"):
+            conn.execute(f"UPDATE {t.name}.{table} SET v = v + 10 WHERE id = 1")
+            conn.execute(f"INSERT INTO {t.name}.{table} (id, v) VALUES (3, 3)")
+    wait_until_captured(t.settings)
+    run_apply(t.settings, STORES, once=True)
+    with psycopg.connect(t.dsn, autocommit=True) as conn:
+        who = {r[0] for r in conn.execute(f"SELECT who FROM {t.name}.seen").fetchall()}
+        assert who == {owner}, who  # only the owner's own writes ran its code
+        for table, factor in (("noting", 2), ("waiting", 3)):
+            wanted = dict(conn.execute(f"SELECT id, g FROM {t.name}.{table}").fetchall())
+            assert wanted == {1: 11 * factor, 2: 2 * factor, 3: 3 * factor}
+            found = stores.stores(t.settings, f"{t.name}.{table}")
+            for store in STORES:
+                held = {int(k): int(row["g"]) for k, row in found[store].items()}
+                assert held == wanted, (store, table, held)

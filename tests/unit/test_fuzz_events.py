@@ -12,6 +12,7 @@ Spark is not run in this tier."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -466,8 +467,13 @@ def test_a_generated_column_whose_input_is_malformed_is_read_back_not_a_failed_b
     table = Table("public", "gen", (COLUMNS[0], tags, bits, generated), ("id",), "d", 1, 1)
 
     class Source:
-        def execute(self, query: Any, params: list[Any]) -> Any:
-            return mock.Mock(fetchall=lambda: [(0, '["computed"]')], fetchone=lambda: None)
+        def transaction(self) -> Any:
+            return contextlib.nullcontext()
+
+        def execute(self, query: Any, params: list[Any] | None = None) -> Any:
+            evaluated = bool(params) and str(params[0]).startswith("SELECT v.n")  # type: ignore[index]
+            found = [(0, '["computed"]')] if evaluated else []  # the row is gone: kept
+            return mock.Mock(fetchall=lambda: found)
 
     for after in (
         {"id": 1, "tags": "not json", "vbits": "AQ=="},

@@ -40,7 +40,7 @@ from cdc.settings import JoinView, Settings, WindowAggregate
 from cdc.spark import kafka_options
 from cdc.topics import change_topic
 from materializers.events import parse_events
-from materializers.generated import with_generated
+from materializers.generated import expressions_dsn, with_generated
 from materializers.progress import forget_late, last_committed_batch
 from materializers.stores.warehouse.tables import view_path
 from materializers.typed import json_type, spark_type, typed_column, widest
@@ -100,7 +100,7 @@ def _events(
     )
     if any(table.column(c).generated for c in columns):  # not in the log: computed
         records = with_generated(
-            records, settings.postgres.dsn(), {topic: table.qualified}, {table.qualified: table}
+            records, expressions_dsn(settings), {topic: table.qualified}, {table.qualified: table}
         )
     typed = [table.column(c) for c in columns]
     after = F.from_json("after", T.StructType([T.StructField(c.name, json_type(c)) for c in typed]))
