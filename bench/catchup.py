@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import CpuMark, ResourceSampler, bench_settings, cleanup, record
 from cdc.clients import opensearch_client
-from cdc.connect import ConnectClient
+from cdc.connect import connect_client
 from cdc.settings import load_settings
 from cdc.spark import spark_session
 from cdc.topics import change_topic, end_offsets
@@ -119,7 +119,7 @@ def main() -> None:
             figures[f"snapshot_{store}_rows_per_s"] = round(
                 args.rows / (time.monotonic() - started)
             )
-        client = ConnectClient(settings.connect.url)
+        client = connect_client(settings)
         client.pause(bench.pipeline.connector)
         time.sleep(2)
         print(f"{args.changes} changes with capture paused ...", flush=True)

@@ -36,7 +36,7 @@ from bench.common import CpuMark, ResourceSampler, bench_settings, cleanup, reco
 from cdc.capture import connector_config, secret_reference
 from cdc.clients import kafka_admin
 from cdc.components.postgres import postgres_bin_dir
-from cdc.connect import ConnectClient
+from cdc.connect import connect_client
 from cdc.settings import Settings, load_settings
 from cdc.spark import spark_session
 from cdc.topics import end_offsets
@@ -109,7 +109,7 @@ def debezium_snapshot(settings: Settings, rows: int) -> tuple[float, float]:
         settings, "database.password", config["database.password"], connector=name
     )
     topic = f"{prefix}.{TABLE}"
-    client = ConnectClient(settings.connect.url)
+    client = connect_client(settings)
     started = time.monotonic()
     client.put_config(name, config)
     first = None

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 
 from cdc.catalog import TRUNCATIONS_TABLE, Table
-from cdc.connect import ConnectClient
+from cdc.connect import ConnectClient, connect_client
 from cdc.errors import ConnectorError
 from cdc.role import replication_password, write_secret
 from cdc.settings import Settings
@@ -248,7 +248,7 @@ def register_connector(
     from before the slot and fail), and it is resumed. A connector found stopped (its start
     was interrupted) is started the same way. A running connector keeps its offsets.
     """
-    client = ConnectClient(settings.connect.url)
+    client = connect_client(settings)
     name = settings.pipeline.connector
     config = pipeline_connector_config(settings, tables)
     config["database.password"] = secret_reference(

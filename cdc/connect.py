@@ -1,25 +1,59 @@
-"""A small client of the Kafka Connect REST API."""
+"""A small client of the Kafka Connect REST API.
+
+The local worker's API asks for basic authentication (Kafka's
+BasicAuthSecurityRestExtension): its one user, REST_USER, has a password generated
+into `<data_dir>/secrets/connect-rest.password` (0600) that only `cdc` reads, so no
+other local user may read connector configs, create a connector that names the
+pipeline's secrets, or pause, rewind or delete the pipeline's connector. A worker you
+run yourself takes `connect.username`/`connect.password`, if it asks for them.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import requests
 
 from cdc.errors import ComponentError, ConnectorError
+from cdc.settings import Settings
 
-__all__ = ["ConnectClient", "refusal"]
+__all__ = ["REST_USER", "ConnectClient", "connect_client", "refusal", "rest_password_file"]
+
+REST_USER = "cdc"
 
 log = logging.getLogger(__name__)
 
 
+def rest_password_file(settings: Settings) -> Path:
+    return settings.data_dir / "secrets" / "connect-rest.password"
+
+
+def connect_client(settings: Settings, timeout: float = 10.0) -> ConnectClient:
+    """A client of the pipeline's Connect worker, logged in as the settings say (the
+    local worker: REST_USER and its generated password)."""
+    section = settings.connect
+    auth = None
+    if section.username is not None and section.password is not None:
+        auth = (section.username, section.password.get_secret_value())
+    elif section.managed:
+        try:
+            auth = (REST_USER, rest_password_file(settings).read_text().strip())
+        except OSError:  # a worker started before it asked for one
+            auth = None
+    return ConnectClient(section.url, timeout, auth)
+
+
 class ConnectClient:
-    def __init__(self, url: str, timeout: float = 10.0) -> None:
+    def __init__(
+        self, url: str, timeout: float = 10.0, auth: tuple[str, str] | None = None
+    ) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
         self._session = requests.Session()
+        self._session.auth = auth
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
@@ -29,6 +63,11 @@ class ConnectClient:
                 f"Kafka Connect at {self.url} does not answer ({type(exc).__name__}); "
                 "is the stack up? (`cdc up`, then `cdc status`)"
             ) from None
+        if resp.status_code == 401:
+            raise ConnectorError(
+                f"Kafka Connect at {self.url} refused cdc's login: set connect.username and "
+                "connect.password for your worker (the local one: `cdc down`, then `cdc up`)"
+            )
         if resp.status_code >= 400:
             try:
                 message = resp.json().get("message", resp.text)

@@ -286,6 +286,14 @@ class ConnectSettings(_Section):
         description="your own worker without a shared secrets folder: put the password in "
         "the connector config itself (Connect's config topic and REST API then show it)",
     )
+    username: str | None = Field(
+        None, description="your own worker's REST API user (basic authentication)"
+    )
+    password: SecretStr | None = Field(
+        None,
+        description="that user's password; the local worker's is generated "
+        "(<data_dir>/secrets/connect-rest.password)",
+    )
 
     @property
     def url(self) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 from psycopg import sql
 
 from cdc.catalog import published_tables, selected_tables
-from cdc.connect import ConnectClient
+from cdc.connect import connect_client
 from cdc.errors import CdcError
 from cdc.identity import current_relations, drift, recorded, recorded_since
 from cdc.role import drop_role, other_pipelines, sync_grants
@@ -108,7 +108,7 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
             found = replace(found, strays=[(t, t[prefix:]) for t in written])
         if published or state:
             status.tables_drift = found.problems(lambda name: change_topic(pipe, name))
-        connectors = ConnectClient(settings.connect.url).connectors()
+        connectors = connect_client(settings).connectors()
         entry = connectors.get(pipe.connector, {}).get("status")
         if entry:
             status.connector = {
@@ -308,7 +308,7 @@ def sync_pipeline(settings: Settings) -> SyncResult:
 
 
 def pipe_streams(settings: Settings) -> bool:
-    return settings.pipeline.connector in ConnectClient(settings.connect.url).connectors()
+    return settings.pipeline.connector in connect_client(settings).connectors()
 
 
 def _store_progress(
@@ -412,7 +412,7 @@ def drop_pipeline(settings: Settings) -> list[str]:
     """
     pipe = settings.pipeline
     gone = []
-    client = ConnectClient(settings.connect.url)
+    client = connect_client(settings)
     if pipe.connector in client.connectors():
         client.stop(pipe.connector)
         client.wait_stopped(pipe.connector)

@@ -22,7 +22,7 @@ from kafka.errors import KafkaError
 from psycopg import sql
 
 from cdc.clients import kafka_client_kwargs
-from cdc.connect import ConnectClient
+from cdc.connect import connect_client
 from cdc.errors import BackfillError
 from cdc.settings import Settings
 from cdc.source import (
@@ -112,7 +112,7 @@ def send_signal(settings: Settings, kind: str, data: dict[str, Any] | None) -> s
 
 def _check_streaming(settings: Settings, table: str) -> None:
     pipe = settings.pipeline
-    connectors = ConnectClient(settings.connect.url).connectors()
+    connectors = connect_client(settings).connectors()
     status = connectors.get(pipe.connector, {}).get("status", {})
     if status.get("connector", {}).get("state") != "RUNNING":
         raise BackfillError(

@@ -38,7 +38,7 @@ from rich.progress import (
 
 from cdc.capture import register_connector
 from cdc.catalog import Table
-from cdc.connect import ConnectClient
+from cdc.connect import connect_client
 from cdc.errors import ConnectorError, SnapshotError
 from cdc.role import replication_password
 from cdc.settings import Settings
@@ -109,7 +109,7 @@ def run_snapshot(
         settings.kafka,
         pipeline_topic_specs(settings.pipeline, [t.qualified for t in tables]),
     )
-    connector = ConnectClient(settings.connect.url).connectors().get(pipe.connector)
+    connector = connect_client(settings).connectors().get(pipe.connector)
     # a connector stays STOPPED if its start was interrupted: a rerun starts it
     stopped = (connector or {}).get("status", {}).get("connector", {}).get("state") == "STOPPED"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,12 @@ from cdc.components._jvm import (
     write_secret_properties,
 )
 from cdc.components.base import Component
-from cdc.connect import ConnectClient
+from cdc.connect import REST_USER, ConnectClient, connect_client, rest_password_file
 from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError
 from cdc.files import private_folder, write_file
+from cdc.role import write_secret
 from cdc.settings import ConnectSettings
+from cdc.state import make_state_dir
 
 __all__ = ["CONVERTERS", "Connect"]
 
@@ -105,9 +108,37 @@ class Connect(Component):
                 ),
                 # Debezium writes only to topics the project creates with the right settings
                 "topic.creation.enable": "true",
+                # basic authentication on the REST API: its one user is cdc (cdc.connect)
+                "rest.extension.classes": (
+                    "org.apache.kafka.connect.rest.basic.auth.extension."
+                    "BasicAuthSecurityRestExtension"
+                ),
             },
         )
+        self._write_rest_login()
         write_file(self.state_dir / "log4j2.properties", LOG4J2_PROPERTIES)
+
+    def _write_rest_login(self) -> None:
+        """The REST API's one user and its password (generated once, kept for cdc in
+        <data_dir>/secrets), in a folder of the worker's outside the secrets folder that
+        connector configs may name (`allowed.paths`)."""
+        kept = rest_password_file(self.settings)
+        try:
+            password = kept.read_text().strip()
+        except FileNotFoundError:
+            password = ""
+        if not password:
+            password = secrets.token_urlsafe(24)
+            make_state_dir(self.settings, kept.parent, 0o700)
+            write_secret(kept, password + "\n")
+        rest = self.state_dir / "rest"
+        private_folder(rest)
+        write_file(rest / "users.properties", f"{REST_USER}={password}\n")
+        write_file(
+            rest / "jaas.conf",
+            "KafkaConnect {\n  org.apache.kafka.connect.rest.basic.auth.extension."
+            f'PropertyFileLoginModule required\n  file="{rest / "users.properties"}";\n}};\n',
+        )
 
     def _kafka_security(self) -> dict[str, str]:
         """How the worker logs in to Kafka: for its own clients (config, offset and status
@@ -137,6 +168,7 @@ class Connect(Component):
             "-XX:+UseG1GC",
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile=file:{self.state_dir / 'log4j2.properties'}",
+            f"-Djava.security.auth.login.config={self.state_dir / 'rest' / 'jaas.conf'}",
             "-cp",
             str(kafka_lib(self.settings) / "*"),
             "org.apache.kafka.connect.cli.ConnectDistributed",
@@ -144,7 +176,7 @@ class Connect(Component):
         ], {}
 
     def client(self) -> ConnectClient:
-        return ConnectClient(self.section.url, timeout=5.0)
+        return connect_client(self.settings, timeout=5.0)
 
     def ready(self) -> bool:
         client = self.client()

@@ -23,6 +23,7 @@ that ended by itself is noted and started again.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -34,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import requests
 
+from cdc.connect import connect_client
+from cdc.errors import CdcError
 from tests.chaos.stack import ChaosError, ChaosStack
 
 __all__ = ["FaultKind", "FaultRecord", "inject", "plan", "wait_pipeline_healthy"]
@@ -255,10 +257,5 @@ def wait_pipeline_healthy(stack: ChaosStack, record: FaultRecord, timeout: float
 
 
 def _restart_failed(stack: ChaosStack) -> None:
-    url = stack.settings.connect.url
-    name = stack.settings.pipeline.connector
-    requests.post(
-        f"{url}/connectors/{name}/restart",
-        params={"includeTasks": "true", "onlyFailed": "true"},
-        timeout=30,
-    )
+    with contextlib.suppress(CdcError):  # as before: a refusal is retried by the caller
+        connect_client(stack.settings, timeout=30).restart_failed(stack.settings.pipeline.connector)

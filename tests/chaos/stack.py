@@ -110,7 +110,7 @@ class ChaosStack:
     def pid(self, component: str) -> int | None:
         """The pid `cdc` recorded for a component, if that process runs."""
         try:
-            pid = int((self.data_dir / component / f"{component}.pid").read_text().split()[0])
+            pid = int((self.data_dir / "run" / f"{component}.pid").read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return None
         return pid if _alive(pid) else None

@@ -28,7 +28,7 @@ SLO_S = 4
 
 
 def redis_pid(data_dir: Path) -> int:
-    return int((data_dir / "redis" / "redis.pid").read_text().split()[0])
+    return int((data_dir / "run" / "redis.pid").read_text().split()[0])
 
 
 def load(dsn: str, name: str, stop: threading.Event) -> None:

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from pydantic import SecretStr
 
-from cdc.connect import ConnectClient
+from cdc.connect import connect_client
 from cdc.topics import change_topic, end_offsets
 from commands.pipeline import pipeline_status, sync_pipeline
 from snapshot.backfill import send_signal, start_backfill, watch_backfill
@@ -160,7 +160,7 @@ def test_drop_asks_before_it_removes_anything(captured: Capture) -> None:
     )
     name, settings = t.name, t.settings
     # the connector's password is a file reference, not the secret itself
-    config = ConnectClient(settings.connect.url).config(settings.pipeline.connector)
+    config = connect_client(settings).config(settings.pipeline.connector)
     secret = settings.pipeline.replication_password.get_secret_value()
     assert config["database.password"].startswith("${file:")
     assert secret not in json.dumps(config)

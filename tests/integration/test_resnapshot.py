@@ -19,7 +19,7 @@ from kafka import KafkaConsumer, TopicPartition
 from rich.console import Console
 
 from cdc.clients import kafka_client_kwargs
-from cdc.connect import ConnectClient
+from cdc.connect import connect_client
 from cdc.settings import KafkaSettings, Settings
 from cdc.topics import change_topic
 from commands.pipeline import drop_pipeline
@@ -149,7 +149,7 @@ def test_a_snapshot_taken_again_after_drop_streams_from_its_own_slot(
 
     second = run_cdc("snapshot", env=env)
     assert second.returncode == 0, second.stderr
-    status = ConnectClient(settings.connect.url).status(settings.pipeline.connector)
+    status = connect_client(settings).status(settings.pipeline.connector)
     assert status["connector"]["state"] == "RUNNING", status
     assert [t["state"] for t in status["tasks"]] == ["RUNNING"], status
 
@@ -236,7 +236,7 @@ def test_a_rerun_after_the_snapshot_resumes_from_the_connectors_own_offset(
     execute(settings, f"UPDATE {name} SET version = 1 WHERE id = 1")
     wait_events(settings, topic, lambda evs: any(e.op == "u" for e in evs), "the first update")
 
-    client = ConnectClient(settings.connect.url)
+    client = connect_client(settings)
     time.sleep(2)  # Connect commits source offsets every second
     (stored,) = client.offsets(connector)
     print("offset Debezium stored:", stored)
@@ -281,7 +281,7 @@ def test_a_new_generation_starts_at_its_point_over_an_older_generations_offset(
     name, settings = table
     topic = change_topic(settings.pipeline, f"public.{name}")
     connector = settings.pipeline.connector
-    client = ConnectClient(settings.connect.url)
+    client = connect_client(settings)
     run_snapshot(settings, Console(file=io.StringIO()))
     execute(settings, f"UPDATE {name} SET version = 1 WHERE id = 1")
     wait_events(settings, topic, lambda evs: any(e.op == "u" for e in evs), "the first update")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-import requests
 
+from cdc.connect import connect_client
 from cdc.role import replication_password
 from cdc.source import prepare_source
 from tests.conftest import Capture
@@ -88,12 +88,9 @@ def test_no_secret_is_printed_logged_served_or_inherited(captured: Capture) -> N
         ["ps", "-eo", "args"], capture_output=True, text=True, check=True
     ).stdout
     texts["process environments"] = _environments()
-    connect = settings.connect.url
+    connect = connect_client(settings)
     texts["Connect REST API"] = json.dumps(
-        [
-            requests.get(f"{connect}/connectors?expand=info&expand=status", timeout=10).json(),
-            requests.get(f"{connect}/connectors/{settings.pipeline.connector}", timeout=10).json(),
-        ]
+        [connect.connectors(), connect.config(settings.pipeline.connector)]
     )
     texts.update({str(path): text for path, text in _logs(settings.data_dir).items()})
     assert any("postgres" in where for where in texts), "no PostgreSQL log was read"

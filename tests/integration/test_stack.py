@@ -7,7 +7,9 @@ import socket
 from pathlib import Path
 
 import pytest
+import requests
 
+from cdc.connect import REST_USER, connect_client, rest_password_file
 from cdc.process import alive, port_free, read_pid
 from cdc.stack import Stack
 from tests.conftest import RunningStack, stack_env
@@ -80,3 +82,28 @@ def test_a_missing_install_is_one_clear_line(tmp_path: Path) -> None:
     assert len(lines) == 1, result.stderr
     assert "not installed" in lines[0] and "make install" in lines[0]
     assert not any(data_dir.glob("*/*.pid"))
+
+
+def test_connects_rest_api_answers_only_cdcs_login(stack: RunningStack) -> None:
+    """Any local user reached the worker on 127.0.0.1: read connector configs, made a
+    connector naming the pipeline's secret files, paused, rewound or deleted the
+    pipeline's connector. Now every request needs the REST user's password, which only
+    `cdc` reads (0600)."""
+    url, name = stack.settings.connect.url, stack.settings.pipeline.connector
+    probe = {"name": "probe", "config": {"connector.class": "FileStreamSource"}}
+    for method, path, body in [
+        ("GET", "/connectors", None),
+        ("GET", f"/connectors/{name}/config", None),
+        ("POST", "/connectors", probe),
+        ("PUT", f"/connectors/{name}/pause", None),
+        ("PATCH", f"/connectors/{name}/offsets", {"offsets": []}),
+        ("DELETE", f"/connectors/{name}", None),
+    ]:
+        for auth in (None, (REST_USER, "wrong")):
+            answer = requests.request(method, url + path, json=body, auth=auth, timeout=10)
+            assert answer.status_code == 401, (method, path, auth, answer.status_code)
+    assert isinstance(connect_client(stack.settings).connectors(), dict)
+    kept = rest_password_file(stack.settings)
+    users = stack.settings.data_dir / "connect" / "rest" / "users.properties"
+    for path in (kept, users):
+        assert path.stat().st_mode & 0o777 == 0o600, path

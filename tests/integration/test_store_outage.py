@@ -31,7 +31,7 @@ pytestmark = pytest.mark.integration
 
 
 def pid_of(data_dir: Path, component: str) -> int:
-    return int((data_dir / component / f"{component}.pid").read_text().split()[0])
+    return int((data_dir / "run" / f"{component}.pid").read_text().split()[0])
 
 
 def source_rows(dsn: str, name: str) -> dict[int, int]:

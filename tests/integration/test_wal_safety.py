@@ -26,7 +26,7 @@ import pytest
 from rich.console import Console
 
 from cdc.components.postgres import Postgres
-from cdc.connect import ConnectClient
+from cdc.connect import connect_client
 from cdc.settings import Settings
 from commands.pipeline import drop_pipeline
 from snapshot.initial import run_snapshot
@@ -179,7 +179,7 @@ def test_snapshot_does_not_restart_streaming_on_a_lost_slot(
     source = stack.settings.model_copy(update={"postgres": limited_postgres.postgres})
     settings = pipeline_for(source, [f"public.{name}"])
     pipe = settings.pipeline
-    connect = ConnectClient(settings.connect.url)
+    connect = connect_client(settings)
     try:
         with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
             conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY)")
