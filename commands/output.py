@@ -6,16 +6,26 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import sys
 from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
 
 from rich.console import Console, RenderableType
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
-__all__ = ["Form", "Output", "RowsForm", "console"]
+__all__ = ["Form", "Output", "RowsForm", "console", "shown"]
+
+# C0 and C1 control characters but tab and newline: a value holding ESC could move the
+# cursor, retitle the window or write the clipboard (OSC 52) of whoever reads it
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def shown(value: str) -> str:
+    """A value as a terminal may print it: each control character as its escape (\\x1b)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", value)
 
 
 class Form(StrEnum):
@@ -49,7 +59,8 @@ class Output:
         """`document` as JSON for scripts, or `text` for people."""
         if self.form == "text":
             for part in text:  # text as it is: a `[` in a name or a value is no markup
-                self.console.print(Text(part) if isinstance(part, str) else part, highlight=False)
+                shown_part = Text(shown(part)) if isinstance(part, str) else part
+                self.console.print(shown_part, highlight=False)
         else:
             sys.stdout.write(json.dumps(document, default=str, ensure_ascii=False, indent=2) + "\n")
 
@@ -60,7 +71,8 @@ class Output:
             writer.writerow(columns)
             writer.writerows(["" if v is None else v for v in row] for row in rows)
             return
-        table = Table(*columns, caption=f"{len(rows)} rows")
+        headers = (Column(header=Text(shown(c))) for c in columns)  # names, not markup
+        table = Table(*headers, caption=f"{len(rows)} rows")
         for row in rows:
-            table.add_row(*(Text("NULL" if v is None else str(v)) for v in row))
+            table.add_row(*(Text("NULL" if v is None else shown(str(v))) for v in row))
         self.emit([dict(zip(columns, row, strict=True)) for row in rows], table)

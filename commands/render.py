@@ -157,8 +157,8 @@ def verify_tables(report: VerifyReport) -> list[Table | str]:
                 )
                 if keys
             ]
-            verdict = "[red]" + "; ".join(kinds) + "[/red]"
-        drift.add_row(d.store, d.table, str(d.source_rows), str(d.store_rows), verdict)
+            verdict = "[red]" + escape("; ".join(kinds)) + "[/red]"
+        drift.add_row(d.store, escape(d.table), str(d.source_rows), str(d.store_rows), verdict)
     parts: list[Table | str] = [drift]
     drifted = sum(not d.ok for d in report.drifts)
     summary = f"drift in {drifted} of {len(report.drifts)} (store, table) pairs"
@@ -166,7 +166,12 @@ def verify_tables(report: VerifyReport) -> list[Table | str]:
         suites = Table("table", "expectation", "column", "result", title="Great Expectations")
         for c in report.checks:
             verdict = "[green]ok[/green]" if c.ok else "[red]failed[/red]"
-            suites.add_row(c.table, c.expectation, c.column or "", f"{verdict} ({c.observed})")
+            suites.add_row(
+                escape(c.table),
+                c.expectation,
+                escape(c.column or ""),
+                f"{verdict} ({escape(str(c.observed))})",
+            )
         parts.append(suites)
         met = sum(c.ok for c in report.checks)
         summary = f"Great Expectations: {met} of {len(report.checks)} expectations met; {summary}"

@@ -238,7 +238,7 @@ def _copy_tables(
 
     done = threading.Event()
     with Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),  # names, not markup
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("{task.fields[rate]} rows/s"),

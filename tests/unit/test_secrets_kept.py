@@ -49,3 +49,20 @@ def test_components_do_not_inherit_cdc_settings(monkeypatch) -> None:  # type: i
     monkeypatch.setenv("PATH", os.environ.get("PATH", "/usr/bin"))
     env = inherited_env()
     assert "CDC_POSTGRES__PASSWORD" not in env and "PATH" in env
+
+
+def test_a_value_cannot_drive_the_terminal_nor_be_markup() -> None:
+    """A row value with ESC sequences (a window title, OSC 52 to the clipboard) reached
+    the terminal as it was; a column named `[/x]` crashed the table as markup."""
+    import io
+
+    from rich.console import Console
+
+    from commands.output import Output, RowsForm
+
+    screen = io.StringIO()
+    out = Output(RowsForm.text, Console(file=screen, width=200, force_terminal=True))
+    out.rows(["id", "[/x]"], [[1, "\x1b]0;PWNED\x07\x1b]52;c;aGk=\x07 [bold]b[/bold]"]])
+    text = screen.getvalue()
+    assert "\x1b]" not in text and "\x07" not in text
+    assert "\\x1b]0;PWNED\\x07" in text and "[bold]b[/bold]" in text and "[/x]" in text
