@@ -174,6 +174,15 @@ class FastJSON(JSONSerializer):
         return orjson.loads(s)
 
 
+# (url, index) -> the columns its mapping was last given, in this Python process (a
+# Spark worker runs many batches' tasks)
+_MAPPED: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {}
+
+
+def _columns_of(table: Table) -> tuple[tuple[str, str], ...]:
+    return tuple((c.name, c.type) for c in table.columns)
+
+
 class SearchStore(RowStore):
     name = "search"
 
@@ -248,6 +257,10 @@ class SearchStore(RowStore):
             raise StoreUnavailableError(f"OpenSearch at {self.url} is red")
 
     def ensure_index(self, table: Table) -> None:
+        """The table's index, each column mapped by its type (field_mapping), a column
+        added since mapped before any document holds it: never by OpenSearch's dynamic
+        mapping, which would take the type of whichever value came first (a text
+        '2024-01-01' made a date field, and every later text was refused)."""
         index = index_name(self.prefix, table.qualified)
         properties = {c.name: field_mapping(c) for c in table.columns}
         properties |= {
@@ -267,6 +280,7 @@ class SearchStore(RowStore):
             )
         else:  # a column added in PostgreSQL becomes a new field
             self.client.indices.put_mapping(index=index, body={"properties": properties})
+        _MAPPED[(self.url, index)] = _columns_of(table)
 
     def write(self, tables: dict[str, Table], events: list[Event]) -> WriteResult:
         deadline = time.monotonic() + self.retry_s
@@ -291,6 +305,11 @@ class SearchStore(RowStore):
     def _write_once(self, tables: dict[str, Table], events: list[Event]) -> tuple[Any, int]:
         """One attempt at the batch: its result, and how many writes failed in a way that
         says the store is down or overloaded (5xx, 429, no answer)."""
+        for name in {e.table for e in events}:
+            table = tables.get(name)
+            index = index_name(self.prefix, name)
+            if table is not None and _MAPPED.get((self.url, index)) != _columns_of(table):
+                self.ensure_index(table)  # a column added while the job runs
         result = WriteResult()
         result.retry_reason = ""  # type: ignore[attr-defined]
         placeholders = [

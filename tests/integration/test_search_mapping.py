@@ -1,0 +1,49 @@
+"""A column added while `cdc apply` runs is mapped in the search index by its type, before
+any document holds it: OpenSearch's dynamic mapping took the type of whichever value
+came first (a text '2024-01-01' made a date field, every later text was then refused,
+and after a restart `cdc apply` could not map the column at all). Read with plain HTTP."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import requests
+
+from cdc.catalog import Column, Table
+from materializers.stores.base import Event
+from materializers.stores.registry import make_store
+from materializers.stores.search import index_name
+from tests.conftest import RunningStack
+from tests.stores import opensearch_http
+
+pytestmark = pytest.mark.integration
+
+
+def _column(name: str, type_: str) -> Column:
+    return Column(name, type_, type_, "N" if type_ == "int4" else "S", False, None, False)
+
+
+def test_a_column_added_while_apply_runs_is_mapped_by_its_type(stack: RunningStack) -> None:
+    name = f"added_{uuid.uuid4().hex[:8]}"
+    before = Table("public", name, (_column("id", "int4"),), ("id",), "d", 1, 1)
+    after = Table(
+        "public", name, (_column("id", "int4"), _column("note", "text")), ("id",), "d", 1, 1
+    )
+    store = make_store(stack.settings, "search")
+    store.prepare([before])  # as `cdc apply` starts, before the column is added
+    events = [
+        Event(before.qualified, f'{{"id": {i}}}', 0, i, "u", {"id": i, "note": note}, 1, 10 + i, 5)
+        for i, note in ((1, "2024-01-01"), (2, "hello"))
+    ]
+    result = store.write({before.qualified: after}, events)  # a batch after ALTER TABLE
+    assert not result.rejected, result.rejected
+    index = index_name(stack.settings.pipeline.topic_prefix, before.qualified)
+    url, http = stack.settings.opensearch.url, opensearch_http(stack.settings)
+    mapping = requests.get(f"{url}/{index}/_mapping", timeout=30, **http).json()
+    assert mapping[index]["mappings"]["properties"]["note"]["type"] == "text", mapping
+    requests.post(f"{url}/{index}/_refresh", timeout=30, **http).raise_for_status()
+    hits = requests.post(f"{url}/{index}/_search", json={"size": 10}, timeout=30, **http).json()
+    notes = {h["_source"]["id"]: h["_source"].get("note") for h in hits["hits"]["hits"]}
+    assert notes == {1: "2024-01-01", 2: "hello"}, notes
+    requests.delete(f"{url}/{index}", timeout=30, **http)
