@@ -184,6 +184,11 @@ def filter_problem(where: str) -> str | None:
             i = _skip_quoted(where, i, "'", backslash=escapes)
         elif ch == '"':
             i = _skip_quoted(where, i, '"', backslash=False)
+        elif ch.isalpha() or ch == "_" or ord(ch) > 127:
+            # an identifier or keyword, whole: a `$` inside one (`a$q$`) quotes nothing
+            i += 1
+            while i < n and (where[i].isalnum() or where[i] in "_$" or ord(where[i]) > 127):
+                i += 1
         elif ch == "$" and (tag := _dollar_tag(where, i)) is not None:
             end = where.find(tag, i + len(tag))
             i = n if end < 0 else end + len(tag)

@@ -33,6 +33,7 @@ from cdc.components._jvm import (
 )
 from cdc.components.base import Component
 from cdc.errors import ComponentError
+from cdc.process import inherited_env
 from cdc.settings import KafkaSettings
 
 if TYPE_CHECKING:
@@ -131,6 +132,7 @@ class Kafka(Component):
                 capture_output=True,
                 text=True,
                 check=False,
+                env=inherited_env(),  # no CDC_* (passwords among them)
             )
         finally:
             arg_file.unlink(missing_ok=True)

@@ -17,6 +17,7 @@ from psycopg import sql
 from cdc.components.base import Component
 from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError
 from cdc.files import private_folder, write_file
+from cdc.process import inherited_env
 from cdc.role import REPLICATION_GROUP, write_secret
 from cdc.settings import PostgresSettings, admin_password_file, local_admin_password
 from cdc.state import make_state_dir
@@ -97,6 +98,7 @@ class Postgres(Component):
                 capture_output=True,
                 text=True,
                 check=False,
+                env=inherited_env(),  # no CDC_* (passwords among them)
                 user=user.uid if user else None,
                 group=user.gid if user else None,
                 extra_groups=[] if user else None,

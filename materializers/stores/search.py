@@ -307,8 +307,8 @@ class SearchStore(RowStore):
         says the store is down or overloaded (5xx, 429, no answer)."""
         for name in {e.table for e in events}:
             table = tables.get(name)
-            index = index_name(self.prefix, name)
-            if table is not None and _MAPPED.get((self.url, index)) != _columns_of(table):
+            key = (self.url, index_name(self.prefix, name))
+            if table is not None and _MAPPED.get(key) != _columns_of(table):
                 self.ensure_index(table)  # a column added while the job runs
         result = WriteResult()
         result.retry_reason = ""  # type: ignore[attr-defined]

@@ -238,3 +238,24 @@ def test_what_a_command_prints_is_the_text_as_it_is(text: str) -> None:
     lines = printed.getvalue().splitlines()
     assert lines[0] == text
     assert any(text in line for line in lines[1:]) or len(text) > 20  # a cell may wrap
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "id IN (SELECT 1 AS a$q$)) OR ((SELECT 1 AS b$q$) IS NOT NULL",  # a$q$: an identifier
+        "id > 0) OR (true",
+        "x$$ = 1) OR (true",
+    ],
+)
+def test_a_filter_that_leaves_its_where_clause_is_refused(where: str) -> None:
+    """PostgreSQL reads `a$q$` as one identifier: taking its `$q$` for a dollar quote
+    hid the `)` that ends the WHERE clause Debezium pastes the filter into."""
+    assert filter_problem(where) == "it closes a parenthesis it did not open"
+
+
+@pytest.mark.parametrize(
+    "where", ["note = $q$it's ) fine$q$", "e = E'\\')' AND a$b = 1", "price > $1$ OR true"]
+)
+def test_quoted_text_and_identifiers_with_dollars_pass(where: str) -> None:
+    assert filter_problem(where) is None
