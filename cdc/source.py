@@ -36,6 +36,7 @@ from cdc.catalog import (
 from cdc.errors import SourceError, SourceUnavailableError
 from cdc.identity import record_captured
 from cdc.role import (
+    EXPRESSIONS_FUNCTION,
     expression_grants,
     publication_comment,
     replication_password,
@@ -115,10 +116,53 @@ def _check_storable(table: Table, settings: Settings) -> None:
         raise SourceError(f"table {table.qualified} cannot be captured: {problem}")
 
 
+# what in the pipeline's own schema is not the setup user's (nor a superuser's): its
+# tables, functions and triggers run or are written with the setup user's rights
+_FOREIGN = """
+WITH mine AS (SELECT oid FROM pg_roles WHERE rolname = current_user OR rolsuper),
+ns AS (SELECT oid, nspowner FROM pg_namespace WHERE nspname = %(schema)s)
+SELECT 'schema ' || %(schema)s, nspowner::regrole::text FROM ns
+WHERE nspowner NOT IN (SELECT oid FROM mine)
+UNION ALL
+SELECT 'table ' || c.oid::regclass::text, c.relowner::regrole::text FROM pg_class c
+WHERE c.relnamespace IN (SELECT oid FROM ns) AND c.relowner NOT IN (SELECT oid FROM mine)
+UNION ALL
+SELECT 'function ' || p.oid::regprocedure::text, p.proowner::regrole::text FROM pg_proc p
+WHERE p.pronamespace IN (SELECT oid FROM ns) AND p.proowner NOT IN (SELECT oid FROM mine)
+AND p.proname <> %(expressions)s
+UNION ALL
+SELECT 'trigger ' || t.tgname || ' on ' || c.oid::regclass::text, p.proowner::regrole::text
+FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_proc p ON p.oid = t.tgfoid
+WHERE c.relnamespace IN (SELECT oid FROM ns) AND NOT t.tgisinternal
+AND p.proowner NOT IN (SELECT oid FROM mine)
+LIMIT 1
+"""
+
+
+def check_own_schema(conn: psycopg.Connection[Any], settings: Settings) -> None:
+    """Refuse a `cdc` schema that holds another role's objects: made first by a database
+    owner, say, its triggers would run with the administrator's rights whenever `cdc`
+    writes its own tables."""
+    found = conn.execute(
+        _FOREIGN, {"schema": OWN_SCHEMA, "expressions": EXPRESSIONS_FUNCTION[1]}
+    ).fetchone()
+    if found is None:
+        return
+    what, owner = found
+    database = settings.postgres.database
+    raise SourceError(
+        f"{what.replace('schema cdc', f'schema cdc of database {database}', 1)} belongs to "
+        f"{owner}: the pipeline's own schema must be the setup user's alone (another "
+        f"role's trigger or function would run with its rights); drop it, or give it to "
+        f"{settings.postgres.user} (ALTER … OWNER TO)"
+    )
+
+
 def prepare_source(settings: Settings) -> list[Table]:
     """Make the source ready for the pipeline; returns the captured tables."""
     pipe = settings.pipeline
     with admin_connection(settings) as conn:
+        check_own_schema(conn, settings)
         widen_signal_table(conn)  # before the setup's transaction: its lock is held briefly
         check_wal_level(conn)
         try:

@@ -7,17 +7,20 @@ version of each library is on the classpath.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import logging.handlers
 import os
 import re
+import secrets
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cdc.clients import kafka_jaas_config, kafka_java_config
 from cdc.errors import INSTALL_HINT, NotInstalledError
-from cdc.settings import Settings
+from cdc.files import write_file
+from cdc.settings import SECRET_KEY, Settings
 from cdc.state import prepare_job_state
 
 if TYPE_CHECKING:
@@ -133,6 +136,37 @@ def spark_master(master: str, cores: int | None = None) -> str:
     return f"local[{2 * (cores or os.cpu_count() or 1)}]"
 
 
+def _with_secrets(builder: Any, settings: Settings, secret: dict[str, str]) -> SparkSession:
+    """The session, its secret confs given through a properties file (0600, gone once
+    the JVM has read it) rather than the `--conf` arguments PySpark puts on the Spark
+    JVM's command line, which `ps` shows every local user."""
+    if not secret:
+        return builder.getOrCreate()  # type: ignore[no-any-return]
+    path = settings.data_dir / "spark" / f".secrets-{os.getpid()}-{secrets.token_hex(4)}.conf"
+    write_file(path, "".join(f"{k} {_escaped(v)}\n" for k, v in secret.items()))
+    before = os.environ.get("PYSPARK_SUBMIT_ARGS")
+    os.environ["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {path} {before or 'pyspark-shell'}"
+    try:
+        session = builder.getOrCreate()
+    finally:
+        if before is None:
+            del os.environ["PYSPARK_SUBMIT_ARGS"]
+        else:
+            os.environ["PYSPARK_SUBMIT_ARGS"] = before
+        path.unlink(missing_ok=True)
+    for key, value in secret.items():  # a session that was already running reads no file
+        with contextlib.suppress(Exception):  # a static conf stays as it was
+            if session.conf.get(key, None) != value:
+                session.conf.set(key, value)
+    return session  # type: ignore[no-any-return]
+
+
+def _escaped(value: str) -> str:
+    """A value as java.util.Properties reads it back."""
+    value = value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+    return "\\" + value if value[:1].isspace() else value
+
+
 def spark_session(settings: Settings, app_name: str) -> SparkSession:
     """A Spark session with the Kafka source, Delta Lake and the PostgreSQL JDBC driver."""
     os.environ.setdefault("JAVA_HOME", str(settings.java_home))
@@ -188,8 +222,10 @@ def spark_session(settings: Settings, app_name: str) -> SparkSession:
         builder = builder.config(
             "spark.databricks.delta.snapshotPartitions", str(max(os.cpu_count() or 1, 2))
         )
+    secret = {k: v for k, v in spark.conf.items() if SECRET_KEY.search(k)}
     for key, value in spark.conf.items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
+        if key not in secret:
+            builder = builder.config(key, value)
+    session = _with_secrets(builder, settings, secret)
     session.sparkContext.setLogLevel(spark.log_level)
     return session
