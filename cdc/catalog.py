@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -274,13 +275,14 @@ HISTORY_COLUMNS = ("valid_from", "valid_to")  # the warehouse history's own
 def reserved_problem(columns: list[str], warehouse: bool) -> str | None:
     """Why a table with these columns cannot be kept (in a `warehouse` too): a column
     named like one a store adds to every row (None: nothing)."""
-    for name in columns:
-        if name.startswith(RESERVED_PREFIX):
+    for column in columns:
+        name = column if column.isprintable() else json.dumps(column)  # one line, always
+        if column.startswith(RESERVED_PREFIX):
             return (
                 f"its column {name} starts with {RESERVED_PREFIX}, which every store keeps "
                 "for its own columns; rename the column"
             )
-        if name in HISTORY_COLUMNS and warehouse:
+        if column in HISTORY_COLUMNS and warehouse:
             return (
                 f"its column {name} is one the warehouse history adds to every version; "
                 "rename the column, or leave the table out (pipeline.exclude_tables)"

@@ -17,10 +17,10 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from cdc.catalog import Column, Table, resolve_tables
+from cdc.catalog import Column, Table, reserved_problem, resolve_tables
 from cdc.errors import BackfillError, CdcError, QueryError
 from cdc.settings import PipelineSettings, WindowAggregate
-from commands.output import Form, Output, console
+from commands.output import Form, Output, console, shown
 from materializers.dead_letters import DeadLetter, _is_key, _letter
 from materializers.quality import duration_ms
 from materializers.query import key_json
@@ -259,3 +259,26 @@ def test_a_filter_that_leaves_its_where_clause_is_refused(where: str) -> None:
 )
 def test_quoted_text_and_identifiers_with_dollars_pass(where: str) -> None:
     assert filter_problem(where) is None
+
+
+@bounded(300)
+@given(st.lists(st.text(max_size=12), max_size=6), st.booleans())
+@example(["_cdc_\n"], True).via("a reserved name with a line break")
+def test_any_column_names_are_storable_or_refused_in_one_line(
+    names: list[str], warehouse: bool
+) -> None:
+    problem = reserved_problem(names, warehouse)
+    reserved = any(n.startswith("_cdc_") for n in names) or (
+        warehouse and any(n in ("valid_from", "valid_to") for n in names)
+    )
+    assert (problem is not None) == reserved
+    assert problem is None or "\n" not in problem
+
+
+@bounded(300)
+@given(st.text(max_size=40))
+@example("\x1b]52;c;aGk=\x07\x9b2J").via("OSC 52 and a C1 control sequence introducer")
+def test_any_value_is_shown_without_a_control_character(value: str) -> None:
+    text = shown(value)
+    assert not any((ord(c) < 32 and c not in "\t\n") or 127 <= ord(c) < 160 for c in text)
+    assert text == value or "\\x" in text
