@@ -93,6 +93,10 @@ def test_cdc_treats_every_compose_service_as_external(compose_settings: Settings
 def test_postgres_decodes_logically(compose: dict[str, Any], compose_settings: Settings) -> None:
     service = compose["services"]["postgres"]
     assert "wal_level=logical" in service["command"]
+    # as the local stack: a slot nobody reads cannot fill the disk
+    assert (
+        f"max_slot_wal_keep_size={Settings().postgres.max_slot_wal_keep_size}" in service["command"]
+    )
     env = service["environment"]
     assert env["POSTGRES_DB"] == compose_settings.postgres.database
     assert env["POSTGRES_USER"] == compose_settings.postgres.user
