@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -270,11 +271,27 @@ def _renamed_to(conn: psycopg.Connection[Any], pipeline: str, name: str) -> str 
 
 RESERVED_PREFIX = "_cdc_"  # the stores' own columns and fields (positions, flags)
 HISTORY_COLUMNS = ("valid_from", "valid_to")  # the warehouse history's own
+SEARCH_FIELDS = (  # OpenSearch's metadata fields: a document's _source cannot hold them
+    "_id",
+    "_index",
+    "_source",
+    "_routing",
+    "_version",
+    "_seq_no",
+    "_primary_term",
+    "_field_names",
+    "_ignored",
+    "_doc_count",
+    "_type",
+    "_nested_path",
+    "_data_stream_timestamp",
+)
 
 
-def reserved_problem(columns: list[str], warehouse: bool) -> str | None:
-    """Why a table with these columns cannot be kept (in a `warehouse` too): a column
-    named like one a store adds to every row (None: nothing)."""
+def reserved_problem(columns: list[str], stores: Collection[str] = ()) -> str | None:
+    """Why a table with these columns cannot be kept (in `stores` too): a column named
+    like one a store adds to every row, or a field OpenSearch keeps for itself (None:
+    nothing)."""
     for column in columns:
         name = column if column.isprintable() else json.dumps(column)  # one line, always
         if column.startswith(RESERVED_PREFIX):
@@ -282,10 +299,16 @@ def reserved_problem(columns: list[str], warehouse: bool) -> str | None:
                 f"its column {name} starts with {RESERVED_PREFIX}, which every store keeps "
                 "for its own columns; rename the column"
             )
-        if column in HISTORY_COLUMNS and warehouse:
+        if column in HISTORY_COLUMNS and "warehouse" in stores:
             return (
                 f"its column {name} is one the warehouse history adds to every version; "
                 "rename the column, or leave the table out (pipeline.exclude_tables)"
+            )
+        if column in SEARCH_FIELDS and "search" in stores:
+            return (
+                f"its column {name} is one of OpenSearch's metadata fields, which no "
+                "document may hold; rename the column, or leave the table out "
+                "(pipeline.exclude_tables)"
             )
     return None
 
@@ -346,7 +369,7 @@ def describe_table(
                 f'needs pipeline.replica_identity."{qualified}" = "full" so that updates and '
                 "deletes carry those columns"
             )
-    if problem := reserved_problem([c.name for c in columns], warehouse=False):
+    if problem := reserved_problem([c.name for c in columns]):
         raise SourceError(f"table {qualified} cannot be captured: {problem}")
     generated_key = [
         c.name for c in columns if c.generated and c.name in (configured or primary_key)

@@ -112,7 +112,7 @@ def _check_storable(table: Table, settings: Settings) -> None:
     """Refuse a table whose columns a store cannot keep beside its own (the warehouse
     also refuses it as it starts: WarehouseStore._history)."""
     columns = [c.name for c in table.columns]
-    if problem := reserved_problem(columns, "warehouse" in settings.apply.stores):
+    if problem := reserved_problem(columns, settings.apply.stores):
         raise SourceError(f"table {table.qualified} cannot be captured: {problem}")
 
 

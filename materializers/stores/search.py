@@ -22,10 +22,10 @@ from typing import Any
 import orjson
 from opensearchpy import ConnectionError, JSONSerializer, TransportError, helpers
 
-from cdc.catalog import Column, Table
+from cdc.catalog import Column, Table, reserved_problem
 from cdc.clients import opensearch_client
 from cdc.decode import UNAVAILABLE, decode_value
-from cdc.errors import StoreError, StoreUnavailableError, ValueDecodeError
+from cdc.errors import ConfigError, StoreError, StoreUnavailableError, ValueDecodeError
 from cdc.settings import OpenSearchSettings
 from cdc.topics import topic_name
 from materializers.keys import store_key_text
@@ -261,6 +261,8 @@ class SearchStore(RowStore):
         added since mapped before any document holds it: never by OpenSearch's dynamic
         mapping, which would take the type of whichever value came first (a text
         '2024-01-01' made a date field, and every later text was refused)."""
+        if problem := reserved_problem([c.name for c in table.columns], ("search",)):
+            raise ConfigError(f"table {table.qualified} cannot be kept in the index: {problem}")
         index = index_name(self.prefix, table.qualified)
         properties = {c.name: field_mapping(c) for c in table.columns}
         properties |= {

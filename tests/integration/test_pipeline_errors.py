@@ -291,13 +291,14 @@ def test_a_table_name_that_would_leave_its_warehouse_folder_is_refused(captured:
     [
         ("_cdc_note", "its column _cdc_note starts with _cdc_"),
         ("valid_from", "its column valid_from is one the warehouse history adds"),
+        ("_id", "its column _id is one of OpenSearch's metadata fields"),
     ],
 )
 def test_a_column_named_like_one_a_store_adds_is_refused(
     captured: Capture, column: str, said: str
 ) -> None:
-    """A store's own columns (positions, flags, the history's validity) cannot be a
-    table's too: setup says which column, in one line."""
+    """A store's own columns (positions, flags, the history's validity, OpenSearch's
+    metadata fields) cannot be a table's too: setup says which column, in one line."""
     t = captured(
         f"CREATE TABLE {{name}} (id int PRIMARY KEY, {column} text)",
         prefix="own",

@@ -33,16 +33,18 @@ def test_a_configured_root_holds_the_pipelines_folder() -> None:
 
 
 @pytest.mark.parametrize(
-    ("columns", "warehouse", "said"),
+    ("columns", "stores", "said"),
     [
-        (["id", "_cdc_lsn"], False, "its column _cdc_lsn starts with _cdc_"),
-        (["id", "valid_to"], True, "its column valid_to is one the warehouse history adds"),
-        (["id", "valid_to"], False, None),
-        (["key", "op", "offset", "lsn", "commit_lsn", "_cdc", "cdc_x", "k_key"], True, None),
+        (["id", "_cdc_lsn"], (), "its column _cdc_lsn starts with _cdc_"),
+        (["id", "valid_to"], ("warehouse",), "its column valid_to is one the warehouse history"),
+        (["id", "valid_to"], ("cache", "search"), None),
+        (["id", "_id"], ("search",), "its column _id is one of OpenSearch's metadata fields"),
+        (["id", "_id"], ("cache", "warehouse"), None),
+        (["key", "op", "offset", "lsn", "_cdc", "cdc_x", "k_key", "_idx"], ("warehouse",), None),
     ],
 )
 def test_only_the_stores_own_column_names_are_refused(
-    columns: list[str], warehouse: bool, said: str | None
+    columns: list[str], stores: tuple[str, ...], said: str | None
 ) -> None:
-    problem = reserved_problem(columns, warehouse)
+    problem = reserved_problem(columns, stores)
     assert (problem is None) if said is None else (problem or "").startswith(said), problem

@@ -144,7 +144,7 @@ class WarehouseStore(FrameStore):
         partitioned by each key's newest version (history.NEWEST)."""
         from pyspark.sql import types as T
 
-        if problem := reserved_problem([c.name for c in table.columns], warehouse=True):
+        if problem := reserved_problem([c.name for c in table.columns], ("warehouse",)):
             raise ConfigError(f"table {table.qualified} cannot be kept in the warehouse: {problem}")
 
         return self._delta(
