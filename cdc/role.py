@@ -37,6 +37,7 @@ __all__ = [
     "REPLICATION_GROUP",
     "drop_role",
     "expression_grants",
+    "generated_secret",
     "other_pipelines",
     "password_file",
     "publication_comment",
@@ -72,7 +73,11 @@ def replication_password(settings: Settings) -> SecretStr:
     configured = settings.pipeline.replication_password
     if configured is not None:
         return configured
-    path = password_file(settings)
+    return SecretStr(generated_secret(settings, password_file(settings)))
+
+
+def generated_secret(settings: Settings, path: Path) -> str:
+    """The secret kept at `path` under data_dir, made (random, 0600) on first use."""
     try:
         text = path.read_text().strip()
     except FileNotFoundError:
@@ -81,7 +86,7 @@ def replication_password(settings: Settings) -> SecretStr:
         text = secrets.token_urlsafe(24)
         make_state_dir(settings, path.parent, 0o700)  # marked: `cdc down --purge` removes it
         write_secret(path, text + "\n")
-    return SecretStr(text)
+    return text
 
 
 def _scram_verifier(conn: psycopg.Connection[Any], role: str, password: SecretStr) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +19,8 @@ from cdc.components.base import Component
 from cdc.connect import REST_USER, ConnectClient, connect_client, rest_password_file
 from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError
 from cdc.files import private_folder, write_file
-from cdc.role import write_secret
+from cdc.role import generated_secret
 from cdc.settings import ConnectSettings
-from cdc.state import make_state_dir
 
 __all__ = ["CONVERTERS", "Connect"]
 
@@ -122,15 +120,7 @@ class Connect(Component):
         """The REST API's one user and its password (generated once, kept for cdc in
         <data_dir>/secrets), in a folder of the worker's outside the secrets folder that
         connector configs may name (`allowed.paths`)."""
-        kept = rest_password_file(self.settings)
-        try:
-            password = kept.read_text().strip()
-        except FileNotFoundError:
-            password = ""
-        if not password:
-            password = secrets.token_urlsafe(24)
-            make_state_dir(self.settings, kept.parent, 0o700)
-            write_secret(kept, password + "\n")
+        password = generated_secret(self.settings, rest_password_file(self.settings))
         rest = self.state_dir / "rest"
         private_folder(rest)
         write_file(rest / "users.properties", f"{REST_USER}={password}\n")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -18,9 +17,8 @@ from cdc.components.base import Component
 from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError
 from cdc.files import private_folder, write_file
 from cdc.process import inherited_env
-from cdc.role import REPLICATION_GROUP, write_secret
+from cdc.role import REPLICATION_GROUP, generated_secret
 from cdc.settings import PostgresSettings, admin_password_file, local_admin_password
-from cdc.state import make_state_dir
 
 __all__ = ["Postgres", "postgres_bin_dir"]
 
@@ -116,10 +114,7 @@ class Postgres(Component):
         <data_dir>/secrets/postgres.password (0600), where load_settings finds it."""
         if "password" in self.section.model_fields_set:
             return
-        path = admin_password_file(self.settings)
-        text = secrets.token_urlsafe(24)
-        make_state_dir(self.settings, path.parent, 0o700)
-        write_secret(path, text + "\n")
+        generated_secret(self.settings, admin_password_file(self.settings))
         self.settings = local_admin_password(self.settings)
 
     def command(self) -> tuple[list[str], dict[str, str]]:
