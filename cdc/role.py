@@ -140,6 +140,9 @@ def _expression_statements(role: sql.Identifier) -> list[sql.Composed]:
             "CREATE OR REPLACE FUNCTION {}(query text) RETURNS TABLE (n int, v text) "
             "LANGUAGE plpgsql SECURITY DEFINER AS $f$ BEGIN RETURN QUERY EXECUTE query; END $f$"
         ).format(function),
+        # a setup user that is no superuser (a managed service's admin) may give the
+        # function to a role it is a member of only
+        sql.SQL("GRANT {} TO CURRENT_USER").format(owner),
         sql.SQL("ALTER FUNCTION {}(text) OWNER TO {}").format(function, owner),
         sql.SQL("REVOKE ALL ON FUNCTION {}(text) FROM PUBLIC").format(function),
         sql.SQL("GRANT EXECUTE ON FUNCTION {}(text) TO {}").format(function, role),
