@@ -41,7 +41,7 @@ from cdc.settings import Settings
 from cdc.source import replication_dsn
 from snapshot.encoding import column_json
 
-__all__ = ["computing_generated", "expressions_dsn", "with_generated"]
+__all__ = ["computing_generated", "expressions_connection", "expressions_dsn", "with_generated"]
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +57,18 @@ def expressions_dsn(settings: Settings) -> str:
     return replication_dsn(settings)
 
 
+def expressions_connection(dsn: str) -> psycopg.Connection[Any]:
+    """A connection whose every transaction is read-only and every statement ends after
+    EXPRESSION_TIMEOUT, set once rather than per chunk."""
+    conn = psycopg.connect(
+        dsn, autocommit=True, options=f"-c statement_timeout={EXPRESSION_TIMEOUT}"
+    )
+    conn.read_only = True  # its transactions begin READ ONLY
+    return conn
+
+
 def _read_only(conn: Any, query: sql.Composable, params: list[Any]) -> list[Any]:
-    with conn.transaction():
-        conn.execute("SET TRANSACTION READ ONLY")
-        conn.execute(f"SET LOCAL statement_timeout = '{EXPRESSION_TIMEOUT}'")
+    with conn.transaction():  # BEGIN READ ONLY (expressions_connection)
         return list(conn.execute(query, params).fetchall())
 
 
@@ -254,7 +262,7 @@ def computing_generated(
                 if found:
                     try:
                         if conn is None:
-                            conn = psycopg.connect(dsn, autocommit=True)
+                            conn = expressions_connection(dsn)
                         for topic, events in found.items():
                             compute(conn, by_topic[topic], [e["after"] for _, e in events])
                     except (psycopg.OperationalError, psycopg.InterfaceError) as exc:

@@ -654,16 +654,15 @@ def window_check(
     seen: set[tuple[bytes | None, Any]] = set()
     expected_windows: dict[int, list[Any]] = {}
     if column is not None and column.generated is not None:  # not in the log: computed
-        import psycopg
 
-        from materializers.generated import compute, expressions_dsn
+        from materializers.generated import compute, expressions_connection, expressions_dsn
 
         afters = [
             r.value["after"]
             for r in records
             if r.value and r.value.get("op") == "c" and column.name not in r.value["after"]
         ]
-        with psycopg.connect(expressions_dsn(settings), autocommit=True) as conn:
+        with expressions_connection(expressions_dsn(settings)) as conn:
             compute(conn, table, afters)
     for record in records:
         value = record.value
