@@ -654,7 +654,6 @@ def window_check(
     seen: set[tuple[bytes | None, Any]] = set()
     expected_windows: dict[int, list[Any]] = {}
     if column is not None and column.generated is not None:  # not in the log: computed
-
         from materializers.generated import compute, expressions_connection, expressions_dsn
 
         afters = [
