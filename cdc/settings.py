@@ -779,6 +779,11 @@ class Settings(BaseSettings):
     service_user: str = Field(
         "cdc", description="unprivileged user that runs PostgreSQL and OpenSearch when cdc is root"
     )
+    posture: Literal["local", "production"] = Field(
+        "local",
+        description="production: refuse any setting that leaves a component without TLS "
+        "or a login (checked when the settings are read)",
+    )
     postgres: PostgresSettings = PostgresSettings()
     kafka: KafkaSettings = KafkaSettings()
     connect: ConnectSettings = ConnectSettings()
@@ -856,10 +861,40 @@ def _config_file() -> Path | None:
     return default if default.is_file() else None
 
 
+def posture_problems(settings: Settings) -> list[str]:
+    """What `posture = "production"` refuses: every component in use reached over TLS
+    that checks the server, with a login, and no secret where others can read it."""
+    if settings.posture != "production":
+        return []
+    problems = []
+    pg = settings.postgres
+    if pg.sslmode != "verify-full":
+        problems.append("postgres.sslmode = verify-full")
+    chosen = "password" in pg.model_fields_set or not pg.managed  # else generated locally
+    if chosen and pg.password.get_secret_value() == "postgres":
+        problems.append("postgres.password other than `postgres`")
+    if settings.kafka.security_protocol != "SASL_SSL":
+        problems.append("kafka.security_protocol = SASL_SSL")
+    connect = settings.connect
+    if connect.inline_secrets:
+        problems.append("connect.inline_secrets = false")
+    if not connect.managed and connect.password is None:
+        problems.append("connect.username and .password (your worker's REST login)")
+    if not connect.managed and connect.host not in ("127.0.0.1", "localhost", "::1"):
+        problems.append("connect.host on this machine (its REST API is http only)")
+    stores = settings.apply.stores
+    if "cache" in stores and not (settings.redis.tls and settings.redis.password is not None):
+        problems.append("redis.tls and redis.password")
+    search = settings.opensearch
+    if "search" in stores and not (search.tls and search.password is not None):
+        problems.append("opensearch.tls, .username and .password")
+    return problems
+
+
 def load_settings(**overrides: Any) -> Settings:
     """Read the settings, turning any invalid value into one readable ConfigError."""
     try:
-        return local_admin_password(Settings(**overrides))
+        settings = local_admin_password(Settings(**overrides))
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "settings"
@@ -874,3 +909,10 @@ def load_settings(**overrides: Any) -> Settings:
         raise ConfigError(
             "cannot read the settings file: it nests arrays or tables too deep"
         ) from None
+    problems = posture_problems(settings)
+    if problems:
+        raise ConfigError(
+            "posture = production needs " + "; ".join(problems) + ": set them in cdc.toml "
+            "(or CDC_* variables), or posture = local for a machine of your own"
+        )
+    return settings

@@ -3,7 +3,11 @@
 With `security_protocol` SASL_SSL (or SSL, SASL_PLAINTEXT) its one client listener
 speaks that protocol, and it is also the inter-broker listener, so no plain-text port
 serves data. The SCRAM user of the settings is created when the storage is formatted.
-The controller listener stays PLAINTEXT on 127.0.0.1: only this broker talks to it.
+The controller listener is on 127.0.0.1. With SASL it takes SASL/PLAIN, with a login
+made anew at each start that only this broker knows (KRaft controllers do not take
+SCRAM). A `StandardAuthorizer` admits only the settings' user and the controller's login.
+Without this, any local user could use the controller (KIP-919 `bootstrap.controllers`)
+to add a SCRAM user of their own and then pass the client listener.
 """
 
 from __future__ import annotations
@@ -67,8 +71,9 @@ class Kafka(Component):
     def prepare(self) -> None:
         host, port, cport = self.section.host, self.section.port, self.section.controller_port
         # the client listener is named after its protocol (SASL_SSL://…); the controller's
-        # is PLAINTEXT on 127.0.0.1, for this broker alone
+        # is on 127.0.0.1, for this broker alone (SASL_PLAINTEXT with a login when SASL is on)
         listener = self.section.security_protocol
+        controller = "SASL_PLAINTEXT" if self.section.sasl else "PLAINTEXT"
         log_dir = self.state_dir / "data"
         formatted = (log_dir / "meta.properties").exists()
         if formatted:  # before any file is rewritten with settings it would refuse
@@ -83,7 +88,7 @@ class Kafka(Component):
                 "advertised.listeners": f"{listener}://{host}:{port}",
                 "controller.listener.names": "CONTROLLER",
                 "inter.broker.listener.name": listener,
-                "listener.security.protocol.map": f"{listener}:{listener},CONTROLLER:PLAINTEXT",
+                "listener.security.protocol.map": f"{listener}:{listener},CONTROLLER:{controller}",
                 **self._security(),
                 "log.dirs": log_dir,
                 "num.partitions": 1,
@@ -163,19 +168,43 @@ class Kafka(Component):
         if section.sasl and jaas is not None:
             secrets_dir = self.state_dir / "secrets"
             login = secrets_dir / "broker.properties"
-            write_secret_properties(login, {"sasl.jaas.config": jaas})
+            # the controller's login: made anew at each start, as only this broker uses it
+            controller_password = secrets.token_urlsafe(32)
+            write_secret_properties(
+                login,
+                {
+                    "sasl.jaas.config": jaas,
+                    "controller.jaas.config": (
+                        "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                        f'username="{_CONTROLLER_USER}" password="{controller_password}" '
+                        f'user_{_CONTROLLER_USER}="{controller_password}";'
+                    ),
+                },
+            )
             mechanism = section.sasl_mechanism
-            prefix = f"listener.name.{section.security_protocol.lower()}.{mechanism.lower()}"
+            client = f"listener.name.{section.security_protocol.lower()}"
             config.update(
                 {
-                    "sasl.enabled.mechanisms": mechanism,
+                    f"{client}.sasl.enabled.mechanisms": mechanism,
                     "sasl.mechanism.inter.broker.protocol": mechanism,
+                    "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+                    "sasl.mechanism.controller.protocol": "PLAIN",
+                    "listener.name.controller.plain.sasl.jaas.config": (
+                        f"${{file:{login}:controller.jaas.config}}"
+                    ),
+                    # only the settings' user (cdc, Connect, Spark) and the controller's
+                    "authorizer.class.name": (
+                        "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+                    ),
+                    "super.users": f"User:{section.username};User:{_CONTROLLER_USER}",
                     "config.providers": "file",
                     "config.providers.file.class": (
                         "org.apache.kafka.common.config.provider.FileConfigProvider"
                     ),
                     "config.providers.file.param.allowed.paths": secrets_dir,
-                    f"{prefix}.sasl.jaas.config": f"${{file:{login}:sasl.jaas.config}}",
+                    f"{client}.{mechanism.lower()}.sasl.jaas.config": (
+                        f"${{file:{login}:sasl.jaas.config}}"
+                    ),
                 }
             )
         return config
@@ -277,6 +306,7 @@ class Kafka(Component):
 
 
 _CONTROLLER_HOST = "127.0.0.1"
+_CONTROLLER_USER = "cdc-controller"
 _SALTED = re.compile(r"saltedpassword=\S+")
 _SCRAM_ITERATIONS = 8192
 

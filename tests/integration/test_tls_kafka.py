@@ -20,10 +20,12 @@ from pathlib import Path
 
 import pytest
 from kafka import KafkaAdminClient, KafkaProducer
+from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError
 from pydantic import SecretStr
 
 from cdc.clients import kafka_admin, kafka_client_kwargs
+from cdc.components._jvm import java, kafka_lib
 from cdc.components.connect import Connect
 from cdc.components.kafka import Kafka
 from cdc.errors import ComponentError
@@ -199,3 +201,54 @@ def test_another_password_is_refused_before_any_file_changes(
     with pytest.raises(ComponentError, match=f"user '{USER}'"):
         Kafka(changed).prepare()
     assert login.read_bytes() == before
+
+
+def test_the_controller_listener_lets_no_stranger_change_a_topic(
+    tls_kafka: tuple[Settings, tls.TestCA],
+) -> None:
+    """KIP-919 lets an admin client talk to the controller itself (`--bootstrap-controller`):
+    without a login there, any local user could change a topic's settings (here a
+    retention of 1 ms, which deletes every event) or the broker's. The attempt fails and
+    the topic keeps its settings."""
+    settings, _ = tls_kafka
+    options = settings.data_dir.parent / "stranger.properties"
+    options.write_text("request.timeout.ms=5000\ndefault.api.timeout.ms=15000\n")
+    attempt = subprocess.run(
+        [
+            str(java(settings)),
+            "-cp",
+            str(kafka_lib(settings) / "*"),
+            "kafka.admin.ConfigCommand",
+            "--bootstrap-controller",
+            f"127.0.0.1:{settings.kafka.controller_port}",
+            "--command-config",
+            str(options),
+            "--alter",
+            "--entity-type",
+            "topics",
+            "--entity-name",
+            TOPIC,
+            "--add-config",
+            "retention.ms=1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert attempt.returncode != 0, attempt.stdout + attempt.stderr
+    admin = kafka_admin(settings.kafka)
+    try:
+        described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, TOPIC)])
+    finally:
+        admin.close()
+    (changed,) = described.values()
+    assert "retention.ms" not in changed[TOPIC], changed  # the settings it had: none changed
+    assert sorted(r.value_bytes for r in read_topic(settings.kafka, TOPIC, timeout=60)) == [
+        b"row 0",
+        b"row 1",
+        b"row 2",
+    ]
+    properties = (settings.data_dir / "kafka" / "server.properties").read_text()
+    assert "CONTROLLER:SASL_PLAINTEXT" in properties
+    assert "StandardAuthorizer" in properties
