@@ -42,6 +42,7 @@ from cdc.errors import ValueDecodeError
 
 __all__ = [
     "DATE_INFINITY",
+    "DEBEZIUM_PLACEHOLDER",
     "INFINITY",
     "MICROS_INFINITY",
     "MILLIS_INFINITY",
@@ -64,17 +65,27 @@ __all__ = [
 ]
 
 # Debezium's placeholder for an unchanged TOASTed value that the WAL did not carry
-UNAVAILABLE = "__debezium_unavailable_value"
+DEBEZIUM_PLACEHOLDER = "__debezium_unavailable_value"
+# what a decoded image holds instead (mark_unavailable): a text no PostgreSQL value can
+# be (text holds no NUL), so a real value equal to Debezium's placeholder stays itself
+UNAVAILABLE = "\x00cdc:unchanged\x00"
 # ... as Debezium 3.6 writes it for other types (UnchangedToastedReplicationMessageColumn,
 # PostgresValueConverter): bytea as the placeholder's bytes (base64 in JSON); text,
 # json, bytea and uuid arrays as a one-element array; int4/int8/date arrays as the
 # placeholder's bytes; hstore as a map. An unchanged TOASTed array of any other type
 # arrives as NULL: nothing tells it from a NULL (README: REPLICA IDENTITY FULL).
-PLACEHOLDER_B64 = base64.b64encode(UNAVAILABLE.encode()).decode()
-PLACEHOLDER_UUID = str(uuid.UUID(bytes=hashlib.md5(UNAVAILABLE.encode()).digest(), version=3))
-PLACEHOLDER_CODES = list(UNAVAILABLE.encode())
-PLACEHOLDER_ARRAYS = ([UNAVAILABLE], [PLACEHOLDER_B64], [PLACEHOLDER_UUID], PLACEHOLDER_CODES)
-PLACEHOLDER_HSTORE = json.dumps({UNAVAILABLE: UNAVAILABLE}, separators=(",", ":"))
+PLACEHOLDER_B64 = base64.b64encode(DEBEZIUM_PLACEHOLDER.encode()).decode()
+PLACEHOLDER_UUID = str(
+    uuid.UUID(bytes=hashlib.md5(DEBEZIUM_PLACEHOLDER.encode()).digest(), version=3)
+)
+PLACEHOLDER_CODES = list(DEBEZIUM_PLACEHOLDER.encode())
+PLACEHOLDER_ARRAYS = (
+    [DEBEZIUM_PLACEHOLDER],
+    [PLACEHOLDER_B64],
+    [PLACEHOLDER_UUID],
+    PLACEHOLDER_CODES,
+)
+PLACEHOLDER_HSTORE = json.dumps({DEBEZIUM_PLACEHOLDER: DEBEZIUM_PLACEHOLDER}, separators=(",", ":"))
 INFINITY, NEGATIVE_INFINITY = "infinity", "-infinity"
 
 # What Debezium 3.6.3 writes for PostgreSQL's infinities (PostgresValueConverter), as
@@ -315,14 +326,14 @@ def is_unavailable(column: Column, raw: Any) -> bool:
     unchanged TOASTed value, in whichever form it takes for the column's type."""
     if raw is None:
         return False
-    if raw == UNAVAILABLE:
+    if raw == DEBEZIUM_PLACEHOLDER:
         return True
     if column.is_array:
         return isinstance(raw, list) and raw in PLACEHOLDER_ARRAYS
     if column.base == "bytea":
         return bool(raw == PLACEHOLDER_B64)
     if column.base == "hstore":
-        return raw in (PLACEHOLDER_HSTORE, {UNAVAILABLE: UNAVAILABLE})
+        return raw in (PLACEHOLDER_HSTORE, {DEBEZIUM_PLACEHOLDER: DEBEZIUM_PLACEHOLDER})
     return False
 
 
@@ -330,8 +341,10 @@ def mark_unavailable(table: Table, op: str, after: dict[str, Any] | None) -> dic
     """`after` with each placeholder, of any type, as UNAVAILABLE (the stores keep the
     stored value). In a create it is None instead: an INSERT carries every value, so a
     create with a placeholder is a key change (the row came from another key), and the
-    value kept under this key belongs to another row: it is not known."""
-    if not after:
+    value kept under this key belongs to another row: it is not known. A read (`r`: the
+    snapshot, a backfill) carries every value as PostgreSQL holds it, so a value there
+    that looks like a placeholder is a real one."""
+    if not after or op == "r":
         return after
     columns = None
     for name, raw in after.items():
@@ -348,4 +361,4 @@ def mark_unavailable(table: Table, op: str, after: dict[str, Any] | None) -> dic
     return after
 
 
-_PLACEHOLDER_TEXTS = frozenset((UNAVAILABLE, PLACEHOLDER_B64, PLACEHOLDER_HSTORE))
+_PLACEHOLDER_TEXTS = frozenset((DEBEZIUM_PLACEHOLDER, PLACEHOLDER_B64, PLACEHOLDER_HSTORE))

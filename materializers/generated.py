@@ -33,7 +33,7 @@ import psycopg
 from psycopg import sql
 
 from cdc.catalog import Column, Table
-from cdc.decode import UNAVAILABLE, is_unavailable
+from cdc.decode import DEBEZIUM_PLACEHOLDER, is_unavailable
 from cdc.errors import ConfigError, SourceUnavailableError, ValueDecodeError
 from cdc.postgres_text import postgres_text
 from cdc.role import EXPRESSIONS_FUNCTION
@@ -220,7 +220,7 @@ def _read_back(
         sql.SQL(", ").join(sql.SQL("%s::{}").format(sql.SQL(c.type)) for c in key),
     )
     found = _read_only(conn, query, [postgres_text(c, after.get(c.name)) for c in key])
-    values = orjson.loads(found[0][0]) if found else [UNAVAILABLE] * len(names)
+    values = orjson.loads(found[0][0]) if found else [DEBEZIUM_PLACEHOLDER] * len(names)
     after.update((n, v) for n, v in zip(names, values, strict=True) if n in wanted)
 
 

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from cdc.catalog import Column, Table
 from cdc.decode import (
     DATE_INFINITY,
+    DEBEZIUM_PLACEHOLDER,
     INFINITY,
     MICROS_INFINITY,
     MILLIS_INFINITY,
@@ -49,7 +50,6 @@ from cdc.decode import (
     PLACEHOLDER_CODES,
     PLACEHOLDER_HSTORE,
     PLACEHOLDER_UUID,
-    UNAVAILABLE,
     bit_length,
 )
 
@@ -249,7 +249,13 @@ def may_hold_placeholder(after: SparkColumn) -> SparkColumn:
     a uuid array, an array of the placeholder's codes. A value that merely contains one
     of them counts too: true only means look closer."""
     codes = [str(c) for c in PLACEHOLDER_CODES[:8]]
-    forms = [UNAVAILABLE, PLACEHOLDER_B64, PLACEHOLDER_UUID, ",".join(codes), ", ".join(codes)]
+    forms = [
+        DEBEZIUM_PLACEHOLDER,
+        PLACEHOLDER_B64,
+        PLACEHOLDER_UUID,
+        ",".join(codes),
+        ", ".join(codes),
+    ]
     return functools.reduce(operator.or_, [after.contains(form) for form in forms])
 
 
@@ -263,11 +269,11 @@ def is_placeholder(column: Column, raw: SparkColumn) -> SparkColumn | None:
     if column.base == "bytea":
         return F.coalesce(raw == F.lit(PLACEHOLDER_BYTES_B64), F.lit(False))
     if column.base == "hstore":
-        return F.coalesce(raw.isin(PLACEHOLDER_HSTORE, UNAVAILABLE), F.lit(False))
+        return F.coalesce(raw.isin(PLACEHOLDER_HSTORE, DEBEZIUM_PLACEHOLDER), F.lit(False))
     from pyspark.sql import types as T
 
     if isinstance(json_type(column), T.StringType):
-        return F.coalesce(raw == F.lit(UNAVAILABLE), F.lit(False))
+        return F.coalesce(raw == F.lit(DEBEZIUM_PLACEHOLDER), F.lit(False))
     return None
 
 
@@ -278,7 +284,7 @@ def _lost(column: Column, raw: SparkColumn) -> SparkColumn:
     held = _convert(column, raw).isNotNull()
     if column.base == "timestamp":  # a number: never a placeholder
         return raw.isNotNull() & ~held
-    return raw.isNotNull() & (raw != F.lit(UNAVAILABLE)) & ~held
+    return raw.isNotNull() & (raw != F.lit(DEBEZIUM_PLACEHOLDER)) & ~held
 
 
 def unheld_columns(table: Table, image: SparkColumn) -> SparkColumn | None:

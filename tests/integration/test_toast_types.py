@@ -14,7 +14,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc.decode import PLACEHOLDER_ARRAYS, PLACEHOLDER_B64, PLACEHOLDER_HSTORE, UNAVAILABLE
+from cdc.decode import (
+    DEBEZIUM_PLACEHOLDER,
+    PLACEHOLDER_ARRAYS,
+    PLACEHOLDER_B64,
+    PLACEHOLDER_HSTORE,
+)
 from cdc.topics import change_topic
 from materializers.apply import run_apply
 from tests.conftest import Capture, RunningStack
@@ -73,7 +78,7 @@ def test_no_store_writes_a_placeholder_of_any_type(captured: Capture) -> None:
     seen = updates(settings, table, 4)
     assert len(seen) == 4
     # Debezium's placeholder, in each type's own form
-    forms = {UNAVAILABLE, PLACEHOLDER_B64, *map(json.dumps, PLACEHOLDER_ARRAYS)}
+    forms = {DEBEZIUM_PLACEHOLDER, PLACEHOLDER_B64, *map(json.dumps, PLACEHOLDER_ARRAYS)}
     for after in seen:
         for column in TOASTED:
             value = after[column]
@@ -120,7 +125,7 @@ def test_every_placeholder_form_marks_its_row_image(stack: RunningStack) -> None
     from materializers.typed import may_hold_placeholder
 
     spark = spark_session(stack.settings, "test-placeholder-forms")
-    forms = [UNAVAILABLE, PLACEHOLDER_B64, PLACEHOLDER_HSTORE, *PLACEHOLDER_ARRAYS]
+    forms = [DEBEZIUM_PLACEHOLDER, PLACEHOLDER_B64, PLACEHOLDER_HSTORE, *PLACEHOLDER_ARRAYS]
     images = [{"id": 1, "c": form, "d": "x"} for form in forms]
     images.append({"id": 2, "c": "__debezium", "d": [95, 95, 100], "e": {"k": "v"}})
     envelopes = [(json.dumps({"op": "u", "after": image}, indent=1),) for image in images]
@@ -130,3 +135,43 @@ def test_every_placeholder_form_marks_its_row_image(stack: RunningStack) -> None
         .collect()
     )
     assert [row.seen for row in seen] == [True] * len(forms) + [False]
+
+
+def test_a_real_value_equal_to_a_placeholder_is_stored_and_repaired(captured: Capture) -> None:
+    """A row whose values are Debezium's placeholder texts (any user can store them):
+    the snapshot reads them as they are, so every store holds them. An update to such a
+    text is indistinguishable from an unchanged value in its event, so the stores keep
+    the old text; verify names the row and `--repair` backfills it (a read again)."""
+    from materializers.repair import repair
+    from materializers.verify import verify
+    from tests.logcheck import table_info
+
+    literal = f"'{DEBEZIUM_PLACEHOLDER}'"
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, body text, b bytea, tags text[])",
+        f"INSERT INTO {{name}} VALUES (1, {literal}, convert_to({literal}, 'UTF8'), "
+        f"ARRAY[{literal}]), (2, 'plain', '\\x01', ARRAY['x'])",
+        prefix="lookalike",
+    )
+    name, table, settings, dsn = t.name, t.table, t.settings, t.dsn
+    every = ["cache", "search", "warehouse"]
+    run_apply(settings, every, once=True)
+    for store, rows in stores(settings, table).items():
+        assert sorted(rows) == [1, 2], store
+        assert rows[1]["body"] == DEBEZIUM_PLACEHOLDER, store
+        assert rows[1]["b"] not in (None, ""), store
+        assert rows[1]["tags"] not in (None, "", []), store
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE {name} SET body = {literal} WHERE id = 2")
+    assert len(updates(settings, table, 1)) == 1
+    run_apply(settings, every, once=True)
+    info = table_info(settings, table)
+    found = verify(settings, [info], every, rounds=1)
+    assert {d.store: d.different for d in found} == {s: ['{"id":2}'] for s in every}
+    repair(settings, [info], found)
+    run_apply(settings, every, once=True)
+    for store, rows in stores(settings, table).items():
+        assert rows[2]["body"] == DEBEZIUM_PLACEHOLDER, store
+        assert rows[1]["body"] == DEBEZIUM_PLACEHOLDER, store
+    assert all(d.ok for d in verify(settings, [info], every, timeout=60))

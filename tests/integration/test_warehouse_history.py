@@ -351,7 +351,7 @@ def test_a_first_load_is_appended_and_equals_what_a_merge_writes(
     merged: its current state and history are what the MERGEs write (several changes of
     a key, a delete and its tombstone, an unchanged TOASTed value), and the same batch
     again (a replay after a crash, now merged) changes nothing."""
-    from cdc.decode import UNAVAILABLE
+    from cdc.decode import DEBEZIUM_PLACEHOLDER
     from cdc.spark import spark_session
 
     spark = spark_session(stack.settings, "test-history")
@@ -368,7 +368,7 @@ def test_a_first_load_is_appended_and_equals_what_a_merge_writes(
         event(1, 3, "u", "v1", (200, 1), 2000),
         event(2, 4, "d", None, (200, 2), 2000),
         tombstone,
-        event(3, 6, "u", UNAVAILABLE, (300, 1), 3000),  # body unchanged, TOASTed
+        event(3, 6, "u", DEBEZIUM_PLACEHOLDER, (300, 1), 3000),  # body unchanged, TOASTed
     ]
     expected = [
         (1, "r", "v0", 1000, 2000),

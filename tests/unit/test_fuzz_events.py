@@ -23,7 +23,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from cdc.catalog import Column, Table
-from cdc.decode import UNAVAILABLE, decode_value
+from cdc.decode import DEBEZIUM_PLACEHOLDER, UNAVAILABLE, decode_value
 from cdc.errors import ValueDecodeError
 from cdc.postgres_text import postgres_text
 from materializers.keys import store_key_text
@@ -98,7 +98,7 @@ PLAUSIBLE: dict[str, st.SearchStrategy[Any]] = {
     "money": st.decimals(allow_nan=False, places=2).map(str),
     "json": json_values.map(json.dumps) | _deep,
     "jsonb": json_values.map(json.dumps) | _deep,
-    "bytea": _b64 | st.just(base64.b64encode(UNAVAILABLE.encode()).decode()),
+    "bytea": _b64 | st.just(base64.b64encode(DEBEZIUM_PLACEHOLDER.encode()).decode()),
     "date": _long,
     "time": _long,
     "timetz": st.times().map(lambda t: t.isoformat() + "Z") | st.text(max_size=20),
@@ -107,7 +107,7 @@ PLAUSIBLE: dict[str, st.SearchStrategy[Any]] = {
     "interval": _interval,
     "bit": st.booleans() | _b64,
     "varbit": _b64,
-    "text": st.text(max_size=20) | st.just(UNAVAILABLE),
+    "text": st.text(max_size=20) | st.just(DEBEZIUM_PLACEHOLDER),
     "uuid": st.uuids().map(str),
     "hstore": st.dictionaries(st.text(max_size=5), st.text(max_size=5) | st.none()).map(json.dumps)
     | st.text(max_size=20),
@@ -480,4 +480,4 @@ def test_a_generated_column_whose_input_is_malformed_is_read_back_not_a_failed_b
         {"id": 1, "tags": "{}", "vbits": [1]},
     ):
         compute(Source(), table, [after])
-        assert after["g"] == UNAVAILABLE  # its inputs unknown: kept as the store holds it
+        assert after["g"] == DEBEZIUM_PLACEHOLDER  # its inputs unknown: kept as the store holds it

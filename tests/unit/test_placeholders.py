@@ -8,6 +8,7 @@ import pytest
 
 from cdc.catalog import Column, Table
 from cdc.decode import (
+    DEBEZIUM_PLACEHOLDER,
     PLACEHOLDER_B64,
     PLACEHOLDER_CODES,
     PLACEHOLDER_HSTORE,
@@ -24,12 +25,12 @@ def column(name: str, base: str, array: bool = False) -> Column:
 
 # what Debezium 3.6.3 sends for an unchanged TOASTed value of each type
 FORMS = [
-    (column("t", "text"), UNAVAILABLE),
-    (column("j", "jsonb"), UNAVAILABLE),
-    (column("u", "uuid"), UNAVAILABLE),
+    (column("t", "text"), DEBEZIUM_PLACEHOLDER),
+    (column("j", "jsonb"), DEBEZIUM_PLACEHOLDER),
+    (column("u", "uuid"), DEBEZIUM_PLACEHOLDER),
     (column("b", "bytea"), PLACEHOLDER_B64),
     (column("h", "hstore"), PLACEHOLDER_HSTORE),
-    (column("ts", "text", True), [UNAVAILABLE]),
+    (column("ts", "text", True), [DEBEZIUM_PLACEHOLDER]),
     (column("bs", "bytea", True), [PLACEHOLDER_B64]),
     (column("us", "uuid", True), [PLACEHOLDER_UUID]),
     (column("ns", "int4", True), PLACEHOLDER_CODES),
@@ -53,7 +54,8 @@ def test_the_forms_are_debeziums() -> None:
     [
         (column("t", "text"), "__debezium"),
         (column("b", "bytea"), "AAEC"),
-        (column("ts", "text", True), [UNAVAILABLE, "x"]),
+        (column("ts", "text", True), [DEBEZIUM_PLACEHOLDER, "x"]),
+        (column("t", "text"), UNAVAILABLE),  # what a decoded image holds instead
         (column("ns", "int4", True), [95, 95]),
         (column("t", "text"), None),
     ],
@@ -74,7 +76,9 @@ TABLE = Table(
 
 
 def test_an_update_keeps_the_stored_value_and_a_create_does_not() -> None:
-    update = mark_unavailable(TABLE, "u", {"id": 1, "b": PLACEHOLDER_B64, "ts": [UNAVAILABLE]})
+    update = mark_unavailable(
+        TABLE, "u", {"id": 1, "b": PLACEHOLDER_B64, "ts": [DEBEZIUM_PLACEHOLDER]}
+    )
     assert update == {"id": 1, "b": UNAVAILABLE, "ts": UNAVAILABLE}
     # a create with a placeholder is a key change: the value is another row's, not known
     create = mark_unavailable(TABLE, "c", {"id": 2, "b": PLACEHOLDER_B64, "ts": ["x"]})
@@ -96,3 +100,17 @@ def test_arrays_debezium_sends_as_null_when_unchanged_are_named() -> None:
     assert [c.name for c in toast_blind_columns(table)] == ["prices", "flags"]
     full = Table("public", "t", columns, ("id",), "f", 1, 1)
     assert toast_blind_columns(full) == []
+
+
+def test_a_read_carries_every_value_so_a_placeholder_there_is_a_real_value() -> None:
+    """The snapshot and backfills read rows as PostgreSQL holds them: a row whose text is
+    Debezium's placeholder is stored as that text (and `verify --repair` can fix a row
+    an update left stale), never taken as an unchanged value."""
+    image = {"id": 3, "b": PLACEHOLDER_B64, "ts": [DEBEZIUM_PLACEHOLDER]}
+    assert mark_unavailable(TABLE, "r", dict(image)) == image
+
+
+def test_what_a_decoded_image_holds_for_an_unchanged_value_is_no_postgresql_text() -> None:
+    # PostgreSQL's text holds no NUL: no real value is the marker the stores keep values for
+    assert "\x00" in UNAVAILABLE
+    assert UNAVAILABLE != DEBEZIUM_PLACEHOLDER

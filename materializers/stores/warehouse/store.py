@@ -443,15 +443,17 @@ class WarehouseStore(FrameStore):
         for flag in placeholders:
             # a create carrying a placeholder is a key change (an INSERT carries every
             # value): the value kept under this key belongs to another row, so it is
-            # not known (NULL), never kept
+            # not known (NULL), never kept. A read (the snapshot, a backfill) carries
+            # every value: one that looks like a placeholder is real (the value stays)
             c = flag[len("__ph_") :]
             created = F.col(q(flag)) & (F.col("_cdc_op") == "c")
+            read = F.col("_cdc_op") == "r"
             decoded = decoded.withColumn(
                 c,
                 F.when(created, F.lit(None).cast(decoded.schema[c].dataType)).otherwise(
                     F.col(q(c))
                 ),
-            ).withColumn(flag, F.col(q(flag)) & ~created)
+            ).withColumn(flag, F.col(q(flag)) & ~created & ~read)
         by_key = Window.partitionBy("_cdc_key").orderBy(
             "_cdc_commit_lsn", "_cdc_lsn", "_cdc_offset"
         )
