@@ -9,12 +9,12 @@ from typing import Any
 
 import psycopg
 
-from cdc.catalog import TRUNCATIONS_TABLE, Table
+from cdc.catalog import DEBEZIUM_PLACEHOLDER, TRUNCATIONS_TABLE, Table, pipeline_placeholder
 from cdc.connect import ConnectClient, connect_client
 from cdc.errors import ConnectorError
 from cdc.role import replication_password, write_secret
 from cdc.settings import Settings
-from cdc.source import HEARTBEAT_TABLE, SIGNAL_TABLE
+from cdc.source import HEARTBEAT_TABLE, SIGNAL_TABLE, admin_connection
 from cdc.topics import CUT_MESSAGE_PREFIX, notification_topic
 
 __all__ = [
@@ -94,8 +94,31 @@ def _sized(limit: int) -> dict[str, str]:
     }
 
 
-def pipeline_connector_config(settings: Settings, tables: Sequence[Table]) -> dict[str, str]:
-    """The pipeline's connector: it streams from the slot the snapshot made (no_data)."""
+def _placeholder(settings: Settings, client: ConnectClient, name: str) -> str:
+    """The pipeline's placeholder for an unchanged TOASTed value. A connector that runs
+    already keeps its own (its events in the topics hold it): the record follows it."""
+    pipeline = settings.pipeline.name
+    with admin_connection(settings) as conn:
+        recorded = pipeline_placeholder(conn, pipeline)
+        if name not in client.connectors():
+            return recorded
+        running = client.config(name).get("unavailable.value.placeholder", DEBEZIUM_PLACEHOLDER)
+        if running != recorded:
+            conn.execute(
+                "INSERT INTO cdc.placeholders (pipeline, placeholder) VALUES (%s, %s) "
+                "ON CONFLICT (pipeline) DO UPDATE SET placeholder = excluded.placeholder",
+                (pipeline, running),
+            )
+            conn.commit()
+            log.warning("%s: kept the connector's TOAST placeholder", pipeline)
+        return str(running)
+
+
+def pipeline_connector_config(
+    settings: Settings, tables: Sequence[Table], placeholder: str
+) -> dict[str, str]:
+    """The pipeline's connector: it streams from the slot the snapshot made (no_data).
+    `placeholder`: the pipeline's own for an unchanged TOASTed value (cdc.placeholders)."""
     pipe = settings.pipeline
     config = connector_config(
         settings,
@@ -120,6 +143,8 @@ def pipeline_connector_config(settings: Settings, tables: Sequence[Table]) -> di
             ),
             # the setup keeps the publication exact: Debezium must not create or alter it
             "publication.autocreate.mode": "disabled",
+            # a secret of the pipeline's: no value a user stores is taken for it
+            "unavailable.value.placeholder": placeholder,
             "slot.drop.on.stop": "false",
             "heartbeat.interval.ms": str(pipe.heartbeat_interval_ms),
             "heartbeat.action.query": (
@@ -250,7 +275,7 @@ def register_connector(
     """
     client = connect_client(settings)
     name = settings.pipeline.connector
-    config = pipeline_connector_config(settings, tables)
+    config = pipeline_connector_config(settings, tables, _placeholder(settings, client, name))
     config["database.password"] = secret_reference(
         settings, "database.password", config["database.password"]
     )

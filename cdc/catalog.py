@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 import json
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -54,6 +54,10 @@ class Column:
     labels: tuple[str, ...] = ()
 
 
+# Debezium's default placeholder for an unchanged TOASTed value the WAL did not carry
+DEBEZIUM_PLACEHOLDER = "__debezium_unavailable_value"
+
+
 @dataclass(frozen=True)
 class Table:
     schema: str
@@ -64,6 +68,9 @@ class Table:
     pages: int  # of its largest partition, for a partitioned table
     estimated_rows: int
     partitioned: bool = False  # a partitioned table, captured through its root
+    # the text its change events carry for an unchanged TOASTed value: the pipeline's
+    # connector's `unavailable.value.placeholder` (cdc/placeholder.py)
+    placeholder: str = field(default=DEBEZIUM_PLACEHOLDER, repr=False)  # a secret
 
     @property
     def regclass(self) -> str:
@@ -390,7 +397,28 @@ def describe_table(
         pages=max(int(pages), 0),
         estimated_rows=max(int(reltuples), 0),
         partitioned=relkind == "p",
+        placeholder=pipeline_placeholder(conn, pipeline.name),
     )
+
+
+PLACEHOLDERS_TABLE = "cdc.placeholders"
+
+
+def pipeline_placeholder(conn: psycopg.Connection[Any], pipeline: str) -> str:
+    """The text the pipeline's connector writes for an unchanged TOASTed value: a secret
+    of its own (`cdc setup` makes it, cdc/identity.py), or Debezium's default for a
+    pipeline set up before there was one (its topics hold that)."""
+    found = conn.execute(  # a user who only reads the catalog (`cdc setup --sql`) may not
+        "SELECT CASE WHEN to_regclass(%s) IS NULL THEN false "
+        "ELSE has_table_privilege(%s, 'SELECT') END",
+        (PLACEHOLDERS_TABLE, PLACEHOLDERS_TABLE),
+    ).fetchone()
+    if not found or not found[0]:
+        return DEBEZIUM_PLACEHOLDER
+    row = conn.execute(
+        "SELECT placeholder FROM cdc.placeholders WHERE pipeline = %s", (pipeline,)
+    ).fetchone()
+    return str(row[0]) if row else DEBEZIUM_PLACEHOLDER
 
 
 # a partitioned table: its partitions' figures (a CTID range reads each partition's pages)

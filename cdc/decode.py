@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import json
 import re
@@ -37,24 +38,21 @@ from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
-from cdc.catalog import Column, Table
+from cdc.catalog import DEBEZIUM_PLACEHOLDER, Column, Table
 from cdc.errors import ValueDecodeError
 
 __all__ = [
     "DATE_INFINITY",
+    "DEBEZIUM",
     "DEBEZIUM_PLACEHOLDER",
     "INFINITY",
     "MICROS_INFINITY",
     "MILLIS_INFINITY",
     "NEGATIVE_INFINITY",
     "NUMERIC_SPECIAL",
-    "PLACEHOLDER_ARRAYS",
-    "PLACEHOLDER_B64",
-    "PLACEHOLDER_CODES",
-    "PLACEHOLDER_HSTORE",
-    "PLACEHOLDER_UUID",
     "UNAVAILABLE",
     "Interval",
+    "Placeholder",
     "bit_length",
     "bits_text",
     "decode_row",
@@ -62,30 +60,44 @@ __all__ = [
     "is_unavailable",
     "mark_unavailable",
     "parse_interval",
+    "placeholder_forms",
 ]
 
-# Debezium's placeholder for an unchanged TOASTed value that the WAL did not carry
-DEBEZIUM_PLACEHOLDER = "__debezium_unavailable_value"
-# what a decoded image holds instead (mark_unavailable): a text no PostgreSQL value can
-# be (text holds no NUL), so a real value equal to Debezium's placeholder stays itself
+# what a decoded image holds for an unchanged TOASTed value (mark_unavailable): a text
+# no PostgreSQL value can be (text holds no NUL), so no real value is taken for it
 UNAVAILABLE = "\x00cdc:unchanged\x00"
-# ... as Debezium 3.6 writes it for other types (UnchangedToastedReplicationMessageColumn,
-# PostgresValueConverter): bytea as the placeholder's bytes (base64 in JSON); text,
-# json, bytea and uuid arrays as a one-element array; int4/int8/date arrays as the
-# placeholder's bytes; hstore as a map. An unchanged TOASTed array of any other type
-# arrives as NULL: nothing tells it from a NULL (README: REPLICA IDENTITY FULL).
-PLACEHOLDER_B64 = base64.b64encode(DEBEZIUM_PLACEHOLDER.encode()).decode()
-PLACEHOLDER_UUID = str(
-    uuid.UUID(bytes=hashlib.md5(DEBEZIUM_PLACEHOLDER.encode()).digest(), version=3)
-)
-PLACEHOLDER_CODES = list(DEBEZIUM_PLACEHOLDER.encode())
-PLACEHOLDER_ARRAYS = (
-    [DEBEZIUM_PLACEHOLDER],
-    [PLACEHOLDER_B64],
-    [PLACEHOLDER_UUID],
-    PLACEHOLDER_CODES,
-)
-PLACEHOLDER_HSTORE = json.dumps({DEBEZIUM_PLACEHOLDER: DEBEZIUM_PLACEHOLDER}, separators=(",", ":"))
+
+
+class Placeholder:
+    """Every form Debezium gives an unchanged TOASTed value, each made from the
+    connector's `unavailable.value.placeholder` as Debezium 3.6 makes it
+    (UnchangedToastedPlaceholder, PostgresValueConverter): text, json, uuid and the
+    like as the text; bytea as its bytes (base64 in JSON); text, json, bytea and uuid
+    arrays as a one-element array (the uuid is Java's nameUUIDFromBytes of the bytes);
+    int4, int8 and date arrays as the bytes, as numbers; hstore as a one-entry map. An
+    unchanged TOASTed array of any other type arrives as NULL: nothing tells it from a
+    NULL (README: REPLICA IDENTITY FULL)."""
+
+    def __init__(self, text: str) -> None:
+        raw = text.encode()
+        self.text = text
+        self.b64 = base64.b64encode(raw).decode()
+        self.uuid = str(uuid.UUID(bytes=hashlib.md5(raw).digest(), version=3))
+        self.codes = list(raw)
+        self.arrays = ([text], [self.b64], [self.uuid], self.codes)
+        self.hstore = json.dumps({text: text}, separators=(",", ":"))
+        self.texts = frozenset((text, self.b64, self.hstore))
+
+    def __repr__(self) -> str:  # a pipeline's own is a secret
+        return "Placeholder(…)"
+
+
+@functools.lru_cache(maxsize=16)
+def placeholder_forms(text: str) -> Placeholder:
+    return Placeholder(text)
+
+
+DEBEZIUM = placeholder_forms(DEBEZIUM_PLACEHOLDER)
 INFINITY, NEGATIVE_INFINITY = "infinity", "-infinity"
 
 # What Debezium 3.6.3 writes for PostgreSQL's infinities (PostgresValueConverter), as
@@ -321,19 +333,19 @@ def decode_row(table: Table, image: dict[str, Any]) -> dict[str, Any]:
     return {k: decode_value(by_name[k], v) for k, v in image.items() if k in by_name}
 
 
-def is_unavailable(column: Column, raw: Any) -> bool:
-    """Whether `raw` (a value of the JSON `after` image) is Debezium's placeholder for an
-    unchanged TOASTed value, in whichever form it takes for the column's type."""
+def is_unavailable(column: Column, raw: Any, placeholder: Placeholder) -> bool:
+    """Whether `raw` (a value of the JSON `after` image) is the connector's placeholder
+    for an unchanged TOASTed value, in whichever form it takes for the column's type."""
     if raw is None:
         return False
-    if raw == DEBEZIUM_PLACEHOLDER:
+    if raw == placeholder.text:
         return True
     if column.is_array:
-        return isinstance(raw, list) and raw in PLACEHOLDER_ARRAYS
+        return isinstance(raw, list) and raw in placeholder.arrays
     if column.base == "bytea":
-        return bool(raw == PLACEHOLDER_B64)
+        return bool(raw == placeholder.b64)
     if column.base == "hstore":
-        return raw in (PLACEHOLDER_HSTORE, {DEBEZIUM_PLACEHOLDER: DEBEZIUM_PLACEHOLDER})
+        return raw in (placeholder.hstore, {placeholder.text: placeholder.text})
     return False
 
 
@@ -346,19 +358,17 @@ def mark_unavailable(table: Table, op: str, after: dict[str, Any] | None) -> dic
     that looks like a placeholder is a real one."""
     if not after or op == "r":
         return after
+    placeholder = placeholder_forms(table.placeholder)
     columns = None
     for name, raw in after.items():
         # most values cannot be a placeholder: look no further (this runs for every value)
-        if isinstance(raw, str) and raw not in _PLACEHOLDER_TEXTS:
+        if isinstance(raw, str) and raw not in placeholder.texts:
             continue
         if not isinstance(raw, str | list | dict):
             continue
         if columns is None:
             columns = {c.name: c for c in table.columns}
         column = columns.get(name)
-        if column is not None and is_unavailable(column, raw):
+        if column is not None and is_unavailable(column, raw, placeholder):
             after[name] = None if op == "c" else UNAVAILABLE
     return after
-
-
-_PLACEHOLDER_TEXTS = frozenset((DEBEZIUM_PLACEHOLDER, PLACEHOLDER_B64, PLACEHOLDER_HSTORE))

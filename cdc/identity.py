@@ -11,19 +11,22 @@ happened to each (`cdc status`), and what `cdc setup` must do about it.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
-from cdc.catalog import Table
+from cdc.catalog import DEBEZIUM_PLACEHOLDER, Table
 
 __all__ = [
     "CAPTURED_TABLE",
     "Drift",
     "current_relations",
     "drift",
+    "placeholder_statement",
     "record_captured",
     "recorded",
     "recorded_since",
@@ -146,3 +149,21 @@ def drift(
     dropped = [name for oid, name in before.items() if oid not in now]
     uncaptured = [name for name in selected if name not in published]
     return Drift(sorted(renamed), sorted(dropped), sorted(uncaptured))
+
+
+def placeholder_statement(pipeline: str) -> sql.Composed:
+    """The statement that gives `pipeline` its placeholder for an unchanged TOASTed value
+    (cdc.placeholders), once: a random one, or Debezium's default for a pipeline set up
+    before (its relations are recorded already: its topics hold that one). Run it before
+    record_captured, in the setup's transaction."""
+    name = sql.Literal(pipeline)
+    return sql.SQL(
+        "INSERT INTO cdc.placeholders (pipeline, placeholder) SELECT {}, CASE WHEN EXISTS "
+        "(SELECT 1 FROM cdc.captured WHERE pipeline = {}) THEN {} ELSE {} END "
+        "ON CONFLICT (pipeline) DO NOTHING"
+    ).format(
+        name,
+        name,
+        sql.Literal(DEBEZIUM_PLACEHOLDER),
+        sql.Literal("__cdc_unchanged_" + secrets.token_hex(16)),
+    )

@@ -34,7 +34,7 @@ from cdc.catalog import (
     toast_blind_columns,
 )
 from cdc.errors import SourceError, SourceUnavailableError
-from cdc.identity import record_captured
+from cdc.identity import placeholder_statement, record_captured
 from cdc.role import (
     EXPRESSIONS_FUNCTION,
     expression_grants,
@@ -171,6 +171,8 @@ def prepare_source(settings: Settings) -> list[Table]:
                 # queue behind the setup's locks)
                 conn.execute(f"SET LOCAL lock_timeout = '{SETUP_LOCK_TIMEOUT}'")
                 conn.execute(_sql_file("pipeline_schema.sql"))
+                # before record_captured, and before the tables are described (with it)
+                conn.execute(placeholder_statement(pipe.name))
                 tables = resolve_tables(conn, pipe)
                 check_names_apart([t.qualified for t in tables], pipe)
                 _apply_replica_identity(conn, tables, pipe.replica_identity)
@@ -304,6 +306,7 @@ def setup_sql(settings: Settings) -> str:
                 publication, sql.Literal(publication_comment(pipe.replication_user))
             ),
         ]
+        composed.append(placeholder_statement(pipe.name))  # before cdc.captured changes
         composed.append(
             sql.SQL("DELETE FROM cdc.captured WHERE pipeline = {}").format(sql.Literal(pipe.name))
         )

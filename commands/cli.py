@@ -412,7 +412,9 @@ def query(
 def search(
     table: Annotated[str, typer.Argument(help="a captured table: schema.table or its name")],
     text: Annotated[str, typer.Argument(help="words to find (simple query string syntax)")],
-    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="at most this many")] = 10,
+    limit: Annotated[
+        int, typer.Option("--limit", "-n", min=1, max=10_000, help="at most this many")
+    ] = 10,
     output: RowsOutputOption = RowsForm.text,
 ) -> None:
     """Search a table's OpenSearch index; the best matches first."""

@@ -186,6 +186,7 @@ def _batch_writer(
         from pyspark.sql import functions as F
 
         valid = F.col("error").isNull()
+        placeholders = {t.placeholder for t in tables.values()}
         # per topic partition and fine age bucket (materializers/freshness.py) of the
         # changes (not the snapshot's or a backfill's reads), in one job
         age = F.greatest(F.lit(started_ms) - F.col("commit_ms"), F.lit(1))
@@ -201,7 +202,9 @@ def _batch_writer(
                 F.max(F.when(valid, F.col("commit_ms"))).alias("commit_ms"),
                 F.max(F.when(valid, F.col("commit_lsn"))).alias("commit_lsn"),
                 F.count("error").alias("errors"),
-                F.count(F.when(valid & may_hold_placeholder(F.col("after")), 1)).alias("toasted"),
+                F.count(
+                    F.when(valid & may_hold_placeholder(F.col("after"), placeholders), 1)
+                ).alias("toasted"),
             )
             .collect()
         )

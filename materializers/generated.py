@@ -33,7 +33,7 @@ import psycopg
 from psycopg import sql
 
 from cdc.catalog import Column, Table
-from cdc.decode import DEBEZIUM_PLACEHOLDER, is_unavailable
+from cdc.decode import is_unavailable, placeholder_forms
 from cdc.errors import ConfigError, SourceUnavailableError, ValueDecodeError
 from cdc.postgres_text import postgres_text
 from cdc.role import EXPRESSIONS_FUNCTION
@@ -83,9 +83,12 @@ def _inputs(table: Table) -> list[Column]:
     return [c for c in table.columns if c.name in names]
 
 
-def _unavailable(inputs: list[Column], after: dict[str, Any]) -> set[str]:
+def _unavailable(table: Table, inputs: list[Column], after: dict[str, Any]) -> set[str]:
     """The inputs the event does not carry: unchanged TOASTed values (or none at all)."""
-    return {c.name for c in inputs if c.name not in after or is_unavailable(c, after[c.name])}
+    forms = placeholder_forms(table.placeholder)
+    return {
+        c.name for c in inputs if c.name not in after or is_unavailable(c, after[c.name], forms)
+    }
 
 
 def _input_text(column: Column, after: dict[str, Any], missing: set[str]) -> str | None:
@@ -111,7 +114,7 @@ def compute(conn: Any, table: Table, afters: list[dict[str, Any]]) -> None:
         missing: list[set[str]] = []
         rows_sql = []
         for number, after in enumerate(chunk):
-            missing.append(_unavailable(inputs, after))
+            missing.append(_unavailable(table, inputs, after))
             texts = [_input_text(c, after, missing[-1]) for c in inputs]
             rows_sql.append(
                 sql.SQL("({})").format(
@@ -220,7 +223,7 @@ def _read_back(
         sql.SQL(", ").join(sql.SQL("%s::{}").format(sql.SQL(c.type)) for c in key),
     )
     found = _read_only(conn, query, [postgres_text(c, after.get(c.name)) for c in key])
-    values = orjson.loads(found[0][0]) if found else [DEBEZIUM_PLACEHOLDER] * len(names)
+    values = orjson.loads(found[0][0]) if found else [table.placeholder] * len(names)
     after.update((n, v) for n, v in zip(names, values, strict=True) if n in wanted)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from cdc.catalog import Column, Table
 from cdc.decode import decode_value
+from cdc.errors import ValueDecodeError
 
 __all__ = ["key_text", "shortest_real", "store_key_text"]
 
@@ -61,6 +62,13 @@ def shortest_real(value: float) -> float:
 
 def store_key_text(table: Table, key: str) -> str:
     """A change event's key (Debezium's JSON: a cache key's tail, a document's _id) in
-    key_text's form."""
-    raw = json.loads(key)
-    return key_text(table, {c: decode_value(table.column(c), raw.get(c)) for c in table.key})
+    key_text's form. A key no change event can have (written by someone else under the
+    pipeline's prefix) stays as it is: no row of the source has it, so verify names it
+    as a key only the store holds."""
+    try:
+        raw = json.loads(key)
+        if not isinstance(raw, dict):
+            return key
+        return key_text(table, {c: decode_value(table.column(c), raw.get(c)) for c in table.key})
+    except (ValueError, ValueDecodeError, RecursionError):  # not JSON, or not the key's types
+        return key

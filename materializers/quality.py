@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdc.catalog import Table
-from cdc.decode import DEBEZIUM_PLACEHOLDER
 from cdc.errors import StoreError
 from cdc.settings import JoinView, Settings, WindowAggregate, duration_ms
 from cdc.topics import change_topic
@@ -70,7 +69,7 @@ def _suite(table: Table, frame: Any, source_count: int, sums: int) -> Any:
         if column.name in strings:
             suite.add_expectation(
                 gxe.ExpectColumnValuesToNotBeInSet(
-                    column=column.name, value_set=[DEBEZIUM_PLACEHOLDER]
+                    column=column.name, value_set=[table.placeholder]
                 )
             )
     suite.add_expectation(gxe.ExpectTableRowCountToEqual(value=source_count))

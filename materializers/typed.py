@@ -39,18 +39,14 @@ from typing import TYPE_CHECKING, Any
 from cdc.catalog import Column, Table
 from cdc.decode import (
     DATE_INFINITY,
-    DEBEZIUM_PLACEHOLDER,
     INFINITY,
     MICROS_INFINITY,
     MILLIS_INFINITY,
     NEGATIVE_INFINITY,
     NUMERIC_SPECIAL,
-    PLACEHOLDER_ARRAYS,
-    PLACEHOLDER_B64,
-    PLACEHOLDER_CODES,
-    PLACEHOLDER_HSTORE,
-    PLACEHOLDER_UUID,
+    Placeholder,
     bit_length,
+    placeholder_forms,
 )
 
 if TYPE_CHECKING:
@@ -58,7 +54,6 @@ if TYPE_CHECKING:
     from pyspark.sql.types import DataType
 
 __all__ = [
-    "PLACEHOLDER_BYTES_B64",
     "json_type",
     "may_hold_placeholder",
     "quoted",
@@ -69,8 +64,6 @@ __all__ = [
     "widest",
 ]
 
-# Debezium's placeholder for an unchanged TOASTed bytea, as JsonConverter writes it
-PLACEHOLDER_BYTES_B64 = PLACEHOLDER_B64
 _NUMERIC = re.compile(r"numeric\((\d+),(\d+)\)")
 _INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
 _LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
@@ -243,48 +236,51 @@ def typed_column(column: Column, raw: SparkColumn) -> SparkColumn:
     return _convert(column, raw)
 
 
-def may_hold_placeholder(after: SparkColumn) -> SparkColumn:
-    """False where a row image (JSON text) holds none of Debezium's TOAST placeholders in
-    any of their forms (is_placeholder's): a text or JSON value, an hstore, bytea (base64),
-    a uuid array, an array of the placeholder's codes. A value that merely contains one
-    of them counts too: true only means look closer."""
-    codes = [str(c) for c in PLACEHOLDER_CODES[:8]]
-    forms = [
-        DEBEZIUM_PLACEHOLDER,
-        PLACEHOLDER_B64,
-        PLACEHOLDER_UUID,
-        ",".join(codes),
-        ", ".join(codes),
-    ]
+def may_hold_placeholder(after: SparkColumn, texts: set[str]) -> SparkColumn:
+    """False where a row image (JSON text) holds none of the placeholders `texts` (the
+    tables' connectors') in any of their forms (is_placeholder's): a text or JSON value,
+    an hstore, bytea (base64), a uuid array, an array of the placeholder's codes. A value
+    that merely contains one of them counts too: true only means look closer."""
+    forms = []
+    for text in sorted(texts):
+        placeholder = placeholder_forms(text)
+        codes = [str(c) for c in placeholder.codes[:8]]
+        forms += [text, placeholder.b64, placeholder.uuid, ",".join(codes), ", ".join(codes)]
+    if not forms:  # no table
+        from pyspark.sql import functions as F
+
+        return F.lit(False)
     return functools.reduce(operator.or_, [after.contains(form) for form in forms])
 
 
-def is_placeholder(column: Column, raw: SparkColumn) -> SparkColumn | None:
-    """True where the value is Debezium's unchanged-TOAST placeholder (None: never)."""
+def is_placeholder(
+    column: Column, raw: SparkColumn, placeholder: Placeholder
+) -> SparkColumn | None:
+    """True where the value is the connector's unchanged-TOAST placeholder (None: never)."""
     from pyspark.sql import functions as F
 
-    if column.is_array:  # the forms cdc.decode.PLACEHOLDER_ARRAYS lists, as JSON text
-        forms = [json.dumps(f, separators=(",", ":")) for f in PLACEHOLDER_ARRAYS]
+    if column.is_array:  # the forms Placeholder.arrays lists, as JSON text
+        forms = [json.dumps(f, separators=(",", ":")) for f in placeholder.arrays]
         return F.coalesce(F.to_json(raw).isin(forms), F.lit(False))
-    if column.base == "bytea":
-        return F.coalesce(raw == F.lit(PLACEHOLDER_BYTES_B64), F.lit(False))
+    if column.base == "bytea":  # base64, as JsonConverter writes bytes
+        return F.coalesce(raw == F.lit(placeholder.b64), F.lit(False))
     if column.base == "hstore":
-        return F.coalesce(raw.isin(PLACEHOLDER_HSTORE, DEBEZIUM_PLACEHOLDER), F.lit(False))
+        return F.coalesce(raw.isin(placeholder.hstore, placeholder.text), F.lit(False))
     from pyspark.sql import types as T
 
     if isinstance(json_type(column), T.StringType):
-        return F.coalesce(raw == F.lit(DEBEZIUM_PLACEHOLDER), F.lit(False))
+        return F.coalesce(raw == F.lit(placeholder.text), F.lit(False))
     return None
 
 
-def _lost(column: Column, raw: SparkColumn) -> SparkColumn:
+def _lost(column: Column, raw: SparkColumn, placeholder: str) -> SparkColumn:
     """True where a value (not a TOAST placeholder) converts to NULL."""
     from pyspark.sql import functions as F
 
     held = _convert(column, raw).isNotNull()
     if column.base == "timestamp":  # a number: never a placeholder
         return raw.isNotNull() & ~held
-    return raw.isNotNull() & (raw != F.lit(DEBEZIUM_PLACEHOLDER)) & ~held
+    return raw.isNotNull() & (raw != F.lit(placeholder)) & ~held
 
 
 def unheld_columns(table: Table, image: SparkColumn) -> SparkColumn | None:
@@ -306,7 +302,7 @@ def unheld_columns(table: Table, image: SparkColumn) -> SparkColumn | None:
         if column.is_array:
             flag = F.exists(raw, functools.partial(_lost, column))
         else:
-            flag = _lost(column, raw)
+            flag = _lost(column, raw, table.placeholder)
         names.append(F.when(flag, F.lit(column.name)))
     if not names:
         return None
@@ -318,17 +314,18 @@ def typed_image(
 ) -> list[Any]:
     """Columns decoding a JSON image (text) into the table's typed columns, plus, per column
     that can hold a TOAST placeholder (unless `placeholders` is false: a key never holds
-    one), a `__ph_<name>` flag."""
+    one), a `__ph_<name>` flag: the value is the table's connector's placeholder."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     schema = T.StructType([T.StructField(c.name, json_type(c)) for c in table.columns])
     parsed = F.from_json(image, schema)
+    forms = placeholder_forms(table.placeholder)
     columns = []
     for column in table.columns:
         raw = parsed[column.name]
         columns.append(typed_column(column, raw).alias(prefix + column.name))
-        flag = is_placeholder(column, raw) if placeholders else None
+        flag = is_placeholder(column, raw, forms) if placeholders else None
         if flag is not None:
             columns.append(flag.alias(f"__ph_{column.name}"))
     return columns

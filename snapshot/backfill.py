@@ -328,7 +328,7 @@ def watch_backfill(
         consumer.seek(tp, from_offset)
         while not progress.finished:
             for record in consumer.poll(timeout_ms=1000).get(tp, []):
-                if _follow(progress, json.loads(record.value) if record.value else {}):
+                if _follow(progress, _note(record.value)):
                     on_progress(progress)
             if deadline is not None and time.monotonic() > deadline:
                 waiting = signal_id is not None and not progress.taken
@@ -352,6 +352,15 @@ def watch_backfill(
             f"{log_file}, then run the backfill again"
         )
     return progress
+
+
+def _note(value: bytes | None) -> Any:
+    """A notification record's JSON; one that is not JSON (nothing Debezium writes) is
+    no notification."""
+    try:
+        return json.loads(value) if value else {}
+    except (ValueError, RecursionError):
+        return {}
 
 
 def _follow(progress: BackfillProgress, note: dict[str, Any]) -> bool:

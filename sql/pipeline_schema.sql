@@ -105,3 +105,11 @@ CREATE TABLE IF NOT EXISTS cdc.captured (
 -- when `cdc setup` recorded it: a change topic of another name written since holds
 -- changes of a captured table made under that name (`cdc status`)
 ALTER TABLE cdc.captured ADD COLUMN IF NOT EXISTS recorded_at timestamptz NOT NULL DEFAULT now();
+
+-- Each pipeline's placeholder for an unchanged TOASTed value (the connector's
+-- `unavailable.value.placeholder`): a secret of its own, so no value a user stores can
+-- be taken for one. Kept after `cdc drop` (the topics stay, and hold it).
+CREATE TABLE IF NOT EXISTS cdc.placeholders (
+    pipeline    text PRIMARY KEY,
+    placeholder text NOT NULL
+);

@@ -43,7 +43,9 @@ def test_each_insert_is_enriched_with_the_referenced_row_as_of_its_commit(
 ) -> None:
     t = captured(
         "CREATE TABLE {name}_prod (id int PRIMARY KEY, name text NOT NULL, price numeric(10,2))",
-        "CREATE TABLE {name}_item (id int PRIMARY KEY, product_id int, qty int NOT NULL)",
+        # the last four named like what the view's own work once used (review M9)
+        "CREATE TABLE {name}_item (id int PRIMARY KEY, product_id int, qty int NOT NULL, "
+        "lsn bigint, commit_lsn text, commit_ms int, ref int)",
         "INSERT INTO {name}_prod SELECT g, 'P' || g, g * 10 FROM generate_series(1, 5) g",
         "INSERT INTO {name}_item VALUES (1, 1, 1), (2, 2, 1)",  # before the snapshot
         prefix="enrich",

@@ -14,12 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc.decode import (
-    DEBEZIUM_PLACEHOLDER,
-    PLACEHOLDER_ARRAYS,
-    PLACEHOLDER_B64,
-    PLACEHOLDER_HSTORE,
-)
+from cdc.decode import DEBEZIUM, DEBEZIUM_PLACEHOLDER, placeholder_forms
 from cdc.topics import change_topic
 from materializers.apply import run_apply
 from tests.conftest import Capture, RunningStack
@@ -58,6 +53,15 @@ def updates(settings: Any, table: str, count: int) -> list[dict[str, Any]]:
         time.sleep(1)
 
 
+def recorded_placeholder(dsn: str, pipeline: str) -> str:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT placeholder FROM cdc.placeholders WHERE pipeline = %s", (pipeline,)
+        ).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
 def test_no_store_writes_a_placeholder_of_any_type(captured: Capture) -> None:
     t = captured(
         f"CREATE TABLE {{name}} ({COLUMNS})",
@@ -77,8 +81,10 @@ def test_no_store_writes_a_placeholder_of_any_type(captured: Capture) -> None:
         conn.execute(f"UPDATE {name} SET body = 'v1'")
     seen = updates(settings, table, 4)
     assert len(seen) == 4
-    # Debezium's placeholder, in each type's own form
-    forms = {DEBEZIUM_PLACEHOLDER, PLACEHOLDER_B64, *map(json.dumps, PLACEHOLDER_ARRAYS)}
+    # the pipeline's own placeholder (not Debezium's default), in each type's own form
+    own = placeholder_forms(recorded_placeholder(dsn, settings.pipeline.name))
+    assert own.text != DEBEZIUM_PLACEHOLDER
+    forms = {own.text, own.b64, *map(json.dumps, own.arrays)}
     for after in seen:
         for column in TOASTED:
             value = after[column]
@@ -125,24 +131,27 @@ def test_every_placeholder_form_marks_its_row_image(stack: RunningStack) -> None
     from materializers.typed import may_hold_placeholder
 
     spark = spark_session(stack.settings, "test-placeholder-forms")
-    forms = [DEBEZIUM_PLACEHOLDER, PLACEHOLDER_B64, PLACEHOLDER_HSTORE, *PLACEHOLDER_ARRAYS]
+    forms = [DEBEZIUM.text, DEBEZIUM.b64, DEBEZIUM.hstore, *DEBEZIUM.arrays]
     images = [{"id": 1, "c": form, "d": "x"} for form in forms]
     images.append({"id": 2, "c": "__debezium", "d": [95, 95, 100], "e": {"k": "v"}})
     envelopes = [(json.dumps({"op": "u", "after": image}, indent=1),) for image in images]
     seen = (
         spark.createDataFrame(envelopes, "value string")
-        .select(may_hold_placeholder(F.from_json("value", ENVELOPE_DDL)["after"]).alias("seen"))
+        .select(
+            may_hold_placeholder(
+                F.from_json("value", ENVELOPE_DDL)["after"], {DEBEZIUM.text}
+            ).alias("seen")
+        )
         .collect()
     )
     assert [row.seen for row in seen] == [True] * len(forms) + [False]
 
 
-def test_a_real_value_equal_to_a_placeholder_is_stored_and_repaired(captured: Capture) -> None:
-    """A row whose values are Debezium's placeholder texts (any user can store them):
-    the snapshot reads them as they are, so every store holds them. An update to such a
-    text is indistinguishable from an unchanged value in its event, so the stores keep
-    the old text; verify names the row and `--repair` backfills it (a read again)."""
-    from materializers.repair import repair
+def test_a_real_value_equal_to_a_placeholder_is_a_value(captured: Capture) -> None:
+    """Any user can store Debezium's default placeholder texts (the review's probe): the
+    pipeline's connector has a secret placeholder of its own, so the snapshot's rows and
+    an update's values are what the row holds, in every store, and verify finds none
+    different."""
     from materializers.verify import verify
     from tests.logcheck import table_info
 
@@ -163,15 +172,36 @@ def test_a_real_value_equal_to_a_placeholder_is_stored_and_repaired(captured: Ca
         assert rows[1]["tags"] not in (None, "", []), store
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"UPDATE {name} SET body = {literal} WHERE id = 2")
+        conn.execute(
+            f"UPDATE {name} SET body = {literal}, b = convert_to({literal}, 'UTF8'), "
+            f"tags = ARRAY[{literal}] WHERE id = 2"
+        )
     assert len(updates(settings, table, 1)) == 1
     run_apply(settings, every, once=True)
-    info = table_info(settings, table)
-    found = verify(settings, [info], every, rounds=1)
-    assert {d.store: d.different for d in found} == {s: ['{"id":2}'] for s in every}
-    repair(settings, [info], found)
-    run_apply(settings, every, once=True)
-    for store, rows in stores(settings, table).items():
+    held = stores(settings, table)
+    for store, rows in held.items():
         assert rows[2]["body"] == DEBEZIUM_PLACEHOLDER, store
-        assert rows[1]["body"] == DEBEZIUM_PLACEHOLDER, store
-    assert all(d.ok for d in verify(settings, [info], every, timeout=60))
+        assert (rows[2]["b"], rows[2]["tags"]) == (rows[1]["b"], rows[1]["tags"]), store
+    assert all(d.ok for d in verify(settings, [table_info(settings, table)], every, timeout=60))
+
+
+def test_a_pipeline_set_up_before_keeps_the_placeholder_its_topics_hold(
+    captured: Capture,
+) -> None:
+    """A pipeline whose relations were recorded before it had a placeholder of its own
+    gets Debezium's default from `cdc setup` (its connector wrote that); and a running
+    connector's placeholder is the one the record follows, as its events hold it."""
+    from cdc.capture import register_connector
+    from cdc.source import prepare_source
+
+    t = captured("CREATE TABLE {name} (id int PRIMARY KEY, body text)", prefix="older")
+    settings, dsn, pipeline = t.settings, t.dsn, t.settings.pipeline.name
+    own = recorded_placeholder(dsn, pipeline)
+    assert own.startswith("__cdc_unchanged_") and len(own) == len("__cdc_unchanged_") + 32
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM cdc.placeholders WHERE pipeline = %s", (pipeline,))
+    tables = prepare_source(settings)
+    assert recorded_placeholder(dsn, pipeline) == DEBEZIUM_PLACEHOLDER
+    assert {table.placeholder for table in tables} == {DEBEZIUM_PLACEHOLDER}
+    register_connector(settings, tables)  # the connector runs with its own
+    assert recorded_placeholder(dsn, pipeline) == own

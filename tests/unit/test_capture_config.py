@@ -94,7 +94,7 @@ def test_the_connector_passes_on_only_verify_s_cut_markers() -> None:
     position at once, materializers/verify.py)."""
     column = Column("id", "integer", "int4", "N", False, None, True)
     table = Table("public", "orders", (column,), ("id",), "d", 0, 0)
-    config = pipeline_connector_config(Settings(), [table])
+    config = pipeline_connector_config(Settings(), [table], "__p")
     included = re.compile(config["message.prefix.include.list"])
     assert included.fullmatch("cdc.cut")
     assert not included.fullmatch("cdcXcut") and not included.fullmatch("app.audit")
@@ -106,7 +106,7 @@ def test_the_pipeline_connector_filters_by_publication_not_by_name() -> None:
     and heartbeat tables are left out."""
     column = Column("id", "integer", "int4", "N", False, None, True)
     table = Table("public", "orders", (column,), ("id",), "d", 0, 0)
-    config = pipeline_connector_config(Settings(), [table])
+    config = pipeline_connector_config(Settings(), [table], "__p")
     assert "table.include.list" not in config
     excluded = [re.compile(p) for p in config["table.exclude.list"].split(",")]
     assert any(p.fullmatch("cdc.debezium_signal") for p in excluded)

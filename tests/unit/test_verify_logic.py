@@ -10,7 +10,7 @@ import pytest
 
 from cdc.catalog import Column, Table
 from cdc.decode import Interval
-from materializers.keys import key_text
+from materializers.keys import key_text, store_key_text
 from materializers.repair import REPAIR_FILTER_CHARS, _key_filter, key_filters, repair_filters
 from materializers.stores.cache import cache_form
 from materializers.stores.warehouse.store import any_of, warehouse_value
@@ -21,6 +21,7 @@ from snapshot.backfill import (
     BackfillProgress,
     _check_filter_size,
     _follow,
+    _note,
     filter_chars,
 )
 
@@ -42,6 +43,21 @@ TABLE = Table(
 
 def test_key_text_is_the_change_events_key() -> None:
     assert key_text(TABLE, {"id": 7, "code": 'é"x', "v": None}) == '{"id":7,"code":"é\\"x"}'
+
+
+def test_a_key_no_change_event_has_is_kept_as_written_not_a_crash() -> None:
+    """Someone else's Redis key or document under the pipeline's prefix: verify reads it
+    back as a key only the store holds, instead of stopping at it."""
+    assert store_key_text(TABLE, '{"id": 7, "code": "x"}') == '{"id":7,"code":"x"}'
+    for foreign in ("not json", "[1, 2]", "[" * 5000):
+        assert store_key_text(TABLE, foreign) == foreign
+
+
+def test_a_notification_that_is_not_json_is_no_notification() -> None:
+    assert _note(b"\xff not json") == {}
+    assert _note(None) == {}
+    assert _note(b'{"aggregate_type": "x"}') == {"aggregate_type": "x"}
+    assert not _follow(BackfillProgress(), _note(b"[1]"))
 
 
 def test_key_filter_quotes_every_value() -> None:

@@ -119,6 +119,15 @@ def test_an_enrichment_column_named_as_the_event_s_is_refused() -> None:
     check_views(settings_with(joins=[join(columns=["ts"], prefix="event_")]), tables)
 
 
+def test_a_stream_tables_column_named_as_the_event_s_is_refused() -> None:
+    """A stream table's own column `event_ts` would be written over by the event's time."""
+    tables = TABLES | {"public.orders": table("orders", "customer_id", "event_ts")}
+    view = join(kind="stream_table")
+    with pytest.raises(ConfigError, match="column event_ts is named like one the view adds"):
+        check_views(settings_with(joins=[view]), tables)
+    check_views(settings_with(joins=[join()]), tables)  # a table join adds no such column
+
+
 def test_a_hopping_window_needs_a_slide_shorter_than_itself() -> None:
     hopping = WindowAggregate(
         name="w", table="public.orders", kind="hopping", window="5 minutes", slide="1 minute"

@@ -65,9 +65,10 @@ def refresh_enrichment(
     everything: bool = False,
 ) -> tuple[int, int] | None:
     """Enrich the batch's creation events of the stream table (`created`: its columns,
-    commit_lsn, lsn, commit_ms), and again the view's events that a version of the
-    batch's referenced rows precedes (`versions`: `ref` the referenced key, commit_lsn,
-    lsn), when one is older than `newest`, the newest event position the view held
+    _cdc_commit_lsn, _cdc_lsn, _cdc_commit_ms), and again the view's events that a
+    version of the batch's referenced rows precedes (`versions`: `_cdc_ref` the
+    referenced key, _cdc_commit_lsn, _cdc_lsn; work columns are all `_cdc_…`, which no
+    column may be named), when one is older than `newest`, the newest event position the view held
     before the batch (None: not known, read from the view); with `everything`, every
     event of the view again (after a TRUNCATE of the referenced table). Returns the
     newest event position the view holds now."""
@@ -87,20 +88,20 @@ def refresh_enrichment(
     columns = [F.col(q(c.name)) for c in stream.columns]
     parts = []
     if created is not None and not created.isEmpty():  # a batch of updates has none
-        parts.append(created.select(*columns, "commit_lsn", "lsn", "commit_ms"))
+        parts.append(created.select(*columns, "_cdc_commit_lsn", "_cdc_lsn", "_cdc_commit_ms"))
     if everything:
         parts.append(_held_events(held, columns))
     elif versions is not None:
-        first = versions.agg(F.min(F.struct("commit_lsn", "lsn")).alias("m")).first()
+        first = versions.agg(F.min(F.struct("_cdc_commit_lsn", "_cdc_lsn")).alias("m")).first()
         if first and first["m"] is not None and tuple(first["m"]) < newest:
-            earliest = versions.groupBy("ref").agg(
-                F.min(F.struct("commit_lsn", "lsn")).alias("__first")
+            earliest = versions.groupBy("_cdc_ref").agg(
+                F.min(F.struct("_cdc_commit_lsn", "_cdc_lsn")).alias("_cdc_first")
             )
             event = F.struct(F.col("_cdc_commit_lsn"), F.col("_cdc_lsn"))
             parts.append(
                 _held_events(
-                    held.join(earliest, F.col(q(join.on)) == F.col("ref")).where(
-                        event > F.col("__first")
+                    held.join(earliest, F.col(q(join.on)) == F.col("_cdc_ref")).where(
+                        event > F.col("_cdc_first")
                     ),
                     columns,
                 )
@@ -110,7 +111,7 @@ def refresh_enrichment(
     events = parts[0]
     for part in parts[1:]:
         events = events.unionByName(part)
-    events = events.dropDuplicates([*stream.key, "commit_lsn", "lsn"]).localCheckpoint()
+    events = events.dropDuplicates([*stream.key, "_cdc_commit_lsn", "_cdc_lsn"]).localCheckpoint()
     enriched = _as_of(spark, root, join, stream, referenced, events)
     identity = " AND ".join(
         [f"v.{q(k)} <=> s.{q(k)}" for k in stream.key]
@@ -127,7 +128,7 @@ def refresh_enrichment(
         .whenNotMatchedInsertAll()
         .execute()
     )
-    top = events.agg(F.max(F.struct("commit_lsn", "lsn")).alias("m")).first()
+    top = events.agg(F.max(F.struct("_cdc_commit_lsn", "_cdc_lsn")).alias("m")).first()
     if top and top["m"] is not None:
         newest = max(newest, tuple(top["m"]))
     return newest
@@ -139,9 +140,9 @@ def _held_events(held: DataFrame, columns: list[Any]) -> DataFrame:
 
     return held.select(
         *columns,
-        F.col("_cdc_commit_lsn").alias("commit_lsn"),
-        F.col("_cdc_lsn").alias("lsn"),
-        F.unix_millis("event_ts").alias("commit_ms"),
+        "_cdc_commit_lsn",
+        "_cdc_lsn",
+        F.unix_millis("event_ts").alias("_cdc_commit_ms"),
     )
 
 
@@ -155,49 +156,50 @@ def _as_of(
     from materializers.stores.warehouse.tables import history_path
 
     (key,) = referenced.key
-    wanted = events.select(F.col(q(join.on)).alias("__ref")).distinct()
+    wanted = events.select(F.col(q(join.on)).alias("_cdc_ref")).distinct()
     by_position = Window.partitionBy(q(key)).orderBy("_cdc_commit_lsn", "_cdc_lsn")
     versions = (
         spark.read.format("delta")
         .load(history_path(root, referenced.qualified))
-        .join(wanted, F.col(q(key)) == F.col("__ref"), "left_semi")
+        .join(wanted, F.col(q(key)) == F.col("_cdc_ref"), "left_semi")
         # the next version's start: a valid_to that is not it is a TRUNCATE's
-        .withColumn("__v_next", F.lead("valid_from").over(by_position))
+        .withColumn("_cdc_v_next", F.lead("valid_from").over(by_position))
         .select(
-            F.col(q(key)).alias("__ref"),
-            F.col("_cdc_commit_lsn").alias("__v_commit"),
-            F.col("_cdc_lsn").alias("__v_lsn"),
-            F.col("_cdc_op").alias("__v_op"),
-            F.col("valid_to").alias("__v_to"),
-            "__v_next",
+            F.col(q(key)).alias("_cdc_ref"),
+            F.col("_cdc_commit_lsn").alias("_cdc_v_commit"),
+            F.col("_cdc_lsn").alias("_cdc_v_lsn"),
+            F.col("_cdc_op").alias("_cdc_v_op"),
+            F.col("valid_to").alias("_cdc_v_to"),
+            "_cdc_v_next",
             *[F.col(q(c)).alias(join.column_prefix + c) for c in join.columns],
         )
     )
-    at_or_before = (F.col("__v_commit") < F.col("commit_lsn")) | (
-        (F.col("__v_commit") == F.col("commit_lsn")) & (F.col("__v_lsn") <= F.col("lsn"))
+    at_or_before = (F.col("_cdc_v_commit") < F.col("_cdc_commit_lsn")) | (
+        (F.col("_cdc_v_commit") == F.col("_cdc_commit_lsn"))
+        & (F.col("_cdc_v_lsn") <= F.col("_cdc_lsn"))
     )
-    latest = Window.partitionBy(*[q(k) for k in stream.key], "commit_lsn", "lsn").orderBy(
-        F.col("__v_commit").desc_nulls_last(), F.col("__v_lsn").desc_nulls_last()
+    latest = Window.partitionBy(*[q(k) for k in stream.key], "_cdc_commit_lsn", "_cdc_lsn").orderBy(
+        F.col("_cdc_v_commit").desc_nulls_last(), F.col("_cdc_v_lsn").desc_nulls_last()
     )
-    event_ts = F.timestamp_millis("commit_ms")
+    event_ts = F.timestamp_millis("_cdc_commit_ms")
     live = (
-        F.col("__v_op").isNotNull()
-        & (F.col("__v_op") != "d")
+        F.col("_cdc_v_op").isNotNull()
+        & (F.col("_cdc_v_op") != "d")
         & (
-            F.col("__v_to").isNull()
-            | F.col("__v_to").eqNullSafe(F.col("__v_next"))
-            | (F.col("__v_to") >= event_ts)
+            F.col("_cdc_v_to").isNull()
+            | F.col("_cdc_v_to").eqNullSafe(F.col("_cdc_v_next"))
+            | (F.col("_cdc_v_to") >= event_ts)
         )
     )
     return (
-        events.join(versions, (F.col(q(join.on)) == F.col("__ref")) & at_or_before, "left")
-        .withColumn("__rank", F.row_number().over(latest))
-        .where("__rank = 1")
+        events.join(versions, (F.col(q(join.on)) == F.col("_cdc_ref")) & at_or_before, "left")
+        .withColumn("_cdc_rank", F.row_number().over(latest))
+        .where("_cdc_rank = 1")
         .select(
             *[F.col(q(c.name)) for c in stream.columns],
             event_ts.alias("event_ts"),
-            F.col("commit_lsn").alias("_cdc_commit_lsn"),
-            F.col("lsn").alias("_cdc_lsn"),
+            "_cdc_commit_lsn",
+            "_cdc_lsn",
             *[
                 F.when(live, F.col(q(join.column_prefix + c))).alias(join.column_prefix + c)
                 for c in join.columns

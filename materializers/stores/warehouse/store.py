@@ -388,16 +388,18 @@ class WarehouseStore(FrameStore):
                     changes.where("_cdc_op = 'c'")
                     .select(
                         *[q(c.name) for c in table.columns],
-                        *[F.col(f"_cdc_{c}").alias(c) for c in ("commit_lsn", "lsn", "commit_ms")],
+                        "_cdc_commit_lsn",
+                        "_cdc_lsn",
+                        "_cdc_commit_ms",
                     )
-                    .dropDuplicates([*table.key, "commit_lsn", "lsn"])
+                    .dropDuplicates([*table.key, "_cdc_commit_lsn", "_cdc_lsn"])
                     .localCheckpoint()
                 )
             if "versions" in keep and len(table.key) == 1:
                 kept["versions"] = changes.select(
-                    F.col(q(f"_cdc_k_{table.key[0]}")).alias("ref"),
-                    F.col("_cdc_commit_lsn").alias("commit_lsn"),
-                    F.col("_cdc_lsn").alias("lsn"),
+                    F.col(q(f"_cdc_k_{table.key[0]}")).alias("_cdc_ref"),
+                    "_cdc_commit_lsn",
+                    "_cdc_lsn",
                 ).localCheckpoint()
             return history.result(), current_s, kept
         finally:

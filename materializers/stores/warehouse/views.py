@@ -72,6 +72,13 @@ def check_views(settings: Settings, tables: dict[str, Table]) -> None:
             taken = {c.name for c in left.columns}
             if join.kind == "stream_table":
                 taken |= set(EVENT_COLUMNS)
+        added = set(JOIN_COLUMNS if join.kind == "stream_stream" else EVENT_COLUMNS)
+        kept = set(left.key) if join.kind == "stream_stream" else {c.name for c in left.columns}
+        if join.kind != "table" and kept & added:
+            raise ConfigError(
+                f"view {join.name}: {left.qualified}'s column {sorted(kept & added)[0]} is "
+                "named like one the view adds to every row; rename the column"
+            )
         clash = sorted(taken & carried)
         if clash:
             raise ConfigError(
