@@ -3,7 +3,6 @@ or a login (the default local stack trusts everyone who reaches 127.0.0.1)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +11,7 @@ import pytest
 from cdc.errors import ConfigError
 from cdc.settings import load_settings
 
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for key in list(os.environ):
-        if key.startswith("CDC_"):
-            monkeypatch.delenv(key)
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("clean_env")
 
 
 def secure(tmp_path: Path) -> dict[str, Any]:

@@ -9,15 +9,7 @@ from cdc.errors import ConfigError
 from cdc.settings import Settings, load_settings
 from tests.helpers import run_cdc
 
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import os
-
-    for key in list(os.environ):
-        if key.startswith("CDC_"):
-            monkeypatch.delenv(key)
-    monkeypatch.chdir(tmp_path)  # no cdc.toml here unless a test writes one
+pytestmark = pytest.mark.usefixtures("clean_env")
 
 
 def test_defaults_do_not_collide_with_system_services() -> None:

@@ -3,7 +3,6 @@ combinations refused at settings time (one line, no secret)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -13,13 +12,7 @@ from cdc.capture import connector_config
 from cdc.errors import ConfigError
 from cdc.settings import load_settings
 
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for key in list(os.environ):
-        if key.startswith("CDC_"):
-            monkeypatch.delenv(key)
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("clean_env")
 
 
 def test_every_postgres_connection_carries_sslmode_and_the_ca(tmp_path: Path) -> None:
