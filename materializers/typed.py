@@ -273,7 +273,7 @@ def is_placeholder(
     return None
 
 
-def _lost(column: Column, raw: SparkColumn, placeholder: str) -> SparkColumn:
+def _lost(column: Column, placeholder: str, raw: SparkColumn) -> SparkColumn:
     """True where a value (not a TOAST placeholder) converts to NULL."""
     from pyspark.sql import functions as F
 
@@ -300,9 +300,10 @@ def unheld_columns(table: Table, image: SparkColumn) -> SparkColumn | None:
             continue
         raw = parsed[column.name]
         if column.is_array:
-            flag = F.exists(raw, functools.partial(_lost, column))
+            # one argument left: Spark counts the lambda's parameters
+            flag = F.exists(raw, functools.partial(_lost, column, table.placeholder))
         else:
-            flag = _lost(column, raw, table.placeholder)
+            flag = _lost(column, table.placeholder, raw)
         names.append(F.when(flag, F.lit(column.name)))
     if not names:
         return None

@@ -5,7 +5,9 @@ the stores' metadata."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -97,3 +99,49 @@ def stores(settings: Any, table: str, key: str = "id") -> dict[str, Rows]:
         "search": search(settings, table, key),
         "warehouse": warehouse(settings, table, key),
     }
+
+
+def delta_tables(root: str) -> list[Path]:
+    """Every Delta table under a warehouse folder (current state, history, views)."""
+    return sorted(log.parent for log in Path(root).rglob("_delta_log") if log.is_dir())
+
+
+def column_mapped(path: Path) -> bool:
+    """Whether the table's newest metadata in its log turns on Delta's column mapping."""
+    mode = "none"
+    for log in sorted((path / "_delta_log").glob("*.json")):
+        for line in log.read_text().splitlines():
+            meta = json.loads(line).get("metaData")
+            if meta:
+                mode = meta.get("configuration", {}).get("delta.columnMapping.mode", "none")
+    return mode != "none"
+
+
+def readers_differ(spark: Any, path: Path) -> list[str]:
+    """How delta-rs's read of a Delta table (the `deltalake` package, what Polars uses)
+    differs from Spark's: column names, then rows (each row's values as Python objects,
+    timestamps compared as instants). Empty: the same table."""
+    from deltalake import DeltaTable
+
+    theirs = DeltaTable(str(path)).to_pyarrow_table()
+    ours = spark.read.format("delta").load(str(path)).toArrow()
+    if theirs.column_names != ours.column_names:
+        return [f"{path}: columns {theirs.column_names} ≠ Spark's {ours.column_names}"]
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, dt.datetime) and value.tzinfo is not None:
+            return value.astimezone(dt.UTC).isoformat()
+        if isinstance(value, list | tuple):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+
+    def rows(table: Any) -> list[str]:
+        return sorted(repr(sorted(plain(row).items())) for row in table.to_pylist())
+
+    mine, spark_rows = rows(theirs), rows(ours)
+    if mine == spark_rows:
+        return []
+    only = [r for r in mine if r not in spark_rows][:2]
+    return [f"{path}: {len(mine)} rows ≠ Spark's {len(spark_rows)}; e.g. {only}"]

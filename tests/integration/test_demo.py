@@ -8,11 +8,14 @@ import re
 import psycopg
 import pytest
 
+from cdc.spark import spark_session
 from commands.demo import TABLES
 from commands.pipeline import drop_pipeline
+from materializers.stores.warehouse.tables import warehouse_root
 from tests.conftest import RunningStack
 from tests.helpers import run_cdc
 from tests.logcheck import pipeline_for
+from tests.stores import column_mapped, delta_tables, readers_differ
 
 pytestmark = pytest.mark.integration
 
@@ -55,6 +58,12 @@ def test_the_demo_runs_non_interactively_and_verifies(stack: RunningStack) -> No
         with psycopg.connect(settings.postgres.dsn()) as conn:
             orders = conn.execute("SELECT count(*) FROM orders").fetchone()
         assert orders is not None and orders[0] > 10_000  # the workload placed orders
+        # every warehouse table, views included, reads the same with delta-rs as with Spark
+        spark = spark_session(settings, "test-demo-readers")
+        tables = delta_tables(warehouse_root(settings))
+        assert len(tables) >= 2 * len(TABLES) + 7 and not any(map(column_mapped, tables))
+        differences = [d for path in tables for d in readers_differ(spark, path)]
+        assert not differences, "\n".join(differences)
     finally:
         drop_pipeline(settings)
         with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:

@@ -64,7 +64,9 @@ def view_path(root: str, name: str) -> str:
 
 
 # Delta's column mapping by name: a column is stored under a physical name of its own, so
-# any PostgreSQL column name works (spaces, commas, braces, `=`: what Parquet refuses)
+# any PostgreSQL column name works (spaces, commas, braces, `=`: what Parquet refuses).
+# Only a table with such a name gets it: readers other than Spark (delta-rs, so Polars
+# and the `deltalake` package) do not all read it (README, "Reading the warehouse").
 _COLUMN_MAPPING = {
     "delta.columnMapping.mode": "name",
     "delta.minReaderVersion": "2",
@@ -106,8 +108,9 @@ def ensure_delta(
         if "://" not in path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         builder = DeltaTable.createIfNotExists(spark).location(path)
-        for key, value in _COLUMN_MAPPING.items():
-            builder = builder.property(key, value)
+        if any(_NOT_PHYSICAL.search(f.name) for f in fields):
+            for key, value in _COLUMN_MAPPING.items():
+                builder = builder.property(key, value)
         builder = builder.addColumns(T.StructType(fields))
         if partitioned_by:
             builder = builder.partitionedBy(*partitioned_by)
@@ -116,7 +119,7 @@ def ensure_delta(
     have = {f.name: f.dataType for f in target.toDF().schema.fields}
     added = [f for f in fields if f.name not in have]
     if any(_NOT_PHYSICAL.search(f.name) for f in added):
-        # a table from before column mapping was on, given a name Parquet cannot hold
+        # a column added in PostgreSQL with a name Parquet cannot hold: mapping from now on
         settings = ", ".join(f"'{k}' = '{v}'" for k, v in _COLUMN_MAPPING.items())
         spark.sql(f"ALTER TABLE delta.{q(path)} SET TBLPROPERTIES ({settings})")
     if added:  # a column added in PostgreSQL
