@@ -1,6 +1,7 @@
 """What one micro-batch of the apply job costs, phase by phase, idle and under a small load.
 
     .venv/bin/python bench/batch_cost.py [--stores cache,search] [--rate 200] [--seconds 40]
+                                         [--generated]
 
 Needs the local stack (`cdc up`). Takes the snapshot of a 1,000-row table of its own,
 runs `cdc apply` for the stores in this process, and times each phase of every
@@ -10,7 +11,9 @@ log's end offsets, and the rest of the batch, which is Spark's job and the store
 writes), with the Spark jobs each batch ran. First idle for --seconds (no change at
 all: what a pipeline costs at rest), then with --rate single-row updates per second.
 Prints per store and phase the mean wall time per batch, and the cores each component
-kept busy; appends the figures to bench/results/batch_cost.jsonl.
+kept busy; appends the figures to bench/results/batch_cost.jsonl. With --generated the
+table has a stored generated column, which change events lack: `with_generated` is then
+the cost of computing it in PostgreSQL (materializers/generated.py), batch by batch.
 """
 
 from __future__ import annotations
@@ -142,10 +145,13 @@ def spark_durations(settings: Settings, since: float) -> dict[str, dict[str, flo
     }
 
 
-def load(settings: Settings) -> None:
+def load(settings: Settings, generated: bool = False) -> None:
+    extra = ", twice bigint GENERATED ALWAYS AS (v * 2) STORED" if generated else ""
     with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
         conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
-        conn.execute(f"CREATE TABLE {TABLE} (id int PRIMARY KEY, v bigint NOT NULL, note text)")
+        conn.execute(
+            f"CREATE TABLE {TABLE} (id int PRIMARY KEY, v bigint NOT NULL, note text{extra})"
+        )
         conn.execute(
             f"INSERT INTO {TABLE} SELECT i, 0, 'row ' || i FROM generate_series(1, {ROWS}) i"
         )
@@ -168,10 +174,13 @@ def main() -> None:
     parser.add_argument("--stores", default="cache,search")
     parser.add_argument("--rate", type=int, default=200, help="updates per second")
     parser.add_argument("--seconds", type=int, default=40, help="of each phase")
+    parser.add_argument(
+        "--generated", action="store_true", help="the table has a stored generated column"
+    )
     args = parser.parse_args()
     stores = [s for s in args.stores.split(",") if s]
     source = load_settings()
-    load(source)
+    load(source, args.generated)
     bench = bench_settings(source, [TABLE])
     clock = Clock()
     instrument(clock)
@@ -213,6 +222,7 @@ def main() -> None:
             "benchmark": "batch_cost",
             "stores": stores,
             "seconds": args.seconds,
+            "generated": args.generated,
             "trigger_interval_s": bench.apply.trigger_interval_s,
             "runs": runs,
         },

@@ -69,7 +69,7 @@ class Table:
     estimated_rows: int
     partitioned: bool = False  # a partitioned table, captured through its root
     # the text its change events carry for an unchanged TOASTed value: the pipeline's
-    # connector's `unavailable.value.placeholder` (cdc/placeholder.py)
+    # connector's `unavailable.value.placeholder` (cdc.placeholders; cdc/identity.py)
     placeholder: str = field(default=DEBEZIUM_PLACEHOLDER, repr=False)  # a secret
 
     @property

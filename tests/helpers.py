@@ -59,3 +59,16 @@ EVENTS = (
     "after string, commit_ms long, commit_lsn long, lsn long, error string, value string, "
     "cut_ms long"
 )
+
+
+def recorded_placeholder(dsn: str, pipeline: str) -> str:
+    """The pipeline's own placeholder for an unchanged TOASTed value, as `cdc setup`
+    recorded it in PostgreSQL (what its connector writes instead of Debezium's default)."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT placeholder FROM cdc.placeholders WHERE pipeline = %s", (pipeline,)
+        ).fetchone()
+    assert row is not None, f"pipeline {pipeline} has no placeholder recorded"
+    return str(row[0])

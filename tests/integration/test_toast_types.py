@@ -19,6 +19,7 @@ from cdc.topics import change_topic
 from materializers.apply import run_apply
 from tests.conftest import Capture, RunningStack
 from tests.contents import topic_records
+from tests.helpers import recorded_placeholder
 from tests.stores import stores
 
 pytestmark = pytest.mark.integration
@@ -51,15 +52,6 @@ def updates(settings: Any, table: str, count: int) -> list[dict[str, Any]]:
         if len(found) >= count or time.monotonic() > deadline:
             return found
         time.sleep(1)
-
-
-def recorded_placeholder(dsn: str, pipeline: str) -> str:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(
-            "SELECT placeholder FROM cdc.placeholders WHERE pipeline = %s", (pipeline,)
-        ).fetchone()
-    assert row is not None
-    return str(row[0])
 
 
 def test_no_store_writes_a_placeholder_of_any_type(captured: Capture) -> None:

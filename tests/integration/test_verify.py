@@ -20,7 +20,7 @@ from materializers.stores.warehouse.tables import current_path, warehouse_root
 from materializers.verify import Drift, verify
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
-from tests.helpers import run_cdc
+from tests.helpers import recorded_placeholder, run_cdc
 from tests.logcheck import pipeline_for, table_info, wait_until_equal
 
 pytestmark = pytest.mark.integration
@@ -108,7 +108,9 @@ def test_query_search_get_and_verify_finds_drift(stack: RunningStack) -> None:
         spark = spark_session(settings, "test")
         delta = DeltaTable.forPath(spark, current_path(warehouse_root(settings), table))
         delta.update("id = 7", {"name": "'tampered'"})
-        delta.update("id = 10", {"name": "'__debezium_unavailable_value'"})  # a placeholder
+        # the pipeline's placeholder, as if one had leaked into the warehouse
+        own = recorded_placeholder(dsn, settings.pipeline.name)
+        delta.update("id = 10", {"name": f"'{own}'"})
         delta.update("id = 11", {"price": "price + 100"})  # and the sum of prices with it
         from opensearchpy import OpenSearch
 
