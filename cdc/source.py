@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -27,6 +28,7 @@ from cdc.catalog import (
     check_publishable,
     check_wal_level,
     describe_table,
+    pipeline_placeholder,
     published_tables,
     publishing_relations,
     reserved_problem,
@@ -171,8 +173,6 @@ def prepare_source(settings: Settings) -> list[Table]:
                 # queue behind the setup's locks)
                 conn.execute(f"SET LOCAL lock_timeout = '{SETUP_LOCK_TIMEOUT}'")
                 conn.execute(_sql_file("pipeline_schema.sql"))
-                # before record_captured, and before the tables are described (with it)
-                conn.execute(placeholder_statement(pipe.name))
                 tables = resolve_tables(conn, pipe)
                 check_names_apart([t.qualified for t in tables], pipe)
                 _apply_replica_identity(conn, tables, pipe.replica_identity)
@@ -192,6 +192,12 @@ def prepare_source(settings: Settings) -> list[Table]:
                     pipe.publication,
                 )
                 _publish(conn, pipe.publication, tables)
+                # the first write of the transaction comes after the publication exists:
+                # a consumer of the publication decodes each change with the catalog of
+                # its moment, and fails on one made before the publication was
+                conn.execute(placeholder_statement(pipe.name))  # before record_captured
+                placeholder = pipeline_placeholder(conn, pipe.name)
+                tables = [replace(t, placeholder=placeholder) for t in tables]
                 record_captured(conn, pipe.name, tables)
                 conn.execute(
                     sql.SQL("COMMENT ON PUBLICATION {} IS {}").format(
