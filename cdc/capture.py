@@ -160,8 +160,11 @@ def pipeline_connector_config(
             "incremental.snapshot.chunk.size": "2048",
             # a column filter makes a backfill select the columns of Debezium's schema by
             # name: its `SELECT *` also returns generated columns, which the schema (from
-            # pgoutput) lacks, and fails the backfill ("Column not found", DBZ-4350)
-            "column.include.list": ".*",
+            # pgoutput) lacks, and fails the backfill ("Column not found", DBZ-4350). The
+            # columns pipeline.table leaves out are left out here too: a backfill reads
+            # the schema Debezium read at its start, before any change names the
+            # publication's columns
+            **_column_filter(tables),
             # backfill progress comes back as notifications on a topic
             "notification.enabled.channels": "sink",
             "notification.sink.topic.name": notification_topic(pipe),
@@ -180,6 +183,21 @@ def pipeline_connector_config(
     if keyed:
         config["message.key.columns"] = ";".join(keyed)
     return config
+
+
+def _column_filter(tables: Sequence[Table]) -> dict[str, str]:
+    excluded = [_java_regex_literal(f"{t.qualified}.{name}") for t in tables for name in t.excluded]
+    if not excluded:
+        return {"column.include.list": ".*"}
+    return {"column.exclude.list": ",".join(excluded)}
+
+
+def _java_regex_literal(text: str) -> str:
+    """`text` as a Java regular expression that matches it alone: ASCII punctuation
+    escaped (a backslash before a letter or digit would mean something else)."""
+    return "".join(
+        "\\" + ch if ch.isascii() and not ch.isalnum() and ch != "_" else ch for ch in text
+    )
 
 
 def _regex_literal(table: str) -> str:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from cdc.errors import SourceError
 from cdc.settings import PipelineSettings
@@ -71,6 +72,14 @@ class Table:
     # the text its change events carry for an unchanged TOASTed value: the pipeline's
     # connector's `unavailable.value.placeholder` (cdc.placeholders; cdc/identity.py)
     placeholder: str = field(default=DEBEZIUM_PLACEHOLDER, repr=False)  # a secret
+    # what pipeline.table leaves in PostgreSQL: the columns not captured (excluded, or
+    # added since `cdc setup` named the publication's columns), and the row filter
+    excluded: tuple[str, ...] = ()
+    row_filter: str | None = None
+    listed: bool = False  # its columns are chosen: the publication names them
+    # columns the settings capture that the publication does not name yet (added to the
+    # table since `cdc setup`): `cdc setup` captures them, and a backfill fills them
+    pending: tuple[str, ...] = ()
 
     @property
     def regclass(self) -> str:
@@ -88,6 +97,26 @@ class Table:
 
     def column(self, name: str) -> Column:
         return next(c for c in self.columns if c.name == name)
+
+    @property
+    def column_list(self) -> tuple[str, ...] | None:
+        """The publication's column list for it (None: every column). PostgreSQL 15
+        publishes no generated column, and refuses one in a column list."""
+        if not self.listed:
+            return None
+        return tuple(c.name for c in self.columns if c.generated is None)
+
+    def source(self, alias: str | None = None) -> sql.Composable:
+        """The table in a FROM clause as the pipeline captures it: its rows that the row
+        filter holds for (`alias` names it; default its own name)."""
+        name = sql.Identifier(self.schema, self.name)
+        if self.row_filter is None:
+            if alias is None:
+                return name
+            return sql.SQL("{} AS {}").format(name, sql.Identifier(alias))
+        return sql.SQL("(SELECT * FROM {} WHERE ({})) AS {}").format(
+            name, sql.SQL(self.row_filter), sql.Identifier(alias or self.name)
+        )
 
 
 def published_tables(conn: psycopg.Connection[Any], publication: str) -> list[str]:
@@ -232,8 +261,11 @@ def selected_tables(conn: psycopg.Connection[Any], pipeline: PipelineSettings) -
     ]
 
 
-def resolve_tables(conn: psycopg.Connection[Any], pipeline: PipelineSettings) -> list[Table]:
-    """The tables the pipeline captures, each checked: it exists and has a key."""
+def resolve_tables(
+    conn: psycopg.Connection[Any], pipeline: PipelineSettings, *, as_published: bool = True
+) -> list[Table]:
+    """The tables the pipeline captures, each checked: it exists and has a key.
+    `as_published`: see describe_table."""
     existing = _existing_tables(conn)
     chosen: list[str] = []
     for pattern in pipeline.tables:
@@ -259,7 +291,12 @@ def resolve_tables(conn: psycopg.Connection[Any], pipeline: PipelineSettings) ->
     ]
     if not chosen:
         raise SourceError("pipeline.tables selects no table: name at least one schema.table")
-    return [describe_table(conn, t, pipeline) for t in chosen]
+    if stray := [t for t in pipeline.table if t not in chosen]:
+        raise SourceError(
+            f'pipeline.table."{stray[0]}" names a table the pipeline does not capture: '
+            "fix the name, or add the table to pipeline.tables"
+        )
+    return [describe_table(conn, t, pipeline, as_published=as_published) for t in chosen]
 
 
 def _renamed_to(conn: psycopg.Connection[Any], pipeline: str, name: str) -> str | None:
@@ -321,8 +358,15 @@ def reserved_problem(columns: list[str], stores: Collection[str] = ()) -> str | 
 
 
 def describe_table(
-    conn: psycopg.Connection[Any], qualified: str, pipeline: PipelineSettings
+    conn: psycopg.Connection[Any],
+    qualified: str,
+    pipeline: PipelineSettings,
+    *,
+    as_published: bool = True,
 ) -> Table:
+    """The table as the pipeline captures it: its columns less those pipeline.table
+    leaves out and, `as_published`, less those the publication does not name yet (a
+    column added since `cdc setup`; the setup itself reads the settings' choice)."""
     schema, name = qualified.split(".", 1)
     head = conn.execute(_HEAD, (schema, name)).fetchone()
     if head is None:
@@ -376,6 +420,19 @@ def describe_table(
                 f'needs pipeline.replica_identity."{qualified}" = "full" so that updates and '
                 "deletes carry those columns"
             )
+    excluded, pending = _choose_columns(
+        conn, oid, qualified, columns, configured or primary_key, pipeline, as_published
+    )
+    wanted_full = (wanted_identity or _IDENTITY[replident]) == "full"
+    if excluded and wanted_full:
+        raise SourceError(
+            f'pipeline.table."{qualified}" leaves columns out, but the table\'s replica '
+            "identity is full (every column), which a PostgreSQL 15 publication must "
+            "carry whole: capture every column, or give the table a primary key and "
+            "replica identity default"
+        )
+    columns = tuple(c for c in columns if c.name not in excluded)
+    choice = pipeline.table.get(qualified)
     if problem := reserved_problem([c.name for c in columns]):
         raise SourceError(f"table {qualified} cannot be captured: {problem}")
     generated_key = [
@@ -398,7 +455,81 @@ def describe_table(
         estimated_rows=max(int(reltuples), 0),
         partitioned=relkind == "p",
         placeholder=pipeline_placeholder(conn, pipeline.name),
+        excluded=excluded,
+        row_filter=choice.where if choice else None,
+        listed=bool(choice and (choice.columns is not None or choice.exclude_columns)),
+        pending=pending,
     )
+
+
+def _choose_columns(
+    conn: psycopg.Connection[Any],
+    oid: int,
+    qualified: str,
+    columns: tuple[Column, ...],
+    key: tuple[str, ...],
+    pipeline: PipelineSettings,
+    as_published: bool,
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The columns left out of the capture (pipeline.table's choice, and columns the
+    publication does not name yet), and those of them the settings capture (pending)."""
+    choice = pipeline.table.get(qualified)
+    if choice is None or (choice.columns is None and not choice.exclude_columns):
+        return (), ()
+    setting = f'pipeline.table."{qualified}".' + (
+        "columns" if choice.columns is not None else "exclude_columns"
+    )
+    names = [c.name for c in columns]
+    given = choice.columns if choice.columns is not None else choice.exclude_columns
+    unknown = [n for n in given if n not in names]
+    if unknown:
+        raise SourceError(
+            f"{setting} names columns table {qualified} does not have: {', '.join(unknown)}"
+        )
+    keep = set(choice.columns) if choice.columns is not None else set(names) - set(given)
+    excluded = [n for n in names if n not in keep]
+    identity_index = [
+        r[0]
+        for r in conn.execute(
+            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+            "AND a.attnum = ANY (i.indkey) WHERE i.indrelid = %s AND i.indisreplident",
+            (oid,),
+        ).fetchall()
+    ]
+    for needed, what in ((key, "the key"), (identity_index, "the replica identity index")):
+        if lost := [n for n in needed if n in excluded]:
+            raise SourceError(
+                f"{setting} leaves out {', '.join(lost)}, which {what} of {qualified} "
+                "holds: every change must carry it; capture it"
+            )
+    for column in columns:
+        lost = [n for n in column.inputs if n in excluded]
+        if column.generated and column.name in keep and lost:
+            raise SourceError(
+                f"{setting} leaves out {', '.join(lost)}, which the generated column "
+                f"{column.name} of {qualified} is computed from: leave {column.name} "
+                "out too, or capture them"
+            )
+    if commas := [n for n in excluded if "," in n]:
+        raise SourceError(
+            f"{setting} leaves out {commas[0]!r}, whose comma Debezium's column filter "
+            "cannot hold: rename the column, or capture it"
+        )
+    pending: list[str] = []
+    if as_published:
+        row = conn.execute(
+            "SELECT t.attnames FROM pg_publication_tables t WHERE t.pubname = %s "
+            "AND t.schemaname = %s AND t.tablename = %s",
+            (pipeline.publication, *qualified.split(".", 1)),
+        ).fetchone()
+        if row is not None and row[0] is not None:
+            published = set(row[0])
+            pending = [
+                c.name
+                for c in columns
+                if c.name in keep and c.generated is None and c.name not in published
+            ]
+    return tuple(excluded + pending), tuple(pending)
 
 
 PLACEHOLDERS_TABLE = "cdc.placeholders"

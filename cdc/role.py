@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -209,27 +209,43 @@ def _kept(
     return {(r[0], r[1]) for r in rows}
 
 
+def grant_statement(
+    schema: str,
+    name: str,
+    role: sql.Composable,
+    columns: Mapping[tuple[str, str], list[str]],
+) -> sql.Composed:
+    """SELECT on the table, or on only the columns `columns` names for it."""
+    table = sql.Identifier(schema, name)
+    chosen = columns.get((schema, name))
+    if chosen is None:
+        return sql.SQL("GRANT SELECT ON {} TO {}").format(table, role)
+    return sql.SQL(
+        "REVOKE SELECT ON {table} FROM {role}; GRANT SELECT ({cols}) ON {table} TO {role}"
+    ).format(table=table, role=role, cols=sql.SQL(", ").join(map(sql.Identifier, chosen)))
+
+
 def sync_grants(
     conn: psycopg.Connection[Any],
     role: str,
     tables: Iterable[tuple[str, str]],
     publication: str | None = None,
+    *,
+    columns: Mapping[tuple[str, str], list[str]] | None = None,
 ) -> list[str]:
     """SELECT on exactly `tables` and the tables the role's other pipelines capture (USAGE
     on their schemas); what the role holds beyond that is revoked. Returns the tables
-    revoked. `publication` is this pipeline's, left out of the others."""
-    wanted = set(tables) | _kept(conn, role, publication)
+    revoked. `publication` is this pipeline's, left out of the others. `columns`: the
+    only columns the role may read of a table (a table another pipeline of the role
+    captures keeps SELECT on every column)."""
+    kept = _kept(conn, role, publication)
+    wanted = set(tables) | kept
+    chosen = {t: c for t, c in (columns or {}).items() if t not in kept}
     role_id = sql.Identifier(role)
-    held = {
-        (r[0], r[1])
-        for r in conn.execute(
-            "SELECT n.nspname, c.relname FROM pg_class c "
-            "JOIN pg_namespace n ON n.oid = c.relnamespace, aclexplode(c.relacl) a "
-            "WHERE a.grantee = (SELECT oid FROM pg_roles WHERE rolname = %s) "
-            "AND a.privilege_type = 'SELECT' AND n.nspname <> %s",
-            (role, OWN_SCHEMA),
-        )
-    }
+    held_whole = _holding(conn, role, "pg_class c", "c.relacl")
+    held = held_whole | _holding(
+        conn, role, "pg_attribute t JOIN pg_class c ON c.oid = t.attrelid", "t.attacl"
+    )
     schemas = {
         r[0]
         for r in conn.execute(
@@ -243,10 +259,10 @@ def sync_grants(
         conn.execute(
             sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), role_id)
         )
-    for schema, name in sorted(wanted - held):
-        conn.execute(
-            sql.SQL("GRANT SELECT ON {} TO {}").format(sql.Identifier(schema, name), role_id)
-        )
+    # a table whose columns are chosen gets its column grants anew (its choice may have
+    # changed); REVOKE on a table takes its column grants too
+    for schema, name in sorted((wanted - held_whole - set(chosen)) | (set(chosen) & wanted)):
+        conn.execute(grant_statement(schema, name, role_id, chosen))
     revoked = sorted(held - wanted)
     for schema, name in revoked:
         conn.execute(
@@ -257,6 +273,20 @@ def sync_grants(
             sql.SQL("REVOKE USAGE ON SCHEMA {} FROM {}").format(sql.Identifier(schema), role_id)
         )
     return [f"{schema}.{name}" for schema, name in revoked]
+
+
+def _holding(
+    conn: psycopg.Connection[Any], role: str, relation: str, acl: str
+) -> set[tuple[str, str]]:
+    """The tables (outside the pipeline's own schema) on which the ACL column `acl` of
+    `relation` gives the role SELECT."""
+    query = sql.SQL(
+        "SELECT DISTINCT n.nspname, c.relname FROM {relation} "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace, aclexplode({acl}) a "
+        "WHERE a.grantee = (SELECT oid FROM pg_roles WHERE rolname = %s) "
+        "AND a.privilege_type = 'SELECT' AND n.nspname <> %s"
+    ).format(relation=sql.SQL(relation), acl=sql.SQL(acl))
+    return {(r[0], r[1]) for r in conn.execute(query, (role, OWN_SCHEMA))}
 
 
 def other_pipelines(conn: psycopg.Connection[Any], role: str) -> list[str]:

@@ -32,6 +32,7 @@ from pydantic_settings import (
 )
 
 from cdc.errors import ConfigError
+from cdc.filters import filter_problem
 
 if TYPE_CHECKING:
     from sqlalchemy import URL
@@ -682,6 +683,54 @@ class ApplySettings(BaseModel):
     )
 
 
+class TableChoice(BaseModel):
+    """What of one captured table leaves PostgreSQL (`[pipeline.table."schema.name"]`).
+
+    `columns` (only these) or `exclude_columns` (all but these): the publication's column
+    list, the snapshot's SELECT, backfills and Debezium's column filter name the same
+    columns, and the replication role may read no other. `where`: a row filter (one
+    boolean expression on the table's replica identity columns), the publication's row
+    filter and the snapshot's, backfills' and verify's WHERE.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    columns: list[str] | None = Field(
+        None, description="capture only these columns (the key's among them)"
+    )
+    exclude_columns: list[str] = Field(
+        default_factory=list, description="capture every column but these"
+    )
+    where: str | None = Field(
+        None,
+        description="capture only the rows this expression holds for (PostgreSQL 15 "
+        "publication row filter: its columns must be in the replica identity)",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> TableChoice:
+        if self.columns is not None and self.exclude_columns:
+            raise ValueError("give columns or exclude_columns, not both")
+        if self.columns is not None and not self.columns:
+            raise ValueError("columns names no column")
+        for names in (self.columns or [], self.exclude_columns):
+            if len(set(names)) != len(names):
+                raise ValueError("a column is named twice")
+            if any(not n for n in names):
+                raise ValueError("a column name is empty")
+        if self.where is not None:
+            if not self.where.strip():
+                raise ValueError("where is empty: leave it out to capture every row")
+            if problem := filter_problem(self.where):
+                raise ValueError(f"where is not one filter expression: {problem}")
+        return self
+
+    @property
+    def chosen(self) -> bool:
+        """Whether it leaves anything in PostgreSQL."""
+        return self.columns is not None or bool(self.exclude_columns) or bool(self.where)
+
+
 ReplicaIdentity = Literal["default", "full"]
 
 
@@ -708,6 +757,11 @@ class PipelineSettings(BaseModel):
     key_columns: dict[str, list[str]] = Field(
         default_factory=dict,
         description="message key for a table without a primary key (needs replica identity full)",
+    )
+    table: dict[QualifiedTable, TableChoice] = Field(
+        default_factory=dict,
+        description='per table ("schema.name"): the columns and rows captured '
+        "(columns, exclude_columns, where)",
     )
     replication_user: str = Field("cdc_replication", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
     replication_password: SecretStr | None = Field(

@@ -40,6 +40,7 @@ from cdc.identity import placeholder_statement, record_captured
 from cdc.role import (
     EXPRESSIONS_FUNCTION,
     expression_grants,
+    grant_statement,
     publication_comment,
     replication_password,
     role_statements,
@@ -173,7 +174,7 @@ def prepare_source(settings: Settings) -> list[Table]:
                 # queue behind the setup's locks)
                 conn.execute(f"SET LOCAL lock_timeout = '{SETUP_LOCK_TIMEOUT}'")
                 conn.execute(_sql_file("pipeline_schema.sql"))
-                tables = resolve_tables(conn, pipe)
+                tables = resolve_tables(conn, pipe, as_published=False)
                 check_names_apart([t.qualified for t in tables], pipe)
                 _apply_replica_identity(conn, tables, pipe.replica_identity)
                 for table in tables:
@@ -190,8 +191,11 @@ def prepare_source(settings: Settings) -> list[Table]:
                     pipe.replication_user,
                     [(t.schema, t.name) for t in tables],
                     pipe.publication,
+                    columns=_granted_columns(tables),
                 )
+                _check_filter_texts(conn, tables)
                 _publish(conn, pipe.publication, tables)
+                _check_filters(conn, tables)
                 # the first write of the transaction comes after the publication exists:
                 # a consumer of the publication decodes each change with the catalog of
                 # its moment, and fails on one made before the publication was
@@ -262,9 +266,21 @@ def _apply_replica_identity(
                 log.info("replica identity of %s set to %s", qualified, identity)
 
 
-def _members(tables: list[Table]) -> list[sql.Identifier]:
+def _member(table: Table) -> sql.Composable:
+    """A table in the publication: its column list and row filter (pipeline.table)."""
+    parts: list[sql.Composable] = [sql.Identifier(table.schema, table.name)]
+    if table.column_list is not None:
+        parts.append(
+            sql.SQL("({})").format(sql.SQL(", ").join(map(sql.Identifier, table.column_list)))
+        )
+    if table.row_filter is not None:
+        parts.append(sql.SQL("WHERE ({})").format(sql.SQL(table.row_filter)))
+    return sql.SQL(" ").join(parts)
+
+
+def _members(tables: list[Table]) -> list[sql.Composable]:
     """What a pipeline's publication holds: its tables, and the pipeline's own three."""
-    return [sql.Identifier(t.schema, t.name) for t in tables] + [
+    return [_member(t) for t in tables] + [
         sql.Identifier(*SIGNAL_TABLE.split(".")),
         sql.Identifier(*HEARTBEAT_TABLE.split(".")),
         sql.Identifier(*TRUNCATIONS_TABLE.split(".")),
@@ -277,9 +293,9 @@ def setup_sql(settings: Settings) -> str:
     sees the captured tables); the role's password appears only as its SCRAM verifier."""
     pipe = settings.pipeline
     with admin_connection(settings) as conn:
-        tables = resolve_tables(conn, pipe)
+        tables = resolve_tables(conn, pipe, as_published=False)
         check_names_apart([t.qualified for t in tables], pipe)
-        composed: list[sql.Composed] = []
+        composed: list[sql.Composable] = []
         for table in tables:
             identity = pipe.replica_identity.get(table.qualified)
             for qualified in (
@@ -297,12 +313,9 @@ def setup_sql(settings: Settings) -> str:
             composed.append(
                 sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), role)
             )
+        granted = _granted_columns(tables)
         for table in tables:
-            composed.append(
-                sql.SQL("GRANT SELECT ON {} TO {}").format(
-                    sql.Identifier(table.schema, table.name), role
-                )
-            )
+            composed.append(grant_statement(table.schema, table.name, role, granted))
         publication = sql.Identifier(pipe.publication)
         composed += [
             sql.SQL(
@@ -341,7 +354,84 @@ def setup_sql(settings: Settings) -> str:
     return f"{header}\n{body}\n"
 
 
+def _granted_columns(tables: list[Table]) -> dict[tuple[str, str], list[str]]:
+    """The columns the replication role may read of each table whose columns are chosen
+    (with ctid, by which the snapshot splits a table): it reads no other."""
+    return {(t.schema, t.name): ["ctid", *(c.name for c in t.columns)] for t in tables if t.listed}
+
+
+def _check_filter_texts(conn: psycopg.Connection[Any], tables: list[Table]) -> None:
+    """Refuse a row filter that is not one boolean expression on the table (planned in a
+    savepoint, never run); the publication refuses what it may not hold (a mutable or
+    user-defined function, a subquery) in its own words."""
+    for table in tables:
+        if table.row_filter is None:
+            continue
+        query = sql.SQL("EXPLAIN SELECT 1 FROM {} WHERE ({})").format(
+            sql.Identifier(table.schema, table.name), sql.SQL(table.row_filter)
+        )
+        try:
+            with conn.transaction():
+                conn.execute(query)
+        except psycopg.errors.LockNotAvailable:
+            raise
+        except psycopg.Error as exc:
+            raise SourceError(
+                f'pipeline.table."{table.qualified}".where is not a valid filter on '
+                f"{table.qualified}: {str(exc).strip().splitlines()[0]}"
+            ) from None
+
+
+def _check_filters(conn: psycopg.Connection[Any], tables: list[Table]) -> None:
+    """Refuse a row filter or column list under which PostgreSQL would reject the
+    table's UPDATEs and DELETEs (its columns must be in the replica identity): planned,
+    never run, inside the setup's transaction, which rolls back on refusal."""
+    for table in tables:
+        if table.row_filter is None and table.column_list is None:
+            continue
+        for statement in (
+            "EXPLAIN UPDATE {} SET {} = {} WHERE false",
+            "EXPLAIN DELETE FROM {} WHERE false",
+        ):
+            key = sql.Identifier(table.key[0])
+            query = sql.SQL(statement).format(sql.Identifier(table.schema, table.name), key, key)
+            try:
+                with conn.transaction():
+                    conn.execute(query)
+            except psycopg.errors.InvalidColumnReference as exc:
+                raise SourceError(_filter_refusal(table, exc.diag.message_detail or "")) from None
+
+
+def _filter_refusal(table: Table, detail: str) -> str:
+    where = f'pipeline.table."{table.qualified}"'
+    if "WHERE" in detail:
+        return (
+            f"{where}.where reads a column outside the replica identity of "
+            f"{table.qualified}, so PostgreSQL would refuse every UPDATE and DELETE of it: "
+            f"filter on its key columns ({', '.join(table.key)}), or set "
+            f'pipeline.replica_identity."{table.qualified}" = "full" (and capture every column)'
+        )
+    return (
+        f"{where} leaves out a column of the replica identity of {table.qualified}, so "
+        f"PostgreSQL would refuse every UPDATE and DELETE of it: capture it ({detail.strip()})"
+    )
+
+
 def _publish(conn: psycopg.Connection[Any], publication: str, tables: list[Table]) -> None:
+    try:
+        with conn.transaction():
+            _set_publication(conn, publication, tables)
+    except (psycopg.errors.InvalidObjectDefinition, psycopg.errors.FeatureNotSupported) as exc:
+        filtered = [f'pipeline.table."{t.qualified}"' for t in tables if t.row_filter]
+        raise SourceError(
+            f"the publication refuses {' or '.join(filtered) or 'the tables'}: "
+            f"{exc.diag.message_primary} ({(exc.diag.message_detail or '').strip()}); "
+            "a row filter may use the table's columns, constants and built-in immutable "
+            "functions only"
+        ) from None
+
+
+def _set_publication(conn: psycopg.Connection[Any], publication: str, tables: list[Table]) -> None:
     names = _members(tables)
     exists = conn.execute(
         "SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)
@@ -496,7 +586,8 @@ def captured_tables(settings: Settings) -> dict[str, Table]:
 
 
 # what a captured table's description depends on, per table: its pg_class row, its
-# columns' pg_attribute rows, their types and defaults, its primary key's index. Every
+# columns' pg_attribute rows, their types and defaults, its primary key's index, its
+# publications' rows (their column lists). Every
 # DDL that changes a description writes one of these rows (a new xmin); the statistics
 # ANALYZE and VACUUM keep (pages, tuples) are updated in place and change none.
 _FINGERPRINT = """
@@ -511,7 +602,9 @@ SELECT c.oid::text || '/' || c.xmin::text || '/' || n.nspname || '.' || c.relnam
             LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
             WHERE a.attrelid = c.oid AND a.attnum > 0), '') || '/' ||
   coalesce((SELECT string_agg(i.indexrelid || ':' || i.xmin, ',' ORDER BY i.indexrelid)
-            FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary), '')
+            FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary), '') || '/' ||
+  coalesce((SELECT string_agg(r.oid || ':' || r.xmin, ',' ORDER BY r.oid)
+            FROM pg_publication_rel r WHERE r.prrelid = c.oid), '')
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))
 ORDER BY 1

@@ -179,7 +179,7 @@ def _source_aggregates(
                 for i, c in enumerate(summed)
             ]
         ),
-        sql.Identifier(table.schema, table.name),
+        table.source(),
     )
     try:
         source = context.data_sources.get("source")

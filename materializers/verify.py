@@ -96,7 +96,7 @@ def source_rows(
         conn.adapters.register_loader("jsonb", TextLoader)
         query = query or sql.SQL("SELECT {} FROM {}").format(
             sql.SQL(", ").join(sql.Identifier(c.name) for c in table.columns),
-            sql.Identifier(table.schema, table.name),
+            table.source(),  # the rows the pipeline captures (its row filter)
         )
         intervals = {c.name for c in table.columns if c.base == "interval"}
         result = {}
@@ -271,14 +271,14 @@ def _view_query(join: JoinView, tables: dict[str, Table]) -> sql.Composed:
     """The view as PostgreSQL computes it: a LEFT JOIN on the referenced primary key."""
     left, right = tables[join.table], tables[join.references]
     (ref,) = right.key
-    return sql.SQL("SELECT {}, {} FROM {} AS l LEFT JOIN {} AS r ON r.{} = l.{}").format(
+    return sql.SQL("SELECT {}, {} FROM {} LEFT JOIN {} ON r.{} = l.{}").format(
         sql.SQL(", ").join(sql.SQL("l.{}").format(sql.Identifier(c.name)) for c in left.columns),
         sql.SQL(", ").join(
             sql.SQL("r.{} AS {}").format(sql.Identifier(c), sql.Identifier(join.column_prefix + c))
             for c in join.columns
         ),
-        sql.Identifier(left.schema, left.name),
-        sql.Identifier(right.schema, right.name),
+        left.source("l"),
+        right.source("r"),
         sql.Identifier(ref),
         sql.Identifier(join.on),
     )

@@ -24,6 +24,7 @@ from psycopg import sql
 from cdc.clients import kafka_client_kwargs
 from cdc.connect import connect_client
 from cdc.errors import BackfillError
+from cdc.filters import filter_problem
 from cdc.settings import Settings
 from cdc.source import (
     SIGNAL_LOCK_TIMEOUT,
@@ -148,10 +149,15 @@ def start_backfill(settings: Settings, table: str, where: str | None = None) -> 
         _check_filter(settings, table, where)
     start = _end_offset(settings)
     data: dict[str, Any] = {"data-collections": [table], "type": "incremental"}
-    if where:
+    # the table's own row filter (pipeline.table): a backfill reads the rows the
+    # publication and the snapshot hold, no others
+    choice = settings.pipeline.table.get(table)
+    rows = " AND ".join(f"({w})" for w in (choice.where if choice else None, where) if w)
+    if rows:
+        _check_filter_size(rows)
         # Debezium appends the filter to its chunk query as it is (`WHERE <chunk bounds>
         # AND <filter>`): an OR at its top level would escape the chunk's bounds
-        data["additional-conditions"] = [{"data-collection": table, "filter": f"({where})"}]
+        data["additional-conditions"] = [{"data-collection": table, "filter": rows}]
     return send_signal(settings, "execute-snapshot", data), start
 
 
@@ -167,75 +173,6 @@ def _check_filter_size(where: str) -> None:
             "in the connector's offsets, which Kafka Connect stores as one record of at most "
             "1 MiB; give a shorter filter (a range of keys), or split it into several backfills"
         )
-
-
-def filter_problem(where: str) -> str | None:
-    """What makes `where` more than one expression, or None.
-
-    A filter is pasted into SQL by design (Debezium takes it as text), so its shape is
-    checked first: no `;`, no comment, and no `)` that closes a parenthesis it did not
-    open (which would end the WHERE clause it is put in), outside quoted text.
-    """
-    depth, i, n = 0, 0, len(where)
-    while i < n:
-        ch = where[i]
-        if ch == "'":
-            escapes = i > 0 and where[i - 1] in "eE" and (i < 2 or not where[i - 2].isalnum())
-            i = _skip_quoted(where, i, "'", backslash=escapes)
-        elif ch == '"':
-            i = _skip_quoted(where, i, '"', backslash=False)
-        elif ch.isalpha() or ch == "_" or ord(ch) > 127:
-            # an identifier or keyword, whole: a `$` inside one (`a$q$`) quotes nothing
-            i += 1
-            while i < n and (where[i].isalnum() or where[i] in "_$" or ord(where[i]) > 127):
-                i += 1
-        elif ch == "$" and (tag := _dollar_tag(where, i)) is not None:
-            end = where.find(tag, i + len(tag))
-            i = n if end < 0 else end + len(tag)
-        elif ch == ";":
-            return "it holds a `;` (one expression only, no statements)"
-        elif where.startswith(("--", "/*"), i):
-            return "it holds a comment (`--` or `/*`)"
-        elif ch == "(":
-            depth += 1
-            i += 1
-        elif ch == ")":
-            depth -= 1
-            if depth < 0:
-                return "it closes a parenthesis it did not open"
-            i += 1
-        else:
-            i += 1
-    return "its parentheses do not balance" if depth else None
-
-
-def _skip_quoted(text: str, start: int, quote: str, backslash: bool) -> int:
-    """The index after the quoted text starting at `start` (its end if unterminated)."""
-    i = start + 1
-    while i < len(text):
-        if backslash and text[i] == "\\":
-            i += 2
-        elif text[i] == quote:
-            if text.startswith(quote * 2, i):
-                i += 2
-            else:
-                return i + 1
-        else:
-            i += 1
-    return len(text)
-
-
-def _dollar_tag(text: str, start: int) -> str | None:
-    """The dollar-quote opening at `start` (`$$` or `$tag$`), or None (e.g. `$1`)."""
-    end = text.find("$", start + 1)
-    if end < 0:
-        return None
-    tag = text[start + 1 : end]
-    if tag == "" or (
-        (tag[0].isalpha() or tag[0] == "_") and all(c.isalnum() or c == "_" for c in tag)
-    ):
-        return text[start : end + 1]
-    return None
 
 
 def _check_filter(settings: Settings, table: str, where: str) -> None:

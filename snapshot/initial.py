@@ -223,8 +223,9 @@ def _copy_tables(
             query = event_query(table).as_string(conn)
             head, tail = envelope(table, point, pipe.topic_prefix, pg.database, now_ms)
             topic = change_topic(pipe, table.qualified)
+            rows = f" AND ({table.row_filter})" if table.row_filter else ""
             for where in ctid_ranges(table.pages, pipe.snapshot_pages_per_reader):
-                subquery = f"({query} WHERE {where}) AS snapshot_rows"
+                subquery = f"({query} WHERE {where}{rows}) AS snapshot_rows"
                 frames.append(
                     spark.read.jdbc(url, subquery, properties=props).select(
                         "key",

@@ -42,11 +42,21 @@ def schemas_file(settings: Settings) -> Path:
     return settings.data_dir / "checkpoints" / settings.pipeline.name / "schemas.json"
 
 
+# a column the pipeline leaves out (pipeline.table), as recorded
+EXCLUDED = ["excluded"]
+# the row filter's entry: no column's name is empty
+ROW_FILTER = ""
+
+
 def schema_of(table: Table) -> Schema:
-    return {
+    schema: Schema = {
         c.name: [c.type, c.has_default, *([list(c.labels)] if c.labels else [])]
         for c in table.columns
     }
+    schema.update((name, EXCLUDED) for name in table.excluded)
+    if table.row_filter is not None:
+        schema[ROW_FILTER] = ["where", table.row_filter]
+    return schema
 
 
 def _same_values(before: str, after: str) -> bool:
@@ -65,9 +75,16 @@ def rewrites(before: Schema, table: Table) -> list[str]:
     found = []
     for column in table.columns:
         old = before.get(column.name)
-        if old is None:
+        if old == EXCLUDED:
+            found.append(f"column {column.name} is captured now")
+        elif old is None:
+            # added: its rows hold its default; or, the table's columns being chosen,
+            # added before `cdc setup` named it in the publication (its changes until
+            # then left it out)
             if column.has_default:
                 found.append(f"column {column.name} was added with a default")
+            elif table.listed:
+                found.append(f"column {column.name} was added")
         elif old[0] != column.type and not _same_values(old[0], column.type):
             found.append(f"column {column.name} changed type from {old[0]} to {column.type}")
         elif len(old) > 2 and (gone := [v for v in old[2] if v not in column.labels]):
@@ -79,7 +96,18 @@ def rewrites(before: Schema, table: Table) -> list[str]:
     # a dropped (or renamed) column: every stored row still holds its value, and no
     # event removes it; the backfill writes each row again without it
     names = {c.name for c in table.columns}
-    found += [f"column {name} was dropped" for name in before if name not in names]
+    for name, recorded in before.items():
+        if name == ROW_FILTER or name in names or recorded == EXCLUDED:
+            continue
+        change = "is left out now" if name in table.excluded else "was dropped"
+        found.append(f"column {name} {change}")
+    if before.get(ROW_FILTER) != schema_of(table).get(ROW_FILTER):
+        # the rows it holds now are backfilled; those it no longer holds are not
+        # removed by a backfill: `cdc verify --repair` removes them
+        found.append(
+            "its row filter changed (rows it no longer holds stay in the stores until "
+            "`cdc verify --repair`)"
+        )
     return found
 
 
