@@ -10,9 +10,9 @@ from typing import Any
 
 from psycopg import sql
 
-from cdc.catalog import published_tables, selected_tables
+from cdc.catalog import describe_table, published_tables, selected_tables
 from cdc.connect import connect_client
-from cdc.errors import CdcError
+from cdc.errors import CdcError, SourceError
 from cdc.identity import current_relations, drift, recorded, recorded_since
 from cdc.role import drop_role, other_pipelines, sync_grants
 from cdc.settings import Settings
@@ -108,6 +108,7 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
             found = replace(found, strays=[(t, t[prefix:]) for t in written])
         if published or state:
             status.tables_drift = found.problems(lambda name: change_topic(pipe, name))
+            status.tables_drift += _choice_problems(settings, published)
         connectors = connect_client(settings).connectors()
         entry = connectors.get(pipe.connector, {}).get("status")
         if entry:
@@ -135,6 +136,28 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
     except CdcError as exc:
         status.error = str(exc)
     return status
+
+
+def _choice_problems(settings: Settings, published: list[str]) -> list[str]:
+    """What pipeline.table chooses that the capture does not do yet: columns added since
+    `cdc setup` named the publication's columns, or a choice the table no longer fits."""
+    pipe, lines = settings.pipeline, []
+    with admin_connection(settings) as conn:
+        for name in published:
+            if name not in pipe.table:
+                continue
+            try:
+                pending = describe_table(conn, name, pipe).pending
+            except SourceError as exc:
+                lines.append(f"{exc}; then run `cdc setup`")
+                continue
+            if pending:
+                lines.append(
+                    f"table {name}: its column(s) {', '.join(pending)}, added since the "
+                    "setup, are not captured yet (the publication names its columns): run "
+                    "`cdc setup` (it captures and backfills them)"
+                )
+    return lines
 
 
 def _slot(conn: Any, slot: str, warn_bytes: int) -> dict[str, Any] | None:

@@ -121,7 +121,8 @@ def captured(stack: RunningStack) -> Iterator[Capture]:
     `captured("CREATE TABLE {name} (...)", "INSERT INTO {name} ...", prefix="edge")` picks
     a random name (`edge_` and 8 hex digits), runs each statement with `{name}` replaced
     by it, builds a pipeline of random names capturing `tables` (`{name}` replaced too;
-    a pattern such as `public.{name}*` is fine; `pipeline` are further PipelineSettings)
+    a pattern such as `public.{name}*` is fine; `pipeline` are further PipelineSettings,
+    `{name}` replaced in them too)
     and takes its initial snapshot unless `snapshot=False`. On teardown the pipeline is
     dropped (`drop_pipeline`), then every table in `public` whose name starts with the
     random name (`{name}`, `{name}_child`, ...) with DROP TABLE IF EXISTS ... CASCADE.
@@ -137,7 +138,9 @@ def captured(stack: RunningStack) -> Iterator[Capture]:
         ) -> Captured:
             name = f"{prefix}_{uuid.uuid4().hex[:8]}"
             settings = pipeline_for(
-                stack.settings, [t.replace("{name}", name) for t in tables], **pipeline
+                stack.settings,
+                [t.replace("{name}", name) for t in tables],
+                **_named(pipeline, name),
             )
             dsn = settings.postgres.dsn()
             # registered before anything is made: dropped even if what follows fails
@@ -152,6 +155,17 @@ def captured(stack: RunningStack) -> Iterator[Capture]:
             return Captured(settings=settings, name=name, table=f"public.{name}", dsn=dsn, env=env)
 
         yield capture
+
+
+def _named(value: Any, name: str) -> Any:
+    """`value` with `{name}` replaced by `name` in every string and key within it."""
+    if isinstance(value, str):
+        return value.replace("{name}", name)
+    if isinstance(value, dict):
+        return {_named(k, name): _named(v, name) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_named(v, name) for v in value)
+    return value
 
 
 def _drop_tables(dsn: str, name: str) -> None:

@@ -1,0 +1,213 @@
+"""What leaves PostgreSQL is chosen (pipeline.table): the columns a table's `columns` or
+`exclude_columns` leave out and the rows its `where` does not hold are in no topic,
+store, checkpoint or file of the pipeline, whether read by the snapshot, the stream or
+a backfill; an UPDATE that moves a row out of the filter deletes it everywhere, one that
+moves it in inserts it; verify compares the chosen part of the source. Read with the
+tests' own readers (tests/stores.py, raw Kafka records, the files on disk)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from cdc.catalog import describe_table
+from cdc.clients import kafka_client_kwargs
+from cdc.errors import SourceError
+from cdc.role import replication_password
+from cdc.settings import PipelineSettings, Settings
+from cdc.source import admin_connection, captured_tables, prepare_source
+from cdc.topics import change_topic
+from materializers.apply import run_apply
+from materializers.verify import verify
+from snapshot.backfill import start_backfill, watch_backfill
+from tests.conftest import Capture, RunningStack
+from tests.stores import stores
+
+pytestmark = pytest.mark.integration
+
+STORES = ["cache", "search", "warehouse"]
+Held = dict[str, dict[Any, dict[str, Any]]]
+
+
+def _raw_records(settings: Settings, topic: str) -> list[tuple[bytes, bytes | None]]:
+    """Every record of the topic up to its end now: (key, value) as Kafka holds them."""
+    consumer = KafkaConsumer(**kafka_client_kwargs(settings.kafka), enable_auto_commit=False)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        end = consumer.end_offsets(tps)
+        found: list[tuple[bytes, bytes | None]] = []
+        deadline = time.monotonic() + 120
+        while any(consumer.position(tp) < end[tp] for tp in tps):
+            assert time.monotonic() < deadline, f"could not read {topic} to its end"
+            for tp, batch in consumer.poll(timeout_ms=500).items():
+                found += [(r.key, r.value) for r in batch if r.offset < end[tp]]
+        return found
+    finally:
+        consumer.close()
+
+
+def _files_holding(root: Path, needle: bytes, skip: str) -> list[str]:
+    """The files under root (but those under root/skip) whose bytes hold `needle`."""
+    held = []
+    for path in root.rglob("*"):
+        if skip in path.relative_to(root).parts[:1] or not path.is_file():
+            continue
+        try:
+            if path.stat().st_size < 256 << 20 and needle in path.read_bytes():
+                held.append(str(path))
+        except OSError:
+            continue  # a file that went (a segment deleted, a temporary one)
+    return held
+
+
+def _apply_until(settings: Settings, table: str, done: Callable[[Held], bool]) -> Held:
+    deadline = time.monotonic() + 180
+    while True:
+        run_apply(settings, STORES, once=True)
+        held = stores(settings, table)
+        if done(held) or time.monotonic() > deadline:
+            return held
+        time.sleep(2)
+
+
+def _backfill(settings: Settings, table: str) -> None:
+    _, offset = start_backfill(settings, table)
+    assert watch_backfill(settings, offset, lambda p: None, timeout=240)
+
+
+def _with_choice(settings: Settings, choice: dict[str, Any], **more: Any) -> Settings:
+    pipe = PipelineSettings(**{**settings.pipeline.model_dump(), "table": choice, **more})
+    return settings.model_copy(update={"pipeline": pipe})
+
+
+def test_an_excluded_column_and_filtered_rows_never_leave_postgres(
+    captured: Capture, stack: RunningStack
+) -> None:
+    mark = f"clear-{uuid.uuid4().hex}"
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, email text, secret text, note text)",
+        "INSERT INTO {name} SELECT g, 'u' || g || '@x', "
+        f"'{mark}' || g, 'n' FROM generate_series(1, 40) g",
+        prefix="choice",
+        table={"public.{name}": {"exclude_columns": ["secret"], "where": "id <= 30"}},
+    )
+    name, table, settings, dsn = t.name, t.table, t.settings, t.dsn
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE {name} SET secret = secret || '!', email = 'v' || id WHERE id <= 5")
+        conn.execute(f"INSERT INTO {name} VALUES (0, 'z@x', '{mark}0', 'n'), (50, 'q', 'q', 'n')")
+        conn.execute(f"UPDATE {name} SET secret = '{mark}late' WHERE id = 35")
+        conn.execute(f"DELETE FROM {name} WHERE id IN (2, 36)")
+    wanted = [0, 1, *range(3, 31)]
+    held = _apply_until(settings, table, lambda h: all(sorted(r) == wanted for r in h.values()))
+    _backfill(settings, table)  # a backfill reads the same rows and columns
+    held = _apply_until(settings, table, lambda h: all(sorted(r) == wanted for r in h.values()))
+
+    for store, rows in held.items():
+        assert sorted(rows) == wanted, store
+        assert all("secret" not in row for row in rows.values()), store
+    assert held["cache"][1] == {"id": "1", "email": "v1", "note": "n"}
+    assert held["search"][30] == {"id": 30, "email": "u30@x", "note": "n"}
+    (now,) = captured_tables(settings).values()
+    assert [c.name for c in now.columns] == ["id", "email", "note"]
+    assert all(d.ok for d in verify(settings, [now], STORES))
+
+    records = _raw_records(settings, change_topic(settings.pipeline, table))
+    assert records, "the topic holds the table's events"
+    assert not [r for r in records if mark.encode() in r[0] + (r[1] or b"")]
+    assert not [r for r in records if b'"secret"' in (r[1] or b"")]
+    assert {json.loads(key)["id"] for key, _ in records} <= {*wanted, 2}
+    # no topic, checkpoint, warehouse file, log or store file of the stack holds it
+    data_dir = stack.settings.data_dir
+    assert _files_holding(data_dir, mark.encode(), skip="postgres") == []
+
+    # the replication role, which reads the snapshot and backfills, may not read it
+    role = settings.pipeline.replication_user
+    password = replication_password(settings).get_secret_value()
+    with (
+        psycopg.connect(settings.postgres.dsn(), user=role, password=password) as conn,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        conn.execute(f"SELECT secret FROM {name}")
+
+
+def test_an_update_moves_a_row_into_and_out_of_the_filter(captured: Capture) -> None:
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, region text, amount int)",
+        "INSERT INTO {name} SELECT g, CASE WHEN g % 2 = 0 THEN 'eu' ELSE 'us' END, g "
+        "FROM generate_series(1, 20) g",
+        prefix="rowfilter",
+        replica_identity={"public.{name}": "full"},
+        table={"public.{name}": {"where": "region = 'eu'"}},
+    )
+    name, table, settings, dsn = t.name, t.table, t.settings, t.dsn
+    evens = list(range(2, 21, 2))
+    held = _apply_until(settings, table, lambda h: all(sorted(r) == evens for r in h.values()))
+    assert all(sorted(rows) == evens for rows in held.values()), held
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE {name} SET region = 'us' WHERE id = 2")  # out: deleted
+        conn.execute(f"UPDATE {name} SET region = 'eu', amount = 333 WHERE id = 3")  # in
+        conn.execute(f"UPDATE {name} SET amount = 555 WHERE id = 5")  # outside, stays out
+        conn.execute(f"INSERT INTO {name} VALUES (21, 'us', 21), (22, 'eu', 22)")
+        conn.execute(f"DELETE FROM {name} WHERE id IN (4, 7)")
+    wanted = sorted([3, *range(6, 21, 2), 22])
+    held = _apply_until(settings, table, lambda h: all(sorted(r) == wanted for r in h.values()))
+    for store, rows in held.items():
+        assert sorted(rows) == wanted, store
+    assert held["cache"][3] == {"id": "3", "region": "eu", "amount": "333"}
+    assert held["search"][3] == {"id": 3, "region": "eu", "amount": 333}
+    assert held["warehouse"][22]["region"] == "eu"
+    (now,) = captured_tables(settings).values()
+    assert all(d.ok for d in verify(settings, [now], STORES))
+
+    _backfill(settings, table)
+    held = _apply_until(settings, table, lambda h: True)
+    assert all(sorted(rows) == wanted for rows in held.values()), held
+    records = _raw_records(settings, change_topic(settings.pipeline, table))
+    afters = [json.loads(value)["after"] for _, value in records if value is not None]
+    assert {a["region"] for a in afters if a is not None} == {"eu"}
+    assert all(d.ok for d in verify(settings, [now], STORES))
+
+
+def test_a_choice_that_would_break_the_source_is_refused_in_one_line(
+    captured: Capture,
+) -> None:
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, region text, note text)",
+        "CREATE TABLE {name}_full (id int PRIMARY KEY, note text)",
+        "ALTER TABLE {name}_full REPLICA IDENTITY FULL",
+        prefix="refuse",
+        tables=("public.{name}", "public.{name}_full"),
+        snapshot=False,
+    )
+    table, full = t.table, f"{t.table}_full"
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({table: {"exclude_columns": ["id"]}}, "leaves out id, which the key"),
+        ({table: {"columns": ["note"]}}, "leaves out id, which the key"),
+        ({table: {"exclude_columns": ["nope"]}}, "does not have: nope"),
+        ({full: {"exclude_columns": ["note"]}}, "replica identity is full"),
+        ({table: {"where": "region = 'eu'"}}, "outside the replica identity"),
+        ({table: {"where": "id > random()"}}, "publication refuses"),
+        ({table: {"where": "nope > 1"}}, "is not a valid filter"),
+        ({"public.nothere": {"where": "id > 1"}}, "does not capture"),
+    ]
+    for choice, words in cases:
+        with pytest.raises(SourceError) as refused:
+            prepare_source(_with_choice(t.settings, choice))
+        message = str(refused.value)
+        assert words in message and "\n" not in message, (choice, message)
+    with admin_connection(t.settings) as conn:  # nothing was set up
+        assert not conn.execute(
+            "SELECT 1 FROM pg_publication WHERE pubname = %s", (t.settings.pipeline.publication,)
+        ).fetchone()
+        assert describe_table(conn, table, t.settings.pipeline).excluded == ()
