@@ -25,6 +25,7 @@ from cdc.role import replication_password
 from cdc.settings import PipelineSettings, Settings
 from cdc.source import admin_connection, captured_tables, prepare_source
 from cdc.topics import change_topic
+from commands.pipeline import sync_pipeline
 from materializers.apply import run_apply
 from materializers.verify import verify
 from snapshot.backfill import start_backfill, watch_backfill
@@ -211,3 +212,66 @@ def test_a_choice_that_would_break_the_source_is_refused_in_one_line(
             "SELECT 1 FROM pg_publication WHERE pubname = %s", (t.settings.pipeline.publication,)
         ).fetchone()
         assert describe_table(conn, table, t.settings.pipeline).excluded == ()
+
+
+def test_a_changed_choice_is_handled_like_a_schema_change(captured: Capture) -> None:
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, email text, secret text)",
+        "INSERT INTO {name} SELECT g, 'u' || g, 's' || g FROM generate_series(1, 20) g",
+        prefix="rechoose",
+        table={"public.{name}": {"exclude_columns": ["secret"], "where": "id <= 10"}},
+    )
+    name, table, dsn = t.name, t.table, t.dsn
+    held = _apply_until(t.settings, table, lambda h: all(len(r) == 10 for r in h.values()))
+    assert all("secret" not in row for rows in held.values() for row in rows.values())
+
+    # every column, more rows: `cdc setup`, then the apply job backfills the table
+    wider = _with_choice(t.settings, {table: {"where": "id <= 15"}})
+    sync_pipeline(wider)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE {name} SET email = 'w1' WHERE id = 1")  # a batch to see it
+    held = _apply_until(
+        wider,
+        table,
+        lambda h: all(
+            sorted(r) == list(range(1, 16)) and all(row.get("secret") for row in r.values())
+            for r in h.values()
+        ),
+    )
+    for store, rows in held.items():
+        assert sorted(rows) == list(range(1, 16)), store
+        assert all(str(row["secret"]) == f"s{k}" for k, row in rows.items()), store
+    (now,) = captured_tables(wider).values()
+    assert all(d.ok for d in verify(wider, [now], STORES))
+
+    # the column left out again, fewer rows: the column leaves every store at once; the
+    # rows the filter no longer holds are reported by verify and removed by its repair
+    narrower = _with_choice(
+        t.settings, {table: {"exclude_columns": ["secret"], "where": "id <= 12"}}
+    )
+    sync_pipeline(narrower)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE {name} SET email = 'w2' WHERE id = 1")
+
+    def secrets(held: Held) -> dict[str, list[Any]]:
+        return {s: sorted(k for k, row in r.items() if row.get("secret")) for s, r in held.items()}
+
+    # the rows the filter still holds lose the column (backfilled); those it holds no
+    # more keep what they had until verify's repair removes them
+    def backfilled(held: Held) -> bool:
+        return all(set(keys) <= {13, 14, 15} for keys in secrets(held).values())
+
+    held = _apply_until(narrower, table, backfilled)
+    assert backfilled(held), held
+    (now,) = captured_tables(narrower).values()
+    drifts = verify(narrower, [now], STORES)
+    assert {d.store: sorted(d.extra) for d in drifts} == {
+        s: [f'{{"id":{k}}}' for k in (13, 14, 15)] for s in STORES
+    }, drifts
+    from materializers.repair import repair
+
+    repair(narrower, [now], drifts, lambda line: None)
+    held = _apply_until(narrower, table, lambda h: all(len(r) == 12 for r in h.values()))
+    assert all(sorted(rows) == list(range(1, 13)) for rows in held.values()), held
+    assert secrets(held) == {s: [] for s in STORES}
+    assert all(d.ok for d in verify(narrower, [now], STORES))
