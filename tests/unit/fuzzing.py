@@ -8,13 +8,20 @@ HYPOTHESIS_PROFILE=fuzz (`make fuzz`) every one of them runs the profile's many 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
-__all__ = ["FUZZ", "bounded", "json_values"]
+from cdc.errors import ConfigError
+from cdc.settings import Settings, load_settings
+
+__all__ = ["FUZZ", "bounded", "check_read", "json_values", "settings_file"]
 
 _SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 settings.register_profile(
@@ -52,3 +59,26 @@ json_values = st.recursive(
     ),
     max_leaves=8,
 )
+
+
+@contextmanager
+def settings_file(text: str) -> Iterator[None]:
+    """CDC_CONFIG naming a file holding `text`, and no other CDC_* variable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "cdc.toml"
+        path.write_text(text, encoding="utf-8", errors="surrogatepass")
+        with mock.patch.dict(os.environ, env | {"CDC_CONFIG": str(path)}, clear=True):
+            yield
+
+
+def check_read(text: str, secrets: list[str] = ()) -> Settings | None:  # type: ignore[assignment]
+    with settings_file(text):
+        try:
+            return load_settings()
+        except ConfigError as exc:
+            message = str(exc)
+    assert message and "\n" not in message and "\r" not in message, message
+    for secret in secrets:
+        assert secret not in message, message
+    return None

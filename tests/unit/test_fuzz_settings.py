@@ -6,13 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import sys
-import tempfile
 import typing
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -24,7 +19,7 @@ from pydantic import BaseModel, SecretStr
 
 from cdc.errors import ConfigError
 from cdc.settings import Settings, load_settings
-from tests.unit.fuzzing import bounded
+from tests.unit.fuzzing import bounded, check_read, settings_file
 
 
 def _models(annotation: Any) -> list[type[BaseModel]]:
@@ -106,29 +101,6 @@ def settings_documents(draw: Any) -> tuple[str, list[str]]:
             values[path] = secret
             secrets.append(secret)
     return tomlkit.dumps(_nest(values)), secrets
-
-
-@contextmanager
-def settings_file(text: str) -> Iterator[None]:
-    """CDC_CONFIG naming a file holding `text`, and no other CDC_* variable."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "cdc.toml"
-        path.write_text(text, encoding="utf-8", errors="surrogatepass")
-        with mock.patch.dict(os.environ, env | {"CDC_CONFIG": str(path)}, clear=True):
-            yield
-
-
-def check_read(text: str, secrets: list[str] = ()) -> Settings | None:  # type: ignore[assignment]
-    with settings_file(text):
-        try:
-            return load_settings()
-        except ConfigError as exc:
-            message = str(exc)
-    assert message and "\n" not in message and "\r" not in message, message
-    for secret in secrets:
-        assert secret not in message, message
-    return None
 
 
 @bounded(200)
