@@ -23,7 +23,15 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from cdc.settings import PROJECT_ROOT, JoinView, Settings, WindowAggregate, local_admin_password
+from cdc.settings import (
+    PROJECT_ROOT,
+    JoinView,
+    ReplicaIdentity,
+    Settings,
+    TableChoice,
+    WindowAggregate,
+    local_admin_password,
+)
 from cdc.stack import Stack
 from cdc.topics import change_topic, end_offsets
 from commands.pipeline import pipe_streams, pipeline_status, sync_pipeline
@@ -39,6 +47,7 @@ __all__ = [
     "DEMO_WINDOW",
     "DemoResult",
     "run_demo",
+    "with_demo_choice",
     "with_demo_views",
 ]
 
@@ -117,6 +126,30 @@ def with_demo_views(settings: Settings) -> Settings:
     return settings.model_copy(update={"apply": views})
 
 
+# what of the shop leaves PostgreSQL: not the customers' free-form attributes, and only
+# the products in stock (a product sold out leaves every store, and comes back with
+# its restock: the filter's column needs the full replica identity)
+DEMO_CHOICE = {
+    "public.customers": TableChoice(exclude_columns=["attributes"]),
+    "public.products": TableChoice(where="in_stock > 0"),
+}
+DEMO_IDENTITY: dict[str, ReplicaIdentity] = {"public.products": "full"}
+
+
+def with_demo_choice(settings: Settings) -> Settings:
+    """The settings with the demo's choice of columns and rows, unless one is set."""
+    pipe = settings.pipeline
+    if pipe.table:
+        return settings
+    chosen = pipe.model_copy(
+        update={
+            "table": DEMO_CHOICE,
+            "replica_identity": {**DEMO_IDENTITY, **pipe.replica_identity},
+        }
+    )
+    return settings.model_copy(update={"pipeline": chosen})
+
+
 class DemoResult:
     def __init__(self) -> None:
         self.ok = False
@@ -146,7 +179,7 @@ def run_demo(
     stack.up(progress)
     settings = local_admin_password(settings)  # generated as the cluster was made
     _create_shop(settings, progress)
-    settings = with_demo_views(settings)
+    settings = with_demo_choice(with_demo_views(settings))
     if pipe_streams(settings):
         progress(f"pipeline {settings.pipeline.name} already streams; checking its tables")
         sync_pipeline(settings)

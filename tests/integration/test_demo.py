@@ -15,7 +15,7 @@ from materializers.stores.warehouse.tables import warehouse_root
 from tests.conftest import RunningStack
 from tests.helpers import run_cdc
 from tests.logcheck import pipeline_for
-from tests.stores import column_mapped, delta_tables, readers_differ
+from tests.stores import cache, column_mapped, delta_tables, readers_differ, search
 
 pytestmark = pytest.mark.integration
 
@@ -58,6 +58,14 @@ def test_the_demo_runs_non_interactively_and_verifies(stack: RunningStack) -> No
         with psycopg.connect(settings.postgres.dsn()) as conn:
             orders = conn.execute("SELECT count(*) FROM orders").fetchone()
         assert orders is not None and orders[0] > 10_000  # the workload placed orders
+        # what leaves PostgreSQL is the demo's choice: no customer attributes, and only
+        # the products in stock (the workload sells some out and restocks others)
+        customers = cache(settings, "public.customers")
+        assert customers and not [row for row in customers.values() if "attributes" in row]
+        with psycopg.connect(settings.postgres.dsn()) as conn:
+            stocked = {r[0] for r in conn.execute("SELECT id FROM products WHERE in_stock > 0")}
+        assert stocked and set(search(settings, "public.products")) == stocked
+        assert set(cache(settings, "public.products")) == stocked
         # every warehouse table, views included, reads the same with delta-rs as with Spark
         spark = spark_session(settings, "test-demo-readers")
         tables = delta_tables(warehouse_root(settings))
