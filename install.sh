@@ -5,7 +5,8 @@
 #   3. the Python virtual environment (.venv): requirements.lock (exact versions, sha256
 #      hashes), then this project
 #   4. the JVM artifacts (Kafka, Kafka Connect, Debezium, OpenSearch, Spark jars),
-#      resolved by Maven from jvm/pom.xml into .cache/jvm
+#      resolved by Maven from jvm/pom.xml into .cache/jvm, and the pipeline's own Connect
+#      transform (jvm/transforms) built there
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$(pwd)
@@ -83,11 +84,11 @@ fi
 
 step 4 "JVM artifacts ($CACHE/jvm)"
 stamp="$CACHE/jvm/.cdc-installed"
-want=$(cat jvm/pom.xml jvm/*/pom.xml | sha256sum | cut -d' ' -f1)
+want=$(cat jvm/pom.xml jvm/*/pom.xml $(find jvm/transforms/src -type f | sort) | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   done_ "up to date"
 else
-  done_ "resolving Kafka, Kafka Connect, Debezium, OpenSearch and the Spark jars with Maven (about 230 MB)..."
+  done_ "resolving Kafka, Kafka Connect, Debezium, OpenSearch and the Spark jars with Maven (about 230 MB), and building the pipeline's Connect transform..."
   mkdir -p "$CACHE/jvm"
   rm -rf "$CACHE/jvm/kafka" "$CACHE/jvm/spark" "$CACHE/jvm/connect-plugins" "$CACHE/jvm/opensearch" "$CACHE/jvm/opensearch-plugins" "$CACHE/jvm/.markers"
   # progress: one line per component as Maven reaches it; the whole log goes to maven.log

@@ -1,0 +1,177 @@
+package cdc.connect;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import java.nio.charset.StandardCharsets;
+import java.security.MessageDigest;
+import java.security.NoSuchAlgorithmException;
+import java.util.HashMap;
+import java.util.Iterator;
+import java.util.Map;
+import org.apache.kafka.common.config.ConfigDef;
+import org.apache.kafka.common.config.types.Password;
+import org.apache.kafka.connect.connector.ConnectRecord;
+import org.apache.kafka.connect.data.Field;
+import org.apache.kafka.connect.data.Schema;
+import org.apache.kafka.connect.data.Struct;
+import org.apache.kafka.connect.errors.DataException;
+import org.apache.kafka.connect.transforms.Transformation;
+
+/**
+ * Masks the columns a pipeline names (pipeline.table."schema.table".mask) in every change
+ * event of the Debezium PostgreSQL connector before it reaches Kafka: in the message key,
+ * and in the envelope's `before` and `after`.
+ *
+ * <ul>
+ *   <li>{@code hash}: the hex SHA-256 of the salt's UTF-8 bytes followed by the value's
+ *       (the snapshot and verify compute the same in PostgreSQL, cdc.mask_hash);
+ *   <li>{@code redact}: a constant, or null.
+ * </ul>
+ *
+ * A value equal to the pipeline's placeholder for an unchanged TOASTed value is left as it
+ * is (it is not the column's value). A change event of a topic the settings do not name (a
+ * table renamed since the setup) fails the task: nothing is published unmasked.
+ *
+ * <p>Settings: {@code masks} (JSON: topic -> column -> {"mode": "hash"} or {"mode":
+ * "redact", "value": text or null}; every captured table's topic, with no column when it
+ * masks none), {@code salt} and {@code placeholder} (secrets: the worker reads them from a
+ * file).
+ */
+public class MaskColumns<R extends ConnectRecord<R>> implements Transformation<R> {
+
+  private static final ConfigDef CONFIG =
+      new ConfigDef()
+          .define("masks", ConfigDef.Type.STRING, ConfigDef.Importance.HIGH, "topic -> masks")
+          .define("salt", ConfigDef.Type.PASSWORD, ConfigDef.Importance.HIGH, "hash salt")
+          .define(
+              "placeholder",
+              ConfigDef.Type.PASSWORD,
+              ConfigDef.Importance.HIGH,
+              "unchanged TOAST placeholder");
+
+  private record Mask(boolean hash, String value) {}
+
+  private final Map<String, Map<String, Mask>> masks = new HashMap<>();
+  private byte[] salt;
+  private String placeholder;
+
+  @Override
+  public void configure(Map<String, ?> configs) {
+    Map<String, Object> parsed = CONFIG.parse(configs);
+    salt = ((Password) parsed.get("salt")).value().getBytes(StandardCharsets.UTF_8);
+    placeholder = ((Password) parsed.get("placeholder")).value();
+    try {
+      JsonNode root = new ObjectMapper().readTree((String) parsed.get("masks"));
+      for (Iterator<Map.Entry<String, JsonNode>> t = root.fields(); t.hasNext(); ) {
+        Map.Entry<String, JsonNode> topic = t.next();
+        Map<String, Mask> columns = new HashMap<>();
+        for (Iterator<Map.Entry<String, JsonNode>> c = topic.getValue().fields(); c.hasNext(); ) {
+          Map.Entry<String, JsonNode> column = c.next();
+          JsonNode spec = column.getValue();
+          boolean hash = "hash".equals(spec.path("mode").asText());
+          JsonNode value = spec.path("value");
+          columns.put(
+              column.getKey(), new Mask(hash, value.isTextual() ? value.asText() : null));
+        }
+        masks.put(topic.getKey(), columns);
+      }
+    } catch (Exception e) {
+      throw new DataException("cdc mask: the masks setting is not valid JSON", e);
+    }
+  }
+
+  @Override
+  public R apply(R record) {
+    if (!isTableEvent(record)) {
+      return record;
+    }
+    Map<String, Mask> columns = masks.get(record.topic());
+    if (columns == null) {
+      throw new DataException(
+          "cdc mask: a change of topic "
+              + record.topic()
+              + ", which names no table the pipeline knows (a table renamed since the"
+              + " setup?), is not published: run `cdc setup`");
+    }
+    if (columns.isEmpty()) {
+      return record;
+    }
+    Object key = record.key() instanceof Struct k ? masked(k, columns, record.topic()) : record.key();
+    Object value = record.value();
+    if (value instanceof Struct envelope && envelope.schema().field("after") != null) {
+      Struct out = new Struct(envelope.schema());
+      for (Field field : envelope.schema().fields()) {
+        Object part = envelope.get(field);
+        boolean image = field.name().equals("before") || field.name().equals("after");
+        out.put(field, image && part instanceof Struct row ? masked(row, columns, record.topic()) : part);
+      }
+      value = out;
+    }
+    return record.newRecord(
+        record.topic(),
+        record.kafkaPartition(),
+        record.keySchema(),
+        key,
+        record.valueSchema(),
+        value,
+        record.timestamp(),
+        record.headers());
+  }
+
+  /** A change event of a table (a tombstone too), not a heartbeat, transaction or message. */
+  private static boolean isTableEvent(ConnectRecord<?> record) {
+    Schema value = record.valueSchema();
+    if (value != null) {
+      return value.name() != null && value.name().endsWith(".Envelope");
+    }
+    Schema key = record.keySchema();
+    return key != null && key.name() != null && key.name().endsWith(".Key");
+  }
+
+  private Struct masked(Struct row, Map<String, Mask> columns, String topic) {
+    Struct out = new Struct(row.schema());
+    for (Field field : row.schema().fields()) {
+      Object value = row.get(field);
+      Mask mask = columns.get(field.name());
+      if (mask != null && value != null && !placeholder.equals(value)) {
+        if (!mask.hash() && mask.value() == null) {
+          if (!field.schema().isOptional()) {
+            throw new DataException(
+                "cdc mask: column " + field.name() + " of topic " + topic + " cannot be null");
+          }
+          value = null;
+        } else if (value instanceof String text) {
+          value = mask.hash() ? hash(text) : mask.value();
+        } else {
+          throw new DataException(
+              "cdc mask: column " + field.name() + " of topic " + topic + " is not text");
+        }
+      }
+      out.put(field, value);
+    }
+    return out;
+  }
+
+  private String hash(String text) {
+    try {
+      MessageDigest digest = MessageDigest.getInstance("SHA-256");
+      digest.update(salt);
+      byte[] sum = digest.digest(text.getBytes(StandardCharsets.UTF_8));
+      StringBuilder hex = new StringBuilder(sum.length * 2);
+      for (byte b : sum) {
+        hex.append(Character.forDigit((b >> 4) & 0xf, 16)).append(Character.forDigit(b & 0xf, 16));
+      }
+      return hex.toString();
+    } catch (NoSuchAlgorithmException e) {
+      throw new DataException("cdc mask: no SHA-256 in this JVM", e);
+    }
+  }
+
+  @Override
+  public ConfigDef config() {
+    return CONFIG;
+  }
+
+  @Override
+  public void close() {}
+}
