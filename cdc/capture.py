@@ -12,10 +12,11 @@ import psycopg
 from cdc.catalog import DEBEZIUM_PLACEHOLDER, TRUNCATIONS_TABLE, Table, pipeline_placeholder
 from cdc.connect import ConnectClient, connect_client
 from cdc.errors import ConnectorError
+from cdc.masks import MASK_TRANSFORM, read_salt, transform_masks
 from cdc.role import replication_password, write_secret
 from cdc.settings import Settings
 from cdc.source import HEARTBEAT_TABLE, SIGNAL_TABLE, admin_connection
-from cdc.topics import CUT_MESSAGE_PREFIX, notification_topic
+from cdc.topics import CUT_MESSAGE_PREFIX, change_topic, notification_topic
 
 __all__ = [
     "DEBEZIUM_POSTGRES",
@@ -115,10 +116,11 @@ def _placeholder(settings: Settings, client: ConnectClient, name: str) -> str:
 
 
 def pipeline_connector_config(
-    settings: Settings, tables: Sequence[Table], placeholder: str
+    settings: Settings, tables: Sequence[Table], placeholder: str, salt: str | None = None
 ) -> dict[str, str]:
     """The pipeline's connector: it streams from the slot the snapshot made (no_data).
-    `placeholder`: the pipeline's own for an unchanged TOASTed value (cdc.placeholders)."""
+    `placeholder`: the pipeline's own for an unchanged TOASTed value (cdc.placeholders);
+    `salt`: its masks' (cdc.mask_salts), needed when a table masks a column."""
     pipe = settings.pipeline
     config = connector_config(
         settings,
@@ -179,6 +181,23 @@ def pipeline_connector_config(
             "topic.creation.default.retention.ms": "2592000000",
         }
     )
+    masks = transform_masks(
+        [*tables], lambda name: change_topic(pipe, name), also=[TRUNCATIONS_TABLE]
+    )
+    if masks is not None:
+        if salt is None:
+            raise ValueError("a table masks a column: the pipeline's salt is needed")
+        # masked before anything reaches Kafka (jvm/transforms); the salt is a secret,
+        # named by a reference to the worker's secrets file (register_connector)
+        config.update(
+            {
+                "transforms": "mask",
+                "transforms.mask.type": MASK_TRANSFORM,
+                "transforms.mask.masks": masks,
+                "transforms.mask.salt": salt,
+                "transforms.mask.placeholder": placeholder,
+            }
+        )
     keyed = [f"{t.qualified}:{','.join(t.key)}" for t in tables if t.qualified in pipe.key_columns]
     if keyed:
         config["message.key.columns"] = ";".join(keyed)
@@ -293,10 +312,18 @@ def register_connector(
     """
     client = connect_client(settings)
     name = settings.pipeline.connector
-    config = pipeline_connector_config(settings, tables, _placeholder(settings, client, name))
+    salt = None
+    if any(t.masks for t in tables):
+        with admin_connection(settings) as conn:
+            salt = read_salt(conn, settings.pipeline)
+    config = pipeline_connector_config(settings, tables, _placeholder(settings, client, name), salt)
     config["database.password"] = secret_reference(
         settings, "database.password", config["database.password"]
     )
+    if "transforms.mask.salt" in config:
+        config["transforms.mask.salt"] = secret_reference(
+            settings, "mask.salt", config["transforms.mask.salt"]
+        )
     connectors = client.connectors()
     existing = name in connectors
     state = connectors.get(name, {}).get("status", {}).get("connector", {}).get("state")

@@ -80,6 +80,10 @@ class Table:
     # columns the settings capture that the publication does not name yet (added to the
     # table since `cdc setup`): `cdc setup` captures them, and a backfill fills them
     pending: tuple[str, ...] = ()
+    # the columns that leave masked: (column, "hash" or "redact", the redacted text or
+    # None for NULL), and the pipeline whose salt hashes them (cdc.mask_salts)
+    masks: tuple[tuple[str, str, str | None], ...] = ()
+    pipeline: str = ""
 
     @property
     def regclass(self) -> str:
@@ -97,6 +101,10 @@ class Table:
 
     def column(self, name: str) -> Column:
         return next(c for c in self.columns if c.name == name)
+
+    def mask(self, name: str) -> tuple[str, str | None] | None:
+        """How column `name` leaves PostgreSQL masked: (mode, redacted text), or None."""
+        return next(((m, v) for c, m, v in self.masks if c == name), None)
 
     @property
     def column_list(self) -> tuple[str, ...] | None:
@@ -459,6 +467,53 @@ def describe_table(
         row_filter=choice.where if choice else None,
         listed=bool(choice and (choice.columns is not None or choice.exclude_columns)),
         pending=pending,
+        masks=_choose_masks(qualified, columns, configured or primary_key, choice),
+        pipeline=pipeline.name,
+    )
+
+
+# the types whose change events carry the value's text, which a hash or a redacting
+# text replaces (citext is an extension's, by name)
+MASKABLE_TEXT = {"text", "varchar", "bpchar", "citext"}
+
+
+def _choose_masks(
+    qualified: str, columns: tuple[Column, ...], key: tuple[str, ...], choice: Any
+) -> tuple[tuple[str, str, str | None], ...]:
+    """pipeline.table's masks of the table, each checked against the captured columns."""
+    if choice is None or not choice.mask:
+        return ()
+    setting = f'pipeline.table."{qualified}".mask'
+    names = {c.name: c for c in columns}
+    if unknown := [n for n in choice.mask if n not in names]:
+        raise SourceError(
+            f"{setting} names columns table {qualified} does not capture: {', '.join(unknown)}"
+        )
+    generated = [c for c in columns if c.generated]
+    for name, mode in choice.mask.items():
+        column = names[name]
+        to_null = mode == "redact" and choice.redact_with is None
+        if column.generated:
+            why = "a generated column is computed by the apply job; leave it out instead"
+        elif inputs := [g.name for g in generated if name in g.inputs]:
+            why = f"the generated column {inputs[0]} is computed from it; leave that out too"
+        elif mode == "redact" and name in key:
+            why = "it is in the key, whose rows a constant would merge; hash it instead"
+        elif mode == "hash" and name in key and generated:
+            why = "the table has generated columns, read back by the key; do not hash the key"
+        elif to_null and column.not_null:
+            why = "it is NOT NULL; redact it with a text (redact_with), or leave it out"
+        elif not to_null and (column.is_array or column.base not in MASKABLE_TEXT):
+            why = (
+                f"its type {column.type} is not text, which only a hash or a text replaces; "
+                "redact it to NULL, or leave it out"
+            )
+        else:
+            continue
+        raise SourceError(f"{setting}.{name} = {mode!r} cannot be: {why}")
+    return tuple(
+        (name, mode, choice.redact_with if mode == "redact" else None)
+        for name, mode in choice.mask.items()
     )
 
 

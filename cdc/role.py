@@ -121,6 +121,8 @@ def role_statements(conn: psycopg.Connection[Any], settings: Settings) -> list[s
         sql.SQL("GRANT SELECT ON {} TO {}").format(
             sql.Identifier(*TRUNCATIONS_TABLE.split(".", 1)), role
         ),
+        # the snapshot hashes masked columns with the pipeline's salt, which it never reads
+        sql.SQL("GRANT EXECUTE ON FUNCTION cdc.mask_hash(text, text) TO {}").format(role),
         *_expression_statements(role),
     ]
 

@@ -690,7 +690,9 @@ class TableChoice(BaseModel):
     list, the snapshot's SELECT, backfills and Debezium's column filter name the same
     columns, and the replication role may read no other. `where`: a row filter (one
     boolean expression on the table's replica identity columns), the publication's row
-    filter and the snapshot's, backfills' and verify's WHERE.
+    filter and the snapshot's, backfills' and verify's WHERE. `mask`: columns that leave
+    hashed or redacted (the snapshot's SELECT and verify mask them in PostgreSQL, the
+    pipeline's Connect transform in every change event).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -706,6 +708,14 @@ class TableChoice(BaseModel):
         description="capture only the rows this expression holds for (PostgreSQL 15 "
         "publication row filter: its columns must be in the replica identity)",
     )
+    mask: dict[str, Literal["hash", "redact"]] = Field(
+        default_factory=dict,
+        description="per column: hash (salted SHA-256 of the text, the same everywhere) "
+        "or redact (redact_with, or NULL)",
+    )
+    redact_with: str | None = Field(
+        None, description="the text a redacted column holds (default: NULL)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TableChoice:
@@ -718,17 +728,18 @@ class TableChoice(BaseModel):
                 raise ValueError("a column is named twice")
             if any(not n for n in names):
                 raise ValueError("a column name is empty")
+        if left_out := [c for c in self.mask if c in self.exclude_columns] + [
+            c for c in self.mask if self.columns is not None and c not in self.columns
+        ]:
+            raise ValueError(f"mask names {left_out[0]!r}, which is not captured")
+        if self.redact_with is not None and "redact" not in self.mask.values():
+            raise ValueError("redact_with is set, but mask redacts no column")
         if self.where is not None:
             if not self.where.strip():
                 raise ValueError("where is empty: leave it out to capture every row")
             if problem := filter_problem(self.where):
                 raise ValueError(f"where is not one filter expression: {problem}")
         return self
-
-    @property
-    def chosen(self) -> bool:
-        """Whether it leaves anything in PostgreSQL."""
-        return self.columns is not None or bool(self.exclude_columns) or bool(self.where)
 
 
 ReplicaIdentity = Literal["default", "full"]
@@ -762,6 +773,11 @@ class PipelineSettings(BaseModel):
         default_factory=dict,
         description='per table ("schema.name"): the columns and rows captured '
         "(columns, exclude_columns, where)",
+    )
+    mask_salt: SecretStr | None = Field(
+        None,
+        description="the salt of the masks' hashes; default: a random one `cdc setup` makes "
+        "once and keeps in the source (cdc.mask_salts, which only the setup's user reads)",
     )
     replication_user: str = Field("cdc_replication", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
     replication_password: SecretStr | None = Field(

@@ -37,6 +37,7 @@ from cdc.catalog import (
 )
 from cdc.errors import SourceError, SourceUnavailableError
 from cdc.identity import placeholder_statement, record_captured
+from cdc.masks import read_salt, salt_statement
 from cdc.role import (
     EXPRESSIONS_FUNCTION,
     expression_grants,
@@ -200,6 +201,8 @@ def prepare_source(settings: Settings) -> list[Table]:
                 # a consumer of the publication decodes each change with the catalog of
                 # its moment, and fails on one made before the publication was
                 conn.execute(placeholder_statement(pipe.name))  # before record_captured
+                conn.execute(salt_statement(pipe))
+                read_salt(conn, pipe)  # pipeline.mask_salt, if set, is the one in use
                 placeholder = pipeline_placeholder(conn, pipe.name)
                 tables = [replace(t, placeholder=placeholder) for t in tables]
                 record_captured(conn, pipe.name, tables)
@@ -326,6 +329,15 @@ def setup_sql(settings: Settings) -> str:
             ),
         ]
         composed.append(placeholder_statement(pipe.name))  # before cdc.captured changes
+        if pipe.mask_salt is None:  # a random one, made by PostgreSQL (never printed)
+            composed.append(salt_statement(pipe))
+        else:
+            composed.append(
+                sql.SQL(
+                    "-- pipeline.mask_salt is set: INSERT INTO cdc.mask_salts (pipeline, salt) "
+                    "VALUES ({}, '<the salt>')"
+                ).format(sql.Literal(pipe.name))
+            )
         composed.append(
             sql.SQL("DELETE FROM cdc.captured WHERE pipeline = {}").format(sql.Literal(pipe.name))
         )

@@ -149,6 +149,7 @@ def _summed(table: Table) -> list[Any]:
         for c in table.columns
         if c.base in _SUMMED
         and not c.is_array
+        and table.mask(c.name) is None  # redacted to NULL in the stores
         and isinstance(spark_type(c), T.IntegralType | T.DecimalType)
     ]
 

@@ -70,6 +70,8 @@ def repair_filters(table: Table, stale: list[str], source_rows: int) -> list[str
     """The backfill filters that bring back the `stale` keys: None for the whole table."""
     if len(stale) >= REPAIR_WHOLE_TABLE_SHARE * source_rows:
         return None
+    if any(table.mask(k) for k in table.key):  # the stores know its key only hashed
+        return None
     return key_filters(table, stale)
 
 

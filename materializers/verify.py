@@ -29,6 +29,7 @@ from psycopg.types.string import TextLoader
 from cdc.catalog import TRUNCATIONS_TABLE, Table
 from cdc.decode import parse_interval
 from cdc.errors import VerifyError
+from cdc.masks import masked_value
 from cdc.settings import JoinView, Settings
 from cdc.source import admin_connection
 from cdc.topics import CUT_MESSAGE_PREFIX, change_topic
@@ -79,6 +80,25 @@ def normalize(value: Any) -> Any:
     return value
 
 
+def _selected(table: Table, name: str) -> sql.Composable:
+    """A column as the stores hold it: its value, or the masked text (cdc/masks.py)."""
+    masked = masked_value(table, name)
+    if masked is None:
+        return sql.Identifier(name)
+    return sql.SQL("{} AS {}").format(masked, sql.Identifier(name))
+
+
+def _stored_source(table: Table, alias: str) -> sql.Composable:
+    """The table in a FROM clause as the stores hold it: its filtered rows, masked."""
+    if not table.masks:
+        return table.source(alias)
+    return sql.SQL("(SELECT {} FROM {}) AS {}").format(
+        sql.SQL(", ").join(_selected(table, c.name) for c in table.columns),
+        table.source(),
+        sql.Identifier(alias),
+    )
+
+
 def source_rows(
     settings: Settings,
     table: Table,
@@ -95,7 +115,7 @@ def source_rows(
         conn.adapters.register_loader("json", TextLoader)
         conn.adapters.register_loader("jsonb", TextLoader)
         query = query or sql.SQL("SELECT {} FROM {}").format(
-            sql.SQL(", ").join(sql.Identifier(c.name) for c in table.columns),
+            sql.SQL(", ").join(_selected(table, c.name) for c in table.columns),
             table.source(),  # the rows the pipeline captures (its row filter)
         )
         intervals = {c.name for c in table.columns if c.base == "interval"}
@@ -277,8 +297,8 @@ def _view_query(join: JoinView, tables: dict[str, Table]) -> sql.Composed:
             sql.SQL("r.{} AS {}").format(sql.Identifier(c), sql.Identifier(join.column_prefix + c))
             for c in join.columns
         ),
-        left.source("l"),
-        right.source("r"),
+        _stored_source(left, "l"),
+        _stored_source(right, "r"),
         sql.Identifier(ref),
         sql.Identifier(join.on),
     )

@@ -31,6 +31,7 @@ from cdc.decode import (
     NUMERIC_SPECIAL,
     bit_length,
 )
+from cdc.masks import masked_value
 
 __all__ = ["SnapshotPoint", "column_json", "envelope", "event_query"]
 
@@ -160,11 +161,14 @@ def _zoned_timestamp_json(column: Column, ref: sql.Composable) -> sql.Composable
     ).format(ref=ref, utc=utc, year=year, full=sql.Literal("YYYY" + rest), rest=sql.Literal(rest))
 
 
-def column_json(column: Column) -> sql.Composable:
-    """SQL for the JSON text of a column's value as Debezium encodes it ('null' for NULL)."""
+def column_json(column: Column, masked: sql.Composable | None = None) -> sql.Composable:
+    """SQL for the JSON text of a column's value as Debezium encodes it ('null' for NULL);
+    `masked`: the text it leaves PostgreSQL as (cdc/masks.py), the Connect transform's."""
     ref = sql.Identifier(column.name)
     value: sql.Composable
-    if column.is_array:
+    if masked is not None:
+        value = sql.SQL("to_json({})").format(masked)
+    elif column.is_array:
         element = _element_json(column, sql.Identifier("e"))
         value = sql.SQL(
             "CASE WHEN {ref} IS NULL THEN NULL ELSE COALESCE("
@@ -181,7 +185,7 @@ def _object(table: Table, names: tuple[str, ...]) -> sql.Composable:
     parts: list[sql.Composable] = []
     for i, name in enumerate(names):
         label = ("{" if i == 0 else ",") + json.dumps(name, ensure_ascii=False) + ":"
-        parts += [sql.Literal(label), column_json(table.column(name))]
+        parts += [sql.Literal(label), column_json(table.column(name), masked_value(table, name))]
     parts.append(sql.Literal("}"))
     return sql.SQL(" || ").join(parts)
 

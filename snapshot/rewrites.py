@@ -44,8 +44,9 @@ def schemas_file(settings: Settings) -> Path:
 
 # a column the pipeline leaves out (pipeline.table), as recorded
 EXCLUDED = ["excluded"]
-# the row filter's entry: no column's name is empty
+# the row filter's and the masks' entries: no column's name is empty or holds a NUL
 ROW_FILTER = ""
+MASKS = "\x00masks"
 
 
 def schema_of(table: Table) -> Schema:
@@ -56,6 +57,8 @@ def schema_of(table: Table) -> Schema:
     schema.update((name, EXCLUDED) for name in table.excluded)
     if table.row_filter is not None:
         schema[ROW_FILTER] = ["where", table.row_filter]
+    if table.masks:
+        schema[MASKS] = [list(m) for m in table.masks]
     return schema
 
 
@@ -97,7 +100,7 @@ def rewrites(before: Schema, table: Table) -> list[str]:
     # event removes it; the backfill writes each row again without it
     names = {c.name for c in table.columns}
     for name, recorded in before.items():
-        if name == ROW_FILTER or name in names or recorded == EXCLUDED:
+        if name in (ROW_FILTER, MASKS) or name in names or recorded == EXCLUDED:
             continue
         change = "is left out now" if name in table.excluded else "was dropped"
         found.append(f"column {name} {change}")
@@ -108,6 +111,16 @@ def rewrites(before: Schema, table: Table) -> list[str]:
             "its row filter changed (rows it no longer holds stay in the stores until "
             "`cdc verify --repair`)"
         )
+    was = {m[0]: tuple(m) for m in before.get(MASKS) or []}
+    now = {m[0]: tuple(m) for m in schema_of(table).get(MASKS) or []}
+    changed = {c for c in was.keys() | now.keys() if was.get(c) != now.get(c)}
+    if changed & set(table.key):
+        found.append(
+            "its key's mask changed (rows under the key as it was masked before stay in "
+            "the stores until `cdc verify --repair`)"
+        )
+    elif changed:
+        found.append(f"the mask of {', '.join(sorted(changed))} changed")
     return found
 
 

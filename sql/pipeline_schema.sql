@@ -113,3 +113,19 @@ CREATE TABLE IF NOT EXISTS cdc.placeholders (
     pipeline    text PRIMARY KEY,
     placeholder text NOT NULL
 );
+
+-- Each pipeline's salt for its masks' hashes (pipeline.table."<t>".mask = "hash"): a
+-- secret of its own, made once by `cdc setup` (or pipeline.mask_salt), which only the
+-- setup's user reads. cdc.mask_hash gives the hash the pipeline's Connect transform
+-- gives every change event (jvm/transforms): the hex SHA-256 of the salt's UTF-8 bytes
+-- and then the value's. The snapshot and verify call it, so the salt never leaves.
+CREATE TABLE IF NOT EXISTS cdc.mask_salts (
+    pipeline text PRIMARY KEY,
+    salt     text NOT NULL
+);
+REVOKE ALL ON cdc.mask_salts FROM PUBLIC;
+CREATE OR REPLACE FUNCTION cdc.mask_hash(pipeline text, value text) RETURNS text
+    LANGUAGE sql STABLE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    AS $$ SELECT encode(sha256(convert_to(s.salt, 'UTF8') || convert_to($2, 'UTF8')), 'hex')
+          FROM cdc.mask_salts s WHERE s.pipeline = $1 $$;
+REVOKE ALL ON FUNCTION cdc.mask_hash(text, text) FROM PUBLIC;
