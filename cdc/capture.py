@@ -182,7 +182,9 @@ def pipeline_connector_config(
         }
     )
     masks = transform_masks(
-        [*tables], lambda name: change_topic(pipe, name), also=[TRUNCATIONS_TABLE]
+        [*tables],
+        lambda name: change_topic(pipe, name),
+        also=[TRUNCATIONS_TABLE, SIGNAL_TABLE, HEARTBEAT_TABLE],
     )
     if masks is not None:
         if salt is None:

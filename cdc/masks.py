@@ -98,4 +98,5 @@ def transform_masks(
         }
         for t in tables
     }
-    return json.dumps(masks, separators=(",", ":"), sort_keys=True)
+    keyed = sorted(t.qualified for t in tables if any(t.mask(k) for k in t.key))
+    return json.dumps({"topics": masks, "keyed": keyed}, separators=(",", ":"), sort_keys=True)

@@ -7,6 +7,7 @@ tests' own readers (tests/stores.py, raw Kafka records, the files on disk)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -71,11 +72,13 @@ def _files_holding(root: Path, needle: bytes, skip: str) -> list[str]:
     return held
 
 
-def _apply_until(settings: Settings, table: str, done: Callable[[Held], bool]) -> Held:
+def _apply_until(
+    settings: Settings, table: str, done: Callable[[Held], bool], key: str = "id"
+) -> Held:
     deadline = time.monotonic() + 180
     while True:
         run_apply(settings, STORES, once=True)
-        held = stores(settings, table)
+        held = stores(settings, table, key)
         if done(held) or time.monotonic() > deadline:
             return held
         time.sleep(2)
@@ -275,3 +278,81 @@ def test_a_changed_choice_is_handled_like_a_schema_change(captured: Capture) -> 
     assert all(sorted(rows) == list(range(1, 13)) for rows in held.values()), held
     assert secrets(held) == {s: [] for s in STORES}
     assert all(d.ok for d in verify(narrower, [now], STORES))
+
+
+def _salt(settings: Settings) -> str:
+    with admin_connection(settings) as conn:
+        row = conn.execute(
+            "SELECT salt FROM cdc.mask_salts WHERE pipeline = %s", (settings.pipeline.name,)
+        ).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def test_masked_columns_leave_postgres_hashed_or_redacted(
+    captured: Capture, stack: RunningStack
+) -> None:
+    mark = uuid.uuid4().hex
+    t = captured(
+        "CREATE TABLE {name} (email text PRIMARY KEY, name text, phone text, city text)",
+        f"INSERT INTO {{name}} SELECT 'u' || g || '-{mark}@x', 'n{mark}' || g, "
+        f"'p{mark}' || g, 'c' || g FROM generate_series(1, 30) g",
+        "CREATE TABLE {name}_orders (id int PRIMARY KEY, email text, paid date)",
+        f"INSERT INTO {{name}}_orders SELECT g, 'u' || (g % 30 + 1) || '-{mark}@x', "
+        "DATE '2026-01-01' + g FROM generate_series(1, 60) g",
+        tables=("public.{name}", "public.{name}_orders"),
+        prefix="mask",
+        table={
+            "public.{name}": {
+                "mask": {"email": "hash", "name": "hash", "phone": "redact"},
+                "redact_with": "***",
+            },
+            "public.{name}_orders": {"mask": {"email": "hash", "paid": "redact"}},
+        },
+    )
+    name, table, settings, dsn = t.name, t.table, t.settings, t.dsn
+    orders = f"{table}_orders"
+    salt = _salt(settings)
+
+    def h(text: str) -> str:  # the tests' own hash: SHA-256 of the salt, then the text
+        return hashlib.sha256((salt + text).encode()).hexdigest()
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE {name} SET name = 'N{mark}', phone = 'q' WHERE email LIKE 'u1-%'")
+        conn.execute(f"INSERT INTO {name} VALUES ('new-{mark}@x', 'ü {mark}', NULL, 'c')")
+        conn.execute(f"DELETE FROM {name} WHERE email LIKE 'u2-%'")
+        conn.execute(f"UPDATE {name}_orders SET email = 'new-{mark}@x' WHERE id = 1")
+        conn.execute(f"INSERT INTO {name}_orders VALUES (61, 'new-{mark}@x', NULL)")
+        source = dict(conn.execute(f"SELECT email, name FROM {name}").fetchall())
+        bought = dict(conn.execute(f"SELECT id, email FROM {name}_orders").fetchall())
+    people = {h(e): n for e, n in source.items()}
+
+    def keyed(held: Held) -> bool:
+        return all(set(r) == set(people) for r in held.values())
+
+    held = _apply_until(settings, table, keyed, key="email")
+    _backfill(settings, orders)  # a backfill masks the same way
+    _backfill(settings, table)  # keyed by a hashed column too
+    held = _apply_until(settings, table, keyed, key="email") | {
+        f"orders {s}": rows for s, rows in _apply_until(settings, orders, lambda h: True).items()
+    }
+
+    for store in STORES:
+        rows = {k: v for k, v in held[store].items()}
+        assert set(rows) == set(people), store  # every store is keyed by the hash
+        for key, row in rows.items():
+            assert row["name"] == h(people[key]), (store, row)
+            assert row.get("phone") == (None if people[key].startswith("ü") else "***")
+            assert str(row["email"]) == key
+        for key, row in held[f"orders {store}"].items():
+            assert row["email"] == h(bought[key]) and row.get("paid") is None, (store, row)
+    # a join on the hashed column still finds its rows
+    joined = {r["email"] for r in held["orders cache"].values()} & set(held["cache"])
+    assert joined == {h(e) for e in bought.values() if e in source}
+    now = list(captured_tables(settings).values())
+    assert all(d.ok for d in verify(settings, now, STORES))
+
+    for topic in (change_topic(settings.pipeline, table), change_topic(settings.pipeline, orders)):
+        records = _raw_records(settings, topic)
+        assert records and not [r for r in records if mark.encode() in r[0] + (r[1] or b"")]
+    assert _files_holding(stack.settings.data_dir, mark.encode(), skip="postgres") == []

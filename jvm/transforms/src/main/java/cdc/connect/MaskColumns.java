@@ -6,8 +6,10 @@ import java.nio.charset.StandardCharsets;
 import java.security.MessageDigest;
 import java.security.NoSuchAlgorithmException;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.Iterator;
 import java.util.Map;
+import java.util.Set;
 import org.apache.kafka.common.config.ConfigDef;
 import org.apache.kafka.common.config.types.Password;
 import org.apache.kafka.connect.connector.ConnectRecord;
@@ -32,10 +34,12 @@ import org.apache.kafka.connect.transforms.Transformation;
  * is (it is not the column's value). A change event of a topic the settings do not name (a
  * table renamed since the setup) fails the task: nothing is published unmasked.
  *
- * <p>Settings: {@code masks} (JSON: topic -> column -> {"mode": "hash"} or {"mode":
- * "redact", "value": text or null}; every captured table's topic, with no column when it
- * masks none), {@code salt} and {@code placeholder} (secrets: the worker reads them from a
- * file).
+ * <p>A backfill's progress notification of a table whose key is masked names no key.
+ *
+ * <p>Settings: {@code masks} (JSON: "topics": topic -> column -> {"mode": "hash"} or
+ * {"mode": "redact", "value": text or null}, every captured table's topic, with no column
+ * when it masks none; "keyed": the tables whose key is masked), {@code salt} and {@code
+ * placeholder} (secrets: the worker reads them from a file).
  */
 public class MaskColumns<R extends ConnectRecord<R>> implements Transformation<R> {
 
@@ -52,6 +56,9 @@ public class MaskColumns<R extends ConnectRecord<R>> implements Transformation<R
   private record Mask(boolean hash, String value) {}
 
   private final Map<String, Map<String, Mask>> masks = new HashMap<>();
+  // the tables ("schema.table") whose key is masked: a backfill's progress notification
+  // names the key it has reached, which is left out for them
+  private final Set<String> keyed = new HashSet<>();
   private byte[] salt;
   private String placeholder;
 
@@ -61,7 +68,11 @@ public class MaskColumns<R extends ConnectRecord<R>> implements Transformation<R
     salt = ((Password) parsed.get("salt")).value().getBytes(StandardCharsets.UTF_8);
     placeholder = ((Password) parsed.get("placeholder")).value();
     try {
-      JsonNode root = new ObjectMapper().readTree((String) parsed.get("masks"));
+      JsonNode config = new ObjectMapper().readTree((String) parsed.get("masks"));
+      for (JsonNode table : config.path("keyed")) {
+        keyed.add(table.asText());
+      }
+      JsonNode root = config.path("topics");
       for (Iterator<Map.Entry<String, JsonNode>> t = root.fields(); t.hasNext(); ) {
         Map.Entry<String, JsonNode> topic = t.next();
         Map<String, Mask> columns = new HashMap<>();
@@ -83,7 +94,7 @@ public class MaskColumns<R extends ConnectRecord<R>> implements Transformation<R
   @Override
   public R apply(R record) {
     if (!isTableEvent(record)) {
-      return record;
+      return isNotification(record) ? withoutMaskedKeys(record) : record;
     }
     Map<String, Mask> columns = masks.get(record.topic());
     if (columns == null) {
@@ -114,6 +125,43 @@ public class MaskColumns<R extends ConnectRecord<R>> implements Transformation<R
         key,
         record.valueSchema(),
         value,
+        record.timestamp(),
+        record.headers());
+  }
+
+  private static boolean isNotification(ConnectRecord<?> record) {
+    return record.value() instanceof Struct value
+        && value.schema().field("aggregate_type") != null
+        && value.schema().field("additional_data") != null;
+  }
+
+  /** A notification of a backfill of a table whose key is masked, without the keys. */
+  private R withoutMaskedKeys(R record) {
+    Struct value = (Struct) record.value();
+    if (!(value.get("additional_data") instanceof Map<?, ?> data)) {
+      return record;
+    }
+    Object table = data.get("current_collection_in_progress");
+    if (table == null || !keyed.contains(table.toString())) {
+      return record;
+    }
+    Map<Object, Object> kept = new HashMap<>(data);
+    for (String field : new String[] {"maximum_key", "last_processed_key"}) {
+      if (kept.containsKey(field)) {
+        kept.put(field, "(masked)");
+      }
+    }
+    Struct out = new Struct(value.schema());
+    for (Field field : value.schema().fields()) {
+      out.put(field, field.name().equals("additional_data") ? kept : value.get(field));
+    }
+    return record.newRecord(
+        record.topic(),
+        record.kafkaPartition(),
+        record.keySchema(),
+        record.key(),
+        record.valueSchema(),
+        out,
         record.timestamp(),
         record.headers());
   }
