@@ -187,7 +187,8 @@ def test_a_choice_that_would_break_the_source_is_refused_in_one_line(
     captured: Capture,
 ) -> None:
     t = captured(
-        "CREATE TABLE {name} (id int PRIMARY KEY, region text, note text)",
+        "CREATE TABLE {name} (id int PRIMARY KEY, region text, note text, born date NOT NULL, "
+        "up text GENERATED ALWAYS AS (upper(note)) STORED)",
         "CREATE TABLE {name}_full (id int PRIMARY KEY, note text)",
         "ALTER TABLE {name}_full REPLICA IDENTITY FULL",
         prefix="refuse",
@@ -204,6 +205,12 @@ def test_a_choice_that_would_break_the_source_is_refused_in_one_line(
         ({table: {"where": "id > random()"}}, "publication refuses"),
         ({table: {"where": "nope > 1"}}, "is not a valid filter"),
         ({"public.nothere": {"where": "id > 1"}}, "does not capture"),
+        ({table: {"mask": {"born": "hash"}}}, "is not text"),
+        ({table: {"mask": {"born": "redact"}}}, "it is NOT NULL"),
+        ({table: {"mask": {"id": "redact"}}}, "it is in the key"),
+        ({table: {"mask": {"note": "hash"}}}, "generated column up is computed from it"),
+        ({table: {"mask": {"up": "hash"}}}, "a generated column"),
+        ({table: {"mask": {"nope": "hash"}}}, "does not capture: nope"),
     ]
     for choice, words in cases:
         with pytest.raises(SourceError) as refused:

@@ -4,6 +4,7 @@ integration tier runs it on the stack: tests/integration/test_capture_choice.py)
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -15,8 +16,10 @@ from hypothesis import strategies as st
 from cdc.capture import _java_regex_literal, pipeline_connector_config
 from cdc.catalog import Column, Table
 from cdc.errors import ConfigError
+from cdc.masks import masked_value, transform_masks
 from cdc.settings import Settings, load_settings
 from cdc.source import _member
+from snapshot.encoding import column_json
 from snapshot.rewrites import rewrites, schema_of
 from tests.unit.fuzzing import bounded, check_read
 
@@ -49,6 +52,10 @@ def _table(*names: str, excluded: tuple[str, ...] = (), **more: Any) -> Table:
         ({"where": "id > 1; DROP TABLE t"}, "holds a `;`"),
         ({"where": "id > 1) OR (true"}, "closes a parenthesis"),
         ({"where": "id > 1 -- all"}, "comment"),
+        ({"exclude_columns": ["a"], "mask": {"a": "hash"}}, "mask names 'a', which is not"),
+        ({"columns": ["id"], "mask": {"a": "redact"}}, "mask names 'a', which is not"),
+        ({"mask": {"a": "hash"}, "redact_with": "x"}, "redact_with is set"),
+        ({"mask": {"a": "scramble"}}, "hash"),
     ],
 )
 def test_a_choice_that_is_not_one_is_refused_in_one_line(
@@ -163,3 +170,46 @@ def test_a_changed_row_filter_is_backfilled() -> None:
         ]
     # a table recorded before there were row filters, still without one
     assert rewrites(schema_of(_table("id", "a")), _table("id", "a")) == []
+
+
+def test_a_masked_column_leaves_as_the_transform_writes_it() -> None:
+    """The snapshot's SELECT and verify call cdc.mask_hash with the column's text as the
+    change event carries it (char(n) keeps its padding); a redacted one is a literal."""
+    table = _table(
+        "id",
+        "email",
+        "phone",
+        masks=(("email", "hash", None), ("phone", "redact", "***")),
+        pipeline="shop",
+    )
+    email, phone = masked_value(table, "email"), masked_value(table, "phone")
+    assert email is not None and phone is not None
+    assert email.as_string(None) == """cdc.mask_hash('shop', to_json("email") #>> '{}')"""
+    assert phone.as_string(None) == """CASE WHEN "phone" IS NULL THEN NULL ELSE '***' END"""
+    assert masked_value(table, "id") is None
+    assert "cdc.mask_hash('shop'" in column_json(table.column("email"), email).as_string(None)
+
+
+def test_the_transform_knows_every_topic_and_the_tables_whose_key_is_masked() -> None:
+    plain = _table("id", "a")
+    keyed = Table(
+        "public", "k", (_column("email"),), ("email",), "d", 1, 1, masks=(("email", "hash", None),)
+    )
+    assert transform_masks([plain], lambda n: "p." + n) is None
+    masks = json.loads(transform_masks([plain, keyed], lambda n: "p." + n, also=["cdc.x"]) or "")
+    assert masks == {
+        "topics": {"p.cdc.x": {}, "p.public.t": {}, "p.public.k": {"email": {"mode": "hash"}}},
+        "keyed": ["public.k"],
+    }
+    config = pipeline_connector_config(Settings(), [plain, keyed], "__p", "salt")
+    assert config["transforms.mask.type"] == "cdc.connect.MaskColumns"
+    assert json.loads(config["transforms.mask.masks"])["topics"]["cdc.public.k"]
+    assert "transforms" not in pipeline_connector_config(Settings(), [plain], "__p")
+
+
+def test_a_changed_mask_is_backfilled_and_a_changed_key_mask_repaired() -> None:
+    masked = _table("id", "a", masks=(("a", "hash", None),))
+    assert rewrites(schema_of(_table("id", "a")), masked) == ["the mask of a changed"]
+    assert rewrites(schema_of(masked), masked) == []
+    key = _table("id", "a", masks=(("id", "hash", None),))
+    assert rewrites(schema_of(_table("id", "a")), key)[0].startswith("its key's mask changed")
