@@ -126,11 +126,12 @@ def with_demo_views(settings: Settings) -> Settings:
     return settings.model_copy(update={"apply": views})
 
 
-# what of the shop leaves PostgreSQL: not the customers' free-form attributes, and only
-# the products in stock (a product sold out leaves every store, and comes back with
-# its restock: the filter's column needs the full replica identity)
+# what of the shop leaves PostgreSQL: the customers' emails hashed (the orders joined
+# with their customer carry the hash) and not their free-form attributes, and only the
+# products in stock (a product sold out leaves every store, and comes back with its
+# restock: the filter's column needs the full replica identity)
 DEMO_CHOICE = {
-    "public.customers": TableChoice(exclude_columns=["attributes"]),
+    "public.customers": TableChoice(exclude_columns=["attributes"], mask={"email": "hash"}),
     "public.products": TableChoice(where="in_stock > 0"),
 }
 DEMO_IDENTITY: dict[str, ReplicaIdentity] = {"public.products": "full"}

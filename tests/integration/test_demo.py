@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 
@@ -64,6 +65,14 @@ def test_the_demo_runs_non_interactively_and_verifies(stack: RunningStack) -> No
         assert customers and not [row for row in customers.values() if "attributes" in row]
         with psycopg.connect(settings.postgres.dsn()) as conn:
             stocked = {r[0] for r in conn.execute("SELECT id FROM products WHERE in_stock > 0")}
+            emails = dict(conn.execute("SELECT id, email FROM customers").fetchall())
+            (salt,) = conn.execute(
+                "SELECT salt FROM cdc.mask_salts WHERE pipeline = %s", (settings.pipeline.name,)
+            ).fetchone() or ("",)
+        # the emails leave hashed: SHA-256 of the pipeline's salt and the address
+        hashed = {k: hashlib.sha256((salt + e).encode()).hexdigest() for k, e in emails.items()}
+        assert {int(k): row["email"] for k, row in customers.items()} == hashed
+        assert not [row for row in customers.values() if "@" in row["email"]]
         assert stocked and set(search(settings, "public.products")) == stocked
         assert set(cache(settings, "public.products")) == stocked
         # every warehouse table, views included, reads the same with delta-rs as with Spark

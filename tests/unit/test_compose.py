@@ -66,6 +66,17 @@ def test_state_lives_in_named_volumes(compose: dict[str, Any]) -> None:
         assert {v.split(":", 1)[0] for v in volumes} <= declared, name
 
 
+def test_connect_loads_the_masking_transform_the_install_builds(
+    compose: dict[str, Any],
+) -> None:
+    (mount,) = compose["services"]["connect"]["volumes"]
+    host, inside, _ = mount.split(":")
+    assert host == "./.cache/jvm/connect-plugins/cdc-transforms"
+    assert inside.startswith("/kafka/connect/")  # the image's plugin.path
+    built = ROOT / host / "cdc-transforms-1.jar"
+    assert built.exists(), "run ./install.sh"
+
+
 def test_published_ports_are_the_ones_cdc_compose_toml_uses(
     compose: dict[str, Any], compose_settings: Settings
 ) -> None:
