@@ -401,11 +401,11 @@ def _check_filters(conn: psycopg.Connection[Any], tables: list[Table]) -> None:
     for table in tables:
         if table.row_filter is None and table.column_list is None:
             continue
+        key = sql.Identifier(table.key[0])
         for statement in (
             "EXPLAIN UPDATE {} SET {} = {} WHERE false",
             "EXPLAIN DELETE FROM {} WHERE false",
         ):
-            key = sql.Identifier(table.key[0])
             query = sql.SQL(statement).format(sql.Identifier(table.schema, table.name), key, key)
             try:
                 with conn.transaction():

@@ -104,7 +104,8 @@ def rewrites(before: Schema, table: Table) -> list[str]:
             continue
         change = "is left out now" if name in table.excluded else "was dropped"
         found.append(f"column {name} {change}")
-    if before.get(ROW_FILTER) != schema_of(table).get(ROW_FILTER):
+    recorded_now = schema_of(table)
+    if before.get(ROW_FILTER) != recorded_now.get(ROW_FILTER):
         # the rows it holds now are backfilled; those it no longer holds are not
         # removed by a backfill: `cdc verify --repair` removes them
         found.append(
@@ -112,7 +113,7 @@ def rewrites(before: Schema, table: Table) -> list[str]:
             "`cdc verify --repair`)"
         )
     was = {m[0]: tuple(m) for m in before.get(MASKS) or []}
-    now = {m[0]: tuple(m) for m in schema_of(table).get(MASKS) or []}
+    now = {m[0]: tuple(m) for m in recorded_now.get(MASKS) or []}
     changed = {c for c in was.keys() | now.keys() if was.get(c) != now.get(c)}
     if changed & set(table.key):
         found.append(

@@ -345,7 +345,7 @@ def test_masked_columns_leave_postgres_hashed_or_redacted(
     }
 
     for store in STORES:
-        rows = {k: v for k, v in held[store].items()}
+        rows = held[store]
         assert set(rows) == set(people), store  # every store is keyed by the hash
         for key, row in rows.items():
             assert row["name"] == h(people[key]), (store, row)
