@@ -672,6 +672,12 @@ class ApplySettings(BaseModel):
         description="Delta tables' root (any Spark filesystem), default data_dir/warehouse; "
         "a pipeline's tables are under <root>/<topic prefix>",
     )
+    iceberg: bool = Field(
+        False,
+        description="also publish every warehouse table as an Apache Iceberg table over "
+        "the same Parquet files (a SQLite catalog, <root>/_iceberg_catalog.db), for "
+        "Iceberg readers: PyIceberg, Trino, Snowflake, DuckDB; a local warehouse only",
+    )
     backfill_rewritten_tables: bool = Field(
         True,
         description="backfill a table whose values DDL changed without change events "

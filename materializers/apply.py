@@ -8,6 +8,7 @@ hands it to the store, which writes it only if it is newer than what it holds.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -17,7 +18,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from cdc.catalog import TRUNCATIONS_TABLE, Table
@@ -52,12 +53,14 @@ from materializers.progress import (
 )
 from materializers.stores.base import FrameStore, RowStore, Store
 from materializers.stores.registry import executor_settings, make_row_store, make_store
+from materializers.stores.warehouse.iceberg import IcebergPublisher
 from materializers.stores.warehouse.streams import (
     PLAN,
     late_readers,
     stream_join_query,
     window_query,
 )
+from materializers.stores.warehouse.tables import warehouse_base, warehouse_root
 from materializers.stores.warehouse.views import check_views
 from materializers.typed import may_hold_placeholder, unheld_columns
 from materializers.warehouse_process import WarehouseProcess
@@ -649,9 +652,39 @@ def run_apply(
     if late.names:
         late.listen(spark)
     try:
-        _run_queries(settings, starters, apart, late, once, stop)
+        with _publishing(settings, selected, once):
+            _run_queries(settings, starters, apart, late, once, stop)
     finally:
         late.stop(spark)
+
+
+@contextlib.contextmanager
+def _publishing(settings: Settings, selected: list[str], once: bool) -> Iterator[None]:
+    """apply.iceberg: the warehouse's tables published as Iceberg tables while the job
+    runs (every trigger interval, in a thread of their own), and once more at the end of
+    a run `once` (whose failure is the run's)."""
+    if not (settings.apply.iceberg and "warehouse" in selected):
+        yield
+        return
+    publisher = IcebergPublisher(warehouse_base(settings), warehouse_root(settings))
+    done = threading.Event()
+
+    def publish() -> None:
+        while not done.is_set():
+            publisher.publish_all(notify)
+            done.wait(max(settings.apply.trigger_interval_s, 1.0))
+
+    thread = None if once else threading.Thread(target=publish, name="iceberg", daemon=True)
+    if thread is not None:
+        thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        if thread is not None:
+            thread.join(60)
+    if once:
+        publisher.publish_all(notify, strict=True)
 
 
 def _run_queries(

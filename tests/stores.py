@@ -117,13 +117,29 @@ def column_mapped(path: Path) -> bool:
     return mode != "none"
 
 
-def readers_differ(spark: Any, path: Path) -> list[str]:
-    """How delta-rs's read of a Delta table (the `deltalake` package, what Polars uses)
-    differs from Spark's: column names, then rows (each row's values as Python objects,
-    timestamps compared as instants). Empty: the same table."""
+def delta_rs_read(path: Path) -> Any:
+    """The Delta table as delta-rs reads it (the `deltalake` package, what Polars uses)."""
     from deltalake import DeltaTable
 
-    theirs = DeltaTable(str(path)).to_pyarrow_table()
+    return DeltaTable(str(path)).to_pyarrow_table()
+
+
+def iceberg_read(base: str, path: Path) -> Any:
+    """The Iceberg table published for the Delta table at `path` (apply.iceberg), as
+    PyIceberg reads it from the warehouse's SQL catalog (README, "Reading the
+    warehouse"): named by its folders under the warehouse folder `base`."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    catalog = SqlCatalog("cdc", uri=f"sqlite:///{Path(base) / '_iceberg_catalog.db'}")
+    name = tuple(path.resolve().relative_to(Path(base).resolve()).parts)
+    return catalog.load_table(name).scan().to_arrow()
+
+
+def readers_differ(spark: Any, path: Path, theirs: Any = None) -> list[str]:
+    """How another reader's read of a Delta table (`theirs`, an Arrow table; default:
+    delta-rs's) differs from Spark's: column names, then rows (each row's values as
+    Python objects, timestamps compared as instants). Empty: the same table."""
+    theirs = delta_rs_read(path) if theirs is None else theirs
     ours = spark.read.format("delta").load(str(path)).toArrow()
     if theirs.column_names != ours.column_names:
         return [f"{path}: columns {theirs.column_names} ≠ Spark's {ours.column_names}"]

@@ -1,9 +1,11 @@
 """The warehouse's Delta tables read the same with delta-rs (the `deltalake` package,
-what Polars and DuckDB's delta extension build on) as with Spark: every current-state,
-history and view table of a pipeline with a table of many types, a stream-table join and
-a window aggregate. Only a table whose column names Parquet cannot hold uses Delta's
-column mapping (which delta-rs 1.6 reads as NULLs, or refuses): README, "Reading the
-warehouse"."""
+what Polars and DuckDB's delta extension build on) and, published as Iceberg tables
+(apply.iceberg), with PyIceberg as with Spark: every current-state, history and view
+table of a pipeline with a table of many types, a stream-table join and a window
+aggregate, before and after changes that rewrite, remove and add files and a column.
+Only a table whose column names Parquet cannot hold uses Delta's column mapping (which
+delta-rs 1.6 reads as NULLs, or refuses; Iceberg's readers read it): README, "Reading
+the warehouse"."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from materializers.apply import run_apply
 from materializers.stores.warehouse.tables import current_path, warehouse_root
 from tests.conftest import Capture
 from tests.logcheck import table_info, wait_until_equal
-from tests.stores import column_mapped, delta_tables, readers_differ
+from tests.stores import column_mapped, delta_tables, iceberg_read, readers_differ
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +38,7 @@ ROWS = (
 )
 
 
-def test_every_warehouse_table_reads_the_same_with_delta_rs_and_spark(
+def test_every_warehouse_table_reads_the_same_with_delta_rs_pyiceberg_and_spark(
     captured: Capture,
 ) -> None:
     t = captured(
@@ -70,6 +72,7 @@ def test_every_warehouse_table_reads_the_same_with_delta_rs_and_spark(
         ],
         "windows": [WindowAggregate(name=f"per_minute_{t.name}", table=orders, sum="price")],
     }
+    views["iceberg"] = True
     settings = t.settings.model_copy(update={"apply": t.settings.apply.model_copy(update=views)})
     with psycopg.connect(t.dsn, autocommit=True) as conn:
         conn.execute(f"INSERT INTO {orders} SELECT g + 100, 1, 'new' FROM generate_series(1, 5) g")
@@ -84,7 +87,12 @@ def test_every_warehouse_table_reads_the_same_with_delta_rs_and_spark(
 
     spark: Any = spark_session(settings, "test-readers")
     root = warehouse_root(settings)
+    base = str(Path(root).parent)  # the warehouse's folder: root is <base>/<prefix>
     tables = delta_tables(root)
+
+    def iceberg_differs() -> list[str]:
+        return [d for p in tables for d in readers_differ(spark, p, iceberg_read(base, p))]
+
     odd = current_path(root, f"public.{t.name}_odd")
     assert len(tables) >= 3 * 2 + 3  # three tables' current state and history, the views
     differences = [
@@ -97,3 +105,20 @@ def test_every_warehouse_table_reads_the_same_with_delta_rs_and_spark(
     # what the README's reader table says of delta-rs 1.6 and column mapping (and what
     # every table read before this version): the comparison sees it
     assert readers_differ(spark, Path(odd)), "delta-rs now reads column mapping: README"
+    assert not iceberg_differs()
+
+    # files rewritten (an UPDATE's MERGE), every file of a table removed, a column added:
+    # the next Iceberg snapshots follow, read by a publisher that starts afresh
+    with psycopg.connect(t.dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER TABLE {customers} ADD COLUMN city text")
+        # (every row: the log's older events hold no city, which the log check minds)
+        conn.execute(f"UPDATE {customers} SET city = CASE WHEN id = 2 THEN 'Lyon' END")
+        conn.execute(f"UPDATE {orders} SET qty = 0, tags = NULL WHERE id % 4 = 0")
+        conn.execute(f"DELETE FROM public.{t.name}_odd")
+    for name in (orders, customers, f"public.{t.name}_odd"):
+        wait_until_equal(settings, table_info(settings, name))
+    run_apply(settings, ["warehouse"], once=True)
+    assert not iceberg_differs()
+    city = iceberg_read(base, Path(current_path(root, customers)))
+    assert "Lyon" in city.column("city").to_pylist()
+    assert iceberg_read(base, Path(odd)).column("_cdc_deleted").to_pylist() == [True]

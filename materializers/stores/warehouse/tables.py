@@ -27,14 +27,19 @@ __all__ = [
     "history_path",
     "is_empty",
     "view_path",
+    "warehouse_base",
     "warehouse_root",
 ]
 
 
+def warehouse_base(settings: Settings) -> str:
+    """The warehouse's folder (apply.warehouse_path, else data_dir's): every pipeline's."""
+    return (settings.apply.warehouse_path or str(settings.data_dir / "warehouse")).rstrip("/")
+
+
 def warehouse_root(settings: Settings) -> str:
-    """The pipeline's folder in the warehouse (apply.warehouse_path, else data_dir's)."""
-    base = settings.apply.warehouse_path or str(settings.data_dir / "warehouse")
-    return f"{base.rstrip('/')}/{settings.pipeline.topic_prefix}"
+    """The pipeline's folder in the warehouse."""
+    return f"{warehouse_base(settings)}/{settings.pipeline.topic_prefix}"
 
 
 def _folder(root: str, table: str) -> str:

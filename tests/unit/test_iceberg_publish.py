@@ -1,0 +1,202 @@
+"""The Iceberg publisher (apply.iceberg) on Delta logs and Parquet files made here: what
+it reads of a Delta log, the Iceberg schema it makes, and the Iceberg tables PyIceberg
+reads after each Delta commit, a publisher that starts afresh included."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+
+from cdc.errors import StoreError
+from materializers.stores.warehouse.delta_log import read_delta
+from materializers.stores.warehouse.iceberg import NESTED_IDS, IcebergPublisher, iceberg_schema
+
+FIELDS = [
+    {"name": "id", "type": "long", "nullable": True, "metadata": {}},
+    {"name": "note", "type": "string", "nullable": True, "metadata": {}},
+    {
+        "name": "tags",
+        "type": {"type": "array", "elementType": "string", "containsNull": True},
+        "nullable": True,
+        "metadata": {},
+    },
+    {"name": "newest", "type": "boolean", "nullable": True, "metadata": {}},
+]
+
+
+def _meta(fields: list[dict[str, Any]], table_id: str = "t-1", **configuration: str) -> dict:
+    return {
+        "metaData": {
+            "id": table_id,
+            "schemaString": json.dumps({"type": "struct", "fields": fields}),
+            "partitionColumns": ["newest"],
+            "configuration": configuration,
+        }
+    }
+
+
+def _commit(table: Path, version: int, *actions: dict[str, Any]) -> None:
+    log = table / "_delta_log"
+    log.mkdir(parents=True, exist_ok=True)
+    lines = "\n".join(json.dumps(a) for a in actions)
+    (log / f"{version:020d}.json").write_text(lines + "\n")
+
+
+def _parquet(table: Path, name: str, ids: list[int], newest: bool, **extra: list) -> dict:
+    """A Parquet file of rows `ids` in the partition folder Delta would write, without
+    its partition column (as Delta writes it), and its log's `add`."""
+    folder = f"newest={str(newest).lower()}"
+    (table / folder).mkdir(parents=True, exist_ok=True)
+    columns = {
+        "id": pa.array(ids, pa.int64()),
+        "note": pa.array([f"n {i}" for i in ids]),
+        "tags": pa.array([[f"t{i}", "x"] for i in ids], pa.list_(pa.string())),
+        **{k: pa.array(v) for k, v in extra.items()},
+    }
+    pq.write_table(pa.table(columns), table / folder / name)
+    relative = f"{folder}/{name}".replace("=", "%3D")  # the log URL-encodes its paths
+    return {"add": {"path": relative, "partitionValues": {"newest": str(newest).lower()}}}
+
+
+def _iceberg_rows(base: Path, name: tuple[str, ...]) -> list[dict[str, Any]]:
+    catalog = SqlCatalog("cdc", uri=f"sqlite:///{base / '_iceberg_catalog.db'}")
+    rows = catalog.load_table(name).scan().to_arrow().to_pylist()
+    return sorted(rows, key=lambda r: r["id"])
+
+
+def test_the_log_is_replayed_and_then_read_from_where_it_was(tmp_path: Path) -> None:
+    table = tmp_path / "t"
+    _commit(table, 0, _meta(FIELDS), {"add": {"path": "a%20b.parquet", "partitionValues": {}}})
+    first = read_delta(str(table))
+    assert first is not None and first.version == 0
+    assert list(first.files) == [f"{table}/a b.parquet"]
+    assert read_delta(str(table), first) is first  # nothing new: nothing read
+    _commit(table, 1, {"remove": {"path": "a%20b.parquet"}}, {"add": {"path": "c.parquet"}})
+    second = read_delta(str(table), first)
+    assert second is not None and second.version == 1
+    assert list(second.files) == [f"{table}/c.parquet"]
+    assert list(first.files) == [f"{table}/a b.parquet"]  # the one read before stays as it was
+    assert read_delta(str(tmp_path / "none")) is None
+
+
+def test_a_table_made_again_in_its_folder_is_read_whole(tmp_path: Path) -> None:
+    table = tmp_path / "t"
+    _commit(table, 0, _meta(FIELDS), {"add": {"path": "a.parquet"}})
+    _commit(table, 1, {"add": {"path": "b.parquet"}})
+    before = read_delta(str(table))
+    (table / "_delta_log").rename(tmp_path / "old-log")
+    _commit(table, 0, _meta(FIELDS, table_id="t-2"), {"add": {"path": "c.parquet"}})
+    assert os.stat(table / "_delta_log").st_ino != os.stat(tmp_path / "old-log").st_ino
+    again = read_delta(str(table), before)
+    assert again is not None and again.table_id == "t-2"
+    assert list(again.files) == [f"{table}/c.parquet"]
+
+
+def test_a_deletion_vector_is_refused_in_one_line(tmp_path: Path) -> None:
+    table = tmp_path / "t"
+    vector = {"storageType": "u", "pathOrInlineDv": "x", "sizeInBytes": 1, "cardinality": 1}
+    _commit(table, 0, _meta(FIELDS), {"add": {"path": "a.parquet", "deletionVector": vector}})
+    with pytest.raises(StoreError, match="deletion vector") as caught:
+        read_delta(str(table))
+    assert "\n" not in str(caught.value)
+
+
+def test_field_ids_stay_with_their_names_and_mapped_tables_keep_deltas() -> None:
+    table = tmp_path_free_snapshot(FIELDS)
+    made = iceberg_schema(table, None)
+    ids = {f.name: f.field_id for f in made.fields}
+    assert made.parquet_ids == {
+        "id": ids["id"],
+        "note": ids["note"],
+        "tags.list.element": made.fields[2].field_type.element_id,
+        "tags": ids["tags"],
+        "newest": ids["newest"],
+    }
+    from pyiceberg.schema import Schema
+
+    previous = Schema(*made.fields)
+    wider = tmp_path_free_snapshot(
+        [{"name": "city", "type": "string", "nullable": True, "metadata": {}}, *FIELDS]
+    )
+    again = iceberg_schema(wider, previous)
+    assert {f.name: f.field_id for f in again.fields if f.name != "city"} == ids
+    assert (
+        next(f.field_id for f in again.fields if f.name == "city") == previous.highest_field_id + 1
+    )
+
+    mapped_fields = [
+        {
+            **f,
+            "metadata": {
+                "delta.columnMapping.id": 7 + i,
+                "delta.columnMapping.physicalName": f"col-{i}",
+            },
+        }
+        for i, f in enumerate(FIELDS)
+    ]
+    mapped = iceberg_schema(
+        tmp_path_free_snapshot(mapped_fields, **{"delta.columnMapping.mode": "name"}), None
+    )
+    assert [f.field_id for f in mapped.fields] == [7, 8, 9, 10]
+    assert mapped.fields[2].field_type.element_id >= NESTED_IDS
+    assert [m.names for m in mapped.mapping] == [["col-0"], ["col-1"], ["col-2"], ["col-3"]]
+    assert mapped.parquet_ids["col-2.list.element"] == mapped.fields[2].field_type.element_id
+
+
+def tmp_path_free_snapshot(fields: list[dict[str, Any]], **configuration: str) -> Any:
+    from materializers.stores.warehouse.delta_log import DeltaSnapshot
+
+    return DeltaSnapshot("/t", 0, "t-1", 1, {"fields": fields}, ["newest"], configuration)
+
+
+def test_each_delta_commit_is_published_and_read_by_pyiceberg(tmp_path: Path) -> None:
+    base, table = (
+        tmp_path / "warehouse",
+        tmp_path / "warehouse" / "cdc" / "public" / "t" / "current",
+    )
+    name = ("cdc", "public", "t", "current")
+    a = _parquet(table, "a.parquet", [1, 2], True)
+    b = _parquet(table, "b.parquet", [3], False)
+    _commit(table, 0, _meta(FIELDS), a, b)
+    publisher = IcebergPublisher(str(base), str(base / "cdc"))
+    assert publisher.tables() == [str(table)]
+    assert publisher.publish_all() and not publisher.publish_all()  # once per version
+    rows = _iceberg_rows(base, name)
+    assert [(r["id"], r["newest"], r["tags"]) for r in rows] == [
+        (1, True, ["t1", "x"]),
+        (2, True, ["t2", "x"]),
+        (3, False, ["t3", "x"]),
+    ]
+
+    # a MERGE's rewrite: a file removed, one added; then a column added. A publisher
+    # that starts afresh (a crash between Delta's commit and Iceberg's) catches up.
+    c = _parquet(table, "c.parquet", [2], True)
+    _commit(table, 1, {"remove": {"path": a["add"]["path"]}}, c)
+    wider = [*FIELDS, {"name": "city", "type": "string", "nullable": True, "metadata": {}}]
+    d = _parquet(table, "d.parquet", [4], False, city=["Lyon"])
+    _commit(table, 2, _meta(wider), d)
+    assert IcebergPublisher(str(base), str(base / "cdc")).publish_all()
+    rows = _iceberg_rows(base, name)
+    assert [(r["id"], r["city"]) for r in rows] == [(2, None), (3, None), (4, "Lyon")]
+
+    # the table removed and made again in its folder: a new Iceberg table
+    for path in sorted(table.rglob("*"), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()
+    e = _parquet(table, "e.parquet", [9], True)
+    _commit(table, 0, _meta(FIELDS, table_id="t-2"), e)
+    assert publisher.publish_all()
+    assert [r["id"] for r in _iceberg_rows(base, name)] == [9]
+
+
+def test_a_warehouse_elsewhere_than_this_machine_is_refused() -> None:
+    from cdc.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="local warehouse only"):
+        IcebergPublisher("s3://bucket/warehouse", "s3://bucket/warehouse/cdc")
