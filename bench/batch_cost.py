@@ -1,7 +1,7 @@
 """What one micro-batch of the apply job costs, phase by phase, idle and under a small load.
 
     .venv/bin/python bench/batch_cost.py [--stores cache,search] [--rate 200] [--seconds 40]
-                                         [--generated]
+                                         [--generated] [--iceberg]
 
 Needs the local stack (`cdc up`). Takes the snapshot of a 1,000-row table of its own,
 runs `cdc apply` for the stores in this process, and times each phase of every
@@ -14,6 +14,9 @@ Prints per store and phase the mean wall time per batch, and the cores each comp
 kept busy; appends the figures to bench/results/batch_cost.jsonl. With --generated the
 table has a stored generated column, which change events lack: `with_generated` is then
 the cost of computing it in PostgreSQL (materializers/generated.py), batch by batch.
+With --iceberg the warehouse's tables are also published as Iceberg tables
+(apply.iceberg): the figures add each publication's wall and CPU time (a thread of the
+warehouse's process, beside its batches) and the Iceberg snapshots committed.
 """
 
 from __future__ import annotations
@@ -132,6 +135,43 @@ def instrument(clock: Clock) -> None:
     apply._batch_writer = batch_writer  # type: ignore[assignment]
 
 
+class Publications:
+    """The Iceberg publisher's commits (apply.iceberg): how many, their wall and CPU time."""
+
+    def __init__(self) -> None:
+        self.count, self.wall, self.cpu = 0, 0.0, 0.0
+        self.lock = threading.Lock()
+
+    def instrument(self) -> None:
+        from materializers.stores.warehouse.iceberg import IcebergPublisher
+
+        publish = IcebergPublisher.publish
+
+        def timed(publisher: IcebergPublisher, path: str) -> bool:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            published = publish(publisher, path)
+            if published:
+                with self.lock:
+                    self.count += 1
+                    self.wall += time.perf_counter() - wall
+                    self.cpu += time.thread_time() - cpu
+            return published
+
+        IcebergPublisher.publish = timed  # type: ignore[method-assign]
+
+    def figures(self, seconds: float) -> dict[str, float]:
+        with self.lock:
+            count = max(self.count, 1)
+            figures = {
+                "snapshots": self.count,
+                "mean_s_per_snapshot": round(self.wall / count, 3),
+                "cpu_s_per_snapshot": round(self.cpu / count, 3),
+                "cores": round(self.cpu / seconds, 3),
+            }
+            self.count, self.wall, self.cpu = 0, 0.0, 0.0
+        return figures
+
+
 def spark_durations(settings: Settings, since: float) -> dict[str, dict[str, float]]:
     """Spark's own breakdown of each of the apply job's queries since `since`."""
     from pyspark.sql import SparkSession
@@ -177,13 +217,21 @@ def main() -> None:
     parser.add_argument(
         "--generated", action="store_true", help="the table has a stored generated column"
     )
+    parser.add_argument(
+        "--iceberg", action="store_true", help="also publish the warehouse as Iceberg tables"
+    )
     args = parser.parse_args()
     stores = [s for s in args.stores.split(",") if s]
     source = load_settings()
     load(source, args.generated)
     bench = bench_settings(source, [TABLE])
+    if args.iceberg:
+        apply_settings = bench.apply.model_copy(update={"iceberg": True})
+        bench = bench.model_copy(update={"apply": apply_settings})
     clock = Clock()
     instrument(clock)
+    publications = Publications()
+    publications.instrument()
     stop = threading.Event()
     runs: dict[str, object] = {}
     try:
@@ -211,6 +259,8 @@ def main() -> None:
                     "spark_ms_per_trigger": spark_durations(bench, since),
                     "cores": cores,
                 }
+                if args.iceberg:
+                    runs[phase]["iceberg"] = publications.figures(time.time() - since)
                 print(f"{phase}: {runs[phase]}", flush=True)
             stop.set()
             job.join(timeout=120)
@@ -223,6 +273,7 @@ def main() -> None:
             "stores": stores,
             "seconds": args.seconds,
             "generated": args.generated,
+            "iceberg": args.iceberg,
             "trigger_interval_s": bench.apply.trigger_interval_s,
             "runs": runs,
         },

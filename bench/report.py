@@ -187,6 +187,26 @@ def idle_row(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def iceberg_row(on: dict[str, Any], off: dict[str, Any]) -> list[str]:
+    """What apply.iceberg costs under load: each Iceberg snapshot, and the warehouse's
+    batch with it and without (the newest run of each)."""
+    loaded = next(name for name in on["runs"] if name != "idle")
+    figures = on["runs"][loaded]["iceberg"]
+
+    def batch_s(r: dict[str, Any]) -> float:
+        run = r["runs"][next(name for name in r["runs"] if name != "idle")]
+        return float(run["stores"]["warehouse"]["mean_s_per_batch"]["whole batch"])
+
+    return [
+        f"Iceberg publication (`apply.iceberg`), {loaded}",
+        f"{figures['mean_s_per_snapshot']} s wall, {figures['cpu_s_per_snapshot']} s CPU "
+        f"per Iceberg snapshot ({figures['snapshots']} in {on['seconds']} s)",
+        f"warehouse batch {batch_s(on):.2f} s with it, {batch_s(off):.2f} s without",
+        "",
+        "",
+    ]
+
+
 def streaming_rows(r: dict[str, Any]) -> list[list[str]]:
     rows = []
     stores = r.get("stores", list(STORES))
@@ -337,8 +357,14 @@ def table() -> str:
             rows += streaming_rows(fewer)
     if floor := latest("floor"):
         rows += floor_rows(floor, every)
-    if batch := latest("batch_cost", lambda r: "idle" in r.get("runs", {})):
+    if batch := latest("batch_cost", lambda r: r.get("stores") == ["cache", "search"]):
         rows.append(idle_row(batch))
+    published = latest("batch_cost", lambda r: bool(r.get("iceberg")))
+    alone = latest(
+        "batch_cost", lambda r: r.get("stores") == ["warehouse"] and not r.get("iceberg")
+    )
+    if published and alone:
+        rows.append(iceberg_row(published, alone))
     if derived := latest("derived"):
         rows += derived_rows(derived)
     for dataset in VERIFY_TARGETS:

@@ -118,7 +118,8 @@ def down(
 def status(output: OutputOption = Form.text) -> None:
     """Show each component: up or down, address, version, and its details (connectors, tasks),
     then the pipeline: per store its backlog, lag, freshness (commit to visible, p50 and
-    p99 over apply.freshness_window_s) against its SLO, and the process applying it.
+    p99 over apply.freshness_window_s) against its SLO, and the process applying it
+    (with apply.iceberg, the warehouse tables whose Iceberg table lags its Delta table).
     Exits 1 if a component is down, the slot is lost, the connector or a task failed, a
     captured table was renamed or dropped (or one selected is not captured: `cdc setup`),
     or a store breaches its freshness SLO (apply.freshness_slo_s)."""

@@ -62,6 +62,9 @@ class PipelineStatus:
     stores: dict[str, dict[str, Any]] = field(default_factory=dict)  # per store: backlog, lag
     dead_letters: int = 0
     late_events: dict[str, int] = field(default_factory=dict)  # per window aggregate
+    # apply.iceberg: the warehouse's tables, and those whose Iceberg table lags its Delta
+    # table: {"tables": n, "behind": {folder: [Delta version, Iceberg's or None]}}
+    iceberg: dict[str, Any] | None = None
     # a captured table renamed, dropped, or selected and not captured: what to run
     tables_drift: list[str] = field(default_factory=list)
     error: str | None = None
@@ -133,9 +136,25 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
             status.topics = {t: sum(parts.values()) for t, parts in ends.items()}
             status.stores = _store_progress(settings, ends)
             status.late_events = _late_events(settings)
+        if settings.apply.iceberg:
+            status.iceberg = _iceberg_status(settings)
     except CdcError as exc:
         status.error = str(exc)
     return status
+
+
+def _iceberg_status(settings: Settings) -> dict[str, Any]:
+    """apply.iceberg: how many warehouse tables there are, and which Iceberg lags."""
+    from materializers.stores.warehouse.iceberg import IcebergPublisher
+    from materializers.stores.warehouse.tables import warehouse_base, warehouse_root
+
+    publisher = IcebergPublisher(warehouse_base(settings), warehouse_root(settings))
+    root = warehouse_root(settings)
+    behind = {
+        path.removeprefix(root).lstrip("/"): list(versions)
+        for path, versions in publisher.behind().items()
+    }
+    return {"tables": len(publisher.tables()), "behind": behind}
 
 
 def _choice_problems(settings: Settings, published: list[str]) -> list[str]:

@@ -167,7 +167,9 @@ def test_each_delta_commit_is_published_and_read_by_pyiceberg(tmp_path: Path) ->
     _commit(table, 0, _meta(FIELDS), a, b)
     publisher = IcebergPublisher(str(base), str(base / "cdc"))
     assert publisher.tables() == [str(table)]
+    assert publisher.behind() == {str(table): (0, None)}  # what `cdc status` shows
     assert publisher.publish_all() and not publisher.publish_all()  # once per version
+    assert publisher.behind() == {}
     rows = _iceberg_rows(base, name)
     assert [(r["id"], r["newest"], r["tags"]) for r in rows] == [
         (1, True, ["t1", "x"]),
@@ -182,6 +184,7 @@ def test_each_delta_commit_is_published_and_read_by_pyiceberg(tmp_path: Path) ->
     wider = [*FIELDS, {"name": "city", "type": "string", "nullable": True, "metadata": {}}]
     d = _parquet(table, "d.parquet", [4], False, city=["Lyon"])
     _commit(table, 2, _meta(wider), d)
+    assert publisher.behind() == {str(table): (2, 0)}
     assert IcebergPublisher(str(base), str(base / "cdc")).publish_all()
     rows = _iceberg_rows(base, name)
     assert [(r["id"], r["city"]) for r in rows] == [(2, None), (3, None), (4, "Lyon")]
@@ -200,3 +203,21 @@ def test_a_warehouse_elsewhere_than_this_machine_is_refused() -> None:
 
     with pytest.raises(ConfigError, match="local warehouse only"):
         IcebergPublisher("s3://bucket/warehouse", "s3://bucket/warehouse/cdc")
+
+
+def test_status_says_which_iceberg_tables_lag_their_delta_table() -> None:
+    from rich.console import Console
+
+    from commands.pipeline import PipelineStatus
+    from commands.render import pipeline_table
+
+    def line(iceberg: dict[str, Any]) -> str:
+        console = Console(record=True, width=300)
+        status = PipelineStatus("cdc", "done", None, None, None, iceberg=iceberg)
+        console.print(pipeline_table(status))
+        return next(x for x in console.export_text().splitlines() if "iceberg" in x)
+
+    assert "3 tables published" in line({"tables": 3, "behind": {}})
+    lagging = line({"tables": 3, "behind": {"public/t/current": [4, None]}})
+    assert "1 of 3 tables behind Delta" in lagging
+    assert "public/t/current (Delta 4, Iceberg none)" in lagging

@@ -19,7 +19,7 @@ from urllib.parse import unquote
 
 from cdc.errors import StoreError
 
-__all__ = ["DeltaSnapshot", "read_delta"]
+__all__ = ["DeltaSnapshot", "newest_version", "read_delta"]
 
 
 @dataclass
@@ -166,3 +166,13 @@ def read_delta(path: str, before: DeltaSnapshot | None = None) -> DeltaSnapshot 
     if not snapshot.table_id:
         raise StoreError(f"{path}: the Delta log names no table (no metaData action)")
     return snapshot
+
+
+def newest_version(path: str) -> int | None:
+    """The Delta table's newest version (None: no table at `path`), its log not read."""
+    log = Path(path) / "_delta_log"
+    found = _checkpoint(log) if log.is_dir() else None
+    version = found[0] if found is not None else -1
+    while _commit(log, version + 1).exists():
+        version += 1
+    return None if version < 0 else version

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc.errors import ConfigError, StoreError
-from materializers.stores.warehouse.delta_log import DeltaSnapshot, read_delta
+from materializers.stores.warehouse.delta_log import DeltaSnapshot, newest_version, read_delta
 
 __all__ = ["IcebergPublisher", "catalog_uri", "iceberg_identifier"]
 
@@ -238,6 +238,25 @@ class IcebergPublisher:
         root = Path(self.root)
         found = [*root.glob("*/*/current"), *root.glob("*/*/history"), *root.glob("_views/*")]
         return sorted(str(p) for p in found if (p / "_delta_log").is_dir())
+
+    def behind(self) -> dict[str, tuple[int, int | None]]:
+        """The tables whose newest Delta version Iceberg lacks: (Delta's version, the
+        one published, None if none is) by table folder (`cdc status`)."""
+        from pyiceberg.exceptions import NoSuchTableError
+
+        found: dict[str, tuple[int, int | None]] = {}
+        for path in self.tables():
+            version = newest_version(path)
+            if version is None:
+                continue
+            try:
+                table = self.catalog.load_table(iceberg_identifier(self.base, path))
+                published: int | None = int(table.properties.get(DELTA_VERSION, "-1"))
+            except (NoSuchTableError, OSError, ValueError):
+                published = None
+            if published is None or published < version:
+                found[path] = (version, None if published in (None, -1) else published)
+        return found
 
     def publish_all(
         self, note: Callable[[str], None] | None = None, strict: bool = False
