@@ -148,12 +148,16 @@ def _iceberg_status(settings: Settings) -> dict[str, Any]:
     from materializers.stores.warehouse.iceberg import IcebergPublisher
     from materializers.stores.warehouse.tables import warehouse_base, warehouse_root
 
-    publisher = IcebergPublisher(warehouse_base(settings), warehouse_root(settings))
     root = warehouse_root(settings)
-    behind = {
-        path.removeprefix(root).lstrip("/"): list(versions)
-        for path, versions in publisher.behind().items()
-    }
+    try:
+        publisher = IcebergPublisher(warehouse_base(settings), root)
+        behind = {
+            path.removeprefix(root).lstrip("/"): list(versions)
+            for path, versions in publisher.behind().items()
+        }
+    except Exception as exc:  # the catalog unreadable (locked, corrupt): said, not raised
+        line = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        return {"tables": 0, "behind": {}, "error": line}
     return {"tables": len(publisher.tables()), "behind": behind}
 
 

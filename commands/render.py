@@ -104,7 +104,9 @@ def pipeline_table(p: PipelineStatus) -> Table:
         table.add_row(f"topic {topic}", f"end offset {end}")
     if p.iceberg is not None:
         behind = p.iceberg["behind"]
-        if behind:
+        if p.iceberg.get("error"):
+            text = f"[red]the Iceberg catalog could not be read: {escape(p.iceberg['error'])}[/red]"
+        elif behind:
             listed = ", ".join(
                 f"{name} (Delta {delta}, Iceberg {'none' if ice is None else ice})"
                 for name, (delta, ice) in sorted(behind.items())[:5]

@@ -671,7 +671,10 @@ def _publishing(settings: Settings, selected: list[str], once: bool) -> Iterator
 
     def publish() -> None:
         while not done.is_set():
-            publisher.publish_all(notify)
+            try:
+                publisher.publish_all(notify)
+            except Exception as exc:  # e.g. the catalog unreachable: said, tried again
+                notify(f"iceberg: not published ({failure_line(exc)}); trying again")
             done.wait(max(settings.apply.trigger_interval_s, 1.0))
 
     thread = None if once else threading.Thread(target=publish, name="iceberg", daemon=True)

@@ -221,3 +221,31 @@ def test_status_says_which_iceberg_tables_lag_their_delta_table() -> None:
     lagging = line({"tables": 3, "behind": {"public/t/current": [4, None]}})
     assert "1 of 3 tables behind Delta" in lagging
     assert "public/t/current (Delta 4, Iceberg none)" in lagging
+
+
+def test_old_snapshots_expire_with_the_files_only_they_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from materializers.stores.warehouse import iceberg
+
+    monkeypatch.setattr(iceberg, "KEEP_SNAPSHOTS", 3)
+    base, table = tmp_path / "w", tmp_path / "w" / "cdc" / "public" / "t" / "current"
+    publisher = IcebergPublisher(str(base), str(base / "cdc"))
+    last = _parquet(table, "f0.parquet", [0], True)
+    _commit(table, 0, _meta(FIELDS), last)
+    publisher.publish_all()
+    for version in range(1, 10):  # each commit replaces the one file
+        new = _parquet(table, f"f{version}.parquet", [version], True)
+        _commit(table, version, {"remove": {"path": last["add"]["path"]}}, new)
+        last = new
+        assert publisher.publish_all()
+    catalog = SqlCatalog("cdc", uri=f"sqlite:///{base / '_iceberg_catalog.db'}")
+    loaded = catalog.load_table(("cdc", "public", "t", "current"))
+    assert 3 <= len(loaded.snapshots()) < 6
+    lists = {Path(s.manifest_list).name for s in loaded.snapshots()}
+    on_disk = {p.name for p in (table / "_iceberg").glob("snap-*.avro")}
+    assert on_disk == lists  # the expired snapshots' manifest lists are gone
+    used = {Path(m.manifest_path).name for s in loaded.snapshots() for m in s.manifests(loaded.io)}
+    manifests = {p.name for p in (table / "_iceberg").glob("*.avro")} - on_disk
+    assert manifests == used
+    assert [r["id"] for r in _iceberg_rows(base, ("cdc", "public", "t", "current"))] == [9]

@@ -469,24 +469,33 @@ class IcebergPublisher:
                 for f in spec.fields
             ]
         )
-        return DataFile.from_args(
+        data_file = DataFile.from_args(
             content=DataFileContent.DATA,
             file_path=path,
             file_format=FileFormat.PARQUET,
             partition=partition,
             file_size_in_bytes=len(source),
             sort_order_id=None,
-            spec_id=spec.spec_id,
             equality_ids=None,
             key_metadata=None,
             **statistics,
         )
+        data_file.spec_id = spec.spec_id  # (not a field of the file: from_args leaves it)
+        return data_file
 
     def _expire(self, table: Any) -> None:
-        """Expire the snapshots past the newest KEEP_SNAPSHOTS (what they list stays on
-        disk: Delta's files are Delta's to remove)."""
+        """Expire the snapshots past the newest KEEP_SNAPSHOTS, in bulk, and remove the
+        manifest lists and manifests only they used (the data files are Delta's, to
+        remove with Delta's VACUUM; older Iceberg metadata files go as Iceberg's
+        write.metadata.previous-versions-max says)."""
         table.refresh()
         snapshots = sorted(table.snapshots(), key=lambda s: s.sequence_number)
-        old = [s.snapshot_id for s in snapshots[:-KEEP_SNAPSHOTS]]
-        if len(old) >= KEEP_SNAPSHOTS:  # in bulk: each expiry is a commit of its own
-            table.maintenance.expire_snapshots().by_ids(old).commit()
+        old, kept = snapshots[:-KEEP_SNAPSHOTS], snapshots[-KEEP_SNAPSHOTS:]
+        if len(old) < KEEP_SNAPSHOTS:  # each expiry is a commit of its own: seldom
+            return
+        used = {m.manifest_path for s in kept for m in s.manifests(table.io)}
+        unused = {m.manifest_path for s in old for m in s.manifests(table.io)} - used
+        table.maintenance.expire_snapshots().by_ids([s.snapshot_id for s in old]).commit()
+        for path in [*unused, *(s.manifest_list for s in old)]:
+            with contextlib.suppress(OSError):
+                table.io.delete(path)
