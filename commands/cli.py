@@ -6,6 +6,7 @@ non-zero exit code.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import sys
@@ -116,7 +117,9 @@ def down(
 
 @app.command()
 def status(output: OutputOption = Form.text) -> None:
-    """Show each component: up or down, address, version, and its details (connectors, tasks),
+    """Show the health of each component and of the pipeline, per store.
+
+    Each component: up or down, address, version, and its details (connectors, tasks),
     then the pipeline: per store its backlog, lag, freshness (commit to visible, p50 and
     p99 over apply.freshness_window_s) against its SLO, and the process applying it
     (with apply.iceberg, the warehouse tables whose Iceberg table lags its Delta table).
@@ -692,6 +695,29 @@ def drop(
         progress(f"replication role {role} kept: still used by {', '.join(others)}")
     else:
         progress(f"replication role {role} " + ("dropped" if dropped else "did not exist"))
+
+
+def _reflowed(text: str) -> str:
+    """A docstring as help: each paragraph on one line, for the terminal to wrap at its
+    width (the docstring's own line breaks would cut sentences in the middle of a line)."""
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(" ".join(p.split()) for p in paragraphs)
+
+
+def _reflow_help(typer_app: typer.Typer) -> None:
+    """Give every command of `typer_app` (and of its groups) its help reflowed, and its
+    first paragraph as the line of the command list."""
+    for command in typer_app.registered_commands:
+        text = command.help or (command.callback.__doc__ if command.callback else None)
+        if text:
+            command.help = _reflowed(text)
+            command.short_help = command.short_help or command.help.split("\n\n")[0]
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _reflow_help(group.typer_instance)
+
+
+_reflow_help(app)
 
 
 def main() -> None:
