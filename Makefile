@@ -21,7 +21,7 @@ help:
 	@echo "make bench-batch-cost  one micro-batch of the apply job, phase by phase, idle and at 200 changes/s"
 	@echo "make bench-derived     the demo's derived data at 50 TPS: state and latency per view"
 	@echo "make bench-verify      cdc verify phase by phase: the demo's data and views, pgbench's 4 tables, 14 small tables"
-	@echo "make bench-report      the latest figures into the README's table"
+	@echo "make bench-report      the latest figures into docs/benchmarks.md's table"
 	@echo "make chaos             the long chaos run (>= 12 min, every fault 3 times): figures to bench/results/chaos.jsonl"
 	@echo "make mutants           one-line mutants of the write guards, each against its tests (all must fail)"
 	@echo "make fuzz              the fuzz tests with many more examples (FUZZ_EXAMPLES=20000 each)"
@@ -92,7 +92,7 @@ bench-verify: up
 	$(VENV)/bin/python bench/verify.py --dataset small
 
 bench-report:
-	$(VENV)/bin/python bench/report.py --readme
+	$(VENV)/bin/python bench/report.py --write
 
 # a stack of its own on free ports; every fault kind 3 times under load, then every store
 # compared with PostgreSQL; prints its figures and appends them to bench/results/chaos.jsonl

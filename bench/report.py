@@ -1,9 +1,9 @@
-"""The README's table of the latest benchmark figures, from bench/results/*.jsonl.
+"""The table of the latest benchmark figures in docs/benchmarks.md, from bench/results/*.jsonl.
 
     .venv/bin/python bench/report.py            # print the table
-    .venv/bin/python bench/report.py --readme   # and put it in README.md
+    .venv/bin/python bench/report.py --write    # and put it in docs/benchmarks.md
 
-The table goes between the README's `<!-- bench:begin -->` and `<!-- bench:end -->`
+The table goes between docs/benchmarks.md's `<!-- bench:begin -->` and `<!-- bench:end -->`
 lines. A benchmark not run yet is left out.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).parent / "results"
-README = Path(__file__).parent.parent / "README.md"
+PAGE = Path(__file__).parent.parent / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 STORES = ("cache", "search", "warehouse")
 
@@ -388,17 +388,19 @@ def table() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--readme", action="store_true", help="write the table into README.md")
+    parser.add_argument(
+        "--write", "--readme", action="store_true", help="write the table into docs/benchmarks.md"
+    )
     args = parser.parse_args()
     text = table()
     print(text)
-    if args.readme:
-        readme = README.read_text()
+    if args.write:
+        readme = PAGE.read_text()
         if BEGIN not in readme or END not in readme:
-            raise SystemExit(f"README.md has no {BEGIN} … {END} lines to put the table between")
+            raise SystemExit(f"{PAGE} has no {BEGIN} … {END} lines to put the table between")
         head, rest = readme.split(BEGIN, 1)
         _, tail = rest.split(END, 1)
-        README.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+        PAGE.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
 
 
 if __name__ == "__main__":

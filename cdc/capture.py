@@ -251,7 +251,7 @@ def secret_reference(
             "Connect is not run by cdc (connect.managed = false) and connect.secrets_dir is "
             "not set: the connector's password would be kept in Connect's config topic and "
             "shown by its REST API; set connect.secrets_dir to a folder the worker reads "
-            "(see README, Security), or connect.inline_secrets = true to accept that"
+            "(see docs/security.md), or connect.inline_secrets = true to accept that"
         )
     path = folder / f"{connector or settings.pipeline.connector}.properties"
     entries = {}

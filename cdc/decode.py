@@ -76,7 +76,7 @@ class Placeholder:
     arrays as a one-element array (the uuid is Java's nameUUIDFromBytes of the bytes);
     int4, int8 and date arrays as the bytes, as numbers; hstore as a one-entry map. An
     unchanged TOASTed array of any other type arrives as NULL: nothing tells it from a
-    NULL (README: REPLICA IDENTITY FULL)."""
+    NULL (docs/guarantees.md: REPLICA IDENTITY FULL)."""
 
     def __init__(self, text: str) -> None:
         raw = text.encode()

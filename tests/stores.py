@@ -126,7 +126,7 @@ def delta_rs_read(path: Path) -> Any:
 
 def iceberg_read(base: str, path: Path) -> Any:
     """The Iceberg table published for the Delta table at `path` (apply.iceberg), as
-    PyIceberg reads it from the warehouse's SQL catalog (README, "Reading the
+    PyIceberg reads it from the warehouse's SQL catalog (docs/stores.md, "Reading the
     warehouse"): named by its folders under the warehouse folder `base`."""
     from pyiceberg.catalog.sql import SqlCatalog
 

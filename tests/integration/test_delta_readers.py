@@ -4,8 +4,8 @@ what Polars and DuckDB's delta extension build on) and, published as Iceberg tab
 table of a pipeline with a table of many types, a stream-table join and a window
 aggregate, before and after changes that rewrite, remove and add files and a column.
 Only a table whose column names Parquet cannot hold uses Delta's column mapping (which
-delta-rs 1.6 reads as NULLs, or refuses; Iceberg's readers read it): README, "Reading
-the warehouse"."""
+delta-rs 1.6 reads as NULLs, or refuses; Iceberg's readers read it): docs/stores.md,
+"Reading the warehouse"."""
 
 from __future__ import annotations
 
@@ -102,9 +102,9 @@ def test_every_warehouse_table_reads_the_same_with_delta_rs_pyiceberg_and_spark(
     mapped = [str(path) for path in tables if column_mapped(path)]
     assert [p for p in mapped if t.name in p] and all("_odd" in p for p in mapped), mapped
     assert str(odd) in mapped
-    # what the README's reader table says of delta-rs 1.6 and column mapping (and what
+    # what the reader table of docs/stores.md says of delta-rs 1.6 and column mapping (and what
     # every table read before this version): the comparison sees it
-    assert readers_differ(spark, Path(odd)), "delta-rs now reads column mapping: README"
+    assert readers_differ(spark, Path(odd)), "delta-rs now reads column mapping: docs/stores.md"
     assert not iceberg_differs()
 
     # files rewritten (an UPDATE's MERGE), every file of a table removed, a column added:

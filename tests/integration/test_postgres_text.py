@@ -71,7 +71,7 @@ def _same(type_: str) -> str:
     """SQL comparing a value cast from text (%s) with the column's value (c)."""
     if type_.startswith(("json", "xml")):  # no equality: the text is the value
         return f"(%s::{type_})::text IS NOT DISTINCT FROM c::text"
-    if type_ == "timetz":  # the log holds it in UTC (README, per type)
+    if type_ == "timetz":  # the log holds it in UTC (docs/guarantees.md, per type)
         return "%s::timetz IS NOT DISTINCT FROM (c AT TIME ZONE 'UTC')"
     return f"%s::{type_} IS NOT DISTINCT FROM c"
 

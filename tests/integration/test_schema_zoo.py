@@ -418,7 +418,7 @@ def literal(store: str, base: str, element: str, value: Any) -> str | None:
     if isinstance(value, (dt.date, dt.time)):
         return value.isoformat()
     if store == "search" and base in ("json", "jsonb") and isinstance(value, dict):
-        value = value.get("_value", value)  # a flat_object holds a non-object so (README)
+        value = value.get("_value", value)  # a flat_object holds a non-object so (docs/stores.md)
     if isinstance(value, (dict, list)):  # OpenSearch's flat_object, an hstore's map
         value = json.dumps(value)
     if base == "bytea" and store != "warehouse":  # base64 in the cache and the index
@@ -448,7 +448,7 @@ def source_texts(
     conn: psycopg.Connection[Any], qualified: str, match: str
 ) -> dict[int, dict[str, str | None]]:
     columns = pg_columns(conn, qualified)
-    # a timetz reaches every store in UTC, as Debezium sends it (README, per type)
+    # a timetz reaches every store in UTC, as Debezium sends it (docs/guarantees.md, per type)
     select = ", ".join(
         f"({ident(c)} AT TIME ZONE 'UTC')::text" if base == "timetz" else f"{ident(c)}::text"
         for c, _, base, _ in columns
@@ -490,7 +490,7 @@ def source_for(conn: psycopg.Connection[Any], qualified: str, match: str, store:
     if store == "search":
         json_columns = [c for c, _, base, _ in pg_columns(conn, qualified) if base == "json"]
         for row in rows.values():
-            for column in json_columns:  # parsed: numbers as doubles (README)
+            for column in json_columns:  # parsed: numbers as doubles (docs/stores.md)
                 text = row[column]
                 parsed = None if text is None else json.dumps(json.loads(text))
                 row[column] = as_postgres_prints(conn, "jsonb", parsed)
@@ -498,7 +498,7 @@ def source_for(conn: psycopg.Connection[Any], qualified: str, match: str, store:
 
 
 def cache_rows(settings: Any, table: str) -> list[dict[str, Any]]:
-    """The cache's live rows; a column `_x` is the field `__x` (README, "Stores")."""
+    """The cache's live rows; a column `_x` is the field `__x` (docs/stores.md)."""
     import redis
 
     client = redis.Redis.from_url(settings.redis.url, decode_responses=True)
@@ -635,7 +635,7 @@ def test_the_schema_zoo_reaches_every_store_exactly(stack: RunningStack) -> None
                 ]
                 live = len(source_texts(conn, f"{ident(schema)}.{ident(name)}", match))
                 differences += history_problems(settings, qualified, key, live)
-        # delta-rs reads each table Parquet's names can hold as Spark does (README,
+        # delta-rs reads each table Parquet's names can hold as Spark does (docs/stores.md,
         # "Reading the warehouse"); only a table with a column it cannot is mapped
         from pyspark.sql import SparkSession
 

@@ -1,4 +1,4 @@
-"""The README's benchmark table: each figure against its target."""
+"""The benchmark table of docs/benchmarks.md: each figure against its target."""
 
 from __future__ import annotations
 

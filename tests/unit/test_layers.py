@@ -1,6 +1,6 @@
 """The import graph, read from the modules' own import statements (those inside
 functions too): each floor imports only itself and the floors below, and no modules
-import each other in a circle. The floors are the README's "Layout"."""
+import each other in a circle. The floors are docs/layout.md."""
 
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ def view_path(root: str, name: str) -> str:
 # Delta's column mapping by name: a column is stored under a physical name of its own, so
 # any PostgreSQL column name works (spaces, commas, braces, `=`: what Parquet refuses).
 # Only a table with such a name gets it: readers other than Spark (delta-rs, so Polars
-# and the `deltalake` package) do not all read it (README, "Reading the warehouse").
+# and the `deltalake` package) do not all read it (docs/stores.md, "Reading the warehouse").
 _COLUMN_MAPPING = {
     "delta.columnMapping.mode": "name",
     "delta.minReaderVersion": "2",
