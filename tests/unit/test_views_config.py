@@ -239,3 +239,35 @@ def test_a_session_is_grouped_by_a_column_of_its_table() -> None:
     wrong = session.model_copy(update={"group_by": "buyer_id"})
     with pytest.raises(ConfigError, match=r"public\.orders has no column buyer_id"):
         check_views(settings_with(windows=[wrong]), TABLES)
+
+
+def test_only_the_joins_a_batch_refreshes_keep_its_frames() -> None:
+    from materializers.stores.warehouse.store import frames_to_keep
+
+    joins = [
+        JoinView(name="a", table="public.o", references="public.c", on="c_id", columns=["n"]),
+        JoinView(
+            name="b",
+            kind="stream_table",
+            table="public.i",
+            references="public.p",
+            on="p_id",
+            columns=["n"],
+        ),
+        # a query of its own: no frame of the batch is kept for it (a Spark job each)
+        JoinView(
+            name="c",
+            kind="stream_stream",
+            within="30 minutes",
+            table="public.s",
+            references="public.t",
+            on="t_id",
+            columns=["n"],
+        ),
+    ]
+    assert frames_to_keep(joins) == {
+        "public.o": {"keys"},
+        "public.c": {"keys"},
+        "public.i": {"created"},
+        "public.p": {"versions"},
+    }

@@ -623,14 +623,7 @@ class WarehouseStore(FrameStore):
         MERGE of the same batch does not change (it keeps the stored value, or writes the
         batch's own, which the history takes from the batch).
         """
-        keep: dict[str, set[str]] = {}
-        for join in self.joins:
-            if join.kind == "table":
-                keep.setdefault(join.table, set()).add("keys")
-                keep.setdefault(join.references, set()).add("keys")
-            else:
-                keep.setdefault(join.table, set()).add("created")
-                keep.setdefault(join.references, set()).add("versions")
+        keep = frames_to_keep(self.joins)
         kept: dict[str, dict[str, Any]] = {}
         names = sorted(present & set(tables))
         # a thread per table (its decoding, its reads of stored values, its current
@@ -657,6 +650,22 @@ class WarehouseStore(FrameStore):
         truncated = set(self._truncated)  # (the join views' refresh takes them)
         self._refresh_joins(tables, {n: k["keys"] for n, k in kept.items() if "keys" in k})
         self._refresh_enrichments(tables, kept, truncated)
+
+
+def frames_to_keep(joins: Sequence[JoinView]) -> dict[str, set[str]]:
+    """What of each table's batch the join views refresh from after it: its keys
+    ("keys": a join view's sides), its creation events ("created": the stream of a
+    stream-table join), its changes per key ("versions": the table a stream-table join
+    references). A stream-stream join is a query of its own: it takes nothing."""
+    keep: dict[str, set[str]] = {}
+    for join in joins:
+        if join.kind == "table":
+            keep.setdefault(join.table, set()).add("keys")
+            keep.setdefault(join.references, set()).add("keys")
+        elif join.kind == "stream_table":
+            keep.setdefault(join.table, set()).add("created")
+            keep.setdefault(join.references, set()).add("versions")
+    return keep
 
 
 def any_of(conditions: list[Any]) -> Any:
