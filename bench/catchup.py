@@ -35,7 +35,7 @@ from cdc.connect import connect_client
 from cdc.settings import load_settings
 from cdc.spark import spark_session
 from cdc.topics import change_topic, end_offsets
-from materializers.apply import run_apply
+from materializers.apply.job import run_apply
 from materializers.stores.search import index_name
 from snapshot.initial import run_snapshot
 

@@ -110,7 +110,7 @@ _JAVA = [
 _PROGRAMS = {"postgres": "postgres", "redis-server": "redis", "pgbench": "pgbench"}
 
 
-WAREHOUSE_PROCESS = "materializers.warehouse_main"  # the warehouse's own apply process
+WAREHOUSE_PROCESS = "materializers.apply.warehouse_main"  # the warehouse's own apply process
 
 
 def _component(pid: str) -> str | None:

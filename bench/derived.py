@@ -43,8 +43,8 @@ from cdc.topics import change_topic, end_offsets
 from commands.demo import TABLES, _create_shop, with_demo_views
 from commands.pipeline import pipeline_status
 from commands.workload import Workload
-from materializers.apply import run_apply
-from materializers.progress import checkpoint_dir, last_committed_batch
+from materializers.apply.job import run_apply
+from materializers.log.progress import checkpoint_dir, last_committed_batch
 from materializers.stores.warehouse.tables import view_path, warehouse_root
 from snapshot.initial import run_snapshot
 

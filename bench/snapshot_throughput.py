@@ -40,7 +40,7 @@ from cdc.connect import connect_client
 from cdc.settings import Settings, load_settings
 from cdc.spark import spark_session
 from cdc.topics import end_offsets
-from materializers.apply import run_apply
+from materializers.apply.job import run_apply
 from snapshot.initial import run_snapshot
 
 TABLE = "public.pgbench_accounts"

@@ -44,8 +44,8 @@ from cdc.components.postgres import postgres_bin_dir
 from cdc.settings import Settings, load_settings
 from cdc.topics import change_topic, end_offsets
 from commands.pipeline import pipeline_status
-from materializers.apply import run_apply
-from materializers.progress import read_progress
+from materializers.apply.job import run_apply
+from materializers.log.progress import read_progress
 from snapshot.initial import run_snapshot
 
 TABLES = [f"public.pgbench_{t}" for t in ("accounts", "branches", "tellers", "history")]

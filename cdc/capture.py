@@ -154,7 +154,7 @@ def pipeline_connector_config(
                 "ON CONFLICT (pipeline) DO UPDATE SET ts = excluded.ts"
             ),
             "provide.transaction.metadata": "true",
-            # a cut's marker only (materializers/verify.py): another program's logical
+            # a cut's marker only (materializers/check/verify.py): another program's logical
             # decoding messages do not leave the database
             "message.prefix.include.list": _regex_literal(CUT_MESSAGE_PREFIX),
             "signal.enabled.channels": "source",

@@ -47,7 +47,7 @@ class Column:
     not_null: bool
     has_default: bool = False  # a DEFAULT, or a value rows from before ADD COLUMN read
     # GENERATED ALWAYS AS (expression) STORED: the expression (pg_get_expr) and the
-    # columns it reads; PostgreSQL 15 publishes no value for it (materializers/generated.py)
+    # columns it reads; PostgreSQL 15 publishes no value for it (materializers/log/generated.py)
     generated: str | None = None
     inputs: tuple[str, ...] = ()
     # an enum's labels in their order: `ALTER TYPE … RENAME VALUE` changes every value

@@ -3,7 +3,7 @@
 What `%s::<the column's type>` reads as the value the source holds, for a value of a
 change event's JSON `after` image (Debezium's encoding, cdc/decode.py). The apply job
 hands a row's values back to PostgreSQL this way to compute its generated columns
-(materializers/generated.py).
+(materializers/log/generated.py).
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # the prefix of the logical decoding messages `cdc verify` writes at a cut (the only
-# prefix the connector passes on, to `<prefix>.message`: materializers/verify.py)
+# prefix the connector passes on, to `<prefix>.message`: materializers/check/verify.py)
 CUT_MESSAGE_PREFIX = "cdc.cut"
 
 

@@ -358,7 +358,7 @@ def apply_(
     never holds the cache and the search index back. Runs until Ctrl-C (or, with
     --once, until it has applied what the topics hold).
     """
-    from materializers.apply import run_apply
+    from materializers.apply.job import run_apply
 
     s = settings()
     stores = store or list(s.apply.stores)
@@ -403,7 +403,7 @@ def query(
     """
     from cdc.catalog import published_tables
     from cdc.source import admin_connection
-    from materializers.query import run_query
+    from materializers.check.query import run_query
 
     s = settings()
     with admin_connection(s) as conn:
@@ -422,7 +422,7 @@ def search(
     output: RowsOutputOption = RowsForm.text,
 ) -> None:
     """Search a table's OpenSearch index; the best matches first."""
-    from materializers.query import search_table
+    from materializers.check.query import search_table
 
     s = settings()
     result = search_table(s, _captured_table(s, table), text, limit)
@@ -439,7 +439,7 @@ def get(
     output: OutputOption = Form.text,
 ) -> None:
     """Read what a store holds for a row: its fields and the position that wrote them."""
-    from materializers.query import store_entry
+    from materializers.check.query import store_entry
 
     _check_stores([store])
     s = settings()
@@ -478,7 +478,7 @@ def verify(
     """
     from cdc.catalog import published_tables
     from cdc.source import admin_connection
-    from materializers.reconcile import reconcile
+    from materializers.check.reconcile import reconcile
 
     s = settings()
     stores = store or list(s.apply.stores)
@@ -581,7 +581,7 @@ def dlq_list(
     output: OutputOption = Form.text,
 ) -> None:
     """The dead letters: store, error, and where each change came from."""
-    from materializers.dead_letters import read_dead_letters
+    from materializers.apply.dead_letters import read_dead_letters
 
     _check_stores([store] if store else [])
     letters = read_dead_letters(settings(), store)
@@ -605,7 +605,7 @@ def dlq_replay(store: StoreOption = None) -> None:
     """Apply the dead letters again once their cause is fixed: their keys are backfilled
     through the log, so every store takes the source's rows through its guarded writes.
     Each dead letter is replayed once (a replay takes those that came after the last)."""
-    from materializers.dead_letters import replay_dead_letters
+    from materializers.apply.dead_letters import replay_dead_letters
 
     _check_stores([store] if store else [])
     s = settings()
@@ -632,7 +632,7 @@ def rebuild(
     For a change topic deleted and created again (`cdc apply` stops and names this
     command), a store found drifting, or a store lost.
     """
-    from materializers.rebuild import reset_store
+    from materializers.check.rebuild import reset_store
     from snapshot.backfill import start_backfill, watch_backfill
 
     _check_stores([store])

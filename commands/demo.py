@@ -193,7 +193,7 @@ def run_demo(
             f"{snap.seconds:.1f}s; the connector streams from that point on"
         )
 
-    from materializers.apply import run_apply
+    from materializers.apply.job import run_apply
 
     stop_apply = threading.Event()
     failure: list[BaseException] = []
@@ -414,8 +414,8 @@ def _show_and_verify(settings: Settings, out: Console, progress: Callable[[str],
     from cdc.catalog import describe_table
     from cdc.source import admin_connection
     from commands.render import verify_tables
-    from materializers.query import run_query, search_table, store_entry
-    from materializers.reconcile import reconcile
+    from materializers.check.query import run_query, search_table, store_entry
+    from materializers.check.reconcile import reconcile
 
     with admin_connection(settings) as conn:
         tables = [describe_table(conn, name, settings.pipeline) for name in TABLES]

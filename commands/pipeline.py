@@ -27,7 +27,7 @@ from cdc.topics import (
     set_topic_configs,
     written_since,
 )
-from materializers.progress import late_events, read_progress
+from materializers.log.progress import late_events, read_progress
 from snapshot.slot import drop_slot
 from snapshot.state import forget, read_state
 
@@ -363,8 +363,8 @@ def _store_progress(
     """Per store: the events it has still to apply, and how far behind the source it is.
     A store that has finished no batch yet is listed once the log holds events
     (`nothing_applied`), its lag counted from the snapshot."""
-    from materializers.freshness import Freshness, judge
-    from materializers.progress import Progress
+    from materializers.apply.freshness import Freshness, judge
+    from materializers.log.progress import Progress
     from snapshot.generation import read_generation
 
     stores: dict[str, dict[str, Any]] = {}

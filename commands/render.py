@@ -11,7 +11,7 @@ from rich.table import Table
 
 from cdc.components import ComponentStatus
 from commands.pipeline import PipelineStatus
-from materializers.reconcile import VerifyReport
+from materializers.check.reconcile import VerifyReport
 
 __all__ = ["pipeline_table", "status_table", "verify_tables"]
 

@@ -1,0 +1,11 @@
+"""The engines that keep the stores, in rooms that read as the data flow; each room
+imports only the ones above it in this list (tests/unit/test_layers.py):
+
+- log: what the change topics hold, read and typed (events, typed values, generated
+  columns, keys, positions, the progress each store records);
+- stores: the cache, the search index and the warehouse behind one interface;
+- check: reading the stores back against the source (verify's cut, expectations,
+  views computed again from the log, reconcile, repair, rebuild, query);
+- apply: the apply job (its queries, the cache's and index's batch writer, freshness,
+  dead letters, the warehouse's own process).
+"""

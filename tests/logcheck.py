@@ -15,7 +15,7 @@ from cdc.catalog import Table, describe_table
 from cdc.decode import decode_row
 from cdc.settings import PipelineSettings, Settings
 from cdc.topics import ChangeRecord, change_topic, read_topic
-from materializers.verify import source_rows as verify_source_rows
+from materializers.check.verify import source_rows as verify_source_rows
 
 
 def pipeline_for(settings: Settings, tables: list[str], **extra: Any) -> Settings:

@@ -74,14 +74,14 @@ MUTANTS = (
     ),
     Mutant(
         "apply reads a change topic created again as if nothing happened",
-        "materializers/apply.py",
+        "materializers/apply/job.py",
         "        ends.check_not_rewound(store.name, topics, progress)",
         "        pass",
         (f"{REWOUND}::test_a_change_topic_deleted_and_created_again_stops_the_apply",),
     ),
     Mutant(
         "apply writes to a store ahead of the source",
-        "materializers/apply.py",
+        "materializers/apply/job.py",
         "        check_source_not_rewound(store.name, wal, progress)",
         "        pass",
         (f"{REWOUND}::test_a_source_behind_what_a_store_applied_stops_the_apply",),
@@ -95,14 +95,14 @@ MUTANTS = (
     ),
     Mutant(
         "a chunk keeps the last record, not the newest change",
-        "materializers/writer.py",
+        "materializers/apply/writer.py",
         "return seen.position is None or event.position > seen.position",
         "return True",
         ("tests/unit/test_writer.py",),
     ),
     Mutant(
         "the write rule takes an equal or older position",
-        "materializers/position.py",
+        "materializers/log/position.py",
         "return stored is None or position > stored.position",
         "return True",
         ("tests/unit/test_write_rule.py",),
@@ -158,7 +158,7 @@ MUTANTS = (
     ),
     Mutant(
         "verify trusts equal row counts",
-        "materializers/verify.py",
+        "materializers/check/verify.py",
         "    if mine == theirs:",
         "    if len(mine) == len(theirs):",
         ("tests/integration/test_verify.py",),

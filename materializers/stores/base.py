@@ -1,5 +1,5 @@
 """What a store is: the apply job writes it (each key's newest change of a micro-batch,
-by the write rule: materializers/position.py); verify, repair, rebuild and `cdc get` read
+by the write rule: materializers/log/position.py); verify, repair, rebuild and `cdc get` read
 and mend it (`rows`, `form`, `remove`, `reset`, `get`), asking the registry for it by name.
 
 A store that does not answer (refused connections, timeouts, 5xx, 429) retries, then
@@ -18,7 +18,7 @@ from cdc.catalog import Table
 
 __all__ = ["Entry", "Event", "FrameStore", "RowStore", "Rows", "Store", "WriteResult"]
 
-# a table's rows as verify compares them: by key text (materializers/keys.py), each row
+# a table's rows as verify compares them: by key text (materializers/log/keys.py), each row
 # in its store's comparison form
 Rows = dict[str, dict[str, Any]]
 
@@ -129,6 +129,6 @@ class FrameStore(Store):
         present: set[str],
         toasted: set[str] | None = None,
     ) -> None:
-        """Write a batch's parsed events (materializers/events.py, with `cut_ms`) of the
+        """Write a batch's parsed events (materializers/log/events.py, with `cut_ms`) of the
         tables in `present`, each key's newest change by the write rule (`toasted`: the
         tables whose events may carry a TOAST placeholder, None: any of them)."""

@@ -2,7 +2,7 @@
 
 Key `<prefix>:<schema.table>:<key JSON>`; fields: one per non-NULL column (values as
 text: numbers and booleans as JSON, times in ISO 8601, bytea as base64, json as its
-text), plus the position `_commit_lsn`, `_lsn` (materializers/position.py), `_offset`,
+text), plus the position `_commit_lsn`, `_lsn` (materializers/log/position.py), `_offset`,
 `_partition` and `_commit_ms`. A column whose name begins with `_` is the field of that
 name with one more `_` (`_lsn` -> `__lsn`), so no column reaches the metadata. A delete
 replaces the hash by a marker {position, _offset, _deleted} that expires after
@@ -29,7 +29,7 @@ from cdc.clients import redis_client
 from cdc.decode import UNAVAILABLE, Interval, decode_value
 from cdc.errors import StoreUnavailableError, ValueDecodeError
 from cdc.settings import RedisSettings
-from materializers.keys import store_key_text
+from materializers.log.keys import store_key_text
 from materializers.stores.base import Entry, Event, Rows, RowStore, WriteResult
 
 __all__ = [
@@ -74,7 +74,7 @@ for k = 1, #KEYS do
     if stored and redis.call('HEXISTS', key, '_deleted') == 0
         and redis.call('HGET', key, '_partition') == partition
         and tonumber(stored) < tonumber(offset) then
-      -- the marker sits just below the change it deleted (materializers/position.below)
+      -- the marker sits just below the change it deleted (materializers/log/position.below)
       local c = redis.call('HGET', key, '_commit_lsn') or '0'
       local l = string.format('%.0f', tonumber(redis.call('HGET', key, '_lsn') or '0') - 1)
       redis.call('DEL', key)

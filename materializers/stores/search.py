@@ -28,7 +28,7 @@ from cdc.decode import UNAVAILABLE, decode_value
 from cdc.errors import ConfigError, StoreError, StoreUnavailableError, ValueDecodeError
 from cdc.settings import OpenSearchSettings
 from cdc.topics import topic_name
-from materializers.keys import store_key_text
+from materializers.log.keys import store_key_text
 from materializers.stores.base import Entry, Event, Rows, RowStore, WriteResult
 from materializers.stores.cache import cache_text
 

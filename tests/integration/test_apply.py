@@ -9,8 +9,8 @@ import psycopg
 import pytest
 import redis
 
-from materializers.apply import run_apply
-from materializers.progress import checkpoint_dir
+from materializers.apply.job import run_apply
+from materializers.log.progress import checkpoint_dir
 from materializers.stores.cache import cache_key
 from materializers.stores.warehouse.tables import current_path, history_path, warehouse_root
 from tests.conftest import Capture

@@ -14,8 +14,8 @@ import pytest
 
 from cdc.settings import JoinView, WindowAggregate
 from commands.pipeline import pipeline_status
-from materializers.progress import read_progress
-from materializers.quality import view_checks
+from materializers.check.quality import view_checks
+from materializers.log.progress import read_progress
 from materializers.stores.warehouse.tables import view_path, warehouse_root
 from tests.conftest import Capture
 from tests.contents import (

@@ -12,8 +12,8 @@ from cdc.clients import kafka_client_kwargs
 from cdc.source import TRUNCATE_TRIGGER, TRUNCATIONS_TABLE
 from cdc.topics import change_topic, read_topic
 from commands.pipeline import drop_pipeline
-from materializers.apply import run_apply
-from materializers.rebuild import reset_store
+from materializers.apply.job import run_apply
+from materializers.check.rebuild import reset_store
 from tests.conftest import Capture
 from tests.contents import (
     cache_contents,

@@ -27,8 +27,8 @@ from cdc.settings import PipelineSettings, Settings
 from cdc.source import admin_connection, captured_tables, prepare_source
 from cdc.topics import change_topic
 from commands.pipeline import sync_pipeline
-from materializers.apply import run_apply
-from materializers.verify import verify
+from materializers.apply.job import run_apply
+from materializers.check.verify import verify
 from snapshot.backfill import start_backfill, watch_backfill
 from tests.conftest import Capture, RunningStack
 from tests.stores import stores
@@ -278,7 +278,7 @@ def test_a_changed_choice_is_handled_like_a_schema_change(captured: Capture) -> 
     assert {d.store: sorted(d.extra) for d in drifts} == {
         s: [f'{{"id":{k}}}' for k in (13, 14, 15)] for s in STORES
     }, drifts
-    from materializers.repair import repair
+    from materializers.check.repair import repair
 
     repair(narrower, [now], drifts, lambda line: None)
     held = _apply_until(narrower, table, lambda h: all(len(r) == 12 for r in h.values()))

@@ -12,10 +12,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-import materializers.apply
+import materializers.apply.job
 from cdc.topics import change_topic, end_offsets
-from materializers.apply import run_apply
-from materializers.progress import read_progress
+from materializers.apply.job import run_apply
+from materializers.log.progress import read_progress
 from materializers.stores.search import SearchStore, index_name
 from materializers.stores.warehouse.tables import current_path, warehouse_root
 from tests.conftest import Capture, Captured
@@ -65,7 +65,7 @@ def test_a_catch_up_batch_is_visible_to_searches_when_it_commits(
         seen.append(refresh_interval(client, index))
 
     monkeypatch.setattr(SearchStore, "bulk", watched)
-    monkeypatch.setattr(materializers.apply, "BULK_EVENTS", 100)  # 300 behind: a catch-up
+    monkeypatch.setattr(materializers.apply.job, "BULK_EVENTS", 100)  # 300 behind: a catch-up
     run_apply(t.settings, ["search"], once=True)
     # prepare() found nothing left; the batch turned refresh off, then gave the 1h back
     assert seen == ["1h", "-1", "1h"]

@@ -21,7 +21,7 @@ import requests
 from rich.console import Console
 
 from commands.pipeline import drop_pipeline
-from materializers.apply import run_apply
+from materializers.apply.job import run_apply
 from snapshot.initial import run_snapshot
 from tests.conftest import Capture, RunningStack
 from tests.helpers import free_ports, run_cdc

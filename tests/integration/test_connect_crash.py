@@ -10,7 +10,7 @@ import time
 import pytest
 
 from cdc.components import Connect
-from materializers.apply import run_apply
+from materializers.apply.job import run_apply
 from tests.conftest import Capture, RunningStack
 from tests.contents import (
     cache_contents,

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from cdc.settings import JoinView, WindowAggregate
-from materializers.apply import run_apply
+from materializers.apply.job import run_apply
 from materializers.stores.warehouse.tables import current_path, warehouse_root
 from tests.conftest import Capture
 from tests.logcheck import table_info, wait_until_equal

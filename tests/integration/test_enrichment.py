@@ -16,9 +16,9 @@ import pytest
 
 from cdc.catalog import Column, Table
 from cdc.settings import JoinView
-from materializers.apply import run_apply
-from materializers.progress import checkpoint_dir
-from materializers.quality import view_checks
+from materializers.apply.job import run_apply
+from materializers.check.quality import view_checks
+from materializers.log.progress import checkpoint_dir
 from materializers.stores.warehouse.store import WarehouseStore
 from materializers.stores.warehouse.tables import warehouse_root
 from materializers.stores.warehouse.views import view_path

@@ -18,7 +18,7 @@ from kafka import KafkaProducer
 from cdc.clients import kafka_client_kwargs
 from cdc.settings import KafkaSettings
 from cdc.topics import change_topic
-from materializers.apply import run_apply
+from materializers.apply.job import run_apply
 from materializers.stores.warehouse.tables import current_path, history_path, warehouse_root
 from tests.conftest import Capture
 from tests.contents import topic_records

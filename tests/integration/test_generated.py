@@ -1,5 +1,5 @@
 """Generated columns reach every store: PostgreSQL 15 publishes no value for them, so the
-apply job computes them from each event's values (materializers/generated.py).
+apply job computes them from each event's values (materializers/log/generated.py).
 
 The stores are read with the test's own readers and compared with PostgreSQL's stored
 values after a snapshot, inserts, updates of the inputs, an update that leaves a
@@ -16,9 +16,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from materializers.apply import run_apply
+from materializers.apply.job import run_apply
+from materializers.check.verify import verify
 from materializers.stores.warehouse.tables import history_path, warehouse_root
-from materializers.verify import verify
 from snapshot.backfill import start_backfill, watch_backfill
 from tests import stores
 from tests.conftest import Capture

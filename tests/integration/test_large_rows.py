@@ -13,7 +13,7 @@ from rich.console import Console
 
 from cdc.topics import change_topic, read_topic, wait_for_records
 from commands.pipeline import pipeline_status, sync_pipeline
-from materializers.apply import run_apply
+from materializers.apply.job import run_apply
 from snapshot.initial import run_snapshot
 from tests.conftest import Capture
 from tests.logcheck import poll

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from cdc.topics import change_topic
 from commands.pipeline import drop_pipeline
-from materializers.apply import run_apply
+from materializers.apply.job import run_apply
 from materializers.stores.warehouse.tables import history_path, warehouse_root
 from snapshot.initial import run_snapshot
 from tests.conftest import Capture, RunningStack

@@ -315,7 +315,7 @@ def test_rows_deleted_between_two_snapshots_leave_every_store(
     import redis
     import requests
 
-    from materializers.apply import run_apply
+    from materializers.apply.job import run_apply
     from materializers.stores.warehouse.tables import current_path, history_path, warehouse_root
 
     name, settings = table

@@ -18,7 +18,7 @@ from cdc.errors import SourceError
 from cdc.settings import Settings
 from cdc.source import timeline_forks
 from cdc.topics import change_topic
-from materializers.progress import progress_file
+from materializers.log.progress import progress_file
 from tests.conftest import Capture, Captured
 from tests.helpers import run_cdc
 from tests.logcheck import poll, table_info, wait_until_equal

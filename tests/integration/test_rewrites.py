@@ -14,8 +14,8 @@ import psycopg
 import pytest
 
 from cdc.source import captured_tables
-from materializers.apply import run_apply
-from materializers.verify import verify
+from materializers.apply.job import run_apply
+from materializers.check.verify import verify
 from tests.conftest import Capture
 from tests.stores import stores
 

@@ -31,7 +31,7 @@ from psycopg import sql
 from rich.console import Console
 
 from commands.pipeline import drop_pipeline
-from materializers.apply import run_apply
+from materializers.apply.job import run_apply
 from materializers.stores.warehouse.tables import warehouse_root
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack

@@ -20,9 +20,9 @@ from cdc.clients import kafka_client_kwargs
 from cdc.settings import JoinView, Settings, WindowAggregate
 from cdc.topics import change_topic, read_topic
 from commands.pipeline import pipeline_status
-from materializers.apply import run_apply
-from materializers.progress import checkpoint_dir
-from materializers.quality import view_checks
+from materializers.apply.job import run_apply
+from materializers.check.quality import view_checks
+from materializers.log.progress import checkpoint_dir
 from materializers.stores.warehouse.tables import view_path, warehouse_root
 from tests.conftest import Capture
 from tests.logcheck import table_info, wait_until_equal

@@ -12,12 +12,12 @@ import redis
 from rich.console import Console
 
 from commands.pipeline import drop_pipeline
-from materializers.apply import run_apply
-from materializers.repair import repair
+from materializers.apply.job import run_apply
+from materializers.check.repair import repair
+from materializers.check.verify import Drift, verify
 from materializers.stores.cache import cache_key
 from materializers.stores.search import index_name
 from materializers.stores.warehouse.tables import current_path, warehouse_root
-from materializers.verify import Drift, verify
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.helpers import recorded_placeholder, run_cdc

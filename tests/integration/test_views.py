@@ -12,9 +12,9 @@ import pytest
 
 from cdc.settings import JoinView, Settings, WindowAggregate
 from commands.pipeline import pipeline_status
-from materializers.apply import run_apply
-from materializers.progress import checkpoint_dir
-from materializers.quality import view_checks
+from materializers.apply.job import run_apply
+from materializers.check.quality import view_checks
+from materializers.log.progress import checkpoint_dir
 from materializers.stores.warehouse.tables import warehouse_root
 from materializers.stores.warehouse.views import view_path
 from tests.conftest import Capture

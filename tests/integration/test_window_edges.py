@@ -19,8 +19,8 @@ from cdc.clients import kafka_client_kwargs
 from cdc.settings import Settings, WindowAggregate
 from cdc.topics import ChangeRecord, change_topic, read_topic, wait_for_records
 from commands.pipeline import pipeline_status
-from materializers.apply import run_apply
-from materializers.quality import view_checks, window_starts
+from materializers.apply.job import run_apply
+from materializers.check.quality import view_checks, window_starts
 from materializers.stores.warehouse.tables import view_path, warehouse_root
 from tests.conftest import Capture
 from tests.logcheck import table_info, wait_until_equal

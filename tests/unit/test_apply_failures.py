@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from cdc.errors import SourceRewoundError, SourceUnavailableError, StoreUnavailableError
-from materializers.apply import (
+from materializers.apply.job import (
     backlog,
     check_source_lineage,
     check_source_not_rewound,
     failure_line,
     unavailable_reason,
 )
-from materializers.progress import Progress
+from materializers.log.progress import Progress
 
 # what Spark's query.exception() carried back when PostgreSQL restarted under a batch
 PROXY_FAILURE = """[FOREACH_BATCH_USER_FUNCTION_ERROR] An error occurred in the user provided \
@@ -21,14 +21,14 @@ function in foreach batch sink. Reason: An exception was raised by the Python Pr
 Message: Traceback (most recent call last):
   File "/x/pyspark/sql/utils.py", line 163, in call
     self.func(DataFrame(jdf, wrapped_session_jdf), batch_id)
-  File "/x/materializers/apply.py", line 171, in write
+  File "/x/materializers/apply/job.py", line 171, in write
     write_once(batch, batch_id)
 psycopg.OperationalError: connection failed: Connection refused
 
 During handling of the above exception, another exception occurred:
 
 Traceback (most recent call last):
-  File "/x/materializers/apply.py", line 189, in write_once
+  File "/x/materializers/apply/job.py", line 189, in write_once
     tables = captured_tables(settings)
 cdc.errors.SourceUnavailableError: PostgreSQL at 127.0.0.1:5432 does not answer
 

@@ -3,7 +3,7 @@ years after 9999, numeric NaN / Infinity, 24:00:00, as Debezium 3.6.3 sends them
 raw values below are what it streamed for such rows); what cannot be a value of the
 column raises ValueDecodeError naming the column.
 
-The same values through the warehouse's Spark expressions (materializers/typed.py) are
+The same values through the warehouse's Spark expressions (materializers/log/typed.py) are
 checked in tests/integration/test_special_values.py: tests/unit runs no Spark."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from materializers.freshness import (
+from materializers.apply.freshness import (
     BUCKETS_S,
     RATIO,
     Freshness,

@@ -21,9 +21,9 @@ from cdc.catalog import Column, Table, reserved_problem, resolve_tables
 from cdc.errors import BackfillError, CdcError, QueryError
 from cdc.settings import PipelineSettings, WindowAggregate
 from commands.output import Form, Output, console, shown
-from materializers.dead_letters import DeadLetter, _is_key, _letter
-from materializers.quality import duration_ms
-from materializers.query import key_json
+from materializers.apply.dead_letters import DeadLetter, _is_key, _letter
+from materializers.check.quality import duration_ms
+from materializers.check.query import key_json
 from materializers.stores.registry import check_store_names
 from snapshot.backfill import BackfillProgress, _check_filter_size, _follow, filter_problem
 from tests.unit.fuzzing import bounded, json_values

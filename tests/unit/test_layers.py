@@ -76,6 +76,35 @@ def test_each_floor_imports_only_the_floors_below() -> None:
     assert not upward
 
 
+# materializers' rooms, in the order of the data flow: each imports only the rooms
+# before it (materializers/__init__.py)
+ROOMS = ("log", "stores", "check", "apply")
+
+
+def room(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "materializers" or len(parts) < 2:
+        return None
+    if parts[1] not in ROOMS:
+        return "outside every room"
+    return parts[1]
+
+
+def test_materializers_rooms_import_only_the_rooms_before_them() -> None:
+    edges = _graph()
+    modules = [m for m in _modules() if m.startswith("materializers.")]
+    assert all(room(m) in ROOMS for m in modules), [m for m in modules if room(m) not in ROOMS]
+    backwards = sorted(
+        f"{a} ({room(a)}) -> {b} ({room(b)})"
+        for a, targets in edges.items()
+        if room(a) in ROOMS
+        for b in targets
+        if room(b) in ROOMS and ROOMS.index(room(b)) > ROOMS.index(room(a))  # type: ignore[arg-type]
+    )
+    assert len([a for a in edges if room(a) in ROOMS]) > 20  # the rooms were read
+    assert not backwards
+
+
 def test_no_modules_import_each_other_in_a_circle() -> None:
     edges = _graph()
     circles = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cdc.settings import Settings
-from materializers.progress import (
+from materializers.log.progress import (
     MAX_CUTS,
     Progress,
     add_cut,

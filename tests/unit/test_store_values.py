@@ -100,7 +100,7 @@ def test_a_json_value_that_is_not_an_object_is_indexed_as_one() -> None:
 def test_numerics_spark_cannot_type_as_decimal_are_kept_as_exact_text() -> None:
     from pyspark.sql import types as T
 
-    from materializers.typed import spark_type
+    from materializers.log.typed import spark_type
 
     def numeric(kind: str) -> Column:
         return Column("n", kind, "numeric", "N", False, None, False)
@@ -115,7 +115,7 @@ def test_numerics_spark_cannot_type_as_decimal_are_kept_as_exact_text() -> None:
 def test_a_window_query_reads_each_column_as_its_widest_widening() -> None:
     from pyspark.sql import types as T
 
-    from materializers.typed import json_type, spark_type, widest
+    from materializers.log.typed import json_type, spark_type, widest
 
     def column(kind: str, base: str, array: bool = False) -> Column:
         return Column("c", kind, base, "N", array, None, False)

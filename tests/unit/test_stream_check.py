@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from materializers.stream_check import (
+from materializers.check.stream_check import (
     Event,
     compare_due,
     first_ends,

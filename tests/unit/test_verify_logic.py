@@ -10,11 +10,11 @@ import pytest
 
 from cdc.catalog import Column, Table
 from cdc.decode import Interval
-from materializers.keys import key_text, store_key_text
-from materializers.repair import REPAIR_FILTER_CHARS, _key_filter, key_filters, repair_filters
+from materializers.check.repair import REPAIR_FILTER_CHARS, _key_filter, key_filters, repair_filters
+from materializers.check.verify import Drift, _compare
+from materializers.log.keys import key_text, store_key_text
 from materializers.stores.cache import cache_form
 from materializers.stores.warehouse.store import any_of, warehouse_value
-from materializers.verify import Drift, _compare
 from snapshot.backfill import (
     MAX_FILTER_CHARS,
     BackfillError,
@@ -239,8 +239,8 @@ def test_a_key_reads_the_same_from_the_source_the_log_and_delta() -> None:
     from datetime import time as clock
     from uuid import UUID
 
-    from materializers.keys import store_key_text
-    from materializers.verify import normalize
+    from materializers.check.verify import normalize
+    from materializers.log.keys import store_key_text
 
     psycopg_row = {
         "d": date(2024, 2, 29),

@@ -89,7 +89,7 @@ def test_window_settings_are_checked() -> None:
 
 
 def test_window_durations_in_milliseconds() -> None:
-    from materializers.quality import duration_ms
+    from materializers.check.quality import duration_ms
 
     assert duration_ms("1 minute") == 60_000
     assert duration_ms("10 minutes") == 600_000
@@ -188,7 +188,7 @@ def test_a_stream_stream_join_needs_its_window() -> None:
 
 
 def test_an_event_is_in_each_hopping_window_that_holds_its_time() -> None:
-    from materializers.quality import window_starts
+    from materializers.check.quality import window_starts
 
     minute = 60_000
     tumbling = WindowAggregate(name="t", table="public.orders", window="5 minutes")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from materializers.position import (
+from materializers.log.position import (
     Change,
     Stored,
     apply_changes,

@@ -12,9 +12,9 @@ import pyarrow as pa
 
 from cdc.catalog import Column, Table
 from cdc.decode import UNAVAILABLE
-from materializers.freshness import age_bucket, ages
+from materializers.apply.freshness import age_bucket, ages
+from materializers.apply.writer import partition_writer
 from materializers.stores.base import Entry, Event, Rows, Store, WriteResult
-from materializers.writer import partition_writer
 
 TABLE = Table(
     "public",

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from cdc.catalog import Table
 from cdc.settings import JoinView
-from materializers.typed import quoted as q
-from materializers.typed import spark_type
+from materializers.log.typed import quoted as q
+from materializers.log.typed import spark_type
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from cdc.catalog import Table
+from materializers.log.typed import quoted as q
 from materializers.stores.warehouse.tables import append_rows
-from materializers.typed import quoted as q
 
 __all__ = ["NEWEST", "partition_history", "write_history"]
 

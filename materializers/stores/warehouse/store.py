@@ -2,7 +2,7 @@
 
 `<warehouse>/<prefix>/<schema>/<table>/current` holds one row per key ever seen: the
 columns typed from the PostgreSQL catalog, plus the position `_cdc_commit_lsn`,
-`_cdc_lsn` (materializers/position.py), `_cdc_offset`, `_cdc_partition`,
+`_cdc_lsn` (materializers/log/position.py), `_cdc_offset`, `_cdc_partition`,
 `_cdc_commit_ts` and `_cdc_deleted`. A delete keeps the row as a deleted marker
 (`_cdc_deleted = true`, columns as they were) with its position, so a stale write is
 refused for ever; readers see live rows through the `<table>` view (`WHERE NOT
@@ -29,7 +29,9 @@ from cdc.catalog import Column, Table, reserved_problem
 from cdc.decode import Interval, decode_value, parse_interval
 from cdc.errors import ConfigError
 from cdc.settings import JoinView
-from materializers.keys import key_text, shortest_real
+from materializers.log.keys import key_text, shortest_real
+from materializers.log.typed import quoted as q
+from materializers.log.typed import spark_type, typed_image
 from materializers.stores.base import Entry, FrameStore, Rows
 from materializers.stores.warehouse.history import NEWEST, partition_history, write_history
 from materializers.stores.warehouse.tables import (
@@ -41,8 +43,6 @@ from materializers.stores.warehouse.tables import (
     history_path,
     is_empty,
 )
-from materializers.typed import quoted as q
-from materializers.typed import spark_type, typed_image
 
 __all__ = ["WarehouseStore", "warehouse_value"]
 
@@ -57,7 +57,7 @@ META = [
     "_cdc_deleted",
 ]
 
-# the position (materializers/position.py) of the target row `t` is older than the
+# the position (materializers/log/position.py) of the target row `t` is older than the
 # source row `s`'s; a row written before positions were kept counts as older
 _OLDER = (
     "(t._cdc_commit_lsn IS NULL OR t._cdc_commit_lsn < s._cdc_commit_lsn OR "

@@ -39,12 +39,12 @@ from cdc.errors import ConfigError
 from cdc.settings import JoinView, Settings, WindowAggregate
 from cdc.spark import kafka_options
 from cdc.topics import change_topic
-from materializers.events import parse_events
-from materializers.generated import expressions_dsn, with_generated
-from materializers.progress import forget_late, last_committed_batch
+from materializers.log.events import parse_events
+from materializers.log.generated import expressions_dsn, with_generated
+from materializers.log.progress import forget_late, last_committed_batch
+from materializers.log.typed import json_type, spark_type, typed_column, widest
+from materializers.log.typed import quoted as q
 from materializers.stores.warehouse.tables import view_path
-from materializers.typed import json_type, spark_type, typed_column, widest
-from materializers.typed import quoted as q
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -16,7 +16,7 @@ from typing import Any
 from cdc.errors import ConfigError, StoreError
 from cdc.settings import Settings
 from cdc.topics import folder_problem
-from materializers.typed import quoted as q
+from materializers.log.typed import quoted as q
 
 __all__ = [
     "append_rows",

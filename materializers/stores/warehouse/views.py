@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 from cdc.catalog import Table
 from cdc.errors import ConfigError
 from cdc.settings import JoinView, Settings
+from materializers.log.typed import quoted as q
+from materializers.log.typed import spark_type
 from materializers.stores.warehouse.enrich import EVENT_COLUMNS
 from materializers.stores.warehouse.streams import JOIN_COLUMNS
 from materializers.stores.warehouse.tables import view_path
-from materializers.typed import quoted as q
-from materializers.typed import spark_type
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

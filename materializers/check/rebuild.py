@@ -11,7 +11,7 @@ from collections.abc import Callable
 from cdc.errors import ConfigError
 from cdc.settings import Settings
 from cdc.source import read_source
-from materializers.progress import Progress, checkpoint_dir, read_progress, write_progress
+from materializers.log.progress import Progress, checkpoint_dir, read_progress, write_progress
 from materializers.stores.registry import make_store
 
 __all__ = ["reset_store"]

@@ -20,7 +20,7 @@ from cdc.catalog import Column, Table
 from cdc.decode import decode_value
 from cdc.settings import JoinView, WindowAggregate, duration_ms
 from cdc.topics import ChangeRecord
-from materializers.position import event_position
+from materializers.log.position import event_position
 
 __all__ = [
     "Event",

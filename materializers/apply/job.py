@@ -37,11 +37,13 @@ from cdc.settings import Settings
 from cdc.source import SourceReader, captured_tables, ping_source, timeline_forks
 from cdc.spark import kafka_options, spark_session
 from cdc.topics import change_topic, change_topic_pattern
-from materializers.dead_letters import DeadLetters
-from materializers.events import parse_events
-from materializers.freshness import RATIO, Freshness
-from materializers.generated import expressions_dsn, with_generated
-from materializers.progress import (
+from materializers.apply.dead_letters import DeadLetters
+from materializers.apply.freshness import RATIO, Freshness
+from materializers.apply.warehouse_process import WarehouseProcess
+from materializers.apply.writer import RESULT_DDL, partition_writer, result_schema
+from materializers.log.events import parse_events
+from materializers.log.generated import expressions_dsn, with_generated
+from materializers.log.progress import (
     Progress,
     add_cut,
     checkpoint_dir,
@@ -51,6 +53,7 @@ from materializers.progress import (
     set_waiting,
     write_progress,
 )
+from materializers.log.typed import may_hold_placeholder, unheld_columns
 from materializers.stores.base import FrameStore, RowStore, Store
 from materializers.stores.registry import executor_settings, make_row_store, make_store
 from materializers.stores.warehouse.iceberg import IcebergPublisher
@@ -62,9 +65,6 @@ from materializers.stores.warehouse.streams import (
 )
 from materializers.stores.warehouse.tables import warehouse_base, warehouse_root
 from materializers.stores.warehouse.views import check_views
-from materializers.typed import may_hold_placeholder, unheld_columns
-from materializers.warehouse_process import WarehouseProcess
-from materializers.writer import RESULT_DDL, partition_writer, result_schema
 from snapshot.encoding import int_to_lsn
 from snapshot.generation import read_generation
 from snapshot.rewrites import check_rewrites
@@ -190,7 +190,7 @@ def _batch_writer(
 
         valid = F.col("error").isNull()
         placeholders = {t.placeholder for t in tables.values()}
-        # per topic partition and fine age bucket (materializers/freshness.py) of the
+        # per topic partition and fine age bucket (materializers/apply/freshness.py) of the
         # changes (not the snapshot's or a backfill's reads), in one job
         age = F.greatest(F.lit(started_ms) - F.col("commit_ms"), F.lit(1))
         bucket = F.when(
@@ -277,7 +277,7 @@ def _batch_writer(
         mode: str,
         started_ms: int,
     ) -> None:
-        """A Python store's batch goes through materializers/writer.py: a small one
+        """A Python store's batch goes through materializers/apply/writer.py: a small one
         (`mode` "driver") here, collected in partition order and written through the
         driver's own connection, as cheap as a micro-batch gets (no Python worker, no
         connection per task, no per-task imports: bench/results/streaming.jsonl); a
@@ -623,7 +623,7 @@ def run_apply(
     tables = captured_tables(settings)
     check_rewrites(settings, tables.values(), notify)  # DDL while the job was down
     selected = stores or list(settings.apply.stores)
-    apart = None  # the warehouse, in a process of its own (materializers/warehouse_process)
+    apart = None  # the warehouse, in a process of its own (materializers/apply/warehouse_process)
     if (
         not once
         and settings.apply.warehouse_apart

@@ -22,9 +22,9 @@ from cdc.catalog import Table
 from cdc.errors import StoreError
 from cdc.settings import JoinView, Settings, WindowAggregate, duration_ms
 from cdc.topics import change_topic
-from materializers.progress import checkpoint_dir, last_committed_batch, late_events
-from materializers.typed import quoted as q
-from materializers.typed import spark_type
+from materializers.log.progress import checkpoint_dir, last_committed_batch, late_events
+from materializers.log.typed import quoted as q
+from materializers.log.typed import spark_type
 
 __all__ = [
     "Check",
@@ -253,8 +253,8 @@ def expectations(
     from delta.tables import DeltaTable
 
     from cdc.spark import spark_session
+    from materializers.check.verify import consistent_cut
     from materializers.stores.warehouse.tables import current_path, warehouse_root
-    from materializers.verify import consistent_cut
 
     what = "row count and sums equal PostgreSQL's"
     spark = spark_session(settings, "cdc-verify")
@@ -427,7 +427,7 @@ def view_checks(settings: Settings, tables: dict[str, Table]) -> list[Check]:
     """The derived data of the verified tables: each join view equals the same join
     computed by PostgreSQL; each window aggregate equals its windows recomputed from the
     change log."""
-    from materializers.verify import verify_join
+    from materializers.check.verify import verify_join
 
     logs = _Logs(settings)
     checks = []
@@ -488,12 +488,12 @@ def stream_check(
     timeout: float = 120.0,
 ) -> Check:
     """A sliding or session window, or a stream-stream join, against its rows computed
-    again from the change log (materializers/stream_check.py), once its query has
+    again from the change log (materializers/check/stream_check.py), once its query has
     committed the whole log as it is now. Events it found too late were not applied:
     then it is not recomputed (`cdc status` shows how many)."""
     from cdc.topics import thinned
+    from materializers.check.stream_check import compare_due, expected_rows
     from materializers.stores.warehouse.store import warehouse_value
-    from materializers.stream_check import compare_due, expected_rows
 
     name = f"view {view.name}"
     what = (
@@ -530,10 +530,10 @@ def _held_rows(
     from delta.tables import DeltaTable
 
     from cdc.spark import spark_session
+    from materializers.log.typed import quoted as q
     from materializers.stores.warehouse.store import warehouse_value
     from materializers.stores.warehouse.tables import warehouse_root
     from materializers.stores.warehouse.views import view_path
-    from materializers.typed import quoted as q
 
     spark = spark_session(settings, "cdc-verify")
     path = view_path(warehouse_root(settings), view.name)
@@ -587,11 +587,11 @@ def enrichment_check(settings: Settings, join: JoinView, tables: dict[str, Table
     """A stream-table join against its events enriched again from the change log, once
     the warehouse has applied every change committed before now."""
     from cdc.spark import spark_session
-    from materializers.enrichment_check import enrichment_drift
+    from materializers.check.enrichment_check import enrichment_drift
+    from materializers.check.verify import consistent_cut
     from materializers.stores.warehouse.store import warehouse_value
     from materializers.stores.warehouse.tables import warehouse_root
     from materializers.stores.warehouse.views import view_path
-    from materializers.verify import consistent_cut
 
     stream, referenced = tables[join.table], tables[join.references]
     consistent_cut(settings, [stream, referenced], ["warehouse"], 120.0)
@@ -656,7 +656,7 @@ def window_check(
     seen: set[tuple[bytes | None, Any]] = set()
     expected_windows: dict[int, list[Any]] = {}
     if column is not None and column.generated is not None:  # not in the log: computed
-        from materializers.generated import compute, expressions_connection, expressions_dsn
+        from materializers.log.generated import compute, expressions_connection, expressions_dsn
 
         afters = [
             r.value["after"]

@@ -33,8 +33,8 @@ from cdc.masks import masked_value
 from cdc.settings import JoinView, Settings
 from cdc.source import admin_connection
 from cdc.topics import CUT_MESSAGE_PREFIX, change_topic
-from materializers.keys import key_text
-from materializers.progress import Progress, read_progress
+from materializers.log.keys import key_text
+from materializers.log.progress import Progress, read_progress
 from materializers.stores.base import Rows, Store
 from materializers.stores.registry import make_store
 from materializers.stores.warehouse.store import WarehouseStore

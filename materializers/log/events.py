@@ -1,5 +1,5 @@
 """Change events in a micro-batch, parsed from the Kafka records by Spark (the warehouse and
-the window aggregates; the Python stores parse theirs in materializers/writer.py)."""
+the window aggregates; the Python stores parse theirs in materializers/apply/writer.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def parse_events(records: DataFrame, topic_tables: dict[str, str]) -> DataFrame:
 
     Columns: table, topic, partition, offset, key (the key's JSON text), op (c, u, d, r,
     t; "d" for a tombstone), after (JSON text, null for deletes), commit_ms, the position
-    (commit_lsn, lsn) as materializers/position.py defines it (null for a tombstone), and
+    (commit_lsn, lsn) as materializers/log/position.py defines it (null for a tombstone), and
     `error` for a value that is not a Debezium envelope.
     """
     from pyspark.sql import functions as F

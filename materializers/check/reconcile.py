@@ -1,7 +1,7 @@
 """`cdc verify` as one step: each store compared with the source at a consistent cut
-(materializers/verify.py), what drifted mended and compared again when asked
-(materializers/repair.py), then the Great Expectations suites over the warehouse
-(materializers/quality.py). One report, which the CLI and the demo both render."""
+(materializers/check/verify.py), what drifted mended and compared again when asked
+(materializers/check/repair.py), then the Great Expectations suites over the warehouse
+(materializers/check/quality.py). One report, which the CLI and the demo both render."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 
 from cdc.catalog import Table
 from cdc.settings import Settings
-from materializers.quality import Check, expectations, view_checks
-from materializers.repair import repair
-from materializers.verify import Drift, verify
+from materializers.check.quality import Check, expectations, view_checks
+from materializers.check.repair import repair
+from materializers.check.verify import Drift, verify
 
 __all__ = ["VerifyReport", "reconcile"]
 

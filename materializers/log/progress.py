@@ -18,7 +18,7 @@ from typing import Any
 
 from cdc.settings import Settings
 from cdc.state import make_state_dir
-from materializers.position import Position
+from materializers.log.position import Position
 
 __all__ = [
     "MAX_CUTS",
@@ -105,7 +105,7 @@ class Progress:
     source: list[Any] | None = None
     waiting: dict[str, Any] | None = None  # the store did not answer: reason, since_ms
     pid: int | None = None  # the process that wrote its last batch
-    freshness: dict[str, Any] | None = None  # commit to visible (materializers/freshness.py)
+    freshness: dict[str, Any] | None = None  # commit to visible (materializers/apply/freshness.py)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Progress:

@@ -32,7 +32,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 
 
 class WarehouseProcess:
-    """`python -m materializers.warehouse_main`: `cdc apply --store warehouse`, started,
+    """`python -m materializers.apply.warehouse_main`: `cdc apply --store warehouse`, started,
     watched and stopped by the apply job of the other stores."""
 
     def __init__(self, settings: Settings) -> None:
@@ -50,7 +50,7 @@ class WarehouseProcess:
         # the child imports this checkout's modules, as this process does
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
         process = subprocess.Popen(
-            [sys.executable, "-m", "materializers.warehouse_main"],
+            [sys.executable, "-m", "materializers.apply.warehouse_main"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

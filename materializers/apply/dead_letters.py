@@ -22,7 +22,7 @@ from cdc.settings import KafkaSettings, Settings
 from cdc.source import captured_tables
 from cdc.state import make_state_dir
 from cdc.topics import change_topic, dead_letter_topic
-from materializers.progress import checkpoint_dir
+from materializers.log.progress import checkpoint_dir
 
 __all__ = [
     "DeadLetter",
@@ -176,7 +176,7 @@ def replay_dead_letters(
 ) -> dict[str, int]:
     """Backfill the keys of the dead letters of `stores` not replayed yet; returns per
     table the keys backfilled. Dead letters whose key names no row are reported."""
-    from materializers.repair import backfill_keys, key_filters
+    from materializers.check.repair import backfill_keys, key_filters
 
     tables = captured_tables(settings)
     by_topic = {change_topic(settings.pipeline, name): name for name in tables}

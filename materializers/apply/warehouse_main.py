@@ -1,4 +1,4 @@
-"""The child process of materializers/warehouse_process.py: the warehouse's apply job.
+"""The child process of materializers/apply/warehouse_process.py: the warehouse's apply job.
 
 Reads its settings from standard input (8 bytes of length, then the pickled Settings),
 lowers its CPU priority to `apply.warehouse_nice` (its Spark JVM inherits it), runs the
@@ -16,7 +16,7 @@ import threading
 
 from cdc.errors import CdcError
 from cdc.settings import Settings
-from materializers.apply import run_apply
+from materializers.apply.job import run_apply
 
 
 def _die_with_parent() -> None:

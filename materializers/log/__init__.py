@@ -1,0 +1,4 @@
+"""The change log as the apply job reads it: Debezium's events decoded (events), values
+typed for Spark (typed), generated columns computed (generated), keys in one form
+(keys), positions in the log (position) and what each store has applied (progress).
+Imports no other room of materializers."""
