@@ -30,8 +30,8 @@ from rich.console import Console
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import CpuMark, ResourceSampler, bench_settings, cleanup, record
+from cdc.capture.connect import connect_client
 from cdc.clients import opensearch_client
-from cdc.connect import connect_client
 from cdc.settings import load_settings
 from cdc.spark import spark_session
 from cdc.topics import change_topic, end_offsets

@@ -33,10 +33,10 @@ from rich.console import Console
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import CpuMark, ResourceSampler, bench_settings, cleanup, record
-from cdc.capture import connector_config, secret_reference
+from cdc.capture.connect import connect_client
+from cdc.capture.connector import connector_config, secret_reference
 from cdc.clients import kafka_admin
 from cdc.components.postgres import postgres_bin_dir
-from cdc.connect import connect_client
 from cdc.settings import Settings, load_settings
 from cdc.spark import spark_session
 from cdc.topics import end_offsets

@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import materializers.check.reconcile as reconcile
 from bench.common import bench_settings, cleanup, record
 from bench.snapshot_throughput import pgbench_init
+from cdc.capture.source import admin_connection
 from cdc.catalog import describe_table
 from cdc.settings import Settings, load_settings
-from cdc.source import admin_connection
 from commands.demo import TABLES as DEMO_TABLES
 from commands.demo import _create_shop, with_demo_views
 from materializers.apply.job import run_apply

@@ -51,7 +51,7 @@ class Column:
     generated: str | None = None
     inputs: tuple[str, ...] = ()
     # an enum's labels in their order: `ALTER TYPE … RENAME VALUE` changes every value
-    # holding the old label without a change event (snapshot/rewrites.py)
+    # holding the old label without a change event (cdc/capture/rewrites.py)
     labels: tuple[str, ...] = ()
 
 

@@ -223,7 +223,7 @@ def setup(
 
     s = settings()
     if print_sql:
-        from cdc.source import setup_sql
+        from cdc.capture.source import setup_sql
 
         sys.stdout.write(setup_sql(s))
         return
@@ -288,7 +288,7 @@ def backfill(
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from snapshot.backfill import send_signal, start_backfill, watch_backfill
+    from cdc.capture.backfill import send_signal, start_backfill, watch_backfill
 
     s = settings()
     if pause or resume or stop:
@@ -371,8 +371,8 @@ def apply_(
 
 def _captured_table(s: Settings, name: str) -> Table:
     """A captured table by `schema.table`, or by its bare name when that is unique."""
+    from cdc.capture.source import admin_connection
     from cdc.catalog import describe_table, published_tables
-    from cdc.source import admin_connection
 
     with admin_connection(s) as conn:
         names = published_tables(conn, s.pipeline.publication)
@@ -401,8 +401,8 @@ def query(
     <table>_history (every version, SCD type 2), and each join view and window
     aggregate by its name.
     """
+    from cdc.capture.source import admin_connection
     from cdc.catalog import published_tables
-    from cdc.source import admin_connection
     from materializers.check.query import run_query
 
     s = settings()
@@ -476,8 +476,8 @@ def verify(
     backfilled through the log (keys only a store has are removed from it) and the
     stores verified again once the running apply job has taken the backfill.
     """
+    from cdc.capture.source import admin_connection
     from cdc.catalog import published_tables
-    from cdc.source import admin_connection
     from materializers.check.reconcile import reconcile
 
     s = settings()
@@ -529,8 +529,8 @@ app.add_typer(tables_app, name="tables")
 @tables_app.command("list")
 def tables_list(output: OutputOption = Form.text) -> None:
     """The tables the settings select, with their keys and topics."""
+    from cdc.capture.source import admin_connection
     from cdc.catalog import resolve_tables
-    from cdc.source import admin_connection
 
     s = settings()
     with admin_connection(s) as conn:
@@ -632,8 +632,8 @@ def rebuild(
     For a change topic deleted and created again (`cdc apply` stops and names this
     command), a store found drifting, or a store lost.
     """
+    from cdc.capture.backfill import start_backfill, watch_backfill
     from materializers.check.rebuild import reset_store
-    from snapshot.backfill import start_backfill, watch_backfill
 
     _check_stores([store])
     s = settings()

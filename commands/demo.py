@@ -411,8 +411,8 @@ def _freshness(fresh: dict[str, Any]) -> str:
 
 def _show_and_verify(settings: Settings, out: Console, progress: Callable[[str], None]) -> bool:
     """A few queries, a search and a cache read, then verify; True when nothing drifted."""
+    from cdc.capture.source import admin_connection
     from cdc.catalog import describe_table
-    from cdc.source import admin_connection
     from commands.render import verify_tables
     from materializers.check.query import run_query, search_table, store_entry
     from materializers.check.reconcile import reconcile

@@ -10,13 +10,14 @@ from typing import Any
 
 from psycopg import sql
 
+from cdc.capture.connect import connect_client
+from cdc.capture.role import drop_role, other_pipelines, sync_grants
+from cdc.capture.slot import drop_slot
+from cdc.capture.source import admin_connection, drop_publication
 from cdc.catalog import describe_table, published_tables, selected_tables
-from cdc.connect import connect_client
 from cdc.errors import CdcError, SourceError
 from cdc.identity import current_relations, drift, recorded, recorded_since
-from cdc.role import drop_role, other_pipelines, sync_grants
 from cdc.settings import Settings
-from cdc.source import admin_connection, drop_publication
 from cdc.topics import (
     change_times,
     change_topic,
@@ -28,7 +29,6 @@ from cdc.topics import (
     written_since,
 )
 from materializers.log.progress import late_events, read_progress
-from snapshot.slot import drop_slot
 from snapshot.state import forget, read_state
 
 __all__ = [
@@ -122,7 +122,7 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
             }
             failed = [t for t in entry.get("tasks", []) if t.get("state") == "FAILED"]
             if failed:
-                from cdc.connect import summarize_trace, too_large
+                from cdc.capture.connect import summarize_trace, too_large
 
                 trace = failed[0].get("trace", "")
                 status.connector["error"] = too_large(
@@ -305,11 +305,11 @@ def sync_pipeline(settings: Settings) -> SyncResult:
     the old one). A table dropped and created again under a captured name is cut first,
     as a TRUNCATE would be (every store drops the old table's rows), then backfilled.
     """
-    from cdc.capture import register_connector
+    from cdc.capture.backfill import start_backfill
+    from cdc.capture.connector import register_connector
+    from cdc.capture.source import prepare_source
     from cdc.catalog import TRUNCATIONS_TABLE
-    from cdc.source import prepare_source
     from cdc.topics import ensure_topics
-    from snapshot.backfill import start_backfill
 
     before = _captured_before(settings)
     tables = prepare_source(settings)
@@ -329,7 +329,7 @@ def sync_pipeline(settings: Settings) -> SyncResult:
     oids = {name: oid for oid, name in now.items()}
     added = [t for t in names if before and before.get(oids.get(t, -1)) != t]
     removed = [t for t in before.values() if t not in names]
-    # a renamed table's topic, made by Kafka Connect uncompacted (cdc/capture.py)
+    # a renamed table's topic, made by Kafka Connect uncompacted (cdc/capture/connector.py)
     set_topic_configs(settings.kafka, [change_topic_spec(settings.pipeline, n) for _, n in renamed])
     backfills = []
     streams = pipe_streams(settings)
@@ -363,9 +363,9 @@ def _store_progress(
     """Per store: the events it has still to apply, and how far behind the source it is.
     A store that has finished no batch yet is listed once the log holds events
     (`nothing_applied`), its lag counted from the snapshot."""
+    from cdc.capture.generation import read_generation
     from materializers.apply.freshness import Freshness, judge
     from materializers.log.progress import Progress
-    from snapshot.generation import read_generation
 
     stores: dict[str, dict[str, Any]] = {}
     generation = read_generation(settings)

@@ -19,10 +19,11 @@ PostgreSQL formats every value in C; Spark only moves the text to Kafka.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 from psycopg import sql
 
+from cdc.capture.masks import masked_value
+from cdc.capture.slot import SnapshotPoint
 from cdc.catalog import Column, Table
 from cdc.decode import (
     DATE_INFINITY,
@@ -31,9 +32,8 @@ from cdc.decode import (
     NUMERIC_SPECIAL,
     bit_length,
 )
-from cdc.masks import masked_value
 
-__all__ = ["SnapshotPoint", "column_json", "envelope", "event_query"]
+__all__ = ["column_json", "envelope", "event_query"]
 
 # Types whose to_json() is already what Debezium writes (numbers, booleans).
 _NATIVE = {"int2", "int4", "int8", "oid", "float4", "float8", "bool"}
@@ -43,25 +43,6 @@ _NUMERIC_WORDS = sql.SQL(" ").join(
     sql.SQL("WHEN {} THEN {}").format(sql.Literal(text), sql.Literal(word))
     for word, text in NUMERIC_SPECIAL.items()
 )
-
-
-@dataclass(frozen=True)
-class SnapshotPoint:
-    """Where the snapshot sits in the log: the slot's consistent point, and when it was taken."""
-
-    lsn: int
-    ts_ms: int
-    snapshot_name: str
-
-
-def int_to_lsn(value: int) -> str:
-    return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
-
-
-def lsn_to_int(lsn: str) -> int:
-    """'16/B374D848' -> the 64-bit WAL position Debezium writes as source.lsn."""
-    high, low = lsn.split("/")
-    return (int(high, 16) << 32) | int(low, 16)
 
 
 def _element_json(column: Column, ref: sql.Composable) -> sql.Composable:
@@ -163,7 +144,7 @@ def _zoned_timestamp_json(column: Column, ref: sql.Composable) -> sql.Composable
 
 def column_json(column: Column, masked: sql.Composable | None = None) -> sql.Composable:
     """SQL for the JSON text of a column's value as Debezium encodes it ('null' for NULL);
-    `masked`: the text it leaves PostgreSQL as (cdc/masks.py), the Connect transform's."""
+    `masked`: the text it leaves PostgreSQL as (cdc/capture/masks.py), the Connect transform's."""
     ref = sql.Identifier(column.name)
     value: sql.Composable
     if masked is not None:

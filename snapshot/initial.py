@@ -36,18 +36,30 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from cdc.capture import register_connector
-from cdc.catalog import Table
-from cdc.connect import connect_client
-from cdc.errors import ConnectorError, SnapshotError
-from cdc.role import replication_password
-from cdc.settings import Settings
-from cdc.source import (
+from cdc.capture.connect import connect_client
+from cdc.capture.connector import register_connector
+from cdc.capture.generation import record_generation
+from cdc.capture.rewrites import record_schemas
+from cdc.capture.role import replication_password
+from cdc.capture.slot import (
+    InFlight,
+    SnapshotPoint,
+    drop_slot,
+    exported_snapshot,
+    int_to_lsn,
+    lsn_to_int,
+    slot_lost,
+    slot_state,
+)
+from cdc.capture.source import (
     admin_connection,
     prepare_source,
     replication_dsn,
     sync_truncate_triggers,
 )
+from cdc.catalog import Table
+from cdc.errors import ConnectorError, SnapshotError
+from cdc.settings import Settings
 from cdc.spark import kafka_options, spark_session
 from cdc.topics import (
     change_topic,
@@ -57,10 +69,7 @@ from cdc.topics import (
     pipeline_topic_specs,
     truncate_topics,
 )
-from snapshot.encoding import SnapshotPoint, envelope, event_query, int_to_lsn, lsn_to_int
-from snapshot.generation import record_generation
-from snapshot.rewrites import record_schemas
-from snapshot.slot import InFlight, drop_slot, exported_snapshot, slot_lost, slot_state
+from snapshot.encoding import envelope, event_query
 from snapshot.state import mark_done, mark_running, read_state
 
 __all__ = ["SnapshotResult", "ctid_ranges", "run_snapshot"]
@@ -172,7 +181,7 @@ def run_snapshot(
         settings, point.lsn, point.ts_ms, [change_topic(pipe, t.qualified) for t in tables]
     )
     # the columns the snapshot's rows hold: DDL after it that changes values unseen is
-    # found by the apply job (snapshot/rewrites.py)
+    # found by the apply job (cdc/capture/rewrites.py)
     record_schemas(settings, tables)
 
     with admin_connection(settings) as conn:

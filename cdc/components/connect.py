@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from cdc.capture import DEBEZIUM_POSTGRES
+from cdc.capture.connect import REST_USER, ConnectClient, connect_client, rest_password_file
+from cdc.capture.connector import DEBEZIUM_POSTGRES
+from cdc.capture.role import generated_secret
 from cdc.clients import kafka_jaas_config, kafka_java_config
 from cdc.components._jvm import (
     LOG4J2_PROPERTIES,
@@ -16,10 +18,8 @@ from cdc.components._jvm import (
     write_secret_properties,
 )
 from cdc.components.base import Component
-from cdc.connect import REST_USER, ConnectClient, connect_client, rest_password_file
 from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError
 from cdc.files import private_folder, write_file
-from cdc.role import generated_secret
 from cdc.settings import ConnectSettings
 
 __all__ = ["CONVERTERS", "Connect"]
@@ -106,7 +106,7 @@ class Connect(Component):
                 ),
                 # Debezium writes only to topics the project creates with the right settings
                 "topic.creation.enable": "true",
-                # basic authentication on the REST API: its one user is cdc (cdc.connect)
+                # basic authentication on the REST API: its one user is cdc (cdc.capture.connect)
                 "rest.extension.classes": (
                     "org.apache.kafka.connect.rest.basic.auth.extension."
                     "BasicAuthSecurityRestExtension"

@@ -13,11 +13,11 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from cdc.capture.role import REPLICATION_GROUP, generated_secret
 from cdc.components.base import Component
 from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError
 from cdc.files import private_folder, write_file
 from cdc.process import inherited_env
-from cdc.role import REPLICATION_GROUP, generated_secret
 from cdc.settings import PostgresSettings, admin_password_file, local_admin_password
 
 __all__ = ["Postgres", "postgres_bin_dir"]

@@ -21,6 +21,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from cdc.capture.generation import read_generation
+from cdc.capture.rewrites import check_rewrites
+from cdc.capture.slot import int_to_lsn
+from cdc.capture.source import SourceReader, captured_tables, ping_source, timeline_forks
 from cdc.catalog import TRUNCATIONS_TABLE, Table
 from cdc.clients import kafka_admin, kafka_client_kwargs
 from cdc.errors import (
@@ -34,7 +38,6 @@ from cdc.errors import (
     StoreUnavailableError,
 )
 from cdc.settings import Settings
-from cdc.source import SourceReader, captured_tables, ping_source, timeline_forks
 from cdc.spark import kafka_options, spark_session
 from cdc.topics import change_topic, change_topic_pattern
 from materializers.apply.dead_letters import DeadLetters
@@ -65,9 +68,6 @@ from materializers.stores.warehouse.streams import (
 )
 from materializers.stores.warehouse.tables import warehouse_base, warehouse_root
 from materializers.stores.warehouse.views import check_views
-from snapshot.encoding import int_to_lsn
-from snapshot.generation import read_generation
-from snapshot.rewrites import check_rewrites
 
 __all__ = [
     "BULK_EVENTS",
@@ -160,7 +160,7 @@ def _batch_writer(
 
     def _sweep_generation(tables: dict[str, Table]) -> None:
         """Once the store holds a new snapshot generation whole, remove what it still
-        holds from before it (snapshot/generation.py)."""
+        holds from before it (cdc/capture/generation.py)."""
         generation = read_generation(settings)
         progress = read_progress(settings, store.name) or Progress()
         if generation is None or progress.generation >= generation.lsn:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 
+from cdc.capture.source import read_source
 from cdc.errors import ConfigError
 from cdc.settings import Settings
-from cdc.source import read_source
 from materializers.log.progress import Progress, checkpoint_dir, read_progress, write_progress
 from materializers.stores.registry import make_store
 

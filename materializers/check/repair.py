@@ -9,12 +9,12 @@ from collections.abc import Callable
 
 from psycopg import sql
 
+from cdc.capture.backfill import start_backfill, watch_backfill
 from cdc.catalog import Table
 from cdc.errors import BackfillError, CdcError, VerifyError
 from cdc.settings import Settings
 from materializers.check.verify import Drift, source_rows
 from materializers.stores.registry import make_store
-from snapshot.backfill import start_backfill, watch_backfill
 
 __all__ = ["backfill_keys", "key_filters", "repair", "repair_filters"]
 

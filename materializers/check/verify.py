@@ -26,12 +26,12 @@ import psycopg
 from psycopg import sql
 from psycopg.types.string import TextLoader
 
+from cdc.capture.masks import masked_value
+from cdc.capture.source import admin_connection
 from cdc.catalog import TRUNCATIONS_TABLE, Table
 from cdc.decode import parse_interval
 from cdc.errors import VerifyError
-from cdc.masks import masked_value
 from cdc.settings import JoinView, Settings
-from cdc.source import admin_connection
 from cdc.topics import CUT_MESSAGE_PREFIX, change_topic
 from materializers.log.keys import key_text
 from materializers.log.progress import Progress, read_progress
@@ -81,7 +81,7 @@ def normalize(value: Any) -> Any:
 
 
 def _selected(table: Table, name: str) -> sql.Composable:
-    """A column as the stores hold it: its value, or the masked text (cdc/masks.py)."""
+    """A column as the stores hold it: its value, or the masked text (cdc/capture/masks.py)."""
     masked = masked_value(table, name)
     if masked is None:
         return sql.Identifier(name)

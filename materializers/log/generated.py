@@ -19,7 +19,7 @@ values, or runs longer than EXPRESSION_TIMEOUT.
 The expressions are the table owner's code: they run as no one. The job connects as
 the replication role (never the administrator: the connection string travels to
 Spark's Python workers), in a read-only transaction, and evaluates them through
-cdc.role.EXPRESSIONS_FUNCTION, which runs them as a role without privileges.
+cdc.capture.role.EXPRESSIONS_FUNCTION, which runs them as a role without privileges.
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ import orjson
 import psycopg
 from psycopg import sql
 
+from cdc.capture.role import EXPRESSIONS_FUNCTION
+from cdc.capture.source import replication_dsn
 from cdc.catalog import Column, Table
 from cdc.decode import is_unavailable, placeholder_forms
 from cdc.errors import ConfigError, SourceUnavailableError, ValueDecodeError
 from cdc.postgres_text import postgres_text
-from cdc.role import EXPRESSIONS_FUNCTION
 from cdc.settings import Settings
-from cdc.source import replication_dsn
 from snapshot.encoding import column_json
 
 __all__ = ["computing_generated", "expressions_connection", "expressions_dsn", "with_generated"]

@@ -100,7 +100,7 @@ class Progress:
     # table -> its TRUNCATEs, [commit_lsn, lsn, commit time], oldest first (the last
     # MAX_CUTS): a version before one ends at the first after it (the warehouse's history)
     truncations: dict[str, list[list[int]]] = field(default_factory=dict)
-    generation: int = -1  # the last snapshot generation swept (snapshot/generation.py)
+    generation: int = -1  # the last snapshot generation swept (cdc/capture/generation.py)
     # the source's [system identifier, timeline] when the last batch was written
     source: list[Any] | None = None
     waiting: dict[str, Any] | None = None  # the store did not answer: reason, since_ms

@@ -36,7 +36,7 @@ from typing import Any
 
 import psycopg
 
-from cdc.connect import connect_client
+from cdc.capture.connect import connect_client
 from cdc.errors import CdcError
 from tests.chaos.stack import ChaosError, ChaosStack
 

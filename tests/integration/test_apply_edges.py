@@ -8,8 +8,8 @@ import psycopg
 import pytest
 import redis
 
+from cdc.capture.source import TRUNCATE_TRIGGER, TRUNCATIONS_TABLE
 from cdc.clients import kafka_client_kwargs
-from cdc.source import TRUNCATE_TRIGGER, TRUNCATIONS_TABLE
 from cdc.topics import change_topic, read_topic
 from commands.pipeline import drop_pipeline
 from materializers.apply.job import run_apply

@@ -10,9 +10,9 @@ import psycopg
 import pytest
 from rich.console import Console
 
+from cdc.capture.backfill import start_backfill, watch_backfill
 from cdc.errors import BackfillError
 from cdc.topics import change_topic, read_topic
-from snapshot.backfill import start_backfill, watch_backfill
 from snapshot.initial import run_snapshot
 from tests.conftest import Capture
 from tests.logcheck import events_by_key, poll, table_info, wait_until_equal

@@ -19,17 +19,17 @@ import psycopg
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
+from cdc.capture.backfill import start_backfill, watch_backfill
+from cdc.capture.role import replication_password
+from cdc.capture.source import admin_connection, captured_tables, prepare_source
 from cdc.catalog import describe_table
 from cdc.clients import kafka_client_kwargs
 from cdc.errors import SourceError
-from cdc.role import replication_password
 from cdc.settings import PipelineSettings, Settings
-from cdc.source import admin_connection, captured_tables, prepare_source
 from cdc.topics import change_topic
 from commands.pipeline import sync_pipeline
 from materializers.apply.job import run_apply
 from materializers.check.verify import verify
-from snapshot.backfill import start_backfill, watch_backfill
 from tests.conftest import Capture, RunningStack
 from tests.stores import stores
 

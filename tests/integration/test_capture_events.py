@@ -8,7 +8,7 @@ import uuid
 import psycopg
 import pytest
 
-from cdc.capture import connector_config, secret_reference, wait_slot_active
+from cdc.capture.connector import connector_config, secret_reference, wait_slot_active
 from cdc.components.connect import Connect
 from cdc.topics import wait_for_records
 from tests.conftest import RunningStack

@@ -16,10 +16,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from cdc.capture.backfill import start_backfill, watch_backfill
 from materializers.apply.job import run_apply
 from materializers.check.verify import verify
 from materializers.stores.warehouse.tables import history_path, warehouse_root
-from snapshot.backfill import start_backfill, watch_backfill
 from tests import stores
 from tests.conftest import Capture
 from tests.logcheck import table_info, wait_until_captured

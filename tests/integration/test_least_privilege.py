@@ -10,8 +10,8 @@ import pytest
 from psycopg import sql
 from pydantic import SecretStr
 
-from cdc.role import password_file
-from cdc.source import prepare_source, replication_dsn
+from cdc.capture.role import password_file
+from cdc.capture.source import prepare_source, replication_dsn
 from tests.conftest import Capture
 from tests.helpers import run_cdc
 

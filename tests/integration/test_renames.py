@@ -5,12 +5,12 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from cdc.capture.backfill import start_backfill
 from cdc.errors import SourceError
 from cdc.settings import Settings
 from cdc.topics import change_topic, read_topic
 from commands.pipeline import pipeline_status, sync_pipeline
 from materializers.apply.job import run_apply
-from snapshot.backfill import start_backfill
 from tests.conftest import Capture
 from tests.contents import (
     cache_contents,

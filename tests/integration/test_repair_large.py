@@ -21,8 +21,8 @@ import psycopg
 import pytest
 import redis
 
+from cdc.capture.source import signal_data_width, widen_signal_table
 from cdc.settings import Settings
-from cdc.source import signal_data_width, widen_signal_table
 from cdc.topics import change_topic, read_topic
 from tests.conftest import Capture, Captured, RunningStack
 from tests.helpers import ROOT, run_cdc

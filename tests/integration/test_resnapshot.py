@@ -18,8 +18,8 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from rich.console import Console
 
+from cdc.capture.connect import connect_client
 from cdc.clients import kafka_client_kwargs
-from cdc.connect import connect_client
 from cdc.settings import KafkaSettings, Settings
 from cdc.topics import change_topic
 from commands.pipeline import drop_pipeline

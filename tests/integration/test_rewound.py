@@ -13,10 +13,10 @@ import pytest
 import redis
 from kafka.admin import NewTopic
 
+from cdc.capture.source import timeline_forks
 from cdc.clients import kafka_admin, kafka_client_kwargs
 from cdc.errors import SourceError
 from cdc.settings import Settings
-from cdc.source import timeline_forks
 from cdc.topics import change_topic
 from materializers.log.progress import progress_file
 from tests.conftest import Capture, Captured

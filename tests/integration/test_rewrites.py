@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc.source import captured_tables
+from cdc.capture.source import captured_tables
 from materializers.apply.job import run_apply
 from materializers.check.verify import verify
 from tests.conftest import Capture

@@ -10,9 +10,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from cdc.connect import connect_client
-from cdc.role import replication_password
-from cdc.source import prepare_source
+from cdc.capture.connect import connect_client
+from cdc.capture.role import replication_password
+from cdc.capture.source import prepare_source
 from tests.conftest import Capture
 from tests.helpers import run_cdc
 

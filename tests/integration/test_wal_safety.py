@@ -25,8 +25,8 @@ import psycopg
 import pytest
 from rich.console import Console
 
+from cdc.capture.connect import connect_client
 from cdc.components.postgres import Postgres
-from cdc.connect import connect_client
 from cdc.settings import Settings
 from commands.pipeline import drop_pipeline
 from snapshot.initial import run_snapshot

@@ -13,14 +13,14 @@ import tomlkit
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc.capture import _java_regex_literal, pipeline_connector_config
+from cdc.capture.connector import _java_regex_literal, pipeline_connector_config
+from cdc.capture.masks import masked_value, transform_masks
+from cdc.capture.rewrites import rewrites, schema_of
+from cdc.capture.source import _member
 from cdc.catalog import Column, Table
 from cdc.errors import ConfigError
-from cdc.masks import masked_value, transform_masks
 from cdc.settings import Settings, load_settings
-from cdc.source import _member
 from snapshot.encoding import column_json
-from snapshot.rewrites import rewrites, schema_of
 from tests.unit.fuzzing import bounded, check_read
 
 

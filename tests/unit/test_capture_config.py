@@ -2,9 +2,14 @@ from __future__ import annotations
 
 import re
 
-from cdc.capture import connector_config, offset_reaches, pipeline_connector_config, start_offset
+from cdc.capture.connect import refusal, summarize_trace
+from cdc.capture.connector import (
+    connector_config,
+    offset_reaches,
+    pipeline_connector_config,
+    start_offset,
+)
 from cdc.catalog import Column, Table
-from cdc.connect import refusal, summarize_trace
 from cdc.settings import Settings
 
 
@@ -128,7 +133,7 @@ def test_debezium_s_producer_and_the_topics_it_makes_take_kafka_max_message_byte
 
 
 def test_a_task_stopped_by_an_event_too_large_says_what_to_raise() -> None:
-    from cdc.connect import too_large
+    from cdc.capture.connect import too_large
 
     trace = (
         "org.apache.kafka.connect.errors.ConnectException: Unrecoverable exception from "

@@ -86,10 +86,10 @@ def test_a_store_whose_first_batch_runs_shows_its_lag_from_the_snapshot(tmp_path
     import json
     import time
 
+    from cdc.capture.generation import generation_file
     from cdc.settings import Settings
     from commands.pipeline import _store_progress
     from materializers.log.progress import Progress, write_progress
-    from snapshot.generation import generation_file
 
     settings = Settings(data_dir=tmp_path)  # type: ignore[call-arg]
     ends = {"cdc.public.orders": {0: 12}}

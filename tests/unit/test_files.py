@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from cdc.capture.role import write_secret
 from cdc.components.opensearch import OpenSearch
 from cdc.components.postgres import Postgres
 from cdc.errors import ComponentError
 from cdc.files import write_file
 from cdc.process import ServiceUser, spawn
-from cdc.role import write_secret
 from cdc.settings import Settings, local_admin_password
 
 pytestmark = pytest.mark.skipif(

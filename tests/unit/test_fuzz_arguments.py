@@ -17,6 +17,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from cdc.capture.backfill import BackfillProgress, _check_filter_size, _follow, filter_problem
 from cdc.catalog import Column, Table, reserved_problem, resolve_tables
 from cdc.errors import BackfillError, CdcError, QueryError
 from cdc.settings import PipelineSettings, WindowAggregate
@@ -25,7 +26,6 @@ from materializers.apply.dead_letters import DeadLetter, _is_key, _letter
 from materializers.check.quality import duration_ms
 from materializers.check.query import key_json
 from materializers.stores.registry import check_store_names
-from snapshot.backfill import BackfillProgress, _check_filter_size, _follow, filter_problem
 from tests.unit.fuzzing import bounded, json_values
 
 

@@ -11,12 +11,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("cdc", "snapshot", "materializers", "commands")
 LOCAL_STACK = ("cdc.components", "cdc.stack", "cdc.process")
+CAPTURE = "cdc.capture"  # what makes the log: above the library's base, below the engines
 # floor -> the floors it may import
 MAY_IMPORT = {
     "library": {"library"},
-    "local stack": {"library", "local stack"},
-    "engines": {"library", "engines"},
-    "commands": {"library", "local stack", "engines", "commands"},
+    "capture": {"library", "capture"},
+    "local stack": {"library", "capture", "local stack"},
+    "engines": {"library", "capture", "engines"},
+    "commands": {"library", "capture", "local stack", "engines", "commands"},
 }
 
 
@@ -27,6 +29,8 @@ def floor(module: str) -> str:
         return "engines"
     if any(module == m or module.startswith(m + ".") for m in LOCAL_STACK):
         return "local stack"
+    if module == CAPTURE or module.startswith(CAPTURE + "."):
+        return "capture"
     return "library"
 
 

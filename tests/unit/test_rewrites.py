@@ -1,9 +1,9 @@
-"""Which DDL changes stored values without a change event (snapshot/rewrites.py)."""
+"""Which DDL changes stored values without a change event (cdc/capture/rewrites.py)."""
 
 from __future__ import annotations
 
+from cdc.capture.rewrites import rewrites, schema_of
 from cdc.catalog import Column, Table
-from snapshot.rewrites import rewrites, schema_of
 
 
 def table(*columns: tuple[str, str, bool]) -> Table:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from cdc.capture.backfill import BackfillProgress, _apply
+from cdc.capture.slot import int_to_lsn, lsn_to_int
 from cdc.catalog import Column, Table
 from cdc.decode import UNAVAILABLE, Interval, decode_row, decode_value, parse_interval
-from snapshot.backfill import BackfillProgress, _apply
-from snapshot.encoding import int_to_lsn, lsn_to_int
 from snapshot.initial import ctid_ranges
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from cdc.capture import connector_config
+from cdc.capture.connector import connector_config
 from cdc.errors import ConfigError
 from cdc.settings import load_settings
 

@@ -8,14 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from cdc.catalog import Column, Table
-from cdc.decode import Interval
-from materializers.check.repair import REPAIR_FILTER_CHARS, _key_filter, key_filters, repair_filters
-from materializers.check.verify import Drift, _compare
-from materializers.log.keys import key_text, store_key_text
-from materializers.stores.cache import cache_form
-from materializers.stores.warehouse.store import any_of, warehouse_value
-from snapshot.backfill import (
+from cdc.capture.backfill import (
     MAX_FILTER_CHARS,
     BackfillError,
     BackfillProgress,
@@ -24,6 +17,13 @@ from snapshot.backfill import (
     _note,
     filter_chars,
 )
+from cdc.catalog import Column, Table
+from cdc.decode import Interval
+from materializers.check.repair import REPAIR_FILTER_CHARS, _key_filter, key_filters, repair_filters
+from materializers.check.verify import Drift, _compare
+from materializers.log.keys import key_text, store_key_text
+from materializers.stores.cache import cache_form
+from materializers.stores.warehouse.store import any_of, warehouse_value
 
 
 def col(name: str, base: str, array: bool = False) -> Column:

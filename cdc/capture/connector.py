@@ -9,13 +9,13 @@ from typing import Any
 
 import psycopg
 
+from cdc.capture.connect import ConnectClient, connect_client
+from cdc.capture.masks import MASK_TRANSFORM, read_salt, transform_masks
+from cdc.capture.role import replication_password, write_secret
+from cdc.capture.source import HEARTBEAT_TABLE, SIGNAL_TABLE, admin_connection
 from cdc.catalog import DEBEZIUM_PLACEHOLDER, TRUNCATIONS_TABLE, Table, pipeline_placeholder
-from cdc.connect import ConnectClient, connect_client
 from cdc.errors import ConnectorError
-from cdc.masks import MASK_TRANSFORM, read_salt, transform_masks
-from cdc.role import replication_password, write_secret
 from cdc.settings import Settings
-from cdc.source import HEARTBEAT_TABLE, SIGNAL_TABLE, admin_connection
 from cdc.topics import CUT_MESSAGE_PREFIX, change_topic, notification_topic
 
 __all__ = [

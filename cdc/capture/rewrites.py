@@ -180,7 +180,7 @@ def _backfill(settings: Settings, table: Table, why: str, notify: Callable[[str]
     if not settings.apply.backfill_rewritten_tables:
         notify(f"{table.qualified}: {why}, which emits no change events: run `{command}`")
         return True
-    from snapshot.backfill import start_backfill
+    from cdc.capture.backfill import start_backfill
 
     try:
         start_backfill(settings, table.qualified)

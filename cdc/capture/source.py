@@ -21,6 +21,16 @@ from typing import Any
 import psycopg
 from psycopg import errors, sql
 
+from cdc.capture.masks import read_salt, salt_statement
+from cdc.capture.role import (
+    EXPRESSIONS_FUNCTION,
+    expression_grants,
+    grant_statement,
+    publication_comment,
+    replication_password,
+    role_statements,
+    sync_grants,
+)
 from cdc.catalog import (
     OWN_SCHEMA,
     TRUNCATIONS_TABLE,
@@ -37,16 +47,6 @@ from cdc.catalog import (
 )
 from cdc.errors import SourceError, SourceUnavailableError
 from cdc.identity import placeholder_statement, record_captured
-from cdc.masks import read_salt, salt_statement
-from cdc.role import (
-    EXPRESSIONS_FUNCTION,
-    expression_grants,
-    grant_statement,
-    publication_comment,
-    replication_password,
-    role_statements,
-    sync_grants,
-)
 from cdc.settings import PROJECT_ROOT, Settings
 from cdc.topics import check_names_apart
 

@@ -22,9 +22,36 @@ from typing import Any
 import psycopg
 
 from cdc.errors import SourceError
-from snapshot.encoding import SnapshotPoint, lsn_to_int
 
-__all__ = ["InFlight", "drop_slot", "exported_snapshot", "slot_lost", "slot_state"]
+__all__ = [
+    "InFlight",
+    "SnapshotPoint",
+    "drop_slot",
+    "exported_snapshot",
+    "int_to_lsn",
+    "lsn_to_int",
+    "slot_lost",
+    "slot_state",
+]
+
+
+@dataclass(frozen=True)
+class SnapshotPoint:
+    """Where the snapshot sits in the log: the slot's consistent point, and when it was taken."""
+
+    lsn: int
+    ts_ms: int
+    snapshot_name: str
+
+
+def int_to_lsn(value: int) -> str:
+    return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
+
+
+def lsn_to_int(lsn: str) -> int:
+    """'16/B374D848' -> the 64-bit WAL position Debezium writes as source.lsn."""
+    high, low = lsn.split("/")
+    return (int(high, 16) << 32) | int(low, 16)
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,8 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 from psycopg import sql
 
-from cdc.clients import kafka_client_kwargs
-from cdc.connect import connect_client
-from cdc.errors import BackfillError
-from cdc.filters import filter_problem
-from cdc.settings import Settings
-from cdc.source import (
+from cdc.capture.connect import connect_client
+from cdc.capture.source import (
     SIGNAL_LOCK_TIMEOUT,
     SIGNAL_TABLE,
     admin_connection,
@@ -34,6 +30,10 @@ from cdc.source import (
     signal_data_width,
     widen_signal_table,
 )
+from cdc.clients import kafka_client_kwargs
+from cdc.errors import BackfillError
+from cdc.filters import filter_problem
+from cdc.settings import Settings
 from cdc.topics import notification_topic
 
 __all__ = [
@@ -82,7 +82,7 @@ def send_signal(settings: Settings, kind: str, data: dict[str, Any] | None) -> s
     """Write a signal to Debezium's signal table; returns its id.
 
     A signal table from before, whose data column is too short for this signal, is
-    widened to text first (cdc.source.widen_signal_table).
+    widened to text first (cdc.capture.source.widen_signal_table).
     """
     signal_id = str(uuid.uuid4())
     text = json.dumps(data) if data is not None else None
@@ -232,7 +232,7 @@ def _end_offset(settings: Settings) -> int:
     consumer = _consumer(settings)
     try:
         tp = TopicPartition(notification_topic(settings.pipeline), 0)
-        return consumer.end_offsets([tp])[tp]
+        return int(consumer.end_offsets([tp])[tp])
     except KafkaError as exc:
         raise BackfillError(
             f"cannot read the notification topic {notification_topic(settings.pipeline)} ({exc}): "
