@@ -21,7 +21,7 @@ from cdc.clients import kafka_jaas_config, kafka_java_config
 from cdc.errors import INSTALL_HINT, NotInstalledError
 from cdc.files import write_file
 from cdc.settings import SECRET_KEY, Settings
-from cdc.state import prepare_job_state
+from cdc.state_folders import prepare_job_state
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

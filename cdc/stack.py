@@ -5,7 +5,7 @@ Start order: PostgreSQL, Kafka, OpenSearch and Redis are launched together
 If any component fails, every component this call started is stopped again.
 
 A purge removes, under data_dir only, the folders `cdc` made (each carries the
-marker of cdc/state.py): the managed components' state and the pipelines' state
+marker of cdc/state_folders.py): the managed components' state and the pipelines' state
 (checkpoints, Spark's folder, a warehouse under data_dir). A folder without the
 marker, a symbolic link, or anything outside data_dir is left, and said so.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 from cdc.components import Component, ComponentStatus, Connect, Kafka, OpenSearch, Postgres, Redis
 from cdc.errors import ComponentError
 from cdc.settings import Settings
-from cdc.state import MARKER, PIPELINE_STATE, inside, is_marked, local_warehouse
+from cdc.state_folders import MARKER, PIPELINE_STATE, inside, is_marked, local_warehouse
 
 __all__ = ["PurgePlan", "Stack"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from cdc.clients import kafka_client_kwargs
 from cdc.settings import Settings
-from cdc.state import make_state_dir
+from cdc.state_folders import make_state_dir
 
 __all__ = ["Generation", "generation_file", "read_generation", "record_generation"]
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from cdc.catalog import Table
 from cdc.settings import Settings
-from cdc.state import make_state_dir
+from cdc.state_folders import make_state_dir
 
 __all__ = ["check_rewrites", "record_schemas", "rewrites", "schema_of", "schemas_file"]
 

@@ -29,7 +29,7 @@ from pydantic import SecretStr
 from cdc.catalog import OWN_SCHEMA, TRUNCATIONS_TABLE
 from cdc.files import private_folder, write_file
 from cdc.settings import Settings
-from cdc.state import make_state_dir
+from cdc.state_folders import make_state_dir
 
 __all__ = [
     "EXPRESSIONS_FUNCTION",

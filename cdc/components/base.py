@@ -13,7 +13,7 @@ from typing import Any
 from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError, PortInUseError
 from cdc.process import ServiceUser, port_free, read_pid, spawn, stop_pid, wait_for
 from cdc.settings import Settings
-from cdc.state import make_state_dir
+from cdc.state_folders import make_state_dir
 
 __all__ = ["Component", "ComponentStatus"]
 

@@ -20,7 +20,7 @@ from cdc.capture.source import captured_tables
 from cdc.clients import kafka_client_kwargs
 from cdc.errors import StoreUnavailableError
 from cdc.settings import KafkaSettings, Settings
-from cdc.state import make_state_dir
+from cdc.state_folders import make_state_dir
 from cdc.topics import change_topic, dead_letter_topic
 from materializers.log.progress import checkpoint_dir
 

@@ -19,11 +19,9 @@ from cdc.catalog import TRUNCATIONS_TABLE, Column, Table
 from cdc.decode import decode_value
 from cdc.settings import JoinView, Settings
 from cdc.topics import ChangeRecord, change_topic, read_topic, thinned
-from materializers.log.position import event_position
+from materializers.log.position import Position, event_position
 
 __all__ = ["Version", "enrich", "enrichment_drift"]
-
-Position = tuple[int, int]
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,10 @@ from cdc.catalog import Column, Table
 from cdc.decode import decode_value
 from cdc.settings import JoinView, WindowAggregate, duration_ms
 from cdc.topics import ChangeRecord
-from materializers.log.position import event_position
+from materializers.log.position import Position, event_position
 
 __all__ = [
-    "Event",
+    "LoggedChange",
     "compare_due",
     "events_of",
     "first_ends",
@@ -31,12 +31,11 @@ __all__ = [
     "sliding_windows",
 ]
 
-Position = tuple[int, int]
 NOW = -(2**62)  # due at once: written when read
 
 
 @dataclass(frozen=True)
-class Event:
+class LoggedChange:
     """A change in the log: its position, commit time (ms) and decoded values."""
 
     at: Position
@@ -46,7 +45,7 @@ class Event:
 
 def events_of(
     records: Iterable[ChangeRecord], table: Table, columns: list[str], ops: tuple[str, ...]
-) -> list[Event]:
+) -> list[LoggedChange]:
     """The changes of `ops` in `records`, each (key, LSN) once (the connector may send
     one twice), with `columns` decoded from the row after the change."""
     seen: set[tuple[bytes | None, Any]] = set()
@@ -62,7 +61,7 @@ def events_of(
         seen.add((record.key_bytes, source.get("lsn")))
         after = value.get("after") or {}
         decoded = {c: decode_value(table.column(c), after.get(c)) for c in columns}
-        out.append(Event(at, int(source["ts_ms"]), decoded))
+        out.append(LoggedChange(at, int(source["ts_ms"]), decoded))
     return out
 
 
@@ -72,7 +71,7 @@ def _total(values: list[Any]) -> Any:
 
 
 def sliding_windows(
-    created: list[Event], width_ms: int, amount: str | None
+    created: list[LoggedChange], width_ms: int, amount: str | None
 ) -> dict[int, tuple[tuple[int, Any], int]]:
     """Per distinct commit time E of a creation: (rows, total) of the creations from
     E - width to E (both included), due at E + width: Spark's join of the ends with
@@ -87,17 +86,17 @@ def sliding_windows(
 
 
 def session_windows(
-    created: list[Event], gap_ms: int, group: str | None, amount: str | None
+    created: list[LoggedChange], gap_ms: int, group: str | None, amount: str | None
 ) -> dict[tuple[Any, int], tuple[tuple[int, int, Any], int]]:
     """Per (group value, session start): (end, rows, total), due at its end: creations
     of a group less than `gap` apart are one session; it ends `gap` after its last."""
-    by_group: dict[Any, list[Event]] = {}
+    by_group: dict[Any, list[LoggedChange]] = {}
     for e in created:
         by_group.setdefault(e.values.get(group) if group else None, []).append(e)
     out = {}
     for value, events in by_group.items():
         events.sort(key=lambda e: e.ms)
-        runs: list[list[Event]] = [[events[0]]]
+        runs: list[list[LoggedChange]] = [[events[0]]]
         for e in events[1:]:
             if e.ms - runs[-1][-1].ms < gap_ms:
                 runs[-1].append(e)
@@ -111,8 +110,8 @@ def session_windows(
 
 
 def first_ends(
-    starts: list[Event],
-    ends: list[Event],
+    starts: list[LoggedChange],
+    ends: list[LoggedChange],
     key: str,
     link: str,
     within_ms: int,
@@ -122,7 +121,7 @@ def first_ends(
     holds the start's key, after it, committed from the start's time to `within` later:
     (its commit time, carried values...), due at once; without one, (None, None...),
     due `within` after the start."""
-    by_link: dict[Any, list[Event]] = {}
+    by_link: dict[Any, list[LoggedChange]] = {}
     for e in sorted(ends, key=lambda e: e.at):
         by_link.setdefault(e.values.get(link), []).append(e)
     out = {}

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc.settings import Settings
-from cdc.state import make_state_dir
+from cdc.state_folders import make_state_dir
 from materializers.log.position import Position
 
 __all__ = [

@@ -13,7 +13,7 @@ import pytest
 
 from cdc.process import alive
 from cdc.stack import Stack
-from cdc.state import MARKER
+from cdc.state_folders import MARKER
 from tests.conftest import settings_for, stack_env
 from tests.helpers import run_cdc
 

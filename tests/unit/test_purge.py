@@ -14,7 +14,7 @@ import pytest
 
 from cdc.settings import Settings
 from cdc.stack import Stack
-from cdc.state import MARKER, make_state_dir, prepare_job_state
+from cdc.state_folders import MARKER, make_state_dir, prepare_job_state
 from tests.helpers import ROOT, run_cdc
 
 

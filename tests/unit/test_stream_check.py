@@ -5,7 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from materializers.check.stream_check import (
-    Event,
+    LoggedChange,
     compare_due,
     first_ends,
     session_windows,
@@ -13,8 +13,8 @@ from materializers.check.stream_check import (
 )
 
 
-def event(ms: int, at: int, **values: object) -> Event:
-    return Event((at, at), ms, dict(values))
+def event(ms: int, at: int, **values: object) -> LoggedChange:
+    return LoggedChange((at, at), ms, dict(values))
 
 
 def test_a_sliding_window_ends_at_each_creation_time_and_holds_its_width() -> None:
