@@ -351,15 +351,12 @@ def history_checks(spark: Any, root: str, table: Table, live: Any) -> list[Check
     one pass: each key's newest version, and only it, is marked newest; at most one
     version per key is open; every live row's version is open; no version ends before
     it begins."""
-    from delta.tables import DeltaTable
-
     from materializers.stores.warehouse.history import NEWEST
-    from materializers.stores.warehouse.tables import history_path
+    from materializers.stores.warehouse.tables import delta_frame, history_path
 
-    path = history_path(root, table.qualified)
-    if not DeltaTable.isDeltaTable(spark, path):
+    history = delta_frame(spark, history_path(root, table.qualified))
+    if history is None:
         return [Check(table.qualified, "history exists", None, False, "no Delta table")]
-    history = spark.read.format("delta").load(path)
     keys = [q(k) for k in table.key]
     position = "struct(coalesce(_cdc_commit_lsn, -1), coalesce(_cdc_lsn, -1))"
     newest = NEWEST in history.columns  # (a history not yet rewritten by `cdc apply` has none)
@@ -527,19 +524,13 @@ def _held_rows(
     settings: Settings, view: JoinView | WindowAggregate, tables: dict[str, Table]
 ) -> dict[Any, Any]:
     """The view's rows, keyed and valued as stream_check.expected_rows makes them."""
-    from delta.tables import DeltaTable
-
-    from cdc.spark import spark_session
     from materializers.log.typed import quoted as q
     from materializers.stores.warehouse.store import warehouse_value
-    from materializers.stores.warehouse.tables import warehouse_root
-    from materializers.stores.warehouse.views import view_path
+    from materializers.stores.warehouse.tables import view_frame
 
-    spark = spark_session(settings, "cdc-verify")
-    path = view_path(warehouse_root(settings), view.name)
-    if not DeltaTable.isDeltaTable(spark, path):
+    frame = view_frame(settings, view.name)
+    if frame is None:
         return {}
-    frame = spark.read.format("delta").load(path)
 
     def ms(column: str) -> str:
         return f"unix_millis({column}) AS {column}_ms"
@@ -586,16 +577,14 @@ def _held_rows(
 def enrichment_check(settings: Settings, join: JoinView, tables: dict[str, Table]) -> Check:
     """A stream-table join against its events enriched again from the change log, once
     the warehouse has applied every change committed before now."""
-    from cdc.spark import spark_session
     from materializers.check.enrichment_check import enrichment_drift
     from materializers.check.verify import consistent_cut
     from materializers.stores.warehouse.store import warehouse_value
-    from materializers.stores.warehouse.tables import warehouse_root
-    from materializers.stores.warehouse.views import view_path
+    from materializers.stores.warehouse.tables import view_frame
 
     stream, referenced = tables[join.table], tables[join.references]
     consistent_cut(settings, [stream, referenced], ["warehouse"], 120.0)
-    spark = spark_session(settings, "cdc-verify")
+    frame = view_frame(settings, join.name)
     carried = [referenced.column(c) for c in join.columns]
     held = {
         (
@@ -603,10 +592,7 @@ def enrichment_check(settings: Settings, join: JoinView, tables: dict[str, Table
             row["_cdc_commit_lsn"],
             row["_cdc_lsn"],
         ): tuple(warehouse_value(c, row[join.column_prefix + c.name]) for c in carried)
-        for batch in spark.read.format("delta")
-        .load(view_path(warehouse_root(settings), join.name))
-        .toArrow()
-        .to_batches()
+        for batch in (frame.toArrow().to_batches() if frame is not None else [])
         for row in batch.to_pylist()
     }
     ok, detail = enrichment_drift(settings, join, tables, held, warehouse_value)
@@ -716,17 +702,11 @@ def _window_form(counted: Any) -> Any:
 
 
 def _window_rows(settings: Settings, window: WindowAggregate) -> dict[int, tuple[int, Any]]:
-    from delta.tables import DeltaTable
+    from materializers.stores.warehouse.tables import view_frame
 
-    from cdc.spark import spark_session
-    from materializers.stores.warehouse.tables import warehouse_root
-    from materializers.stores.warehouse.views import view_path
-
-    spark = spark_session(settings, "cdc-verify")
-    path = view_path(warehouse_root(settings), window.name)
-    if not DeltaTable.isDeltaTable(spark, path):
+    frame = view_frame(settings, window.name)
+    if frame is None:
         return {}
-    frame = spark.read.format("delta").load(path)
     return {
         int(r["start_ms"]): (r["rows"], r["total"])
         for r in frame.selectExpr(
