@@ -488,7 +488,7 @@ class IcebergPublisher:
         manifest lists and manifests only they used (the data files are Delta's, to
         remove with Delta's VACUUM; older Iceberg metadata files go as Iceberg's
         write.metadata.previous-versions-max says)."""
-        table.refresh()
+        # (the table the transaction committed holds its new metadata: no read again)
         snapshots = sorted(table.snapshots(), key=lambda s: s.sequence_number)
         old, kept = snapshots[:-KEEP_SNAPSHOTS], snapshots[-KEEP_SNAPSHOTS:]
         if len(old) < KEEP_SNAPSHOTS:  # each expiry is a commit of its own: seldom
