@@ -5,7 +5,7 @@
 
 Needs the local stack (`cdc up`). Takes the snapshot of a 1,000-row table of its own,
 runs `cdc apply` for the stores in this process, and times each phase of every
-micro-batch the driver runs (the functions of materializers/apply/job.py it calls, wrapped
+micro-batch the driver runs (the functions of materializers/apply/batch.py it calls, wrapped
 with a clock: the source's catalog, the schema-change check, the progress record, the
 log's end offsets, and the rest of the batch, which is Spark's job and the store's
 writes), with the Spark jobs each batch ran. First idle for --seconds (no change at
@@ -37,6 +37,7 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import materializers.apply.batch as batch_module
 import materializers.apply.job as apply
 from bench.common import ResourceSampler, bench_settings, cleanup, record, trigger_durations
 from cdc.settings import Settings, load_settings
@@ -44,7 +45,7 @@ from snapshot.initial import run_snapshot
 
 TABLE = "public.batch_cost"
 ROWS = 1000
-# the driver-side functions one micro-batch calls (materializers/apply/job.py's names)
+# the driver-side functions one micro-batch calls (materializers/apply/batch.py's names)
 PHASES = (
     "check_rewrites",
     "with_generated",
@@ -106,12 +107,12 @@ class Clock:
 def instrument(clock: Clock) -> None:
     """Wrap the apply job's driver-side calls with the clock (before it starts)."""
     for phase in PHASES:
-        setattr(apply, phase, clock.wrap(phase, getattr(apply, phase)))
-    source = apply.SourceReader.read
-    apply.SourceReader.read = clock.wrap("read_source", source)  # type: ignore[method-assign]
-    ends = apply._EndOffsets.check_not_rewound
-    apply._EndOffsets.check_not_rewound = clock.wrap("log end offsets", ends)  # type: ignore[method-assign]
-    make_writer = apply._batch_writer
+        setattr(batch_module, phase, clock.wrap(phase, getattr(batch_module, phase)))
+    source = batch_module.SourceReader.read
+    batch_module.SourceReader.read = clock.wrap("read_source", source)  # type: ignore[method-assign]
+    ends = batch_module.EndOffsets.check_not_rewound
+    batch_module.EndOffsets.check_not_rewound = clock.wrap("log end offsets", ends)  # type: ignore[method-assign]
+    make_writer = batch_module.BatchWriter
 
     def batch_writer(settings: Settings, store: Any, *args: Any) -> Callable[[Any, int], None]:
         write = make_writer(settings, store, *args)
@@ -132,7 +133,7 @@ def instrument(clock: Clock) -> None:
 
         return timed
 
-    apply._batch_writer = batch_writer  # type: ignore[assignment]
+    apply.BatchWriter = batch_writer  # type: ignore[assignment,misc]
 
 
 class Publications:

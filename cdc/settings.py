@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     PositiveFloat,
     SecretStr,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
@@ -445,166 +447,280 @@ def duration_ms(text: str) -> int:
     return int(count) * _UNIT_MS[unit.rstrip("s")]
 
 
-class JoinView(BaseModel):
-    """A table joined with the table one of its columns references, kept in the warehouse.
+# the settings that belong to one kind of view only, and that kind (the first named when
+# several have it): a view of another kind naming one is told where it belongs
+_KIND_OF_FIELD = {
+    "when": "stream_stream",
+    "within": "stream_stream",
+    "slide": "hopping",
+    "gap": "session",
+    "group_by": "session",
+    "watermark": "stream_stream",
+}
 
-    kind `table` (a table-table join): each row of `table` with `columns` of the
-    `references` row whose primary key equals its `on` column (NULLs when there is
-    none), named `<prefix><column>`. A change on either side updates the joined rows.
 
-    kind `stream_table` (an enrichment): each row ever inserted into `table` (an event:
-    it stays when the row is later changed or deleted) with `columns` of the
-    `references` row as it was when the insert committed, at the insert's position in
-    the source: a later change of the referenced row never rewrites it.
-
-    kind `stream_stream` (two streams within a window): each row inserted into `table`
-    (the start) with the first later change of a `references` row whose `on` column
-    holds the start's key and whose values match `when` (the end), committed at most
-    `within` after the start; a start with no end within is kept as such once the
-    watermark has passed its window. `references` may be `table` itself (on = its key).
-    """
+class _ViewSettings(BaseModel):
+    """What every derived view has: a name, the table it reads, its kind."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: ViewName
-    kind: Literal["table", "stream_table", "stream_stream"] = Field(
-        "table",
-        description="table: the rows joined with the referenced rows as they are now; "
-        "stream_table: each insert joined with the referenced row as of its commit; "
-        "stream_stream: each insert with the first matching change `within` after it",
-    )
     table: QualifiedTable
+    kind: str
+
+    @property
+    def sides(self) -> tuple[str, ...]:
+        """The captured tables it reads."""
+        return (self.table,)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fields_of_other_kinds(cls, data: Any) -> Any:
+        """A setting of another kind of view is refused with the kind it is for."""
+        if not isinstance(data, dict):
+            return data
+        what = "join" if issubclass(cls, JoinSettings) else "window"
+        (kind,) = get_args(cls.model_fields["kind"].annotation)
+        kept = {}
+        for name, value in data.items():
+            if name in cls.model_fields:
+                kept[name] = value
+            elif name == "window" and kind == "session":
+                if value != "1 minute":  # (the default, as a dump of an older version holds it)
+                    raise ValueError(
+                        f"window {data.get('name')} is a session window: it has a gap, not a window"
+                    )
+            elif name in _KIND_OF_FIELD and value not in (None, {}, []):
+                raise ValueError(
+                    f"{what} {data.get('name')} is {kind}: {name} is for "
+                    f'kind = "{_KIND_OF_FIELD[name]}"'
+                )
+            elif name not in _KIND_OF_FIELD:
+                kept[name] = value  # refused as unknown
+        return kept
+
+
+class JoinSettings(_ViewSettings):
+    """A table joined with the table one of its columns references, kept in the warehouse."""
+
     references: QualifiedTable
-    on: str = Field(
-        description="the column of `table` holding the referenced primary key "
-        "(stream_stream: the column of `references` holding `table`'s key)"
-    )
+    on: str = Field(description="the column of `table` holding the referenced primary key")
     columns: list[str] = Field(
-        default_factory=list, description="the referenced table's columns (the end's)"
+        default_factory=list, description="the referenced table's columns to carry"
     )
-    prefix: str | None = Field(
-        None, description="default: `on` without _id, then _ (stream_stream: end_)"
-    )
-    when: dict[str, list[str]] = Field(
-        default_factory=dict,
-        description="stream_stream: the end's columns and the values (as text) one of "
-        'which each must hold, e.g. {status = ["shipped", "cancelled"]}',
-    )
-    within: str | None = Field(
-        None, pattern=_DURATION, description="stream_stream: the longest start-to-end time"
-    )
-    watermark: str = Field(
-        "10 minutes",
-        pattern=_DURATION,
-        description="stream_stream: how late an event may come (older ones are counted, "
-        "not joined)",
-    )
+    prefix: str | None = Field(None, description="default: `on` without _id, then _")
+
+    @property
+    def sides(self) -> tuple[str, ...]:
+        return (self.table, self.references)
 
     @property
     def column_prefix(self) -> str:
         if self.prefix is not None:
             return self.prefix
-        if self.kind == "stream_stream":
-            return "end_"
         return self.on.removesuffix("_id") + "_"
 
     @model_validator(mode="after")
-    def _check_kind(self) -> JoinView:
-        streams = self.kind == "stream_stream"
-        if streams and self.within is None:
-            raise ValueError(f'join {self.name} is stream_stream: set within (e.g. "30 minutes")')
-        if not streams:
-            given = [f for f in ("when", "within") if getattr(self, f)]
-            if given:
-                raise ValueError(
-                    f"join {self.name} is {self.kind}: {', '.join(given)} is for "
-                    'kind = "stream_stream"'
-                )
-            if not self.columns:
-                raise ValueError(f"join {self.name}: name at least one column to carry")
+    def _carries_a_column(self) -> JoinSettings:
+        if not self.columns:
+            raise ValueError(f"join {self.name}: name at least one column to carry")
+        return self
+
+
+class TableJoin(JoinSettings):
+    """kind `table` (a table-table join): each row of `table` with `columns` of the
+    `references` row whose primary key equals its `on` column (NULLs when there is
+    none), named `<prefix><column>`. A change on either side updates the joined rows."""
+
+    kind: Literal["table"] = "table"
+
+
+class StreamTableJoin(JoinSettings):
+    """kind `stream_table` (an enrichment): each row ever inserted into `table` (an
+    event: it stays when the row is later changed or deleted) with `columns` of the
+    `references` row as it was when the insert committed, at the insert's position in
+    the source: a later change of the referenced row never rewrites it."""
+
+    kind: Literal["stream_table"]
+
+
+class StreamStreamJoin(JoinSettings):
+    """kind `stream_stream` (two streams within a window): each row inserted into
+    `table` (the start) with the first later change of a `references` row whose `on`
+    column holds the start's key and whose values match `when` (the end), committed at
+    most `within` after the start; a start with no end within is kept as such once the
+    watermark has passed its window. `references` may be `table` itself (on = its key)."""
+
+    kind: Literal["stream_stream"]
+    on: str = Field(description="the column of `references` holding `table`'s key")
+    prefix: str | None = Field(None, description="default: end_")
+    when: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="the end's columns and the values (as text) one of which each must "
+        'hold, e.g. {status = ["shipped", "cancelled"]}',
+    )
+    within: str = Field(pattern=_DURATION, description="the longest start-to-end time")
+    watermark: str = Field(
+        "10 minutes",
+        pattern=_DURATION,
+        description="how late an event may come (older ones are counted, not joined)",
+    )
+
+    @property
+    def column_prefix(self) -> str:
+        return "end_" if self.prefix is None else self.prefix
+
+    @model_validator(mode="before")
+    @classmethod
+    def _within_given(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("within") is None:
+            raise ValueError(
+                f'join {data.get("name")} is stream_stream: set within (e.g. "30 minutes")'
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _carries_a_column(self) -> StreamStreamJoin:  # an end may carry nothing
         for column, values in self.when.items():
             if not values:
                 raise ValueError(f"join {self.name}: when.{column} names no value")
         return self
 
 
-class WindowAggregate(BaseModel):
-    """Rows created in `table` per window of commit time, and the sum of a column.
-
-    kind `tumbling`: windows of `window` one after the other; `hopping`: windows of
-    `window` starting every `slide` (an event is in each window that holds its time);
-    `sliding`: one window ending at each creation's commit time, holding the creations
-    of the `window` up to it (both ends included); `session`: per value of `group_by`,
-    creations less than `gap` apart (a session ends `gap` after its last creation).
-    A Structured Streaming aggregation with a watermark: an event whose commit time is
+class WindowSettings(_ViewSettings):
+    """Rows created in `table` per window of commit time, and the sum of a column: a
+    Structured Streaming aggregation with a watermark. An event whose commit time is
     older than the newest commit time seen minus `watermark` is too late and not
-    counted (`cdc status` shows how many were). Sliding windows and sessions are kept
-    once the watermark has passed their end; tumbling and hopping windows as they fill.
-    """
+    counted (`cdc status` shows how many were)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: ViewName
-    table: QualifiedTable
-    kind: Literal["tumbling", "hopping", "sliding", "session"] = "tumbling"
     sum: str | None = Field(None, description="a numeric column to add up")
-    window: str = Field(
-        "1 minute", pattern=_DURATION, description="tumbling, hopping, sliding: its length"
-    )
-    slide: str | None = Field(
-        None, pattern=_DURATION, description="hopping: how often a window starts"
-    )
-    gap: str | None = Field(
-        None, pattern=_DURATION, description="session: the quiet time that ends a session"
-    )
-    group_by: str | None = Field(
-        None, description="session: the column whose values have sessions of their own"
-    )
     watermark: str = Field("10 minutes", pattern=_DURATION)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_window_for_sessions(cls, data: Any) -> Any:
-        """A session window has a gap, not a window (a settings file naming one is
-        wrong; a window at its default, as a dump holds it, is not)."""
-        if isinstance(data, dict) and data.get("kind") == "session":
-            window = data.get("window")
-            if window is not None and window != "1 minute":
-                raise ValueError(
-                    f"window {data.get('name')} is a session window: it has a gap, not a window"
-                )
-        return data
-
-    @model_validator(mode="after")
-    def _check_kind(self) -> WindowAggregate:
-        kind, name = self.kind, self.name
-        if kind != "hopping" and self.slide is not None:
-            raise ValueError(f'window {name} is {kind}: a slide is for kind = "hopping"')
-        if kind != "session" and (self.gap is not None or self.group_by is not None):
-            raise ValueError(f'window {name} is {kind}: gap and group_by are for kind = "session"')
-        if kind == "hopping":
-            if self.slide is None:
-                raise ValueError(f"window {name} is hopping: set its slide")
-            if not 0 < duration_ms(self.slide) < duration_ms(self.window):
-                raise ValueError(
-                    f"window {name}: slide {self.slide} must be shorter than its "
-                    f"window {self.window} (and not 0)"
-                )
-        if kind == "session":
-            if self.gap is None or duration_ms(self.gap) == 0:
-                raise ValueError(
-                    f'window {name} is a session window: set its gap (e.g. "10 minutes")'
-                )
-        elif duration_ms(self.window) == 0:
-            raise ValueError(f"window {name}: its window must be longer than 0")
-        return self
 
     @property
     def key(self) -> list[str]:
         """The columns that name one window in its table."""
-        if self.kind == "session":
-            return [*([self.group_by] if self.group_by else []), "window_start"]
-        return ["window_end"] if self.kind == "sliding" else ["window_start"]
+        return ["window_start"]
+
+
+class _Sized(WindowSettings):
+    window: str = Field("1 minute", pattern=_DURATION, description="its length")
+
+    @property
+    def step(self) -> str:
+        """How often a window starts."""
+        return self.window
+
+    @model_validator(mode="after")
+    def _longer_than_zero(self) -> _Sized:
+        if duration_ms(self.window) == 0:
+            raise ValueError(f"window {self.name}: its window must be longer than 0")
+        return self
+
+
+class TumblingWindow(_Sized):
+    """kind `tumbling`: windows of `window` one after the other, kept as they fill."""
+
+    kind: Literal["tumbling"] = "tumbling"
+
+
+class HoppingWindow(_Sized):
+    """kind `hopping`: windows of `window` starting every `slide` (an event is in each
+    window that holds its time), kept as they fill."""
+
+    kind: Literal["hopping"]
+    slide: str = Field(pattern=_DURATION, description="how often a window starts")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _slide_given(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("slide") is None:
+            raise ValueError(f"window {data.get('name')} is hopping: set its slide")
+        return data
+
+    @property
+    def step(self) -> str:
+        return self.slide
+
+    @model_validator(mode="after")
+    def _shorter_slide(self) -> HoppingWindow:
+        if not 0 < duration_ms(self.slide) < duration_ms(self.window):
+            raise ValueError(
+                f"window {self.name}: slide {self.slide} must be shorter than its "
+                f"window {self.window} (and not 0)"
+            )
+        return self
+
+
+class SlidingWindow(_Sized):
+    """kind `sliding`: one window ending at each creation's commit time, holding the
+    creations of the `window` up to it (both ends included), kept once the watermark
+    has passed its end."""
+
+    kind: Literal["sliding"]
+
+    @property
+    def key(self) -> list[str]:
+        return ["window_end"]
+
+
+class SessionWindow(WindowSettings):
+    """kind `session`: per value of `group_by`, creations less than `gap` apart (a
+    session ends `gap` after its last creation), kept once the watermark has passed its
+    end."""
+
+    kind: Literal["session"]
+    gap: str = Field(pattern=_DURATION, description="the quiet time that ends a session")
+    group_by: str | None = Field(
+        None, description="the column whose values have sessions of their own"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gap_given(cls, data: Any) -> Any:
+        if isinstance(data, dict) and (data.get("gap") is None or data.get("gap") == "0 minutes"):
+            raise ValueError(
+                f'window {data.get("name")} is a session window: set its gap (e.g. "10 minutes")'
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _gap_longer_than_zero(self) -> SessionWindow:
+        if duration_ms(self.gap) == 0:
+            raise ValueError(
+                f'window {self.name} is a session window: set its gap (e.g. "10 minutes")'
+            )
+        return self
+
+    @property
+    def key(self) -> list[str]:
+        return [*([self.group_by] if self.group_by else []), "window_start"]
+
+
+def _kind(default: str) -> Any:
+    """The tag of a view's settings: its kind, `default` when it names none."""
+
+    def tag(value: Any) -> str:
+        kind = value.get("kind", default) if isinstance(value, dict) else value.kind
+        return str(kind)
+
+    return Discriminator(tag)
+
+
+# a view's settings, of the class its kind selects (`[[apply.joins]]`, `[[apply.windows]]`)
+JoinView = Annotated[
+    Annotated[TableJoin, Tag("table")]
+    | Annotated[StreamTableJoin, Tag("stream_table")]
+    | Annotated[StreamStreamJoin, Tag("stream_stream")],
+    _kind("table"),
+]
+WindowAggregate = Annotated[
+    Annotated[TumblingWindow, Tag("tumbling")]
+    | Annotated[HoppingWindow, Tag("hopping")]
+    | Annotated[SlidingWindow, Tag("sliding")]
+    | Annotated[SessionWindow, Tag("session")],
+    _kind("tumbling"),
+]
+ViewSettings = JoinSettings | WindowSettings
 
 
 class ApplySettings(BaseModel):

@@ -25,11 +25,16 @@ from rich.table import Table
 
 from cdc.settings import (
     PROJECT_ROOT,
-    JoinView,
+    HoppingWindow,
     ReplicaIdentity,
+    SessionWindow,
     Settings,
+    SlidingWindow,
+    StreamStreamJoin,
+    StreamTableJoin,
     TableChoice,
-    WindowAggregate,
+    TableJoin,
+    TumblingWindow,
     local_admin_password,
 )
 from cdc.stack import Stack
@@ -53,7 +58,7 @@ __all__ = [
 
 TABLES = ["public.customers", "public.products", "public.orders", "public.order_items"]
 # the derived data the demo keeps in the warehouse
-DEMO_JOIN = JoinView(
+DEMO_JOIN = TableJoin(
     name="orders_enriched",
     table="public.orders",
     references="public.customers",
@@ -61,7 +66,7 @@ DEMO_JOIN = JoinView(
     columns=["name", "email", "country"],
 )
 # each order line enriched with its product as it was when the line was inserted
-DEMO_ENRICHMENT = JoinView(
+DEMO_ENRICHMENT = StreamTableJoin(
     name="order_items_priced",
     kind="stream_table",
     table="public.order_items",
@@ -69,9 +74,9 @@ DEMO_ENRICHMENT = JoinView(
     on="product_id",
     columns=["name", "price"],
 )
-DEMO_WINDOW = WindowAggregate(name="orders_per_minute", table="public.orders", sum="total")
+DEMO_WINDOW = TumblingWindow(name="orders_per_minute", table="public.orders", sum="total")
 # revenue over the last 5 minutes, every minute
-DEMO_HOPPING = WindowAggregate(
+DEMO_HOPPING = HoppingWindow(
     name="revenue_5_minutes",
     table="public.orders",
     sum="total",
@@ -81,7 +86,7 @@ DEMO_HOPPING = WindowAggregate(
 )
 
 # each order with its shipping within 30 minutes (time-to-ship), or none
-DEMO_SHIPPING = JoinView(
+DEMO_SHIPPING = StreamStreamJoin(
     name="time_to_ship",
     kind="stream_stream",
     table="public.orders",
@@ -92,7 +97,7 @@ DEMO_SHIPPING = JoinView(
     watermark="10 seconds",
 )
 # at each order: the orders and revenue of the minute up to it
-DEMO_SLIDING = WindowAggregate(
+DEMO_SLIDING = SlidingWindow(
     name="orders_last_minute",
     table="public.orders",
     kind="sliding",
@@ -101,7 +106,7 @@ DEMO_SLIDING = WindowAggregate(
     watermark="10 seconds",
 )
 # each customer's orders less than 30 seconds apart
-DEMO_SESSIONS = WindowAggregate(
+DEMO_SESSIONS = SessionWindow(
     name="customer_sessions",
     table="public.orders",
     kind="session",

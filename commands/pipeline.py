@@ -29,6 +29,7 @@ from cdc.topics import (
     written_since,
 )
 from materializers.log.progress import late_events, read_progress
+from materializers.views.registry import streaming, views_of
 from snapshot.state import forget, read_state
 
 __all__ = [
@@ -439,8 +440,7 @@ def _late_events(settings: Settings) -> dict[str, int]:
     """Per window aggregate and stream-stream join: the events that came after its
     watermark (not counted)."""
     late = {}
-    joins = [j.name for j in settings.apply.joins if j.kind == "stream_stream"]
-    for name in [w.name for w in settings.apply.windows] + joins:
+    for name in [v.name for v in streaming(views_of(settings))]:
         counted = late_events(settings, name)
         if counted is not None:
             late[name] = counted

@@ -4,8 +4,10 @@ imports only the ones above it in this list (tests/unit/test_layers.py):
 - log: what the change topics hold, read and typed (events, typed values, generated
   columns, keys, positions, the progress each store records);
 - stores: the cache, the search index and the warehouse behind one interface;
+- views: the warehouse's derived views, one class per kind (its check, its Spark work,
+  its rows computed again from the log);
 - check: reading the stores back against the source (verify's cut, expectations,
-  views computed again from the log, reconcile, repair, rebuild, query);
+  each view's comparison, reconcile, repair, rebuild, query);
 - apply: the apply job (its queries, the cache's and index's batch writer, freshness,
   dead letters, the warehouse's own process).
 """

@@ -1,4 +1,4 @@
 """Reading the stores back: `cdc verify` (verify: the consistent cut and the row
-comparison; quality: the warehouse's expectations; stream_check, enrichment_check: the
-views computed again from the log; reconcile: the one report), and mending them
-(repair, rebuild), and `cdc query`. Imports log and stores, never apply."""
+comparison; quality: the warehouse's expectations; view_checks: each derived view
+against its source or its log; reconcile: the one report), and mending them (repair,
+rebuild), and `cdc query`. Imports log, stores and views, never apply."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from cdc.catalog import Table
 from cdc.errors import QueryError, StoreUnavailableError
-from cdc.settings import JoinView, Settings, WindowAggregate
+from cdc.settings import Settings
 from materializers.stores.base import Store
 from materializers.stores.registry import make_store
 
@@ -41,8 +41,12 @@ def warehouse_names(settings: Settings, tables: list[str]) -> dict[str, str]:
     from delta.tables import DeltaTable
 
     from cdc.spark import spark_session
-    from materializers.stores.warehouse.tables import current_path, history_path, warehouse_root
-    from materializers.stores.warehouse.views import view_path
+    from materializers.stores.warehouse.tables import (
+        current_path,
+        history_path,
+        view_path,
+        warehouse_root,
+    )
 
     spark = spark_session(settings, "cdc-query")
     root = warehouse_root(settings)
@@ -53,8 +57,7 @@ def warehouse_names(settings: Settings, tables: list[str]) -> dict[str, str]:
         name = table if short.count(table) == 1 else f"{schema}_{table}"
         names[name] = current_path(root, qualified)
         names[f"{name}_history"] = history_path(root, qualified)
-    views: list[JoinView | WindowAggregate] = [*settings.apply.joins, *settings.apply.windows]
-    for view in views:
+    for view in [*settings.apply.joins, *settings.apply.windows]:
         names[view.name] = view_path(root, view.name)
     return {n: p for n, p in names.items() if DeltaTable.isDeltaTable(spark, p)}
 
@@ -69,8 +72,8 @@ def run_query(
 
     spark = spark_session(settings, "cdc-query")
     names = warehouse_names(settings, tables)
-    views: list[JoinView | WindowAggregate] = [*settings.apply.joins, *settings.apply.windows]
-    current = {n for n in names if not n.endswith("_history")} - {v.name for v in views}
+    views = {v.name for v in [*settings.apply.joins, *settings.apply.windows]}
+    current = {n for n in names if not n.endswith("_history")} - views
     for name, path in names.items():
         reader = spark.read.format("delta")
         if as_of is not None:

@@ -11,9 +11,10 @@ from typing import Any
 
 from cdc.catalog import Table
 from cdc.settings import Settings
-from materializers.check.quality import Check, expectations, view_checks
+from materializers.check.quality import Check, expectations
 from materializers.check.repair import repair
 from materializers.check.verify import Drift, verify
+from materializers.check.view_checks import view_checks
 
 __all__ = ["VerifyReport", "reconcile"]
 

@@ -31,7 +31,7 @@ from cdc.capture.source import admin_connection
 from cdc.catalog import TRUNCATIONS_TABLE, Table
 from cdc.decode import parse_interval
 from cdc.errors import VerifyError
-from cdc.settings import JoinView, Settings
+from cdc.settings import Settings, TableJoin
 from cdc.topics import CUT_MESSAGE_PREFIX, change_topic
 from materializers.log.keys import key_text
 from materializers.log.progress import Progress, read_progress
@@ -277,7 +277,7 @@ def _verify(
     return results
 
 
-def view_table(join: JoinView, tables: dict[str, Table]) -> Table:
+def view_table(join: TableJoin, tables: dict[str, Table]) -> Table:
     """A join view as a table: the left table's columns and key, then the referenced
     table's columns under their prefix."""
     left, right = tables[join.table], tables[join.references]
@@ -287,7 +287,7 @@ def view_table(join: JoinView, tables: dict[str, Table]) -> Table:
     return Table("_views", join.name, (*left.columns, *carried), left.key, "d", 0, 0)
 
 
-def _view_query(join: JoinView, tables: dict[str, Table]) -> sql.Composed:
+def _view_query(join: TableJoin, tables: dict[str, Table]) -> sql.Composed:
     """The view as PostgreSQL computes it: a LEFT JOIN on the referenced primary key."""
     left, right = tables[join.table], tables[join.references]
     (ref,) = right.key
@@ -305,11 +305,11 @@ def _view_query(join: JoinView, tables: dict[str, Table]) -> sql.Composed:
 
 
 def verify_join(
-    settings: Settings, join: JoinView, tables: dict[str, Table], rounds: int = 3
+    settings: Settings, join: TableJoin, tables: dict[str, Table], rounds: int = 3
 ) -> Drift:
     """The join view in the warehouse against the same join computed by PostgreSQL, after
     a cut on both tables (a row that differs is looked at again after a fresh cut)."""
-    from materializers.stores.warehouse.views import view_path
+    from materializers.stores.warehouse.tables import view_path
 
     warehouse = make_store(settings, "warehouse")
     assert isinstance(warehouse, WarehouseStore)

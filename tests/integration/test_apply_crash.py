@@ -12,9 +12,9 @@ import time
 import psycopg
 import pytest
 
-from cdc.settings import JoinView, WindowAggregate
+from cdc.settings import SessionWindow, SlidingWindow, StreamStreamJoin, StreamTableJoin
 from commands.pipeline import pipeline_status
-from materializers.check.quality import view_checks
+from materializers.check.view_checks import view_checks
 from materializers.log.progress import read_progress
 from materializers.stores.warehouse.tables import view_path, warehouse_root
 from tests.conftest import Capture
@@ -42,7 +42,7 @@ def test_apply_killed_mid_batch_and_restarted_converges(captured: Capture) -> No
     )
     name, table, settings, dsn = t.name, t.table, t.settings, t.dsn
     # each insert enriched with its own row as of the insert: its inserted values
-    enrichment = JoinView(
+    enrichment = StreamTableJoin(
         name=f"{name}_inserts",
         kind="stream_table",
         table=table,
@@ -52,7 +52,7 @@ def test_apply_killed_mid_batch_and_restarted_converges(captured: Capture) -> No
     )
     # with a watermark, mid-window when killed: sessions of inserts, sliding windows of
     # a second, and each insert's first update within 2 seconds
-    sessions = WindowAggregate(
+    sessions = SessionWindow(
         name=f"{name}_sessions",
         table=table,
         kind="session",
@@ -60,14 +60,14 @@ def test_apply_killed_mid_batch_and_restarted_converges(captured: Capture) -> No
         group_by="note",
         watermark="10 seconds",
     )
-    sliding = WindowAggregate(
+    sliding = SlidingWindow(
         name=f"{name}_sliding",
         table=table,
         kind="sliding",
         window="1 second",
         watermark="10 seconds",
     )
-    updated = JoinView(
+    updated = StreamStreamJoin(
         name=f"{name}_updated",
         kind="stream_stream",
         table=table,

@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-import materializers.apply.job
+import materializers.apply.batch
 from cdc.topics import change_topic, end_offsets
 from materializers.apply.job import run_apply
 from materializers.log.progress import read_progress
@@ -65,7 +65,7 @@ def test_a_catch_up_batch_is_visible_to_searches_when_it_commits(
         seen.append(refresh_interval(client, index))
 
     monkeypatch.setattr(SearchStore, "bulk", watched)
-    monkeypatch.setattr(materializers.apply.job, "BULK_EVENTS", 100)  # 300 behind: a catch-up
+    monkeypatch.setattr(materializers.apply.batch, "BULK_EVENTS", 100)  # 300 behind: a catch-up
     run_apply(t.settings, ["search"], once=True)
     # prepare() found nothing left; the batch turned refresh off, then gave the 1h back
     assert seen == ["1h", "-1", "1h"]

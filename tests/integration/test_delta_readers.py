@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc.settings import JoinView, WindowAggregate
+from cdc.settings import StreamTableJoin, TableJoin, TumblingWindow
 from materializers.apply.job import run_apply
 from materializers.stores.warehouse.tables import current_path, warehouse_root
 from tests.conftest import Capture
@@ -54,7 +54,7 @@ def test_every_warehouse_table_reads_the_same_with_delta_rs_pyiceberg_and_spark(
     orders, customers = f"public.{t.name}_orders", f"public.{t.name}_customers"
     views = {
         "joins": [
-            JoinView(
+            StreamTableJoin(
                 name=f"priced_{t.name}",
                 kind="stream_table",
                 table=orders,
@@ -62,7 +62,7 @@ def test_every_warehouse_table_reads_the_same_with_delta_rs_pyiceberg_and_spark(
                 on="customer_id",
                 columns=["name"],
             ),
-            JoinView(
+            TableJoin(
                 name=f"named_{t.name}",
                 table=orders,
                 references=customers,
@@ -70,7 +70,7 @@ def test_every_warehouse_table_reads_the_same_with_delta_rs_pyiceberg_and_spark(
                 columns=["name"],
             ),
         ],
-        "windows": [WindowAggregate(name=f"per_minute_{t.name}", table=orders, sum="price")],
+        "windows": [TumblingWindow(name=f"per_minute_{t.name}", table=orders, sum="price")],
     }
     views["iceberg"] = True
     settings = t.settings.model_copy(update={"apply": t.settings.apply.model_copy(update=views)})

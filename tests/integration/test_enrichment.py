@@ -15,13 +15,13 @@ import psycopg
 import pytest
 
 from cdc.catalog import Column, Table
-from cdc.settings import JoinView
+from cdc.settings import StreamTableJoin
 from materializers.apply.job import run_apply
-from materializers.check.quality import view_checks
+from materializers.check.view_checks import view_checks
 from materializers.log.progress import checkpoint_dir
 from materializers.stores.warehouse.store import WarehouseStore
-from materializers.stores.warehouse.tables import warehouse_root
-from materializers.stores.warehouse.views import view_path
+from materializers.stores.warehouse.tables import view_path, warehouse_root
+from materializers.views.enrichment import EnrichmentView
 from tests.conftest import Capture, RunningStack
 from tests.helpers import EVENTS
 from tests.logcheck import table_info, wait_until_equal
@@ -52,7 +52,7 @@ def test_each_insert_is_enriched_with_the_referenced_row_as_of_its_commit(
         tables=["public.{name}_prod", "public.{name}_item"],
     )
     products, items = f"{t.name}_prod", f"{t.name}_item"
-    join = JoinView(
+    join = StreamTableJoin(
         name=f"items_priced_{t.name}",
         kind="stream_table",
         table=f"public.{items}",
@@ -186,7 +186,7 @@ def test_a_referenced_change_read_after_the_events_it_precedes_enriches_them_aga
 
     spark = spark_session(stack.settings, "test-enrichment")
     root = str(tmp_path / "warehouse")
-    join = JoinView(
+    join = StreamTableJoin(
         name="priced",
         kind="stream_table",
         table="public.item",
@@ -194,7 +194,7 @@ def test_a_referenced_change_read_after_the_events_it_precedes_enriches_them_aga
         on="product_id",
         columns=["price"],
     )
-    store = WarehouseStore(spark, root, [join])
+    store = WarehouseStore(spark, root, [EnrichmentView(join)])
     tables = {"public.prod": PRODUCT, "public.item": ITEM}
     store.prepare(tables.values())
 

@@ -17,11 +17,11 @@ import pytest
 from kafka import KafkaProducer
 
 from cdc.clients import kafka_client_kwargs
-from cdc.settings import JoinView, Settings, WindowAggregate
+from cdc.settings import SessionWindow, Settings, SlidingWindow, StreamStreamJoin
 from cdc.topics import change_topic, read_topic
 from commands.pipeline import pipeline_status
 from materializers.apply.job import run_apply
-from materializers.check.quality import view_checks
+from materializers.check.view_checks import view_checks
 from materializers.log.progress import checkpoint_dir
 from materializers.stores.warehouse.tables import view_path, warehouse_root
 from tests.conftest import Capture
@@ -68,7 +68,7 @@ def test_sliding_and_session_windows_and_stream_join_equal_a_reference(captured:
     )
     orders = t.name
     seconds = lambda s: f"{int(s)} seconds"  # noqa: E731
-    sliding = WindowAggregate(
+    sliding = SlidingWindow(
         name=f"sliding_{orders}",
         table=t.table,
         kind="sliding",
@@ -76,7 +76,7 @@ def test_sliding_and_session_windows_and_stream_join_equal_a_reference(captured:
         window=seconds(SLIDING),
         watermark=seconds(WATERMARK),
     )
-    sessions = WindowAggregate(
+    sessions = SessionWindow(
         name=f"sessions_{orders}",
         table=t.table,
         kind="session",
@@ -85,7 +85,7 @@ def test_sliding_and_session_windows_and_stream_join_equal_a_reference(captured:
         group_by="customer_id",
         watermark=seconds(WATERMARK),
     )
-    shipping = JoinView(
+    shipping = StreamStreamJoin(
         name=f"shipping_{orders}",
         kind="stream_stream",
         table=t.table,

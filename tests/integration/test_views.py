@@ -10,13 +10,12 @@ from decimal import Decimal
 import psycopg
 import pytest
 
-from cdc.settings import JoinView, Settings, WindowAggregate
+from cdc.settings import HoppingWindow, Settings, TableJoin, TumblingWindow
 from commands.pipeline import pipeline_status
 from materializers.apply.job import run_apply
-from materializers.check.quality import view_checks
+from materializers.check.view_checks import view_checks
 from materializers.log.progress import checkpoint_dir
-from materializers.stores.warehouse.tables import warehouse_root
-from materializers.stores.warehouse.views import view_path
+from materializers.stores.warehouse.tables import view_path, warehouse_root
 from tests.conftest import Capture
 from tests.logcheck import table_info, wait_until_equal
 
@@ -44,16 +43,16 @@ def test_join_view_and_window_aggregate_equal_postgres(captured: Capture) -> Non
     suffix = t.name
     customers, orders = f"{suffix}_cust", f"{suffix}_ord"
     settings = t.settings
-    join = JoinView(
+    join = TableJoin(
         name=f"enriched_{suffix}",
         table=f"public.{orders}",
         references=f"public.{customers}",
         on="customer_id",
         columns=["name", "country"],
     )
-    window = WindowAggregate(name=f"per_minute_{suffix}", table=f"public.{orders}", sum="total")
+    window = TumblingWindow(name=f"per_minute_{suffix}", table=f"public.{orders}", sum="total")
     # 3-minute windows starting every minute: each order is in three of them
-    hopping = WindowAggregate(
+    hopping = HoppingWindow(
         name=f"per_3_minutes_{suffix}",
         table=f"public.{orders}",
         sum="total",

@@ -16,12 +16,13 @@ import pytest
 from kafka import KafkaProducer
 
 from cdc.clients import kafka_client_kwargs
-from cdc.settings import Settings, WindowAggregate
+from cdc.settings import HoppingWindow, SessionWindow, Settings, TumblingWindow, WindowSettings
 from cdc.topics import ChangeRecord, change_topic, read_topic, wait_for_records
 from commands.pipeline import pipeline_status
 from materializers.apply.job import run_apply
-from materializers.check.quality import view_checks, window_starts
+from materializers.check.view_checks import view_checks
 from materializers.stores.warehouse.tables import view_path, warehouse_root
+from materializers.views.windows import FillingWindowView
 from tests.conftest import Capture
 from tests.logcheck import table_info, wait_until_equal
 
@@ -40,7 +41,7 @@ def view_rows(settings: Settings, name: str) -> list[dict[str, Any]]:
         return []
 
 
-def with_views(settings: Settings, *windows: WindowAggregate) -> Settings:
+def with_views(settings: Settings, *windows: WindowSettings) -> Settings:
     apply = settings.apply.model_copy(update={"windows": list(windows)})
     return settings.model_copy(update={"apply": apply})
 
@@ -52,7 +53,7 @@ def test_a_hopping_window_counts_a_late_event_in_the_windows_still_open(
         "CREATE TABLE {name} (id int PRIMARY KEY, total numeric(6, 2) NOT NULL)",
         prefix="hop",
     )
-    hopping = WindowAggregate(
+    hopping = HoppingWindow(
         name=f"hop_{t.name}",
         table=t.table,
         kind="hopping",
@@ -81,7 +82,7 @@ def test_a_hopping_window_counts_a_late_event_in_the_windows_still_open(
 
     after = {r["window_start"]: r["rows"] for r in view_rows(settings, hopping.name)}
     counted_in = {s for s in after if after[s] != before.get(s, 0)}
-    starts = window_starts(hopping, at)
+    starts = FillingWindowView(hopping).starts(at)
     assert len(starts) == 5
 
     def start_of(ms: int) -> datetime:
@@ -129,7 +130,7 @@ def test_a_late_event_is_counted_however_many_batches_a_run_takes(captured: Capt
         "CREATE TABLE {name} (id int PRIMARY KEY, total numeric(6, 2) NOT NULL)",
         prefix="late",
     )
-    tumbling = WindowAggregate(
+    tumbling = TumblingWindow(
         name=f"tumble_{t.name}",
         table=t.table,
         sum="total",
@@ -167,10 +168,10 @@ def test_a_column_widened_while_the_window_queries_run_is_read_whole(captured: C
         "amount numeric(6, 2) NOT NULL)",
         prefix="widen",
     )
-    per_hour = WindowAggregate(
+    per_hour = TumblingWindow(
         name=f"hour_{t.name}", table=t.table, sum="amount", window="1 hour", watermark="1 second"
     )
-    sessions = WindowAggregate(
+    sessions = SessionWindow(
         name=f"sess_{t.name}",
         table=t.table,
         kind="session",
@@ -253,7 +254,7 @@ def test_a_log_compacted_at_its_head_is_not_recomputed_into_false_drift(
         "CREATE TABLE {name} (id int PRIMARY KEY, total numeric(6, 2) NOT NULL)",
         prefix="compact",
     )
-    window = WindowAggregate(name=f"per_min_{t.name}", table=t.table, sum="total")
+    window = TumblingWindow(name=f"per_min_{t.name}", table=t.table, sum="total")
     settings = with_views(t.settings, window)
     topic = change_topic(settings.pipeline, t.table)
     admin = kafka_admin(settings.kafka, 30000)

@@ -6,13 +6,9 @@ from __future__ import annotations
 import pytest
 
 from cdc.errors import SourceRewoundError, SourceUnavailableError, StoreUnavailableError
-from materializers.apply.job import (
-    backlog,
-    check_source_lineage,
-    check_source_not_rewound,
-    failure_line,
-    unavailable_reason,
-)
+from materializers.apply.batch import unavailable_reason
+from materializers.apply.guards import backlog, check_source_lineage, check_source_not_rewound
+from materializers.apply.job import failure_line
 from materializers.log.progress import Progress
 
 # what Spark's query.exception() carried back when PostgreSQL restarted under a batch

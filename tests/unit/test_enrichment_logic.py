@@ -1,9 +1,9 @@
-"""Which change of a referenced row enriches an event (materializers/check/enrichment_check.py,
+"""Which change of a referenced row enriches an event (materializers/views/enrichment.py,
 the log-side reference `cdc verify` compares the stream-table join with)."""
 
 from __future__ import annotations
 
-from materializers.check.enrichment_check import Version, enrich
+from materializers.views.enrichment import Version, enrich
 
 SNAPSHOT = Version((100, 0), "r", {"id": 1, "price": 10}, 1_000)
 RAISED = Version((200, 5), "u", {"id": 1, "price": 15}, 2_000)

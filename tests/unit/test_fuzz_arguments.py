@@ -20,10 +20,9 @@ from pydantic import ValidationError
 from cdc.capture.backfill import BackfillProgress, _check_filter_size, _follow, filter_problem
 from cdc.catalog import Column, Table, reserved_problem, resolve_tables
 from cdc.errors import BackfillError, CdcError, QueryError
-from cdc.settings import PipelineSettings, WindowAggregate
+from cdc.settings import PipelineSettings, TumblingWindow, duration_ms
 from commands.output import Form, Output, console, shown
 from materializers.apply.dead_letters import DeadLetter, _is_key, _letter
-from materializers.check.quality import duration_ms
 from materializers.check.query import key_json
 from materializers.stores.registry import check_store_names
 from tests.unit.fuzzing import bounded, json_values
@@ -154,7 +153,7 @@ _duration = st.from_regex(r"\A\d+ (second|minute|hour|day)s?\Z") | st.text(max_s
 @example("\u0661 minute").via("an Arabic-Indic digit, which Spark does not read")
 def test_a_window_duration_is_refused_by_the_settings_or_read(text: str) -> None:
     try:
-        window = WindowAggregate(name="w", table="public.t", window=text, watermark=text)
+        window = TumblingWindow(name="w", table="public.t", window=text, watermark=text)
     except ValidationError:
         return
     assert duration_ms(window.window) >= 0

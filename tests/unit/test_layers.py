@@ -82,7 +82,7 @@ def test_each_floor_imports_only_the_floors_below() -> None:
 
 # materializers' rooms, in the order of the data flow: each imports only the rooms
 # before it (materializers/__init__.py)
-ROOMS = ("log", "stores", "check", "apply")
+ROOMS = ("log", "stores", "views", "check", "apply")
 
 
 def room(module: str) -> str | None:

@@ -3,12 +3,30 @@
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from cdc.catalog import Column, Table
 from cdc.errors import ConfigError
-from cdc.settings import ApplySettings, JoinView, Settings, WindowAggregate
-from materializers.stores.warehouse.views import check_views
+from cdc.settings import (
+    ApplySettings,
+    HoppingWindow,
+    JoinSettings,
+    JoinView,
+    SessionWindow,
+    Settings,
+    StreamStreamJoin,
+    StreamTableJoin,
+    TableJoin,
+    TumblingWindow,
+    WindowAggregate,
+    WindowSettings,
+)
+from materializers.views.registry import after_batch, check_views, view_of
+from materializers.views.windows import FillingWindowView
+
+# a view's settings as a settings file gives them: its kind selects the class
+JOIN: TypeAdapter[JoinSettings] = TypeAdapter(JoinView)
+WINDOW: TypeAdapter[WindowSettings] = TypeAdapter(WindowAggregate)
 
 
 def table(name: str, *columns: str, key: tuple[str, ...] = ("id",)) -> Table:
@@ -23,10 +41,10 @@ TABLES = {
 
 
 def settings_with(**apply: object) -> Settings:
-    return Settings().model_copy(update={"apply": ApplySettings(**apply)})  # type: ignore[arg-type]
+    return Settings().model_copy(update={"apply": ApplySettings(**apply)})
 
 
-def join(**changes: object) -> JoinView:
+def join(**changes: object) -> JoinSettings:
     fields = {
         "name": "enriched",
         "table": "public.orders",
@@ -34,7 +52,7 @@ def join(**changes: object) -> JoinView:
         "on": "customer_id",
         "columns": ["name"],
     } | changes
-    return JoinView(**fields)  # type: ignore[arg-type]
+    return JOIN.validate_python(fields)
 
 
 def test_the_joined_columns_are_named_after_the_referencing_column() -> None:
@@ -44,7 +62,7 @@ def test_the_joined_columns_are_named_after_the_referencing_column() -> None:
 
 
 def test_valid_views_pass_the_check() -> None:
-    window = WindowAggregate(name="per_minute", table="public.orders", sum="total")
+    window = TumblingWindow(name="per_minute", table="public.orders", sum="total")
     check_views(settings_with(joins=[join()], windows=[window]), TABLES)
 
 
@@ -71,25 +89,23 @@ def test_a_join_needs_a_single_column_key_on_the_referenced_side() -> None:
 def test_window_settings_are_checked() -> None:
     with pytest.raises(ConfigError, match="no column revenue"):
         check_views(
-            settings_with(
-                windows=[WindowAggregate(name="w", table="public.orders", sum="revenue")]
-            ),
+            settings_with(windows=[TumblingWindow(name="w", table="public.orders", sum="revenue")]),
             TABLES,
         )
     with pytest.raises(ValidationError):
-        WindowAggregate(name="w", table="public.orders", window="one minute")
+        TumblingWindow(name="w", table="public.orders", window="one minute")
     with pytest.raises(ConfigError, match="unique"):
         check_views(
             settings_with(
                 joins=[join(name="same")],
-                windows=[WindowAggregate(name="same", table="public.orders")],
+                windows=[TumblingWindow(name="same", table="public.orders")],
             ),
             TABLES,
         )
 
 
 def test_window_durations_in_milliseconds() -> None:
-    from materializers.check.quality import duration_ms
+    from cdc.settings import duration_ms
 
     assert duration_ms("1 minute") == 60_000
     assert duration_ms("10 minutes") == 600_000
@@ -129,7 +145,7 @@ def test_a_stream_tables_column_named_as_the_event_s_is_refused() -> None:
 
 
 def test_a_hopping_window_needs_a_slide_shorter_than_itself() -> None:
-    hopping = WindowAggregate(
+    hopping = HoppingWindow(
         name="w", table="public.orders", kind="hopping", window="5 minutes", slide="1 minute"
     )
     assert hopping.slide == "1 minute"
@@ -137,73 +153,77 @@ def test_a_hopping_window_needs_a_slide_shorter_than_itself() -> None:
         ({"kind": "hopping"}, "is hopping: set its slide"),
         ({"kind": "hopping", "slide": "5 minutes"}, "must be shorter than its window"),
         ({"kind": "hopping", "slide": "0 seconds"}, "must be shorter than its window"),
-        ({"slide": "1 minute"}, "is tumbling: a slide is for kind"),
+        ({"slide": "1 minute"}, 'is tumbling: slide is for kind = "hopping"'),
         ({"kind": "rolling"}, "kind"),
         ({"kind": "session", "gap": "1 minute"}, "has a gap, not a window"),
         ({"kind": "tumbling", "window": "0 minutes"}, "must be longer than 0"),
     ]:
         fields = {"name": "w", "table": "public.orders", "window": "5 minutes"} | wrong
         with pytest.raises(ValidationError, match=message):
-            WindowAggregate(**fields)  # type: ignore[arg-type]
+            WINDOW.validate_python(fields)
 
 
 def test_a_session_window_needs_a_gap_and_no_window() -> None:
-    session = WindowAggregate(
+    session = SessionWindow(
         name="w", table="public.orders", kind="session", gap="10 minutes", group_by="customer_id"
     )
     assert session.key == ["customer_id", "window_start"]
     # as `cdc` hands them on in the environment (CDC_APPLY__WINDOWS: a JSON dump)
-    assert WindowAggregate.model_validate(session.model_dump()) == session
-    assert WindowAggregate(name="w", table="public.orders").key == ["window_start"]
+    assert WINDOW.validate_python(session.model_dump()) == session
+    assert TumblingWindow(name="w", table="public.orders").key == ["window_start"]
     for wrong, message in [
         ({"kind": "session"}, "is a session window: set its gap"),
         ({"kind": "session", "gap": "0 minutes"}, "is a session window: set its gap"),
         ({"kind": "session", "gap": "1 minute", "window": "5 minutes"}, "has a gap, not a"),
-        ({"gap": "1 minute"}, "is tumbling: gap and group_by are for kind"),
-        ({"kind": "hopping", "slide": "1 minute", "group_by": "id"}, "is hopping: gap and"),
+        ({"gap": "1 minute"}, 'is tumbling: gap is for kind = "session"'),
+        ({"kind": "hopping", "slide": "1 minute", "group_by": "id"}, "is hopping: group_by is"),
     ]:
         fields = {"name": "w", "table": "public.orders"} | wrong
         with pytest.raises(ValidationError, match=message):
-            WindowAggregate(**fields)  # type: ignore[arg-type]
+            WINDOW.validate_python(fields)
 
 
 def test_a_stream_stream_join_needs_its_window() -> None:
-    fields = {"name": "j", "table": "public.orders", "references": "public.orders", "on": "id"}
-    shipped = JoinView(
+    fields: dict[str, object] = {
+        "name": "j",
+        "table": "public.orders",
+        "references": "public.orders",
+        "on": "id",
+    }
+    shipped = StreamStreamJoin(
         **fields, kind="stream_stream", within="30 minutes", when={"status": ["shipped"]}
     )
     assert shipped.column_prefix == "end_"
-    enrichment = JoinView(**fields, kind="stream_table", columns=["total"])
+    enrichment = StreamTableJoin(**fields, kind="stream_table", columns=["total"])
     for view in (shipped, enrichment):
-        assert JoinView.model_validate(view.model_dump()) == view
-    for wrong, message in [
+        assert JOIN.validate_python(view.model_dump()) == view
+    wrongs: list[tuple[dict[str, object], str]] = [
         ({"kind": "stream_stream"}, "is stream_stream: set within"),
         ({"kind": "stream_stream", "within": "1 hour", "when": {"status": []}}, "names no value"),
         ({"within": "1 hour", "columns": ["x"]}, "is table: within is for kind"),
         ({"kind": "stream_table", "when": {"a": ["b"]}}, "is stream_table: when is for kind"),
         ({}, "name at least one column"),
-    ]:
+    ]
+    for wrong, message in wrongs:
         with pytest.raises(ValidationError, match=message):
-            JoinView(**(fields | wrong))  # type: ignore[arg-type]
+            JOIN.validate_python({**fields, **wrong})
 
 
 def test_an_event_is_in_each_hopping_window_that_holds_its_time() -> None:
-    from materializers.check.quality import window_starts
-
     minute = 60_000
-    tumbling = WindowAggregate(name="t", table="public.orders", window="5 minutes")
-    hopping = WindowAggregate(
+    tumbling = TumblingWindow(name="t", table="public.orders", window="5 minutes")
+    hopping = HoppingWindow(
         name="h", table="public.orders", kind="hopping", window="5 minutes", slide="2 minutes"
     )
     at = 12 * minute + 30_000  # 00:12:30
-    assert window_starts(tumbling, at) == [10 * minute]
+    assert FillingWindowView(tumbling).starts(at) == [10 * minute]
     # windows [8, 13), [10, 15), [12, 17) hold it; [6, 11) has ended, [14, 19) not begun
-    assert window_starts(hopping, at) == [8 * minute, 10 * minute, 12 * minute]
+    assert FillingWindowView(hopping).starts(at) == [8 * minute, 10 * minute, 12 * minute]
     # at a window's very start it is in that one, and no more in the one ending then
-    assert window_starts(hopping, 13 * minute) == [10 * minute, 12 * minute]
+    assert FillingWindowView(hopping).starts(13 * minute) == [10 * minute, 12 * minute]
 
 
-def shipped(**changes: object) -> JoinView:
+def shipped(**changes: object) -> JoinSettings:
     # each customer created, ended by the first order naming it
     fields = {
         "name": "first_order",
@@ -214,7 +234,7 @@ def shipped(**changes: object) -> JoinView:
         "within": "1 hour",
         "columns": ["total"],
     } | changes
-    return JoinView(**fields)  # type: ignore[arg-type]
+    return JOIN.validate_python(fields)
 
 
 def test_a_stream_stream_join_links_the_end_s_column_to_the_start_s_key() -> None:
@@ -232,7 +252,7 @@ def test_a_stream_stream_join_links_the_end_s_column_to_the_start_s_key() -> Non
 
 
 def test_a_session_is_grouped_by_a_column_of_its_table() -> None:
-    session = WindowAggregate(
+    session = SessionWindow(
         name="s", table="public.orders", kind="session", gap="1 minute", group_by="customer_id"
     )
     check_views(settings_with(windows=[session]), TABLES)
@@ -245,8 +265,8 @@ def test_only_the_joins_a_batch_refreshes_keep_its_frames() -> None:
     from materializers.stores.warehouse.store import frames_to_keep
 
     joins = [
-        JoinView(name="a", table="public.o", references="public.c", on="c_id", columns=["n"]),
-        JoinView(
+        TableJoin(name="a", table="public.o", references="public.c", on="c_id", columns=["n"]),
+        StreamTableJoin(
             name="b",
             kind="stream_table",
             table="public.i",
@@ -255,7 +275,7 @@ def test_only_the_joins_a_batch_refreshes_keep_its_frames() -> None:
             columns=["n"],
         ),
         # a query of its own: no frame of the batch is kept for it (a Spark job each)
-        JoinView(
+        StreamStreamJoin(
             name="c",
             kind="stream_stream",
             within="30 minutes",
@@ -265,9 +285,34 @@ def test_only_the_joins_a_batch_refreshes_keep_its_frames() -> None:
             columns=["n"],
         ),
     ]
-    assert frames_to_keep(joins) == {
+    assert frames_to_keep(after_batch([view_of(j) for j in joins])) == {
         "public.o": {"keys"},
         "public.c": {"keys"},
         "public.i": {"created"},
         "public.p": {"versions"},
     }
+
+
+def test_a_streaming_view_keeps_the_definition_its_checkpoint_was_written_for() -> None:
+    """The settings of one class for every kind wrote each field; a checkpoint written
+    then must not be started afresh (its table computed again from the log's start)."""
+    session = SessionWindow(name="w", table="public.a", kind="session", gap="5 minutes")
+    shipped = StreamStreamJoin(
+        name="j",
+        kind="stream_stream",
+        table="public.a",
+        references="public.b",
+        on="a_id",
+        within="30 minutes",
+        when={"s": ["x"]},
+        columns=["c"],
+    )
+    assert view_of(session).definition() == (  # type: ignore[attr-defined]
+        '{"name":"w","table":"public.a","kind":"session","sum":null,"window":"1 minute",'
+        '"slide":null,"gap":"5 minutes","group_by":null,"watermark":"10 minutes"} plan 2'
+    )
+    assert view_of(shipped).definition() == (  # type: ignore[attr-defined]
+        '{"name":"j","kind":"stream_stream","table":"public.a","references":"public.b",'
+        '"on":"a_id","columns":["c"],"prefix":null,"when":{"s":["x"]},"within":"30 minutes",'
+        '"watermark":"10 minutes"} plan 2'
+    )

@@ -9,8 +9,7 @@ import pytest
 
 from cdc.catalog import reserved_problem
 from cdc.settings import PipelineSettings, Settings
-from materializers.stores.warehouse.tables import current_path, warehouse_root
-from materializers.stores.warehouse.views import view_path
+from materializers.stores.warehouse.tables import current_path, view_path, warehouse_root
 
 
 def settings_for(prefix: str, warehouse_path: str | None = None) -> Settings:

@@ -4,5 +4,5 @@ tables   where each table lives, how it is created and widened (tables.py)
 store    the current state, kept by MERGE with a position guard, and what verify,
          repair and `cdc get` read of it (store.py: WarehouseStore)
 history  every change as a version (SCD type 2) (history.py)
-views    the join views and window aggregates derived from them (views.py)
+(the join views and window aggregates derived from them: materializers/views/)
 """

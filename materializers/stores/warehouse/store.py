@@ -23,12 +23,11 @@ from datetime import UTC, date, datetime
 from datetime import time as clock
 from decimal import Decimal
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from cdc.catalog import Column, Table, reserved_problem
 from cdc.decode import Interval, decode_value, parse_interval
 from cdc.errors import ConfigError
-from cdc.settings import JoinView
 from materializers.log.keys import key_text, shortest_real
 from materializers.log.typed import quoted as q
 from materializers.log.typed import spark_type, typed_image
@@ -44,7 +43,7 @@ from materializers.stores.warehouse.tables import (
     is_empty,
 )
 
-__all__ = ["WarehouseStore", "warehouse_value"]
+__all__ = ["BatchStep", "WarehouseStore", "warehouse_value"]
 
 log = logging.getLogger(__name__)
 
@@ -99,20 +98,39 @@ def warehouse_value(column: Column, value: Any) -> Any:
 _REMOVE_BATCH = 1000  # keys per UPDATE of a many-column key
 
 
+class BatchStep(Protocol):
+    """Work after each batch over the tables it wrote (a derived view: materializers/
+    views/)."""
+
+    def keeps(self) -> dict[str, set[str]]:
+        """What of each table's batch it reads (frames_to_keep)."""
+        ...
+
+    def refresh(
+        self,
+        spark: Any,
+        root: str,
+        tables: dict[str, Table],
+        kept: dict[str, dict[str, Any]],
+        truncated: set[str],
+    ) -> None:
+        """Run after the batch (`kept`: per table, what it kept; `truncated`: the tables
+        a TRUNCATE or a reset emptied since the last batch)."""
+        ...
+
+
 class WarehouseStore(FrameStore):
     name = "warehouse"
 
-    def __init__(self, spark: Any, root: str, joins: Sequence[JoinView] = ()) -> None:
+    def __init__(self, spark: Any, root: str, after_batch: Sequence[BatchStep] = ()) -> None:
         self.spark = spark
         self.root = root
-        self.joins = list(joins)
+        self.after_batch = list(after_batch)
         self._truncated: set[str] = set()
         # each Delta table's handle, kept while the columns it was checked for hold
         self._tables: dict[str, tuple[list[Any], Any]] = {}
         # the Delta tables known to hold rows (only a reset empties one again)
         self._filled: set[str] = set()
-        # each enrichment's newest event position (None: not read yet)
-        self._enriched: dict[str, tuple[int, int] | None] = {}
         # MERGEs of a batch at once: twice the cores, as much of a MERGE is driver work
         self.parallel = min(2 * (os.cpu_count() or 1), 8)
 
@@ -207,48 +225,6 @@ class WarehouseStore(FrameStore):
             set={"valid_to": ended},
         )
         self._truncated.add(table.qualified)  # its join views are rebuilt after the batch
-
-    def _refresh_joins(self, tables: dict[str, Table], touched: dict[str, Any]) -> None:
-        """Join views over a table the batch changed: their rows for the touched keys,
-        or all their rows after a TRUNCATE of either side."""
-        from materializers.stores.warehouse.views import refresh_join
-
-        truncated, self._truncated = self._truncated, set()
-        for join in self.joins:
-            if join.kind != "table":
-                continue
-            sides = {join.table, join.references}
-            if not sides & (set(touched) | truncated) or not sides <= set(tables):
-                continue
-            keys = {} if sides & truncated else {t: touched[t] for t in sides & set(touched)}
-            refresh_join(self.spark, self.root, join, tables, keys)
-
-    def _refresh_enrichments(
-        self, tables: dict[str, Table], kept: dict[str, dict[str, Any]], truncated: set[str]
-    ) -> None:
-        """Stream-table joins (enrich.py) whose stream got inserts, or whose referenced
-        table changed, in the batch; every event again after a TRUNCATE of the referenced
-        table (read after events it came before: it ends the versions they took)."""
-        from materializers.stores.warehouse.enrich import refresh_enrichment
-
-        for join in self.joins:
-            if join.kind != "stream_table" or not {join.table, join.references} <= set(tables):
-                continue
-            created = kept.get(join.table, {}).get("created")
-            versions = kept.get(join.references, {}).get("versions")
-            again = join.references in truncated
-            if created is None and versions is None and not again:
-                continue
-            self._enriched[join.name] = refresh_enrichment(
-                self.spark,
-                self.root,
-                join,
-                tables,
-                created,
-                versions,
-                self._enriched.get(join.name),
-                everything=again,
-            )
 
     def reset(self, table: Table) -> None:
         """Every row of the table's current state and history goes (a Delta version of
@@ -623,7 +599,7 @@ class WarehouseStore(FrameStore):
         MERGE of the same batch does not change (it keeps the stored value, or writes the
         batch's own, which the history takes from the batch).
         """
-        keep = frames_to_keep(self.joins)
+        keep = frames_to_keep(self.after_batch)
         kept: dict[str, dict[str, Any]] = {}
         names = sorted(present & set(tables))
         # a thread per table (its decoding, its reads of stored values, its current
@@ -647,24 +623,19 @@ class WarehouseStore(FrameStore):
         for name, write in zip(names, writes, strict=True):
             history_s, current_s, kept[name] = write.result()  # the first failure raises
             log.info("warehouse %s: history %.1f s, current %.1f s", name, history_s, current_s)
-        truncated = set(self._truncated)  # (the join views' refresh takes them)
-        self._refresh_joins(tables, {n: k["keys"] for n, k in kept.items() if "keys" in k})
-        self._refresh_enrichments(tables, kept, truncated)
+        truncated, self._truncated = self._truncated, set()
+        for step in self.after_batch:
+            step.refresh(self.spark, self.root, tables, kept, truncated)
 
 
-def frames_to_keep(joins: Sequence[JoinView]) -> dict[str, set[str]]:
-    """What of each table's batch the join views refresh from after it: its keys
-    ("keys": a join view's sides), its creation events ("created": the stream of a
-    stream-table join), its changes per key ("versions": the table a stream-table join
-    references). A stream-stream join is a query of its own: it takes nothing."""
+def frames_to_keep(steps: Sequence[BatchStep]) -> dict[str, set[str]]:
+    """What of each table's batch the steps after it read: its keys ("keys": a join
+    view's sides), its creation events ("created": the stream of a stream-table join),
+    its changes per key ("versions": the table a stream-table join references)."""
     keep: dict[str, set[str]] = {}
-    for join in joins:
-        if join.kind == "table":
-            keep.setdefault(join.table, set()).add("keys")
-            keep.setdefault(join.references, set()).add("keys")
-        elif join.kind == "stream_table":
-            keep.setdefault(join.table, set()).add("created")
-            keep.setdefault(join.references, set()).add("versions")
+    for step in steps:
+        for table, frames in step.keeps().items():
+            keep.setdefault(table, set()).update(frames)
     return keep
 
 

@@ -1,0 +1,155 @@
+"""What every derived view is, whatever its kind: a name, the tables it reads, a check
+of its settings against the catalog, and how `cdc verify` compares it (`verify`: the
+view picks the comparison, the checker runs it).
+
+Two families: a view refreshed by the warehouse after each of its batches, from the
+tables it has just written (`AfterBatchView`: table joins, stream-table joins), and a
+view kept by a Structured Streaming query of its own over the change topics, with a
+watermark (`StreamingView`: window aggregates, stream-stream joins)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from cdc.catalog import Column, Table
+from cdc.errors import ConfigError
+from cdc.settings import ViewSettings
+from cdc.topics import ChangeRecord
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = [
+    "NOW",
+    "AfterBatchView",
+    "Expected",
+    "Form",
+    "StreamingView",
+    "Verifier",
+    "View",
+]
+
+NOW = -(2**62)  # a row due at once: written as soon as what makes it is read
+
+# a value of either side in one comparable form (the warehouse's, warehouse_value)
+Form = Callable[[Column, Any], Any]
+# a view's rows computed from the log: per row's key, its values and when it is due (ms)
+Expected = dict[Any, tuple[Any, int]]
+
+
+class Verifier(Protocol):
+    """The comparisons `cdc verify` runs (materializers/check/view_checks.py); each view
+    says which is its own."""
+
+    def against_source(self, view: Any) -> Any:
+        """The view against the same view computed by PostgreSQL, at a consistent cut."""
+
+    def against_log(self, view: Any) -> Any:
+        """The view against its rows from the log, once the warehouse applied it all."""
+
+    def at_watermark(self, view: Any) -> Any:
+        """The view against its rows from the log due at its query's watermark."""
+
+    def as_filled(self, view: Any) -> Any:
+        """The view against its windows from the log, counting what came too late."""
+
+
+class View:
+    """One derived view, of the class its settings' kind selects (registry.py)."""
+
+    settings: ViewSettings
+
+    def __init__(self, settings: ViewSettings) -> None:
+        self.settings = settings
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    @property
+    def sides(self) -> tuple[str, ...]:
+        """The captured tables it reads."""
+        return self.settings.sides
+
+    def validate(self, tables: dict[str, Table], pipeline: str) -> None:
+        """Raise ConfigError, in one line, when the view reads what is not captured."""
+        for side in self.sides:
+            if side not in tables:
+                raise ConfigError(
+                    f"view {self.name} reads {side}, which pipeline {pipeline} does not "
+                    f"capture; captured: {', '.join(sorted(tables)) or 'none'}"
+                )
+
+    def has(self, table: Table, column: str) -> None:
+        """Raise ConfigError when `table` has no `column`."""
+        have = [c.name for c in table.columns]
+        if column not in have:
+            raise ConfigError(
+                f"view {self.name}: {table.qualified} has no column {column}; it has "
+                f"{', '.join(have)}"
+            )
+
+    @property
+    def verified_as(self) -> str:
+        """What `cdc verify` says it compares."""
+        raise NotImplementedError
+
+    def verify(self, by: Verifier) -> Any:
+        """Its comparison: one of `by`'s."""
+        raise NotImplementedError
+
+    def expected(
+        self, tables: dict[str, Table], logs: dict[str, list[ChangeRecord]], form: Form
+    ) -> Expected:
+        """Its rows computed again from the change logs (`logs`: per table), each with
+        when it is due, every value in `form` (a view compared with its source has
+        none)."""
+        raise NotImplementedError
+
+    def held(self, frame: DataFrame, tables: dict[str, Table], form: Form) -> dict[Any, Any]:
+        """Its rows in the warehouse (`frame`), keyed and valued as `expected`."""
+        raise NotImplementedError
+
+
+class AfterBatchView(View):
+    """A view the warehouse refreshes after each batch from the tables it wrote."""
+
+    def keeps(self) -> dict[str, set[str]]:
+        """What of each table's batch it refreshes from (materializers/stores/warehouse/
+        store.py: "keys", "created", "versions")."""
+        raise NotImplementedError
+
+    def refresh(
+        self,
+        spark: Any,
+        root: str,
+        tables: dict[str, Table],
+        kept: dict[str, dict[str, Any]],
+        truncated: set[str],
+    ) -> None:
+        """After a warehouse batch: `kept` what it kept of each table, `truncated` the
+        tables a TRUNCATE (or a reset) emptied."""
+        raise NotImplementedError
+
+
+class StreamingView(View):
+    """A view kept by a streaming query of its own (materializers/views/streams.py)."""
+
+    # the query's name after `cdc-<pipeline>-`: <label>-<view name>
+    label: ClassVar[str] = "window"
+    # how many of the query's readers drop each late event
+    late_readers: ClassVar[int] = 1
+
+    @property
+    def checkpoint_label(self) -> str:
+        """The name of its checkpoint folder (and scheduler pool)."""
+        return f"window-{self.name}"
+
+    def definition(self) -> str:
+        """What its checkpoint was written for: another definition starts it afresh."""
+        raise NotImplementedError
+
+    def query(self, spark: Any, settings: Any, tables: dict[str, Table], checkpoint: str) -> Any:
+        """Its streaming query, ready for a trigger and start()."""
+        raise NotImplementedError

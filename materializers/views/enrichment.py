@@ -1,0 +1,421 @@
+"""Stream-table joins (`apply.joins` of kind `stream_table`), under
+`<warehouse>/<prefix>/_views/<name>`: each creation event of a table enriched with the
+referenced row as it was then.
+
+Each row inserted into the stream table after the snapshot (a creation event, op "c")
+is an event: it stays in the view when its row is later changed or deleted. It is
+enriched with the referenced row as it was when the event committed: of the referenced
+key's versions in its history, the one with the greatest position (commit LSN, change
+LSN) at or before the event's; NULLs when that version is a delete, or was ended by a
+TRUNCATE before the event's commit time, or when there is none. A change of the
+referenced row sorts after the events before it, so it never rewrites them.
+
+The view is a function of the two tables' histories, kept after each warehouse batch:
+- the batch's creation events are enriched (from the histories as the batch left them)
+  and merged on the event's key and position, so a replayed or redelivered insert is
+  one event;
+- a version of a referenced row that reaches the warehouse after events it precedes
+  (its topic read behind the stream's) enriches those events again: the events of its
+  key at a later position. In the steady state every new version is newer than every
+  enriched event, and the view is not read.
+
+`cdc verify` enriches each creation event again from the change log, read with a
+Kafka consumer of its own (`expected`): the referenced key's latest change at or
+before its position (`enrich`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from cdc.catalog import TRUNCATIONS_TABLE, Table
+from cdc.decode import decode_value
+from cdc.errors import ConfigError
+from cdc.settings import StreamTableJoin
+from cdc.topics import ChangeRecord
+from materializers.log.position import Position, event_position
+from materializers.log.typed import quoted as q
+from materializers.log.typed import spark_type
+from materializers.views.base import NOW, AfterBatchView, Expected, Form, Verifier
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["EVENT_COLUMNS", "EnrichmentView", "Version", "enrich"]
+
+# after the stream table's columns: the event's commit time and position
+EVENT_COLUMNS = ("event_ts", "_cdc_commit_lsn", "_cdc_lsn")
+
+
+class EnrichmentView(AfterBatchView):
+    """A stream-table join (StreamTableJoin), refreshed after each warehouse batch."""
+
+    settings: StreamTableJoin
+
+    def __init__(self, settings: StreamTableJoin) -> None:
+        super().__init__(settings)
+        self.newest: tuple[int, int] | None = None  # its newest event's position (None: not read)
+
+    @property
+    def verified_as(self) -> str:
+        return "stream-table join equals its events enriched again from the log"
+
+    def verify(self, by: Verifier) -> Any:
+        return by.against_log(self)
+
+    def validate(self, tables: dict[str, Table], pipeline: str) -> None:
+        super().validate(tables, pipeline)
+        join = self.settings
+        stream, referenced = tables[join.table], tables[join.references]
+        for c in join.columns:
+            self.has(referenced, c)
+        self.has(stream, join.on)
+        if len(referenced.key) != 1:
+            raise ConfigError(
+                f"view {join.name}: {referenced.qualified} has a composite key "
+                f"({', '.join(referenced.key)}); a join view needs a single-column key"
+            )
+        own = {c.name for c in stream.columns}
+        if clash := sorted(own & set(EVENT_COLUMNS)):
+            raise ConfigError(
+                f"view {join.name}: {stream.qualified}'s column {clash[0]} is named like one "
+                "the view adds to every row; rename the column"
+            )
+        carried = {join.column_prefix + c for c in join.columns}
+        if clash := sorted((own | set(EVENT_COLUMNS)) & carried):
+            raise ConfigError(
+                f"view {join.name}: {', '.join(clash)} is already a column of the view "
+                f"(of {stream.qualified}, or the event's); give the join another prefix"
+            )
+
+    def keeps(self) -> dict[str, set[str]]:
+        return {self.settings.table: {"created"}, self.settings.references: {"versions"}}
+
+    def refresh(
+        self,
+        spark: Any,
+        root: str,
+        tables: dict[str, Table],
+        kept: dict[str, dict[str, Any]],
+        truncated: set[str],
+    ) -> None:
+        """Its stream got inserts, or its referenced table changed, in the batch; every
+        event again after a TRUNCATE of the referenced table (read after events it came
+        before: it ends the versions they took)."""
+        join = self.settings
+        if not set(self.sides) <= set(tables):
+            return
+        created = kept.get(join.table, {}).get("created")
+        versions = kept.get(join.references, {}).get("versions")
+        again = join.references in truncated
+        if created is None and versions is None and not again:
+            return
+        self.newest = refresh_enrichment(
+            spark, root, join, tables, created, versions, self.newest, everything=again
+        )
+
+    def expected(
+        self, tables: dict[str, Table], logs: dict[str, list[ChangeRecord]], form: Form
+    ) -> Expected:
+        """Per creation event of the stream table ((its key values..., commit LSN,
+        LSN)): the referenced columns as of its position, due at once (`logs` also holds
+        the TRUNCATEs' table)."""
+        join = self.settings
+        stream, referenced = tables[join.table], tables[join.references]
+        log = _referenced_log(referenced, logs[referenced.qualified], logs[TRUNCATIONS_TABLE])
+        on = stream.column(join.on)
+        expected: Expected = {}
+        for record in logs[stream.qualified]:
+            value = record.value
+            if not value or value.get("op") != "c":
+                continue
+            at = event_position("c", value.get("source") or {})
+            if at is None:
+                continue
+            after = value["after"]
+            identity = (
+                *[
+                    form(stream.column(k), decode_value(stream.column(k), after.get(k)))
+                    for k in stream.key
+                ],
+                *at,
+            )
+            target = decode_value(on, after.get(join.on))
+            chosen = enrich(
+                log.versions.get(target, []), log.truncates, at, value["source"]["ts_ms"]
+            )
+            expected[identity] = (
+                tuple(
+                    None
+                    if chosen is None or chosen.after is None
+                    else form(
+                        referenced.column(c),
+                        decode_value(referenced.column(c), chosen.after.get(c)),
+                    )
+                    for c in join.columns
+                ),
+                NOW,
+            )
+        return expected
+
+    def held(self, frame: DataFrame, tables: dict[str, Table], form: Form) -> dict[Any, Any]:
+        join = self.settings
+        stream, referenced = tables[join.table], tables[join.references]
+        carried = [referenced.column(c) for c in join.columns]
+        return {
+            (
+                *[form(stream.column(k), row[k]) for k in stream.key],
+                row["_cdc_commit_lsn"],
+                row["_cdc_lsn"],
+            ): tuple(form(c, row[join.column_prefix + c.name]) for c in carried)
+            for batch in frame.toArrow().to_batches()
+            for row in batch.to_pylist()
+        }
+
+
+def enrichment_fields(join: StreamTableJoin, stream: Table, referenced: Table) -> list[Any]:
+    from pyspark.sql import types as T
+
+    fields = [T.StructField(c.name, spark_type(c)) for c in stream.columns]
+    event_ts, commit_lsn, lsn = EVENT_COLUMNS
+    fields += [
+        T.StructField(event_ts, T.TimestampType()),
+        T.StructField(commit_lsn, T.LongType()),
+        T.StructField(lsn, T.LongType()),
+    ]
+    fields += [
+        T.StructField(join.column_prefix + c, spark_type(referenced.column(c)))
+        for c in join.columns
+    ]
+    return fields
+
+
+def refresh_enrichment(
+    spark: Any,
+    root: str,
+    join: StreamTableJoin,
+    tables: dict[str, Table],
+    created: DataFrame | None,
+    versions: DataFrame | None,
+    newest: tuple[int, int] | None,
+    everything: bool = False,
+) -> tuple[int, int] | None:
+    """Enrich the batch's creation events of the stream table (`created`: its columns,
+    _cdc_commit_lsn, _cdc_lsn, _cdc_commit_ms), and again the view's events that a
+    version of the batch's referenced rows precedes (`versions`: `_cdc_ref` the
+    referenced key, _cdc_commit_lsn, _cdc_lsn; work columns are all `_cdc_…`, which no
+    column may be named), when one is older than `newest`, the newest event position the view held
+    before the batch (None: not known, read from the view); with `everything`, every
+    event of the view again (after a TRUNCATE of the referenced table). Returns the
+    newest event position the view holds now."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    from materializers.stores.warehouse.tables import ensure_delta, view_path
+
+    stream, referenced = tables[join.table], tables[join.references]
+    target = ensure_delta(
+        spark, view_path(root, join.name), enrichment_fields(join, stream, referenced)
+    )
+    held = target.toDF()
+    if newest is None:
+        top = held.agg(F.max(F.struct("_cdc_commit_lsn", "_cdc_lsn")).alias("m")).first()
+        newest = tuple(top["m"]) if top and top["m"] is not None else (0, 0)
+    columns = [F.col(q(c.name)) for c in stream.columns]
+    parts = []
+    if created is not None and not created.isEmpty():  # a batch of updates has none
+        parts.append(created.select(*columns, "_cdc_commit_lsn", "_cdc_lsn", "_cdc_commit_ms"))
+    if everything:
+        parts.append(_held_events(held, columns))
+    elif versions is not None:
+        first = versions.agg(F.min(F.struct("_cdc_commit_lsn", "_cdc_lsn")).alias("m")).first()
+        if first and first["m"] is not None and tuple(first["m"]) < newest:
+            earliest = versions.groupBy("_cdc_ref").agg(
+                F.min(F.struct("_cdc_commit_lsn", "_cdc_lsn")).alias("_cdc_first")
+            )
+            event = F.struct(F.col("_cdc_commit_lsn"), F.col("_cdc_lsn"))
+            parts.append(
+                _held_events(
+                    held.join(earliest, F.col(q(join.on)) == F.col("_cdc_ref")).where(
+                        event > F.col("_cdc_first")
+                    ),
+                    columns,
+                )
+            )
+    if not parts:
+        return newest
+    events = parts[0]
+    for part in parts[1:]:
+        events = events.unionByName(part)
+    events = events.dropDuplicates([*stream.key, "_cdc_commit_lsn", "_cdc_lsn"]).localCheckpoint()
+    enriched = _as_of(spark, root, join, stream, referenced, events)
+    identity = " AND ".join(
+        [f"v.{q(k)} <=> s.{q(k)}" for k in stream.key]
+        + ["v._cdc_commit_lsn = s._cdc_commit_lsn", "v._cdc_lsn = s._cdc_lsn"]
+    )
+    carried: dict[str, Any] = {
+        q(join.column_prefix + c): f"s.{q(join.column_prefix + c)}" for c in join.columns
+    }
+    (
+        DeltaTable.forPath(spark, view_path(root, join.name))
+        .alias("v")
+        .merge(enriched.alias("s"), identity)
+        .whenMatchedUpdate(set=carried)
+        .whenNotMatchedInsertAll()
+        .execute()
+    )
+    top = events.agg(F.max(F.struct("_cdc_commit_lsn", "_cdc_lsn")).alias("m")).first()
+    if top and top["m"] is not None:
+        newest = max(newest, tuple(top["m"]))
+    return newest
+
+
+def _held_events(held: DataFrame, columns: list[Any]) -> DataFrame:
+    """The view's rows as events to enrich again."""
+    from pyspark.sql import functions as F
+
+    return held.select(
+        *columns,
+        "_cdc_commit_lsn",
+        "_cdc_lsn",
+        F.unix_millis("event_ts").alias("_cdc_commit_ms"),
+    )
+
+
+def _as_of(
+    spark: Any,
+    root: str,
+    join: StreamTableJoin,
+    stream: Table,
+    referenced: Table,
+    events: DataFrame,
+) -> DataFrame:
+    """Each event with the referenced row's columns as of its position (module doc)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from materializers.stores.warehouse.tables import history_path
+
+    (key,) = referenced.key
+    wanted = events.select(F.col(q(join.on)).alias("_cdc_ref")).distinct()
+    by_position = Window.partitionBy(q(key)).orderBy("_cdc_commit_lsn", "_cdc_lsn")
+    versions = (
+        spark.read.format("delta")
+        .load(history_path(root, referenced.qualified))
+        .join(wanted, F.col(q(key)) == F.col("_cdc_ref"), "left_semi")
+        # the next version's start: a valid_to that is not it is a TRUNCATE's
+        .withColumn("_cdc_v_next", F.lead("valid_from").over(by_position))
+        .select(
+            F.col(q(key)).alias("_cdc_ref"),
+            F.col("_cdc_commit_lsn").alias("_cdc_v_commit"),
+            F.col("_cdc_lsn").alias("_cdc_v_lsn"),
+            F.col("_cdc_op").alias("_cdc_v_op"),
+            F.col("valid_to").alias("_cdc_v_to"),
+            "_cdc_v_next",
+            *[F.col(q(c)).alias(join.column_prefix + c) for c in join.columns],
+        )
+    )
+    at_or_before = (F.col("_cdc_v_commit") < F.col("_cdc_commit_lsn")) | (
+        (F.col("_cdc_v_commit") == F.col("_cdc_commit_lsn"))
+        & (F.col("_cdc_v_lsn") <= F.col("_cdc_lsn"))
+    )
+    latest = Window.partitionBy(*[q(k) for k in stream.key], "_cdc_commit_lsn", "_cdc_lsn").orderBy(
+        F.col("_cdc_v_commit").desc_nulls_last(), F.col("_cdc_v_lsn").desc_nulls_last()
+    )
+    event_ts = F.timestamp_millis("_cdc_commit_ms")
+    live = (
+        F.col("_cdc_v_op").isNotNull()
+        & (F.col("_cdc_v_op") != "d")
+        & (
+            F.col("_cdc_v_to").isNull()
+            | F.col("_cdc_v_to").eqNullSafe(F.col("_cdc_v_next"))
+            | (F.col("_cdc_v_to") >= event_ts)
+        )
+    )
+    return (
+        events.join(versions, (F.col(q(join.on)) == F.col("_cdc_ref")) & at_or_before, "left")
+        .withColumn("_cdc_rank", F.row_number().over(latest))
+        .where("_cdc_rank = 1")
+        .select(
+            *[F.col(q(c.name)) for c in stream.columns],
+            event_ts.alias("event_ts"),
+            "_cdc_commit_lsn",
+            "_cdc_lsn",
+            *[
+                F.when(live, F.col(q(join.column_prefix + c))).alias(join.column_prefix + c)
+                for c in join.columns
+            ],
+        )
+    )
+
+
+@dataclass(frozen=True)
+class Version:
+    """A change of a referenced row: its position, op, after image and commit time."""
+
+    at: Position
+    op: str
+    after: dict[str, Any] | None
+    ms: int
+
+
+@dataclass
+class _Log:
+    versions: dict[Any, list[Version]] = field(default_factory=dict)  # per key, by position
+    truncates: list[tuple[Position, int]] = field(default_factory=list)
+
+
+def enrich(
+    versions: list[Version], truncates: list[tuple[Position, int]], at: Position, ms: int
+) -> Version | None:
+    """The change that gives an event at position `at`, committed at `ms`, its values:
+    the latest of `versions` (of one key, in position order) at or before `at`; None when
+    there is none, or it is a delete, or a TRUNCATE (position, commit time) after it ended
+    it before `ms` (as the history caps a version's valid_to)."""
+    earlier = [v for v in versions if v.at <= at]
+    if not earlier:
+        return None
+    chosen = earlier[-1]
+    later = [v for v in versions if v.at > chosen.at]
+    following = later[0] if later else None
+    ends = following.ms if following else None
+    for cut, cut_ms in truncates:
+        if chosen.at < cut and (following is None or cut < following.at):
+            ends = cut_ms if ends is None else min(ends, cut_ms)
+    if chosen.op == "d":
+        return None
+    if ends is None or (following is not None and ends == following.ms) or ends >= ms:
+        return chosen
+    return None
+
+
+def _referenced_log(table: Table, records: list[ChangeRecord], cuts: list[ChangeRecord]) -> _Log:
+    """The referenced table's changes per key in position order (each position once),
+    and its TRUNCATEs (`cuts`: the log of every TRUNCATE)."""
+    log = _Log()
+    (key,) = table.key
+    seen: set[tuple[Any, Position]] = set()
+    for record in records:
+        value = record.value
+        if not value or record.key is None:
+            continue
+        at = event_position(value["op"], value.get("source") or {})
+        name = decode_value(table.column(key), record.key.get(key))
+        if at is None or (name, at) in seen:
+            continue
+        seen.add((name, at))
+        version = Version(at, value["op"], value.get("after"), value["source"]["ts_ms"])
+        log.versions.setdefault(name, []).append(version)
+    for versions in log.versions.values():
+        versions.sort(key=lambda v: v.at)
+    for record in cuts:
+        value = record.value
+        if not value or value.get("op") not in ("c", "r"):
+            continue
+        if (value.get("after") or {}).get("table_name") != table.qualified:
+            continue
+        at = event_position(value["op"], value.get("source") or {})
+        if at is not None:
+            log.truncates.append((at, value["source"]["ts_ms"]))
+    return log

@@ -1,0 +1,159 @@
+"""Table-table joins (`apply.joins` of kind `table`), under
+`<warehouse>/<prefix>/_views/<name>`: each row of a table with the columns of the row
+one of its columns references, as they are now.
+
+A join view is refreshed by the warehouse after each micro-batch, for the rows the
+batch touched on either side, from the current-state tables it has just written: it
+is a function of those tables, so replays and restarts converge with them. `cdc
+verify` compares it with the same join computed by PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from cdc.catalog import Table
+from cdc.errors import ConfigError
+from cdc.settings import TableJoin
+from materializers.log.typed import quoted as q
+from materializers.log.typed import spark_type
+from materializers.stores.warehouse.tables import view_path
+from materializers.views.base import AfterBatchView, Verifier
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["TableJoinView", "refresh_join"]
+
+
+class TableJoinView(AfterBatchView):
+    """A table-table join (TableJoin), refreshed after each warehouse batch."""
+
+    settings: TableJoin
+
+    @property
+    def verified_as(self) -> str:
+        return "join view equals PostgreSQL's join"
+
+    def verify(self, by: Verifier) -> Any:
+        return by.against_source(self)
+
+    def validate(self, tables: dict[str, Table], pipeline: str) -> None:
+        super().validate(tables, pipeline)
+        join = self.settings
+        left, right = tables[join.table], tables[join.references]
+        for c in join.columns:
+            self.has(right, c)
+        self.has(left, join.on)
+        if len(right.key) != 1:
+            raise ConfigError(
+                f"view {join.name}: {right.qualified} has a composite key "
+                f"({', '.join(right.key)}); a join view needs a single-column key"
+            )
+        carried = {join.column_prefix + c for c in join.columns}
+        if clash := sorted({c.name for c in left.columns} & carried):
+            raise ConfigError(
+                f"view {join.name}: {', '.join(clash)} is already a column of the view "
+                f"(of {left.qualified}, or the event's); give the join another prefix"
+            )
+
+    def keeps(self) -> dict[str, set[str]]:
+        return {self.settings.table: {"keys"}, self.settings.references: {"keys"}}
+
+    def refresh(
+        self,
+        spark: Any,
+        root: str,
+        tables: dict[str, Table],
+        kept: dict[str, dict[str, Any]],
+        truncated: set[str],
+    ) -> None:
+        """Its rows for the keys the batch touched on either side, or all its rows after
+        a TRUNCATE (or a reset) of either."""
+        sides = set(self.sides)
+        touched = {t for t in sides if "keys" in kept.get(t, {})}
+        if not sides & (touched | truncated) or not sides <= set(tables):
+            return
+        keys = {} if sides & truncated else {t: kept[t]["keys"] for t in touched}
+        refresh_join(spark, root, self.settings, tables, keys)
+
+
+def _joined_fields(join: TableJoin, left: Table, right: Table) -> list[Any]:
+    from pyspark.sql import types as T
+
+    fields = [T.StructField(c.name, spark_type(c)) for c in left.columns]
+    fields += [
+        T.StructField(join.column_prefix + c, spark_type(right.column(c))) for c in join.columns
+    ]
+    return fields
+
+
+def refresh_join(
+    spark: Any,
+    root: str,
+    join: TableJoin,
+    tables: dict[str, Table],
+    touched: dict[str, DataFrame],
+) -> None:
+    """Recompute the view's rows for the keys `touched` (per table: its key columns) on
+    either side; every row when `touched` names neither table's keys (after a TRUNCATE)."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    from materializers.stores.warehouse.tables import current_path, ensure_delta
+
+    left, right = tables[join.table], tables[join.references]
+    live_left = (
+        DeltaTable.forPath(spark, current_path(root, left.qualified))
+        .toDF()
+        .where("NOT _cdc_deleted")
+    )
+    live_right = (
+        DeltaTable.forPath(spark, current_path(root, right.qualified))
+        .toDF()
+        .where("NOT _cdc_deleted")
+    )
+    view = ensure_delta(spark, view_path(root, join.name), _joined_fields(join, left, right))
+    (ref,) = right.key
+    carried = live_right.select(
+        F.col(q(ref)).alias("__ref"),
+        *[F.col(q(c)).alias(join.column_prefix + c) for c in join.columns],
+    )
+    key_columns = [F.col(q(k)) for k in left.key]
+    parts = []
+    if join.table in touched:
+        parts.append(touched[join.table].select(*key_columns))
+    if join.references in touched:
+        changed = touched[join.references].select(F.col(q(ref)).alias("__ref"))
+        parts.append(
+            live_left.join(changed, F.col(q(join.on)) == F.col("__ref"), "left_semi").select(
+                *key_columns
+            )
+        )
+    full = not parts
+    if full:
+        parts = [view.toDF().select(*key_columns), live_left.select(*key_columns)]
+    affected = parts[0]
+    for part in parts[1:]:
+        affected = affected.unionByName(part)
+    affected = affected.distinct()
+    joined = (
+        live_left.join(affected, [*left.key], "left_semi")
+        .join(carried, F.col(q(join.on)) == F.col("__ref"), "left")
+        .select(
+            *[F.col(q(c.name)) for c in left.columns],
+            *[F.col(q(join.column_prefix + c)) for c in join.columns],
+            F.lit(True).alias("__present"),
+        )
+    )
+    source = affected.join(joined, [*left.key], "left")
+    columns = [c.name for c in left.columns] + [join.column_prefix + c for c in join.columns]
+    values = {q(c): f"s.{q(c)}" for c in columns}
+    (
+        view.alias("v")
+        .merge(source.alias("s"), " AND ".join(f"v.{q(k)} <=> s.{q(k)}" for k in left.key))
+        .whenMatchedDelete(condition="s.__present IS NULL")
+        .whenMatchedUpdate(condition="s.__present", set=values)
+        .whenNotMatchedInsert(condition="s.__present", values=values)
+        .execute()
+    )
