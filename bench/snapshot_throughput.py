@@ -168,13 +168,13 @@ def main() -> None:
     try:
         marks: dict[str, CpuMark] = {}
 
-        def note(line: str) -> None:
+        def say(line: str) -> None:
             notes.append((time.monotonic(), line))
             if line.startswith("snapshot "):  # the read starts, then "snapshot done"
                 marks["done" if line.startswith("snapshot done") else "read"] = resources.cpu()
 
         with ResourceSampler() as resources:
-            result = run_snapshot(bench, Console(file=io.StringIO()), note)
+            result = run_snapshot(bench, Console(file=io.StringIO()), say)
         read_started = next(t for t, n in notes if n.startswith("snapshot "))
         copy_done = next(t for t, n in notes if n.startswith("snapshot done"))
         ours_s = copy_done - read_started

@@ -696,14 +696,20 @@ class SessionWindow(WindowSettings):
         return [*([self.group_by] if self.group_by else []), "window_start"]
 
 
-def _kind(default: str) -> Any:
+def _kind(default: str, *others: str) -> Any:
     """The tag of a view's settings: its kind, `default` when it names none."""
 
-    def tag(value: Any) -> str:
-        kind = value.get("kind", default) if isinstance(value, dict) else value.kind
-        return str(kind)
+    def tag(value: Any) -> str | None:
+        if isinstance(value, dict):
+            return str(value.get("kind", default))
+        return getattr(value, "kind", None)  # None: not a view's settings (refused)
 
-    return Discriminator(tag)
+    kinds = ", ".join(f'"{k}"' for k in (default, *others))
+    return Discriminator(
+        tag,
+        custom_error_type="view_kind",
+        custom_error_message=f"a view is a table of settings whose kind is one of {kinds}",
+    )
 
 
 # a view's settings, of the class its kind selects (`[[apply.joins]]`, `[[apply.windows]]`)
@@ -711,14 +717,14 @@ JoinView = Annotated[
     Annotated[TableJoin, Tag("table")]
     | Annotated[StreamTableJoin, Tag("stream_table")]
     | Annotated[StreamStreamJoin, Tag("stream_stream")],
-    _kind("table"),
+    _kind("table", "stream_table", "stream_stream"),
 ]
 WindowAggregate = Annotated[
     Annotated[TumblingWindow, Tag("tumbling")]
     | Annotated[HoppingWindow, Tag("hopping")]
     | Annotated[SlidingWindow, Tag("sliding")]
     | Annotated[SessionWindow, Tag("session")],
-    _kind("tumbling"),
+    _kind("tumbling", "hopping", "sliding", "session"),
 ]
 ViewSettings = JoinSettings | WindowSettings
 

@@ -15,20 +15,19 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdc.components import Component, ComponentStatus, Connect, Kafka, OpenSearch, Postgres, Redis
 from cdc.errors import ComponentError
+from cdc.say import Say, quiet
 from cdc.settings import Settings
 from cdc.state_folders import MARKER, PIPELINE_STATE, inside, is_marked, local_warehouse
 
 __all__ = ["PurgePlan", "Stack"]
 
 log = logging.getLogger(__name__)
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,7 @@ class Stack:
     def components(self) -> list[Component]:
         return [self.postgres, self.kafka, self.connect, self.opensearch, self.redis]
 
-    def up(self, progress: Progress = lambda _: None) -> None:
+    def up(self, say: Say = quiet) -> None:
         """Start every managed component that is not running; wait until all answer."""
         managed = [c for c in self.components if c.managed]
         to_start = [c for c in managed if c.pid() is None]
@@ -67,10 +66,10 @@ class Stack:
         started: list[Component] = []
 
         def start(component: Component) -> None:
-            progress(f"starting {component.name} on {component.address}")
+            say(f"starting {component.name} on {component.address}")
             component.start()
             started.append(component)
-            progress(f"{component.name} is ready")
+            say(f"{component.name} is ready")
 
         first = [c for c in to_start if c is not self.connect]
         try:
@@ -97,12 +96,12 @@ class Stack:
                 f"({status.error or 'not ready'}); start it or fix the [{component.name}] settings"
             )
 
-    def down(self, progress: Progress = lambda _: None) -> list[str]:
+    def down(self, say: Say = quiet) -> list[str]:
         """Stop every managed component, Connect first, PostgreSQL last. Returns their names."""
         stopped = []
         for component in [self.connect, self.opensearch, self.redis, self.kafka, self.postgres]:
             if component.managed and component.stop():
-                progress(f"stopped {component.name}")
+                say(f"stopped {component.name}")
                 stopped.append(component.name)
         return stopped
 
@@ -131,11 +130,11 @@ class Stack:
                 plan.remove.append(path)
         return plan
 
-    def purge(self, plan: PurgePlan, progress: Progress = lambda _: None) -> None:
+    def purge(self, plan: PurgePlan, say: Say = quiet) -> None:
         """Remove the plan's folders (stop the stack first). The marker goes last, so that
         an interrupted purge can be run again."""
         for line in plan.left:
-            progress(line)
+            say(line)
         for path in plan.remove:
             if _why_left(path, plan.data_dir) is not None:  # changed since the plan
                 continue
@@ -147,7 +146,7 @@ class Stack:
                 else:
                     child.unlink()
             shutil.rmtree(path)
-            progress(f"deleted {path}")
+            say(f"deleted {path}")
 
     def status(self) -> list[ComponentStatus]:
         with ThreadPoolExecutor(max_workers=len(self.components)) as pool:

@@ -62,7 +62,7 @@ def settings() -> Settings:
     return load_settings()
 
 
-def progress(message: str) -> None:
+def say(message: str) -> None:
     err.print(Text.assemble(("·", "dim"), " ", message), highlight=False)  # text, no markup
 
 
@@ -74,7 +74,7 @@ def up() -> None:
     each with its state and log under data_dir.
     """
     stack = Stack(settings())
-    stack.up(progress)
+    stack.up(say)
     _print_status(stack, Output())
 
 
@@ -108,11 +108,11 @@ def down(
             )
             raise typer.Exit(2)
         typer.confirm(f"This removes {where}. Continue?", abort=True)
-    stopped = stack.down(progress=progress)
+    stopped = stack.down(say=say)
     if plan is not None:
-        stack.purge(plan, progress)
+        stack.purge(plan, say)
     elif not stopped:
-        progress("nothing was running")
+        say("nothing was running")
 
 
 @app.command()
@@ -189,11 +189,9 @@ def demo(
     """
     from commands.demo import run_demo
 
-    result = run_demo(
-        settings(), Output().console, progress, keep=keep, duration=duration, rate=rate
-    )
+    result = run_demo(settings(), Output().console, say, keep=keep, duration=duration, rate=rate)
     if result.interrupted:
-        progress("stopped (Ctrl-C); the stack keeps running: `cdc down` stops it")
+        say("stopped (Ctrl-C); the stack keeps running: `cdc down` stops it")
         raise typer.Exit(130)
     if not result.ok:
         raise typer.Exit(1)
@@ -242,7 +240,7 @@ def setup(
         ("backfill started", result.backfills),
     ):
         if items:
-            progress(f"{label}: {', '.join(items)}")
+            say(f"{label}: {', '.join(items)}")
 
 
 @app.command()
@@ -256,7 +254,7 @@ def snapshot(output: OutputOption = Form.text) -> None:
     """
     from snapshot.initial import run_snapshot
 
-    result = run_snapshot(settings(), err, progress)
+    result = run_snapshot(settings(), err, say)
     rate = result.total_rows / result.seconds if result.seconds else 0
     said = (
         f"snapshot at LSN {result.lsn}: {result.total_rows} rows from {len(result.rows)} "
@@ -301,12 +299,12 @@ def backfill(
         if stop:
             data["data-collections"] = [table if "." in table else f"public.{table}"]  # type: ignore[assignment,operator]
         send_signal(s, kind, data)
-        progress(f"sent {kind}")
+        say(f"sent {kind}")
         return
     if not table:
         raise typer.BadParameter("name the TABLE to backfill")
     signal, offset = start_backfill(s, table, where)
-    progress(f"backfill of {table} requested" + (f" (where {where})" if where else ""))
+    say(f"backfill of {table} requested" + (f" (where {where})" if where else ""))
     if no_wait:
         return
     with Progress(
@@ -363,9 +361,7 @@ def apply_(
     s = settings()
     stores = store or list(s.apply.stores)
     _check_stores(stores)
-    progress(
-        f"applying pipeline {s.pipeline.name} to {', '.join(stores)}" + (" once" if once else "")
-    )
+    say(f"applying pipeline {s.pipeline.name} to {', '.join(stores)}" + (" once" if once else ""))
     run_apply(s, stores, once=once)
 
 
@@ -486,7 +482,7 @@ def verify(
     with admin_connection(s) as conn:
         names = table or published_tables(conn, s.pipeline.publication)
     tables = [_captured_table(s, name) for name in names]
-    report = reconcile(s, tables, stores, timeout, mend=repair, progress=progress)
+    report = reconcile(s, tables, stores, timeout, mend=repair, say=say)
     Output(output).emit(report.as_dict(), *verify_tables(report))
     if not report.ok:
         raise typer.Exit(1)
@@ -514,7 +510,7 @@ def metrics(
         server = serve(lambda: (stack.status(), pipeline_status(s)), port, host)
     except OSError as exc:
         raise CdcError(f"cannot listen on {host}:{port} ({exc.strerror}): use --port") from None
-    progress(f"metrics at http://{host}:{port}/metrics (Ctrl-C stops)")
+    say(f"metrics at http://{host}:{port}/metrics (Ctrl-C stops)")
     try:
         while True:
             time.sleep(3600)
@@ -560,7 +556,7 @@ def _edit_tables(add: list[str], remove: list[str]) -> None:
     from cdc.config_file import edit_tables
 
     path, tables = edit_tables(add, remove)
-    progress(f"{path}: pipeline.tables = {tables}")
+    say(f"{path}: pipeline.tables = {tables}")
     setup(Form.text)
 
 
@@ -594,7 +590,7 @@ def dlq_list(
             for x in shown
         ),
     )
-    progress(
+    say(
         f"{len(letters)} dead letter(s)"
         + (f", the newest {len(shown)} shown" if shown != letters else "")
     )
@@ -610,12 +606,12 @@ def dlq_replay(store: StoreOption = None) -> None:
     _check_stores([store] if store else [])
     s = settings()
     stores: list[str] = [store] if store else list(s.apply.stores)
-    replayed = replay_dead_letters(s, stores, progress)
+    replayed = replay_dead_letters(s, stores, say)
     if not replayed:
-        progress("no dead letters to replay")
+        say("no dead letters to replay")
         return
     for table, keys in sorted(replayed.items()):
-        progress(f"{table}: {keys} key(s) backfilled; `cdc apply` writes them")
+        say(f"{table}: {keys} key(s) backfilled; `cdc apply` writes them")
 
 
 @app.command()
@@ -643,13 +639,13 @@ def rebuild(
         if not sys.stdin.isatty():
             raise typer.BadParameter(f"rebuilding {what} needs confirmation: pass --yes")
         typer.confirm(f"Empty and rebuild {what}?", abort=True)
-    chosen = reset_store(s, store, names or None, progress)
+    chosen = reset_store(s, store, names or None, say)
     for name in chosen:
         signal, offset = start_backfill(s, name)
-        progress(f"backfilling {name} through the log")
+        say(f"backfilling {name} through the log")
         done = watch_backfill(s, offset, lambda p: None, signal_id=signal)
-        progress(f"backfill of {name} completed: {done.rows_scanned or 0} rows read")
-    progress(f"now run `cdc apply` (or `cdc apply --store {store}`): it rebuilds the {store}")
+        say(f"backfill of {name} completed: {done.rows_scanned or 0} rows read")
+    say(f"now run `cdc apply` (or `cdc apply --store {store}`): it rebuilds the {store}")
 
 
 @app.command()
@@ -681,20 +677,20 @@ def drop(
             raise typer.BadParameter(f"dropping {what} needs confirmation: pass --yes")
         typer.confirm(f"Drop {what}?", abort=True)
     gone = drop_pipeline(s)
-    progress("removed " + (", ".join(gone) if gone else "nothing (there was no pipeline)"))
+    say("removed " + (", ".join(gone) if gone else "nothing (there was no pipeline)"))
     role = pipe.replication_user
     if drop_role is None:
         drop_role = sys.stdin.isatty() and typer.confirm(
             f"Also drop the replication role {role}?", default=False
         )
     if not drop_role:
-        progress(f"replication role {role} kept (drop it with `cdc drop --drop-role`)")
+        say(f"replication role {role} kept (drop it with `cdc drop --drop-role`)")
         return
     dropped, others = drop_replication_role(s)
     if others:
-        progress(f"replication role {role} kept: still used by {', '.join(others)}")
+        say(f"replication role {role} kept: still used by {', '.join(others)}")
     else:
-        progress(f"replication role {role} " + ("dropped" if dropped else "did not exist"))
+        say(f"replication role {role} " + ("dropped" if dropped else "did not exist"))
 
 
 def _reflowed(text: str) -> str:

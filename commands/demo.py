@@ -15,7 +15,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import psycopg
@@ -23,6 +23,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from cdc.say import Say
 from cdc.settings import (
     PROJECT_ROOT,
     HoppingWindow,
@@ -171,7 +172,7 @@ def interactive() -> bool:
 def run_demo(
     settings: Settings,
     out: Console,
-    progress: Callable[[str], None],
+    say: Say,
     keep: bool = True,
     duration: float | None = None,
     rate: float = 50.0,
@@ -182,17 +183,17 @@ def run_demo(
     if duration is None and not interactive():
         duration = 30.0
     stack = Stack(settings)
-    stack.up(progress)
+    stack.up(say)
     settings = local_admin_password(settings)  # generated as the cluster was made
-    _create_shop(settings, progress)
+    _create_shop(settings, say)
     settings = with_demo_choice(with_demo_views(settings))
     if pipe_streams(settings):
-        progress(f"pipeline {settings.pipeline.name} already streams; checking its tables")
+        say(f"pipeline {settings.pipeline.name} already streams; checking its tables")
         sync_pipeline(settings)
     else:
         from snapshot.initial import run_snapshot
 
-        snap = run_snapshot(settings, out, progress)
+        snap = run_snapshot(settings, out, say)
         out.print(
             f"initial snapshot at LSN {snap.lsn}: {snap.total_rows} rows in "
             f"{snap.seconds:.1f}s; the connector streams from that point on"
@@ -209,26 +210,26 @@ def run_demo(
         except BaseException as exc:  # shown below
             failure.append(exc)
 
-    progress("starting the apply job (the warehouse in a process of its own, search, cache)")
+    say("starting the apply job (the warehouse in a process of its own, search, cache)")
     applier = threading.Thread(target=apply, name="apply", daemon=True)
     applier.start()
     workload = Workload(settings.postgres.dsn(), rate=rate)
     try:
         # the workload starts once every store holds the snapshot: from then on the
         # dashboard shows each store following the source
-        _wait_for_first_batches(settings, progress, failure)
-        progress("starting the shop's workload")
+        _wait_for_first_batches(settings, say, failure)
+        say("starting the shop's workload")
         workload.start()
         try:
             _dashboard(settings, out, workload, duration, result, failure)
         except KeyboardInterrupt:  # ends the workload, not the demo
-            progress("Ctrl-C: the workload stops; the stores catch up, then verify runs")
+            say("Ctrl-C: the workload stops; the stores catch up, then verify runs")
         finally:
             workload.stop.set()
             if workload.is_alive():
                 workload.join()
             result.transactions = sum(workload.done.values())
-        progress(
+        say(
             "lag at the end of the workload: "
             + ", ".join(
                 f"{store} {'?' if lag is None else f'{lag:.1f}s'}"
@@ -236,10 +237,10 @@ def run_demo(
             )
         )
         if workload.error is not None:
-            progress(f"the workload stopped: {workload.error}")
+            say(f"the workload stopped: {workload.error}")
         if not failure:
             _dashboard(settings, out, workload, None, result, failure, catch_up=True)
-            result.ok = _show_and_verify(settings, out, progress)
+            result.ok = _show_and_verify(settings, out, say)
     except KeyboardInterrupt:  # a second Ctrl-C: stop at once
         result.interrupted = True
     finally:
@@ -247,10 +248,10 @@ def run_demo(
         stop_apply.set()
         applier.join(timeout=60)
     if failure:
-        progress(f"the apply job failed: {str(failure[0]).splitlines()[0]}")
+        say(f"the apply job failed: {str(failure[0]).splitlines()[0]}")
         result.ok = False
     if not keep:
-        stack.down(progress=progress)
+        stack.down(say=say)
     else:
         out.print(
             '\nnext: `cdc status`, `cdc query "SELECT * FROM orders_enriched LIMIT 5"`, '
@@ -260,20 +261,20 @@ def run_demo(
     return result
 
 
-def _create_shop(settings: Settings, progress: Callable[[str], None]) -> None:
-    progress("creating the demo shop (sql/demo_schema.sql)")
+def _create_shop(settings: Settings, say: Say) -> None:
+    say("creating the demo shop (sql/demo_schema.sql)")
     with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
         conn.execute((PROJECT_ROOT / "sql" / "demo_schema.sql").read_text())
         count = conn.execute("SELECT count(*) FROM customers").fetchone()
         if count and count[0] == 0:
-            progress("adding the demo rows (sql/demo_seed.sql)")
+            say("adding the demo rows (sql/demo_seed.sql)")
             with conn.transaction():
                 conn.execute((PROJECT_ROOT / "sql" / "demo_seed.sql").read_text())
 
 
 def _wait_for_first_batches(
     settings: Settings,
-    progress: Callable[[str], None],
+    say: Say,
     failure: list[BaseException],
     timeout: float = 600.0,
 ) -> None:
@@ -286,7 +287,7 @@ def _wait_for_first_batches(
         stores = pipeline_status(settings, TABLES).stores
         done = {s for s in wanted if s in stores and not stores[s].get("nothing_applied")}
         for store in sorted(done - said):
-            progress(f"{store}: holds the snapshot ({time.monotonic() - started:.0f}s)")
+            say(f"{store}: holds the snapshot ({time.monotonic() - started:.0f}s)")
         said |= done
         if said >= set(wanted):
             return
@@ -414,7 +415,7 @@ def _freshness(fresh: dict[str, Any]) -> str:
     return shown
 
 
-def _show_and_verify(settings: Settings, out: Console, progress: Callable[[str], None]) -> bool:
+def _show_and_verify(settings: Settings, out: Console, say: Say) -> bool:
     """A few queries, a search and a cache read, then verify; True when nothing drifted."""
     from cdc.capture.source import admin_connection
     from cdc.catalog import describe_table
@@ -425,7 +426,7 @@ def _show_and_verify(settings: Settings, out: Console, progress: Callable[[str],
     with admin_connection(settings) as conn:
         tables = [describe_table(conn, name, settings.pipeline) for name in TABLES]
     # the first warehouse batch holds the whole snapshot: on 2 cores it takes minutes
-    report = reconcile(settings, tables, list(settings.apply.stores), 900, progress=progress)
+    report = reconcile(settings, tables, list(settings.apply.stores), 900, say=say)
     for sql in (
         "SELECT status, count(*) AS orders, sum(total) AS revenue FROM orders "
         "GROUP BY status ORDER BY status",

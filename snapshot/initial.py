@@ -20,7 +20,6 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import reduce
 from itertools import pairwise
@@ -59,6 +58,7 @@ from cdc.capture.source import (
 )
 from cdc.catalog import Table
 from cdc.errors import ConnectorError, SnapshotError
+from cdc.say import Say, quiet
 from cdc.settings import Settings
 from cdc.spark import kafka_options, spark_session
 from cdc.topics import (
@@ -107,12 +107,12 @@ def ctid_ranges(pages: int, pages_per_reader: int) -> list[str]:
 def run_snapshot(
     settings: Settings,
     console: Console,
-    note: Callable[[str], None] = lambda _: None,
+    say: Say = quiet,
 ) -> SnapshotResult:
     """Take the pipeline's initial snapshot and start streaming after it (idempotent)."""
     pipe = settings.pipeline
     started = time.monotonic()
-    note(f"preparing the source for pipeline {pipe.name}")
+    say(f"preparing the source for pipeline {pipe.name}")
     tables = prepare_source(settings)
     ensure_topics(
         settings.kafka,
@@ -138,7 +138,7 @@ def run_snapshot(
                     f"pipeline {pipe.name} already took its snapshot and streams; to load rows "
                     "again use `cdc backfill TABLE`, or `cdc drop` then `cdc snapshot`"
                 )
-            note(f"snapshot at {state.lsn} is complete; starting the connector on slot {pipe.slot}")
+            say(f"snapshot at {state.lsn} is complete; starting the connector on slot {pipe.slot}")
             # at the snapshot's point, unless Connect holds this generation's offset already
             start_lsn = lsn_to_int(state.lsn) if state.lsn else None
             register_connector(settings, tables, start_lsn=start_lsn)
@@ -155,7 +155,7 @@ def run_snapshot(
                     f"replication slot {pipe.slot} is in use by pid {pid}; stop whatever reads "
                     "it, or give this pipeline another name (pipeline.name)"
                 )
-            note(f"dropping slot {pipe.slot} of an interrupted snapshot; starting again")
+            say(f"dropping slot {pipe.slot} of an interrupted snapshot; starting again")
             drop_slot(conn, pipe.slot)
         mark_running(conn, pipe.name, pipe.slot)
 
@@ -163,18 +163,18 @@ def run_snapshot(
     truncate_topics(settings.kafka, [change_topic_spec(pipe, t.qualified) for t in tables])
 
     def waiting(blockers: list[InFlight]) -> None:
-        note(
+        say(
             f"creating slot {pipe.slot} waits for {len(blockers)} transaction(s) in flight "
             "to end: " + "; ".join(str(b) for b in blockers[:3])
         )
 
-    note(f"creating slot {pipe.slot} with an exported snapshot")
+    say(f"creating slot {pipe.slot} with an exported snapshot")
     spark = spark_session(settings, f"cdc-snapshot-{pipe.name}")
     with exported_snapshot(
         replication_dsn(settings, replication=True), settings.postgres.dsn(), pipe.slot, waiting
     ) as point:
         lsn = int_to_lsn(point.lsn)
-        note(f"snapshot {point.snapshot_name} at LSN {lsn}: reading {len(tables)} table(s)")
+        say(f"snapshot {point.snapshot_name} at LSN {lsn}: reading {len(tables)} table(s)")
         rows = _copy_tables(settings, spark, tables, point, console)
     # a generation: stores that hold it whole drop what they hold from before it
     record_generation(
@@ -187,7 +187,7 @@ def run_snapshot(
     with admin_connection(settings) as conn:
         conn.autocommit = True
         mark_done(conn, pipe.name, lsn, point.ts_ms, sum(rows.values()))
-    note(f"snapshot done: {sum(rows.values())} rows; starting the connector on slot {pipe.slot}")
+    say(f"snapshot done: {sum(rows.values())} rows; starting the connector on slot {pipe.slot}")
     try:
         # a new generation: the connector starts at the slot's consistent point, whatever
         # offset an earlier connector of this name left in Connect (contract point 11)

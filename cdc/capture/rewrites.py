@@ -18,12 +18,13 @@ import fcntl
 import json
 import logging
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from cdc.catalog import Table
+from cdc.say import Say
 from cdc.settings import Settings
 from cdc.state_folders import make_state_dir
 
@@ -152,9 +153,7 @@ def record_schemas(settings: Settings, tables: Iterable[Table]) -> None:
             recorded[table.qualified] = schema_of(table)
 
 
-def check_rewrites(
-    settings: Settings, tables: Iterable[Table], notify: Callable[[str], None]
-) -> list[str]:
+def check_rewrites(settings: Settings, tables: Iterable[Table], say: Say) -> list[str]:
     """Compare the tables' columns with those recorded; backfill (once) each table whose
     values changed without events. Returns the tables found so."""
     found = []
@@ -163,7 +162,7 @@ def check_rewrites(
             now = schema_of(table)
             before = recorded.get(table.qualified)
             changes = rewrites(before, table) if before not in (None, now) else []
-            if changes and not _backfill(settings, table, "; ".join(changes), notify):
+            if changes and not _backfill(settings, table, "; ".join(changes), say):
                 continue  # the next micro-batch tries again
             recorded[table.qualified] = now
             if changes:
@@ -174,11 +173,11 @@ def check_rewrites(
 _told: dict[str, str] = {}  # table -> the last line said about it (not said again)
 
 
-def _backfill(settings: Settings, table: Table, why: str, notify: Callable[[str], None]) -> bool:
+def _backfill(settings: Settings, table: Table, why: str, say: Say) -> bool:
     """Start the table's backfill, or say what to run; False if it is to be tried again."""
     command = f"cdc backfill {table.qualified}"
     if not settings.apply.backfill_rewritten_tables:
-        notify(f"{table.qualified}: {why}, which emits no change events: run `{command}`")
+        say(f"{table.qualified}: {why}, which emits no change events: run `{command}`")
         return True
     from cdc.capture.backfill import start_backfill
 
@@ -191,9 +190,9 @@ def _backfill(settings: Settings, table: Table, why: str, notify: Callable[[str]
         )
         if _told.get(table.qualified) != line:
             _told[table.qualified] = line
-            notify(line)
+            say(line)
         return False
     _told.pop(table.qualified, None)
-    notify(f"{table.qualified}: {why}, which emits no change events: backfill started")
+    say(f"{table.qualified}: {why}, which emits no change events: backfill started")
     log.info("%s: backfill started after %s", table.qualified, why)
     return True

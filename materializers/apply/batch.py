@@ -55,7 +55,7 @@ from materializers.log.typed import may_hold_placeholder, unheld_columns
 from materializers.stores.base import FrameStore, RowStore, Store
 from materializers.stores.registry import executor_settings, make_row_store
 
-__all__ = ["BULK_EVENTS", "BatchWriter", "notify", "unavailable_reason", "wait_for"]
+__all__ = ["BULK_EVENTS", "BatchWriter", "say", "unavailable_reason", "wait_for"]
 
 log = logging.getLogger(__name__)
 
@@ -100,14 +100,14 @@ class BatchWriter:
                 waited = True
                 continue
             if waited:
-                notify(f"{name}: answers again; batch {batch_id} written")
+                say(f"{name}: answers again; batch {batch_id} written")
             return
 
     def write_once(self, batch: Any, batch_id: int) -> None:
         """The steps of one batch (module doc), once."""
         started_ms = int(time.time() * 1000)  # events' ages are counted from here
         tables, wal = self.source.read()
-        check_rewrites(self.settings, tables.values(), notify)
+        check_rewrites(self.settings, tables.values(), say)
         topics = {change_topic(self.settings.pipeline, t): t for t in [*tables, TRUNCATIONS_TABLE]}
         batch = self.generated_columns(batch, topics, tables)
         progress, behind = self.guard(topics, wal)
@@ -521,7 +521,7 @@ def unavailable_reason(
     return text[text.rindex(marker) + len(marker) :].splitlines()[0].strip()
 
 
-def notify(line: str) -> None:
+def say(line: str) -> None:
     """One line for the person running `cdc apply` (a store's state changed)."""
     print(f"cdc apply: {line}", file=sys.stderr, flush=True)
 
@@ -531,7 +531,7 @@ def wait_for(
 ) -> None:
     """Wait until `ping` passes (the store, or PostgreSQL, answers again), saying so once,
     and showing it in `cdc status` (the progress record's `waiting`) meanwhile."""
-    notify(f"{store}: {why}; batch {batch_id} waits (nothing committed or dropped)")
+    say(f"{store}: {why}; batch {batch_id} waits (nothing committed or dropped)")
     set_waiting(settings, store, why)
     pause = 1.0
     try:

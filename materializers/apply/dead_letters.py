@@ -11,7 +11,6 @@ remembered per store, so a replay takes only the dead letters that came after th
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from cdc.capture.source import captured_tables
 from cdc.clients import kafka_client_kwargs
 from cdc.errors import StoreUnavailableError
+from cdc.say import Say
 from cdc.settings import KafkaSettings, Settings
 from cdc.state_folders import make_state_dir
 from cdc.topics import change_topic, dead_letter_topic
@@ -171,9 +171,7 @@ def _replayed(settings: Settings, store: str) -> dict[str, int]:
         return {}
 
 
-def replay_dead_letters(
-    settings: Settings, stores: list[str], note: Callable[[str], None]
-) -> dict[str, int]:
+def replay_dead_letters(settings: Settings, stores: list[str], say: Say) -> dict[str, int]:
     """Backfill the keys of the dead letters of `stores` not replayed yet; returns per
     table the keys backfilled. Dead letters whose key names no row are reported."""
     from materializers.check.repair import backfill_keys, key_filters
@@ -191,7 +189,7 @@ def replay_dead_letters(
             marks[store][str(letter.partition)] = letter.offset + 1
             table = by_topic.get(letter.topic)
             if table is None or not letter.key or not _is_key(letter.key, tables[table].key):
-                note(
+                say(
                     f"{store}: dead letter at offset {letter.offset} names no row of a "
                     f"captured table ({letter.topic}, key {letter.key!r}); left as it is"
                 )
@@ -199,7 +197,7 @@ def replay_dead_letters(
             pending.setdefault(table, set()).add(letter.key)
     for name, keys in sorted(pending.items()):
         captured = tables[name]
-        backfill_keys(settings, captured, key_filters(captured, sorted(keys)), len(keys), note)
+        backfill_keys(settings, captured, key_filters(captured, sorted(keys)), len(keys), say)
     for store, mark in marks.items():
         path = _replayed_file(settings, store)
         make_state_dir(settings, path.parent)

@@ -33,7 +33,7 @@ from cdc.errors import (
 from cdc.settings import Settings
 from cdc.spark import kafka_options, spark_session
 from cdc.topics import change_topic_pattern
-from materializers.apply.batch import BatchWriter, notify, wait_for
+from materializers.apply.batch import BatchWriter, say, wait_for
 from materializers.apply.warehouse_process import WarehouseProcess
 from materializers.log.progress import (
     checkpoint_dir,
@@ -62,7 +62,7 @@ def run_apply(
     """Run the apply job. once: apply what the topics hold now, then return."""
     spark = spark_session(settings, f"cdc-apply-{settings.pipeline.name}")
     tables = captured_tables(settings)
-    check_rewrites(settings, tables.values(), notify)  # DDL while the job was down
+    check_rewrites(settings, tables.values(), say)  # DDL while the job was down
     selected = stores or list(settings.apply.stores)
     apart = None  # the warehouse, in a process of its own (materializers/apply/warehouse_process)
     if (
@@ -109,9 +109,9 @@ def _publishing(settings: Settings, selected: list[str], once: bool) -> Iterator
     def publish() -> None:
         while not done.is_set():
             try:
-                publisher.publish_all(notify)
+                publisher.publish_all(say)
             except Exception as exc:  # e.g. the catalog unreachable: said, tried again
-                notify(f"iceberg: not published ({failure_line(exc)}); trying again")
+                say(f"iceberg: not published ({failure_line(exc)}); trying again")
             done.wait(max(settings.apply.trigger_interval_s, 1.0))
 
     thread = None if once else threading.Thread(target=publish, name="iceberg", daemon=True)
@@ -124,7 +124,7 @@ def _publishing(settings: Settings, selected: list[str], once: bool) -> Iterator
         if thread is not None:
             thread.join(60)
     if once:
-        publisher.publish_all(notify, strict=True)
+        publisher.publish_all(say, strict=True)
 
 
 def _run_queries(
@@ -142,7 +142,7 @@ def _run_queries(
     if apart is not None:
         apart.start()
         nice = settings.apply.warehouse_nice
-        notify(f"warehouse: in a process of its own (pid {apart.pid}, nice {nice})")
+        say(f"warehouse: in a process of its own (pid {apart.pid}, nice {nice})")
     if once:
         try:
             for query in queries.values():
@@ -171,7 +171,7 @@ def _run_queries(
                 # and start it again from its checkpoint, as a restart of `cdc apply` would
                 failures[name] = failures.get(name, 0) + 1
                 pause = min(2 ** failures[name], 60)
-                notify(f"{name}: stopped ({failure_line(error)}); starting it again in {pause} s")
+                say(f"{name}: stopped ({failure_line(error)}); starting it again in {pause} s")
                 if stop is not None and stop.wait(pause):
                     return
                 if stop is None:
@@ -179,7 +179,7 @@ def _run_queries(
                 try:
                     queries[name] = starters[name]()
                 except Exception as exc:  # e.g. Kafka not back yet: the next round tries again
-                    notify(f"{name}: could not start again ({failure_line(exc)})")
+                    say(f"{name}: could not start again ({failure_line(exc)})")
                     continue
                 if name.startswith("window-"):
                     windows[name[len("window-") :]] = queries[name]
@@ -218,7 +218,7 @@ def _watch_apart(
     failures["warehouse"] = failures.get("warehouse", 0) + 1
     pause = min(2 ** failures["warehouse"], 60)
     how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-    notify(
+    say(
         f"warehouse: its process exited ({how}{'; ' + said if said else ''}); "
         f"starting it again in {pause} s"
     )

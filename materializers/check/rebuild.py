@@ -6,10 +6,10 @@ created again, or a compacted key left with only a TOAST placeholder)."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
 
 from cdc.capture.source import read_source
 from cdc.errors import ConfigError
+from cdc.say import Say
 from cdc.settings import Settings
 from materializers.log.progress import Progress, checkpoint_dir, read_progress, write_progress
 from materializers.stores.registry import make_store
@@ -17,9 +17,7 @@ from materializers.stores.registry import make_store
 __all__ = ["reset_store"]
 
 
-def reset_store(
-    settings: Settings, store: str, tables: list[str] | None, note: Callable[[str], None]
-) -> list[str]:
+def reset_store(settings: Settings, store: str, tables: list[str] | None, say: Say) -> list[str]:
     """Empty `store` of `tables` (default: every captured table) and restart its
     checkpoint; returns the tables, for the caller to backfill. `cdc apply` must not
     run meanwhile."""
@@ -34,7 +32,7 @@ def reset_store(
     target = make_store(settings, store)
     try:
         for name in chosen:
-            note(f"{store}: removing what it holds of {name}")
+            say(f"{store}: removing what it holds of {name}")
             target.reset(captured[name])
     finally:
         target.close()

@@ -5,11 +5,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cdc.catalog import Table
+from cdc.say import Say, quiet
 from cdc.settings import Settings
 from materializers.check.quality import Check, expectations
 from materializers.check.repair import repair
@@ -44,20 +44,20 @@ def reconcile(
     stores: list[str],
     timeout: float = 120.0,
     mend: bool = False,
-    progress: Callable[[str], None] = lambda _: None,
+    say: Say = quiet,
 ) -> VerifyReport:
     """Verify `stores` against the source for `tables`; with `mend`, repair what drifted
     and verify again; then run the warehouse's expectations (if it is one of `stores`)."""
-    progress(f"verifying {len(tables)} tables in {', '.join(stores)} at a consistent cut")
+    say(f"verifying {len(tables)} tables in {', '.join(stores)} at a consistent cut")
     report = VerifyReport(verify(settings, tables, stores, timeout))
     if mend and not all(d.ok for d in report.drifts):
-        report.repairs = repair(settings, tables, report.drifts, report=progress)
+        report.repairs = repair(settings, tables, report.drifts, say=say)
         for line in report.repairs:
-            progress(line)
-        progress("verifying again once the stores have applied the repair")
+            say(line)
+        say("verifying again once the stores have applied the repair")
         report.drifts = verify(settings, tables, stores, timeout)
     if "warehouse" in stores:
-        progress("running the expectations over the warehouse")
+        say("running the expectations over the warehouse")
         counts = {d.table: d.source_rows for d in report.drifts if d.store == "warehouse"}
         report.checks += expectations(settings, tables, counts, timeout=timeout)
         report.checks += view_checks(settings, {t.qualified: t for t in tables})

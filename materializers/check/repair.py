@@ -5,13 +5,13 @@ has are removed from it."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 
 from psycopg import sql
 
 from cdc.capture.backfill import start_backfill, watch_backfill
 from cdc.catalog import Table
 from cdc.errors import BackfillError, CdcError, VerifyError
+from cdc.say import Say
 from cdc.settings import Settings
 from materializers.check.verify import Drift, source_rows
 from materializers.stores.registry import make_store
@@ -27,7 +27,7 @@ def repair(
     settings: Settings,
     tables: list[Table],
     drifts: list[Drift],
-    report: Callable[[str], None] | None = None,
+    say: Say | None = None,
 ) -> list[str]:
     """Mend what verify found; returns what was done, one line each.
 
@@ -57,7 +57,7 @@ def repair(
         stale = sorted({k for d in mine for k in d.missing + d.different} | real)
         if stale:
             filters = repair_filters(table, stale, max(d.source_rows for d in mine))
-            backfill_keys(settings, table, filters, len(stale), report)
+            backfill_keys(settings, table, filters, len(stale), say)
             if filters is None:
                 done.append(f"{name}: backfilled the whole table ({len(stale)} keys drifted)")
             else:
@@ -118,7 +118,7 @@ def backfill_keys(
     table: Table,
     filters: list[str] | None,
     keys: int,
-    report: Callable[[str], None] | None,
+    say: Say | None,
 ) -> None:
     """One incremental snapshot per filter (or of the whole table), each to its end."""
     parts: list[str | None] = [None] if filters is None else list(filters)
@@ -129,8 +129,8 @@ def backfill_keys(
         except BackfillError as exc:
             part = f" (signal {number} of {len(parts)})" if len(parts) > 1 else ""
             raise VerifyError(f"the repair of {table.qualified} failed{part}: {exc}") from None
-        if report is not None:
-            report(f"{table.qualified}: backfill {number} of {len(parts)} done ({keys} keys)")
+        if say is not None:
+            say(f"{table.qualified}: backfill {number} of {len(parts)} done ({keys} keys)")
 
 
 def _remove(settings: Settings, store: str, table: Table, keys: list[str]) -> None:

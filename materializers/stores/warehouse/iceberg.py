@@ -21,12 +21,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cdc.errors import ConfigError, StoreError
+from cdc.say import Say
 from materializers.stores.warehouse.delta_log import DeltaSnapshot, newest_version, read_delta
 
 __all__ = ["IcebergPublisher", "catalog_uri", "iceberg_identifier"]
@@ -258,9 +258,7 @@ class IcebergPublisher:
                 found[path] = (version, None if published in (None, -1) else published)
         return found
 
-    def publish_all(
-        self, note: Callable[[str], None] | None = None, strict: bool = False
-    ) -> dict[str, float]:
+    def publish_all(self, say: Say | None = None, strict: bool = False) -> dict[str, float]:
         """Publish every table whose Delta version is not yet in Iceberg: the seconds
         each took. A table that fails is said (`note`) and tried again next time; with
         `strict`, the first failure is raised, once every other table is published."""
@@ -276,8 +274,8 @@ class IcebergPublisher:
                 line = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
                 failed.append(f"{path} not published as an Iceberg table: {line}")
                 log.warning("iceberg: %s", failed[-1])
-                if note is not None:
-                    note(f"iceberg: {failed[-1]}; trying again")
+                if say is not None:
+                    say(f"iceberg: {failed[-1]}; trying again")
         if strict and failed:
             raise StoreError(failed[0])
         return spent
