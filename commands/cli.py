@@ -6,6 +6,7 @@ non-zero exit code.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -475,6 +476,7 @@ def verify(
     from cdc.capture.source import admin_connection
     from cdc.catalog import published_tables
     from materializers.check.reconcile import reconcile
+    from materializers.check.repair import repair as mend
 
     s = settings()
     stores = store or list(s.apply.stores)
@@ -482,7 +484,8 @@ def verify(
     with admin_connection(s) as conn:
         names = table or published_tables(conn, s.pipeline.publication)
     tables = [_captured_table(s, name) for name in names]
-    report = reconcile(s, tables, stores, timeout, mend=repair, say=say)
+    mending = functools.partial(mend, s, tables, say=say) if repair else None
+    report = reconcile(s, tables, stores, timeout, mend=mending, say=say)
     Output(output).emit(report.as_dict(), *verify_tables(report))
     if not report.ok:
         raise typer.Exit(1)

@@ -21,6 +21,8 @@ from cdc.errors import StoreError
 from cdc.settings import Settings
 from materializers.log.typed import quoted as q
 from materializers.log.typed import spark_type
+from materializers.stores.registry import make_store
+from materializers.stores.warehouse.store import WarehouseStore
 
 __all__ = ["Check", "expectations", "history_checks"]
 
@@ -203,12 +205,13 @@ def _source_aggregates(
     return observed
 
 
-def _live_frame(spark: Any, path: str, summed: list[Any]) -> Any:
+def _live_frame(warehouse: WarehouseStore, table: Table, summed: list[Any]) -> Any:
     """The table's live rows in the warehouse, kept in memory for the checks' passes,
     with each summed column as decimal(38, scale) (PostgreSQL sums them as numeric)."""
     from pyspark.sql import functions as F
 
-    frame = spark.read.format("delta").load(path).where("NOT _cdc_deleted")
+    frame = warehouse.live_frame(table)
+    assert frame is not None  # (expectations looked at the tables there are)
     types = {f.name: f.dataType for f in frame.schema.fields}
     return frame.select(
         "*",
@@ -239,21 +242,17 @@ def expectations(
       after the warehouse: only when both reads agree (the source held still meanwhile)
       are they compared; else the round is taken again for the tables that moved, and a
       source that moved in every round is reported as not compared."""
-    from delta.tables import DeltaTable
-
-    from cdc.spark import spark_session
     from materializers.check.verify import consistent_cut
-    from materializers.stores.warehouse.tables import current_path, warehouse_root
 
     what = "row count and sums equal PostgreSQL's"
-    spark = spark_session(settings, "cdc-verify")
-    root = warehouse_root(settings)
+    warehouse = make_store(settings, "warehouse")
+    assert isinstance(warehouse, WarehouseStore)
     context = _context()
     found: dict[str, list[Check]] = {t.qualified: [] for t in tables}
     compared: dict[str, Check] = {}
     present = []
     for table in tables:
-        if DeltaTable.isDeltaTable(spark, current_path(root, table.qualified)):
+        if warehouse.live_frame(table) is not None:
             present.append(table)
             continue
         found[table.qualified].append(
@@ -286,11 +285,11 @@ def expectations(
         for table in pending:
             name = table.qualified
             summed = _summed(table)
-            frame = _live_frame(spark, current_path(root, name), summed)
+            frame = _live_frame(warehouse, table, summed)
             try:
                 live = _live_suite(context, frame, table, counts[name], summed)
                 if round_ == 0:
-                    found[name] += live.checks + history_checks(spark, root, table, frame)
+                    found[name] += live.checks + history_checks(warehouse, table, frame)
             finally:
                 frame.unpersist()
             if name in compared:
@@ -335,15 +334,15 @@ def _aggregates_compared(
     return Check(table.qualified, what, None, not differ, "; ".join(differ) if differ else shown)
 
 
-def history_checks(spark: Any, root: str, table: Table, live: Any) -> list[Check]:
+def history_checks(warehouse: WarehouseStore, table: Table, live: Any) -> list[Check]:
     """The invariants of the table's history (SCD type 2) against its `live` rows, in
     one pass: each key's newest version, and only it, is marked newest; at most one
     version per key is open; every live row's version is open; no version ends before
     it begins."""
     from materializers.stores.warehouse.history import NEWEST
-    from materializers.stores.warehouse.tables import delta_frame, history_path
 
-    history = delta_frame(spark, history_path(root, table.qualified))
+    spark = warehouse.spark
+    history = warehouse.history_frame(table)
     if history is None:
         return [Check(table.qualified, "history exists", None, False, "no Delta table")]
     keys = [q(k) for k in table.key]

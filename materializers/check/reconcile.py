@@ -1,10 +1,13 @@
 """`cdc verify` as one step: each store compared with the source at a consistent cut
-(materializers/check/verify.py), what drifted mended and compared again when asked
-(materializers/check/repair.py), then the Great Expectations suites over the warehouse
-(materializers/check/quality.py). One report, which the CLI and the demo both render."""
+(materializers/check/verify.py), what drifted mended and compared again when asked (a
+`Mend`: `cdc verify --repair` gives materializers/check/repair.py's), then the Great
+Expectations suites over the warehouse (materializers/check/quality.py) and each
+derived view's check (materializers/check/view_checks.py). Verifying only reads; one
+report, which the CLI and the demo both render."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -12,11 +15,13 @@ from cdc.catalog import Table
 from cdc.say import Say, quiet
 from cdc.settings import Settings
 from materializers.check.quality import Check, expectations
-from materializers.check.repair import repair
 from materializers.check.verify import Drift, verify
 from materializers.check.view_checks import view_checks
 
-__all__ = ["VerifyReport", "reconcile"]
+__all__ = ["Mend", "VerifyReport", "reconcile"]
+
+# mends what drifted (the drifts of a verify), saying one line per thing it did
+Mend = Callable[[list[Drift]], list[str]]
 
 
 @dataclass
@@ -43,15 +48,16 @@ def reconcile(
     tables: list[Table],
     stores: list[str],
     timeout: float = 120.0,
-    mend: bool = False,
+    mend: Mend | None = None,
     say: Say = quiet,
 ) -> VerifyReport:
-    """Verify `stores` against the source for `tables`; with `mend`, repair what drifted
-    and verify again; then run the warehouse's expectations (if it is one of `stores`)."""
+    """Verify `stores` against the source for `tables`; with `mend`, mend what drifted
+    and verify again; then run the warehouse's expectations and its views' checks (if it
+    is one of `stores`)."""
     say(f"verifying {len(tables)} tables in {', '.join(stores)} at a consistent cut")
     report = VerifyReport(verify(settings, tables, stores, timeout))
-    if mend and not all(d.ok for d in report.drifts):
-        report.repairs = repair(settings, tables, report.drifts, say=say)
+    if mend is not None and not all(d.ok for d in report.drifts):
+        report.repairs = mend(report.drifts)
         for line in report.repairs:
             say(line)
         say("verifying again once the stores have applied the repair")

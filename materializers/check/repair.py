@@ -36,7 +36,7 @@ def repair(
     rows drifted): the rows come through the log again at new positions and every
     store takes them. The keys go in signals of at most REPAIR_FILTER_CHARS of filter
     each, one after the other (Debezium keeps a running backfill's filter in its
-    offsets, and reads a queue of them one by one anyway); `report` hears of each.
+    offsets, and reads a queue of them one by one anyway); `say` hears of each.
     Keys only a store has (no such row in the source) are removed from that store
     first, each table's before its backfills (which may take minutes), and only those
     the source still lacks as they go: a key inserted since verify looked is

@@ -29,7 +29,9 @@ from cdc.settings import Settings
 from cdc.topics import ChangeRecord, change_topic, read_topic, thinned
 from materializers.check.quality import Check
 from materializers.log.progress import checkpoint_dir, last_committed_batch, late_events
-from materializers.stores.warehouse.store import warehouse_value
+from materializers.stores.base import Store
+from materializers.stores.registry import make_store
+from materializers.stores.warehouse.store import WarehouseStore, warehouse_value
 from materializers.views.base import Expected, StreamingView, View
 from materializers.views.enrichment import EnrichmentView
 from materializers.views.registry import views_of
@@ -56,6 +58,7 @@ class ViewChecks:
         self.tables = tables
         self.timeout = timeout
         self._logs: dict[str, list[ChangeRecord]] = {}
+        self._warehouse: Store | None = None  # read when a view's rows are
 
     def against_source(self, view: TableJoinView) -> Check:
         from materializers.check.verify import verify_join
@@ -154,9 +157,10 @@ class ViewChecks:
         return logs
 
     def _held(self, view: View) -> dict[Any, Any]:
-        from materializers.stores.warehouse.tables import view_frame
-
-        frame = view_frame(self.settings, view.name)
+        if self._warehouse is None:
+            self._warehouse = make_store(self.settings, "warehouse")
+        assert isinstance(self._warehouse, WarehouseStore)
+        frame = self._warehouse.view_frame(view.name)
         return {} if frame is None else view.held(frame, self.tables, warehouse_value)
 
     def _caught_up(self, view: View, logs: dict[str, list[ChangeRecord]]) -> int | None:

@@ -72,7 +72,7 @@ class View:
         """The captured tables it reads."""
         return self.settings.sides
 
-    def validate(self, tables: dict[str, Table], pipeline: str) -> None:
+    def check_settings(self, tables: dict[str, Table], pipeline: str) -> None:
         """Raise ConfigError, in one line, when the view reads what is not captured."""
         for side in self.sides:
             if side not in tables:

@@ -64,8 +64,8 @@ class EnrichmentView(AfterBatchView):
     def verify(self, by: Verifier) -> Any:
         return by.against_log(self)
 
-    def validate(self, tables: dict[str, Table], pipeline: str) -> None:
-        super().validate(tables, pipeline)
+    def check_settings(self, tables: dict[str, Table], pipeline: str) -> None:
+        super().check_settings(tables, pipeline)
         join = self.settings
         stream, referenced = tables[join.table], tables[join.references]
         for c in join.columns:

@@ -62,5 +62,5 @@ def check_views(settings: Settings, tables: dict[str, Table]) -> list[View]:
     if len(set(names)) != len(names):
         raise ConfigError(f"view names must be unique: {', '.join(sorted(names))}")
     for view in views:
-        view.validate(tables, settings.pipeline.name)
+        view.check_settings(tables, settings.pipeline.name)
     return views

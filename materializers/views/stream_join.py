@@ -66,8 +66,8 @@ class StreamJoinView(StreamingView):
     def definition(self) -> str:
         return legacy_definition(self.settings, _FIELDS_BEFORE)
 
-    def validate(self, tables: dict[str, Table], pipeline: str) -> None:
-        super().validate(tables, pipeline)
+    def check_settings(self, tables: dict[str, Table], pipeline: str) -> None:
+        super().check_settings(tables, pipeline)
         join = self.settings
         start, end = tables[join.table], tables[join.references]
         for c in [*join.columns, *join.when, join.on]:
@@ -121,7 +121,7 @@ class StreamJoinView(StreamingView):
 
         join = self.settings
         start, end = wide(tables[join.table]), wide(tables[join.references])
-        self.validate(tables, settings.pipeline.name)
+        self.check_settings(tables, settings.pipeline.name)
         (key,) = start.key
         starts = events(spark, settings, start, [key], ("c",), join.watermark).select(
             F.col(q(f"__c_{key}")).alias("__start_key"),

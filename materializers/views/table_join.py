@@ -38,8 +38,8 @@ class TableJoinView(AfterBatchView):
     def verify(self, by: Verifier) -> Any:
         return by.against_source(self)
 
-    def validate(self, tables: dict[str, Table], pipeline: str) -> None:
-        super().validate(tables, pipeline)
+    def check_settings(self, tables: dict[str, Table], pipeline: str) -> None:
+        super().check_settings(tables, pipeline)
         join = self.settings
         left, right = tables[join.table], tables[join.references]
         for c in join.columns:

@@ -74,8 +74,8 @@ class WindowView(StreamingView):
     def verified_as(self) -> str:
         return f"{self.settings.kind} window aggregate equals its windows recomputed from the log"
 
-    def validate(self, tables: dict[str, Table], pipeline: str) -> None:
-        super().validate(tables, pipeline)
+    def check_settings(self, tables: dict[str, Table], pipeline: str) -> None:
+        super().check_settings(tables, pipeline)
         if self.settings.sum is not None:
             self.has(tables[self.settings.table], self.settings.sum)
 
@@ -280,8 +280,8 @@ class SessionView(WindowView):
     def verify(self, by: Verifier) -> Any:
         return by.at_watermark(self)
 
-    def validate(self, tables: dict[str, Table], pipeline: str) -> None:
-        super().validate(tables, pipeline)
+    def check_settings(self, tables: dict[str, Table], pipeline: str) -> None:
+        super().check_settings(tables, pipeline)
         group_by = self.settings.group_by
         if group_by is not None:
             self.has(tables[self.settings.table], group_by)

@@ -41,6 +41,7 @@ from materializers.stores.warehouse.tables import (
     ensure_delta,
     history_path,
     is_empty,
+    view_path,
 )
 
 __all__ = ["BatchStep", "WarehouseStore", "warehouse_value"]
@@ -238,14 +239,34 @@ class WarehouseStore(FrameStore):
     def rows(self, table: Table) -> Rows:
         return self.rows_at(table, current_path(self.root, table.qualified), live=True)
 
-    def rows_at(self, table: Table, path: str, live: bool = False) -> Rows:
-        """The rows of the Delta table at `path` with `table`'s columns (a join view's,
-        whose deleted rows are gone; `live`: without the deleted markers)."""
+    def live_frame(self, table: Table) -> Any | None:
+        """The table's live rows (its current state without the deleted markers) as a
+        DataFrame; None while it has no Delta table."""
+        frame = self._frame(current_path(self.root, table.qualified))
+        return None if frame is None else frame.where("NOT _cdc_deleted")
+
+    def history_frame(self, table: Table) -> Any | None:
+        """The table's history as a DataFrame; None while it has none."""
+        return self._frame(history_path(self.root, table.qualified))
+
+    def view_frame(self, name: str) -> Any | None:
+        """A derived view's Delta table as a DataFrame; None while it has none."""
+        return self._frame(view_path(self.root, name))
+
+    def _frame(self, path: str) -> Any | None:
+        """The Delta table at `path` as a DataFrame; None while there is none."""
         from delta.tables import DeltaTable
 
         if not DeltaTable.isDeltaTable(self.spark, path):
+            return None
+        return self.spark.read.format("delta").load(path)
+
+    def rows_at(self, table: Table, path: str, live: bool = False) -> Rows:
+        """The rows of the Delta table at `path` with `table`'s columns (a join view's,
+        whose deleted rows are gone; `live`: without the deleted markers)."""
+        frame = self._frame(path)
+        if frame is None:
             return {}
-        frame = self.spark.read.format("delta").load(path)
         if live:
             frame = frame.where("NOT _cdc_deleted")
         names = [c.name for c in table.columns]

@@ -22,12 +22,10 @@ __all__ = [
     "append_rows",
     "clear_columns",
     "current_path",
-    "delta_frame",
     "dropped_columns",
     "ensure_delta",
     "history_path",
     "is_empty",
-    "view_frame",
     "view_path",
     "warehouse_base",
     "warehouse_root",
@@ -153,25 +151,6 @@ def ensure_delta(
     if added or changed:
         target = DeltaTable.forPath(spark, path)
     return target
-
-
-def delta_frame(spark: Any, path: str) -> Any | None:
-    """The Delta table at `path` as a DataFrame; None while there is none."""
-    from delta.tables import DeltaTable
-
-    if not DeltaTable.isDeltaTable(spark, path):
-        return None
-    return spark.read.format("delta").load(path)
-
-
-def view_frame(settings: Settings, name: str) -> Any | None:
-    """A view's Delta table (a join view, an enrichment, a window aggregate) as a
-    DataFrame of `cdc verify`'s Spark session; None while there is none."""
-    from cdc.spark import spark_session
-
-    return delta_frame(
-        spark_session(settings, "cdc-verify"), view_path(warehouse_root(settings), name)
-    )
 
 
 def is_empty(target: Any) -> bool:
