@@ -1,4 +1,5 @@
-"""What the stores, the source and a topic hold, read for tests that share them."""
+"""What the stores should hold (the source in each store's terms), and what the source and a
+topic hold, read for tests that share them (the stores themselves: tests/stores.py)."""
 
 from __future__ import annotations
 
@@ -9,21 +10,9 @@ from kafka import KafkaConsumer, TopicPartition
 
 from cdc.clients import kafka_client_kwargs
 from cdc.settings import KafkaSettings
-from materializers.stores.cache import cache_key, cache_text
-from materializers.stores.search import index_name, plain_value
+from materializers.stores.cache import cache_text
+from materializers.stores.search import plain_value
 from tests.logcheck import source_rows, table_info
-from tests.stores import opensearch_reader, redis_reader
-
-
-def cache_contents(settings, table: str) -> dict[str, dict[str, str]]:  # type: ignore[no-untyped-def]
-    client = redis_reader(settings)
-    prefix = cache_key(settings.pipeline.topic_prefix, table, "")
-    rows = {}
-    for key in client.scan_iter(match=prefix + "*", count=1000):
-        entry = client.hgetall(key)
-        if "_deleted" not in entry:
-            rows[key[len(prefix) :]] = {k: v for k, v in entry.items() if not k.startswith("_")}
-    return rows
 
 
 def expected_cache(settings, table: str) -> dict[str, dict[str, str]]:  # type: ignore[no-untyped-def]
@@ -34,18 +23,6 @@ def expected_cache(settings, table: str) -> dict[str, dict[str, str]]:  # type: 
             name: cache_text(value) for name, value in row.items() if value is not None
         }
         for key, row in source_rows(settings, info).items()
-    }
-
-
-def search_contents(settings, table: str) -> dict[str, dict]:  # type: ignore[no-untyped-def]
-    from opensearchpy import helpers
-
-    client = opensearch_reader(settings)
-    index = index_name(settings.pipeline.topic_prefix, table)
-    client.indices.refresh(index=index)
-    return {
-        hit["_id"]: {k: v for k, v in hit["_source"].items() if not k.startswith("_cdc")}
-        for hit in helpers.scan(client, index=index, query={"query": {"match_all": {}}})
     }
 
 
@@ -61,25 +38,6 @@ def expected_search(settings, table: str) -> dict[str, dict]:  # type: ignore[no
         }
         for key, row in source_rows(settings, info).items()
     }
-
-
-def warehouse_rows(settings, table: str, columns: list[str]) -> dict:  # type: ignore[no-untyped-def]
-    from cdc.spark import spark_session
-    from materializers.stores.warehouse.tables import current_path, warehouse_root
-
-    spark = spark_session(settings, "test")
-    frame = spark.read.format("delta").load(current_path(warehouse_root(settings), table))
-    return {
-        r["id"]: tuple(r[c] for c in columns) for r in frame.where("NOT _cdc_deleted").collect()
-    }
-
-
-def history_rows(settings, table: str):  # type: ignore[no-untyped-def]
-    from cdc.spark import spark_session
-    from materializers.stores.warehouse.tables import history_path, warehouse_root
-
-    spark = spark_session(settings, "test")
-    return spark.read.format("delta").load(history_path(warehouse_root(settings), table))
 
 
 def source_tuples(settings, table: str, columns: list[str]) -> dict:  # type: ignore[no-untyped-def]

@@ -1,17 +1,22 @@
 """Readers of the tests' own for the three stores (never the project's code): redis-py,
-OpenSearch over HTTP, and Delta read with the Spark session open in the test process.
-Each returns the live rows of a table, {key column's value: {column: value}}, without
-the stores' metadata."""
+OpenSearch's client, and Delta read with Spark; the one place tests read a store
+where the store is what is under test (checks of something else use the product's own
+`Store.rows`).
+
+Each store has one raw reader (`cache_hashes`, `search_documents`, `warehouse_frame`),
+and the shapes tests compare are made from it: `cache`, `search`, `warehouse` (the live
+rows of a table, {key column's value: {column: value}}, without the stores' metadata),
+`cache_contents`, `search_contents` (by the key's text or the document id)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import redis
-import requests
 
 from materializers.stores.warehouse.tables import current_path, warehouse_root
 
@@ -33,17 +38,33 @@ def redis_reader(settings: Any, **options: Any) -> redis.Redis:
     )
 
 
-def cache(settings: Any, table: str, key: str = "id") -> Rows:
-    client = redis_reader(settings)
+def cache_hashes(settings: Any, table: str) -> dict[str, dict[str, str]]:
+    """Every live hash the cache holds of `table` (a deleted row's marker left out), by
+    its key's text (the key columns as JSON), with every field."""
+    client = redis_reader(settings, socket_timeout=30)
     prefix = f"{settings.pipeline.topic_prefix}:{table}:"
-    rows = {}
-    for name in client.scan_iter(match=prefix + "*"):
+    pattern = re.sub(r"([*?\[\]\\])", r"\\\1", prefix) + "*"  # the name's own glob characters
+    hashes = {}
+    for name in client.scan_iter(match=pattern, count=1000):
         entry = client.hgetall(name)
-        if "_deleted" not in entry:  # a deleted row's marker
-            rows[json.loads(name[len(prefix) :])[key]] = {
-                c: v for c, v in entry.items() if not c.startswith("_")
-            }
-    return rows
+        if "_deleted" not in entry:
+            hashes[name[len(prefix) :]] = entry
+    return hashes
+
+
+def cache_contents(settings: Any, table: str) -> dict[str, dict[str, str]]:
+    """The cache's live rows by their key's text, without the cache's own fields."""
+    return {
+        k: {c: v for c, v in entry.items() if not c.startswith("_")}
+        for k, entry in cache_hashes(settings, table).items()
+    }
+
+
+def cache(settings: Any, table: str, key: str = "id") -> Rows:
+    return {
+        json.loads(k)[key]: {c: v for c, v in entry.items() if not c.startswith("_")}
+        for k, entry in cache_hashes(settings, table).items()
+    }
 
 
 def opensearch_http(settings: Any) -> dict[str, Any]:
@@ -70,27 +91,75 @@ def opensearch_reader(settings: Any, **options: Any) -> Any:
     )
 
 
-def search(settings: Any, table: str, key: str = "id") -> Rows:
-    index = f"{settings.pipeline.topic_prefix}.{table}".lower()
-    url, http = settings.opensearch.url, opensearch_http(settings)
-    requests.post(f"{url}/{index}/_refresh", timeout=30, **http).raise_for_status()
-    hits = requests.post(f"{url}/{index}/_search", json={"size": 1000}, timeout=30, **http).json()
+def index_name(settings: Any, table: str) -> str:
+    """Debezium's topic name (characters other than [A-Za-z0-9._-] become _), lower case."""
+    topic = f"{settings.pipeline.topic_prefix}.{table}"
+    return "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in topic)[
+        :249
+    ].lower()
+
+
+def search_documents(settings: Any, table: str) -> dict[str, dict[str, Any]]:
+    """Every document of the table's index (all of them: a scroll), by its id, once the
+    index is refreshed."""
+    from opensearchpy import helpers
+
+    client = opensearch_reader(settings, timeout=30)
+    index = index_name(settings, table)
+    client.indices.refresh(index=index)
     return {
-        h["_source"][key]: {c: v for c, v in h["_source"].items() if not c.startswith("_cdc_")}
-        for h in hits["hits"]["hits"]
+        hit["_id"]: hit["_source"]
+        for hit in helpers.scan(client, index=index, query={"query": {"match_all": {}}})
     }
+
+
+def search_contents(settings: Any, table: str) -> dict[str, dict[str, Any]]:
+    """The index's documents by id, without the pipeline's own fields."""
+    return {
+        i: {c: v for c, v in source.items() if not c.startswith("_cdc")}
+        for i, source in search_documents(settings, table).items()
+    }
+
+
+def search(settings: Any, table: str, key: str = "id") -> Rows:
+    return {
+        source[key]: {c: v for c, v in source.items() if not c.startswith("_cdc_")}
+        for source in search_documents(settings, table).values()
+    }
+
+
+def warehouse_frame(settings: Any, table: str, history: bool = False) -> Any:
+    """The table's current state (every row, the deleted markers too) or its history, as
+    a DataFrame of the Spark session open in this process (or one of the tests' own)."""
+    from pyspark.sql import SparkSession
+
+    from materializers.stores.warehouse.tables import history_path
+
+    spark = SparkSession.getActiveSession()
+    if spark is None:
+        from cdc.spark import spark_session
+
+        spark = spark_session(settings, "test")
+    where = history_path if history else current_path
+    return spark.read.format("delta").load(where(warehouse_root(settings), table))
+
+
+def history_rows(settings: Any, table: str) -> Any:
+    """The table's history (every version) as a DataFrame."""
+    return warehouse_frame(settings, table, history=True)
 
 
 def warehouse(settings: Any, table: str, key: str = "id") -> Rows:
-    from pyspark.sql import SparkSession
-
-    spark = SparkSession.getActiveSession()
-    assert spark is not None  # the apply job's session, still open in this process
-    frame = spark.read.format("delta").load(current_path(warehouse_root(settings), table))
     return {
         r[key]: {c: v for c, v in r.asDict().items() if not c.startswith("_cdc_")}
-        for r in frame.where("NOT _cdc_deleted").collect()
+        for r in warehouse_frame(settings, table).where("NOT _cdc_deleted").collect()
     }
+
+
+def warehouse_rows(settings: Any, table: str, columns: list[str]) -> dict[Any, tuple[Any, ...]]:
+    """The live rows' `columns`, by id."""
+    frame = warehouse_frame(settings, table).where("NOT _cdc_deleted")
+    return {r["id"]: tuple(r[c] for c in columns) for r in frame.collect()}
 
 
 def stores(settings: Any, table: str, key: str = "id") -> dict[str, Rows]:

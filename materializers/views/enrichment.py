@@ -90,7 +90,9 @@ class EnrichmentView(AfterBatchView):
             )
 
     def keeps(self) -> dict[str, set[str]]:
-        return {self.settings.table: {"created"}, self.settings.references: {"versions"}}
+        keep = {self.settings.table: {"created"}}
+        keep.setdefault(self.settings.references, set()).add("versions")  # (may be the same)
+        return keep
 
     def refresh(
         self,

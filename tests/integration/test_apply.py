@@ -14,8 +14,9 @@ from materializers.log.progress import checkpoint_dir
 from materializers.stores.cache import cache_key
 from materializers.stores.warehouse.tables import current_path, history_path, warehouse_root
 from tests.conftest import Capture
-from tests.contents import cache_contents, expected_cache, expected_search, search_contents
+from tests.contents import expected_cache, expected_search
 from tests.logcheck import table_info, wait_until_equal
+from tests.stores import cache_contents, search_contents
 
 pytestmark = pytest.mark.integration
 

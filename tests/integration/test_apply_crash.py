@@ -18,17 +18,10 @@ from materializers.check.view_checks import view_checks
 from materializers.log.progress import read_progress
 from materializers.stores.warehouse.tables import view_path, warehouse_root
 from tests.conftest import Capture
-from tests.contents import (
-    cache_contents,
-    expected_cache,
-    expected_search,
-    history_rows,
-    search_contents,
-    source_tuples,
-    warehouse_rows,
-)
+from tests.contents import expected_cache, expected_search, source_tuples
 from tests.helpers import ROOT, ended, run_cdc
 from tests.logcheck import table_info, wait_until_equal
+from tests.stores import cache_contents, history_rows, search_contents, warehouse_rows
 from tests.writer import Writer
 
 pytestmark = pytest.mark.integration

@@ -15,17 +15,10 @@ from commands.pipeline import drop_pipeline
 from materializers.apply.job import run_apply
 from materializers.check.rebuild import reset_store
 from tests.conftest import Capture
-from tests.contents import (
-    cache_contents,
-    expected_cache,
-    expected_search,
-    history_rows,
-    search_contents,
-    source_tuples,
-    warehouse_rows,
-)
+from tests.contents import expected_cache, expected_search, source_tuples
 from tests.helpers import recorded_placeholder
 from tests.logcheck import poll
+from tests.stores import cache_contents, history_rows, search_contents, warehouse_rows
 
 pytestmark = pytest.mark.integration
 

@@ -19,8 +19,7 @@ from materializers.log.progress import read_progress
 from materializers.stores.search import SearchStore, index_name
 from materializers.stores.warehouse.tables import current_path, warehouse_root
 from tests.conftest import Capture, Captured
-from tests.contents import warehouse_rows
-from tests.stores import opensearch_reader
+from tests.stores import opensearch_reader, warehouse_rows
 
 pytestmark = pytest.mark.integration
 

@@ -12,17 +12,10 @@ import pytest
 from cdc.components import Connect
 from materializers.apply.job import run_apply
 from tests.conftest import Capture, RunningStack
-from tests.contents import (
-    cache_contents,
-    expected_cache,
-    expected_search,
-    history_rows,
-    search_contents,
-    source_tuples,
-    warehouse_rows,
-)
+from tests.contents import expected_cache, expected_search, source_tuples
 from tests.helpers import run_cdc
 from tests.logcheck import events_by_key, table_info, wait_until_equal
+from tests.stores import cache_contents, history_rows, search_contents, warehouse_rows
 from tests.writer import Writer
 
 pytestmark = pytest.mark.integration

@@ -19,11 +19,11 @@ from cdc.clients import kafka_client_kwargs
 from cdc.settings import KafkaSettings
 from cdc.topics import change_topic
 from materializers.apply.job import run_apply
-from materializers.stores.warehouse.tables import current_path, history_path, warehouse_root
 from tests.conftest import Capture
 from tests.contents import topic_records
 from tests.helpers import recorded_placeholder, run_cdc
 from tests.logcheck import table_info, wait_until_equal
+from tests.stores import cache, search, warehouse_frame
 
 pytestmark = pytest.mark.integration
 
@@ -36,36 +36,16 @@ def deliver_again(kafka: KafkaSettings, topic: str, records: list) -> None:  # t
     producer.close()
 
 
-def redis_rows(settings, table: str) -> dict[str, dict[str, str]]:  # type: ignore[no-untyped-def]
-    client = redis.Redis.from_url(settings.redis.url, decode_responses=True)
-    prefix = f"{settings.pipeline.topic_prefix}:{table}:"
-    rows = {}
-    for key in client.scan_iter(match=prefix + "*"):
-        entry = client.hgetall(key)
-        if "_deleted" not in entry:
-            rows[json.loads(key[len(prefix) :])["id"]] = entry["body"]
-    return rows
+def redis_rows(settings, table: str) -> dict[int, str]:  # type: ignore[no-untyped-def]
+    return {k: row["body"] for k, row in cache(settings, table).items()}
 
 
 def search_rows(settings, table: str) -> dict[int, str]:  # type: ignore[no-untyped-def]
-    index = f"{settings.pipeline.topic_prefix}.{table}".lower()
-    url = settings.opensearch.url
-    requests.post(f"{url}/{index}/_refresh", timeout=30).raise_for_status()
-    hits = requests.post(f"{url}/{index}/_search", json={"size": 10000}, timeout=30).json()["hits"][
-        "hits"
-    ]
-    return {h["_source"]["id"]: h["_source"]["body"] for h in hits}
+    return {k: row["body"] for k, row in search(settings, table).items()}
 
 
 def delta_frames(settings, table: str):  # type: ignore[no-untyped-def]
-    from pyspark.sql import SparkSession
-
-    spark = SparkSession.getActiveSession()
-    assert spark is not None  # the apply job's session, still open in this process
-    root = warehouse_root(settings)
-    current = spark.read.format("delta").load(current_path(root, table))
-    history = spark.read.format("delta").load(history_path(root, table))
-    return current, history
+    return warehouse_frame(settings, table), warehouse_frame(settings, table, history=True)
 
 
 def source(dsn: str, name: str) -> dict[int, str]:

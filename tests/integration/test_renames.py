@@ -12,15 +12,9 @@ from cdc.topics import change_topic, read_topic
 from commands.pipeline import pipeline_status, sync_pipeline
 from materializers.apply.job import run_apply
 from tests.conftest import Capture
-from tests.contents import (
-    cache_contents,
-    expected_cache,
-    expected_search,
-    search_contents,
-    source_tuples,
-    warehouse_rows,
-)
+from tests.contents import expected_cache, expected_search, source_tuples
 from tests.logcheck import poll, table_info, wait_until_equal
+from tests.stores import cache_contents, search_contents, warehouse_rows
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,6 @@ from typing import Any
 
 import psycopg
 import pytest
-import redis
 from kafka.admin import NewTopic
 
 from cdc.capture.source import timeline_forks
@@ -22,19 +21,13 @@ from materializers.log.progress import progress_file
 from tests.conftest import Capture, Captured
 from tests.helpers import run_cdc
 from tests.logcheck import poll, table_info, wait_until_equal
+from tests.stores import cache
 
 pytestmark = pytest.mark.integration
 
 
 def cache_rows(settings: Settings, table: str) -> dict[int, str]:
-    client = redis.Redis.from_url(settings.redis.url, decode_responses=True)
-    prefix = f"{settings.pipeline.topic_prefix}:{table}:"
-    rows = {}
-    for key in client.scan_iter(match=prefix + "*"):
-        entry = client.hgetall(key)
-        if "_deleted" not in entry:
-            rows[json.loads(key[len(prefix) :])["id"]] = entry["body"]
-    return rows
+    return {k: row["body"] for k, row in cache(settings, table).items()}
 
 
 def source(dsn: str, name: str) -> dict[int, str]:

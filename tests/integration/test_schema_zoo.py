@@ -36,7 +36,7 @@ from materializers.stores.warehouse.tables import warehouse_root
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.logcheck import pipeline_for, wait_until_captured
-from tests.stores import column_mapped, delta_tables, readers_differ
+from tests.stores import cache_hashes, column_mapped, delta_tables, readers_differ, search_documents
 
 pytestmark = [pytest.mark.integration, pytest.mark.long]
 
@@ -499,35 +499,17 @@ def source_for(conn: psycopg.Connection[Any], qualified: str, match: str, store:
 
 def cache_rows(settings: Any, table: str) -> list[dict[str, Any]]:
     """The cache's live rows; a column `_x` is the field `__x` (docs/stores.md)."""
-    import redis
-
-    client = redis.Redis.from_url(settings.redis.url, decode_responses=True)
-    rows = []
-    for name in client.scan_iter(match=f"{settings.pipeline.topic_prefix}:{table}:*"):
-        entry = client.hgetall(name)
-        if "_deleted" not in entry:
-            rows.append(
-                {f[1:]: v for f, v in entry.items() if f.startswith("__")}
-                | {f: v for f, v in entry.items() if not f.startswith("_")}
-            )
-    return rows
-
-
-def index_name(settings: Any, table: str) -> str:
-    """Debezium's topic name (characters other than [A-Za-z0-9._-] become _), lower case."""
-    topic = f"{settings.pipeline.topic_prefix}.{table}"
-    return "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in topic).lower()
+    return [
+        {f[1:]: v for f, v in entry.items() if f.startswith("__")}
+        | {f: v for f, v in entry.items() if not f.startswith("_")}
+        for entry in cache_hashes(settings, table).values()
+    ]
 
 
 def search_rows(settings: Any, table: str) -> list[dict[str, Any]]:
-    import requests
-
-    url, index = settings.opensearch.url, index_name(settings, table)
-    requests.post(f"{url}/{index}/_refresh", timeout=30).raise_for_status()
-    hits = requests.post(f"{url}/{index}/_search", json={"size": 1000}, timeout=30).json()
     return [
-        {c: v for c, v in h["_source"].items() if not c.startswith("_cdc_")}
-        for h in hits["hits"]["hits"]
+        {c: v for c, v in source.items() if not c.startswith("_cdc_")}
+        for source in search_documents(settings, table).values()
     ]
 
 

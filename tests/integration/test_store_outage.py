@@ -13,11 +13,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
-import redis
-import requests
 from kafka import KafkaConsumer, TopicPartition
 
 from cdc.clients import kafka_client_kwargs
@@ -26,6 +25,7 @@ from cdc.stack import Stack
 from tests.conftest import Capture, RunningStack
 from tests.helpers import ROOT, run_cdc
 from tests.logcheck import poll
+from tests.stores import cache, search
 
 pytestmark = pytest.mark.integration
 
@@ -39,21 +39,12 @@ def source_rows(dsn: str, name: str) -> dict[int, int]:
         return dict(conn.execute(f"SELECT id, n FROM {name}").fetchall())  # type: ignore[arg-type]
 
 
-def redis_rows(url: str, prefix: str) -> dict[int, int]:
-    client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
-    rows = {}
-    for key in client.scan_iter(match=prefix + "*", count=1000):
-        entry = client.hgetall(key)
-        if "_deleted" not in entry:
-            rows[json.loads(key[len(prefix) :])["id"]] = int(entry["n"])
-    return rows
+def cache_n(settings: Any, table: str) -> dict[int, int]:
+    return {k: int(row["n"]) for k, row in cache(settings, table).items()}
 
 
-def search_rows(url: str, index: str) -> dict[int, int]:
-    requests.post(f"{url}/{index}/_refresh", timeout=30).raise_for_status()
-    body = {"size": 10000, "_source": ["id", "n"]}
-    hits = requests.post(f"{url}/{index}/_search", json=body, timeout=30).json()["hits"]["hits"]
-    return {h["_source"]["id"]: h["_source"]["n"] for h in hits}
+def search_n(settings: Any, table: str) -> dict[int, int]:
+    return {k: row["n"] for k, row in search(settings, table).items()}
 
 
 def dead_letters(kafka: KafkaSettings, topic: str) -> int:
@@ -99,9 +90,7 @@ def test_a_store_that_is_down_blocks_its_apply_and_loses_nothing(
                 stderr=out,
             )
         expected = source_rows(dsn, name)
-        cache_prefix = f"{prefix}:{table}:"
-        index = f"{prefix}.{table}".lower()
-        poll(lambda: redis_rows(settings.redis.url, cache_prefix) == expected, 300, "the cache")
+        poll(lambda: cache_n(settings, table) == expected, 300, "the cache")
 
         os.kill(pid_of(data_dir, "redis"), signal.SIGKILL)
         frozen = pid_of(data_dir, "opensearch")
@@ -144,8 +133,8 @@ def test_a_store_that_is_down_blocks_its_apply_and_loses_nothing(
         assert started.returncode == 0, started.stderr
         expected = source_rows(dsn, name)
         assert len(expected) == 2000
-        poll(lambda: redis_rows(settings.redis.url, cache_prefix) == expected, 300, "the cache")
-        poll(lambda: search_rows(settings.opensearch.url, index) == expected, 300, "the index")
+        poll(lambda: cache_n(settings, table) == expected, 300, "the cache")
+        poll(lambda: search_n(settings, table) == expected, 300, "the index")
         assert dead_letters(settings.kafka, f"{prefix}.dlq") == 0
         assert apply.poll() is None
         said = log.read_text()

@@ -316,3 +316,17 @@ def test_a_streaming_view_keeps_the_definition_its_checkpoint_was_written_for() 
         '"on":"a_id","columns":["c"],"prefix":null,"when":{"s":["x"]},"within":"30 minutes",'
         '"watermark":"10 minutes"} plan 2'
     )
+
+
+def test_a_stream_table_join_of_a_table_with_itself_keeps_both_frames() -> None:
+    from materializers.stores.warehouse.store import frames_to_keep
+
+    itself = StreamTableJoin(
+        name="e",
+        kind="stream_table",
+        table="public.o",
+        references="public.o",
+        on="id",
+        columns=["n"],
+    )
+    assert frames_to_keep(after_batch([view_of(itself)])) == {"public.o": {"created", "versions"}}
