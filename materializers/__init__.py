@@ -8,6 +8,6 @@ imports only the ones above it in this list (tests/unit/test_layers.py):
   its rows computed again from the log);
 - check: reading the stores back against the source (verify's cut, expectations,
   each view's comparison, reconcile, repair, rebuild, query);
-- apply: the apply job (its queries, the cache's and index's batch writer, freshness,
+- apply: the apply job (its queries, the batch writer and its guards, freshness,
   dead letters, the warehouse's own process).
 """
