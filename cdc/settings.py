@@ -515,6 +515,11 @@ class JoinSettings(_ViewSettings):
         return (self.table, self.references)
 
     @property
+    def carried(self) -> list[str]:
+        """The view's names of the referenced columns it carries."""
+        return [self.column_prefix + c for c in self.columns]
+
+    @property
     def column_prefix(self) -> str:
         if self.prefix is not None:
             return self.prefix

@@ -90,6 +90,34 @@ class View:
                 f"{', '.join(have)}"
             )
 
+    def single_key(self, table: Table, what: str = "a join view") -> None:
+        """Raise ConfigError when `table`'s key has several columns."""
+        if len(table.key) != 1:
+            raise ConfigError(
+                f"view {self.name}: {table.qualified} has a composite key "
+                f"({', '.join(table.key)}); {what} needs a single-column key"
+            )
+
+    def not_taken(
+        self, table: Table, taken: set[str], carried: list[str], added: tuple[str, ...] = ()
+    ) -> None:
+        """Raise ConfigError when a column of `table` the view keeps (`taken`) is named like
+        one it adds to every row (`added`), or a column it carries like either."""
+        if clash := sorted(taken & set(added)):
+            raise ConfigError(
+                f"view {self.name}: {table.qualified}'s column {clash[0]} is named like one "
+                "the view adds to every row; rename the column"
+            )
+        prefix, columns = (
+            getattr(self.settings, "column_prefix", ""),
+            getattr(self.settings, "columns", []),
+        )
+        if clash := sorted((taken | set(added)) & {prefix + c for c in columns}):
+            raise ConfigError(
+                f"view {self.name}: {', '.join(clash)} is already a column of the view "
+                f"(of {table.qualified}, or the event's); give the join another prefix"
+            )
+
     @property
     def verified_as(self) -> str:
         """What `cdc verify` says it compares."""

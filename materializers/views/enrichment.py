@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 
 from cdc.catalog import TRUNCATIONS_TABLE, Table
 from cdc.decode import decode_value
-from cdc.errors import ConfigError
 from cdc.settings import StreamTableJoin
 from cdc.topics import ChangeRecord
 from materializers.log.position import Position, event_position
@@ -71,23 +70,8 @@ class EnrichmentView(AfterBatchView):
         for c in join.columns:
             self.has(referenced, c)
         self.has(stream, join.on)
-        if len(referenced.key) != 1:
-            raise ConfigError(
-                f"view {join.name}: {referenced.qualified} has a composite key "
-                f"({', '.join(referenced.key)}); a join view needs a single-column key"
-            )
-        own = {c.name for c in stream.columns}
-        if clash := sorted(own & set(EVENT_COLUMNS)):
-            raise ConfigError(
-                f"view {join.name}: {stream.qualified}'s column {clash[0]} is named like one "
-                "the view adds to every row; rename the column"
-            )
-        carried = {join.column_prefix + c for c in join.columns}
-        if clash := sorted((own | set(EVENT_COLUMNS)) & carried):
-            raise ConfigError(
-                f"view {join.name}: {', '.join(clash)} is already a column of the view "
-                f"(of {stream.qualified}, or the event's); give the join another prefix"
-            )
+        self.single_key(referenced)
+        self.not_taken(stream, {c.name for c in stream.columns}, join.carried, EVENT_COLUMNS)
 
     def keeps(self) -> dict[str, set[str]]:
         keep = {self.settings.table: {"created"}}

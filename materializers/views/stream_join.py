@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from cdc.catalog import Table
-from cdc.errors import ConfigError
 from cdc.settings import Settings, StreamStreamJoin, duration_ms
 from cdc.topics import ChangeRecord
 from materializers.log.typed import quoted as q
@@ -72,22 +71,8 @@ class StreamJoinView(StreamingView):
         start, end = tables[join.table], tables[join.references]
         for c in [*join.columns, *join.when, join.on]:
             self.has(end, c)
-        if len(start.key) != 1:
-            raise ConfigError(
-                f"view {join.name}: {start.qualified} has a composite key "
-                f"({', '.join(start.key)}); a stream_stream join needs a single-column key"
-            )
-        if clash := sorted(set(start.key) & set(JOIN_COLUMNS)):
-            raise ConfigError(
-                f"view {join.name}: {start.qualified}'s column {clash[0]} is named like one "
-                "the view adds to every row; rename the column"
-            )
-        carried = {join.column_prefix + c for c in join.columns}
-        if clash := sorted({*start.key, *JOIN_COLUMNS} & carried):
-            raise ConfigError(
-                f"view {join.name}: {', '.join(clash)} is already a column of the view "
-                f"(of {start.qualified}, or the event's); give the join another prefix"
-            )
+        self.single_key(start, "a stream_stream join")
+        self.not_taken(start, set(start.key), join.carried, JOIN_COLUMNS)
 
     def fields(self, start: Table, end: Table) -> list[Any]:
         """Its table: the start's key, its commit time and position, the end's commit
@@ -220,7 +205,7 @@ class StreamJoinView(StreamingView):
         join = self.settings
         start, end = tables[join.table], tables[join.references]
         (key,) = start.key
-        carried = [join.column_prefix + c for c in join.columns]
+        carried = join.carried
         rows = frame.selectExpr(
             f"{q(key)} AS k",
             "_cdc_commit_lsn",

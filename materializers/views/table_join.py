@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from cdc.catalog import Table
-from cdc.errors import ConfigError
 from cdc.settings import TableJoin
 from materializers.log.typed import quoted as q
 from materializers.log.typed import spark_type
@@ -45,17 +44,8 @@ class TableJoinView(AfterBatchView):
         for c in join.columns:
             self.has(right, c)
         self.has(left, join.on)
-        if len(right.key) != 1:
-            raise ConfigError(
-                f"view {join.name}: {right.qualified} has a composite key "
-                f"({', '.join(right.key)}); a join view needs a single-column key"
-            )
-        carried = {join.column_prefix + c for c in join.columns}
-        if clash := sorted({c.name for c in left.columns} & carried):
-            raise ConfigError(
-                f"view {join.name}: {', '.join(clash)} is already a column of the view "
-                f"(of {left.qualified}, or the event's); give the join another prefix"
-            )
+        self.single_key(right)
+        self.not_taken(left, {c.name for c in left.columns}, join.carried)
 
     def keeps(self) -> dict[str, set[str]]:
         return {self.settings.table: {"keys"}, self.settings.references: {"keys"}}
@@ -147,7 +137,7 @@ def refresh_join(
         )
     )
     source = affected.join(joined, [*left.key], "left")
-    columns = [c.name for c in left.columns] + [join.column_prefix + c for c in join.columns]
+    columns = [c.name for c in left.columns] + join.carried
     values = {q(c): f"s.{q(c)}" for c in columns}
     (
         view.alias("v")
