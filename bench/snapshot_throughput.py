@@ -36,9 +36,9 @@ from bench.common import CpuMark, ResourceSampler, bench_settings, cleanup, reco
 from cdc.capture.connect import connect_client
 from cdc.capture.connector import connector_config, secret_reference
 from cdc.clients import kafka_admin
-from cdc.components.postgres import postgres_bin_dir
 from cdc.settings import Settings, load_settings
 from cdc.spark import spark_session
+from cdc.stack.components.postgres import postgres_bin_dir
 from cdc.topics import end_offsets
 from materializers.apply.job import run_apply
 from snapshot.initial import run_snapshot

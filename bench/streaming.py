@@ -40,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import ResourceSampler, bench_settings, cleanup, record
 from bench.snapshot_throughput import pgbench_init, psql_args, psql_env
 from cdc.clients import kafka_client_kwargs
-from cdc.components.postgres import postgres_bin_dir
 from cdc.settings import Settings, load_settings
+from cdc.stack.components.postgres import postgres_bin_dir
 from cdc.topics import change_topic, end_offsets
 from commands.pipeline import pipeline_status
 from materializers.apply.job import run_apply

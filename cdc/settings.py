@@ -1038,7 +1038,7 @@ def admin_password_file(settings: Settings) -> Path:
 
 def local_admin_password(settings: Settings) -> Settings:
     """The settings with the local stack's generated superuser password (made with its
-    cluster: cdc.components.postgres) when none is configured."""
+    cluster: cdc.stack.components.postgres) when none is configured."""
     pg = settings.postgres
     if not pg.managed or "password" in pg.model_fields_set:
         return settings

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from cdc.components.base import ComponentStatus
+from cdc.stack.components.base import ComponentStatus
 from commands.pipeline import RESNAPSHOT, WAL_ADVICE, PipelineStatus
 
 __all__ = ["StatusCollector", "families", "serve"]

@@ -9,7 +9,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from cdc.components import ComponentStatus
+from cdc.stack.components import ComponentStatus
 from commands.pipeline import PipelineStatus
 from materializers.check.reconcile import VerifyReport
 

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from cdc.capture.connector import connector_config, secret_reference, wait_slot_active
-from cdc.components.connect import Connect
+from cdc.stack.components.connect import Connect
 from cdc.topics import wait_for_records
 from tests.conftest import RunningStack
 

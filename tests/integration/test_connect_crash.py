@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from cdc.components import Connect
+from cdc.stack.components import Connect
 from materializers.apply.job import run_apply
 from tests.conftest import Capture, RunningStack
 from tests.contents import expected_cache, expected_search, source_tuples

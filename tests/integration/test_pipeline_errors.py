@@ -17,8 +17,8 @@ from rich.console import Console
 
 from cdc.capture.connector import register_connector
 from cdc.capture.source import prepare_source
-from cdc.components.postgres import Postgres, postgres_bin_dir
 from cdc.errors import ConnectorError, SnapshotError, SourceError
+from cdc.stack.components.postgres import Postgres, postgres_bin_dir
 from commands.pipeline import pipeline_status
 from snapshot.initial import run_snapshot
 from tests.conftest import Capture, RunningStack

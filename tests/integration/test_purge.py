@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cdc.process import alive
 from cdc.stack import Stack
+from cdc.stack.process import alive
 from cdc.state_folders import MARKER
 from tests.conftest import settings_for, stack_env
 from tests.helpers import run_cdc

@@ -10,8 +10,8 @@ import pytest
 import requests
 
 from cdc.capture.connect import REST_USER, connect_client, rest_password_file
-from cdc.process import alive, port_free, read_pid
 from cdc.stack import Stack
+from cdc.stack.process import alive, port_free, read_pid
 from tests.conftest import RunningStack, stack_env
 from tests.helpers import run_cdc
 

@@ -25,12 +25,12 @@ from kafka.errors import KafkaError
 from pydantic import SecretStr
 
 from cdc.clients import kafka_admin, kafka_client_kwargs
-from cdc.components._jvm import java, kafka_lib
-from cdc.components.connect import Connect
-from cdc.components.kafka import Kafka
 from cdc.errors import ComponentError
 from cdc.settings import Settings, load_settings
 from cdc.spark import kafka_options, spark_session
+from cdc.stack.components._jvm import java, kafka_lib
+from cdc.stack.components.connect import Connect
+from cdc.stack.components.kafka import Kafka
 from cdc.topics import TopicSpec, end_offsets, ensure_topics, read_topic
 from tests import tls
 from tests.helpers import free_ports

@@ -23,8 +23,8 @@ from opensearchpy import AuthenticationException, OpenSearch
 from opensearchpy import SSLError as OpenSearchSSLError
 
 from cdc.catalog import Column, Table
-from cdc.components.opensearch import OpenSearch as OpenSearchNode
 from cdc.settings import Settings, load_settings
+from cdc.stack.components.opensearch import OpenSearch as OpenSearchNode
 from materializers.stores.base import Event
 from materializers.stores.registry import make_row_store
 from materializers.stores.search import index_name

@@ -22,8 +22,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from cdc.capture.connector import connector_config
 from cdc.capture.source import admin_connection, prepare_source, replication_dsn
-from cdc.components.postgres import Postgres
 from cdc.settings import Settings, load_settings
+from cdc.stack.components.postgres import Postgres
 from tests import tls
 from tests.helpers import free_ports
 

@@ -19,8 +19,8 @@ import pytest
 import redis
 
 from cdc.catalog import Column, Table
-from cdc.components.redis import Redis
 from cdc.settings import Settings, load_settings
+from cdc.stack.components.redis import Redis
 from materializers.stores.base import Event
 from materializers.stores.registry import make_row_store
 from tests import tls

@@ -26,8 +26,8 @@ import pytest
 from rich.console import Console
 
 from cdc.capture.connect import connect_client
-from cdc.components.postgres import Postgres
 from cdc.settings import Settings
+from cdc.stack.components.postgres import Postgres
 from commands.pipeline import drop_pipeline
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from cdc.components.connect import CONVERTERS
 from cdc.settings import Settings
+from cdc.stack.components.connect import CONVERTERS
 from tests.helpers import ROOT
 
 

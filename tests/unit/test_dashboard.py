@@ -36,7 +36,7 @@ def test_a_store_without_a_finished_batch_is_shown_as_running() -> None:
 def test_a_component_error_that_looks_like_markup_is_shown_as_it_is() -> None:
     from rich.console import Console
 
-    from cdc.components import ComponentStatus
+    from cdc.stack.components import ComponentStatus
     from commands.render import status_table
 
     status = ComponentStatus(

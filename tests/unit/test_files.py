@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from cdc.capture.role import write_secret
-from cdc.components.opensearch import OpenSearch
-from cdc.components.postgres import Postgres
 from cdc.errors import ComponentError
 from cdc.files import write_file
-from cdc.process import ServiceUser, spawn
 from cdc.settings import Settings, local_admin_password
+from cdc.stack.components.opensearch import OpenSearch
+from cdc.stack.components.postgres import Postgres
+from cdc.stack.process import ServiceUser, spawn
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("useradd") is None, reason="needs root and useradd"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("cdc", "snapshot", "materializers", "commands")
-LOCAL_STACK = ("cdc.components", "cdc.stack", "cdc.process")
+LOCAL_STACK = ("cdc.stack",)
 CAPTURE = "cdc.capture"  # what makes the log: above the library's base, below the engines
 # floor -> the floors it may import
 MAY_IMPORT = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import urllib.request
 
-from cdc.components.base import ComponentStatus
+from cdc.stack.components.base import ComponentStatus
 from commands.metrics import serve
 from commands.pipeline import PipelineStatus
 from tests.helpers import free_ports

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from cdc.components.base import ComponentStatus
+from cdc.stack.components.base import ComponentStatus
 from commands.metrics import families
 from commands.pipeline import PipelineStatus
 

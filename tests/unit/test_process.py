@@ -7,7 +7,7 @@ import socket
 import sys
 from pathlib import Path
 
-from cdc.process import alive, port_free, port_open, read_pid, spawn, stop_pid
+from cdc.stack.process import alive, port_free, port_open, read_pid, spawn, stop_pid
 
 
 def test_port_free_and_open_follow_a_listening_socket() -> None:

@@ -7,8 +7,8 @@ import pickle
 
 from pydantic import SecretStr
 
-from cdc.process import inherited_env
 from cdc.settings import load_settings
+from cdc.stack.process import inherited_env
 from materializers.stores.registry import executor_settings
 
 

@@ -117,7 +117,7 @@ def test_redis_client_uses_tls_the_ca_and_the_acl_user(tmp_path: Path) -> None:
 def test_local_redis_config_holds_a_hash_of_the_password_not_the_password(
     tmp_path: Path,
 ) -> None:
-    from cdc.components.redis import Redis
+    from cdc.stack.components.redis import Redis
 
     settings = load_settings(
         data_dir=str(tmp_path),

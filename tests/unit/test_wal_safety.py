@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from cdc.components.postgres import Postgres
 from cdc.settings import Settings
+from cdc.stack.components.postgres import Postgres
 from commands.metrics import families
 from commands.pipeline import PipelineStatus, slot_health
 from commands.render import pipeline_table

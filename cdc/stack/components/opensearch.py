@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from cdc.clients import opensearch_client
-from cdc.components._jvm import heap_flags, java
-from cdc.components.base import Component
 from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError
 from cdc.files import chmod_tree, read_plain, write_file
 from cdc.settings import OpenSearchSettings, Settings
+from cdc.stack.components._jvm import heap_flags, java
+from cdc.stack.components.base import Component
 
 __all__ = ["OpenSearch"]
 

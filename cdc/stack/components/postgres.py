@@ -14,11 +14,11 @@ import psycopg
 from psycopg import sql
 
 from cdc.capture.role import REPLICATION_GROUP, generated_secret
-from cdc.components.base import Component
 from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError
 from cdc.files import private_folder, write_file
-from cdc.process import inherited_env
 from cdc.settings import PostgresSettings, admin_password_file, local_admin_password
+from cdc.stack.components.base import Component
+from cdc.stack.process import inherited_env
 
 __all__ = ["Postgres", "postgres_bin_dir"]
 

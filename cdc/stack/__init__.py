@@ -1,4 +1,6 @@
-"""The local stack as a whole: bring it up, ask it, bring it down.
+"""The local stack as a whole: bring it up, ask it, bring it down (`Stack`); its
+components, each a process (components/), and how a process is started, found and
+stopped (process.py). Imports the library and capture, never the engines.
 
 Start order: PostgreSQL, Kafka, OpenSearch and Redis are launched together
 (each then asked until it answers); Kafka Connect starts once Kafka answers.
@@ -19,10 +21,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cdc.components import Component, ComponentStatus, Connect, Kafka, OpenSearch, Postgres, Redis
 from cdc.errors import ComponentError
 from cdc.say import Say, quiet
 from cdc.settings import Settings
+from cdc.stack.components import (
+    Component,
+    ComponentStatus,
+    Connect,
+    Kafka,
+    OpenSearch,
+    Postgres,
+    Redis,
+)
 from cdc.state_folders import MARKER, PIPELINE_STATE, inside, is_marked, local_warehouse
 
 __all__ = ["PurgePlan", "Stack"]

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from cdc.clients import redis_client
-from cdc.components.base import Component
 from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError
 from cdc.settings import RedisSettings
+from cdc.stack.components.base import Component
 
 __all__ = ["Redis"]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError, PortInUseError
-from cdc.process import ServiceUser, port_free, read_pid, spawn, stop_pid, wait_for
 from cdc.settings import Settings
+from cdc.stack.process import ServiceUser, port_free, read_pid, spawn, stop_pid, wait_for
 from cdc.state_folders import make_state_dir
 
 __all__ = ["Component", "ComponentStatus"]
@@ -110,7 +110,7 @@ class Component(ABC):
     @property
     def pid_file(self) -> Path:
         """In the invoking user's own folder: the state folder may be the service user's,
-        who could leave a pid file there naming any process (cdc.process)."""
+        who could leave a pid file there naming any process (cdc.stack.process)."""
         return self.settings.data_dir / "run" / f"{self.name}.pid"
 
     @property

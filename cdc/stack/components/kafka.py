@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdc.clients import kafka_admin, kafka_jaas_config
-from cdc.components._jvm import (
+from cdc.errors import ComponentError
+from cdc.settings import KafkaSettings
+from cdc.stack.components._jvm import (
     LOG4J2_PROPERTIES,
     heap_flags,
     jar_version,
@@ -35,10 +37,8 @@ from cdc.components._jvm import (
     write_properties,
     write_secret_properties,
 )
-from cdc.components.base import Component
-from cdc.errors import ComponentError
-from cdc.process import inherited_env
-from cdc.settings import KafkaSettings
+from cdc.stack.components.base import Component
+from cdc.stack.process import inherited_env
 
 if TYPE_CHECKING:
     from pydantic import SecretStr

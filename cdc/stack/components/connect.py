@@ -9,7 +9,10 @@ from cdc.capture.connect import REST_USER, ConnectClient, connect_client, rest_p
 from cdc.capture.connector import DEBEZIUM_POSTGRES
 from cdc.capture.role import generated_secret
 from cdc.clients import kafka_jaas_config, kafka_java_config
-from cdc.components._jvm import (
+from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError
+from cdc.files import private_folder, write_file
+from cdc.settings import ConnectSettings
+from cdc.stack.components._jvm import (
     LOG4J2_PROPERTIES,
     heap_flags,
     java,
@@ -17,10 +20,7 @@ from cdc.components._jvm import (
     write_properties,
     write_secret_properties,
 )
-from cdc.components.base import Component
-from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError
-from cdc.files import private_folder, write_file
-from cdc.settings import ConnectSettings
+from cdc.stack.components.base import Component
 
 __all__ = ["CONVERTERS", "Connect"]
 
