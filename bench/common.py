@@ -265,8 +265,8 @@ def cleanup(settings: Settings) -> None:
     its cache keys and search indices, and its apply checkpoints."""
     import shutil
 
+    from cdc.capture.pipeline import drop_pipeline
     from cdc.clients import kafka_admin, opensearch_client, redis_client
-    from commands.pipeline import drop_pipeline
 
     drop_pipeline(settings)
     prefix = settings.pipeline.topic_prefix

@@ -41,9 +41,9 @@ from bench.streaming import BatchLog, percentiles, read_events, store_latencies
 from cdc.settings import Settings, load_settings
 from cdc.topics import change_topic, end_offsets
 from commands.demo import TABLES, _create_shop, with_demo_views
-from commands.pipeline import pipeline_status
 from commands.workload import Workload
 from materializers.apply.job import run_apply
+from materializers.check.status import pipeline_status
 from materializers.log.progress import checkpoint_dir, last_committed_batch
 from materializers.stores.warehouse.tables import view_path, warehouse_root
 from snapshot.initial import run_snapshot

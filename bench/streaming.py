@@ -43,8 +43,8 @@ from cdc.clients import kafka_client_kwargs
 from cdc.settings import Settings, load_settings
 from cdc.stack.components.postgres import postgres_bin_dir
 from cdc.topics import change_topic, end_offsets
-from commands.pipeline import pipeline_status
 from materializers.apply.job import run_apply
+from materializers.check.status import pipeline_status
 from materializers.log.progress import read_progress
 from snapshot.initial import run_snapshot
 

@@ -133,7 +133,7 @@ def status(output: OutputOption = Form.text) -> None:
 
 
 def _print_status(stack: Stack, output: Output) -> bool:
-    from commands.pipeline import pipeline_status
+    from materializers.check.status import pipeline_status
 
     statuses = stack.status()
     up = {s.name for s in statuses if s.up}
@@ -218,7 +218,7 @@ def setup(
     table renamed since is captured under its new name and backfilled there; one dropped
     and created again is cut (as a TRUNCATE: the stores drop the old rows) and backfilled.
     """
-    from commands.pipeline import sync_pipeline
+    from cdc.capture.pipeline import sync_pipeline
 
     s = settings()
     if print_sql:
@@ -505,7 +505,7 @@ def metrics(
     import time
 
     from commands.metrics import serve
-    from commands.pipeline import pipeline_status
+    from materializers.check.status import pipeline_status
 
     s = settings()
     stack = Stack(s)
@@ -670,7 +670,7 @@ def drop(
     stops; a new `cdc snapshot` starts the pipeline again from a fresh snapshot (a new
     generation: what it does not hold leaves each store once the store has applied it).
     """
-    from commands.pipeline import drop_pipeline, drop_replication_role
+    from cdc.capture.pipeline import drop_pipeline, drop_replication_role
 
     s = settings()
     pipe = s.pipeline

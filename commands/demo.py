@@ -23,6 +23,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from cdc.capture.pipeline import pipe_streams, sync_pipeline
 from cdc.say import Say
 from cdc.settings import (
     PROJECT_ROOT,
@@ -40,8 +41,8 @@ from cdc.settings import (
 )
 from cdc.stack import Stack
 from cdc.topics import change_topic, end_offsets
-from commands.pipeline import pipe_streams, pipeline_status, sync_pipeline
 from commands.workload import Workload
+from materializers.check.status import pipeline_status
 
 __all__ = [
     "DEMO_ENRICHMENT",

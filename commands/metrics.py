@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from cdc.capture.slot import RESNAPSHOT, WAL_ADVICE
 from cdc.stack.components.base import ComponentStatus
-from commands.pipeline import RESNAPSHOT, WAL_ADVICE, PipelineStatus
+from materializers.check.status import PipelineStatus
 
 __all__ = ["StatusCollector", "families", "serve"]
 

@@ -9,9 +9,10 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from cdc.capture.slot import wal_size
 from cdc.stack.components import ComponentStatus
-from commands.pipeline import PipelineStatus
 from materializers.check.reconcile import VerifyReport
+from materializers.check.status import PipelineStatus
 
 __all__ = ["pipeline_table", "status_table", "verify_tables"]
 
@@ -45,13 +46,7 @@ def _details(details: dict[str, Any]) -> str:
 
 
 def _bytes(n: int | None) -> str:
-    if n is None:
-        return "?"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
+    return "?" if n is None else wal_size(n)
 
 
 def _slot_line(slot: dict[str, Any]) -> str:

@@ -50,6 +50,7 @@ from cdc.capture.slot import (
     slot_lost,
     slot_state,
 )
+from cdc.capture.snapshots import mark_done, mark_running, read_state
 from cdc.capture.source import (
     admin_connection,
     prepare_source,
@@ -70,7 +71,6 @@ from cdc.topics import (
     truncate_topics,
 )
 from snapshot.encoding import envelope, event_query
-from snapshot.state import mark_done, mark_running, read_state
 
 __all__ = ["SnapshotResult", "ctid_ranges", "run_snapshot"]
 

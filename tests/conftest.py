@@ -23,8 +23,8 @@ import pytest
 from psycopg import sql
 from rich.console import Console
 
+from cdc.capture.pipeline import drop_pipeline
 from cdc.settings import Settings
-from commands.pipeline import drop_pipeline
 from snapshot.initial import run_snapshot
 from tests.helpers import free_ports, run_cdc
 from tests.logcheck import pipeline_env, pipeline_for

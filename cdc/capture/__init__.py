@@ -2,5 +2,7 @@
 signal table; role: the replication role and its grants; masks), the slot and its
 position (slot), the Debezium connector on Kafka Connect (connector; connect: Connect's
 REST client), backfills through Debezium's incremental snapshots (backfill), snapshot
-generations (generation) and DDL that rewrote stored values (rewrites). Above the
+generations (generation) and each pipeline's snapshot record (snapshots), DDL that
+rewrote stored values (rewrites), and a whole pipeline set up and dropped (pipeline).
+Above the
 library's base, below the local stack and the engines (tests/unit/test_layers.py)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -183,3 +183,99 @@ def _watch(
             if blockers and not done.is_set():
                 on_wait(blockers)
             done.wait(1.0)
+
+
+# what brings back a pipeline whose slot PostgreSQL invalidated: a new generation
+RESNAPSHOT = "take a new snapshot: `cdc drop`, then `cdc snapshot`"
+# what to do about a slot that retains too much WAL
+WAL_ADVICE = "fix the connector, or `cdc drop` an abandoned pipeline"
+
+
+def slot_row(conn: Any, slot: str, warn_bytes: int) -> dict[str, Any] | None:
+    """The slot as `cdc status` shows it, with its health; None if there is no slot.
+
+    The row goes through to_jsonb, so columns of newer servers (`conflicting` from
+    PostgreSQL 16, `invalidation_reason` from 17) come when the server has them."""
+    row = conn.execute(
+        "SELECT to_jsonb(s) || jsonb_build_object("
+        "'wal_retained_bytes', pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint, "
+        "'max_slot_wal_keep_size', current_setting('max_slot_wal_keep_size')) "
+        "FROM pg_replication_slots s WHERE slot_name = %s",
+        (slot,),
+    ).fetchone()
+    if row is None:
+        return None
+    found: dict[str, Any] = row[0]
+    info = {
+        "name": slot,
+        "active": found.get("active"),
+        "wal_retained_bytes": found.get("wal_retained_bytes"),
+        "confirmed_flush_lsn": found.get("confirmed_flush_lsn"),
+        "wal_status": found.get("wal_status"),
+        "safe_wal_size": found.get("safe_wal_size"),
+        "max_slot_wal_keep_size": found.get("max_slot_wal_keep_size"),
+        "invalidation_reason": found.get("invalidation_reason"),
+        "conflicting": found.get("conflicting"),
+        "warn_bytes": warn_bytes,
+    }
+    info["health"], info["problem"] = slot_health(info, warn_bytes)
+    return info
+
+
+def wal_size(n: float) -> str:
+    """A size of WAL for people: 512 B, 3.0 MiB, 1.2 GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+_INVALIDATED = {
+    "wal_removed": "it retained more WAL than max_slot_wal_keep_size{limit}",
+    "rows_removed": "rows it needed were removed (a conflict on a standby)",
+    "wal_level_insufficient": "wal_level is no longer logical",
+    "idle_timeout": "it was idle longer than idle_replication_slot_timeout",
+}
+
+
+def slot_health(slot: Mapping[str, Any], warn_bytes: int) -> tuple[str, str | None]:
+    """("ok", None), ("warning", what to do) or ("failed", what to do) for a slot row.
+
+    Failed: PostgreSQL invalidated the slot (`wal_status` lost; `invalidation_reason` on
+    PostgreSQL 17+; `conflicting` on 16+): the changes it kept are gone, only a new
+    snapshot brings the pipeline back. Warning: it retains more WAL than `warn_bytes`
+    (0: never), or its WAL is no longer reserved (lost at the next checkpoint)."""
+    name = slot.get("name", "?")
+    keep = slot.get("max_slot_wal_keep_size")
+    limit = f" ({keep})" if keep not in (None, "-1") else ""
+    reason = slot.get("invalidation_reason")
+    if slot.get("wal_status") == "lost" or reason or slot.get("conflicting"):
+        if reason is None and slot.get("conflicting"):
+            reason = "rows_removed"
+        why = _INVALIDATED.get(reason or "wal_removed", f"invalidation reason {reason}")
+        since = slot.get("confirmed_flush_lsn")
+        return "failed", (
+            f"slot {name} is lost: PostgreSQL invalidated it ({why.format(limit=limit)}); "
+            f"the changes after {since or 'its last confirmed position'} are gone and the "
+            f"connector cannot stream; {RESNAPSHOT}"
+        )
+    retained = slot.get("wal_retained_bytes")
+    safe = slot.get("safe_wal_size")
+    if slot.get("wal_status") == "unreserved":
+        return "warning", (
+            f"slot {name} retains WAL past max_slot_wal_keep_size{limit}: PostgreSQL "
+            "invalidates it at the next checkpoint unless the connector catches up; " + WAL_ADVICE
+        )
+    if warn_bytes > 0 and retained is not None and retained > warn_bytes:
+        if safe is not None:
+            at_risk = f"; PostgreSQL invalidates the slot after {wal_size(max(safe, 0))} more"
+        elif keep == "-1":
+            at_risk = ", and nothing limits it (max_slot_wal_keep_size -1): the disk can fill"
+        else:
+            at_risk = ""
+        return "warning", (
+            f"slot {name} retains {wal_size(retained)} of WAL, more than "
+            f"pipeline.wal_retained_warn_bytes ({wal_size(warn_bytes)}){at_risk}; " + WAL_ADVICE
+        )
+    return "ok", None

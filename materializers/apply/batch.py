@@ -34,7 +34,6 @@ from cdc.errors import CdcError, SourceUnavailableError, StoreUnavailableError
 from cdc.settings import Settings
 from cdc.topics import change_topic
 from materializers.apply.dead_letters import DeadLetters
-from materializers.apply.freshness import RATIO, Freshness
 from materializers.apply.guards import (
     EndOffsets,
     backlog,
@@ -43,6 +42,7 @@ from materializers.apply.guards import (
 )
 from materializers.apply.writer import RESULT_DDL, partition_writer, result_schema
 from materializers.log.events import parse_events
+from materializers.log.freshness import RATIO, Freshness
 from materializers.log.generated import expressions_dsn, with_generated
 from materializers.log.progress import (
     Progress,
@@ -426,7 +426,7 @@ def _partitions(
     """What a frame batch holds, in one Spark job: per (table, topic, partition) its
     last offset, events, newest commit time and position, poison events and events that
     may hold a TOAST placeholder; and the changes (not the snapshot's or a backfill's
-    reads) per fine age bucket (materializers/apply/freshness.py)."""
+    reads) per fine age bucket (materializers/log/freshness.py)."""
     from pyspark.sql import functions as F
 
     valid = F.col("error").isNull()

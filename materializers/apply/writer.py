@@ -20,7 +20,7 @@ import orjson
 
 from cdc.catalog import Table
 from cdc.decode import UNAVAILABLE, mark_unavailable
-from materializers.apply.freshness import age_bucket
+from materializers.log.freshness import age_bucket
 from materializers.log.position import event_position
 from materializers.stores.base import Event, RowStore
 
@@ -33,7 +33,7 @@ _INPUT_COLUMNS = ("table", "topic", "partition", "offset", "key", "value")
 # its last offset, the newest commit time and the counts), 'dead' (an event the store
 # refused or that is not a change event, with the error) or 'truncate' (a TRUNCATE of
 # `table` at `lsn`, committed at commit_ms) or 'age' (n events whose age at the batch's
-# start falls in fine bucket `bucket`: materializers/apply/freshness.py)
+# start falls in fine bucket `bucket`: materializers/log/freshness.py)
 RESULT_DDL = (
     "kind string, topic string, partition int, offset long, key string, value string, "
     "error string, commit_ms long, n long, written long, stale long, table string, lsn long, "
@@ -170,7 +170,7 @@ def partition_writer(
     """The function mapInArrow runs on each partition, or the driver on a whole small
     batch collected in partition order (`close` False: the store it opens is the
     driver's own, kept open from batch to batch). `started_ms`: when the batch started,
-    which its events' ages are counted from (materializers/apply/freshness.py).
+    which its events' ages are counted from (materializers/log/freshness.py).
 
     Rows of `truncations_table` are reported, not written. An event of a table from
     before its last TRUNCATE (`cutoffs`: table -> the TRUNCATE's position) is counted as

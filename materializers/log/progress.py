@@ -105,7 +105,7 @@ class Progress:
     source: list[Any] | None = None
     waiting: dict[str, Any] | None = None  # the store did not answer: reason, since_ms
     pid: int | None = None  # the process that wrote its last batch
-    freshness: dict[str, Any] | None = None  # commit to visible (materializers/apply/freshness.py)
+    freshness: dict[str, Any] | None = None  # commit to visible (materializers/log/freshness.py)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Progress:

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from cdc.settings import SessionWindow, SlidingWindow, StreamStreamJoin, StreamTableJoin
-from commands.pipeline import pipeline_status
+from materializers.check.status import pipeline_status
 from materializers.check.view_checks import view_checks
 from materializers.log.progress import read_progress
 from materializers.stores.warehouse.tables import view_path, warehouse_root

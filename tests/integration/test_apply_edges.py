@@ -8,10 +8,10 @@ import psycopg
 import pytest
 import redis
 
+from cdc.capture.pipeline import drop_pipeline
 from cdc.capture.source import TRUNCATE_TRIGGER, TRUNCATIONS_TABLE
 from cdc.clients import kafka_client_kwargs
 from cdc.topics import change_topic, read_topic
-from commands.pipeline import drop_pipeline
 from materializers.apply.job import run_apply
 from materializers.check.rebuild import reset_store
 from tests.conftest import Capture
@@ -111,7 +111,7 @@ def test_a_poison_event_goes_to_the_dead_letter_topic_and_the_pipeline_goes_on(
     from kafka import KafkaProducer
 
     from cdc.topics import dead_letter_topic
-    from commands.pipeline import pipeline_status
+    from materializers.check.status import pipeline_status
 
     t = captured(
         "CREATE TABLE {name} (id int PRIMARY KEY, qty int)",

@@ -20,6 +20,7 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from cdc.capture.backfill import start_backfill, watch_backfill
+from cdc.capture.pipeline import sync_pipeline
 from cdc.capture.role import replication_password
 from cdc.capture.source import admin_connection, captured_tables, prepare_source
 from cdc.catalog import describe_table
@@ -27,7 +28,6 @@ from cdc.clients import kafka_client_kwargs
 from cdc.errors import SourceError
 from cdc.settings import PipelineSettings, Settings
 from cdc.topics import change_topic
-from commands.pipeline import sync_pipeline
 from materializers.apply.job import run_apply
 from materializers.check.verify import verify
 from tests.conftest import Capture, RunningStack

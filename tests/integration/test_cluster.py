@@ -20,7 +20,7 @@ import pytest
 import requests
 from rich.console import Console
 
-from commands.pipeline import drop_pipeline
+from cdc.capture.pipeline import drop_pipeline
 from materializers.apply.job import run_apply
 from snapshot.initial import run_snapshot
 from tests.conftest import Capture, RunningStack

@@ -9,9 +9,9 @@ import re
 import psycopg
 import pytest
 
+from cdc.capture.pipeline import drop_pipeline
 from cdc.spark import spark_session
 from commands.demo import TABLES
-from commands.pipeline import drop_pipeline
 from materializers.stores.warehouse.tables import warehouse_root
 from tests.conftest import RunningStack
 from tests.helpers import run_cdc

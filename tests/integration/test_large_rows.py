@@ -11,9 +11,10 @@ import psycopg
 import pytest
 from rich.console import Console
 
+from cdc.capture.pipeline import sync_pipeline
 from cdc.topics import change_topic, read_topic, wait_for_records
-from commands.pipeline import pipeline_status, sync_pipeline
 from materializers.apply.job import run_apply
+from materializers.check.status import pipeline_status
 from snapshot.initial import run_snapshot
 from tests.conftest import Capture
 from tests.logcheck import poll

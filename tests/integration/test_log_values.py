@@ -10,8 +10,8 @@ import psycopg
 import pytest
 from rich.console import Console
 
+from cdc.capture.pipeline import drop_pipeline
 from cdc.decode import decode_row
-from commands.pipeline import drop_pipeline
 from snapshot.initial import run_snapshot
 from tests.conftest import Capture, RunningStack
 from tests.logcheck import events_by_key, pipeline_for, table_info, wait_until_equal

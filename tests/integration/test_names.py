@@ -16,8 +16,8 @@ import pytest
 import redis
 from rich.console import Console
 
+from cdc.capture.pipeline import drop_pipeline
 from cdc.topics import change_topic
-from commands.pipeline import drop_pipeline
 from materializers.apply.job import run_apply
 from materializers.stores.warehouse.tables import history_path, warehouse_root
 from snapshot.initial import run_snapshot

@@ -19,7 +19,7 @@ from cdc.capture.connector import register_connector
 from cdc.capture.source import prepare_source
 from cdc.errors import ConnectorError, SnapshotError, SourceError
 from cdc.stack.components.postgres import Postgres, postgres_bin_dir
-from commands.pipeline import pipeline_status
+from materializers.check.status import pipeline_status
 from snapshot.initial import run_snapshot
 from tests.conftest import Capture, RunningStack
 from tests.helpers import free_ports, run_cdc

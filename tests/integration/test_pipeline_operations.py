@@ -16,8 +16,9 @@ from pydantic import SecretStr
 
 from cdc.capture.backfill import send_signal, start_backfill, watch_backfill
 from cdc.capture.connect import connect_client
+from cdc.capture.pipeline import sync_pipeline
 from cdc.topics import change_topic, end_offsets
-from commands.pipeline import pipeline_status, sync_pipeline
+from materializers.check.status import pipeline_status
 from tests.conftest import Capture, Captured
 from tests.helpers import ROOT, run_cdc
 from tests.logcheck import events_by_key, poll, table_info, wait_until_equal

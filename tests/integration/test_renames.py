@@ -6,11 +6,12 @@ import psycopg
 import pytest
 
 from cdc.capture.backfill import start_backfill
+from cdc.capture.pipeline import sync_pipeline
 from cdc.errors import SourceError
 from cdc.settings import Settings
 from cdc.topics import change_topic, read_topic
-from commands.pipeline import pipeline_status, sync_pipeline
 from materializers.apply.job import run_apply
+from materializers.check.status import pipeline_status
 from tests.conftest import Capture
 from tests.contents import expected_cache, expected_search, source_tuples
 from tests.logcheck import poll, table_info, wait_until_equal

@@ -19,10 +19,10 @@ from kafka import KafkaConsumer, TopicPartition
 from rich.console import Console
 
 from cdc.capture.connect import connect_client
+from cdc.capture.pipeline import drop_pipeline
 from cdc.clients import kafka_client_kwargs
 from cdc.settings import KafkaSettings, Settings
 from cdc.topics import change_topic
-from commands.pipeline import drop_pipeline
 from snapshot.initial import run_snapshot
 from tests.conftest import Capture, RunningStack
 from tests.helpers import run_cdc

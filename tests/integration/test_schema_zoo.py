@@ -30,7 +30,7 @@ import pytest
 from psycopg import sql
 from rich.console import Console
 
-from commands.pipeline import drop_pipeline
+from cdc.capture.pipeline import drop_pipeline
 from materializers.apply.job import run_apply
 from materializers.stores.warehouse.tables import warehouse_root
 from snapshot.initial import run_snapshot

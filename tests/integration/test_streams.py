@@ -19,8 +19,8 @@ from kafka import KafkaProducer
 from cdc.clients import kafka_client_kwargs
 from cdc.settings import SessionWindow, Settings, SlidingWindow, StreamStreamJoin
 from cdc.topics import change_topic, read_topic
-from commands.pipeline import pipeline_status
 from materializers.apply.job import run_apply
+from materializers.check.status import pipeline_status
 from materializers.check.view_checks import view_checks
 from materializers.log.progress import checkpoint_dir
 from materializers.stores.warehouse.tables import view_path, warehouse_root

@@ -11,7 +11,7 @@ import pytest
 import redis
 from rich.console import Console
 
-from commands.pipeline import drop_pipeline
+from cdc.capture.pipeline import drop_pipeline
 from materializers.apply.job import run_apply
 from materializers.check.repair import repair
 from materializers.check.verify import Drift, verify

@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 from cdc.settings import HoppingWindow, Settings, TableJoin, TumblingWindow
-from commands.pipeline import pipeline_status
 from materializers.apply.job import run_apply
+from materializers.check.status import pipeline_status
 from materializers.check.view_checks import view_checks
 from materializers.log.progress import checkpoint_dir
 from materializers.stores.warehouse.tables import view_path, warehouse_root

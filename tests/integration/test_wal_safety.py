@@ -26,9 +26,9 @@ import pytest
 from rich.console import Console
 
 from cdc.capture.connect import connect_client
+from cdc.capture.pipeline import drop_pipeline
 from cdc.settings import Settings
 from cdc.stack.components.postgres import Postgres
-from commands.pipeline import drop_pipeline
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.helpers import free_ports, run_cdc

@@ -18,8 +18,8 @@ from kafka import KafkaProducer
 from cdc.clients import kafka_client_kwargs
 from cdc.settings import HoppingWindow, SessionWindow, Settings, TumblingWindow, WindowSettings
 from cdc.topics import ChangeRecord, change_topic, read_topic, wait_for_records
-from commands.pipeline import pipeline_status
 from materializers.apply.job import run_apply
+from materializers.check.status import pipeline_status
 from materializers.check.view_checks import view_checks
 from materializers.stores.warehouse.tables import view_path, warehouse_root
 from materializers.views.windows import FillingWindowView

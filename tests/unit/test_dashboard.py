@@ -54,8 +54,8 @@ def test_a_component_error_that_looks_like_markup_is_shown_as_it_is() -> None:
 
 
 def test_status_shows_a_store_without_backlog_as_caught_up() -> None:
-    from commands.pipeline import PipelineStatus
     from commands.render import pipeline_table
+    from materializers.check.status import PipelineStatus
 
     figures = {"backlog_events": 0, "lag_s": 0.0, "last_latency_s": 0.8, "waiting": None}
     behind = {"backlog_events": 7, "lag_s": 12.5, "last_latency_s": 0.8, "waiting": None}
@@ -88,7 +88,7 @@ def test_a_store_whose_first_batch_runs_shows_its_lag_from_the_snapshot(tmp_path
 
     from cdc.capture.generation import generation_file
     from cdc.settings import Settings
-    from commands.pipeline import _store_progress
+    from materializers.check.status import _store_progress
     from materializers.log.progress import Progress, write_progress
 
     settings = Settings(data_dir=tmp_path)  # type: ignore[call-arg]
@@ -111,8 +111,8 @@ def test_a_store_whose_first_batch_runs_shows_its_lag_from_the_snapshot(tmp_path
     assert "first batch running" in lines["warehouse"] and "12" in lines["warehouse"]
     assert f"{warehouse['lag_s']:.1f}" in lines["warehouse"]
 
-    from commands.pipeline import PipelineStatus
     from commands.render import pipeline_table
+    from materializers.check.status import PipelineStatus
 
     console = Console(record=True, width=200)
     console.print(pipeline_table(PipelineStatus("cdc", "done", None, None, None, stores=stores)))

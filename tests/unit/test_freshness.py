@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from materializers.apply.freshness import (
+from materializers.log.freshness import (
     BUCKETS_S,
     RATIO,
     Freshness,

@@ -208,8 +208,8 @@ def test_a_warehouse_elsewhere_than_this_machine_is_refused() -> None:
 def test_status_says_which_iceberg_tables_lag_their_delta_table() -> None:
     from rich.console import Console
 
-    from commands.pipeline import PipelineStatus
     from commands.render import pipeline_table
+    from materializers.check.status import PipelineStatus
 
     def line(iceberg: dict[str, Any]) -> str:
         console = Console(record=True, width=300)

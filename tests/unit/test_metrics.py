@@ -6,7 +6,7 @@ import urllib.request
 
 from cdc.stack.components.base import ComponentStatus
 from commands.metrics import serve
-from commands.pipeline import PipelineStatus
+from materializers.check.status import PipelineStatus
 from tests.helpers import free_ports
 
 

@@ -13,7 +13,7 @@ import yaml
 
 from cdc.stack.components.base import ComponentStatus
 from commands.metrics import families
-from commands.pipeline import PipelineStatus
+from materializers.check.status import PipelineStatus
 
 MONITORING = Path(__file__).resolve().parents[2] / "monitoring"
 RULES = MONITORING / "prometheus" / "cdc-alerts.yml"

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from cdc.capture.slot import slot_health
 from cdc.settings import Settings
 from cdc.stack.components.postgres import Postgres
 from commands.metrics import families
-from commands.pipeline import PipelineStatus, slot_health
 from commands.render import pipeline_table
+from materializers.check.status import PipelineStatus
 
 GiB = 1 << 30
 ADVICE = "fix the connector, or `cdc drop` an abandoned pipeline"

@@ -12,8 +12,8 @@ import pyarrow as pa
 
 from cdc.catalog import Column, Table
 from cdc.decode import UNAVAILABLE
-from materializers.apply.freshness import age_bucket, ages
 from materializers.apply.writer import partition_writer
+from materializers.log.freshness import age_bucket, ages
 from materializers.stores.base import Entry, Event, Rows, Store, WriteResult
 
 TABLE = Table(

@@ -1,0 +1,247 @@
+"""`cdc status` of a pipeline: its snapshot, slot (and its health), connector, topics,
+tables whose capture drifted, and per store its backlog, lag, freshness against its SLO
+and the process applying it; the views' late events; the Iceberg tables that lag."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from cdc.capture.connect import connect_client
+from cdc.capture.slot import slot_row
+from cdc.capture.snapshots import read_state
+from cdc.capture.source import admin_connection
+from cdc.catalog import describe_table, published_tables, selected_tables
+from cdc.errors import CdcError, SourceError
+from cdc.identity import drift, recorded_since
+from cdc.settings import Settings
+from cdc.topics import change_times, change_topic, dead_letter_topic, end_offsets, written_since
+from materializers.log.freshness import Freshness, judge
+from materializers.log.progress import late_events, read_progress
+from materializers.views.registry import streaming, views_of
+
+__all__ = ["PipelineStatus", "pipeline_status"]
+
+
+@dataclass
+class PipelineStatus:
+    name: str
+    snapshot: str  # none, running (interrupted or under way), done
+    snapshot_lsn: str | None
+    # active, wal_retained_bytes, confirmed_flush_lsn, wal_status, safe_wal_size, ...;
+    # health: ok, warning (retains too much WAL) or failed (lost); problem: what to do
+    slot: dict[str, Any] | None
+    connector: dict[str, Any] | None  # state, tasks, trace of a failed task
+    topics: dict[str, int] = field(default_factory=dict)  # end offset summed over partitions
+    stores: dict[str, dict[str, Any]] = field(default_factory=dict)  # per store: backlog, lag
+    dead_letters: int = 0
+    late_events: dict[str, int] = field(default_factory=dict)  # per window aggregate
+    # apply.iceberg: the warehouse's tables, and those whose Iceberg table lags its Delta
+    # table: {"tables": n, "behind": {folder: [Delta version, Iceberg's or None]}}
+    iceberg: dict[str, Any] | None = None
+    # a captured table renamed, dropped, or selected and not captured: what to run
+    tables_drift: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def breached(self) -> dict[str, str]:
+        """The stores whose freshness breaches their SLO, and why (`cdc status` exits 1)."""
+        return {
+            store: figures["freshness"]["why"]
+            for store, figures in self.stores.items()
+            if (figures.get("freshness") or {}).get("breached")
+        }
+
+    @property
+    def broken(self) -> bool:
+        """The pipeline cannot stream without someone acting: its slot is lost, or its
+        connector or a task failed (`cdc status` exits 1; a warning does not)."""
+        if self.slot is not None and self.slot.get("health") == "failed":
+            return True
+        if self.tables_drift:
+            return True
+        connector = self.connector or {}
+        return connector.get("state") == "FAILED" or "FAILED" in connector.get("tasks", [])
+
+
+def pipeline_status(settings: Settings, tables: list[str] | None = None) -> PipelineStatus:
+    pipe = settings.pipeline
+    status = PipelineStatus(pipe.name, "none", None, None, None)
+    try:
+        with admin_connection(settings) as conn:
+            has_state = conn.execute("SELECT to_regclass('cdc.snapshots') IS NOT NULL").fetchone()
+            state = read_state(conn, pipe.name) if has_state and has_state[0] else None
+            if state:
+                status.snapshot, status.snapshot_lsn = state.status, state.lsn
+            status.slot = slot_row(conn, pipe.slot, pipe.wal_retained_warn_bytes)
+            published = published_tables(conn, pipe.publication)
+            found = drift(conn, pipe.name, published, selected_tables(conn, pipe))
+            since = recorded_since(conn, pipe.name)
+            if tables is None:
+                tables = published
+        if since is not None:
+            written = written_since(settings.kafka, pipe, since, set(published))
+            prefix = len(pipe.topic_prefix) + 1
+            found = replace(found, strays=[(t, t[prefix:]) for t in written])
+        if published or state:
+            status.tables_drift = found.problems(lambda name: change_topic(pipe, name))
+            status.tables_drift += _choice_problems(settings, published)
+        connectors = connect_client(settings).connectors()
+        entry = connectors.get(pipe.connector, {}).get("status")
+        if entry:
+            status.connector = {
+                "name": pipe.connector,
+                "state": entry["connector"]["state"],
+                "tasks": [t["state"] for t in entry.get("tasks", [])],
+            }
+            failed = [t for t in entry.get("tasks", []) if t.get("state") == "FAILED"]
+            if failed:
+                from cdc.capture.connect import summarize_trace, too_large
+
+                trace = failed[0].get("trace", "")
+                status.connector["error"] = too_large(
+                    trace, settings.kafka.max_message_bytes
+                ) or summarize_trace(trace)
+        if tables:
+            topics = [change_topic(pipe, t) for t in tables]
+            ends = end_offsets(settings.kafka, [*topics, dead_letter_topic(pipe)])
+            dlq = ends.pop(dead_letter_topic(pipe), {})
+            status.dead_letters = sum(dlq.values())
+            status.topics = {t: sum(parts.values()) for t, parts in ends.items()}
+            status.stores = _store_progress(settings, ends)
+            status.late_events = _late_events(settings)
+        if settings.apply.iceberg:
+            status.iceberg = _iceberg_status(settings)
+    except CdcError as exc:
+        status.error = str(exc)
+    return status
+
+
+def _iceberg_status(settings: Settings) -> dict[str, Any]:
+    """apply.iceberg: how many warehouse tables there are, and which Iceberg lags."""
+    from materializers.stores.warehouse.iceberg import IcebergPublisher
+    from materializers.stores.warehouse.tables import warehouse_base, warehouse_root
+
+    root = warehouse_root(settings)
+    try:
+        publisher = IcebergPublisher(warehouse_base(settings), root)
+        behind = {
+            path.removeprefix(root).lstrip("/"): list(versions)
+            for path, versions in publisher.behind().items()
+        }
+    except Exception as exc:  # the catalog unreadable (locked, corrupt): said, not raised
+        line = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        return {"tables": 0, "behind": {}, "error": line}
+    return {"tables": len(publisher.tables()), "behind": behind}
+
+
+def _choice_problems(settings: Settings, published: list[str]) -> list[str]:
+    """What pipeline.table chooses that the capture does not do yet: columns added since
+    `cdc setup` named the publication's columns, or a choice the table no longer fits."""
+    pipe, lines = settings.pipeline, []
+    with admin_connection(settings) as conn:
+        for name in published:
+            if name not in pipe.table:
+                continue
+            try:
+                pending = describe_table(conn, name, pipe).pending
+            except SourceError as exc:
+                lines.append(f"{exc}; then run `cdc setup`")
+                continue
+            if pending:
+                lines.append(
+                    f"table {name}: its column(s) {', '.join(pending)}, added since the "
+                    "setup, are not captured yet (the publication names its columns): run "
+                    "`cdc setup` (it captures and backfills them)"
+                )
+    return lines
+
+
+def _store_progress(
+    settings: Settings, ends: dict[str, dict[int, int]]
+) -> dict[str, dict[str, Any]]:
+    """Per store: the events it has still to apply, and how far behind the source it is.
+    A store that has finished no batch yet is listed once the log holds events
+    (`nothing_applied`), its lag counted from the snapshot."""
+    from cdc.capture.generation import read_generation
+    from materializers.log.progress import Progress
+
+    stores: dict[str, dict[str, Any]] = {}
+    generation = read_generation(settings)
+    records = {store: read_progress(settings, store) for store in settings.apply.stores}
+    # the commit time of each store's oldest change not applied (its lag), read in one go
+    first = {
+        store: progress.first_unapplied(ends)
+        for store, progress in records.items()
+        if progress is not None
+    }
+    times = change_times(settings.kafka, set().union(*first.values()))
+    now_ms = time.time() * 1000
+    for store, found in records.items():
+        nothing_applied = found is None
+        progress = found or Progress()
+        backlog = progress.backlog(ends)
+        if nothing_applied and not backlog:
+            continue
+        oldest = min((times[p] for p in first.get(store, ()) if p in times), default=None)
+        lag = progress.lag_s(
+            backlog, now_ms, generation.ts_ms if generation else None, oldest_ms=oldest
+        )
+        latency = progress.last_latency_s()
+        stores[store] = {
+            "nothing_applied": nothing_applied,
+            "backlog_events": backlog,
+            "lag_s": round(lag, 3) if lag is not None else None,
+            "last_latency_s": round(latency, 3) if latency is not None else None,
+            "applied_at_ms": progress.applied_ms,
+            # the store did not answer: its batch waits, uncommitted (reason, since_ms)
+            "waiting": progress.waiting,
+            # the apply process that wrote its last batch, and whether it still runs
+            "pid": progress.pid,
+            "running": _running(progress.pid),
+        }
+        freshness = Freshness.from_json(progress.freshness)
+        judged = judge(
+            freshness,
+            lag,
+            # judged once an apply job has written the store (until then, its lag says
+            # how far behind it is)
+            None if nothing_applied else settings.apply.freshness_slo_s.get(store),
+            now_ms,
+            settings.apply.freshness_window_s,
+        )
+        stores[store]["freshness"] = judged.to_json() | {
+            "window_s": settings.apply.freshness_window_s,
+            "histogram": {
+                "buckets": freshness.cumulative(),
+                "sum_s": freshness.sum_s,
+                "count": freshness.count,
+            },
+        }
+    return stores
+
+
+def _running(pid: int | None) -> bool | None:
+    """Whether process `pid` runs on this machine (None: no pid known)."""
+    if pid is None:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: it runs
+        return True
+    return True
+
+
+def _late_events(settings: Settings) -> dict[str, int]:
+    """Per window aggregate and stream-stream join: the events that came after its
+    watermark (not counted)."""
+    late = {}
+    for name in [v.name for v in streaming(views_of(settings))]:
+        counted = late_events(settings, name)
+        if counted is not None:
+            late[name] = counted
+    return late
