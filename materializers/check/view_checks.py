@@ -163,7 +163,7 @@ class ViewChecks:
         frame = self._warehouse.view_frame(view.name)
         return {} if frame is None else view.held(frame, self.tables, warehouse_value)
 
-    def _caught_up(self, view: View, logs: dict[str, list[ChangeRecord]]) -> int | None:
+    def _caught_up(self, view: StreamingView, logs: dict[str, list[ChangeRecord]]) -> int | None:
         """The watermark (ms) of the last batch the view's query committed, once that
         batch read every topic of `logs` up to their ends; None after the timeout (its
         Structured Streaming checkpoint: commits/<id>, offsets/<id>: a version line,
@@ -172,7 +172,7 @@ class ViewChecks:
             change_topic(self.settings.pipeline, t): {r.partition: r.offset + 1 for r in records}
             for t, records in logs.items()
         }
-        checkpoint = checkpoint_dir(self.settings, f"window-{view.name}")
+        checkpoint = checkpoint_dir(self.settings, view.checkpoint_label)
         deadline = time.monotonic() + self.timeout
         while True:
             try:
