@@ -125,7 +125,8 @@ def captured(stack: RunningStack) -> Iterator[Capture]:
     `{name}` replaced in them too)
     and takes its initial snapshot unless `snapshot=False`. On teardown the pipeline is
     dropped (`drop_pipeline`), then every table in `public` whose name starts with the
-    random name (`{name}`, `{name}_child`, ...) with DROP TABLE IF EXISTS ... CASCADE.
+    random name (`{name}`, `{name}_child`, ...) with DROP TABLE IF EXISTS ... CASCADE,
+    and every enum and domain so named (`{name}_mood`).
     """
     with ExitStack() as cleanup:  # every callback runs, last registered first
 
@@ -169,7 +170,7 @@ def _named(value: Any, name: str) -> Any:
 
 
 def _drop_tables(dsn: str, name: str) -> None:
-    """Drop every table in `public` whose name starts with `name`."""
+    """Drop every table, enum and domain in `public` whose name starts with `name`."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         found = conn.execute(
             "SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace "
@@ -179,3 +180,12 @@ def _drop_tables(dsn: str, name: str) -> None:
         if found:
             targets = sql.SQL(", ").join(sql.Identifier("public", r[0]) for r in found)
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(targets))
+        types = conn.execute(  # an enum or a domain the statements made ({name}_mood...)
+            "SELECT typname FROM pg_type WHERE typnamespace = 'public'::regnamespace "
+            "AND typtype IN ('e', 'd') AND starts_with(typname, %s)",
+            (name,),
+        ).fetchall()
+        for (typname,) in types:
+            conn.execute(
+                sql.SQL("DROP TYPE IF EXISTS {} CASCADE").format(sql.Identifier("public", typname))
+            )

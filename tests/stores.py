@@ -44,9 +44,9 @@ def cache_hashes(settings: Any, table: str) -> dict[str, dict[str, str]]:
     client = redis_reader(settings, socket_timeout=30)
     prefix = f"{settings.pipeline.topic_prefix}:{table}:"
     pattern = re.sub(r"([*?\[\]\\])", r"\\\1", prefix) + "*"  # the name's own glob characters
-    hashes = {}
+    hashes: dict[str, dict[str, str]] = {}
     for name in client.scan_iter(match=pattern, count=1000):
-        entry = client.hgetall(name)
+        entry: dict[str, str] = client.hgetall(name)  # type: ignore[assignment]
         if "_deleted" not in entry:
             hashes[name[len(prefix) :]] = entry
     return hashes

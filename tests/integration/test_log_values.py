@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import io
-import uuid
-from collections.abc import Iterator
-
 import psycopg
 import pytest
-from rich.console import Console
 
-from cdc.capture.pipeline import drop_pipeline
 from cdc.decode import decode_row
-from snapshot.initial import run_snapshot
-from tests.conftest import Capture, RunningStack
-from tests.logcheck import events_by_key, pipeline_for, table_info, wait_until_equal
+from tests.conftest import Capture
+from tests.logcheck import events_by_key, table_info, wait_until_equal
 
 pytestmark = pytest.mark.integration
 
@@ -70,50 +63,37 @@ VALUES = """
 """
 
 
-@pytest.fixture
-def typed_table(stack: RunningStack) -> Iterator[str]:
-    suffix = uuid.uuid4().hex[:8]
-    name, enum = f"types_{suffix}", f"mood_{suffix}"
-    with psycopg.connect(stack.settings.postgres.dsn(), autocommit=True) as conn:
-        conn.execute(f"CREATE TYPE {enum} AS ENUM ('sad', 'happy')")
-        conn.execute(f"CREATE TABLE {name} ({TYPES.format(enum=enum)})")
-        conn.execute(f"INSERT INTO {name} VALUES {VALUES}")
-    yield name
-    with psycopg.connect(stack.settings.postgres.dsn(), autocommit=True) as conn:
-        conn.execute(f"DROP TABLE IF EXISTS {name}")
-        conn.execute(f"DROP TYPE IF EXISTS {enum}")
-
-
-def test_every_common_type_round_trips_exactly(stack: RunningStack, typed_table: str) -> None:
-    settings = pipeline_for(stack.settings, [f"public.{typed_table}"])
-    try:
-        run_snapshot(settings, Console(file=io.StringIO()))
-        with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
-            # the same values again, now through Debezium's streaming
-            conn.execute(
-                f"INSERT INTO {typed_table} SELECT id + 100, c_int2, c_int4, c_int8, "
-                "c_num, c_num_free, c_real, c_double, c_bool, c_text, c_varchar, c_char, "
-                "c_bytea, c_uuid, c_date, c_time, c_ts, c_ts3, c_tstz, c_interval, c_json, "
-                "c_jsonb, c_int_arr, c_text_arr, c_num_arr, c_mood, c_toast, c_bits, c_varbit, "
-                f"c_bit1 FROM {typed_table}"
-            )
-        table = table_info(settings, f"public.{typed_table}")
-        source, records = wait_until_equal(settings, table, timeout=60)
-        assert len(source) == 6
-        # twins: a snapshot row and the streamed copy of it decode to the same values
-        after = {r.value["after"]["id"]: (r.op, r.value["after"]) for r in records if r.value}
-        for i in (1, 2, 3):
-            snap_op, snap = after[i]
-            stream_op, streamed = after[i + 100]
-            assert (snap_op, stream_op) == ("r", "c")
-            for bits in ("c_bits", "c_varbit", "c_bit1"):  # Debezium's Bits, byte for byte
-                assert snap[bits] == streamed[bits], (i, bits, snap[bits], streamed[bits])
-            a, b = decode_row(table, snap), decode_row(table, streamed)
-            a.pop("id"), b.pop("id")
-            assert a == b
-        assert len(source[(1,)]["c_toast"]) == 12800  # stored out of line, and whole in the log
-    finally:
-        drop_pipeline(settings)
+def test_every_common_type_round_trips_exactly(captured: Capture) -> None:
+    t = captured(
+        "CREATE TYPE {name}_mood AS ENUM ('sad', 'happy')",
+        f"CREATE TABLE {{name}} ({TYPES.format(enum='{name}_mood')})",
+        f"INSERT INTO {{name}} VALUES {VALUES}",
+        prefix="types",
+    )
+    with psycopg.connect(t.dsn, autocommit=True) as conn:
+        # the same values again, now through Debezium's streaming
+        conn.execute(
+            f"INSERT INTO {t.name} SELECT id + 100, c_int2, c_int4, c_int8, "
+            "c_num, c_num_free, c_real, c_double, c_bool, c_text, c_varchar, c_char, "
+            "c_bytea, c_uuid, c_date, c_time, c_ts, c_ts3, c_tstz, c_interval, c_json, "
+            "c_jsonb, c_int_arr, c_text_arr, c_num_arr, c_mood, c_toast, c_bits, c_varbit, "
+            f"c_bit1 FROM {t.name}"
+        )
+    table = table_info(t.settings, t.table)
+    source, records = wait_until_equal(t.settings, table, timeout=60)
+    assert len(source) == 6
+    # twins: a snapshot row and the streamed copy of it decode to the same values
+    after = {r.value["after"]["id"]: (r.op, r.value["after"]) for r in records if r.value}
+    for i in (1, 2, 3):
+        snap_op, snap = after[i]
+        stream_op, streamed = after[i + 100]
+        assert (snap_op, stream_op) == ("r", "c")
+        for bits in ("c_bits", "c_varbit", "c_bit1"):  # Debezium's Bits, byte for byte
+            assert snap[bits] == streamed[bits], (i, bits, snap[bits], streamed[bits])
+        a, b = decode_row(table, snap), decode_row(table, streamed)
+        a.pop("id"), b.pop("id")
+        assert a == b
+    assert len(source[(1,)]["c_toast"]) == 12800  # stored out of line, and whole in the log
 
 
 def test_snapshot_and_stream_events_of_a_row_share_key_bytes_and_partition(
