@@ -66,5 +66,5 @@ def reconcile(
         say("running the expectations over the warehouse")
         counts = {d.table: d.source_rows for d in report.drifts if d.store == "warehouse"}
         report.checks += expectations(settings, tables, counts, timeout=timeout)
-        report.checks += view_checks(settings, {t.qualified: t for t in tables})
+        report.checks += view_checks(settings, {t.qualified: t for t in tables}, timeout)
     return report

@@ -77,7 +77,9 @@ class ViewChecks:
     def against_log(self, view: EnrichmentView) -> Check:
         from materializers.check.verify import consistent_cut
 
-        consistent_cut(self.settings, [self.tables[t] for t in view.sides], ["warehouse"], 120.0)
+        consistent_cut(
+            self.settings, [self.tables[t] for t in view.sides], ["warehouse"], self.timeout
+        )
         logs = self._read(view)
         if isinstance(logs, str):
             return self._check(view, True, logs)
