@@ -37,6 +37,7 @@ from materializers.log.position import Position, event_position
 from materializers.log.typed import quoted as q
 from materializers.log.typed import spark_type
 from materializers.views.base import NOW, AfterBatchView, Expected, Form, Verifier
+from materializers.views.streams import logged_changes
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -110,27 +111,12 @@ class EnrichmentView(AfterBatchView):
         join = self.settings
         stream, referenced = tables[join.table], tables[join.references]
         log = _referenced_log(referenced, logs[referenced.qualified], logs[TRUNCATIONS_TABLE])
-        on = stream.column(join.on)
         expected: Expected = {}
-        for record in logs[stream.qualified]:
-            value = record.value
-            if not value or value.get("op") != "c":
-                continue
-            at = event_position("c", value.get("source") or {})
-            if at is None:
-                continue
-            after = value["after"]
-            identity = (
-                *[
-                    form(stream.column(k), decode_value(stream.column(k), after.get(k)))
-                    for k in stream.key
-                ],
-                *at,
-            )
-            target = decode_value(on, after.get(join.on))
-            chosen = enrich(
-                log.versions.get(target, []), log.truncates, at, value["source"]["ts_ms"]
-            )
+        key = [*stream.key, join.on]
+        for event in logged_changes(logs[stream.qualified], stream, key, ("c",)):
+            identity = (*[form(stream.column(k), event.values[k]) for k in stream.key], *event.at)
+            versions = log.versions.get(event.values[join.on], [])
+            chosen = enrich(versions, log.truncates, event.at, event.ms)
             expected[identity] = (
                 tuple(
                     None
