@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from cdc.catalog import Column, Table
 from cdc.errors import ConfigError
-from cdc.settings import ViewSettings
+from cdc.settings import JoinSettings, ViewSettings
 from cdc.topics import ChangeRecord
 
 if TYPE_CHECKING:
@@ -25,6 +25,7 @@ __all__ = [
     "AfterBatchView",
     "Expected",
     "Form",
+    "ReferencingJoin",
     "StreamingView",
     "Verifier",
     "View",
@@ -159,6 +160,25 @@ class AfterBatchView(View):
         """After a warehouse batch: `kept` what it kept of each table, `truncated` the
         tables a TRUNCATE (or a reset) emptied."""
         raise NotImplementedError
+
+
+class ReferencingJoin(AfterBatchView):
+    """A join of each row of `table` with the `references` row its `on` column holds the
+    primary key of (a table join, a stream-table join)."""
+
+    settings: JoinSettings
+    # the columns the view adds to each row of `table`, before the carried ones
+    added: ClassVar[tuple[str, ...]] = ()
+
+    def check_settings(self, tables: dict[str, Table], pipeline: str) -> None:
+        super().check_settings(tables, pipeline)
+        join = self.settings
+        left, right = tables[join.table], tables[join.references]
+        for c in join.columns:
+            self.has(right, c)
+        self.has(left, join.on)
+        self.single_key(right)
+        self.not_taken(left, {c.name for c in left.columns}, join.carried, self.added)
 
 
 class StreamingView(View):

@@ -36,7 +36,7 @@ from cdc.topics import ChangeRecord
 from materializers.log.position import Position, event_position
 from materializers.log.typed import quoted as q
 from materializers.log.typed import spark_type
-from materializers.views.base import NOW, AfterBatchView, Expected, Form, Verifier
+from materializers.views.base import NOW, Expected, Form, ReferencingJoin, Verifier
 from materializers.views.streams import logged_changes
 
 if TYPE_CHECKING:
@@ -48,10 +48,11 @@ __all__ = ["EVENT_COLUMNS", "EnrichmentView", "Version", "enrich"]
 EVENT_COLUMNS = ("event_ts", "_cdc_commit_lsn", "_cdc_lsn")
 
 
-class EnrichmentView(AfterBatchView):
+class EnrichmentView(ReferencingJoin):
     """A stream-table join (StreamTableJoin), refreshed after each warehouse batch."""
 
     settings: StreamTableJoin
+    added = EVENT_COLUMNS
 
     def __init__(self, settings: StreamTableJoin) -> None:
         super().__init__(settings)
@@ -63,16 +64,6 @@ class EnrichmentView(AfterBatchView):
 
     def verify(self, by: Verifier) -> Any:
         return by.against_log(self)
-
-    def check_settings(self, tables: dict[str, Table], pipeline: str) -> None:
-        super().check_settings(tables, pipeline)
-        join = self.settings
-        stream, referenced = tables[join.table], tables[join.references]
-        for c in join.columns:
-            self.has(referenced, c)
-        self.has(stream, join.on)
-        self.single_key(referenced)
-        self.not_taken(stream, {c.name for c in stream.columns}, join.carried, EVENT_COLUMNS)
 
     def keeps(self) -> dict[str, set[str]]:
         keep = {self.settings.table: {"created"}}

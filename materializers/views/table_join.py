@@ -17,7 +17,7 @@ from cdc.settings import TableJoin
 from materializers.log.typed import quoted as q
 from materializers.log.typed import spark_type
 from materializers.stores.warehouse.tables import view_path
-from materializers.views.base import AfterBatchView, Verifier
+from materializers.views.base import ReferencingJoin, Verifier
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["TableJoinView", "refresh_join"]
 
 
-class TableJoinView(AfterBatchView):
+class TableJoinView(ReferencingJoin):
     """A table-table join (TableJoin), refreshed after each warehouse batch."""
 
     settings: TableJoin
@@ -36,16 +36,6 @@ class TableJoinView(AfterBatchView):
 
     def verify(self, by: Verifier) -> Any:
         return by.against_source(self)
-
-    def check_settings(self, tables: dict[str, Table], pipeline: str) -> None:
-        super().check_settings(tables, pipeline)
-        join = self.settings
-        left, right = tables[join.table], tables[join.references]
-        for c in join.columns:
-            self.has(right, c)
-        self.has(left, join.on)
-        self.single_key(right)
-        self.not_taken(left, {c.name for c in left.columns}, join.carried)
 
     def keeps(self) -> dict[str, set[str]]:
         return {self.settings.table: {"keys"}, self.settings.references: {"keys"}}
