@@ -48,15 +48,6 @@ __all__ = ["BatchStep", "WarehouseStore", "warehouse_value"]
 
 log = logging.getLogger(__name__)
 
-META = [
-    "_cdc_commit_lsn",
-    "_cdc_lsn",
-    "_cdc_offset",
-    "_cdc_partition",
-    "_cdc_commit_ts",
-    "_cdc_deleted",
-]
-
 # the position (materializers/log/position.py) of the target row `t` is older than the
 # source row `s`'s; a row written before positions were kept counts as older
 _OLDER = (
