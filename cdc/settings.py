@@ -682,7 +682,7 @@ class SessionWindow(WindowSettings):
     @model_validator(mode="before")
     @classmethod
     def _gap_given(cls, data: Any) -> Any:
-        if isinstance(data, dict) and (data.get("gap") is None or data.get("gap") == "0 minutes"):
+        if isinstance(data, dict) and data.get("gap") is None:
             raise ValueError(
                 f'window {data.get("name")} is a session window: set its gap (e.g. "10 minutes")'
             )

@@ -104,9 +104,8 @@ class StreamJoinView(StreamingView):
 
         from materializers.stores.warehouse.tables import warehouse_root
 
-        join = self.settings
+        join = self.settings  # its settings checked before (registry.check_views)
         start, end = wide(tables[join.table]), wide(tables[join.references])
-        self.check_settings(tables, settings.pipeline.name)
         (key,) = start.key
         starts = events(spark, settings, start, [key], ("c",), join.watermark).select(
             F.col(q(f"__c_{key}")).alias("__start_key"),

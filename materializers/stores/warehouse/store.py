@@ -230,6 +230,12 @@ class WarehouseStore(FrameStore):
     def rows(self, table: Table) -> Rows:
         return self.rows_at(table, current_path(self.root, table.qualified), live=True)
 
+    def holds(self, table: Table) -> bool:
+        """Whether the table's current state is a Delta table yet (its log, not its data)."""
+        from delta.tables import DeltaTable
+
+        return bool(DeltaTable.isDeltaTable(self.spark, current_path(self.root, table.qualified)))
+
     def live_frame(self, table: Table) -> Any | None:
         """The table's live rows (its current state without the deleted markers) as a
         DataFrame; None while it has no Delta table."""
