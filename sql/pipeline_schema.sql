@@ -129,3 +129,51 @@ CREATE OR REPLACE FUNCTION cdc.mask_hash(pipeline text, value text) RETURNS text
     AS $$ SELECT encode(sha256(convert_to(s.salt, 'UTF8') || convert_to($2, 'UTF8')), 'hex')
           FROM cdc.mask_salts s WHERE s.pipeline = $1 $$;
 REVOKE ALL ON FUNCTION cdc.mask_hash(text, text) FROM PUBLIC;
+
+-- A partition created or attached after `cdc setup` under a captured root with REPLICA
+-- IDENTITY FULL takes that identity in the statement's own transaction (PostgreSQL does
+-- not pass it down, and checks a partition's UPDATE against the partition's own: under
+-- DEFAULT a row filter on a non-key column would make the application's UPDATE fail).
+-- Run by the event trigger cdc_follow_root_identity (installed by `cdc setup` where the
+-- setup's user may: a superuser), with the rights of whoever ran the DDL (who owns the
+-- partition). It never fails that DDL: a partition it cannot change (busy for 100 ms,
+-- not the user's) is left with a warning, and `cdc status` names it.
+CREATE OR REPLACE FUNCTION cdc.follow_root_identity() RETURNS event_trigger
+    LANGUAGE plpgsql SET search_path = pg_catalog SET lock_timeout = '100ms' AS $$
+DECLARE
+    made record;
+    part regclass;
+BEGIN
+    -- names are looked up in the catalog, never cast: the user running the DDL may lack
+    -- USAGE on schema cdc, and nothing here may make the application's DDL fail
+    FOR made IN
+        SELECT DISTINCT objid FROM pg_event_trigger_ddl_commands()
+        WHERE object_type = 'table' AND pg_partition_root(objid) IS NOT NULL
+    LOOP
+        IF NOT EXISTS (  -- the root is captured (in a pipeline's publication) with FULL
+            SELECT 1 FROM pg_class r JOIN pg_publication_rel pr ON pr.prrelid = r.oid
+            WHERE r.oid = pg_partition_root(made.objid) AND r.relreplident = 'f'
+              AND pr.prpubid IN (
+                  SELECT t.prpubid FROM pg_publication_rel t
+                  JOIN pg_class c ON c.oid = t.prrelid
+                  JOIN pg_namespace n ON n.oid = c.relnamespace
+                  WHERE n.nspname = 'cdc' AND c.relname = 'truncations')
+        ) THEN
+            CONTINUE;
+        END IF;
+        FOR part IN
+            SELECT t.relid FROM pg_partition_tree(made.objid) t JOIN pg_class c ON c.oid = t.relid
+            WHERE c.relreplident <> 'f' AND c.relkind IN ('r', 'p')
+        LOOP
+            BEGIN
+                EXECUTE format('ALTER TABLE %s REPLICA IDENTITY FULL', part);
+            EXCEPTION WHEN OTHERS THEN
+                RAISE WARNING 'cdc: could not give partition % REPLICA IDENTITY FULL (%); '
+                    'run ALTER TABLE % REPLICA IDENTITY FULL, or cdc setup', part, SQLERRM, part;
+            END;
+        END LOOP;
+    END LOOP;
+EXCEPTION WHEN OTHERS THEN
+    RAISE WARNING 'cdc: the replica identity of new partitions was not checked (%)', SQLERRM;
+END
+$$;

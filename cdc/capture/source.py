@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -22,6 +21,11 @@ import psycopg
 from psycopg import errors, sql
 
 from cdc.capture.masks import read_salt, salt_statement
+from cdc.capture.replica_identity import (
+    apply_replica_identity,
+    identity_trigger_statement,
+    install_identity_trigger,
+)
 from cdc.capture.role import (
     EXPRESSIONS_FUNCTION,
     expression_grants,
@@ -177,7 +181,8 @@ def prepare_source(settings: Settings) -> list[Table]:
                 conn.execute(_sql_file("pipeline_schema.sql"))
                 tables = resolve_tables(conn, pipe, as_published=False)
                 check_names_apart([t.qualified for t in tables], pipe)
-                _apply_replica_identity(conn, tables, pipe.replica_identity)
+                apply_replica_identity(conn, tables, pipe.replica_identity)
+                install_identity_trigger(conn, tables, pipe.replica_identity)
                 for table in tables:
                     check_publishable(conn, table)
                     _check_storable(table, settings)
@@ -244,31 +249,6 @@ def prepare_source(settings: Settings) -> list[Table]:
     return tables
 
 
-def _apply_replica_identity(
-    conn: psycopg.Connection[Any], tables: list[Table], wanted: Mapping[str, str]
-) -> None:
-    """The configured replica identities, on a partitioned table's partitions too (it
-    does not pass down, and a partition's own is the one its changes are published with)."""
-    for table in tables:
-        identity = wanted.get(table.qualified)
-        if not identity:
-            continue
-        for qualified in [table.qualified, *publishing_relations(conn, table)]:
-            schema, name = qualified.split(".", 1)
-            row = conn.execute(
-                "SELECT c.relreplident FROM pg_class c JOIN pg_namespace n "
-                "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
-                (schema, name),
-            ).fetchone()
-            if row and {"d": "default", "f": "full"}.get(row[0]) != identity:
-                conn.execute(
-                    sql.SQL("ALTER TABLE {} REPLICA IDENTITY {}").format(
-                        sql.Identifier(schema, name), sql.SQL(identity.upper())
-                    )
-                )
-                log.info("replica identity of %s set to %s", qualified, identity)
-
-
 def _member(table: Table) -> sql.Composable:
     """A table in the publication: its column list and row filter (pipeline.table)."""
     parts: list[sql.Composable] = [sql.Identifier(table.schema, table.name)]
@@ -309,6 +289,8 @@ def setup_sql(settings: Settings) -> str:
                         sql.Identifier(*qualified.split(".", 1)), sql.SQL(str(identity).upper())
                     )
                 )
+        if any(pipe.replica_identity.get(t.qualified) == "full" for t in tables if t.partitioned):
+            composed.append(identity_trigger_statement())  # a superuser's (see its module)
         composed += role_statements(conn, settings)
         composed += expression_grants(conn, [t.regclass for t in tables if t.generated])
         role = sql.Identifier(pipe.replication_user)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cdc.capture.connect import connect_client
+from cdc.capture.replica_identity import identity_problems
 from cdc.capture.slot import slot_row
 from cdc.capture.snapshots import read_state
 from cdc.capture.source import admin_connection
@@ -138,18 +139,21 @@ def _iceberg_status(settings: Settings) -> dict[str, Any]:
 
 
 def _choice_problems(settings: Settings, published: list[str]) -> list[str]:
-    """What pipeline.table chooses that the capture does not do yet: columns added since
-    `cdc setup` named the publication's columns, or a choice the table no longer fits."""
+    """What pipeline.table and pipeline.replica_identity choose that the capture does not
+    do yet: columns added since `cdc setup` named the publication's columns, a choice the
+    table no longer fits, or a partition without the configured replica identity."""
     pipe, lines = settings.pipeline, []
     with admin_connection(settings) as conn:
         for name in published:
-            if name not in pipe.table:
+            if name not in pipe.table and name not in pipe.replica_identity:
                 continue
             try:
-                pending = describe_table(conn, name, pipe).pending
+                table = describe_table(conn, name, pipe)
             except SourceError as exc:
                 lines.append(f"{exc}; then run `cdc setup`")
                 continue
+            lines += identity_problems(conn, [table], pipe.replica_identity)
+            pending = table.pending if name in pipe.table else []
             if pending:
                 lines.append(
                     f"table {name}: its column(s) {', '.join(pending)}, added since the "

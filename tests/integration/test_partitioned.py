@@ -18,8 +18,11 @@ import pytest
 import redis
 import requests
 
+from cdc.capture.replica_identity import IDENTITY_TRIGGER
+from cdc.capture.source import prepare_source
 from cdc.clients import kafka_admin
 from cdc.topics import change_topic
+from materializers.check.status import pipeline_status
 from materializers.stores.warehouse.tables import current_path, warehouse_root
 from tests.conftest import Capture
 from tests.helpers import run_cdc
@@ -176,3 +179,94 @@ def test_a_table_with_inheritance_children_is_refused_in_one_line(captured: Capt
     said = refused.stderr.strip().splitlines()
     assert len(said) == 1 and "inheritance children" in said[0], said
     assert f"public.{name}_child" in said[0] and "exclude_tables" in said[0], said
+
+
+def _identities(dsn: str, name: str) -> dict[str, str]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT c.relname, c.relreplident FROM pg_partition_tree(%s::regclass) t "
+            "JOIN pg_class c ON c.oid = t.relid",
+            (name,),
+        ).fetchall()
+    return dict(rows)
+
+
+def test_a_partition_made_after_the_setup_takes_the_roots_identity(captured: Capture) -> None:
+    """A row filter on a non-key column needs REPLICA IDENTITY FULL on every partition:
+    one created (or attached) after the setup gets it from the event trigger the setup
+    installed, so the application's UPDATEs and DELETEs of its rows go on, and reach the
+    log; with the trigger disabled, `cdc status` names the partition and `cdc setup`
+    sets its identity."""
+    t = captured(
+        "CREATE TABLE {name} (id int, region text, status text, PRIMARY KEY (id, region)) "
+        "PARTITION BY LIST (region)",
+        "CREATE TABLE {name}_eu PARTITION OF {name} FOR VALUES IN ('eu')",
+        "INSERT INTO {name} VALUES (1, 'eu', 'new')",
+        prefix="late",
+        replica_identity={"public.{name}": "full"},
+        table={"public.{name}": {"where": "status <> 'draft'"}},
+    )
+    name, settings, dsn = t.name, t.settings, t.dsn
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name}_us PARTITION OF {name} FOR VALUES IN ('us')")
+        conn.execute(f"CREATE TABLE {name}_asia (LIKE {name} INCLUDING ALL)")
+        conn.execute(f"ALTER TABLE {name} ATTACH PARTITION {name}_asia FOR VALUES IN ('asia')")
+        conn.execute(f"INSERT INTO {name} VALUES (2, 'us', 'new'), (3, 'asia', 'new')")
+        conn.execute(f"INSERT INTO {name} VALUES (4, 'us', 'new'), (5, 'asia', 'new')")
+        # refused by PostgreSQL ("Column used in the publication WHERE expression is not
+        # part of the replica identity") if the new partitions kept DEFAULT
+        conn.execute(f"UPDATE {name} SET status = 'live' WHERE id IN (1, 2, 3)")
+        conn.execute(f"DELETE FROM {name} WHERE id IN (4, 5)")
+    assert set(_identities(dsn, name).values()) == {"f"}
+    wait_until_equal(settings, table_info(settings, t.table))
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER EVENT TRIGGER {IDENTITY_TRIGGER} DISABLE")
+        try:
+            conn.execute(f"CREATE TABLE {name}_af PARTITION OF {name} FOR VALUES IN ('af')")
+        finally:
+            conn.execute(f"ALTER EVENT TRIGGER {IDENTITY_TRIGGER} ENABLE")
+    assert _identities(dsn, name)[f"{name}_af"] == "d"
+    said = [line for line in pipeline_status(settings).tables_drift if f"{name}_af" in line]
+    assert len(said) == 1 and "cdc setup" in said[0] and "DEFAULT" in said[0], said
+    prepare_source(settings)
+    assert set(_identities(dsn, name).values()) == {"f"}
+    assert not [line for line in pipeline_status(settings).tables_drift if name in line]
+
+
+def test_the_identity_trigger_never_fails_an_application_roles_ddl(captured: Capture) -> None:
+    """The event trigger runs for every CREATE and ALTER TABLE in the database, as the
+    role that runs it: an application role without USAGE on schema cdc still creates its
+    tables and partitions (a partition of a captured root gets FULL), and updates them."""
+    t = captured(
+        "CREATE TABLE {name} (id int, region text, status text, PRIMARY KEY (id, region)) "
+        "PARTITION BY LIST (region)",
+        "CREATE TABLE {name}_eu PARTITION OF {name} FOR VALUES IN ('eu')",
+        prefix="approle",
+        replica_identity={"public.{name}": "full"},
+        table={"public.{name}": {"where": "status <> 'draft'"}},
+    )
+    name, dsn = t.name, t.dsn
+    role = f"{name}_app"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role}")
+        try:
+            conn.execute(f"GRANT CREATE ON SCHEMA public TO {role}")
+            conn.execute(f"ALTER TABLE {name} OWNER TO {role}")
+            conn.execute(f"ALTER TABLE {name}_eu OWNER TO {role}")
+            (usage,) = conn.execute(
+                "SELECT has_schema_privilege(%s, 'cdc', 'USAGE')", (role,)
+            ).fetchone() or (None,)
+            assert usage is False
+            conn.execute(f"SET ROLE {role}")
+            conn.execute(f"CREATE TABLE {name}_plain (id int PRIMARY KEY)")
+            conn.execute(f"ALTER TABLE {name}_plain ADD COLUMN note text")
+            conn.execute(f"CREATE TABLE {name}_us PARTITION OF {name} FOR VALUES IN ('us')")
+            conn.execute(f"INSERT INTO {name} VALUES (1, 'us', 'new')")
+            conn.execute(f"UPDATE {name} SET status = 'live' WHERE id = 1")
+            conn.execute("RESET ROLE")
+            assert _identities(dsn, name)[f"{name}_us"] == "f"
+        finally:
+            conn.execute("RESET ROLE")
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")
