@@ -129,8 +129,9 @@ def search(settings: Any, table: str, key: str = "id") -> Rows:
 
 
 def warehouse_frame(settings: Any, table: str, history: bool = False) -> Any:
-    """The table's current state (every row, the deleted markers too) or its history, as
-    a DataFrame of the Spark session open in this process (or one of the tests' own)."""
+    """The table's current state (its live rows) or its history (as written: versions
+    and TRUNCATE rows, no ends), as a DataFrame of the Spark session open in this
+    process (or one of the tests' own)."""
     from pyspark.sql import SparkSession
 
     from materializers.stores.warehouse.tables import history_path
@@ -145,20 +146,75 @@ def warehouse_frame(settings: Any, table: str, history: bool = False) -> Any:
 
 
 def history_rows(settings: Any, table: str) -> Any:
-    """The table's history (every version) as a DataFrame."""
+    """The table's history as written (versions and TRUNCATE rows) as a DataFrame."""
     return warehouse_frame(settings, table, history=True)
+
+
+def with_ends(rows: list[dict[str, Any]], key: list[str]) -> list[dict[str, Any]]:
+    """The history's rows as written (dicts with `_cdc_op`, `_cdc_commit_lsn`, `_cdc_lsn`,
+    `_cdc_commit_ts`) as versions with `valid_from` and `valid_to`, computed here, apart
+    from the product: a version begins at its commit time, or at the earliest commit
+    time of a version after it, or at the first TRUNCATE after it, whichever is
+    earliest; it ends where the next version of its key begins, or at that TRUNCATE.
+    Sorted by key, then position; the TRUNCATE rows left out."""
+
+    def at(row: dict[str, Any]) -> tuple[int, int]:
+        return (row["_cdc_commit_lsn"], row["_cdc_lsn"])
+
+    cuts = sorted((at(r), r["_cdc_commit_ts"]) for r in rows if r["_cdc_op"] == "t")
+    chains: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        if row["_cdc_op"] != "t":
+            chains.setdefault(tuple(row[k] for k in key), []).append(dict(row))
+    versions = []
+    for name in sorted(chains, key=repr):
+        chain = sorted(chains[name], key=at)
+        for row in chain:
+            row["_cap"] = next((ts for cut, ts in cuts if cut > at(row)), None)
+        earliest = None
+        for row in reversed(chain):
+            earliest = (
+                row["_cdc_commit_ts"] if earliest is None else min(earliest, row["_cdc_commit_ts"])
+            )
+            row["valid_from"] = min(t for t in (earliest, row["_cap"]) if t is not None)
+        for row, following in zip(chain, [*chain[1:], None], strict=True):
+            after = following["valid_from"] if following is not None else None
+            ends = [t for t in (after, row["_cap"]) if t is not None]
+            row["valid_to"] = min(ends) if ends else None
+            del row["_cap"]
+            versions.append(row)
+    return versions
+
+
+def history_with_ends(settings: Any, table: str, key: tuple[str, ...] = ("id",)) -> Any:
+    """The table's history as versions with `valid_from` and `valid_to` as `with_ends`
+    computes them (never the product's reading of the history), as a DataFrame: the
+    columns as written, then those two; the TRUNCATE rows left out."""
+    from pyspark.sql.types import StructField, StructType, TimestampType
+
+    raw = history_rows(settings, table)
+    versions = with_ends([r.asDict() for r in raw.collect()], list(key))
+    schema = StructType(
+        [
+            *raw.schema.fields,
+            StructField("valid_from", TimestampType()),
+            StructField("valid_to", TimestampType()),
+        ]
+    )
+    names = schema.fieldNames()
+    return raw.sparkSession.createDataFrame([tuple(v[n] for n in names) for v in versions], schema)
 
 
 def warehouse(settings: Any, table: str, key: str = "id") -> Rows:
     return {
         r[key]: {c: v for c, v in r.asDict().items() if not c.startswith("_cdc_")}
-        for r in warehouse_frame(settings, table).where("NOT _cdc_deleted").collect()
+        for r in warehouse_frame(settings, table).collect()
     }
 
 
 def warehouse_rows(settings: Any, table: str, columns: list[str]) -> dict[Any, tuple[Any, ...]]:
     """The live rows' `columns`, by id."""
-    frame = warehouse_frame(settings, table).where("NOT _cdc_deleted")
+    frame = warehouse_frame(settings, table)
     return {r["id"]: tuple(r[c] for c in columns) for r in frame.collect()}
 
 

@@ -1,8 +1,9 @@
 """Reading the derived stores: Spark SQL over the warehouse, text search over the index,
 and a row from any store (the cache by default).
 
-Warehouse tables are registered for SQL by name: `<table>` (live rows of the current
-state, without the deleted markers), `<table>_history`, and each join view and window
+Warehouse tables are registered for SQL by name: `<table>` (its live rows),
+`<table>_history` (its versions, each with the `valid_from` and `valid_to` derived as
+it is read: materializers/stores/warehouse/history.py), and each join view and window
 aggregate by its name. A table name that two schemas share is registered as
 `<schema>_<table>` instead.
 """
@@ -19,6 +20,7 @@ from cdc.errors import QueryError, StoreUnavailableError
 from cdc.settings import Settings
 from materializers.stores.base import Store
 from materializers.stores.registry import make_store
+from materializers.stores.warehouse.history import derived_history, history_key
 
 __all__ = [
     "QueryResult",
@@ -72,8 +74,6 @@ def run_query(
 
     spark = spark_session(settings, "cdc-query")
     names = warehouse_names(settings, tables)
-    views = {v.name for v in [*settings.apply.joins, *settings.apply.windows]}
-    current = {n for n in names if not n.endswith("_history")} - views
     for name, path in names.items():
         reader = spark.read.format("delta")
         if as_of is not None:
@@ -83,8 +83,9 @@ def run_query(
             frame = reader.load(path)
         except Exception as exc:  # a version or time the table does not have
             raise QueryError(f"{name} has no state as of {as_of}: {_first_line(exc)}") from None
-        if name in current:
-            frame = frame.where("NOT _cdc_deleted").drop("_cdc_deleted")
+        if name.endswith("_history") and path.endswith("/history"):
+            # versions with their ends, derived as they are read
+            frame = derived_history(spark, frame, history_key(spark, path))
         frame.createOrReplaceTempView(name)
     try:
         result = spark.sql(sql)

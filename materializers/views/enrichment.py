@@ -258,15 +258,19 @@ def _as_of(
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    from materializers.stores.warehouse.history import TRUNCATE_OP, derived_history
     from materializers.stores.warehouse.tables import history_path
 
     (key,) = referenced.key
     wanted = events.select(F.col(q(join.on)).alias("_cdc_ref")).distinct()
     by_position = Window.partitionBy(q(key)).orderBy("_cdc_commit_lsn", "_cdc_lsn")
+    written = spark.read.format("delta").load(history_path(root, referenced.qualified))
+    # the wanted keys' versions and every TRUNCATE (which ends the versions before it)
+    read = written.join(wanted, F.col(q(key)) == F.col("_cdc_ref"), "left_semi").unionByName(
+        written.where(F.col("_cdc_op") == TRUNCATE_OP)
+    )
     versions = (
-        spark.read.format("delta")
-        .load(history_path(root, referenced.qualified))
-        .join(wanted, F.col(q(key)) == F.col("_cdc_ref"), "left_semi")
+        derived_history(spark, read, [key])
         # the next version's start: a valid_to that is not it is a TRUNCATE's
         .withColumn("_cdc_v_next", F.lead("valid_from").over(by_position))
         .select(

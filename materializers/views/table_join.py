@@ -83,16 +83,8 @@ def refresh_join(
     from materializers.stores.warehouse.tables import current_path, ensure_delta
 
     left, right = tables[join.table], tables[join.references]
-    live_left = (
-        DeltaTable.forPath(spark, current_path(root, left.qualified))
-        .toDF()
-        .where("NOT _cdc_deleted")
-    )
-    live_right = (
-        DeltaTable.forPath(spark, current_path(root, right.qualified))
-        .toDF()
-        .where("NOT _cdc_deleted")
-    )
+    live_left = DeltaTable.forPath(spark, current_path(root, left.qualified)).toDF()
+    live_right = DeltaTable.forPath(spark, current_path(root, right.qualified)).toDF()
     view = ensure_delta(spark, view_path(root, join.name), _joined_fields(join, left, right))
     (ref,) = right.key
     carried = live_right.select(

@@ -5,8 +5,8 @@ differ (with both sides). History (Delta, SCD type 2), per table:
   - no two versions of a key at the same position (`_cdc_commit_lsn`, `_cdc_lsn`);
   - `valid_from <= valid_to`;
   - at most one open version (`valid_to IS NULL`) per key, and it is the newest;
-  - the newest version, and only it, is marked `_cdc_newest` (where the column exists);
-  - each key's newest version equals its current row (values, deleted or not, position),
+  - each key's newest version equals its current row (values, position), and a key
+    without a current row has a delete for its newest version,
     and every current row has versions.
 """
 
@@ -86,7 +86,6 @@ class HistoryReport:
     inverted: int = 0  # valid_from > valid_to
     open_many: int = 0  # keys with more than one open version
     newest_closed: int = 0  # keys whose newest version has a valid_to
-    newest_unmarked: int = 0  # keys whose newest version is not the one marked _cdc_newest
     newest_differs: int = 0  # keys whose newest version is not their current row
     no_history: int = 0  # current rows without any version
     no_current: int = 0  # keys with versions but no current row
@@ -99,7 +98,6 @@ class HistoryReport:
             + self.inverted
             + self.open_many
             + self.newest_closed
-            + self.newest_unmarked
             + self.newest_differs
             + self.no_history
             + self.no_current
@@ -110,7 +108,7 @@ class HistoryReport:
             f"warehouse history {self.table}: {self.versions} versions of {self.keys} keys; "
             f"duplicates {self.duplicates}, valid_from > valid_to {self.inverted}, "
             f"keys with several open versions {self.open_many}, newest version closed "
-            f"{self.newest_closed}, newest version not the one marked {self.newest_unmarked}, "
+            f"{self.newest_closed}, "
             f"newest version != current row {self.newest_differs}, "
             f"current rows without history {self.no_history}, history without current row "
             f"{self.no_current}"
@@ -167,20 +165,13 @@ def check_history(
         if newest.valid_to is not None:
             report.newest_closed += 1
             example("newest version closed", _version(newest))
-        marked = [v for v in held if v.marked]
-        if newest.marked is not None and marked != [newest]:
-            report.newest_unmarked += 1
-            example("newest version not the one marked", _version(newest))
         row = current.get(key)
-        if row is None:
-            report.no_current += 1
-            example("history without current row", _version(newest))
+        if row is None:  # a deleted key: its newest version is the delete
+            if newest.op != "d":
+                report.no_current += 1
+                example("history without current row", _version(newest))
             continue
-        differs = (
-            row.deleted != (newest.op == "d")
-            or (not row.deleted and row.values != newest.values)
-            or row.position != newest.position
-        )
+        differs = newest.op == "d" or row.values != newest.values or row.position != newest.position
         if differs:
             report.newest_differs += 1
             example(

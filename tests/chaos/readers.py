@@ -6,7 +6,8 @@ project's code, and brought to one form: {key: (column values...)}.
                 column (text), `_`-prefixed metadata; a deleted marker has `_deleted`
     OpenSearch  requests: index `<prefix>.<schema>.<table>` (lower case), `_id` = key JSON
     Delta       a Spark session of the harness's own: `<warehouse>/<schema>/<table>/current`
-                (live rows: NOT _cdc_deleted) and `.../history`
+                (live rows) and `.../history` (versions as written; their ends computed
+                here: tests/stores.py, with_ends)
     dead letters  kafka-python: the topic `<prefix>.dlq`
 """
 
@@ -28,6 +29,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from cdc.clients import kafka_client_kwargs
 from cdc.settings import KafkaSettings, Settings
+from tests.stores import with_ends
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -236,14 +238,12 @@ class Version:
     valid_from: Any
     valid_to: Any
     values: tuple[Any, ...]
-    marked: bool | None = None  # marked the key's newest (None: a layout without the mark)
 
 
 @dataclass(frozen=True)
 class Current:
-    """One row of a table's current state, a deleted marker or not."""
+    """One row of a table's current state (a live row)."""
 
-    deleted: bool
     position: tuple[int | None, ...]
     values: tuple[Any, ...]
 
@@ -284,32 +284,27 @@ class WarehouseReader:
     def current(self, spec: TableSpec) -> dict[int, Current]:
         frame = self._frame(spec, "current")
         position = self.position_columns(frame.columns)
-        rows = frame.select(spec.key, "_cdc_deleted", *position, *spec.names).collect()
+        rows = frame.select(spec.key, *position, *spec.names).collect()
         width = len(position)
-        return {
-            int(r[0]): Current(bool(r[1]), tuple(r[2 : 2 + width]), spec.row(r.asDict()))
-            for r in rows
-        }
+        return {int(r[0]): Current(tuple(r[1 : 1 + width]), spec.row(r.asDict())) for r in rows}
 
     def rows(self, spec: TableSpec) -> Rows:
-        return {k: c.values for k, c in self.current(spec).items() if not c.deleted}
+        return {k: c.values for k, c in self.current(spec).items()}
 
     def history(self, spec: TableSpec) -> tuple[list[str], list[Version]]:
+        """Every version, its ends computed here (tests/stores.py, with_ends)."""
         frame = self._frame(spec, "history")
-        position = self.position_columns(frame.columns)
-        columns = [spec.key, "_cdc_op", "valid_from", "valid_to", *position, *spec.names]
-        mark = ["_cdc_newest"] if "_cdc_newest" in frame.columns else []
-        width = len(position)
+        position = ["_cdc_commit_lsn", "_cdc_lsn"]
+        raw = frame.select(spec.key, "_cdc_op", "_cdc_commit_ts", *position, *spec.names)
         versions = [
             Version(
-                int(r[0]),
-                str(r[1]),
-                tuple(r[4 : 4 + width]),
-                r[2],
-                r[3],
-                spec.row(r.asDict()),
-                r["_cdc_newest"] if mark else None,
+                int(v[spec.key]),
+                str(v["_cdc_op"]),
+                tuple(v[p] for p in position),
+                v["valid_from"],
+                v["valid_to"],
+                spec.row(v),
             )
-            for r in frame.select(*columns, *mark).collect()
+            for v in with_ends([r.asDict() for r in raw.collect()], [spec.key])
         ]
         return position, versions

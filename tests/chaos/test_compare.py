@@ -36,10 +36,7 @@ def test_a_clean_history_has_no_problems() -> None:
         version(2, "r", 1, 0, 3, 5),
         version(2, "d", 7, 3, None, 0),
     ]
-    current = {
-        1: Current(False, (5, 5), (12, 0, "n")),
-        2: Current(True, (7, 7), (5, 0, "n")),
-    }
+    current = {1: Current((5, 5), (12, 0, "n"))}  # key 2 deleted: no row
     report = check_history("public.accounts", ["a", "b"], versions, current)
     assert report.problems == 0, report.describe()
     assert (report.versions, report.keys) == (4, 2)
@@ -55,9 +52,9 @@ def test_each_broken_rule_is_found() -> None:
         version(3, "r", 1, 0, None, 1),  # no current row
     ]
     current = {
-        1: Current(False, (5, 5), (13, 0, "n")),  # not what the newest version holds
-        2: Current(False, (6, 6), (7, 0, "n")),
-        4: Current(False, (9, 9), (1, 0, "n")),  # no history
+        1: Current((5, 5), (13, 0, "n")),  # not what the newest version holds
+        2: Current((6, 6), (7, 0, "n")),
+        4: Current((9, 9), (1, 0, "n")),  # no history
     }
     report = check_history("public.accounts", ["a", "b"], versions, current)
     assert report.duplicates == 1
@@ -67,20 +64,3 @@ def test_each_broken_rule_is_found() -> None:
     assert report.newest_differs == 1
     assert report.no_current == 1
     assert report.no_history == 1
-
-
-def test_a_newest_version_not_the_one_marked_is_found() -> None:
-    """The `_cdc_newest` partition must hold each key's newest version and only it."""
-    current = {1: Current(False, (5, 5), (12, 0, "n")), 2: Current(False, (5, 5), (12, 0, "n"))}
-
-    def marked(v: Version, mark: bool) -> Version:
-        return Version(v.key, v.op, v.position, v.valid_from, v.valid_to, v.values, mark)
-
-    versions = [
-        marked(version(1, "r", 1, 0, 2, 10), False),
-        marked(version(1, "u", 5, 2, None, 12), True),
-        marked(version(2, "r", 1, 0, 2, 10), True),  # an older version marked
-        marked(version(2, "u", 5, 2, None, 12), False),
-    ]
-    report = check_history("public.accounts", ["a", "b"], versions, current)
-    assert (report.newest_unmarked, report.problems) == (1, 1), report.describe()

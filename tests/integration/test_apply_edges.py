@@ -18,7 +18,7 @@ from tests.conftest import Capture
 from tests.contents import expected_cache, expected_search, source_tuples
 from tests.helpers import recorded_placeholder
 from tests.logcheck import poll
-from tests.stores import cache_contents, history_rows, search_contents, warehouse_rows
+from tests.stores import cache_contents, history_with_ends, search_contents, warehouse_rows
 
 pytestmark = pytest.mark.integration
 
@@ -202,8 +202,9 @@ def test_a_truncate_empties_the_table_in_every_store(captured: Capture) -> None:
     assert cache_contents(settings, table) == expected_cache(settings, table)
     assert search_contents(settings, table) == expected_search(settings, table)
     assert warehouse_rows(settings, table, ["qty"]) == {5: (555,), 300: (3,)}
-    # history: the truncated rows' versions are closed; only the survivors are open
-    open_versions = history_rows(settings, table).where("valid_to IS NULL")
+    # history (its ends as the test derives them): the truncated rows' versions are
+    # closed; only the survivors are open
+    open_versions = history_with_ends(settings, table).where("valid_to IS NULL")
     assert sorted(r["id"] for r in open_versions.collect()) == [5, 300]
     # ... and each closed one ends at the first TRUNCATE after it, not the last
     with psycopg.connect(dsn) as conn:
@@ -216,7 +217,7 @@ def test_a_truncate_empties_the_table_in_every_store(captured: Capture) -> None:
         )
     ends = {
         (r["id"], r["_cdc_op"]): r["valid_to"].timestamp()
-        for r in history_rows(settings, table).where("valid_to IS NOT NULL").collect()
+        for r in history_with_ends(settings, table).where("valid_to IS NOT NULL").collect()
     }
     for key in (1, 2, 3, 4, 6, 7, 8, 9, 10):
         assert abs(ends[(key, "u")] - first) < 1, (key, ends[(key, "u")], first, second)
@@ -228,7 +229,7 @@ def test_a_truncate_empties_the_table_in_every_store(captured: Capture) -> None:
     run_apply(settings, ["warehouse"], once=True)
     rebuilt = {
         (r["id"], r["_cdc_op"]): r["valid_to"].timestamp()
-        for r in history_rows(settings, table).where("valid_to IS NOT NULL").collect()
+        for r in history_with_ends(settings, table).where("valid_to IS NOT NULL").collect()
     }
     for key in (1, 2, 3, 4, 6, 7, 8, 9, 10):
         assert abs(rebuilt[(key, "u")] - first) < 1, (key, rebuilt[(key, "u")], first)

@@ -36,7 +36,14 @@ from materializers.stores.warehouse.tables import warehouse_root
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.logcheck import pipeline_for, wait_until_captured
-from tests.stores import cache_hashes, column_mapped, delta_tables, readers_differ, search_documents
+from tests.stores import (
+    cache_hashes,
+    column_mapped,
+    delta_tables,
+    readers_differ,
+    search_documents,
+    with_ends,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.long]
 
@@ -525,20 +532,28 @@ def delta(settings: Any, table: str, part: str) -> Any:
 def warehouse_rows(settings: Any, table: str) -> list[dict[str, Any]]:
     return [
         {c: v for c, v in r.asDict().items() if not c.startswith("_cdc_")}
-        for r in delta(settings, table, "current").where("NOT _cdc_deleted").collect()
+        for r in delta(settings, table, "current").collect()  # its rows are the live ones
     ]
 
 
 def history_problems(settings: Any, table: str, key: list[str], live: int) -> list[str]:
-    """Per key: one open version at most, the newest one; live keys are those whose
-    newest version is not a delete, and each equals the current row."""
-    current = {tuple(_hashable(r[k]) for k in key): r for r in warehouse_rows(settings, table)}
+    """Per key: one open version at most, the newest one (the ends as the test derives
+    them: tests/stores.py, with_ends); live keys are those whose newest version is not a
+    delete, and each equals the current row (one per key)."""
+    rows = warehouse_rows(settings, table)
+    current = {tuple(_hashable(r[k]) for k in key): r for r in rows}
+    problems = []
+    if len(rows) != len(current):
+        problems.append(f"{table}: {len(rows)} current rows of {len(current)} keys")
+    written = [
+        {c: _hashable(v) if c in key else v for c, v in r.asDict().items()}
+        for r in delta(settings, table, "history").collect()
+    ]
     versions: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    for row in delta(settings, table, "history").collect():
-        versions.setdefault(tuple(_hashable(row[k]) for k in key), []).append(row.asDict())
-    problems, live_keys = [], 0
+    for row in with_ends(written, key):  # sorted by key, then position
+        versions.setdefault(tuple(row[k] for k in key), []).append(row)
+    live_keys = 0
     for k, chain in versions.items():
-        chain.sort(key=lambda v: (v["_cdc_commit_lsn"], v["_cdc_lsn"]))
         newest = chain[-1]
         open_ = [v for v in chain if v["valid_to"] is None]
         if newest["_cdc_op"] == "d":

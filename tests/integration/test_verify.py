@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import psycopg
 import pytest
@@ -198,9 +199,13 @@ def test_verify_reads_every_key_type_as_the_log_keys_it(captured: Capture) -> No
 
 
 def test_verify_checks_the_history(captured: Capture) -> None:
-    """A warehouse history with a key holding two open versions (written behind the
-    pipeline's back with a Delta writer of the test's own) fails `cdc verify`, naming the
-    broken invariant; the history as the apply job wrote it passes."""
+    """A warehouse history broken behind the pipeline's back (with a Delta writer of the
+    test's own) fails `cdc verify`, naming each broken invariant of the versions as
+    readers derive their ends: a change taken twice, a live row whose version is not
+    open, a key with two open versions, a version that ends before it begins; the
+    history as the apply job wrote it passes."""
+    import datetime as dt
+
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
@@ -219,7 +224,13 @@ def test_verify_checks_the_history(captured: Capture) -> None:
     run_apply(settings, ["warehouse"], once=True)
     fine = run_cdc("verify", "--store", "warehouse", "-o", "json", env=env)
     assert fine.returncode == 0, fine.stdout[-2000:] + fine.stderr[-2000:]
-    assert "history: at most one open version per key" in fine.stdout
+    checked = {c["expectation"] for c in json.loads(fine.stdout)["expectations"]}
+    assert {
+        "history: no two versions of a key at one position",
+        "history: at most one open version per key",
+        "history: every live row's version is open",
+        "history: no version ends before it begins",
+    } <= checked, checked
     # the cut marked itself in the log (the connector confirms its position at once);
     # the apply job reads no such topic
     from cdc.topics import CUT_MESSAGE_PREFIX, read_topic
@@ -231,33 +242,61 @@ def test_verify_checks_the_history(captured: Capture) -> None:
 
     spark = spark_session(settings, "test-verify-history")
     path = history_path(warehouse_root(settings), table)
-    history = spark.read.format("delta").load(path)
-    extra = (
-        history.where("id = 1 AND valid_to IS NULL")
-        .withColumn("_cdc_lsn", F.col("_cdc_lsn") + 1)
-        .withColumn("_cdc_newest", F.lit(False))
-    )
-    extra.write.format("delta").mode("append").save(path)
+    schema = spark.read.format("delta").load(path).schema
+
+    def newest(key: int) -> dict[str, Any]:
+        """The key's newest version row as written (its update: ids 1 to 5 have one)."""
+        history = spark.read.format("delta").load(path)
+        row = (
+            history.where(f"id = {key}")
+            .orderBy(F.desc("_cdc_commit_lsn"), F.desc("_cdc_lsn"))
+            .first()
+        )
+        assert row is not None and row["_cdc_op"] == "u", row
+        return row.asDict()
+
+    def append(rows: list[dict[str, Any]]) -> None:
+        """History rows (absent columns NULL) appended as the apply job appends them."""
+        values = [tuple(r.get(f.name) for f in schema.fields) for r in rows]
+        spark.createDataFrame(values, schema).write.format("delta").mode("append").save(path)
+
+    one, two, three = newest(1), newest(2), newest(3)
+    # key 1's newest change taken a second time (delivered again at a later offset)
+    append([{**one, "_cdc_offset": one["_cdc_offset"] + 1000}])
     broken = run_cdc("verify", "--store", "warehouse", "-o", "json", env=env)
     assert broken.returncode == 1, broken.stdout[-2000:] + broken.stderr[-2000:]
     failed = [c for c in json.loads(broken.stdout)["expectations"] if not c["ok"]]
-    # the planted version is newer than the key's newest and not marked so
-    assert [c["expectation"] for c in failed] == [
-        "history: each key's newest version, and only it, is marked newest",
-        "history: at most one open version per key",
+    assert [(c["expectation"], c["observed"]) for c in failed] == [
+        ("history: no two versions of a key at one position", "1 versions taken twice"),
     ], failed
 
-    # key 2's open version made to end a day before it begins: it is open no more
-    DeltaTable.forPath(spark, path).update(
-        "id = 2 AND valid_to IS NULL", {"valid_to": "valid_from - INTERVAL 1 DAY"}
+    # key 2's newest version lost: its live row's version (the update) is open nowhere
+    DeltaTable.forPath(spark, path).delete(
+        f"id = 2 AND _cdc_commit_lsn = {two['_cdc_commit_lsn']} AND _cdc_lsn = {two['_cdc_lsn']}"
+    )
+    # a version after key 3's newest stamped with no commit time: it has no start, so
+    # the version before it never ends either, and the key has two open versions
+    append([{**three, "_cdc_commit_lsn": three["_cdc_commit_lsn"] + 1, "_cdc_commit_ts": None}])
+    # key 99 (never in the source): three versions around two TRUNCATEs, all before
+    # every change of the log; the second TRUNCATE's commit time a day before the first
+    # version's, so that version ends (where the next begins) before it begins
+    at = one["_cdc_commit_ts"]
+    planted = {"id": 99, "body": "planted", "_cdc_op": "u", "_cdc_offset": 0, "_cdc_lsn": 1}
+    truncate = {"_cdc_op": "t", "_cdc_lsn": 1}
+    append(
+        [
+            {**planted, "_cdc_commit_lsn": 1, "_cdc_commit_ts": at},
+            {**truncate, "_cdc_commit_lsn": 2, "_cdc_commit_ts": at},
+            {**planted, "_cdc_commit_lsn": 3, "_cdc_commit_ts": at},
+            {**truncate, "_cdc_commit_lsn": 4, "_cdc_commit_ts": at - dt.timedelta(days=1)},
+            {**planted, "_cdc_commit_lsn": 5, "_cdc_commit_ts": at},
+        ]
     )
     broken = run_cdc("verify", "--store", "warehouse", "-o", "json", env=env)
+    assert broken.returncode == 1, broken.stdout[-2000:] + broken.stderr[-2000:]
     failed = [c for c in json.loads(broken.stdout)["expectations"] if not c["ok"]]
     assert [(c["expectation"], c["observed"]) for c in failed] == [
-        (
-            "history: each key's newest version, and only it, is marked newest",
-            "1 keys otherwise",
-        ),
+        ("history: no two versions of a key at one position", "1 versions taken twice"),
         ("history: at most one open version per key", "1 keys with several"),
         ("history: every live row's version is open", "1 live rows without"),
         ("history: no version ends before it begins", "1 versions"),

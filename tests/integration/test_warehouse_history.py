@@ -1,12 +1,14 @@
-"""The warehouse's history, written batch by batch through real Delta tables: changes of a
-table that reach the warehouse after its TRUNCATE (another topic read further ahead) are
-versions that end at the TRUNCATE, never dropped and never current; the history is read
-back with a Delta reader of the test's own."""
+"""The warehouse's tables, written batch by batch through real Delta tables: the history
+is appended to (each change once, whatever is delivered again), its versions' ends
+derived as it is read; the current state holds live rows only, one Delta commit a batch.
+Changes of a table that reach the warehouse after its TRUNCATE (another topic read
+further ahead) are versions that end at the TRUNCATE, never dropped and never current.
+Both tables are read back with a Delta reader of the test's own, and the versions' ends
+computed by the test (tests/stores.py, with_ends)."""
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from materializers.stores.warehouse.store import WarehouseStore
 from materializers.stores.warehouse.tables import current_path, history_path
 from tests.conftest import RunningStack
 from tests.helpers import EVENTS
+from tests.stores import with_ends
 
 pytestmark = pytest.mark.integration
 
@@ -57,21 +60,33 @@ def event(
 
 
 def _versions(spark: Any, root: str) -> list[tuple[Any, ...]]:
+    """(id, op, body, valid_from, valid_to) of each version, times in ms."""
     from pyspark.sql import functions as F
 
     history = spark.read.format("delta").load(history_path(root, "public.t"))
-    return [
-        (r["id"], r["_cdc_op"], r["body"], r["from"], r["to"])
+    rows = [
+        r.asDict()
         for r in history.select(
             "id",
             "_cdc_op",
             "body",
-            F.unix_millis("valid_from").alias("from"),
-            F.unix_millis("valid_to").alias("to"),
-        )
-        .orderBy("id", "_cdc_commit_lsn", "_cdc_lsn")
-        .collect()
+            "_cdc_commit_lsn",
+            "_cdc_lsn",
+            F.unix_millis("_cdc_commit_ts").alias("_cdc_commit_ts"),
+        ).collect()
     ]
+    return [
+        (v["id"], v["_cdc_op"], v["body"], v["valid_from"], v["valid_to"])
+        for v in with_ends(rows, ["id"])
+    ]
+
+
+def _current(spark: Any, root: str) -> list[tuple[Any, ...]]:
+    """(id, body, commit LSN, LSN) of each row of the current state."""
+    frame = spark.read.format("delta").load(current_path(root, "public.t"))
+    return sorted(
+        (r["id"], r["body"], r["_cdc_commit_lsn"], r["_cdc_lsn"]) for r in frame.collect()
+    )
 
 
 def test_changes_read_after_their_tables_truncate_are_history(
@@ -100,7 +115,7 @@ def test_changes_read_after_their_tables_truncate_are_history(
     )
 
     current = spark.read.format("delta").load(current_path(root, "public.t"))
-    live = {r["id"]: r["body"] for r in current.where("NOT _cdc_deleted").collect()}
+    live = {r["id"]: r["body"] for r in current.collect()}
     assert live == {1: "new"}  # the late update never became current
     assert _versions(spark, root) == [
         (1, "r", "v0", 1000, 2000),
@@ -137,19 +152,22 @@ def test_a_batch_of_redelivered_and_new_changes_leaves_one_open_version(
             event(2, 4, "c", "v3", (400, 410), 4000),
         ]
     )
-    # a change older than a stored one reaches the warehouse late
+    # a change older than the key's stored one, at a new offset: a key's log is in
+    # commit order, so only a change sent again can be older; it is taken nowhere
     write([event(2, 5, "c", "v2", (350, 360), 3500)])
 
-    assert _versions(spark, root) == [
+    versions = [
         (1, "r", "v0", 1000, 2000),
         (1, "u", "v1", 2000, 3000),
         (1, "u", "v2", 3000, None),
-        (2, "c", "v2", 3500, 4000),
         (2, "c", "v3", 4000, None),
     ]
+    assert _versions(spark, root) == versions
+    assert _current(spark, root) == [(1, "v2", 300, 310), (2, "v3", 400, 410)]
     # the same batches again (a replay after a crash) change nothing
     write([event(1, 2, "u", "v1", (200, 210), 2000), event(2, 5, "c", "v2", (350, 360), 3500)])
-    assert len(_versions(spark, root)) == 5
+    assert _versions(spark, root) == versions
+    assert _current(spark, root) == [(1, "v2", 300, 310), (2, "v3", 400, 410)]
 
 
 def test_a_backfill_read_stamped_after_the_next_change_ends_where_it_begins(
@@ -189,7 +207,6 @@ def test_a_backfill_read_stamped_after_the_next_change_ends_where_it_begins(
         (2, "r", "b2", 6000, 6000),  # a stored version's start moves back too
         (2, "u", "v2", 6000, None),
     ]
-    assert [n for n in _newest_marked(spark, root)] == [(1, 1, True), (2, 1, True)]
 
 
 def test_a_truncate_read_late_ends_the_version_before_it_and_keeps_its_values(
@@ -224,113 +241,9 @@ def test_a_truncate_read_late_ends_the_version_before_it_and_keeps_its_values(
     ]
 
 
-def _newest_marked(spark: Any, root: str) -> list[tuple[Any, ...]]:
-    """Per key: how many versions are marked newest, and whether the last is."""
-    history = spark.read.format("delta").load(history_path(root, "public.t"))
-    history.createOrReplaceTempView("test_newest")
-    return [
-        tuple(r)
-        for r in spark.sql(
-            "SELECT id, count_if(_cdc_newest), "
-            "max_by(_cdc_newest, struct(_cdc_commit_lsn, _cdc_lsn)) "
-            "FROM test_newest GROUP BY id ORDER BY id"
-        ).collect()
-    ]
-
-
 def _last_commit(path: str) -> list[dict]:  # type: ignore[type-arg]
     log = sorted(Path(path, "_delta_log").glob("*.json"))[-1]
     return [json.loads(line) for line in log.read_text().splitlines()]
-
-
-def test_a_steady_batch_rewrites_only_each_keys_newest_version(
-    stack: RunningStack, tmp_path: Path
-) -> None:
-    """The history is partitioned by each key's newest version: a batch of changes newer
-    than what is stored rewrites files of that partition only, never older versions',
-    so its cost does not grow with the history; one version per key is marked newest,
-    also after a batch holding an older change (which reads every version)."""
-    from cdc.spark import spark_session
-
-    spark = spark_session(stack.settings, "test-history")
-    root = str(tmp_path / "warehouse")
-    store = WarehouseStore(spark, root)
-    store.prepare([TABLE])
-    tables = {"public.t": TABLE}
-    path = history_path(root, "public.t")
-
-    def write(rows: list[dict]) -> None:  # type: ignore[type-arg]
-        store.write_frame(tables, spark.createDataFrame(rows, EVENTS), {"public.t"})
-
-    write([event(k, k, "r", "v0", (100, 0), 1000) for k in (1, 2, 3)])
-    for n in range(1, 4):  # older versions pile up
-        write([event(k, 10 * n + k, "u", f"v{n}", (100 * n + 100, k), 1000 + n) for k in (1, 2)])
-    write([event(1, 50, "u", "v4", (500, 1), 1005)])
-
-    removed = [a["remove"] for a in _last_commit(path) if "remove" in a]
-    added = [a["add"] for a in _last_commit(path) if "add" in a]
-    assert removed, "the key's newest version was not rewritten"
-    assert all(list(r["partitionValues"].values()) == ["true"] for r in removed), removed
-    assert {v for a in added for v in a["partitionValues"].values()} == {"true", "false"}
-    assert _newest_marked(spark, root) == [(1, 1, True), (2, 1, True), (3, 1, True)]
-
-    write([event(2, 60, "u", "v1.5", (250, 2), 1001)])  # older than key 2's newest
-    assert _newest_marked(spark, root) == [(1, 1, True), (2, 1, True), (3, 1, True)]
-    assert [v for v in _versions(spark, root) if v[0] == 2] == [
-        (2, "r", "v0", 1000, 1001),
-        (2, "u", "v1", 1001, 1001),
-        (2, "u", "v1.5", 1001, 1002),
-        (2, "u", "v2", 1002, 1003),
-        (2, "u", "v3", 1003, None),
-    ]
-
-
-def test_a_history_written_before_the_partition_is_rewritten_once(
-    stack: RunningStack, tmp_path: Path
-) -> None:
-    """A history from before the newest-version partition (no such column) is rewritten
-    partitioned, each key's newest version marked, and goes on from there."""
-    from delta.tables import DeltaTable
-
-    from cdc.spark import spark_session
-    from materializers.stores.warehouse.tables import ensure_delta
-
-    spark = spark_session(stack.settings, "test-history")
-    root = str(tmp_path / "warehouse")
-    tables = {"public.t": TABLE}
-    store = WarehouseStore(spark, root)
-    store.prepare([TABLE])
-    store.write_frame(
-        tables,
-        spark.createDataFrame(
-            [event(1, 0, "r", "v0", (100, 0), 1000), event(1, 1, "u", "v1", (200, 1), 2000)],
-            EVENTS,
-        ),
-        {"public.t"},
-    )
-    path = history_path(root, "public.t")
-    old = spark.read.format("delta").load(path).drop("_cdc_newest").collect()
-    schema = spark.read.format("delta").load(path).drop("_cdc_newest").schema
-    shutil.rmtree(path)  # the same versions in the old layout: no partition, no column
-    ensure_delta(spark, path, list(schema.fields))
-    spark.createDataFrame(old, schema).write.format("delta").mode("append").save(path)
-    assert DeltaTable.forPath(spark, path).detail().first()["partitionColumns"] == []
-
-    store = WarehouseStore(spark, root)  # `cdc apply` started again
-    store.prepare([TABLE])
-    assert DeltaTable.forPath(spark, path).detail().first()["partitionColumns"] == ["_cdc_newest"]
-    assert _newest_marked(spark, root) == [(1, 1, True)]
-    store.write_frame(
-        tables,
-        spark.createDataFrame([event(1, 2, "u", "v2", (300, 1), 3000)], EVENTS),
-        {"public.t"},
-    )
-    assert _versions(spark, root) == [
-        (1, "r", "v0", 1000, 2000),
-        (1, "u", "v1", 2000, 3000),
-        (1, "u", "v2", 3000, None),
-    ]
-    assert _newest_marked(spark, root) == [(1, 1, True)]
 
 
 def _operations(path: str) -> list[str]:
@@ -382,29 +295,202 @@ def test_a_first_load_is_appended_and_equals_what_a_merge_writes(
     def write(rows: list[dict]) -> None:  # type: ignore[type-arg]
         store.write_frame(tables, spark.createDataFrame(rows, EVENTS), {"public.t"})
 
-    def current() -> list[tuple[Any, ...]]:
-        frame = spark.read.format("delta").load(current_path(root, "public.t"))
-        return sorted(
-            (r["id"], r["body"], r["_cdc_deleted"], r["_cdc_commit_lsn"], r["_cdc_lsn"])
-            for r in frame.collect()
-        )
-
     write(batch)
     for path in (current_path(root, "public.t"), history_path(root, "public.t")):
         assert _operations(path)[-1] == "WRITE", _operations(path)
-    state = [(1, "v1", False, 200, 1), (2, None, True, 200, 2), (3, "v0", False, 300, 1)]
-    assert current() == state
+    state = [(1, "v1", 200, 1), (3, "v0", 300, 1)]  # the deleted key is gone
+    assert _current(spark, root) == state
     assert _versions(spark, root) == expected
-    assert _newest_marked(spark, root) == [(1, 1, True), (2, 1, True), (3, 1, True)]
 
+    commits = len(_operations(history_path(root, "public.t")))
     write(batch)  # replayed: merged this time, and nothing changes
     assert _operations(current_path(root, "public.t"))[-1] == "MERGE"
-    assert current() == state
+    assert _current(spark, root) == state
     assert _versions(spark, root) == expected
+    assert len(_operations(history_path(root, "public.t"))) <= commits + 1  # nothing added
 
     store.reset(TABLE)  # emptied (a rebuild): the next batch is appended again
     write(batch)
     assert _operations(history_path(root, "public.t"))[-1] == "WRITE"
-    assert current() == state
+    assert _current(spark, root) == state
     assert _versions(spark, root) == expected
-    assert _newest_marked(spark, root) == [(1, 1, True), (2, 1, True), (3, 1, True)]
+
+
+def _adds_and_removes(path: str) -> tuple[int, int]:
+    """How many files every commit of the Delta table at `path` added and removed."""
+    added = removed = 0
+    for log in sorted(Path(path, "_delta_log").glob("*.json")):
+        for line in log.read_text().splitlines():
+            action = json.loads(line)
+            added += "add" in action
+            removed += "remove" in action
+    return added, removed
+
+
+def test_a_batch_is_one_append_to_the_history_and_one_commit_to_the_current_state(
+    stack: RunningStack, tmp_path: Path
+) -> None:
+    """Steady batches append their versions to the history (no file of it is ever
+    rewritten) and take one commit of the current state: a MERGE for updates and
+    deletes, a plain append for a batch of inserts of new keys; a delete removes the
+    key's row. The product's reading of the history (`history_frame`, the SQL other
+    engines get) gives the ends the test computes itself."""
+    from cdc.spark import spark_session
+
+    spark = spark_session(stack.settings, "test-history")
+    root = str(tmp_path / "warehouse")
+    store = WarehouseStore(spark, root)
+    store.prepare([TABLE])
+    tables = {"public.t": TABLE}
+    current, history = current_path(root, "public.t"), history_path(root, "public.t")
+
+    def write(rows: list[dict]) -> None:  # type: ignore[type-arg]
+        store.write_frame(tables, spark.createDataFrame(rows, EVENTS), {"public.t"})
+
+    write([event(k, k, "r", "v0", (100, 0), 1000) for k in (1, 2, 3)])
+    before = (len(_operations(current)), len(_operations(history)))
+    write([event(1, 10, "u", "v1", (200, 1), 2000), event(2, 11, "d", None, (200, 2), 2000)])
+    write([event(4, 12, "c", "n4", (300, 1), 3000), event(5, 13, "c", "n5", (300, 2), 3000)])
+    store.truncate(TABLE, (400, 1), 4000)
+    write([event(3, 14, "c", "again", (500, 1), 5000)])  # its row went with the TRUNCATE
+    # an insert of a key the table holds (a partition detached, whose rows PostgreSQL
+    # never deleted in the log, then the key inserted again): merged, never doubled
+    write([event(3, 15, "c", "ghost", (600, 1), 6000)])
+    operations = _operations(current)[before[0] :]
+    assert operations == ["MERGE", "WRITE", "DELETE", "WRITE", "MERGE"], operations
+    assert _operations(history)[before[1] :] == ["WRITE"] * 5
+    assert _adds_and_removes(history)[1] == 0  # appended to, never rewritten
+    assert _current(spark, root) == [(3, "ghost", 600, 1)]
+    expected = [
+        (1, "r", "v0", 1000, 2000),
+        (1, "u", "v1", 2000, 4000),
+        (2, "r", "v0", 1000, 2000),
+        (2, "d", None, 2000, 4000),
+        (3, "r", "v0", 1000, 4000),
+        (3, "c", "again", 5000, 6000),
+        (3, "c", "ghost", 6000, None),
+        (4, "c", "n4", 3000, 4000),
+        (5, "c", "n5", 3000, 4000),
+    ]
+    assert _versions(spark, root) == expected
+    read = store.history_frame(TABLE)
+    assert read is not None
+    derived = [
+        (r["id"], r["_cdc_op"], r["body"], r["f"], r["t"])
+        for r in read.selectExpr(
+            "id", "_cdc_op", "body", "unix_millis(valid_from) AS f", "unix_millis(valid_to) AS t"
+        )
+        .orderBy("id", "_cdc_commit_lsn", "_cdc_lsn")
+        .collect()
+    ]
+    assert derived == expected
+
+
+def test_a_write_older_than_a_deleted_keys_delete_is_refused_after_a_restart(
+    stack: RunningStack, tmp_path: Path
+) -> None:
+    """A deleted key has no row in the current state: its delete in the history keeps
+    its position, and a change sent again from before it (a new offset, `cdc apply`
+    started again) brings the row back nowhere."""
+    from cdc.spark import spark_session
+
+    spark = spark_session(stack.settings, "test-history")
+    root = str(tmp_path / "warehouse")
+    tables = {"public.t": TABLE}
+    store = WarehouseStore(spark, root)
+    store.prepare([TABLE])
+    batch = [event(1, 0, "c", "a", (100, 1), 1000), event(1, 1, "u", "b", (200, 1), 2000)]
+    batch += [event(1, 2, "d", None, (300, 1), 3000), event(2, 3, "c", "x", (300, 2), 3000)]
+    store.write_frame(tables, spark.createDataFrame(batch, EVENTS), {"public.t"})
+    expected = _versions(spark, root)
+
+    store = WarehouseStore(spark, root)  # started again: reads what the history holds
+    store.prepare([TABLE])
+    again = [event(1, 4, "u", "b", (200, 1), 2000), event(2, 5, "u", "y", (400, 1), 4000)]
+    store.write_frame(tables, spark.createDataFrame(again, EVENTS), {"public.t"})
+    assert _current(spark, root) == [(2, "y", 400, 1)]
+    assert expected == [
+        (1, "c", "a", 1000, 2000),
+        (1, "u", "b", 2000, 3000),
+        (1, "d", None, 3000, None),
+        (2, "c", "x", 3000, None),
+    ]
+    assert _versions(spark, root) == [
+        *expected[:3],
+        (2, "c", "x", 3000, 4000),
+        (2, "u", "y", 4000, None),
+    ]
+
+
+def test_a_crash_between_the_history_and_the_current_state_is_made_good(
+    stack: RunningStack, tmp_path: Path
+) -> None:
+    """The history is written before the current state: a batch that reached the
+    history but not the current state (its commit undone, as a crash between the two
+    leaves it) is written again after a restart; the current state takes it, and the
+    history, which holds it, gains nothing."""
+    from delta.tables import DeltaTable
+
+    from cdc.spark import spark_session
+
+    spark = spark_session(stack.settings, "test-history")
+    root = str(tmp_path / "warehouse")
+    tables = {"public.t": TABLE}
+    store = WarehouseStore(spark, root)
+    store.prepare([TABLE])
+    first = [event(k, k, "r", "v0", (100, 0), 1000) for k in (1, 2, 3)]
+    store.write_frame(tables, spark.createDataFrame(first, EVENTS), {"public.t"})
+    version = DeltaTable.forPath(spark, current_path(root, "public.t")).history(1).first()
+    second = [event(1, 3, "u", "v1", (200, 1), 2000), event(2, 4, "d", None, (200, 2), 2000)]
+    second += [event(4, 5, "c", "n4", (200, 3), 2000)]
+    store.write_frame(tables, spark.createDataFrame(second, EVENTS), {"public.t"})
+    expected, state = _versions(spark, root), _current(spark, root)
+    assert state == [(1, "v1", 200, 1), (3, "v0", 100, 0), (4, "n4", 200, 3)]
+    assert version is not None
+    DeltaTable.forPath(spark, current_path(root, "public.t")).restoreToVersion(version["version"])
+    assert _current(spark, root) != state
+
+    store = WarehouseStore(spark, root)
+    store.prepare([TABLE])
+    store.write_frame(tables, spark.createDataFrame(second, EVENTS), {"public.t"})
+    assert _current(spark, root) == state
+    assert _versions(spark, root) == expected
+
+    # a backfill's rows share one position: its batch run again is told by its offsets
+    third = [event(5, 6, "r", "b5", (300, 0), 3000), event(6, 7, "r", "b6", (300, 0), 3000)]
+    version = DeltaTable.forPath(spark, current_path(root, "public.t")).history(1).first()
+    store.write_frame(tables, spark.createDataFrame(third, EVENTS), {"public.t"})
+    expected, state = _versions(spark, root), _current(spark, root)
+    assert len(expected) == 8 and len(state) == 5
+    assert version is not None
+    DeltaTable.forPath(spark, current_path(root, "public.t")).restoreToVersion(version["version"])
+    store = WarehouseStore(spark, root)
+    store.prepare([TABLE])
+    store.write_frame(tables, spark.createDataFrame(third, EVENTS), {"public.t"})
+    assert _current(spark, root) == state
+    assert _versions(spark, root) == expected
+
+
+def test_a_table_of_the_earlier_layout_is_refused_in_one_line(
+    stack: RunningStack, tmp_path: Path
+) -> None:
+    """A current state that still keeps deleted rows as markers (`_cdc_deleted`) is of
+    the layout before: the store names the command that rebuilds it."""
+    from pyspark.sql import types as T
+
+    from cdc.errors import StoreError
+    from cdc.spark import spark_session
+    from materializers.stores.warehouse.tables import ensure_delta
+
+    spark = spark_session(stack.settings, "test-history")
+    root = str(tmp_path / "warehouse")
+    fields = [
+        T.StructField("id", T.IntegerType()),
+        T.StructField("body", T.StringType()),
+        T.StructField("_cdc_deleted", T.BooleanType()),
+    ]
+    ensure_delta(spark, current_path(root, "public.t"), fields)
+    with pytest.raises(StoreError) as refused:
+        WarehouseStore(spark, root).prepare([TABLE])
+    said = str(refused.value)
+    assert "cdc rebuild --store warehouse" in said and "\n" not in said, said

@@ -1,14 +1,21 @@
-"""Delta Lake: per source table, the current state kept by MERGE with a position guard.
+"""Delta Lake: per source table, its live rows (`current`) and its history of versions.
 
-`<warehouse>/<prefix>/<schema>/<table>/current` holds one row per key ever seen: the
-columns typed from the PostgreSQL catalog, plus the position `_cdc_commit_lsn`,
-`_cdc_lsn` (materializers/log/position.py), `_cdc_offset`, `_cdc_partition`,
-`_cdc_commit_ts` and `_cdc_deleted`. A delete keeps the row as a deleted marker
-(`_cdc_deleted = true`, columns as they were) with its position, so a stale write is
-refused for ever; readers see live rows through the `<table>` view (`WHERE NOT
-_cdc_deleted`). A MERGE updates a row only from a newer position; an unchanged TOASTed
-value keeps the stored column. A tombstone deletes only what an earlier record of its
-partition wrote.
+`<warehouse>/<prefix>/<schema>/<table>/current` holds the live rows, one per key: the
+columns typed from the PostgreSQL catalog, plus where the change that wrote each sits
+(`_cdc_commit_lsn`, `_cdc_lsn`: materializers/log/position.py; `_cdc_partition`,
+`_cdc_offset`) and its commit time `_cdc_commit_ts`. A delete removes the row: any
+engine that reads the table reads the live rows. `.../history` holds every version,
+appended (history.py).
+
+Each batch writes, per table, first its new versions to the history (one append), then
+its keys' newest changes to `current` (one MERGE that takes a change only from a newer
+position, and deletes; or, when every change of the batch is an insert new to the
+table, one append). A change is new when it sits after what the history holds of its
+Kafka partition (`_Marks`): the steady case, with nothing read back. A change at or
+before that (Debezium's redelivery, a batch replayed after a crash) is judged against
+its key's newest version in the history, which also keeps the position of a deleted key:
+a write older than it is refused. An unchanged TOASTed value keeps the stored column. A
+tombstone deletes only what an earlier record of its partition wrote.
 """
 
 from __future__ import annotations
@@ -18,21 +25,27 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from datetime import time as clock
 from decimal import Decimal
-from functools import partial
 from typing import Any, Protocol
 
 from cdc.catalog import Column, Table, reserved_problem
 from cdc.decode import Interval, decode_value, parse_interval
-from cdc.errors import ConfigError
+from cdc.errors import ConfigError, StoreError
 from materializers.log.keys import key_text, shortest_real
 from materializers.log.typed import quoted as q
 from materializers.log.typed import spark_type, typed_image
 from materializers.stores.base import Entry, FrameStore, Rows
-from materializers.stores.warehouse.history import NEWEST, partition_history, write_history
+from materializers.stores.warehouse.history import (
+    HISTORY_META,
+    KEY_PROPERTY,
+    TRUNCATE_OP,
+    derived_history,
+    version_rows,
+)
 from materializers.stores.warehouse.tables import (
     append_rows,
     clear_columns,
@@ -55,6 +68,9 @@ _OLDER = (
     "(t._cdc_commit_lsn = s._cdc_commit_lsn AND t._cdc_lsn < s._cdc_lsn))"
 )
 # what the decoded events carry beside the table's columns, each as `_cdc_<name>`
+# the columns of the layout before the current state held live rows only and the history
+# was appended to: such a table is rebuilt (`cdc rebuild --store warehouse`)
+_OLDER_LAYOUT = ("_cdc_deleted", "valid_to", "_cdc_newest")
 _EVENT_META = ("key", "op", "offset", "partition", "commit_lsn", "lsn", "commit_ms", "cut_ms")
 
 
@@ -111,6 +127,47 @@ class BatchStep(Protocol):
         ...
 
 
+@dataclass
+class _Marks:
+    """What a table's history holds of each Kafka partition: the newest position and the
+    last offset of a change it took from it. A change from after both is new to the table
+    (the Kafka offset tells a batch replayed after a crash; the position tells Debezium's
+    redelivery, at a new offset, of a change it sent before). Snapshot and backfill rows
+    share positions: one at the newest position but a newer offset is new too."""
+
+    partitions: dict[int, tuple[tuple[int, int], int]] = field(default_factory=dict)
+
+    def new(self, summary: list[Any]) -> bool:
+        """Whether every change of a batch summarised per partition (`_summary`) is new."""
+        for part in summary:
+            held = self.partitions.get(part["partition"])
+            if held is None or part["first_offset"] is None:
+                continue
+            (position, offset) = held
+            if part["first_offset"] <= offset:
+                return False
+            changed, read = part["first_changed"], part["first_read"]
+            if changed is not None and tuple(changed) <= position:
+                return False
+            if read is not None and tuple(read) < position:
+                return False
+        return True
+
+    def add(self, summary: list[Any]) -> None:
+        """Take in the batch's changes (once its versions are in the history)."""
+        for part in summary:
+            if part["last_offset"] is None:
+                continue
+            newest: tuple[tuple[int, int], int] = (
+                (int(part["newest"][0]), int(part["newest"][1])),
+                int(part["last_offset"]),
+            )
+            held = self.partitions.get(part["partition"])
+            if held is not None:
+                newest = (max(held[0], newest[0]), max(held[1], newest[1]))
+            self.partitions[part["partition"]] = newest
+
+
 class WarehouseStore(FrameStore):
     name = "warehouse"
 
@@ -123,7 +180,9 @@ class WarehouseStore(FrameStore):
         self._tables: dict[str, tuple[list[Any], Any]] = {}
         # the Delta tables known to hold rows (only a reset empties one again)
         self._filled: set[str] = set()
-        # MERGEs of a batch at once: twice the cores, as much of a MERGE is driver work
+        # per history: what it holds of each Kafka partition (read once, then kept)
+        self._marks: dict[str, _Marks] = {}
+        # tables written at once: twice the cores, as much of a Delta write is driver work
         self.parallel = min(2 * (os.cpu_count() or 1), 8)
 
     def prepare(self, tables: Iterable[Table]) -> None:
@@ -132,7 +191,7 @@ class WarehouseStore(FrameStore):
             self._history(table)
 
     def _ensure(self, table: Table) -> Any:
-        """The table's current state (SCD type 1), created or widened to its columns."""
+        """The table's live rows (SCD type 1), created or widened to its columns."""
         from pyspark.sql import types as T
 
         return self._delta(
@@ -142,7 +201,6 @@ class WarehouseStore(FrameStore):
                 T.StructField("_cdc_partition", T.IntegerType()),
                 T.StructField("_cdc_lsn", T.LongType()),
                 T.StructField("_cdc_commit_ts", T.TimestampType()),
-                T.StructField("_cdc_deleted", T.BooleanType()),
                 T.StructField("_cdc_commit_lsn", T.LongType()),
             ],
             table,
@@ -150,27 +208,24 @@ class WarehouseStore(FrameStore):
         )
 
     def _history(self, table: Table) -> Any:
-        """The table's history (SCD type 2), created or widened to its columns, and
-        partitioned by each key's newest version (history.NEWEST)."""
+        """The table's history (SCD type 2), created or widened to its columns."""
         from pyspark.sql import types as T
 
         if problem := reserved_problem([c.name for c in table.columns], ("warehouse",)):
             raise ConfigError(f"table {table.qualified} cannot be kept in the warehouse: {problem}")
-
+        kinds = {
+            "_cdc_op": T.StringType(),
+            "_cdc_offset": T.LongType(),
+            "_cdc_partition": T.IntegerType(),
+            "_cdc_lsn": T.LongType(),
+            "_cdc_commit_ts": T.TimestampType(),
+            "_cdc_commit_lsn": T.LongType(),
+        }
         return self._delta(
             history_path(self.root, table.qualified),
-            [
-                T.StructField("_cdc_op", T.StringType()),
-                T.StructField("_cdc_offset", T.LongType()),
-                T.StructField("_cdc_partition", T.IntegerType()),
-                T.StructField("_cdc_lsn", T.LongType()),
-                T.StructField("valid_from", T.TimestampType()),
-                T.StructField("valid_to", T.TimestampType()),
-                T.StructField("_cdc_commit_lsn", T.LongType()),
-                T.StructField(NEWEST, T.BooleanType()),
-            ],
+            [T.StructField(name, kinds[name]) for name in HISTORY_META],
             table,
-            partitioned_by=(NEWEST,),
+            properties={KEY_PROPERTY: json.dumps(list(table.key))},
         )
 
     def _delta(
@@ -178,44 +233,62 @@ class WarehouseStore(FrameStore):
         path: str,
         meta: list[Any],
         table: Table,
-        partitioned_by: tuple[str, ...] = (),
         clear_dropped: bool = False,
+        properties: dict[str, str] | None = None,
     ) -> Any:
-        """The Delta table at `path` for `table`'s columns and `meta`. A column dropped
-        in PostgreSQL stays in the Delta table (its history keeps what it held); with
-        `clear_dropped` (the current state) no live row keeps a value in it."""
+        """The Delta table at `path` for `table`'s columns and `meta`, with `properties`.
+        A column dropped in PostgreSQL stays in the Delta table (its history keeps what
+        it held); with `clear_dropped` (the current state) no live row keeps a value in
+        it."""
         from pyspark.sql import types as T
 
         fields = [T.StructField(c.name, spark_type(c)) for c in table.columns] + meta
         known = self._tables.get(path)
         if known is not None and known[0] == fields:
             return known[1]  # a handle always reads the table's latest version
-        target = ensure_delta(self.spark, path, fields, partitioned_by)
+        target = ensure_delta(self.spark, path, fields, properties=properties or {})
+        older = set(target.toDF().columns) & set(_OLDER_LAYOUT)
+        if older:
+            raise StoreError(
+                f"the warehouse table {path} is of an earlier layout (it has "
+                f"{', '.join(sorted(older))}): run `cdc rebuild --store warehouse`"
+            )
         if clear_dropped:
             clear_columns(target, dropped_columns(target, fields))
-        if partitioned_by == (NEWEST,):
-            target = partition_history(self.spark, table, path, target)
         self._tables[path] = (fields, target)
         return target
 
     def truncate(self, table: Table, before: tuple[int, int], commit_ms: int) -> None:
-        """Rows written before the TRUNCATE (position `before`) become deleted markers;
-        their open history versions end at the TRUNCATE's commit time."""
+        """Rows written before the TRUNCATE (position `before`) go; the history gets the
+        TRUNCATE's row, which ends every version before it (once: a TRUNCATE applied
+        again finds its row)."""
+        from pyspark.sql import functions as F
+        from pyspark.sql import types as T
+
         commit, lsn = int(before[0]), int(before[1])
         cut = (
             f"(_cdc_commit_lsn IS NULL OR _cdc_commit_lsn < {commit} OR "
             f"(_cdc_commit_lsn = {commit} AND _cdc_lsn < {lsn}))"
         )
-        self._ensure(table).update(
-            condition=f"{cut} AND NOT _cdc_deleted", set={"_cdc_deleted": "true"}
+        self._ensure(table).delete(cut)
+        history = self._history(table)
+        held = history.toDF().where(
+            f"_cdc_op = '{TRUNCATE_OP}' AND _cdc_commit_lsn = {commit} AND _cdc_lsn = {lsn}"
         )
-        # every version from before it that lasts past it: the open ones, and one whose
-        # next version (after the TRUNCATE) was written first, its topic read further ahead
-        ended = f"timestamp_millis({int(commit_ms)})"
-        self._history(table).update(
-            condition=f"{cut} AND _cdc_op <> 'd' AND (valid_to IS NULL OR valid_to > {ended})",
-            set={"valid_to": ended},
-        )
+        if not held.limit(1).count():
+            row = self.spark.createDataFrame(
+                [(TRUNCATE_OP, commit, lsn, int(commit_ms))],
+                T.StructType(
+                    [
+                        T.StructField("_cdc_op", T.StringType()),
+                        T.StructField("_cdc_commit_lsn", T.LongType()),
+                        T.StructField("_cdc_lsn", T.LongType()),
+                        T.StructField("ms", T.LongType()),
+                    ]
+                ),
+            ).withColumn("_cdc_commit_ts", F.timestamp_millis("ms"))
+            append_rows(history, row.drop("ms"), nulls=True)
+            self._filled.add(history_path(self.root, table.qualified))
         self._truncated.add(table.qualified)  # its join views are rebuilt after the batch
 
     def reset(self, table: Table) -> None:
@@ -225,6 +298,7 @@ class WarehouseStore(FrameStore):
         self._history(table).delete()
         self._filled.discard(current_path(self.root, table.qualified))
         self._filled.discard(history_path(self.root, table.qualified))
+        self._marks.pop(history_path(self.root, table.qualified), None)
         self._truncated.add(table.qualified)
 
     def rows(self, table: Table) -> Rows:
@@ -237,14 +311,14 @@ class WarehouseStore(FrameStore):
         return bool(DeltaTable.isDeltaTable(self.spark, current_path(self.root, table.qualified)))
 
     def live_frame(self, table: Table) -> Any | None:
-        """The table's live rows (its current state without the deleted markers) as a
-        DataFrame; None while it has no Delta table."""
-        frame = self._frame(current_path(self.root, table.qualified))
-        return None if frame is None else frame.where("NOT _cdc_deleted")
+        """The table's live rows as a DataFrame; None while it has no Delta table."""
+        return self._frame(current_path(self.root, table.qualified))
 
     def history_frame(self, table: Table) -> Any | None:
-        """The table's history as a DataFrame; None while it has none."""
-        return self._frame(history_path(self.root, table.qualified))
+        """The table's history as versions with their ends (history.derived_history);
+        None while it has none."""
+        frame = self._frame(history_path(self.root, table.qualified))
+        return None if frame is None else derived_history(self.spark, frame, list(table.key))
 
     def view_frame(self, name: str) -> Any | None:
         """A derived view's Delta table as a DataFrame; None while it has none."""
@@ -259,13 +333,12 @@ class WarehouseStore(FrameStore):
         return self.spark.read.format("delta").load(path)
 
     def rows_at(self, table: Table, path: str, live: bool = False) -> Rows:
-        """The rows of the Delta table at `path` with `table`'s columns (a join view's,
-        whose deleted rows are gone; `live`: without the deleted markers)."""
+        """The rows of the Delta table at `path` with `table`'s columns (a current state,
+        or a join view's; `live`: a current state, whose columns PostgreSQL dropped must
+        hold no value)."""
         frame = self._frame(path)
         if frame is None:
             return {}
-        if live:
-            frame = frame.where("NOT _cdc_deleted")
         names = [c.name for c in table.columns]
         # a current state's column that PostgreSQL dropped: a value left in it is drift,
         # as a field left in the cache or the index is
@@ -284,13 +357,13 @@ class WarehouseStore(FrameStore):
         return {c.name: warehouse_value(c, row.get(c.name)) for c in table.columns}
 
     def remove(self, table: Table, keys: list[str]) -> None:
-        """The rows become deleted markers (keeping their positions)."""
+        """The rows go from the current state (the history keeps what it recorded)."""
         from pyspark.sql import functions as F
 
         target = self._ensure(table)
         # the Delta values of the keys to remove (a key's text is not its Delta value)
         wanted = set(keys)
-        live = target.toDF().where("NOT _cdc_deleted").select(*[q(k) for k in table.key])
+        live = target.toDF().select(*[q(k) for k in table.key])
         values = [
             row.asDict()
             for row in live.toLocalIterator()
@@ -300,8 +373,7 @@ class WarehouseStore(FrameStore):
             return
         if len(table.key) == 1:  # one IN list (Spark makes it a hash set)
             column = table.key[0]
-            condition = F.col(q(column)).isin([v[column] for v in values])
-            target.update(condition, {"_cdc_deleted": F.lit(True)})
+            target.delete(F.col(q(column)).isin([v[column] for v in values]))
             return
         for at in range(0, len(values), _REMOVE_BATCH):
             matches = []
@@ -310,25 +382,33 @@ class WarehouseStore(FrameStore):
                 for column in table.key:
                     match = match & (F.col(q(column)) == F.lit(value[column]))
                 matches.append(match)
-            target.update(any_of(matches), {"_cdc_deleted": F.lit(True)})
+            target.delete(any_of(matches))
 
     def get(self, table: Table, key: str) -> Entry | None:
-        from delta.tables import DeltaTable
+        """The key's live row; for a deleted key, its delete as the history holds it."""
         from pyspark.sql import functions as F
 
-        path = current_path(self.root, table.qualified)
-        if not DeltaTable.isDeltaTable(self.spark, path):
-            return None
         raw = json.loads(key)
         match = F.lit(True)
         for name in table.key:
             value = decode_value(table.column(name), raw.get(name))
             match = match & F.col(q(name)).eqNullSafe(F.lit(value))
-        found = self.spark.read.format("delta").load(path).where(match).collect()
-        if not found:
-            return None
-        fields = found[0].asDict()
-        return Entry(fields, bool(fields["_cdc_deleted"]))
+        current = self._frame(current_path(self.root, table.qualified))
+        found = [] if current is None else current.where(match).collect()
+        if found:
+            return Entry(found[0].asDict(), False)
+        history = self._frame(history_path(self.root, table.qualified))
+        newest = (
+            []
+            if history is None
+            else history.where(match & (F.col("_cdc_op") != TRUNCATE_OP))
+            .orderBy(F.col("_cdc_commit_lsn").desc(), F.col("_cdc_lsn").desc())
+            .limit(1)
+            .collect()
+        )
+        if newest and newest[0]["_cdc_op"] == "d":
+            return Entry(newest[0].asDict(), True)
+        return None
 
     def _empty(self, path: str, target: Any) -> bool:
         """The Delta table holds no row yet (a first load, or after a reset): a batch
@@ -340,6 +420,30 @@ class WarehouseStore(FrameStore):
         self._filled.add(path)
         return False
 
+    def _marks_of(self, table: Table, history: Any) -> _Marks:
+        """What the table's history holds of each Kafka partition (read once a process)."""
+        from pyspark.sql import functions as F
+
+        path = history_path(self.root, table.qualified)
+        marks = self._marks.get(path)
+        if marks is None:
+            marks = _Marks()
+            if not self._empty(path, history):
+                for row in (
+                    history.toDF()
+                    .where(F.col("_cdc_op") != TRUNCATE_OP)
+                    .groupBy("_cdc_partition")
+                    .agg(
+                        F.max(F.struct("_cdc_commit_lsn", "_cdc_lsn")).alias("newest"),
+                        F.max("_cdc_offset").alias("offset"),
+                    )
+                    .collect()
+                ):
+                    newest = (int(row["newest"][0]), int(row["newest"][1]))
+                    marks.partitions[int(row["_cdc_partition"])] = (newest, int(row["offset"]))
+            self._marks[path] = marks
+        return marks
+
     def _timed(self, work: Callable[..., Any], *args: Any) -> float:
         """Run `work` in this thread, in the warehouse's scheduler pool; its seconds."""
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.name)
@@ -348,27 +452,19 @@ class WarehouseStore(FrameStore):
         return time.monotonic() - started
 
     def _write_table(
-        self,
-        table: Table,
-        events: Any,
-        histories: ThreadPoolExecutor,
-        keep: set[str],
-        toasted: bool,
+        self, table: Table, events: Any, keep: set[str], toasted: bool
     ) -> tuple[float, float, dict[str, Any]]:
-        """A table's events of the batch into its history (in `histories`) and its current
-        state (in this thread); their seconds, and what the views want kept of the batch
-        (`keep`): its keys of the table ("keys", for the join views), its creation
-        events ("created", for the enrichments it streams) and the positions of its
-        changes per key ("versions", for the enrichments it is referenced by)."""
+        """A table's events of the batch into its history, then its current state; their
+        seconds, and what the views want kept of the batch (`keep`): its keys of the
+        table ("keys", for the join views), its creation events ("created", for the
+        enrichments it streams) and the positions of its changes per key ("versions",
+        for the enrichments it is referenced by)."""
         from pyspark.sql import functions as F
 
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.name)
-        decoded, history, current = self._merge(table, events, histories, toasted)
+        decoded, placeholders = self._decode(table, events, toasted)
         try:
-            try:
-                current_s = self._timed(current)
-            finally:
-                wait([history])  # the history reads the decoded events too
+            history_s, current_s = self._write(table, decoded, placeholders)
             kept: dict[str, Any] = {}
             if "keys" in keep:
                 kept["keys"] = (
@@ -395,22 +491,19 @@ class WarehouseStore(FrameStore):
                     "_cdc_commit_lsn",
                     "_cdc_lsn",
                 ).localCheckpoint()
-            return history.result(), current_s, kept
+            return history_s, current_s, kept
         finally:
             decoded.unpersist()
 
-    def _merge(
-        self, table: Table, events: Any, pool: ThreadPoolExecutor, toasted: bool = True
-    ) -> tuple[Any, Future[float], Callable[[], Any]]:
-        """Start the history write of a table's events of the batch (in `pool`), and make
-        the write of its current state. Returns the decoded events (checkpointed: the
-        caller unpersists them), the history's future (its seconds), and the current
-        state's write to run. `toasted` false: no event of the batch carries a TOAST
-        placeholder, and no value is carried over or read from the stored rows."""
+    def _decode(self, table: Table, events: Any, toasted: bool) -> tuple[Any, set[str]]:
+        """A table's events of the batch, decoded and checkpointed (the caller unpersists
+        them), and the flag columns of the values an unchanged TOASTed column left out
+        (`toasted` false: no event of the batch carries a placeholder). Each event's
+        placeholders are filled from the key's latest earlier event of the batch that
+        carried the value (`__carried_<column>`)."""
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
-        target = self._ensure(table)
         rows = events.where(F.col("table") == table.qualified)
         key_image = typed_image(
             table.__class__(
@@ -466,51 +559,86 @@ class WarehouseStore(FrameStore):
             decoded = decoded.withColumn(
                 f"__carried_{c}", F.last(value, ignorenulls=True).over(so_far)
             )
-        # read by the history MERGE and the current one: computed once, and the plans
-        # that read it start from its rows, not from the decoding of the Kafka records
-        # (planning and generating code for those cost more than running them)
-        decoded = decoded.localCheckpoint()
-        fresh = self._empty(current_path(self.root, table.qualified), target)
-        stored = None
-        if placeholders and not fresh:  # values the history may need, read before any MERGE
-            keys = decoded.select(*[F.col(q(f"_cdc_k_{k}")) for k in table.key]).distinct()
-            stored = (
-                target.toDF()
-                .select(
-                    *[F.col(q(k)).alias(f"_cdc_cur_{k}") for k in table.key],
-                    # a deleted row's values are no one's to keep (write_history), but
-                    # those of a row a TRUNCATE deleted are an earlier change's
-                    F.col("_cdc_deleted").alias("_cdc_cur_deleted"),
-                    *[F.col(q(f[5:])).alias(f"_cdc_cur_{f[5:]}") for f in placeholders],
-                )
-                .join(
-                    keys,
-                    [
-                        F.col(q(f"_cdc_cur_{k}")).eqNullSafe(F.col(q(f"_cdc_k_{k}")))
-                        for k in table.key
-                    ],
-                    "left_semi",
-                )
-                .localCheckpoint()
+        # read by the summary, the history and the current state: computed once, and the
+        # plans that read it start from its rows, not from the decoding of the Kafka
+        # records (planning and generating code for those cost more than running them)
+        return decoded.localCheckpoint(), placeholders
+
+    def _write(self, table: Table, decoded: Any, placeholders: set[str]) -> tuple[float, float]:
+        """The batch's new versions into the history, then its keys' newest changes into
+        the current state (module doc); their seconds."""
+
+        target, history = self._ensure(table), self._history(table)
+        current_at = current_path(self.root, table.qualified)
+        summary = _summary(decoded)
+        marks = self._marks_of(table, history)
+        new = marks.new(summary)
+        changes = decoded.where("_cdc_commit_lsn IS NOT NULL")
+        tombstones = decoded.where("_cdc_commit_lsn IS NULL")
+        # a change delivered twice is one version
+        changes = changes.dropDuplicates(["_cdc_key", "_cdc_commit_lsn", "_cdc_lsn"])
+        if new:
+            versions, latest = changes, changes
+        else:  # each key's newest version in the history: older changes are refused
+            held = _newest_held(table, history, changes, _lowest(summary))
+            versions = held.where(~_held_since(inclusive=True))
+            latest = held.where(~_held_since(inclusive=False))
+            versions, latest = (
+                f.drop("_cdc_held_commit", "_cdc_held_lsn") for f in (versions, latest)
             )
-        history_table = self._history(table)
-        history = pool.submit(
-            self._timed,
-            write_history,
-            table,
-            decoded,
-            placeholders,
-            stored,
-            history_table,
-            self._empty(history_path(self.root, table.qualified), history_table),
+        fresh = self._empty(current_at, target)
+        stored = None
+        if placeholders and not fresh:  # values the history needs, read before the MERGE
+            cut = any(p["cut"] for p in summary)
+            stored = _stored_values(table, target, history, decoded, placeholders, cut)
+        started = time.monotonic()
+        rows = version_rows(table, versions, placeholders, stored)
+        try:
+            append_rows(history, rows, nulls=True)  # a column PostgreSQL dropped: NULL
+        except BaseException:
+            self._marks.pop(history_path(self.root, table.qualified), None)  # read again
+            raise
+        self._filled.add(history_path(self.root, table.qualified))
+        marks.add(summary)
+        history_s = time.monotonic() - started
+        started = time.monotonic()
+        # every change an insert or a read (a snapshot's, a backfill's) new to the history,
+        # and no key of the batch in the table (not even one whose delete the source never
+        # published: a detached partition's)
+        inserts_only = (
+            new
+            and not fresh
+            and all(p["others"] == 0 for p in summary)
+            and not _holds_any(table, target, changes)
         )
+        self._write_current(table, target, latest, tombstones, placeholders, fresh or inserts_only)
+        if fresh or inserts_only:
+            self._filled.add(current_at)
+        return history_s, time.monotonic() - started
+
+    def _write_current(
+        self,
+        table: Table,
+        target: Any,
+        changes: Any,
+        tombstones: Any,
+        placeholders: set[str],
+        append: bool,
+    ) -> None:
+        """Each key's newest change into the current state: one MERGE, or with `append`
+        (the table holds none of the keys: it is empty, or every change is an insert new
+        to it) one append of the rows inserted."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
         newest = Window.partitionBy("_cdc_key").orderBy(
             F.col("_cdc_commit_lsn").desc_nulls_last(),
             F.col("_cdc_lsn").desc(),
             F.col("_cdc_offset").desc(),
         )
         source = (
-            decoded.where("_cdc_cut_ms IS NULL")  # what a later TRUNCATE emptied is history only
+            changes.where("_cdc_cut_ms IS NULL")  # what a later TRUNCATE emptied is history only
+            .unionByName(tombstones)
             .withColumn("__rank", F.row_number().over(newest))
             .where("__rank = 1")
         )
@@ -520,7 +648,6 @@ class WarehouseStore(FrameStore):
             source = source.withColumn(
                 c, F.when(known, F.col(q(f"__carried_{c}") + ".v")).otherwise(F.col(q(c)))
             ).withColumn(flag, F.col(q(flag)) & ~known)
-        condition = " AND ".join(f"t.{q(k)} <=> s.{q('_cdc_k_' + k)}" for k in table.key)
         meta = {
             "_cdc_commit_lsn": "s._cdc_commit_lsn",
             "_cdc_lsn": "s._cdc_lsn",
@@ -528,71 +655,44 @@ class WarehouseStore(FrameStore):
             "_cdc_partition": "s._cdc_partition",
             "_cdc_commit_ts": "timestamp_millis(s._cdc_commit_ms)",
         }
-        values = {}
+        values, inserted = {}, {}
         for column in table.columns:
             c = column.name
-            if column.name in table.key:
-                values[c] = f"s.{q('_cdc_k_' + c)}"
-            elif f"__ph_{c}" in placeholders:  # a deleted row's values are no one's to keep
-                values[c] = (
-                    f"CASE WHEN s.{q('__ph_' + c)} THEN (CASE WHEN t._cdc_deleted THEN NULL "
-                    f"ELSE t.{q(c)} END) ELSE s.{q(c)} END"
-                )
+            if c in table.key:
+                values[c] = inserted[c] = f"s.{q('_cdc_k_' + c)}"
+            elif f"__ph_{c}" in placeholders:  # an unchanged TOASTed value: the stored one
+                values[c] = f"CASE WHEN s.{q('__ph_' + c)} THEN t.{q(c)} ELSE s.{q(c)} END"
+                inserted[c] = f"CASE WHEN s.{q('__ph_' + c)} THEN NULL ELSE s.{q(c)} END"
             else:
-                values[c] = f"s.{q(c)}"
-        insert = {
-            c: (
-                v
-                if not v.startswith("CASE")
-                else f"CASE WHEN s.{q('__ph_' + c)} THEN NULL ELSE s.{q(c)} END"
-            )
-            for c, v in values.items()
-        }
-        # a key the table does not hold yet: the change's values (none for a delete)
-        inserted = {
-            **{
-                q(c): (v if c in table.key else f"CASE WHEN s._cdc_op = 'd' THEN NULL ELSE {v} END")
-                for c, v in insert.items()
-            },
-            **meta,
-            "_cdc_deleted": "s._cdc_op = 'd'",
-        }
-        if fresh:
-            # every key is new: what the MERGE below would write, in a plain append
-            first = (
+                values[c] = inserted[c] = f"s.{q(c)}"
+        inserted = {q(c): v for c, v in inserted.items()} | meta
+        live = "s._cdc_commit_lsn IS NOT NULL AND s._cdc_op <> 'd'"
+        if append:
+            rows = (
                 source.alias("s")
-                .where("s._cdc_commit_lsn IS NOT NULL")
+                .where(live)
                 .selectExpr(*[f"{v} AS {c}" for c, v in inserted.items()])
             )
-            return decoded, history, partial(append_rows, target, first)
-        merge = (
+            append_rows(target, rows, nulls=True)
+            return
+        condition = " AND ".join(f"t.{q(k)} <=> s.{q('_cdc_k_' + k)}" for k in table.key)
+        (
             target.alias("t")
             .merge(source.alias("s"), condition)
-            .whenMatchedUpdate(  # a tombstone: deletes what an earlier record wrote
-                condition="s._cdc_commit_lsn IS NULL AND NOT t._cdc_deleted AND "
-                "t._cdc_partition = s._cdc_partition AND t._cdc_offset < s._cdc_offset",
-                # its marker sits just below the change it deleted (position.below)
-                set={
-                    "_cdc_offset": "s._cdc_offset",
-                    "_cdc_lsn": "t._cdc_lsn - 1",
-                    "_cdc_deleted": "true",
-                },
+            .whenMatchedDelete(  # a tombstone: deletes what an earlier record wrote
+                condition="s._cdc_commit_lsn IS NULL AND "
+                "t._cdc_partition = s._cdc_partition AND t._cdc_offset < s._cdc_offset"
             )
-            .whenMatchedUpdate(
-                condition=f"s._cdc_commit_lsn IS NOT NULL AND s._cdc_op = 'd' AND {_OLDER}",
-                set={**meta, "_cdc_deleted": "true"},
+            .whenMatchedDelete(
+                condition=f"s._cdc_commit_lsn IS NOT NULL AND s._cdc_op = 'd' AND {_OLDER}"
             )
             .whenMatchedUpdate(
                 condition=f"s._cdc_commit_lsn IS NOT NULL AND {_OLDER}",
-                set={
-                    **{q(c): v for c, v in values.items()},
-                    **meta,
-                    "_cdc_deleted": "false",
-                },
+                set={**{q(c): v for c, v in values.items()}, **meta},
             )
-            .whenNotMatchedInsert(condition="s._cdc_commit_lsn IS NOT NULL", values=inserted)
+            .whenNotMatchedInsert(condition=live, values=inserted)
+            .execute()
         )
-        return decoded, history, merge.execute
 
     def write_frame(
         self,
@@ -601,49 +701,164 @@ class WarehouseStore(FrameStore):
         present: set[str],
         toasted: set[str] | None = None,
     ) -> None:
-        """MERGE each key's newest event of the batch into its table's current state, and
-        every event into its history (`present`: the tables the batch has events of;
+        """Each table's new changes of the batch into its history, and its keys' newest
+        changes into its current state (`present`: the tables the batch has events of;
         `toasted`: those of them whose events may carry a TOAST placeholder, None: any;
         `cut_ms`, per event: the commit time of the TRUNCATE it came before, if any).
 
         A TOAST placeholder in the last event is filled from the key's latest earlier
         event in the batch that carried the value (if none did, the stored value stays).
 
-        The tables of the batch are written side by side, each table's history and
-        current state too (separate Delta tables), so the cores work while a MERGE's
-        driver plans, reads a log or commits. A table that holds no row yet (a first
-        load, a reset) is appended to, not merged into. The history reads the current
-        state only for values an unchanged TOASTed column leaves out, which a concurrent
-        MERGE of the same batch does not change (it keeps the stored value, or writes the
-        batch's own, which the history takes from the batch).
+        The tables of the batch are written side by side, so the cores work while a Delta
+        write's driver plans, reads a log or commits. Per table, the history is written
+        before the current state: a crash between the two leaves a history ahead, and
+        the batch run again finds its versions there (and writes the current state).
         """
         keep = frames_to_keep(self.after_batch)
         kept: dict[str, dict[str, Any]] = {}
         names = sorted(present & set(tables))
-        # a thread per table (its decoding, its reads of stored values, its current
-        # state's MERGE) and one per history write
-        with (
-            ThreadPoolExecutor(self.parallel, thread_name_prefix="table") as each,
-            ThreadPoolExecutor(self.parallel, thread_name_prefix="history") as histories,
-        ):
+        with ThreadPoolExecutor(self.parallel, thread_name_prefix="table") as each:
             writes = [
                 each.submit(
                     self._write_table,
                     tables[n],
                     events,
-                    histories,
                     keep.get(n, set()),
                     toasted is None or n in toasted,
                 )
                 for n in names
             ]
-            wait(writes)  # every MERGE has ended before the batch does
+            wait(writes)  # every write has ended before the batch does
         for name, write in zip(names, writes, strict=True):
             history_s, current_s, kept[name] = write.result()  # the first failure raises
             log.info("warehouse %s: history %.1f s, current %.1f s", name, history_s, current_s)
         truncated, self._truncated = self._truncated, set()
         for step in self.after_batch:
             step.refresh(self.spark, self.root, tables, kept, truncated)
+
+
+def _summary(decoded: Any) -> list[Any]:
+    """Per Kafka partition of a table's batch, in one small job: the first and last
+    offset of its changes, the lowest position of a change other than a read and of a
+    read, the newest position, how many events are neither inserts nor reads (other
+    ops, and tombstones), and how many came before a TRUNCATE (`cut`)."""
+    from pyspark.sql import functions as F
+
+    change = F.col("_cdc_commit_lsn").isNotNull()
+    position = F.struct("_cdc_commit_lsn", "_cdc_lsn")
+    return (
+        decoded.groupBy(F.col("_cdc_partition").alias("partition"))
+        .agg(
+            F.min(F.when(change, F.col("_cdc_offset"))).alias("first_offset"),
+            F.max(F.when(change, F.col("_cdc_offset"))).alias("last_offset"),
+            F.min(F.when(change & (F.col("_cdc_op") != "r"), position)).alias("first_changed"),
+            F.min(F.when(change & (F.col("_cdc_op") == "r"), position)).alias("first_read"),
+            F.max(F.when(change, position)).alias("newest"),
+            F.count(F.when(~change | ~F.col("_cdc_op").isin("c", "r"), 1)).alias("others"),
+            F.count("_cdc_cut_ms").alias("cut"),
+        )
+        .collect()
+    )
+
+
+def _stored_values(
+    table: Table, target: Any, history: Any, decoded: Any, placeholders: set[str], cut: bool
+) -> Any:
+    """What the batch's keys hold of the columns a TOAST placeholder leaves out (as
+    `_cdc_cur_<column>`), read before anything of the batch is written: the current
+    state's row; with `cut` (changes from before a TRUNCATE, which took the row out of
+    the current state), for a key without one, its newest version in the history."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    keys = decoded.select(*[F.col(q(f"_cdc_k_{k}")) for k in table.key]).distinct()
+    columns = [f[5:] for f in placeholders]
+
+    def held(frame: Any) -> Any:
+        return frame.select(
+            *[F.col(q(k)).alias(f"_cdc_cur_{k}") for k in table.key],
+            *[F.col(q(c)).alias(f"_cdc_cur_{c}") for c in columns],
+        ).join(
+            keys,
+            [F.col(q(f"_cdc_cur_{k}")).eqNullSafe(F.col(q(f"_cdc_k_{k}"))) for k in table.key],
+            "left_semi",
+        )
+
+    stored = held(target.toDF())
+    if cut:
+        newest = Window.partitionBy(*[q(k) for k in table.key]).orderBy(
+            F.col("_cdc_commit_lsn").desc(), F.col("_cdc_lsn").desc()
+        )
+        versions = held(
+            history.toDF()
+            .where(F.col("_cdc_op") != TRUNCATE_OP)
+            .withColumn("_cdc_n", F.row_number().over(newest))
+            .where("_cdc_n = 1 AND _cdc_op <> 'd'")
+        )
+        on = [F.col(q(f"_cdc_cur_{k}")).eqNullSafe(F.col(q(f"_cdc_h_{k}"))) for k in table.key]
+        live = stored.select(*[F.col(q(f"_cdc_cur_{k}")).alias(f"_cdc_h_{k}") for k in table.key])
+        stored = stored.unionByName(versions.join(live, on, "left_anti"))
+    return stored.localCheckpoint()
+
+
+def _lowest(summary: list[Any]) -> int:
+    """The lowest commit LSN of the batch's changes."""
+    found = [
+        part[which][0]
+        for part in summary
+        for which in ("first_changed", "first_read")
+        if part[which] is not None
+    ]
+    return int(min(found, default=0))
+
+
+def _newest_held(table: Table, history: Any, changes: Any, lowest: int) -> Any:
+    """The batch's changes, each with its key's newest position in the history
+    (`_cdc_held_commit`, `_cdc_held_lsn`; NULL when it holds none at or after the
+    batch's `lowest` commit LSN, which tells nothing here). The history is appended in
+    position order, so Delta skips its files from before: the read costs the gap the
+    batch goes back over, not the history."""
+    from pyspark.sql import functions as F
+
+    keys = changes.select(*[F.col(q(f"_cdc_k_{k}")).alias(k) for k in table.key]).distinct()
+    held = (
+        history.toDF()
+        .where((F.col("_cdc_op") != TRUNCATE_OP) & (F.col("_cdc_commit_lsn") >= lowest))
+        .join(keys, list(table.key), "left_semi")
+        .groupBy(*[F.col(q(k)).alias(f"_cdc_h_{k}") for k in table.key])
+        .agg(F.max(F.struct("_cdc_commit_lsn", "_cdc_lsn")).alias("_cdc_held"))
+        .select(
+            *[f"_cdc_h_{k}" for k in table.key],
+            F.col("_cdc_held._cdc_commit_lsn").alias("_cdc_held_commit"),
+            F.col("_cdc_held._cdc_lsn").alias("_cdc_held_lsn"),
+        )
+    )
+    on = [F.col(q(f"_cdc_k_{k}")).eqNullSafe(F.col(q(f"_cdc_h_{k}"))) for k in table.key]
+    return (
+        changes.join(held, on, "left").drop(*[f"_cdc_h_{k}" for k in table.key]).localCheckpoint()
+    )
+
+
+def _held_since(inclusive: bool) -> Any:
+    """The change sits before its key's newest position in the history (`inclusive`: or
+    at it). Before it: older than what the store took, refused; at it: the same change,
+    which the history holds, and which the current state takes again (a crash may have
+    stopped its write there)."""
+    from pyspark.sql import functions as F
+
+    commit, lsn = F.col("_cdc_commit_lsn"), F.col("_cdc_lsn")
+    held_commit, held_lsn = F.col("_cdc_held_commit"), F.col("_cdc_held_lsn")
+    same = (lsn <= held_lsn) if inclusive else (lsn < held_lsn)
+    return F.coalesce((commit < held_commit) | ((commit == held_commit) & same), F.lit(False))
+
+
+def _holds_any(table: Table, target: Any, changes: Any) -> bool:
+    """Whether the current state holds a key of the batch's changes (one small job)."""
+    from pyspark.sql import functions as F
+
+    keys = changes.select(*[F.col(q(f"_cdc_k_{k}")).alias(k) for k in table.key])
+    held = target.toDF().select(*[q(k) for k in table.key])
+    return bool(held.join(keys, list(table.key), "left_semi").limit(1).count())
 
 
 def frames_to_keep(steps: Sequence[BatchStep]) -> dict[str, set[str]]:

@@ -102,10 +102,14 @@ def clear_columns(target: Any, columns: list[str]) -> None:
 
 
 def ensure_delta(
-    spark: Any, path: str, fields: list[Any], partitioned_by: tuple[str, ...] = ()
+    spark: Any,
+    path: str,
+    fields: list[Any],
+    partitioned_by: tuple[str, ...] = (),
+    properties: dict[str, str] | None = None,
 ) -> Any:
     """The Delta table at `path`, created with `fields` (partitioned by the columns
-    `partitioned_by`) or given the ones it lacks."""
+    `partitioned_by`) and `properties`, or given the ones it lacks."""
     from delta.tables import DeltaTable
     from pyspark.sql import types as T
 
@@ -116,11 +120,20 @@ def ensure_delta(
         if any(_NOT_PHYSICAL.search(f.name) for f in fields):
             for key, value in _COLUMN_MAPPING.items():
                 builder = builder.property(key, value)
+        for key, value in (properties or {}).items():
+            builder = builder.property(key, value)
         builder = builder.addColumns(T.StructType(fields))
         if partitioned_by:
             builder = builder.partitionedBy(*partitioned_by)
         builder.execute()
     target = DeltaTable.forPath(spark, path)
+    if properties:
+        detail: Any = target.detail().first()
+        held = detail["properties"] or {}
+        differ = {k: v for k, v in properties.items() if held.get(k) != v}
+        if differ:  # a key PostgreSQL changed
+            settings = ", ".join(f"'{k}' = '{_literal(v)}'" for k, v in differ.items())
+            spark.sql(f"ALTER TABLE delta.{q(path)} SET TBLPROPERTIES ({settings})")
     have = {f.name: f.dataType for f in target.toDF().schema.fields}
     added = [f for f in fields if f.name not in have]
     if any(_NOT_PHYSICAL.search(f.name) for f in added):
@@ -131,26 +144,68 @@ def ensure_delta(
         columns = ", ".join(f"{q(f.name)} {f.dataType.simpleString()}" for f in added)
         spark.sql(f"ALTER TABLE delta.{q(path)} ADD COLUMNS ({columns})")
     changed = [f for f in fields if f.name in have and have[f.name] != f.dataType]
-    if changed:  # a column whose type PostgreSQL widened: Delta's type widening
-        spark.sql(
-            f"ALTER TABLE delta.{q(path)} SET TBLPROPERTIES ('delta.enableTypeWidening' = true)"
+    refused = [f for f in changed if not widens(have[f.name], f.dataType)]
+    if refused:
+        f = refused[0]
+        raise StoreError(
+            f"column {f.name} changed from {have[f.name].simpleString()} to "
+            f"{f.dataType.simpleString()}, which is not a widening the warehouse takes in "
+            f"place; rebuild {path} from the log (`cdc rebuild --store warehouse`)"
         )
-        for f in changed:
-            try:
-                spark.sql(
-                    f"ALTER TABLE delta.{q(path)} ALTER COLUMN {q(f.name)} "
-                    f"TYPE {f.dataType.simpleString()}"
-                )
-            except Exception as exc:  # AnalysisException: not a widening Delta supports
-                raise StoreError(
-                    f"column {f.name} changed from {have[f.name].simpleString()} to "
-                    f"{f.dataType.simpleString()}, which Delta cannot widen in place; rebuild "
-                    f"{path} from the log (stop `cdc apply`, remove it and the warehouse "
-                    f"checkpoint, start `cdc apply`): {str(exc).splitlines()[0][:200]}"
-                ) from None
+    if changed:  # a column whose type PostgreSQL widened: the table written anew
+        rewrite(spark, path, {f.name: f.dataType for f in changed})
     if added or changed:
         target = DeltaTable.forPath(spark, path)
     return target
+
+
+_INTEGERS = ("byte", "short", "integer", "long")
+
+
+def widens(old: Any, new: Any) -> bool:
+    """Whether every value of Spark type `old` is one of `new`, unchanged: a wider
+    integer, an integer as a double or a wide enough decimal, a float as a double, a
+    decimal of more digits (and no fewer after the point), a date as a timestamp."""
+    from pyspark.sql import types as T
+
+    a, b = old.typeName(), new.typeName()
+    if a in _INTEGERS and b in _INTEGERS:
+        return _INTEGERS.index(a) <= _INTEGERS.index(b)
+    if a in _INTEGERS and b == "double":
+        return a != "long"
+    if a in _INTEGERS and isinstance(new, T.DecimalType):
+        digits = {"byte": 3, "short": 5, "integer": 10, "long": 20}[a]
+        return new.precision - new.scale >= digits
+    if (a, b) == ("float", "double"):
+        return True
+    if isinstance(old, T.DecimalType) and isinstance(new, T.DecimalType):
+        return new.scale >= old.scale and new.precision - new.scale >= old.precision - old.scale
+    return (a, b) in (("date", "timestamp_ntz"), ("date", "timestamp"))
+
+
+def rewrite(spark: Any, path: str, types: dict[str, Any]) -> None:
+    """The Delta table at `path` written anew (one overwrite, a Delta version of its own:
+    time travel still reads what was before) with the columns `types` cast to their new
+    types. No Delta table feature is needed for it, so every reader that read the table
+    reads it after (Delta's type widening would add a reader feature delta-rs refuses)."""
+    from pyspark.sql import functions as F
+
+    frame = spark.read.format("delta").load(path)
+    columns = [
+        F.col(q(c)).cast(types[c]).alias(c) if c in types else F.col(q(c)) for c in frame.columns
+    ]
+    (
+        frame.select(*columns)
+        .write.format("delta")
+        .mode("overwrite")
+        .option("overwriteSchema", "true")
+        .save(path)
+    )
+
+
+def _literal(text: str) -> str:
+    """`text` inside a Spark SQL string literal ('…')."""
+    return text.replace("\\", "\\\\").replace("'", "\\'")
 
 
 def is_empty(target: Any) -> bool:
@@ -158,12 +213,18 @@ def is_empty(target: Any) -> bool:
     return int(target.detail().first()["numFiles"]) == 0
 
 
-def append_rows(target: Any, rows: Any) -> None:
+def append_rows(target: Any, rows: Any, nulls: bool = False) -> None:
     """Append `rows` (a frame with the table's column names) to the Delta table, each
     column in the table's order and type: what a MERGE that matched nothing writes, in
-    a plain write (a MERGE costs seconds here whatever its size)."""
+    a plain write (a MERGE costs seconds here whatever its size). With `nulls`, a
+    column `rows` lacks is NULL."""
     from pyspark.sql import functions as F
 
     location = target.detail().first()["location"]
-    columns = [F.col(q(f.name)).cast(f.dataType) for f in target.toDF().schema.fields]
+    columns = [
+        F.col(q(f.name)).cast(f.dataType)
+        if f.name in rows.columns or not nulls
+        else F.lit(None).cast(f.dataType).alias(f.name)
+        for f in target.toDF().schema.fields
+    ]
     rows.select(*columns).write.format("delta").mode("append").save(location)
