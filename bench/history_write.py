@@ -22,6 +22,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -122,8 +123,11 @@ def main() -> None:
         for _ in range(args.versions - 1):
             write(events(every, "u"))
         times.seen.clear()
+        walls = []
         for _ in range(args.batches):
+            started = time.monotonic()
             write(events(random.sample(every, args.batch), "u"))
+            walls.append(round(time.monotonic() - started, 2))
         history = [h for h, _ in times.seen]
         current = [c for _, c in times.seen]
         record(
@@ -140,6 +144,10 @@ def main() -> None:
                 "current_s_median": round(statistics.median(current), 2),
                 "history_s": history,
                 "current_s": current,
+                # the whole batch (history and current state side by side before issue
+                # 47, one after the other since)
+                "batch_s_median": round(statistics.median(walls), 2),
+                "batch_s": walls,
             },
             "history_write",
         )

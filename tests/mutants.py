@@ -67,7 +67,7 @@ MUTANTS = (
     ),
     Mutant(
         "history takes a change again after a restart",
-        "materializers/stores/warehouse/store.py",
+        "materializers/stores/warehouse/marks.py",
         '            if part["first_offset"] <= offset:',
         "            if False:",
         (f"{HISTORY}::test_a_crash_between_the_history_and_the_current_state_is_made_good",),
@@ -84,7 +84,7 @@ MUTANTS = (
     Mutant(
         "a deleted key takes a write older than its delete",
         "materializers/stores/warehouse/store.py",
-        "            latest = held.where(~_held_since(inclusive=False))",
+        "            latest = held.where(~held_since(inclusive=False))",
         "            latest = held",
         (f"{HISTORY}::test_a_write_older_than_a_deleted_keys_delete_is_refused_after_a_restart",),
     ),

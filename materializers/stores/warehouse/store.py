@@ -8,14 +8,12 @@ engine that reads the table reads the live rows. `.../history` holds every versi
 appended (history.py).
 
 Each batch writes, per table, first its new versions to the history (one append), then
-its keys' newest changes to `current` (one MERGE that takes a change only from a newer
-position, and deletes; or, when every change of the batch is an insert new to the
-table, one append). A change is new when it sits after what the history holds of its
-Kafka partition (`_Marks`): the steady case, with nothing read back. A change at or
-before that (Debezium's redelivery, a batch replayed after a crash) is judged against
-its key's newest version in the history, which also keeps the position of a deleted key:
-a write older than it is refused. An unchanged TOASTed value keeps the stored column. A
-tombstone deletes only what an earlier record of its partition wrote.
+its keys' newest changes to `current`: one MERGE that takes a change only from a newer
+position, and deletes; or one append, when the table holds no row yet or every change
+of the batch is an insert or a read of a key it does not hold. Which changes are new is
+told mostly without reading either table back (marks.py). An unchanged TOASTed value
+keeps the stored column. A tombstone deletes only what an earlier record of its
+partition wrote.
 """
 
 from __future__ import annotations
@@ -24,9 +22,8 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from datetime import time as clock
 from decimal import Decimal
@@ -45,6 +42,15 @@ from materializers.stores.warehouse.history import (
     TRUNCATE_OP,
     derived_history,
     version_rows,
+)
+from materializers.stores.warehouse.marks import (
+    Marks,
+    held_since,
+    holds_any,
+    lowest_commit,
+    newest_held,
+    stored_values,
+    summarize,
 )
 from materializers.stores.warehouse.tables import (
     append_rows,
@@ -127,47 +133,6 @@ class BatchStep(Protocol):
         ...
 
 
-@dataclass
-class _Marks:
-    """What a table's history holds of each Kafka partition: the newest position and the
-    last offset of a change it took from it. A change from after both is new to the table
-    (the Kafka offset tells a batch replayed after a crash; the position tells Debezium's
-    redelivery, at a new offset, of a change it sent before). Snapshot and backfill rows
-    share positions: one at the newest position but a newer offset is new too."""
-
-    partitions: dict[int, tuple[tuple[int, int], int]] = field(default_factory=dict)
-
-    def new(self, summary: list[Any]) -> bool:
-        """Whether every change of a batch summarised per partition (`_summary`) is new."""
-        for part in summary:
-            held = self.partitions.get(part["partition"])
-            if held is None or part["first_offset"] is None:
-                continue
-            (position, offset) = held
-            if part["first_offset"] <= offset:
-                return False
-            changed, read = part["first_changed"], part["first_read"]
-            if changed is not None and tuple(changed) <= position:
-                return False
-            if read is not None and tuple(read) < position:
-                return False
-        return True
-
-    def add(self, summary: list[Any]) -> None:
-        """Take in the batch's changes (once its versions are in the history)."""
-        for part in summary:
-            if part["last_offset"] is None:
-                continue
-            newest: tuple[tuple[int, int], int] = (
-                (int(part["newest"][0]), int(part["newest"][1])),
-                int(part["last_offset"]),
-            )
-            held = self.partitions.get(part["partition"])
-            if held is not None:
-                newest = (max(held[0], newest[0]), max(held[1], newest[1]))
-            self.partitions[part["partition"]] = newest
-
-
 class WarehouseStore(FrameStore):
     name = "warehouse"
 
@@ -181,7 +146,7 @@ class WarehouseStore(FrameStore):
         # the Delta tables known to hold rows (only a reset empties one again)
         self._filled: set[str] = set()
         # per history: what it holds of each Kafka partition (read once, then kept)
-        self._marks: dict[str, _Marks] = {}
+        self._marks: dict[str, Marks] = {}
         # tables written at once: twice the cores, as much of a Delta write is driver work
         self.parallel = min(2 * (os.cpu_count() or 1), 8)
 
@@ -420,36 +385,12 @@ class WarehouseStore(FrameStore):
         self._filled.add(path)
         return False
 
-    def _marks_of(self, table: Table, history: Any) -> _Marks:
+    def _marks_of(self, table: Table, history: Any) -> Marks:
         """What the table's history holds of each Kafka partition (read once a process)."""
-        from pyspark.sql import functions as F
-
         path = history_path(self.root, table.qualified)
-        marks = self._marks.get(path)
-        if marks is None:
-            marks = _Marks()
-            if not self._empty(path, history):
-                for row in (
-                    history.toDF()
-                    .where(F.col("_cdc_op") != TRUNCATE_OP)
-                    .groupBy("_cdc_partition")
-                    .agg(
-                        F.max(F.struct("_cdc_commit_lsn", "_cdc_lsn")).alias("newest"),
-                        F.max("_cdc_offset").alias("offset"),
-                    )
-                    .collect()
-                ):
-                    newest = (int(row["newest"][0]), int(row["newest"][1]))
-                    marks.partitions[int(row["_cdc_partition"])] = (newest, int(row["offset"]))
-            self._marks[path] = marks
-        return marks
-
-    def _timed(self, work: Callable[..., Any], *args: Any) -> float:
-        """Run `work` in this thread, in the warehouse's scheduler pool; its seconds."""
-        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.name)
-        started = time.monotonic()
-        work(*args)
-        return time.monotonic() - started
+        if path not in self._marks:
+            self._marks[path] = Marks() if self._empty(path, history) else Marks.read(history)
+        return self._marks[path]
 
     def _write_table(
         self, table: Table, events: Any, keep: set[str], toasted: bool
@@ -570,7 +511,7 @@ class WarehouseStore(FrameStore):
 
         target, history = self._ensure(table), self._history(table)
         current_at = current_path(self.root, table.qualified)
-        summary = _summary(decoded)
+        summary = summarize(decoded)
         marks = self._marks_of(table, history)
         new = marks.new(summary)
         changes = decoded.where("_cdc_commit_lsn IS NOT NULL")
@@ -580,9 +521,9 @@ class WarehouseStore(FrameStore):
         if new:
             versions, latest = changes, changes
         else:  # each key's newest version in the history: older changes are refused
-            held = _newest_held(table, history, changes, _lowest(summary))
-            versions = held.where(~_held_since(inclusive=True))
-            latest = held.where(~_held_since(inclusive=False))
+            held = newest_held(table, history, changes, lowest_commit(summary))
+            versions = held.where(~held_since(inclusive=True))
+            latest = held.where(~held_since(inclusive=False))
             versions, latest = (
                 f.drop("_cdc_held_commit", "_cdc_held_lsn") for f in (versions, latest)
             )
@@ -590,7 +531,7 @@ class WarehouseStore(FrameStore):
         stored = None
         if placeholders and not fresh:  # values the history needs, read before the MERGE
             cut = any(p["cut"] for p in summary)
-            stored = _stored_values(table, target, history, decoded, placeholders, cut)
+            stored = stored_values(table, target, history, decoded, placeholders, cut)
         started = time.monotonic()
         rows = version_rows(table, versions, placeholders, stored)
         try:
@@ -609,7 +550,7 @@ class WarehouseStore(FrameStore):
             new
             and not fresh
             and all(p["others"] == 0 for p in summary)
-            and not _holds_any(table, target, changes)
+            and not holds_any(table, target, changes)
         )
         self._write_current(table, target, latest, tombstones, placeholders, fresh or inserts_only)
         if fresh or inserts_only:
@@ -735,130 +676,6 @@ class WarehouseStore(FrameStore):
         truncated, self._truncated = self._truncated, set()
         for step in self.after_batch:
             step.refresh(self.spark, self.root, tables, kept, truncated)
-
-
-def _summary(decoded: Any) -> list[Any]:
-    """Per Kafka partition of a table's batch, in one small job: the first and last
-    offset of its changes, the lowest position of a change other than a read and of a
-    read, the newest position, how many events are neither inserts nor reads (other
-    ops, and tombstones), and how many came before a TRUNCATE (`cut`)."""
-    from pyspark.sql import functions as F
-
-    change = F.col("_cdc_commit_lsn").isNotNull()
-    position = F.struct("_cdc_commit_lsn", "_cdc_lsn")
-    return (
-        decoded.groupBy(F.col("_cdc_partition").alias("partition"))
-        .agg(
-            F.min(F.when(change, F.col("_cdc_offset"))).alias("first_offset"),
-            F.max(F.when(change, F.col("_cdc_offset"))).alias("last_offset"),
-            F.min(F.when(change & (F.col("_cdc_op") != "r"), position)).alias("first_changed"),
-            F.min(F.when(change & (F.col("_cdc_op") == "r"), position)).alias("first_read"),
-            F.max(F.when(change, position)).alias("newest"),
-            F.count(F.when(~change | ~F.col("_cdc_op").isin("c", "r"), 1)).alias("others"),
-            F.count("_cdc_cut_ms").alias("cut"),
-        )
-        .collect()
-    )
-
-
-def _stored_values(
-    table: Table, target: Any, history: Any, decoded: Any, placeholders: set[str], cut: bool
-) -> Any:
-    """What the batch's keys hold of the columns a TOAST placeholder leaves out (as
-    `_cdc_cur_<column>`), read before anything of the batch is written: the current
-    state's row; with `cut` (changes from before a TRUNCATE, which took the row out of
-    the current state), for a key without one, its newest version in the history."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    keys = decoded.select(*[F.col(q(f"_cdc_k_{k}")) for k in table.key]).distinct()
-    columns = [f[5:] for f in placeholders]
-
-    def held(frame: Any) -> Any:
-        return frame.select(
-            *[F.col(q(k)).alias(f"_cdc_cur_{k}") for k in table.key],
-            *[F.col(q(c)).alias(f"_cdc_cur_{c}") for c in columns],
-        ).join(
-            keys,
-            [F.col(q(f"_cdc_cur_{k}")).eqNullSafe(F.col(q(f"_cdc_k_{k}"))) for k in table.key],
-            "left_semi",
-        )
-
-    stored = held(target.toDF())
-    if cut:
-        newest = Window.partitionBy(*[q(k) for k in table.key]).orderBy(
-            F.col("_cdc_commit_lsn").desc(), F.col("_cdc_lsn").desc()
-        )
-        versions = held(
-            history.toDF()
-            .where(F.col("_cdc_op") != TRUNCATE_OP)
-            .withColumn("_cdc_n", F.row_number().over(newest))
-            .where("_cdc_n = 1 AND _cdc_op <> 'd'")
-        )
-        on = [F.col(q(f"_cdc_cur_{k}")).eqNullSafe(F.col(q(f"_cdc_h_{k}"))) for k in table.key]
-        live = stored.select(*[F.col(q(f"_cdc_cur_{k}")).alias(f"_cdc_h_{k}") for k in table.key])
-        stored = stored.unionByName(versions.join(live, on, "left_anti"))
-    return stored.localCheckpoint()
-
-
-def _lowest(summary: list[Any]) -> int:
-    """The lowest commit LSN of the batch's changes."""
-    found = [
-        part[which][0]
-        for part in summary
-        for which in ("first_changed", "first_read")
-        if part[which] is not None
-    ]
-    return int(min(found, default=0))
-
-
-def _newest_held(table: Table, history: Any, changes: Any, lowest: int) -> Any:
-    """The batch's changes, each with its key's newest position in the history
-    (`_cdc_held_commit`, `_cdc_held_lsn`; NULL when it holds none at or after the
-    batch's `lowest` commit LSN, which tells nothing here). The history is appended in
-    position order, so Delta skips its files from before: the read costs the gap the
-    batch goes back over, not the history."""
-    from pyspark.sql import functions as F
-
-    keys = changes.select(*[F.col(q(f"_cdc_k_{k}")).alias(k) for k in table.key]).distinct()
-    held = (
-        history.toDF()
-        .where((F.col("_cdc_op") != TRUNCATE_OP) & (F.col("_cdc_commit_lsn") >= lowest))
-        .join(keys, list(table.key), "left_semi")
-        .groupBy(*[F.col(q(k)).alias(f"_cdc_h_{k}") for k in table.key])
-        .agg(F.max(F.struct("_cdc_commit_lsn", "_cdc_lsn")).alias("_cdc_held"))
-        .select(
-            *[f"_cdc_h_{k}" for k in table.key],
-            F.col("_cdc_held._cdc_commit_lsn").alias("_cdc_held_commit"),
-            F.col("_cdc_held._cdc_lsn").alias("_cdc_held_lsn"),
-        )
-    )
-    on = [F.col(q(f"_cdc_k_{k}")).eqNullSafe(F.col(q(f"_cdc_h_{k}"))) for k in table.key]
-    return (
-        changes.join(held, on, "left").drop(*[f"_cdc_h_{k}" for k in table.key]).localCheckpoint()
-    )
-
-
-def _held_since(inclusive: bool) -> Any:
-    """The change sits before its key's newest position in the history (`inclusive`: or
-    at it). Before it: older than what the store took, refused; at it: the same change,
-    which the history holds, and which the current state takes again (a crash may have
-    stopped its write there)."""
-    from pyspark.sql import functions as F
-
-    commit, lsn = F.col("_cdc_commit_lsn"), F.col("_cdc_lsn")
-    held_commit, held_lsn = F.col("_cdc_held_commit"), F.col("_cdc_held_lsn")
-    same = (lsn <= held_lsn) if inclusive else (lsn < held_lsn)
-    return F.coalesce((commit < held_commit) | ((commit == held_commit) & same), F.lit(False))
-
-
-def _holds_any(table: Table, target: Any, changes: Any) -> bool:
-    """Whether the current state holds a key of the batch's changes (one small job)."""
-    from pyspark.sql import functions as F
-
-    keys = changes.select(*[F.col(q(f"_cdc_k_{k}")).alias(k) for k in table.key])
-    held = target.toDF().select(*[q(k) for k in table.key])
-    return bool(held.join(keys, list(table.key), "left_semi").limit(1).count())
 
 
 def frames_to_keep(steps: Sequence[BatchStep]) -> dict[str, set[str]]:
