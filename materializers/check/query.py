@@ -85,7 +85,13 @@ def run_query(
             raise QueryError(f"{name} has no state as of {as_of}: {_first_line(exc)}") from None
         if name.endswith("_history") and path.endswith("/history"):
             # versions with their ends, derived as they are read
-            frame = derived_history(spark, frame, history_key(spark, path))
+            key = history_key(spark, path)
+            if not key:
+                raise QueryError(
+                    f"{name} is of the warehouse's earlier layout: run "
+                    "`cdc rebuild --store warehouse`"
+                )
+            frame = derived_history(spark, frame, key)
         frame.createOrReplaceTempView(name)
     try:
         result = spark.sql(sql)

@@ -475,7 +475,8 @@ def test_a_table_of_the_earlier_layout_is_refused_in_one_line(
     stack: RunningStack, tmp_path: Path
 ) -> None:
     """A current state that still keeps deleted rows as markers (`_cdc_deleted`) is of
-    the layout before: the store names the command that rebuilds it."""
+    the layout before: the store names the command that rebuilds it, and that command's
+    reset writes it anew, after which the store takes batches."""
     from pyspark.sql import types as T
 
     from cdc.errors import StoreError
@@ -494,3 +495,13 @@ def test_a_table_of_the_earlier_layout_is_refused_in_one_line(
         WarehouseStore(spark, root).prepare([TABLE])
     said = str(refused.value)
     assert "cdc rebuild --store warehouse" in said and "\n" not in said, said
+
+    store = WarehouseStore(spark, root)  # what `cdc rebuild --store warehouse` does
+    store.reset(TABLE)
+    store.prepare([TABLE])
+    tables = {"public.t": TABLE}
+    store.write_frame(
+        tables, spark.createDataFrame([event(1, 0, "c", "a", (100, 1), 1000)], EVENTS), {"public.t"}
+    )
+    assert _current(spark, root) == [(1, "a", 100, 1)]
+    assert _versions(spark, root) == [(1, "c", "a", 1000, None)]

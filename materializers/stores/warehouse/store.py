@@ -258,7 +258,18 @@ class WarehouseStore(FrameStore):
 
     def reset(self, table: Table) -> None:
         """Every row of the table's current state and history goes (a Delta version of
-        its own: time travel still reaches what was there)."""
+        its own: time travel still reaches what was there). A table of the earlier layout
+        is written anew, empty, in this one (`cdc rebuild` is how it is upgraded)."""
+        for path in (current_path, history_path):
+            where = path(self.root, table.qualified)
+            if (frame := self._frame(where)) is not None and set(frame.columns) & set(
+                _OLDER_LAYOUT
+            ):
+                empty = self.spark.createDataFrame([], frame.drop(*_OLDER_LAYOUT).schema)
+                empty.write.format("delta").mode("overwrite").option(
+                    "overwriteSchema", "true"
+                ).save(where)
+                self._tables.pop(where, None)
         self._ensure(table).delete()
         self._history(table).delete()
         self._filled.discard(current_path(self.root, table.qualified))

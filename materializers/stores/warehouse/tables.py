@@ -105,11 +105,10 @@ def ensure_delta(
     spark: Any,
     path: str,
     fields: list[Any],
-    partitioned_by: tuple[str, ...] = (),
     properties: dict[str, str] | None = None,
 ) -> Any:
-    """The Delta table at `path`, created with `fields` (partitioned by the columns
-    `partitioned_by`) and `properties`, or given the ones it lacks."""
+    """The Delta table at `path`, created with `fields` and `properties`, or given the
+    ones it lacks."""
     from delta.tables import DeltaTable
     from pyspark.sql import types as T
 
@@ -123,8 +122,6 @@ def ensure_delta(
         for key, value in (properties or {}).items():
             builder = builder.property(key, value)
         builder = builder.addColumns(T.StructType(fields))
-        if partitioned_by:
-            builder = builder.partitionedBy(*partitioned_by)
         builder.execute()
     target = DeltaTable.forPath(spark, path)
     if properties:
