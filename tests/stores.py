@@ -205,6 +205,18 @@ def history_with_ends(settings: Any, table: str, key: tuple[str, ...] = ("id",))
     return raw.sparkSession.createDataFrame([tuple(v[n] for n in names) for v in versions], schema)
 
 
+def open_and_live(settings: Any, table: str, columns: list[str]) -> tuple[list[Any], list[Any]]:
+    """The open versions that are not deletes (their ends as `with_ends` computes them),
+    and the current state's rows: each as sorted tuples of `columns` and the position.
+    Each live row is its key's one open version when the two are equal."""
+    named = [*columns, "_cdc_commit_lsn", "_cdc_lsn"]
+    opened = history_with_ends(settings, table).where("valid_to IS NULL AND _cdc_op <> 'd'")
+    return (
+        sorted(tuple(r[c] for c in named) for r in opened.collect()),
+        sorted(tuple(r[c] for c in named) for r in warehouse_frame(settings, table).collect()),
+    )
+
+
 def warehouse(settings: Any, table: str, key: str = "id") -> Rows:
     return {
         r[key]: {c: v for c, v in r.asDict().items() if not c.startswith("_cdc_")}
