@@ -289,3 +289,78 @@ def cleanup(settings: Settings) -> None:
     search.indices.delete(index=f"{prefix.lower()}.*", ignore_unavailable=True)
     shutil.rmtree(settings.data_dir / "checkpoints" / settings.pipeline.name, ignore_errors=True)
     shutil.rmtree(settings.data_dir / "bench" / settings.pipeline.name, ignore_errors=True)
+
+
+class WarehousePhases:
+    """Seconds per warehouse batch spent in each step of its table writes (summed over
+    the tables, which are written side by side: a sum of thread times, not of wall
+    time), and in the steps after it (the join views): what bounds a batch. Wraps the
+    store's functions while in use (`with WarehousePhases() as phases`)."""
+
+    STEPS = (
+        "_decode",
+        "summarize",
+        "newest_held",
+        "stored_values",
+        "holds_any",
+        "version_rows",
+        "append_rows",
+        "_write_current",
+    )
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.batches = 0
+        self.lock = threading.Lock()
+        self._undo: list[tuple[Any, str, Any]] = []
+
+    def _wrap(self, owner: Any, name: str, label: str) -> None:
+        original = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                with self.lock:
+                    self.seconds[label] = self.seconds.get(label, 0.0) + (
+                        time.perf_counter() - started
+                    )
+                    self.batches += label == "whole batch"
+
+        setattr(owner, name, timed)
+        self._undo.append((owner, name, original))
+
+    def __enter__(self) -> WarehousePhases:
+        from materializers.stores.warehouse import store
+        from materializers.views import enrichment, table_join
+
+        for name in self.STEPS:
+            owner = store.WarehouseStore if name.startswith("_") else store
+            self._wrap(owner, name, name.lstrip("_"))
+        self._wrap(store.WarehouseStore, "write_frame", "whole batch")
+        for module in (table_join, enrichment):
+            for step in vars(module).values():
+                if (
+                    isinstance(step, type)
+                    and hasattr(step, "refresh")
+                    and step.__module__ == (module.__name__)
+                ):
+                    self._wrap(step, "refresh", f"view {step.__name__}")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for owner, name, original in reversed(self._undo):
+            setattr(owner, name, original)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.seconds.clear()
+            self.batches = 0
+
+    def figures(self) -> dict[str, object]:
+        """The batches, and the mean seconds per batch of each step."""
+        with self.lock:
+            each = max(self.batches, 1)
+            steps = {k: round(v / each, 3) for k, v in sorted(self.seconds.items())}
+            return {"batches": self.batches, "mean_s_per_batch": steps}

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rich.console import Console
 
-from bench.common import bench_settings, cleanup, record
+from bench.common import WarehousePhases, bench_settings, cleanup, record, trigger_durations
 from bench.streaming import BatchLog, percentiles, read_events, store_latencies
 from cdc.settings import Settings, load_settings
 from cdc.topics import change_topic, end_offsets
@@ -99,7 +99,7 @@ def _wait_caught_up(settings: Settings, names: list[str], timeout: float) -> Non
     raise SystemExit(f"the warehouse and the views did not catch up within {timeout:.0f} s")
 
 
-def run(settings: Settings, rate: float, seconds: int) -> dict[str, Any]:
+def run(settings: Settings, rate: float, seconds: int, phases: WarehousePhases) -> dict[str, Any]:
     """The warehouse (with the settings' views) under the workload: latencies, state."""
     views = [v.name for v in settings.apply.windows] + [
         j.name for j in settings.apply.joins if j.kind == "stream_stream"
@@ -113,6 +113,8 @@ def run(settings: Settings, rate: float, seconds: int) -> dict[str, Any]:
         _wait_caught_up(settings, views, 1800)
         topics = [change_topic(settings.pipeline, t) for t in TABLES]
         start = end_offsets(settings.kafka, topics)
+        phases.reset()
+        since = time.time()
         with BatchLog(settings, ("warehouse",)) as log:
             workload = Workload(settings.postgres.dsn(), rate=rate)
             workload.start()
@@ -129,6 +131,8 @@ def run(settings: Settings, rate: float, seconds: int) -> dict[str, Any]:
             "warehouse": percentiles(
                 [float(ms) for _, ms in store_latencies(events, log.batches["warehouse"])]
             ),
+            # what bounds a batch: its steps' seconds (summed over the tables)
+            "warehouse_phases": phases.figures(),
         }
         from pyspark.sql import SparkSession
 
@@ -147,6 +151,8 @@ def run(settings: Settings, rate: float, seconds: int) -> dict[str, Any]:
                 operators = (report or {}).get("stateOperators", [])
                 entry["state_rows"] = sum(o.get("numRowsTotal", 0) for o in operators)
                 entry["state_memory_bytes"] = sum(o.get("memoryUsedBytes", 0) for o in operators)
+                if query is not None:  # what each of its batches cost, step by step
+                    entry["ms_per_trigger"] = trigger_durations(query, since)
             else:
                 entry["latency"] = "the warehouse's (written in its batch)"
             figures[view.name] = entry
@@ -161,6 +167,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=50.0, help="transactions per second")
     parser.add_argument("--seconds", type=int, default=180)
     parser.add_argument("--change", help="what this run measures (recorded with it)")
+    parser.add_argument(
+        "--only", choices=("plain", "views"), help="run the warehouse only without or with views"
+    )
     args = parser.parse_args()
     source = load_settings()
     _create_shop(source, lambda line: print(line, flush=True))
@@ -175,11 +184,16 @@ def main() -> None:
     try:
         print("snapshot of the demo shop ...", flush=True)
         run_snapshot(plain, Console(file=io.StringIO()))
-        print(f"the warehouse alone, {args.seconds} s at {args.rate:g} TPS ...", flush=True)
-        figures["plain"] = run(plain, args.rate, args.seconds)
-        with_views = with_demo_views(plain)
-        print(f"with the demo's derived data, {args.seconds} s ...", flush=True)
-        figures["with_views"] = run(with_views, args.rate, args.seconds)
+        with WarehousePhases() as phases:
+            if args.only != "views":
+                print(f"the warehouse alone, {args.seconds} s at {args.rate:g} TPS ...")
+                figures["plain"] = run(plain, args.rate, args.seconds, phases)
+                print(json.dumps(figures["plain"]), flush=True)
+            if args.only != "plain":
+                with_views = with_demo_views(plain)
+                print(f"with the demo's derived data, {args.seconds} s ...", flush=True)
+                figures["with_views"] = run(with_views, args.rate, args.seconds, phases)
+                print(json.dumps(figures["with_views"]), flush=True)
     finally:
         cleanup(plain)
     record(figures, "derived", source)

@@ -32,6 +32,7 @@ from materializers.stores.warehouse.tables import view_path
 from materializers.views.base import NOW, Expected, Form, StreamingView, Verifier
 from materializers.views.streams import (
     LoggedChange,
+    appended_to,
     events,
     legacy_definition,
     logged_changes,
@@ -126,7 +127,11 @@ class WindowView(StreamingView):
             counts.writeStream.queryName(f"cdc-{settings.pipeline.name}-window-{window.name}")
             .outputMode(self.mode)
             .option("checkpointLocation", checkpoint)
-            .foreachBatch(merged_into(spark, path, fields, on))
+            .foreachBatch(
+                merged_into(spark, path, fields, on)
+                if self.mode == "update"  # a window written again as it fills
+                else appended_to(spark, path, fields, checkpoint)
+            )
         )
 
     def counted(self, created: Any, measures: list[Any]) -> DataFrame:

@@ -43,6 +43,10 @@ def test_the_demo_runs_non_interactively_and_verifies(stack: RunningStack) -> No
             assert re.search(lag, said), said[-3000:]
         # the workload over, the stores catch up on the dashboard before verify runs
         assert "the stores are caught up" in " ".join(out.split()), out[-3000:]
+        # the views' queries were past their first batch before the workload began
+        assert "the views' queries ran their first batch" in said, said[-3000:]
+        # (that no store breaches its SLO is not asserted: issue 47's item 5 is open,
+        # the warehouse with the demo's views breaches its 30 s here)
         # the apply job stopped at the end without a JVM thread dying on its stack
         assert "StackOverflowError" not in result.stderr, result.stderr[-3000:]
         # Great Expectations' own log lines go to the log file, not through the terminal

@@ -505,3 +505,35 @@ def test_a_table_of_the_earlier_layout_is_refused_in_one_line(
     )
     assert _current(spark, root) == [(1, "a", 100, 1)]
     assert _versions(spark, root) == [(1, "c", "a", 1000, None)]
+
+
+def test_a_view_batch_appended_again_is_written_once(stack: RunningStack, tmp_path: Path) -> None:
+    """A sliding window's or a session's batch (append mode) run again after a crash adds
+    nothing; a query started afresh (another checkpoint, batch ids from 0) writes again."""
+    from pyspark.sql import types as T
+
+    from cdc.spark import spark_session
+    from materializers.views.streams import appended_to
+    from tests.stores import delta_rs_read
+
+    spark = spark_session(stack.settings, "test-view-append")
+    path = str(tmp_path / "view")
+    fields = [T.StructField("window_end", T.LongType()), T.StructField("rows", T.LongType())]
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    (checkpoint / "metadata").write_text(json.dumps({"id": "query-1"}))
+    write = appended_to(spark, path, fields, str(checkpoint))
+    first = spark.createDataFrame([(1, 10), (2, 20)], "rows long, window_end long")
+    write(first, 0)
+    write(first, 0)  # the batch run again after a crash before Spark recorded it
+    write(spark.createDataFrame([(3, 30)], "rows long, window_end long"), 1)
+    held = delta_rs_read(Path(path)).to_pylist()
+    assert sorted((r["window_end"], r["rows"]) for r in held) == [(10, 1), (20, 2), (30, 3)]
+    # started afresh: its table emptied (streams.start_afresh), batch ids again from 0
+    from delta.tables import DeltaTable
+
+    DeltaTable.forPath(spark, path).delete()
+    (checkpoint / "metadata").write_text(json.dumps({"id": "query-2"}))
+    write(first, 0)
+    held = delta_rs_read(Path(path)).to_pylist()
+    assert sorted((r["window_end"], r["rows"]) for r in held) == [(10, 1), (20, 2)]

@@ -252,8 +252,9 @@ class WarehouseStore(FrameStore):
                     ]
                 ),
             ).withColumn("_cdc_commit_ts", F.timestamp_millis("ms"))
-            append_rows(history, row.drop("ms"), nulls=True)
-            self._filled.add(history_path(self.root, table.qualified))
+            path = history_path(self.root, table.qualified)
+            append_rows(history, path, row.drop("ms"), nulls=True)
+            self._filled.add(path)
         self._truncated.add(table.qualified)  # its join views are rebuilt after the batch
 
     def reset(self, table: Table) -> None:
@@ -546,7 +547,8 @@ class WarehouseStore(FrameStore):
         started = time.monotonic()
         rows = version_rows(table, versions, placeholders, stored)
         try:
-            append_rows(history, rows, nulls=True)  # a column PostgreSQL dropped: NULL
+            # a column PostgreSQL dropped: NULL
+            append_rows(history, history_path(self.root, table.qualified), rows, nulls=True)
         except BaseException:
             self._marks.pop(history_path(self.root, table.qualified), None)  # read again
             raise
@@ -625,7 +627,7 @@ class WarehouseStore(FrameStore):
                 .where(live)
                 .selectExpr(*[f"{v} AS {c}" for c, v in inserted.items()])
             )
-            append_rows(target, rows, nulls=True)
+            append_rows(target, current_path(self.root, table.qualified), rows, nulls=True)
             return
         condition = " AND ".join(f"t.{q(k)} <=> s.{q('_cdc_k_' + k)}" for k in table.key)
         (

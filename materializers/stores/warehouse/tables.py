@@ -210,18 +210,17 @@ def is_empty(target: Any) -> bool:
     return int(target.detail().first()["numFiles"]) == 0
 
 
-def append_rows(target: Any, rows: Any, nulls: bool = False) -> None:
-    """Append `rows` (a frame with the table's column names) to the Delta table, each
-    column in the table's order and type: what a MERGE that matched nothing writes, in
-    a plain write (a MERGE costs seconds here whatever its size). With `nulls`, a
-    column `rows` lacks is NULL."""
+def append_rows(target: Any, path: str, rows: Any, nulls: bool = False) -> None:
+    """Append `rows` (a frame with the table's column names) to the Delta table at
+    `path` (`target` its handle), each column in the table's order and type: what a
+    MERGE that matched nothing writes, in a plain write (a MERGE costs seconds here
+    whatever its size). With `nulls`, a column `rows` lacks is NULL."""
     from pyspark.sql import functions as F
 
-    location = target.detail().first()["location"]
     columns = [
         F.col(q(f.name)).cast(f.dataType)
         if f.name in rows.columns or not nulls
         else F.lit(None).cast(f.dataType).alias(f.name)
         for f in target.toDF().schema.fields
     ]
-    rows.select(*columns).write.format("delta").mode("append").save(location)
+    rows.select(*columns).write.format("delta").mode("append").save(path)
