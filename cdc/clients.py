@@ -40,11 +40,15 @@ def kafka_client_kwargs(section: KafkaSettings) -> dict[str, Any]:
 
 
 def kafka_admin(section: KafkaSettings, timeout_ms: int = 5000) -> Any:
+    """An admin client; a broker that does not answer fails it within `timeout_ms`
+    (kafka-python 3 waits 30 s for its first connection otherwise: `cdc status` with
+    Kafka down took that long)."""
     from kafka import KafkaAdminClient
 
-    return KafkaAdminClient(
-        **kafka_client_kwargs(section), client_id="cdc-admin", request_timeout_ms=timeout_ms
-    )
+    kwargs: dict[str, Any] = {"request_timeout_ms": timeout_ms}
+    if "bootstrap_timeout_ms" in KafkaAdminClient.DEFAULT_CONFIG:  # kafka-python 3
+        kwargs["bootstrap_timeout_ms"] = timeout_ms
+    return KafkaAdminClient(**kafka_client_kwargs(section), client_id="cdc-admin", **kwargs)
 
 
 def kafka_jaas_config(section: KafkaSettings) -> str | None:
