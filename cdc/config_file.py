@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import tomlkit
@@ -17,8 +18,12 @@ def config_path() -> Path:
     return Path(named) if named else Path.cwd() / "cdc.toml"
 
 
-def edit_tables(add: list[str], remove: list[str]) -> tuple[Path, list[str]]:
-    """Add and remove entries of pipeline.tables in the settings file; returns the new list."""
+def edit_tables(
+    add: list[str], remove: list[str], check: Callable[[list[str]], object] | None = None
+) -> tuple[Path, list[str]]:
+    """Add and remove entries of pipeline.tables in the settings file; returns the new list.
+    `check` is given the new list first, and raises (a CdcError) to refuse it: the file
+    is written only once it is accepted."""
     if "CDC_PIPELINE__TABLES" in os.environ:
         raise ConfigError(
             "pipeline.tables comes from CDC_PIPELINE__TABLES: change that variable instead"
@@ -37,6 +42,8 @@ def edit_tables(add: list[str], remove: list[str]) -> tuple[Path, list[str]]:
             "a table matched by a pattern is left out with pipeline.exclude_tables"
         )
     tables += [t if "." in t else f"public.{t}" for t in add if t not in tables]
+    if check is not None:
+        check(tables)
     pipeline["tables"] = tables
     path.write_text(tomlkit.dumps(document))
     return path, tables

@@ -18,7 +18,7 @@ from rich.text import Text
 
 from cdc.catalog import Table
 from cdc.errors import CdcError, ConfigError
-from cdc.settings import Settings, load_settings
+from cdc.settings import Settings, load_settings, local_admin_password
 from cdc.stack import Stack
 from cdc.topics import change_topic
 from commands.output import Form, Output, RowsForm, console
@@ -76,7 +76,8 @@ def up() -> None:
     """
     stack = Stack(settings())
     stack.up(say)
-    _print_status(stack, Output())
+    # a cluster made just now has a generated password the settings were loaded without
+    _print_status(Stack(local_admin_password(stack.settings)), Output())
 
 
 @app.command()
@@ -556,9 +557,15 @@ def tables_remove(names: Annotated[list[str], typer.Argument(help="schema.table 
 
 
 def _edit_tables(add: list[str], remove: list[str]) -> None:
+    from cdc.capture.source import setup_sql
     from cdc.config_file import edit_tables
 
-    path, tables = edit_tables(add, remove)
+    def check(tables: list[str]) -> None:
+        # what `cdc setup` would refuse (a table that is missing or cannot be captured,
+        # a bad name) is refused before the file is written: it reads, changes nothing
+        setup_sql(load_settings(pipeline={"tables": tables}))
+
+    path, tables = edit_tables(add, remove, check)
     say(f"{path}: pipeline.tables = {tables}")
     setup(Form.text)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from cdc.capture.slot import wal_size
 from cdc.stack.components import ComponentStatus
@@ -152,7 +153,7 @@ def pipeline_table(p: PipelineStatus) -> Table:
     return table
 
 
-def verify_tables(report: VerifyReport) -> list[Table | str]:
+def verify_tables(report: VerifyReport) -> list[Table | Text]:
     """`cdc verify`'s report: each store's drift per table, then the expectations, then
     one line that sums it up."""
     drift = Table("store", "table", "source rows", "store rows", "drift", title="cdc verify")
@@ -171,7 +172,7 @@ def verify_tables(report: VerifyReport) -> list[Table | str]:
             ]
             verdict = "[red]" + escape("; ".join(kinds)) + "[/red]"
         drift.add_row(d.store, escape(d.table), str(d.source_rows), str(d.store_rows), verdict)
-    parts: list[Table | str] = [drift]
+    parts: list[Table | Text] = [drift]
     drifted = sum(not d.ok for d in report.drifts)
     summary = f"drift in {drifted} of {len(report.drifts)} (store, table) pairs"
     if report.checks:
@@ -187,6 +188,7 @@ def verify_tables(report: VerifyReport) -> list[Table | str]:
         parts.append(suites)
         met = sum(c.ok for c in report.checks)
         summary = f"Great Expectations: {met} of {len(report.checks)} expectations met; {summary}"
-    color = "green" if report.ok else "red"
-    parts.append(f"[{color}]{summary}[/{color}]")
+    # styled on a terminal, the words alone in a file or pipe (a str would be printed as
+    # it is, markup included: Output.emit shows strings as text)
+    parts.append(Text(summary, style="green" if report.ok else "red"))
     return parts

@@ -107,3 +107,23 @@ def test_connects_rest_api_answers_only_cdcs_login(stack: RunningStack) -> None:
     users = stack.settings.data_dir / "connect" / "rest" / "users.properties"
     for path in (kept, users):
         assert path.stat().st_mode & 0o777 == 0o600, path
+
+
+def test_the_first_up_with_a_generated_password_reports_no_refusal() -> None:
+    """A fresh data_dir without a configured password: the cluster is made with a
+    generated one, and the status `cdc up` prints after the start uses it (it did not:
+    the settings were loaded before the password existed, and said PostgreSQL refused)."""
+    import shutil
+    import tempfile
+
+    data_dir = Path(tempfile.mkdtemp(prefix="cdc-test-fresh-"))
+    data_dir.chmod(0o755)  # reachable by the service user PostgreSQL runs as
+    env = {k: v for k, v in stack_env(data_dir).items() if k != "CDC_POSTGRES__PASSWORD"}
+    try:
+        result = run_cdc("up", env=env)
+        said = " ".join((result.stdout + result.stderr).split())
+        assert result.returncode == 0, said[-3000:]
+        assert "postgres" in said and "refused" not in said, said[-3000:]
+    finally:
+        run_cdc("down", "--purge", "--yes", env=env)
+        shutil.rmtree(data_dir, ignore_errors=True)
