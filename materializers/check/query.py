@@ -5,7 +5,8 @@ Warehouse tables are registered for SQL by name: `<table>` (its live rows),
 `<table>_history` (its versions, each with the `valid_from` and `valid_to` derived as
 it is read: materializers/stores/warehouse/history.py), and each join view and window
 aggregate by its name. A table name that two schemas share is registered as
-`<schema>_<table>` instead.
+`<schema>_<table>` instead. A name that is not a plain SQL identifier (a dot, a space)
+is queried in backquotes: SELECT * FROM `we.ird`.
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def run_query(
                     "`cdc rebuild --store warehouse`"
                 )
             frame = derived_history(spark, frame, key)
-        frame.createOrReplaceTempView(name)
+        # one identifier, whatever it holds: a table named `we.ird` is not two parts
+        frame.createOrReplaceTempView("`" + name.replace("`", "``") + "`")
     try:
         result = spark.sql(sql)
         rows = [tuple(r) for r in result.collect()]

@@ -345,3 +345,25 @@ def test_verify_compares_json_text_and_reals_exactly(captured: Capture) -> None:
     assert drift["cache"].different == ['{"id":1}', '{"id":3}']
     assert drift["warehouse"].different == ['{"id":2}']
     assert drift["search"].ok
+
+
+def test_a_table_named_with_a_dot_is_queried_in_backquotes_beside_the_others(
+    captured: Capture,
+) -> None:
+    """`cdc query` registers each table as one identifier: a captured `public."x.ird"`
+    broke every query of the pipeline (TEMP_VIEW_NAME_TOO_MANY_NAME_PARTS)."""
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, v text)",
+        "INSERT INTO {name} VALUES (1, 'plain')",
+        'CREATE TABLE "{name}.ird" (id int PRIMARY KEY, v text)',
+        """INSERT INTO "{name}.ird" VALUES (7, 'dotted')""",
+        prefix="dot",
+        tables=("public.{name}", "public.{name}.ird"),
+    )
+    run_apply(t.settings, ["warehouse"], once=True)
+    plain = run_cdc("query", f"SELECT v FROM {t.name}", "-o", "json", env=t.env)
+    assert plain.returncode == 0, plain.stderr
+    assert json.loads(plain.stdout) == [{"v": "plain"}]
+    odd = run_cdc("query", f"SELECT id, v FROM `{t.name}.ird`", "-o", "json", env=t.env)
+    assert odd.returncode == 0, odd.stderr
+    assert json.loads(odd.stdout) == [{"id": 7, "v": "dotted"}]
