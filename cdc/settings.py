@@ -800,6 +800,13 @@ class ApplySettings(BaseModel):
         description="Delta tables' root (any Spark filesystem), default data_dir/warehouse; "
         "a pipeline's tables are under <root>/<topic prefix>",
     )
+    warehouse_writer: Literal["delta-rs", "spark"] = Field(
+        "delta-rs",
+        description="what writes a batch into the warehouse's current state and history: "
+        "delta-rs (a MERGE of a batch in a tenth of Spark's time, beside the JVM) or Spark; "
+        "a table delta-rs cannot write (a remote path, a column-mapped table, a value its "
+        "statistics cannot hold) is written by Spark either way",
+    )
     iceberg: bool = Field(
         False,
         description="also publish every warehouse table as an Apache Iceberg table over "

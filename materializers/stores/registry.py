@@ -60,7 +60,7 @@ def _warehouse(settings: Settings, spark: Any) -> Store:
         from cdc.spark import spark_session
 
         spark = spark_session(settings, f"cdc-{settings.pipeline.name}")
-    return WarehouseStore(spark, warehouse_root(settings))
+    return WarehouseStore(spark, warehouse_root(settings), writer=settings.apply.warehouse_writer)
 
 
 # a store's module is imported when the store is made (the warehouse's brings Delta)

@@ -303,8 +303,9 @@ def test_a_first_load_is_appended_and_equals_what_a_merge_writes(
     assert _versions(spark, root) == expected
 
     commits = len(_operations(history_path(root, "public.t")))
-    write(batch)  # replayed: merged this time, and nothing changes
-    assert _operations(current_path(root, "public.t"))[-1] == "MERGE"
+    merged = len(_operations(current_path(root, "public.t")))
+    write(batch)  # replayed: merged this time (delta-rs commits no MERGE that changes nothing)
+    assert set(_operations(current_path(root, "public.t"))[merged:]) <= {"MERGE"}
     assert _current(spark, root) == state
     assert _versions(spark, root) == expected
     assert len(_operations(history_path(root, "public.t"))) <= commits + 1  # nothing added
@@ -327,19 +328,33 @@ def _adds_and_removes(path: str) -> tuple[int, int]:
     return added, removed
 
 
+def _engines(path: str) -> list[str]:
+    """What wrote each Delta commit, oldest first: "spark" or "delta-rs"."""
+    found = []
+    for log in sorted(Path(path, "_delta_log").glob("*.json")):
+        for line in log.read_text().splitlines():
+            info = json.loads(line).get("commitInfo")
+            if info is not None:
+                rust = str(info.get("clientVersion", "")).startswith("delta-rs")
+                found.append("delta-rs" if rust else "spark")
+    return found
+
+
+@pytest.mark.parametrize("writer", ["delta-rs", "spark"])
 def test_a_batch_is_one_append_to_the_history_and_one_commit_to_the_current_state(
-    stack: RunningStack, tmp_path: Path
+    stack: RunningStack, tmp_path: Path, writer: str
 ) -> None:
     """Steady batches append their versions to the history (no file of it is ever
     rewritten) and take one commit of the current state: a MERGE for updates and
     deletes, a plain append for a batch of inserts of new keys; a delete removes the
     key's row. The product's reading of the history (`history_frame`, the SQL other
-    engines get) gives the ends the test computes itself."""
+    engines get) gives the ends the test computes itself. Both writers
+    (`apply.warehouse_writer`) write the same tables."""
     from cdc.spark import spark_session
 
     spark = spark_session(stack.settings, "test-history")
     root = str(tmp_path / "warehouse")
-    store = WarehouseStore(spark, root)
+    store = WarehouseStore(spark, root, writer=writer)
     store.prepare([TABLE])
     tables = {"public.t": TABLE}
     current, history = current_path(root, "public.t"), history_path(root, "public.t")
@@ -359,6 +374,9 @@ def test_a_batch_is_one_append_to_the_history_and_one_commit_to_the_current_stat
     operations = _operations(current)[before[0] :]
     assert operations == ["MERGE", "WRITE", "DELETE", "WRITE", "MERGE"], operations
     assert _operations(history)[before[1] :] == ["WRITE"] * 5
+    engines = _engines(current)[before[0] :]
+    assert engines == [writer, writer, "spark", writer, writer], engines  # TRUNCATE: Spark
+    assert _engines(history)[before[1] :] == [writer, writer, "spark", writer, writer]
     assert _adds_and_removes(history)[1] == 0  # appended to, never rewritten
     assert _current(spark, root) == [(3, "ghost", 600, 1)]
     expected = [
@@ -537,3 +555,65 @@ def test_a_view_batch_appended_again_is_written_once(stack: RunningStack, tmp_pa
     write(first, 0)
     held = delta_rs_read(Path(path)).to_pylist()
     assert sorted((r["window_end"], r["rows"]) for r in held) == [(10, 1), (20, 2)]
+
+
+DATED = Table(
+    "public",
+    "dated",
+    (
+        Column("id", "integer", "int4", "N", False, None, True),
+        Column("due", "date", "date", "D", False, None, False),
+    ),
+    ("id",),
+    "d",
+    1,
+    1,
+)
+
+
+def test_a_table_delta_rs_cannot_write_is_written_by_spark_once(
+    stack: RunningStack, tmp_path: Path
+) -> None:
+    """PostgreSQL's `infinity` date is beyond what delta-rs's file statistics hold (its
+    writer fails, committing nothing): Spark writes that batch, and the table's later
+    ones, each version once."""
+    from cdc.decode import DATE_INFINITY
+    from cdc.spark import spark_session
+
+    spark = spark_session(stack.settings, "test-history")
+    root = str(tmp_path / "warehouse")
+    store = WarehouseStore(spark, root)
+    store.prepare([DATED])
+    current, history = current_path(root, "public.dated"), history_path(root, "public.dated")
+
+    def dated(key: int, offset: int, op: str, due: int, at: tuple[int, int]) -> dict:  # type: ignore[type-arg]
+        return {
+            **event(key, offset, op, None, at, at[0] * 10),
+            "table": "public.dated",
+            "after": json.dumps({"id": key, "due": due}),
+        }
+
+    def write(rows: list[dict]) -> None:  # type: ignore[type-arg]
+        frame = spark.createDataFrame(rows, EVENTS)
+        store.write_frame({"public.dated": DATED}, frame, {"public.dated"})
+
+    write([dated(1, 0, "r", 20000, (100, 0)), dated(2, 1, "r", 20001, (100, 0))])
+    assert _engines(current)[-1] == _engines(history)[-1] == "delta-rs"
+    write([dated(1, 2, "u", DATE_INFINITY[0], (200, 1)), dated(2, 3, "u", 20002, (200, 2))])
+    write([dated(2, 4, "u", 20003, (300, 1))])
+    assert _engines(current)[-2:] == _engines(history)[-2:] == ["spark", "spark"]
+    assert set(store.native.refused) == {current, history}
+
+    frame = spark.read.format("delta").load(current)
+    held = sorted(
+        (r["id"], r["d"]) for r in frame.selectExpr("id", "unix_date(due) AS d").collect()
+    )
+    assert held == [(1, 2**31 - 1), (2, 20003)]
+    versions = spark.read.format("delta").load(history).selectExpr("id", "unix_date(due) AS d")
+    assert sorted(tuple(r) for r in versions.collect()) == [
+        (1, 20000),
+        (1, 2**31 - 1),
+        (2, 20001),
+        (2, 20002),
+        (2, 20003),
+    ]

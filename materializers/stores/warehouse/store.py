@@ -52,7 +52,9 @@ from materializers.stores.warehouse.marks import (
     stored_values,
     summarize,
 )
+from materializers.stores.warehouse.native import NativeWriter, datafusion_quoted
 from materializers.stores.warehouse.tables import (
+    aligned_rows,
     append_rows,
     clear_columns,
     current_path,
@@ -136,9 +138,17 @@ class BatchStep(Protocol):
 class WarehouseStore(FrameStore):
     name = "warehouse"
 
-    def __init__(self, spark: Any, root: str, after_batch: Sequence[BatchStep] = ()) -> None:
+    def __init__(
+        self,
+        spark: Any,
+        root: str,
+        after_batch: Sequence[BatchStep] = (),
+        writer: str = "delta-rs",
+    ) -> None:
         self.spark = spark
         self.root = root
+        # the current state's and the history's batches: delta-rs where it can (native.py)
+        self.native = NativeWriter(enabled=writer == "delta-rs")
         self.after_batch = list(after_batch)
         self._truncated: set[str] = set()
         # each Delta table's handle, kept while the columns it was checked for hold
@@ -548,7 +558,7 @@ class WarehouseStore(FrameStore):
         rows = version_rows(table, versions, placeholders, stored)
         try:
             # a column PostgreSQL dropped: NULL
-            append_rows(history, history_path(self.root, table.qualified), rows, nulls=True)
+            self._append(history, history_path(self.root, table.qualified), rows)
         except BaseException:
             self._marks.pop(history_path(self.root, table.qualified), None)  # read again
             raise
@@ -602,51 +612,46 @@ class WarehouseStore(FrameStore):
             source = source.withColumn(
                 c, F.when(known, F.col(q(f"__carried_{c}") + ".v")).otherwise(F.col(q(c)))
             ).withColumn(flag, F.col(q(flag)) & ~known)
-        meta = {
-            "_cdc_commit_lsn": "s._cdc_commit_lsn",
-            "_cdc_lsn": "s._cdc_lsn",
-            "_cdc_offset": "s._cdc_offset",
-            "_cdc_partition": "s._cdc_partition",
-            "_cdc_commit_ts": "timestamp_millis(s._cdc_commit_ms)",
-        }
-        values, inserted = {}, {}
-        for column in table.columns:
-            c = column.name
-            if c in table.key:
-                values[c] = inserted[c] = f"s.{q('_cdc_k_' + c)}"
-            elif f"__ph_{c}" in placeholders:  # an unchanged TOASTed value: the stored one
-                values[c] = f"CASE WHEN s.{q('__ph_' + c)} THEN t.{q(c)} ELSE s.{q(c)} END"
-                inserted[c] = f"CASE WHEN s.{q('__ph_' + c)} THEN NULL ELSE s.{q(c)} END"
-            else:
-                values[c] = inserted[c] = f"s.{q(c)}"
-        inserted = {q(c): v for c, v in inserted.items()} | meta
-        live = "s._cdc_commit_lsn IS NOT NULL AND s._cdc_op <> 'd'"
-        if append:
-            rows = (
-                source.alias("s")
-                .where(live)
-                .selectExpr(*[f"{v} AS {c}" for c, v in inserted.items()])
-            )
-            append_rows(target, current_path(self.root, table.qualified), rows, nulls=True)
-            return
-        condition = " AND ".join(f"t.{q(k)} <=> s.{q('_cdc_k_' + k)}" for k in table.key)
-        (
-            target.alias("t")
-            .merge(source.alias("s"), condition)
-            .whenMatchedDelete(  # a tombstone: deletes what an earlier record wrote
-                condition="s._cdc_commit_lsn IS NULL AND "
-                "t._cdc_partition = s._cdc_partition AND t._cdc_offset < s._cdc_offset"
-            )
-            .whenMatchedDelete(
-                condition=f"s._cdc_commit_lsn IS NOT NULL AND s._cdc_op = 'd' AND {_OLDER}"
-            )
-            .whenMatchedUpdate(
-                condition=f"s._cdc_commit_lsn IS NOT NULL AND {_OLDER}",
-                set={**{q(c): v for c, v in values.items()}, **meta},
-            )
-            .whenNotMatchedInsert(condition=live, values=inserted)
-            .execute()
+        source = source.withColumn("_cdc_commit_ts", F.timestamp_millis("_cdc_commit_ms")).select(
+            *[q(f"_cdc_k_{k}") for k in table.key],
+            *[q(c.name) for c in table.columns if c.name not in table.key],
+            *[q(flag) for flag in sorted(placeholders)],
+            *[f"_cdc_{m}" for m in ("commit_lsn", "lsn", "offset", "partition", "op", "commit_ts")],
         )
+        path = current_path(self.root, table.qualified)
+        if append:
+            live = source.where("_cdc_commit_lsn IS NOT NULL AND _cdc_op <> 'd'")
+            inserted = _current_values(table, placeholders, q)[1]
+            rows = live.alias("s").selectExpr(*[f"{v} AS {c}" for c, v in inserted.items()])
+            self._append(target, path, rows)
+            return
+        spark_clauses = _current_clauses(table, placeholders, q)
+        native_clauses = _current_clauses(table, placeholders, datafusion_quoted)
+        on = " AND ".join(
+            f"t.{datafusion_quoted(k)} IS NOT DISTINCT FROM s.{datafusion_quoted('_cdc_k_' + k)}"
+            for k in table.key
+        )
+        if self.native.merge(path, source, on, native_clauses):
+            return
+        merger = target.alias("t").merge(
+            source.alias("s"),
+            " AND ".join(f"t.{q(k)} <=> s.{q('_cdc_k_' + k)}" for k in table.key),
+        )
+        for kind, condition, values in spark_clauses:
+            if kind == "delete":
+                merger = merger.whenMatchedDelete(condition=condition)
+            elif kind == "update":
+                merger = merger.whenMatchedUpdate(condition=condition, set=values)
+            else:
+                merger = merger.whenNotMatchedInsert(condition=condition, values=values)
+        merger.execute()
+
+    def _append(self, target: Any, path: str, rows: Any) -> None:
+        """`rows` appended to the table at `path`, a column they lack NULL (a column
+        PostgreSQL dropped): by delta-rs where it can, else by Spark."""
+        aligned = aligned_rows(target, rows, nulls=True)
+        if not self.native.append(path, aligned):
+            aligned.write.format("delta").mode("append").save(path)
 
     def write_frame(
         self,
@@ -689,6 +694,56 @@ class WarehouseStore(FrameStore):
         truncated, self._truncated = self._truncated, set()
         for step in self.after_batch:
             step.refresh(self.spark, self.root, tables, kept, truncated)
+
+
+def _current_values(
+    table: Table, placeholders: set[str], quote: Any
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The current state's columns (quoted by `quote`, Spark's or delta-rs's) and the
+    expression of each over the MERGE's source `s` and target `t`: (on an update, on an
+    insert or append)."""
+    meta = {
+        "_cdc_commit_lsn": "s._cdc_commit_lsn",
+        "_cdc_lsn": "s._cdc_lsn",
+        "_cdc_offset": "s._cdc_offset",
+        "_cdc_partition": "s._cdc_partition",
+        "_cdc_commit_ts": "s._cdc_commit_ts",
+    }
+    updated, inserted = {}, {}
+    for column in table.columns:
+        c = column.name
+        if c in table.key:
+            updated[c] = inserted[c] = f"s.{quote('_cdc_k_' + c)}"
+        elif f"__ph_{c}" in placeholders:  # an unchanged TOASTed value: the stored one
+            flag = f"s.{quote('__ph_' + c)}"
+            updated[c] = f"CASE WHEN {flag} THEN t.{quote(c)} ELSE s.{quote(c)} END"
+            inserted[c] = f"CASE WHEN {flag} THEN NULL ELSE s.{quote(c)} END"
+        else:
+            updated[c] = inserted[c] = f"s.{quote(c)}"
+    return (
+        {quote(c): v for c, v in updated.items()} | meta,
+        {quote(c): v for c, v in inserted.items()} | meta,
+    )
+
+
+def _current_clauses(
+    table: Table, placeholders: set[str], quote: Any
+) -> list[tuple[str, str | None, dict[str, str] | None]]:
+    """The current state's MERGE clauses, in order: a tombstone deletes what an earlier
+    record of its partition wrote; a change from a newer position deletes or updates;
+    a live change of a key the table lacks is inserted."""
+    updated, inserted = _current_values(table, placeholders, quote)
+    return [
+        (
+            "delete",
+            "s._cdc_commit_lsn IS NULL AND "
+            "t._cdc_partition = s._cdc_partition AND t._cdc_offset < s._cdc_offset",
+            None,
+        ),
+        ("delete", f"s._cdc_commit_lsn IS NOT NULL AND s._cdc_op = 'd' AND {_OLDER}", None),
+        ("update", f"s._cdc_commit_lsn IS NOT NULL AND {_OLDER}", updated),
+        ("insert", "s._cdc_commit_lsn IS NOT NULL AND s._cdc_op <> 'd'", inserted),
+    ]
 
 
 def frames_to_keep(steps: Sequence[BatchStep]) -> dict[str, set[str]]:

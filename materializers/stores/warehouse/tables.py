@@ -19,6 +19,7 @@ from cdc.topics import folder_problem
 from materializers.log.typed import quoted as q
 
 __all__ = [
+    "aligned_rows",
     "append_rows",
     "clear_columns",
     "current_path",
@@ -210,17 +211,24 @@ def is_empty(target: Any) -> bool:
     return int(target.detail().first()["numFiles"]) == 0
 
 
-def append_rows(target: Any, path: str, rows: Any, nulls: bool = False) -> None:
-    """Append `rows` (a frame with the table's column names) to the Delta table at
-    `path` (`target` its handle), each column in the table's order and type: what a
-    MERGE that matched nothing writes, in a plain write (a MERGE costs seconds here
-    whatever its size). With `nulls`, a column `rows` lacks is NULL."""
+def aligned_rows(target: Any, rows: Any, nulls: bool = False) -> Any:
+    """`rows` (a frame with the table's column names) as the Delta table `target` holds
+    them: each column in the table's order and type. With `nulls`, a column `rows` lacks
+    is NULL."""
     from pyspark.sql import functions as F
 
-    columns = [
-        F.col(q(f.name)).cast(f.dataType)
-        if f.name in rows.columns or not nulls
-        else F.lit(None).cast(f.dataType).alias(f.name)
-        for f in target.toDF().schema.fields
-    ]
-    rows.select(*columns).write.format("delta").mode("append").save(path)
+    return rows.select(
+        *[
+            F.col(q(f.name)).cast(f.dataType)
+            if f.name in rows.columns or not nulls
+            else F.lit(None).cast(f.dataType).alias(f.name)
+            for f in target.toDF().schema.fields
+        ]
+    )
+
+
+def append_rows(target: Any, path: str, rows: Any, nulls: bool = False) -> None:
+    """Append `rows` to the Delta table at `path` (`target` its handle), aligned to it
+    (aligned_rows): what a MERGE that matched nothing writes, in a plain write (a MERGE
+    costs seconds here whatever its size)."""
+    aligned_rows(target, rows, nulls).write.format("delta").mode("append").save(path)

@@ -1,0 +1,148 @@
+"""The current state's and the history's batch writes through delta-rs (`apply.warehouse_writer`).
+
+A Delta MERGE run by Spark costs about 1.3 s here whatever its size (planning, several
+jobs, the commit); delta-rs runs the same MERGE of a batch's changes in well under a
+tenth of that, in Rust, beside the JVM. Spark still decodes the batch: its rows are
+collected as Arrow and handed over. The tables stay the Delta tables Spark made: one log,
+the same protocol, read by Spark, delta-rs and the Iceberg publisher alike.
+
+A table delta-rs cannot write goes on being written by Spark, for the rest of the
+process: one that is column-mapped (a column named with a character Parquet cannot
+hold), one not on the local filesystem, or one delta-rs refused or failed to write (a
+value its statistics cannot hold, such as PostgreSQL's `infinity` date). A write that
+failed is retried by Spark only when it left no commit behind (the table's version is
+read before and after), so a batch is never written twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+__all__ = ["NativeWriter", "datafusion_quoted"]
+
+log = logging.getLogger(__name__)
+
+# a checkpoint every this many versions, as Spark writes one: its readers replay at most
+# this many JSON commits
+CHECKPOINT_EVERY = 10
+
+
+def datafusion_quoted(name: str) -> str:
+    """A column name for delta-rs's SQL (DataFusion): in double quotes, one doubled."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _local(path: str) -> str | None:
+    """The table's local path, or None: a remote filesystem's (Spark's, with its settings)."""
+    if path.startswith("file:"):
+        return "/" + path[len("file:") :].lstrip("/")
+    return None if "://" in path else path
+
+
+class NativeWriter:
+    """Writes a batch's rows with delta-rs where it can (module doc); `False` from a
+    write: the caller writes them with Spark."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        # tables delta-rs does not write in this process: their path, and why
+        self.refused: dict[str, str] = {}
+
+    def _table(self, path: str) -> Any | None:
+        """The delta-rs handle of the table at `path`, or None: Spark writes it."""
+        if not self.enabled or path in self.refused:
+            return None
+        local = _local(path)
+        if local is None:
+            self.refused[path] = "not on the local filesystem"
+            return None
+        from deltalake import DeltaTable
+
+        table = DeltaTable(local)
+        if table.metadata().configuration.get("delta.columnMapping.mode", "none") != "none":
+            self.refused[path] = "column-mapped"
+            return None
+        return table
+
+    def append(self, path: str, rows: Any) -> bool:
+        """Append `rows` (a Spark frame in the table's columns and types)."""
+        table = self._table(path)
+        if table is None:
+            return False
+        data = rows.toArrow()
+        if data.num_rows == 0:
+            return True
+        from deltalake import write_deltalake
+
+        return self._commit(
+            path,
+            table,
+            lambda: write_deltalake(table, data, mode="append", **_hooks()),
+        )
+
+    def merge(
+        self,
+        path: str,
+        source: Any,
+        on: str,
+        clauses: list[tuple[str, str | None, dict[str, str] | None]],
+    ) -> bool:
+        """MERGE `source` (a Spark frame, aliased `s`; the table `t`) on `on`, with
+        `clauses` in order: ("delete" | "update" | "insert", condition, values)."""
+        table = self._table(path)
+        if table is None:
+            return False
+        data = source.toArrow()
+        if data.num_rows == 0:
+            return True
+
+        def run() -> None:
+            merger = table.merge(
+                data,
+                on,
+                source_alias="s",
+                target_alias="t",
+                streamed_exec=False,  # the batch is in memory: its keys prune the files read
+                **_hooks(),
+            )
+            for kind, condition, values in clauses:
+                if kind == "delete":
+                    merger = merger.when_matched_delete(condition)
+                elif kind == "update":
+                    merger = merger.when_matched_update(values or {}, condition)
+                else:
+                    merger = merger.when_not_matched_insert(values or {}, condition)
+            merger.execute()
+
+        return self._commit(path, table, run)
+
+    def _commit(self, path: str, table: Any, write: Any) -> bool:
+        before = table.version()
+        try:
+            write()
+        except Exception as exc:  # delta-rs's errors, and a panic in its writer
+            from deltalake import DeltaTable
+
+            after = DeltaTable(_local(path) or path).version()
+            if after != before:  # it committed, then failed (a hook): the batch is written
+                log.warning("warehouse: delta-rs wrote %s, then failed: %s", path, exc)
+                return True
+            self.refused[path] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            log.warning(
+                "warehouse: delta-rs cannot write %s (%s); Spark writes it from now on",
+                path,
+                self.refused[path],
+            )
+            return False
+        table.update_incremental()
+        if table.version() % CHECKPOINT_EVERY == 0:
+            table.create_checkpoint()
+        return True
+
+
+def _hooks() -> dict[str, Any]:
+    from deltalake import PostCommitHookProperties
+
+    # checkpoints as Spark writes them (NativeWriter._commit); old logs expire as Spark's do
+    return {"post_commithook_properties": PostCommitHookProperties(create_checkpoint=False)}
