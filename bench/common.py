@@ -304,7 +304,7 @@ class WarehousePhases:
         "stored_values",
         "holds_any",
         "version_rows",
-        "append_rows",
+        "_append",
         "_write_current",
     )
 

@@ -189,7 +189,10 @@ class BatchWriter:
         events = parsed.where(valid & (F.col("table") != TRUNCATIONS_TABLE))
         # an event from before its table's last TRUNCATE is history, not current state
         toasted = {p["table"] for p in data if p["toasted"]}
-        store.write_frame(tables, events.withColumn("cut_ms", cut_ms), present, toasted)
+        sizes: dict[str, int] = {}
+        for p in data:
+            sizes[p["table"]] = sizes.get(p["table"], 0) + p["size"]
+        store.write_frame(tables, events.withColumn("cut_ms", cut_ms), present, toasted, sizes)
         self.dead.flush()
         log.info(
             "%s batch %d: %d events in %.1f s",
@@ -444,6 +447,7 @@ def _partitions(
             F.max(F.when(valid, F.col("commit_ms"))).alias("commit_ms"),
             F.max(F.when(valid, F.col("commit_lsn"))).alias("commit_lsn"),
             F.count("error").alias("errors"),
+            F.sum(F.when(valid, F.length("after"))).alias("size"),
             F.count(F.when(valid & may_hold_placeholder(F.col("after"), placeholders), 1)).alias(
                 "toasted"
             ),
@@ -466,12 +470,14 @@ def _partitions(
                 "commit_ms": None,
                 "commit_lsn": None,
                 "errors": 0,
+                "size": 0,
                 "toasted": 0,
             },
         )
         part["offset"] = max(part["offset"], g["offset"])
         part["n"] += g["n"]
         part["errors"] += g["errors"]
+        part["size"] += g["size"] or 0
         part["toasted"] += g["toasted"]
         for newest in ("commit_ms", "commit_lsn"):
             if g[newest] is not None:

@@ -128,7 +128,9 @@ class FrameStore(Store):
         events: Any,
         present: set[str],
         toasted: set[str] | None = None,
+        sizes: dict[str, int] | None = None,
     ) -> None:
         """Write a batch's parsed events (materializers/log/events.py, with `cut_ms`) of the
         tables in `present`, each key's newest change by the write rule (`toasted`: the
-        tables whose events may carry a TOAST placeholder, None: any of them)."""
+        tables whose events may carry a TOAST placeholder, None: any of them; `sizes`:
+        per table, the characters of its events' row images, None: not known)."""

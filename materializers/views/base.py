@@ -156,9 +156,11 @@ class AfterBatchView(View):
         tables: dict[str, Table],
         kept: dict[str, dict[str, Any]],
         truncated: set[str],
+        native: Any = None,
     ) -> None:
         """After a warehouse batch: `kept` what it kept of each table, `truncated` the
-        tables a TRUNCATE (or a reset) emptied."""
+        tables a TRUNCATE (or a reset) emptied, `native` the store's delta-rs writer
+        (materializers/stores/warehouse/native.py)."""
         raise NotImplementedError
 
 

@@ -36,6 +36,8 @@ from cdc.topics import ChangeRecord
 from materializers.log.position import Position, event_position
 from materializers.log.typed import quoted as q
 from materializers.log.typed import spark_type
+from materializers.stores.warehouse.native import NativeWriter
+from materializers.stores.warehouse.native import datafusion_quoted as dq
 from materializers.views.base import NOW, Expected, Form, ReferencingJoin, Verifier
 from materializers.views.streams import logged_changes
 
@@ -77,6 +79,7 @@ class EnrichmentView(ReferencingJoin):
         tables: dict[str, Table],
         kept: dict[str, dict[str, Any]],
         truncated: set[str],
+        native: NativeWriter | None = None,
     ) -> None:
         """Its stream got inserts, or its referenced table changed, in the batch; every
         event again after a TRUNCATE of the referenced table (read after events it came
@@ -92,7 +95,7 @@ class EnrichmentView(ReferencingJoin):
         # read from the view again if this refresh fails (it may have written)
         newest, self.newest = self.newest, None
         self.newest = refresh_enrichment(
-            spark, root, join, tables, created, versions, newest, everything=again
+            spark, root, join, tables, created, versions, newest, everything=again, native=native
         )
 
     def expected(
@@ -165,6 +168,7 @@ def refresh_enrichment(
     versions: DataFrame | None,
     newest: tuple[int, int] | None,
     everything: bool = False,
+    native: NativeWriter | None = None,
 ) -> tuple[int, int] | None:
     """Enrich the batch's creation events of the stream table (`created`: its columns,
     _cdc_commit_lsn, _cdc_lsn, _cdc_commit_ms), and again the view's events that a
@@ -177,7 +181,7 @@ def refresh_enrichment(
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    from materializers.stores.warehouse.tables import append_rows, ensure_delta, view_path
+    from materializers.stores.warehouse.tables import aligned_rows, ensure_delta, view_path
 
     stream, referenced = tables[join.table], tables[join.references]
     target = ensure_delta(
@@ -222,11 +226,10 @@ def refresh_enrichment(
     if len(parts) == 1 and span and span["first"] is not None and tuple(span["first"]) > newest:
         # the steady state: every event of the batch is newer than the view's newest, so
         # none is in the view (a replayed batch's are not newer): a plain append
-        append_rows(
-            target,
-            view_path(root, join.name),
-            _as_of(spark, root, join, stream, referenced, events),
-        )
+        path = view_path(root, join.name)
+        rows = aligned_rows(target, _as_of(spark, root, join, stream, referenced, events))
+        if native is None or not native.append(path, rows):
+            rows.write.format("delta").mode("append").save(path)
         return max(newest, tuple(span["last"]))
     events = events.dropDuplicates([*stream.key, "_cdc_commit_lsn", "_cdc_lsn"]).localCheckpoint()
     enriched = _as_of(spark, root, join, stream, referenced, events)
@@ -234,6 +237,19 @@ def refresh_enrichment(
         [f"v.{q(k)} <=> s.{q(k)}" for k in stream.key]
         + ["v._cdc_commit_lsn = s._cdc_commit_lsn", "v._cdc_lsn = s._cdc_lsn"]
     )
+    if native is not None and not everything:  # every event: Spark's tasks stream them
+        names = [join.column_prefix + c for c in join.columns]
+        clauses: list[Any] = [
+            ("update", None, {dq(c): f"s.{dq(c)}" for c in names}),
+            ("insert", None, None),
+        ]
+        on = " AND ".join(
+            [f"t.{dq(k)} IS NOT DISTINCT FROM s.{dq(k)}" for k in stream.key]
+            + ["t._cdc_commit_lsn = s._cdc_commit_lsn", "t._cdc_lsn = s._cdc_lsn"]
+        )
+        rows = aligned_rows(target, enriched)
+        if native.merge(view_path(root, join.name), rows, on, clauses):
+            return _newest_of(events, newest)
     carried: dict[str, Any] = {
         q(join.column_prefix + c): f"s.{q(join.column_prefix + c)}" for c in join.columns
     }
@@ -245,9 +261,16 @@ def refresh_enrichment(
         .whenNotMatchedInsertAll()
         .execute()
     )
+    return _newest_of(events, newest)
+
+
+def _newest_of(events: DataFrame, newest: tuple[int, int]) -> tuple[int, int]:
+    """The newest event position of `events` and `newest`."""
+    from pyspark.sql import functions as F
+
     top = events.agg(F.max(F.struct("_cdc_commit_lsn", "_cdc_lsn")).alias("m")).first()
     if top and top["m"] is not None:
-        newest = max(newest, tuple(top["m"]))
+        return max(newest, tuple(top["m"]))
     return newest
 
 

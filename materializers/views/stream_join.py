@@ -13,6 +13,7 @@ from cdc.settings import Settings, StreamStreamJoin, duration_ms
 from cdc.topics import ChangeRecord
 from materializers.log.typed import quoted as q
 from materializers.log.typed import spark_type
+from materializers.stores.warehouse.native import NativeWriter
 from materializers.stores.warehouse.tables import view_path
 from materializers.views.base import NOW, Expected, Form, StreamingView, Verifier
 from materializers.views.streams import (
@@ -140,12 +141,13 @@ class StreamJoinView(StreamingView):
             spark,
             view_path(warehouse_root(settings), join.name),
             fields,
-            on=f"t.{q(key)} <=> s.{q(key)} AND t._cdc_commit_lsn = s._cdc_commit_lsn "
-            "AND t._cdc_lsn = s._cdc_lsn",
+            [key, "_cdc_commit_lsn", "_cdc_lsn"],
             # the earliest end wins
             condition="s._cdc_end_commit_lsn IS NOT NULL AND (t._cdc_end_commit_lsn IS NULL "
-            "OR struct(s._cdc_end_commit_lsn, s._cdc_end_lsn) "
-            "< struct(t._cdc_end_commit_lsn, t._cdc_end_lsn))",
+            "OR s._cdc_end_commit_lsn < t._cdc_end_commit_lsn "
+            "OR (s._cdc_end_commit_lsn = t._cdc_end_commit_lsn "
+            "AND s._cdc_end_lsn < t._cdc_end_lsn))",
+            native=NativeWriter(settings.apply.warehouse_writer == "delta-rs"),
         )
 
         def write(batch: DataFrame, batch_id: int) -> None:

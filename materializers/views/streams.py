@@ -44,6 +44,7 @@ from materializers.log.position import Position, event_position
 from materializers.log.progress import forget_late, last_committed_batch
 from materializers.log.typed import json_type, typed_column, widest
 from materializers.log.typed import quoted as q
+from materializers.stores.warehouse.native import NativeWriter
 from materializers.stores.warehouse.tables import view_path
 
 if TYPE_CHECKING:
@@ -152,17 +153,33 @@ def start_afresh(spark: Any, settings: Settings, name: str, checkpoint: str) -> 
 
 
 def merged_into(
-    spark: Any, path: str, fields: list[Any], on: str, condition: str | None = None
+    spark: Any,
+    path: str,
+    fields: list[Any],
+    keys: list[str],
+    condition: str | None = None,
+    native: NativeWriter | None = None,
 ) -> Callable[[DataFrame, int], None]:
-    """A query's batch writer: each batch MERGEd into the Delta table at `path` on `on`
-    (`t` the table, `s` the batch), updating a row where `condition` holds."""
+    """A query's batch writer: each batch MERGEd into the Delta table at `path` on its
+    `keys` (`t` the table, `s` the batch), updating a row where `condition` holds
+    (written in SQL both Spark and delta-rs read), by delta-rs where `native` can."""
+    from pyspark.sql import functions as F
+
+    from materializers.stores.warehouse.native import datafusion_quoted as dq
     from materializers.stores.warehouse.tables import ensure_delta
+
+    on = " AND ".join(f"t.{q(k)} <=> s.{q(k)}" for k in keys)
+    native_on = " AND ".join(f"t.{dq(k)} IS NOT DISTINCT FROM s.{dq(k)}" for k in keys)
 
     def write(batch: DataFrame, _: int) -> None:
         target = ensure_delta(spark, path, fields)
+        rows = batch.select(*[F.col(q(f.name)).cast(f.dataType) for f in fields])
+        clauses: list[Any] = [("update", condition, None), ("insert", None, None)]
+        if native is not None and native.merge(path, rows, native_on, clauses):
+            return
         (
             target.alias("t")
-            .merge(batch.alias("s"), on)
+            .merge(rows.alias("s"), on)
             .whenMatchedUpdateAll(condition=condition)
             .whenNotMatchedInsertAll()
             .execute()
@@ -172,25 +189,29 @@ def merged_into(
 
 
 def appended_to(
-    spark: Any, path: str, fields: list[Any], checkpoint: str
+    spark: Any, path: str, fields: list[Any], checkpoint: str, native: NativeWriter | None = None
 ) -> Callable[[DataFrame, int], None]:
     """A batch writer for a query in append mode (each row written once, when final):
     each batch appended to the Delta table at `path`, once. Delta keeps the last batch
     id appended per writer (its transaction id, `txnAppId`/`txnVersion`) and skips a
     batch run again after a crash. The writer is the checkpoint's query id, so a query
     started afresh (a new checkpoint, batch ids from 0 again) is another writer. An
-    append costs a fifth of a MERGE here (docs/benchmarks.md)."""
+    append costs a fifth of a MERGE here (docs/benchmarks.md); delta-rs writes it where
+    `native` can."""
     from pyspark.sql import functions as F
 
     from materializers.stores.warehouse.tables import ensure_delta
 
     def write(batch: DataFrame, batch_id: int) -> None:
         ensure_delta(spark, path, fields)
+        rows = batch.select(*[F.col(q(f.name)).cast(f.dataType) for f in fields])
+        writer = f"cdc-view-{query_id(checkpoint)}"
+        if native is not None and native.append(path, rows, (writer, batch_id)):
+            return
         (
-            batch.select(*[F.col(q(f.name)).cast(f.dataType) for f in fields])
-            .write.format("delta")
+            rows.write.format("delta")
             .mode("append")
-            .option("txnAppId", f"cdc-view-{query_id(checkpoint)}")
+            .option("txnAppId", writer)
             .option("txnVersion", batch_id)
             .save(path)
         )

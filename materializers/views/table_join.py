@@ -16,6 +16,8 @@ from cdc.catalog import Table
 from cdc.settings import TableJoin
 from materializers.log.typed import quoted as q
 from materializers.log.typed import spark_type
+from materializers.stores.warehouse.native import NativeWriter
+from materializers.stores.warehouse.native import datafusion_quoted as dq
 from materializers.stores.warehouse.tables import view_path
 from materializers.views.base import ReferencingJoin, Verifier
 
@@ -47,6 +49,7 @@ class TableJoinView(ReferencingJoin):
         tables: dict[str, Table],
         kept: dict[str, dict[str, Any]],
         truncated: set[str],
+        native: NativeWriter | None = None,
     ) -> None:
         """Its rows for the keys the batch touched on either side, or all its rows after
         a TRUNCATE (or a reset) of either."""
@@ -55,7 +58,7 @@ class TableJoinView(ReferencingJoin):
         if not sides & (touched | truncated) or not sides <= set(tables):
             return
         keys = {} if sides & truncated else {t: kept[t]["keys"] for t in touched}
-        refresh_join(spark, root, self.settings, tables, keys)
+        refresh_join(spark, root, self.settings, tables, keys, native)
 
 
 def _joined_fields(join: TableJoin, left: Table, right: Table) -> list[Any]:
@@ -74,9 +77,11 @@ def refresh_join(
     join: TableJoin,
     tables: dict[str, Table],
     touched: dict[str, DataFrame],
+    native: NativeWriter | None = None,
 ) -> None:
     """Recompute the view's rows for the keys `touched` (per table: its key columns) on
-    either side; every row when `touched` names neither table's keys (after a TRUNCATE)."""
+    either side; every row when `touched` names neither table's keys (after a TRUNCATE).
+    One MERGE, by delta-rs where `native` can."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
@@ -120,6 +125,16 @@ def refresh_join(
     )
     source = affected.join(joined, [*left.key], "left")
     columns = [c.name for c in left.columns] + join.carried
+    if native is not None and not full:  # all its rows: Spark's tasks stream them
+        values = {dq(c): f"s.{dq(c)}" for c in columns}
+        clauses: list[Any] = [
+            ("delete", "s.__present IS NULL", None),
+            ("update", "s.__present", values),
+            ("insert", "s.__present", values),
+        ]
+        on = " AND ".join(f"t.{dq(k)} IS NOT DISTINCT FROM s.{dq(k)}" for k in left.key)
+        if native.merge(view_path(root, join.name), source, on, clauses):
+            return
     values = {q(c): f"s.{q(c)}" for c in columns}
     (
         view.alias("v")

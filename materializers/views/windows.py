@@ -28,6 +28,7 @@ from cdc.settings import (
 from cdc.topics import ChangeRecord
 from materializers.log.typed import quoted as q
 from materializers.log.typed import spark_type
+from materializers.stores.warehouse.native import NativeWriter
 from materializers.stores.warehouse.tables import view_path
 from materializers.views.base import NOW, Expected, Form, StreamingView, Verifier
 from materializers.views.streams import (
@@ -122,15 +123,15 @@ class WindowView(StreamingView):
         ]
         path = view_path(warehouse_root(settings), window.name)
         start_afresh(spark, settings, window.name, checkpoint)
-        on = " AND ".join(f"t.{q(k)} <=> s.{q(k)}" for k in window.key)
+        native = NativeWriter(settings.apply.warehouse_writer == "delta-rs")
         return (
             counts.writeStream.queryName(f"cdc-{settings.pipeline.name}-window-{window.name}")
             .outputMode(self.mode)
             .option("checkpointLocation", checkpoint)
             .foreachBatch(
-                merged_into(spark, path, fields, on)
+                merged_into(spark, path, fields, list(window.key), native=native)
                 if self.mode == "update"  # a window written again as it fills
-                else appended_to(spark, path, fields, checkpoint)
+                else appended_to(spark, path, fields, checkpoint, native)
             )
         )
 

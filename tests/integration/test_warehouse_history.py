@@ -525,12 +525,18 @@ def test_a_table_of_the_earlier_layout_is_refused_in_one_line(
     assert _versions(spark, root) == [(1, "c", "a", 1000, None)]
 
 
-def test_a_view_batch_appended_again_is_written_once(stack: RunningStack, tmp_path: Path) -> None:
+@pytest.mark.parametrize("writer", ["delta-rs", "spark"])
+def test_a_view_batch_appended_again_is_written_once(
+    stack: RunningStack, tmp_path: Path, writer: str
+) -> None:
     """A sliding window's or a session's batch (append mode) run again after a crash adds
-    nothing; a query started afresh (another checkpoint, batch ids from 0) writes again."""
+    nothing; a query started afresh (another checkpoint, batch ids from 0) writes again.
+    Either writer keeps Delta's transaction ids, so a batch Spark wrote is not written
+    again by delta-rs (the writer changed between two runs of the job), nor the reverse."""
     from pyspark.sql import types as T
 
     from cdc.spark import spark_session
+    from materializers.stores.warehouse.native import NativeWriter
     from materializers.views.streams import appended_to
     from tests.stores import delta_rs_read
 
@@ -540,11 +546,14 @@ def test_a_view_batch_appended_again_is_written_once(stack: RunningStack, tmp_pa
     checkpoint = tmp_path / "checkpoint"
     checkpoint.mkdir()
     (checkpoint / "metadata").write_text(json.dumps({"id": "query-1"}))
-    write = appended_to(spark, path, fields, str(checkpoint))
+    write = appended_to(spark, path, fields, str(checkpoint), NativeWriter(writer == "delta-rs"))
+    other = appended_to(spark, path, fields, str(checkpoint), NativeWriter(writer != "delta-rs"))
     first = spark.createDataFrame([(1, 10), (2, 20)], "rows long, window_end long")
     write(first, 0)
     write(first, 0)  # the batch run again after a crash before Spark recorded it
+    other(first, 0)  # and by the other writer
     write(spark.createDataFrame([(3, 30)], "rows long, window_end long"), 1)
+    assert _engines(path)[-1] == writer
     held = delta_rs_read(Path(path)).to_pylist()
     assert sorted((r["window_end"], r["rows"]) for r in held) == [(10, 1), (20, 2), (30, 3)]
     # started afresh: its table emptied (streams.start_afresh), batch ids again from 0
@@ -617,3 +626,27 @@ def test_a_table_delta_rs_cannot_write_is_written_by_spark_once(
         (2, 20002),
         (2, 20003),
     ]
+
+
+def test_a_large_batch_is_written_by_spark(stack: RunningStack, tmp_path: Path) -> None:
+    """A table's batch too large to collect into the driver for delta-rs (its events'
+    row images over NATIVE_MAX_CHARS) is written by Spark; the next small one by
+    delta-rs again."""
+    from cdc.spark import spark_session
+    from materializers.stores.warehouse.store import NATIVE_MAX_CHARS
+
+    spark = spark_session(stack.settings, "test-history")
+    root = str(tmp_path / "warehouse")
+    store = WarehouseStore(spark, root)
+    store.prepare([TABLE])
+    current, history = current_path(root, "public.t"), history_path(root, "public.t")
+
+    def write(rows: list[dict], size: int) -> None:  # type: ignore[type-arg]
+        frame = spark.createDataFrame(rows, EVENTS)
+        store.write_frame({"public.t": TABLE}, frame, {"public.t"}, None, {"public.t": size})
+
+    write([event(1, 0, "r", "a", (100, 0), 1000)], NATIVE_MAX_CHARS + 1)
+    assert _engines(current)[-1] == _engines(history)[-1] == "spark"
+    write([event(1, 1, "u", "b", (200, 1), 2000)], 100)
+    assert _engines(current)[-1] == _engines(history)[-1] == "delta-rs"
+    assert _current(spark, root) == [(1, "b", 200, 1)]

@@ -65,20 +65,30 @@ class NativeWriter:
             return None
         return table
 
-    def append(self, path: str, rows: Any) -> bool:
-        """Append `rows` (a Spark frame in the table's columns and types)."""
+    def append(self, path: str, rows: Any, transaction: tuple[str, int] | None = None) -> bool:
+        """Append `rows` (a Spark frame in the table's columns and types). With
+        `transaction` (a writer's id, its batch's number), once: Delta keeps each writer's
+        last number (`txn`, as Spark's `txnAppId`/`txnVersion` do), and a batch whose
+        number is not above it is not written again."""
         table = self._table(path)
         if table is None:
             return False
+        if transaction is not None:
+            done = table.transaction_version(transaction[0])
+            if done is not None and done >= transaction[1]:
+                return True
         data = rows.toArrow()
         if data.num_rows == 0:
             return True
-        from deltalake import write_deltalake
+        from deltalake import CommitProperties, Transaction, write_deltalake
 
+        options: dict[str, Any] = _hooks()
+        if transaction is not None:
+            options["commit_properties"] = CommitProperties(
+                app_transactions=[Transaction(*transaction)]
+            )
         return self._commit(
-            path,
-            table,
-            lambda: write_deltalake(table, data, mode="append", **_hooks()),
+            path, table, lambda: write_deltalake(table, data, mode="append", **options)
         )
 
     def merge(
@@ -89,7 +99,8 @@ class NativeWriter:
         clauses: list[tuple[str, str | None, dict[str, str] | None]],
     ) -> bool:
         """MERGE `source` (a Spark frame, aliased `s`; the table `t`) on `on`, with
-        `clauses` in order: ("delete" | "update" | "insert", condition, values)."""
+        `clauses` in order: ("delete" | "update" | "insert", condition, values); values
+        None in an update or insert: every column, from the source's of its name."""
         table = self._table(path)
         if table is None:
             return False
@@ -109,10 +120,14 @@ class NativeWriter:
             for kind, condition, values in clauses:
                 if kind == "delete":
                     merger = merger.when_matched_delete(condition)
+                elif kind == "update" and values is None:
+                    merger = merger.when_matched_update_all(condition)
                 elif kind == "update":
-                    merger = merger.when_matched_update(values or {}, condition)
+                    merger = merger.when_matched_update(values, condition)
+                elif values is None:
+                    merger = merger.when_not_matched_insert_all(condition)
                 else:
-                    merger = merger.when_not_matched_insert(values or {}, condition)
+                    merger = merger.when_not_matched_insert(values, condition)
             merger.execute()
 
         return self._commit(path, table, run)

@@ -111,7 +111,11 @@ def warehouse_value(column: Column, value: Any) -> Any:
     return str(value) if not isinstance(value, bool | int | float) else value
 
 
-_REMOVE_BATCH = 1000  # keys per UPDATE of a many-column key
+_REMOVE_BATCH = 1000
+# a table's batch whose events' row images hold more characters than this is written by
+# Spark, whose tasks stream it, rather than collected into the driver for delta-rs (its
+# heap, spark.driver_memory, is 2 GiB by default, and tables are written side by side)
+NATIVE_MAX_CHARS = 64 * 1024 * 1024  # keys per UPDATE of a many-column key
 
 
 class BatchStep(Protocol):
@@ -129,9 +133,11 @@ class BatchStep(Protocol):
         tables: dict[str, Table],
         kept: dict[str, dict[str, Any]],
         truncated: set[str],
+        native: NativeWriter | None = None,
     ) -> None:
         """Run after the batch (`kept`: per table, what it kept; `truncated`: the tables
-        a TRUNCATE or a reset emptied since the last batch)."""
+        a TRUNCATE or a reset emptied since the last batch; `native`: the store's delta-rs
+        writer)."""
         ...
 
 
@@ -415,7 +421,7 @@ class WarehouseStore(FrameStore):
         return self._marks[path]
 
     def _write_table(
-        self, table: Table, events: Any, keep: set[str], toasted: bool
+        self, table: Table, events: Any, keep: set[str], toasted: bool, native: NativeWriter | None
     ) -> tuple[float, float, dict[str, Any]]:
         """A table's events of the batch into its history, then its current state; their
         seconds, and what the views want kept of the batch (`keep`): its keys of the
@@ -427,7 +433,7 @@ class WarehouseStore(FrameStore):
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.name)
         decoded, placeholders = self._decode(table, events, toasted)
         try:
-            history_s, current_s = self._write(table, decoded, placeholders)
+            history_s, current_s = self._write(table, decoded, placeholders, native)
             kept: dict[str, Any] = {}
             if "keys" in keep:
                 kept["keys"] = (
@@ -527,9 +533,11 @@ class WarehouseStore(FrameStore):
         # records (planning and generating code for those cost more than running them)
         return decoded.localCheckpoint(), placeholders
 
-    def _write(self, table: Table, decoded: Any, placeholders: set[str]) -> tuple[float, float]:
+    def _write(
+        self, table: Table, decoded: Any, placeholders: set[str], native: NativeWriter | None
+    ) -> tuple[float, float]:
         """The batch's new versions into the history, then its keys' newest changes into
-        the current state (module doc); their seconds."""
+        the current state (module doc), by delta-rs where `native` can; their seconds."""
 
         target, history = self._ensure(table), self._history(table)
         current_at = current_path(self.root, table.qualified)
@@ -558,7 +566,7 @@ class WarehouseStore(FrameStore):
         rows = version_rows(table, versions, placeholders, stored)
         try:
             # a column PostgreSQL dropped: NULL
-            self._append(history, history_path(self.root, table.qualified), rows)
+            self._append(history, history_path(self.root, table.qualified), rows, native)
         except BaseException:
             self._marks.pop(history_path(self.root, table.qualified), None)  # read again
             raise
@@ -575,7 +583,9 @@ class WarehouseStore(FrameStore):
             and all(p["others"] == 0 for p in summary)
             and not holds_any(table, target, changes)
         )
-        self._write_current(table, target, latest, tombstones, placeholders, fresh or inserts_only)
+        self._write_current(
+            table, target, latest, tombstones, placeholders, fresh or inserts_only, native
+        )
         if fresh or inserts_only:
             self._filled.add(current_at)
         return history_s, time.monotonic() - started
@@ -588,6 +598,7 @@ class WarehouseStore(FrameStore):
         tombstones: Any,
         placeholders: set[str],
         append: bool,
+        native: NativeWriter | None = None,
     ) -> None:
         """Each key's newest change into the current state: one MERGE, or with `append`
         (the table holds none of the keys: it is empty, or every change is an insert new
@@ -623,7 +634,7 @@ class WarehouseStore(FrameStore):
             live = source.where("_cdc_commit_lsn IS NOT NULL AND _cdc_op <> 'd'")
             inserted = _current_values(table, placeholders, q)[1]
             rows = live.alias("s").selectExpr(*[f"{v} AS {c}" for c, v in inserted.items()])
-            self._append(target, path, rows)
+            self._append(target, path, rows, native)
             return
         spark_clauses = _current_clauses(table, placeholders, q)
         native_clauses = _current_clauses(table, placeholders, datafusion_quoted)
@@ -631,7 +642,7 @@ class WarehouseStore(FrameStore):
             f"t.{datafusion_quoted(k)} IS NOT DISTINCT FROM s.{datafusion_quoted('_cdc_k_' + k)}"
             for k in table.key
         )
-        if self.native.merge(path, source, on, native_clauses):
+        if native is not None and native.merge(path, source, on, native_clauses):
             return
         merger = target.alias("t").merge(
             source.alias("s"),
@@ -646,11 +657,11 @@ class WarehouseStore(FrameStore):
                 merger = merger.whenNotMatchedInsert(condition=condition, values=values)
         merger.execute()
 
-    def _append(self, target: Any, path: str, rows: Any) -> None:
+    def _append(self, target: Any, path: str, rows: Any, native: NativeWriter | None) -> None:
         """`rows` appended to the table at `path`, a column they lack NULL (a column
         PostgreSQL dropped): by delta-rs where it can, else by Spark."""
         aligned = aligned_rows(target, rows, nulls=True)
-        if not self.native.append(path, aligned):
+        if native is None or not native.append(path, aligned):
             aligned.write.format("delta").mode("append").save(path)
 
     def write_frame(
@@ -659,6 +670,7 @@ class WarehouseStore(FrameStore):
         events: Any,
         present: set[str],
         toasted: set[str] | None = None,
+        sizes: dict[str, int] | None = None,
     ) -> None:
         """Each table's new changes of the batch into its history, and its keys' newest
         changes into its current state (`present`: the tables the batch has events of;
@@ -684,6 +696,8 @@ class WarehouseStore(FrameStore):
                     events,
                     keep.get(n, set()),
                     toasted is None or n in toasted,
+                    # a batch delta-rs writes is collected into the driver: a small one
+                    self.native if (sizes or {}).get(n, 0) <= NATIVE_MAX_CHARS else None,
                 )
                 for n in names
             ]
@@ -693,7 +707,7 @@ class WarehouseStore(FrameStore):
             log.info("warehouse %s: history %.1f s, current %.1f s", name, history_s, current_s)
         truncated, self._truncated = self._truncated, set()
         for step in self.after_batch:
-            step.refresh(self.spark, self.root, tables, kept, truncated)
+            step.refresh(self.spark, self.root, tables, kept, truncated, self.native)
 
 
 def _current_values(
