@@ -147,8 +147,8 @@ MUTANTS = (
     Mutant(
         "the warehouse writes Debezium's TOAST placeholder",
         "materializers/stores/warehouse/store.py",
-        "values[c] = f\"CASE WHEN s.{q('__ph_' + c)} THEN t.{q(c)} ELSE s.{q(c)} END\"",
-        'values[c] = f"CASE WHEN false THEN t.{q(c)} ELSE s.{q(c)} END"',
+        'updated[c] = f"CASE WHEN {flag} THEN t.{quote(c)} ELSE s.{quote(c)} END"',
+        'updated[c] = f"CASE WHEN false THEN t.{quote(c)} ELSE s.{quote(c)} END"',
         (f"{EXACT}::test_a_stored_toasted_value_is_kept_across_batches",),
     ),
     Mutant(
@@ -168,8 +168,8 @@ MUTANTS = (
     Mutant(
         "the warehouse keeps a deleted row live",
         "materializers/stores/warehouse/store.py",
-        "condition=f\"s._cdc_commit_lsn IS NOT NULL AND s._cdc_op = 'd' AND {_OLDER}\"",
-        "condition=f\"s._cdc_commit_lsn IS NOT NULL AND s._cdc_op = 'x' AND {_OLDER}\"",
+        '("delete", f"s._cdc_commit_lsn IS NOT NULL AND s._cdc_op = \'d\' AND {_OLDER}", None)',
+        '("delete", f"s._cdc_commit_lsn IS NOT NULL AND s._cdc_op = \'x\' AND {_OLDER}", None)',
         (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),
     ),
     Mutant(

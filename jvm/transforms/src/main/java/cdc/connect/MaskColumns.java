@@ -18,6 +18,8 @@ import org.apache.kafka.connect.data.Schema;
 import org.apache.kafka.connect.data.Struct;
 import org.apache.kafka.connect.errors.DataException;
 import org.apache.kafka.connect.transforms.Transformation;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * Masks the columns a pipeline names (pipeline.table."schema.table".mask) in every change
@@ -32,7 +34,10 @@ import org.apache.kafka.connect.transforms.Transformation;
  *
  * A value equal to the pipeline's placeholder for an unchanged TOASTed value is left as it
  * is (it is not the column's value). A change event of a topic the settings do not name (a
- * table renamed since the setup) fails the task: nothing is published unmasked.
+ * change made under a passing name, a table renamed or moved out since the setup) is
+ * published without its row images, its key's text values hashed: nothing leaves unmasked,
+ * and capture goes on. `cdc status` reports such a topic (a stray) and says to backfill the
+ * table its changes belong to.
  *
  * <p>A backfill's progress notification of a table whose key is masked names no key.
  *
@@ -42,6 +47,8 @@ import org.apache.kafka.connect.transforms.Transformation;
  * placeholder} (secrets: the worker reads them from a file).
  */
 public class MaskColumns<R extends ConnectRecord<R>> implements Transformation<R> {
+
+  private static final Logger LOG = LoggerFactory.getLogger(MaskColumns.class);
 
   private static final ConfigDef CONFIG =
       new ConfigDef()
@@ -59,6 +66,8 @@ public class MaskColumns<R extends ConnectRecord<R>> implements Transformation<R
   // the tables ("schema.table") whose key is masked: a backfill's progress notification
   // names the key it has reached, which is left out for them
   private final Set<String> keyed = new HashSet<>();
+  // the topics of no known table met so far (each is logged once)
+  private final Set<String> unknown = new HashSet<>();
   private byte[] salt;
   private String placeholder;
 
@@ -98,11 +107,7 @@ public class MaskColumns<R extends ConnectRecord<R>> implements Transformation<R
     }
     Map<String, Mask> columns = masks.get(record.topic());
     if (columns == null) {
-      throw new DataException(
-          "cdc mask: a change of topic "
-              + record.topic()
-              + ", which names no table the pipeline knows (a table renamed since the"
-              + " setup?), is not published: run `cdc setup`");
+      return withoutValues(record);
     }
     if (columns.isEmpty()) {
       return record;
@@ -115,6 +120,47 @@ public class MaskColumns<R extends ConnectRecord<R>> implements Transformation<R
         Object part = envelope.get(field);
         boolean image = field.name().equals("before") || field.name().equals("after");
         out.put(field, image && part instanceof Struct row ? masked(row, columns, record.topic()) : part);
+      }
+      value = out;
+    }
+    return record.newRecord(
+        record.topic(),
+        record.kafkaPartition(),
+        record.keySchema(),
+        key,
+        record.valueSchema(),
+        value,
+        record.timestamp(),
+        record.headers());
+  }
+
+  /**
+   * A change of a topic the settings do not name: its `before` and `after` left out, and
+   * each text value of its key hashed (which columns of it are masked is not known).
+   */
+  private R withoutValues(R record) {
+    if (unknown.add(record.topic())) {
+      LOG.warn(
+          "cdc mask: topic {} names no table the pipeline knows (a change made under a passing"
+              + " name?): its changes are published without their values; backfill the table"
+              + " they belong to",
+          record.topic());
+    }
+    Object key = record.key();
+    if (key instanceof Struct k) {
+      Struct out = new Struct(k.schema());
+      for (Field field : k.schema().fields()) {
+        Object value = k.get(field);
+        out.put(field, value instanceof String text ? hash(text) : value);
+      }
+      key = out;
+    }
+    Object value = record.value();
+    if (value instanceof Struct envelope && envelope.schema().field("after") != null) {
+      Struct out = new Struct(envelope.schema());
+      for (Field field : envelope.schema().fields()) {
+        boolean image = field.name().equals("before") || field.name().equals("after");
+        out.put(field, image ? null : envelope.get(field));
       }
       value = out;
     }
