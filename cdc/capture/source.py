@@ -278,6 +278,8 @@ def setup_sql(settings: Settings) -> str:
     with admin_connection(settings) as conn:
         tables = resolve_tables(conn, pipe, as_published=False)
         check_names_apart([t.qualified for t in tables], pipe)
+        _check_filter_texts(conn, tables)
+        unchecked = _check_printed_filters(conn, tables, pipe)
         composed: list[sql.Composable] = []
         for table in tables:
             identity = pipe.replica_identity.get(table.qualified)
@@ -344,8 +346,35 @@ def setup_sql(settings: Settings) -> str:
         f"{len(tables)} tables\n-- run it as a superuser, or a role with CREATEROLE that owns "
         "the tables (RDS/Cloud SQL: rds_superuser / cloudsqlsuperuser; Azure: azure_pg_admin)"
     )
+    if unchecked:
+        header += (
+            f"\n-- the row filters and column lists were not checked against the replica "
+            f"identity (user {settings.postgres.user} may not try the publication: {unchecked}); "
+            "`cdc setup` checks them as it runs"
+        )
     body = "\n\n".join([_sql_file("pipeline_schema.sql").strip(), *rendered])
     return f"{header}\n{body}\n"
+
+
+def _check_printed_filters(
+    conn: psycopg.Connection[Any], tables: list[Table], pipe: Any
+) -> str | None:
+    """Refuse, as `cdc setup` would, a row filter or column list under which PostgreSQL
+    would reject the table's UPDATEs and DELETEs: the replica identity and a publication
+    tried in a savepoint that is rolled back. None, or why it could not be tried (a user
+    who may not alter the tables or create a publication)."""
+    if not any(t.row_filter is not None or t.column_list is not None for t in tables):
+        return None
+    try:
+        with conn.transaction():
+            conn.execute(f"SET LOCAL lock_timeout = '{SETUP_LOCK_TIMEOUT}'")
+            apply_replica_identity(conn, tables, pipe.replica_identity)
+            _publish(conn, f"cdc_check_{pipe.publication}"[:63], tables)
+            _check_filters(conn, tables)
+            raise psycopg.Rollback()
+    except (errors.InsufficientPrivilege, errors.LockNotAvailable) as exc:
+        return str(exc.diag.message_primary or type(exc).__name__)
+    return None
 
 
 def _granted_columns(tables: list[Table]) -> dict[tuple[str, str], list[str]]:
@@ -383,15 +412,24 @@ def _check_filters(conn: psycopg.Connection[Any], tables: list[Table]) -> None:
     for table in tables:
         if table.row_filter is None and table.column_list is None:
             continue
-        key = sql.Identifier(table.key[0])
-        for statement in (
-            "EXPLAIN UPDATE {} SET {} = {} WHERE false",
-            "EXPLAIN DELETE FROM {} WHERE false",
+        name, key = sql.Identifier(table.schema, table.name), sql.Identifier(table.key[0])
+        for statements in (
+            # a key GENERATED ALWAYS AS IDENTITY is only ever set to DEFAULT
+            (
+                "EXPLAIN UPDATE {0} SET {1} = {1} WHERE false",
+                "EXPLAIN UPDATE {0} SET {1} = DEFAULT WHERE false",
+            ),
+            ("EXPLAIN DELETE FROM {0} WHERE false",),
         ):
-            query = sql.SQL(statement).format(sql.Identifier(table.schema, table.name), key, key)
             try:
-                with conn.transaction():
-                    conn.execute(query)
+                for statement in statements:
+                    try:
+                        with conn.transaction():
+                            conn.execute(sql.SQL(statement).format(name, key))
+                        break
+                    except psycopg.errors.GeneratedAlways:
+                        if statement == statements[-1]:
+                            raise
             except psycopg.errors.InvalidColumnReference as exc:
                 raise SourceError(_filter_refusal(table, exc.diag.message_detail or "")) from None
 

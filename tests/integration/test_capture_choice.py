@@ -22,7 +22,7 @@ from kafka import KafkaConsumer, TopicPartition
 from cdc.capture.backfill import start_backfill, watch_backfill
 from cdc.capture.pipeline import sync_pipeline
 from cdc.capture.role import replication_password
-from cdc.capture.source import admin_connection, captured_tables, prepare_source
+from cdc.capture.source import admin_connection, captured_tables, prepare_source, setup_sql
 from cdc.catalog import describe_table
 from cdc.clients import kafka_client_kwargs
 from cdc.errors import SourceError
@@ -191,17 +191,21 @@ def test_a_choice_that_would_break_the_source_is_refused_in_one_line(
         "up text GENERATED ALWAYS AS (upper(note)) STORED)",
         "CREATE TABLE {name}_full (id int PRIMARY KEY, note text)",
         "ALTER TABLE {name}_full REPLICA IDENTITY FULL",
+        "CREATE TABLE {name}_ident (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+        "region text, note text)",
         prefix="refuse",
-        tables=("public.{name}", "public.{name}_full"),
+        tables=("public.{name}", "public.{name}_full", "public.{name}_ident"),
         snapshot=False,
     )
-    table, full = t.table, f"{t.table}_full"
+    table, full, ident = t.table, f"{t.table}_full", f"{t.table}_ident"
     cases: list[tuple[dict[str, Any], str]] = [
         ({table: {"exclude_columns": ["id"]}}, "leaves out id, which the key"),
         ({table: {"columns": ["note"]}}, "leaves out id, which the key"),
         ({table: {"exclude_columns": ["nope"]}}, "does not have: nope"),
         ({full: {"exclude_columns": ["note"]}}, "replica identity is full"),
         ({table: {"where": "region = 'eu'"}}, "outside the replica identity"),
+        # a key GENERATED ALWAYS AS IDENTITY (PostgreSQL refuses `SET id = id` on it)
+        ({ident: {"where": "region = 'eu'"}}, "outside the replica identity"),
         ({table: {"where": "id > random()"}}, "publication refuses"),
         ({table: {"where": "nope > 1"}}, "is not a valid filter"),
         ({"public.nothere": {"where": "id > 1"}}, "does not capture"),
@@ -217,11 +221,18 @@ def test_a_choice_that_would_break_the_source_is_refused_in_one_line(
             prepare_source(_with_choice(t.settings, choice))
         message = str(refused.value)
         assert words in message and "\n" not in message, (choice, message)
-    with admin_connection(t.settings) as conn:  # nothing was set up
+    # the SQL printed for a DBA (`cdc setup --print-sql`) is refused the same way (F12)
+    for choice in ({table: {"where": "region = 'eu'"}}, {ident: {"where": "region = 'eu'"}}):
+        with pytest.raises(SourceError, match="outside the replica identity"):
+            setup_sql(_with_choice(t.settings, choice))
+    with admin_connection(t.settings) as conn:  # nothing was set up, nothing left tried
         assert not conn.execute(
-            "SELECT 1 FROM pg_publication WHERE pubname = %s", (t.settings.pipeline.publication,)
+            "SELECT 1 FROM pg_publication WHERE pubname IN (%s, %s)",
+            (t.settings.pipeline.publication, f"cdc_check_{t.settings.pipeline.publication}"),
         ).fetchone()
         assert describe_table(conn, table, t.settings.pipeline).excluded == ()
+    # what the identity-keyed table allows is taken (review F12: a raw GeneratedAlways)
+    prepare_source(_with_choice(t.settings, {ident: {"exclude_columns": ["note"]}}))
 
 
 def test_a_changed_choice_is_handled_like_a_schema_change(captured: Capture) -> None:
