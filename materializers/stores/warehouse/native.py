@@ -1,4 +1,6 @@
-"""The current state's and the history's batch writes through delta-rs (`apply.warehouse_writer`).
+"""The warehouse's batch writes (current state, history, views) through delta-rs.
+
+`apply.warehouse_writer` chooses it (the default) or Spark alone.
 
 A Delta MERGE run by Spark costs about 1.3 s here whatever its size (planning, several
 jobs, the commit); delta-rs runs the same MERGE of a batch's changes in well under a
@@ -136,7 +138,9 @@ class NativeWriter:
         before = table.version()
         try:
             write()
-        except Exception as exc:  # delta-rs's errors, and a panic in its writer
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # delta-rs's errors; a panic (pyo3's is a BaseException)
             from deltalake import DeltaTable
 
             after = DeltaTable(_local(path) or path).version()
