@@ -636,7 +636,6 @@ class WarehouseStore(FrameStore):
             rows = live.alias("s").selectExpr(*[f"{v} AS {c}" for c, v in inserted.items()])
             self._append(target, path, rows, native)
             return
-        spark_clauses = _current_clauses(table, placeholders, q)
         native_clauses = _current_clauses(table, placeholders, datafusion_quoted)
         on = " AND ".join(
             f"t.{datafusion_quoted(k)} IS NOT DISTINCT FROM s.{datafusion_quoted('_cdc_k_' + k)}"
@@ -648,7 +647,7 @@ class WarehouseStore(FrameStore):
             source.alias("s"),
             " AND ".join(f"t.{q(k)} <=> s.{q('_cdc_k_' + k)}" for k in table.key),
         )
-        for kind, condition, values in spark_clauses:
+        for kind, condition, values in _current_clauses(table, placeholders, q):
             if kind == "delete":
                 merger = merger.whenMatchedDelete(condition=condition)
             elif kind == "update":

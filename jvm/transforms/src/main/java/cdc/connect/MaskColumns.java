@@ -10,6 +10,7 @@ import java.util.HashSet;
 import java.util.Iterator;
 import java.util.Map;
 import java.util.Set;
+import java.util.function.UnaryOperator;
 import org.apache.kafka.common.config.ConfigDef;
 import org.apache.kafka.common.config.types.Password;
 import org.apache.kafka.connect.connector.ConnectRecord;
@@ -113,13 +114,18 @@ public class MaskColumns<R extends ConnectRecord<R>> implements Transformation<R
       return record;
     }
     Object key = record.key() instanceof Struct k ? masked(k, columns, record.topic()) : record.key();
+    return withImages(record, key, row -> masked(row, columns, record.topic()));
+  }
+
+  /** The record with `key`, and its envelope's `before` and `after` rows through `image`. */
+  private R withImages(R record, Object key, UnaryOperator<Struct> image) {
     Object value = record.value();
     if (value instanceof Struct envelope && envelope.schema().field("after") != null) {
       Struct out = new Struct(envelope.schema());
       for (Field field : envelope.schema().fields()) {
         Object part = envelope.get(field);
-        boolean image = field.name().equals("before") || field.name().equals("after");
-        out.put(field, image && part instanceof Struct row ? masked(row, columns, record.topic()) : part);
+        boolean row = field.name().equals("before") || field.name().equals("after");
+        out.put(field, row && part instanceof Struct struct ? image.apply(struct) : part);
       }
       value = out;
     }
@@ -155,24 +161,7 @@ public class MaskColumns<R extends ConnectRecord<R>> implements Transformation<R
       }
       key = out;
     }
-    Object value = record.value();
-    if (value instanceof Struct envelope && envelope.schema().field("after") != null) {
-      Struct out = new Struct(envelope.schema());
-      for (Field field : envelope.schema().fields()) {
-        boolean image = field.name().equals("before") || field.name().equals("after");
-        out.put(field, image ? null : envelope.get(field));
-      }
-      value = out;
-    }
-    return record.newRecord(
-        record.topic(),
-        record.kafkaPartition(),
-        record.keySchema(),
-        key,
-        record.valueSchema(),
-        value,
-        record.timestamp(),
-        record.headers());
+    return withImages(record, key, row -> null);
   }
 
   private static boolean isNotification(ConnectRecord<?> record) {
