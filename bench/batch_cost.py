@@ -41,6 +41,7 @@ import materializers.apply.batch as batch_module
 import materializers.apply.job as apply
 from bench.common import ResourceSampler, bench_settings, cleanup, record, trigger_durations
 from cdc.settings import Settings, load_settings
+from cdc.spark import views_session
 from snapshot.initial import run_snapshot
 
 TABLE = "public.batch_cost"
@@ -181,7 +182,8 @@ def spark_durations(settings: Settings, since: float) -> dict[str, dict[str, flo
     prefix = f"cdc-{settings.pipeline.name}-"
     return {
         query.name.removeprefix(prefix): trigger_durations(query, since)
-        for query in spark.streams.active
+        # the stores' queries, and the views' in their own session (cdc.spark.views_session)
+        for query in [*spark.streams.active, *views_session(spark, settings).streams.active]
         if (query.name or "").startswith(prefix)
     }
 

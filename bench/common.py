@@ -332,13 +332,15 @@ class WarehousePhases:
         self._undo.append((owner, name, original))
 
     def __enter__(self) -> WarehousePhases:
-        from materializers.stores.warehouse import store
+        from materializers.stores.warehouse import native, store
         from materializers.views import enrichment, table_join
 
         for name in self.STEPS:
             owner = store.WarehouseStore if name.startswith("_") else store
             self._wrap(owner, name, name.lstrip("_"))
         self._wrap(store.WarehouseStore, "write_frame", "whole batch")
+        # what of a delta-rs write is its own (the rest: Spark computing the rows)
+        self._wrap(native.NativeWriter, "_commit", "delta-rs commit")
         for module in (table_join, enrichment):
             for step in vars(module).values():
                 if (

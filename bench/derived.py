@@ -39,6 +39,7 @@ from rich.console import Console
 from bench.common import WarehousePhases, bench_settings, cleanup, record, trigger_durations
 from bench.streaming import BatchLog, percentiles, read_events, store_latencies
 from cdc.settings import Settings, load_settings
+from cdc.spark import views_session
 from cdc.topics import change_topic, end_offsets
 from commands.demo import TABLES, _create_shop, with_demo_views
 from commands.workload import Workload
@@ -137,7 +138,9 @@ def run(settings: Settings, rate: float, seconds: int, phases: WarehousePhases) 
         from pyspark.sql import SparkSession
 
         spark = SparkSession.getActiveSession()
-        active = {q.name: q for q in spark.streams.active} if spark else {}
+        # the views' queries run in a session of their own (cdc.spark.views_session)
+        queries = views_session(spark, settings).streams.active if spark else []
+        active = {q.name: q for q in queries}
         root = warehouse_root(settings)
         for view in settings.apply.joins + settings.apply.windows:
             checkpoint = checkpoint_dir(settings, f"window-{view.name}")

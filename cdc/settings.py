@@ -750,6 +750,13 @@ class ApplySettings(BaseModel):
         "each of their batches costs the cores the stores share, whatever it holds (at "
         "50 TPS on two cores, 5 s left the warehouse's batches a third of the cores)",
     )
+    views_state_partitions: int = Field(
+        1,
+        ge=1,
+        description="partitions of the state of a window query or stream-stream join "
+        "started afresh: each is a task and a state store per stateful step and trigger "
+        "(a query keeps the number its checkpoint began with)",
+    )
     max_offsets_per_trigger: int = Field(200_000, ge=1, description="events per micro-batch")
     warehouse_max_offsets_per_trigger: int = Field(
         500_000,

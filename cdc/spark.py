@@ -15,7 +15,7 @@ import re
 import secrets
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from cdc.clients import kafka_jaas_config, kafka_java_config
 from cdc.errors import INSTALL_HINT, NotInstalledError
@@ -32,6 +32,7 @@ __all__ = [
     "spark_jars",
     "spark_master",
     "spark_session",
+    "views_session",
 ]
 
 _VERSIONED = re.compile(r"^(?P<name>.+?)-\d[\w.\-]*\.jar$")
@@ -165,6 +166,21 @@ def _escaped(value: str) -> str:
     """A value as java.util.Properties reads it back."""
     value = value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
     return "\\" + value if value[:1].isspace() else value
+
+
+def views_session(spark: SparkSession, settings: Settings) -> SparkSession:
+    """The session the views' streaming queries run in, one per Spark context (its
+    queries and listeners are its own): the main session's, but with the state of a
+    query started afresh in `apply.views_state_partitions` partitions (each is a task
+    and a state store per stateful step and trigger; at 50 TPS one keeps up, and four
+    cost a view three times the cores)."""
+    context: Any = spark.sparkContext
+    held = getattr(context, "_cdc_views_session", None)
+    if held is None:
+        held = spark.newSession()
+        held.conf.set("spark.sql.shuffle.partitions", str(settings.apply.views_state_partitions))
+        context._cdc_views_session = held
+    return cast("SparkSession", held)
 
 
 def spark_session(settings: Settings, app_name: str) -> SparkSession:

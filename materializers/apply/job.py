@@ -31,7 +31,7 @@ from cdc.errors import (
     StoreUnavailableError,
 )
 from cdc.settings import Settings
-from cdc.spark import kafka_options, spark_session
+from cdc.spark import kafka_options, spark_session, views_session
 from cdc.topics import change_topic_pattern
 from materializers.apply.batch import BatchWriter, say, wait_for
 from materializers.apply.warehouse_process import WarehouseProcess
@@ -87,12 +87,12 @@ def run_apply(
         )
     late = _LateNotes(settings)
     if late.names:
-        late.listen(spark)
+        late.listen(views_session(spark, settings))
     try:
         with _publishing(settings, selected, once):
             _run_queries(settings, starters, apart, late, once, stop)
     finally:
-        late.stop(spark)
+        late.stop(views_session(spark, settings))
 
 
 @contextlib.contextmanager
@@ -370,7 +370,7 @@ def _start_view_query(
     forget_other_definition(checkpoint, view.definition())
     # a pool of its own (the query's thread inherits it from this one)
     spark.sparkContext.setLocalProperty("spark.scheduler.pool", view.checkpoint_label)
-    writer = view.query(spark, settings, tables, str(checkpoint))
+    writer = view.query(views_session(spark, settings), settings, tables, str(checkpoint))
     return _triggered(settings, writer, once, settings.apply.views_trigger_interval_s).start()
 
 

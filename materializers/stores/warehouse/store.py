@@ -23,7 +23,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import UTC, date, datetime
 from datetime import time as clock
 from decimal import Decimal
@@ -123,7 +123,8 @@ class BatchStep(Protocol):
     views/)."""
 
     def keeps(self) -> dict[str, set[str]]:
-        """What of each table's batch it reads (frames_to_keep)."""
+        """What of each table's batch it reads (frames_to_keep): every table it reads,
+        whose write of the batch it runs after."""
         ...
 
     def refresh(
@@ -680,16 +681,20 @@ class WarehouseStore(FrameStore):
         event in the batch that carried the value (if none did, the stored value stays).
 
         The tables of the batch are written side by side, so the cores work while a Delta
-        write's driver plans, reads a log or commits. Per table, the history is written
+        write's driver plans, reads a log or commits; each step after the batch (a join
+        view) runs as soon as the tables it reads are written. Per table, the history is written
         before the current state: a crash between the two leaves a history ahead, and
         the batch run again finds its versions there (and writes the current state).
         """
         keep = frames_to_keep(self.after_batch)
-        kept: dict[str, dict[str, Any]] = {}
         names = sorted(present & set(tables))
-        with ThreadPoolExecutor(self.parallel, thread_name_prefix="table") as each:
-            writes = [
-                each.submit(
+        truncated = set(self._truncated)
+        with (
+            ThreadPoolExecutor(self.parallel, thread_name_prefix="table") as each,
+            ThreadPoolExecutor(max(len(self.after_batch), 1), thread_name_prefix="view") as after,
+        ):
+            writes = {
+                n: each.submit(
                     self._write_table,
                     tables[n],
                     events,
@@ -699,14 +704,33 @@ class WarehouseStore(FrameStore):
                     self.native if (sizes or {}).get(n, 0) <= NATIVE_MAX_CHARS else None,
                 )
                 for n in names
+            }
+            # each step as soon as the tables it reads are written, beside the others
+            steps = [
+                after.submit(self._refresh, step, tables, writes, truncated)
+                for step in self.after_batch
             ]
-            wait(writes)  # every write has ended before the batch does
-        for name, write in zip(names, writes, strict=True):
-            history_s, current_s, kept[name] = write.result()  # the first failure raises
+            wait(writes.values())  # every write has ended before the batch does
+            wait(steps)
+        for name, write in writes.items():
+            history_s, current_s, _ = write.result()  # the first failure raises
             log.info("warehouse %s: history %.1f s, current %.1f s", name, history_s, current_s)
-        truncated, self._truncated = self._truncated, set()
-        for step in self.after_batch:
-            step.refresh(self.spark, self.root, tables, kept, truncated, self.native)
+        for step in steps:
+            step.result()
+        self._truncated -= truncated
+
+    def _refresh(
+        self,
+        step: BatchStep,
+        tables: dict[str, Table],
+        writes: dict[str, Future[tuple[float, float, dict[str, Any]]]],
+        truncated: set[str],
+    ) -> None:
+        """A step after the batch, once the batch's writes of the tables it reads (those
+        it keeps frames of) have ended; not run if one of them failed."""
+        kept = {n: writes[n].result()[2] for n in step.keeps() if n in writes}
+        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.name)
+        step.refresh(self.spark, self.root, tables, kept, truncated, self.native)
 
 
 def _current_values(
