@@ -219,6 +219,7 @@ def run_demo(
         # the workload starts once every store holds the snapshot: from then on the
         # dashboard shows each store following the source
         _wait_for_first_batches(settings, say, failure)
+        _warm_up(settings, say, workload, failure)
         say("starting the shop's workload")
         workload.start()
         try:
@@ -303,6 +304,56 @@ def _wait_for_first_batches(
                 say(f"the views' queries ran their first batch ({time.monotonic() - started:.0f}s)")
             return
         time.sleep(1)
+
+
+def _warm_up(
+    settings: Settings,
+    say: Say,
+    workload: Workload,
+    failure: list[BaseException],
+    timeout: float = 300.0,
+) -> None:
+    """One transaction of each kind of the workload, then wait (at most `timeout`
+    seconds) until every store has applied them and each view kept by a query of its
+    own has run a batch since: a store's first batch of changes plans and compiles what
+    its snapshot's did not need, and on 2 cores that takes the warehouse half a minute;
+    the workload then meets stores that have done it once."""
+    from materializers.log.progress import checkpoint_dir, last_committed_batch
+    from materializers.views.registry import streaming, views_of
+
+    started = time.monotonic()
+    topics = [change_topic(settings.pipeline, t) for t in TABLES]
+    queries = (
+        [checkpoint_dir(settings, v.checkpoint_label) for v in streaming(views_of(settings))]
+        if "warehouse" in settings.apply.stores
+        else []
+    )
+
+    def newest(query: Any) -> int:
+        found = last_committed_batch(query)
+        return -1 if found is None else found
+
+    def logged() -> int:
+        return sum(sum(parts.values()) for parts in end_offsets(settings.kafka, topics).values())
+
+    ran = {q: newest(q) for q in queries}
+    before = logged()
+    say("warming the stores up: one transaction of each kind the workload runs")
+    workload.once_each()
+    arrived = False
+    while time.monotonic() - started < timeout and not failure:
+        arrived = arrived or logged() > before
+        stores = pipeline_status(settings, TABLES).stores if arrived else {}
+        applied = arrived and all(
+            s in stores and not stores[s].get("backlog_events") for s in settings.apply.stores
+        )
+        later = all(newest(q) > ran[q] for q in queries)
+        if applied and later:
+            say(f"the stores applied the warm-up ({time.monotonic() - started:.0f}s)")
+            return
+        time.sleep(1)
+    if not failure:
+        say("the warm-up is not applied everywhere yet; starting the workload anyway")
 
 
 def _dashboard(

@@ -66,6 +66,14 @@ class Workload(threading.Thread):
         except BaseException as exc:  # shown by the demo
             self.error = exc
 
+    def once_each(self) -> None:
+        """One transaction of each kind of the mix, now (the demo's warm-up)."""
+        rng = random.Random(self.seed)
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            for kind in self.mix:
+                with conn.transaction():
+                    getattr(self, f"_{kind}")(conn, rng)
+
     @staticmethod
     def _one(conn: psycopg.Connection[Any], query: str) -> Any:
         row = conn.execute(query).fetchone()

@@ -31,7 +31,8 @@ def test_the_demo_runs_non_interactively_and_verifies(stack: RunningStack) -> No
         "CDC_PIPELINE__TABLES": json.dumps(TABLES),
     }
     try:
-        result = run_cdc("demo", "--duration", "20", "--rate", "20", env=env, timeout=1800)
+        # the demo's own run without a terminal: 30 s of its workload at 50 TPS
+        result = run_cdc("demo", "--duration", "30", "--rate", "50", env=env, timeout=1800)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         out = result.stdout
         assert "cdc demo:" in out  # the dashboard, printed without a terminal
@@ -45,8 +46,11 @@ def test_the_demo_runs_non_interactively_and_verifies(stack: RunningStack) -> No
         assert "the stores are caught up" in " ".join(out.split()), out[-3000:]
         # the views' queries were past their first batch before the workload began
         assert "the views' queries ran their first batch" in said, said[-3000:]
-        # (that no store breaches its SLO is not asserted: issue 47's item 5 is open,
-        # the warehouse with the demo's views breaches its 30 s here)
+        # and had applied a transaction of each kind the workload runs (a first batch of
+        # changes plans and compiles what the snapshot's did not)
+        assert "the stores applied the warm-up" in said, said[-3000:]
+        # (that no store breaches its SLO is not asserted: issue 47's item 5 is open; in
+        # this run the warehouse with the demo's views shows p99 ~41 s against its 30 s)
         # the apply job stopped at the end without a JVM thread dying on its stack
         assert "StackOverflowError" not in result.stderr, result.stderr[-3000:]
         # Great Expectations' own log lines go to the log file, not through the terminal

@@ -21,6 +21,7 @@ from cdc.topics import ChangeRecord, change_topic, read_topic, wait_for_records
 from materializers.apply.job import run_apply
 from materializers.check.status import pipeline_status
 from materializers.check.view_checks import view_checks
+from materializers.log.progress import checkpoint_dir
 from materializers.stores.warehouse.tables import view_path, warehouse_root
 from materializers.views.windows import FillingWindowView
 from tests.conftest import Capture
@@ -73,6 +74,11 @@ def test_a_hopping_window_counts_a_late_event_in_the_windows_still_open(
     run_apply(settings, ["warehouse"], once=True)
     before = {r["window_start"]: r["rows"] for r in view_rows(settings, hopping.name)}
     assert sum(before.values()) == 4 * 5  # each creation in five windows
+    # its state in one partition (apply.views_state_partitions): a task and a state store
+    # per stateful step and trigger, not four
+    state = checkpoint_dir(settings, FillingWindowView(hopping).checkpoint_label) / "state"
+    kept = {p.name for step in state.iterdir() for p in step.iterdir() if p.name.isdigit()}
+    assert kept == {"0"}, kept
 
     # a creation committed 3 s before the watermark, delivered now: too late for the
     # windows that ended before the watermark, in time for the others
