@@ -236,7 +236,10 @@ def setup(
     for label, items in (
         ("created topics", result.topics_created),
         ("renamed (a new table under its new name)", [f"{a} -> {b}" for a, b in result.renamed]),
-        ("dropped and created again (cut, as a TRUNCATE, then backfilled)", result.recreated),
+        (
+            "cut (as a TRUNCATE: dropped and created again, or put back in the publication)",
+            result.recreated,
+        ),
         ("now captured", result.added),
         ("no longer captured (topic kept)", result.removed),
         ("backfill started", result.backfills),

@@ -106,6 +106,20 @@ CREATE TABLE IF NOT EXISTS cdc.captured (
 -- changes of a captured table made under that name (`cdc status`)
 ALTER TABLE cdc.captured ADD COLUMN IF NOT EXISTS recorded_at timestamptz NOT NULL DEFAULT now();
 
+-- What `cdc setup` owes a streaming pipeline once it has recorded its capture set in
+-- cdc.captured: the cut of a table dropped and created again (done before its
+-- backfill), the backfill of a table new to it (added, renamed, created again, or put
+-- back into the publication). Written in the transaction that records the set, each
+-- row removed once its work is done: a setup that stops halfway (Connect down, a
+-- timeout, Ctrl-C) leaves it for the next `cdc setup` to finish.
+CREATE TABLE IF NOT EXISTS cdc.pending (
+    pipeline   text NOT NULL,
+    table_name text NOT NULL,
+    work       text NOT NULL CHECK (work IN ('cut', 'backfill')),
+    since      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pipeline, table_name, work)
+);
+
 -- Each pipeline's placeholder for an unchanged TOASTed value (the connector's
 -- `unavailable.value.placeholder`): a secret of its own, so no value a user stores can
 -- be taken for one. Kept after `cdc drop` (the topics stay, and hold it).

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from psycopg import sql
 
+from cdc.capture import pending
 from cdc.capture.connect import connect_client
 from cdc.capture.role import drop_role, other_pipelines, sync_grants
 from cdc.capture.slot import drop_slot
@@ -52,53 +54,64 @@ def sync_pipeline(settings: Settings) -> SyncResult:
     a new table under its new name (backfilled; the stores keep what they hold under
     the old one). A table dropped and created again under a captured name is cut first,
     as a TRUNCATE would be (every store drops the old table's rows), then backfilled.
+    That work is recorded with the new capture set and done afterwards (pending.py): a
+    setup that stopped before it was done is finished by this one.
     """
     from cdc.capture.backfill import start_backfill
     from cdc.capture.connector import register_connector
     from cdc.capture.source import prepare_source
-    from cdc.catalog import TRUNCATIONS_TABLE
     from cdc.topics import ensure_topics
 
+    pipe = settings.pipeline
     before = _captured_before(settings)
-    tables = prepare_source(settings)
+    tables = prepare_source(settings, before)
     names = [t.qualified for t in tables]
     with admin_connection(settings) as conn:
         now = current_relations(conn, names)
-    created = ensure_topics(
-        settings.kafka,
-        pipeline_topic_specs(settings.pipeline, [t.qualified for t in tables]),
-    )
-    renamed = sorted(
-        (before[oid], name) for oid, name in now.items() if before.get(oid, name) != name
-    )
-    recreated = sorted(
-        name for oid, name in now.items() if oid not in before and name in before.values()
-    )
-    oids = {name: oid for oid, name in now.items()}
-    added = [t for t in names if before and before.get(oids.get(t, -1)) != t]
+    created = ensure_topics(settings.kafka, pipeline_topic_specs(pipe, names))
+    changed = pending.owed(before, now, names)
     removed = [t for t in before.values() if t not in names]
     # a renamed table's topic, made by Kafka Connect uncompacted (cdc/capture/connector.py)
-    set_topic_configs(settings.kafka, [change_topic_spec(settings.pipeline, n) for _, n in renamed])
-    backfills = []
+    set_topic_configs(settings.kafka, [change_topic_spec(pipe, n) for _, n in changed.renamed])
     streams = pipe_streams(settings)
-    if streams and (added or removed) and recreated:
-        # the old table's rows leave every store at this point, before the backfill
-        with admin_connection(settings) as conn:
-            for name in recreated:
-                conn.execute(
-                    sql.SQL("INSERT INTO {} (table_name) VALUES (%s)").format(
-                        sql.Identifier(*TRUNCATIONS_TABLE.split("."))
-                    ),
-                    (name,),
-                )
+    with admin_connection(settings) as conn:
+        if not streams:  # its snapshot reads every table
+            pending.clear(conn, pipe.name)
             conn.commit()
-    if streams:  # its tables, or another setting (kafka.max_message_bytes…): the same
-        # configuration is left alone, another one restarts the task where it stopped
-        register_connector(settings, tables)
-        for table in added:
+            return SyncResult(names, changed.added, removed, created, [], changed.renamed)
+        owed = pending.pending(conn, pipe.name)
+        for table in [t for t, work in owed if work == pending.CUT]:
+            # the old table's rows leave every store at this point, before the backfill:
+            # the cut and its record's removal commit together, so it is made once
+            if table in names:
+                _cut(conn, table)
+            pending.done(conn, pipe.name, table, pending.CUT)
+            conn.commit()
+    # its tables, or another setting (kafka.max_message_bytes…): the same configuration
+    # is left alone, another one restarts the task where it stopped
+    register_connector(settings, tables)
+    backfills = []
+    for table in [t for t, work in owed if work == pending.BACKFILL]:
+        if table in names:  # (one no longer selected is not captured)
             start_backfill(settings, table)
             backfills.append(table)
-    return SyncResult(names, added, removed, created, backfills, renamed, recreated)
+        with admin_connection(settings) as conn:
+            pending.done(conn, pipe.name, table, pending.BACKFILL)
+            conn.commit()
+    recreated = [t for t, work in owed if work == pending.CUT and t in names]
+    return SyncResult(names, backfills, removed, created, backfills, changed.renamed, recreated)
+
+
+def _cut(conn: Any, table: str) -> None:
+    """A cut of `table` in the log, read by every store as a TRUNCATE of it (uncommitted)."""
+    from cdc.catalog import TRUNCATIONS_TABLE
+
+    conn.execute(
+        sql.SQL("INSERT INTO {} (table_name) VALUES (%s)").format(
+            sql.Identifier(*TRUNCATIONS_TABLE.split("."))
+        ),
+        (table,),
+    )
 
 
 def pipe_streams(settings: Settings) -> bool:
@@ -132,6 +145,8 @@ def drop_pipeline(settings: Settings) -> list[str]:
             forget(conn, pipe.name)
         if recorded(conn, pipe.name) is not None:
             conn.execute("DELETE FROM cdc.captured WHERE pipeline = %s", (pipe.name,))
+            if conn.execute("SELECT to_regclass('cdc.pending') IS NOT NULL").fetchone()[0]:  # type: ignore[index]
+                pending.clear(conn, pipe.name)
     if drop_publication(settings):
         gone.append(f"publication {pipe.publication}")
     with admin_connection(settings) as conn:

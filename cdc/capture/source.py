@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 from psycopg import errors, sql
 
+from cdc.capture import pending
 from cdc.capture.masks import read_salt, salt_statement
 from cdc.capture.replica_identity import (
     apply_replica_identity,
@@ -50,7 +51,7 @@ from cdc.catalog import (
     toast_blind_columns,
 )
 from cdc.errors import SourceError, SourceUnavailableError
-from cdc.identity import placeholder_statement, record_captured
+from cdc.identity import current_relations, placeholder_statement, record_captured
 from cdc.settings import PROJECT_ROOT, Settings
 from cdc.topics import check_names_apart
 
@@ -166,8 +167,11 @@ def check_own_schema(conn: psycopg.Connection[Any], settings: Settings) -> None:
     )
 
 
-def prepare_source(settings: Settings) -> list[Table]:
-    """Make the source ready for the pipeline; returns the captured tables."""
+def prepare_source(settings: Settings, before: dict[int, str] | None = None) -> list[Table]:
+    """Make the source ready for the pipeline; returns the captured tables. With `before`
+    (the relations it captured, OID -> name: `cdc setup`), what that owes (a cut, a
+    backfill: pending.py) is recorded with the capture set; without (a snapshot, which
+    reads every table), nothing is owed any more."""
     pipe = settings.pipeline
     with admin_connection(settings) as conn:
         check_own_schema(conn, settings)
@@ -200,6 +204,7 @@ def prepare_source(settings: Settings) -> list[Table]:
                     columns=_granted_columns(tables),
                 )
                 _check_filter_texts(conn, tables)
+                published = set(published_tables(conn, pipe.publication))
                 _publish(conn, pipe.publication, tables)
                 _check_filters(conn, tables)
                 # the first write of the transaction comes after the publication exists:
@@ -210,6 +215,13 @@ def prepare_source(settings: Settings) -> list[Table]:
                 read_salt(conn, pipe)  # pipeline.mask_salt, if set, is the one in use
                 placeholder = pipeline_placeholder(conn, pipe.name)
                 tables = [replace(t, placeholder=placeholder) for t in tables]
+                if before is None:
+                    pending.clear(conn, pipe.name)
+                else:  # a captured table out of the publication lost its changes since
+                    chosen = [t.qualified for t in tables]
+                    unpublished = set(before.values()) - published
+                    now = current_relations(conn, chosen)
+                    pending.record(conn, pipe.name, pending.owed(before, now, chosen, unpublished))
                 record_captured(conn, pipe.name, tables)
                 conn.execute(
                     sql.SQL("COMMENT ON PUBLICATION {} IS {}").format(

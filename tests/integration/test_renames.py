@@ -9,13 +9,14 @@ import pytest
 
 from cdc.capture.backfill import start_backfill
 from cdc.capture.pipeline import sync_pipeline
-from cdc.errors import SourceError
+from cdc.errors import CdcError, SourceError
 from cdc.settings import Settings
 from cdc.topics import change_topic, read_topic
 from materializers.apply.job import run_apply
 from materializers.check.status import pipeline_status
 from tests.conftest import Capture
 from tests.contents import expected_cache, expected_search, source_tuples
+from tests.helpers import free_ports
 from tests.logcheck import poll, table_info, wait_until_equal
 from tests.stores import cache_contents, search_contents, warehouse_frame, warehouse_rows
 
@@ -95,6 +96,79 @@ def test_a_table_dropped_and_created_again_is_cut_then_backfilled(captured: Capt
     # keys 1..39, only the dropped table's, are gone from every store
     assert_stores_equal_source(t.settings, t.table)
     assert not pipeline_status(t.settings).tables_drift
+
+
+def test_a_setup_stopped_after_recording_what_it_captures_is_finished_by_the_next(
+    captured: Capture,
+) -> None:
+    """`cdc setup` records what it captures, then cuts and backfills: a setup stopped in
+    between (here Connect unreachable) leaves that work pending, and the next setup does
+    it (review F1: it was lost, the stores kept the dropped table's rows for good)."""
+    t = captured(*TABLE, prefix="half")
+    run_apply(t.settings, STORES, once=True)
+    with psycopg.connect(t.dsn, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE {t.name}")
+        conn.execute(f"CREATE TABLE {t.name} (id int PRIMARY KEY, note text)")
+        conn.execute(f"INSERT INTO {t.name} SELECT g, 'again ' || g FROM generate_series(40, 60) g")
+    (closed,) = free_ports(1)
+    unreachable = t.settings.model_copy(
+        update={"connect": t.settings.connect.model_copy(update={"port": closed})}
+    )
+    with pytest.raises(CdcError):
+        sync_pipeline(unreachable)  # stops after the capture set is recorded
+
+    result = sync_pipeline(t.settings)
+    assert result.recreated == [t.table] and result.backfills == [t.table]
+    topic = change_topic(t.settings.pipeline, t.table)
+
+    def backfilled() -> bool:
+        reads = [r for r in read_topic(t.settings.kafka, topic) if r.value and r.value["op"] == "r"]
+        return sum(1 for r in reads if str(r.value["after"]["note"]).startswith("again")) >= 21
+
+    poll(backfilled, 120, "the backfill of the table created again")
+    run_apply(t.settings, STORES, once=True)
+    assert_stores_equal_source(t.settings, t.table)  # keys 1..39 gone, 40..60 the new rows
+    again = sync_pipeline(t.settings)  # nothing is owed any more
+    assert again.recreated == [] and again.backfills == []
+
+
+def test_a_table_taken_out_of_the_publication_is_cut_and_backfilled_by_setup(
+    captured: Capture,
+) -> None:
+    """A captured table someone took out of the publication (ALTER PUBLICATION … DROP
+    TABLE) lost the changes made since, deletes among them: `cdc setup` puts it back,
+    cuts it and backfills it (review F1's second trigger)."""
+    t = captured(*TABLE, prefix="unpub")
+    run_apply(t.settings, STORES, once=True)
+    publication = t.settings.pipeline.publication
+    with psycopg.connect(t.dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER PUBLICATION {publication} DROP TABLE {t.name}")
+        conn.execute(f"UPDATE {t.name} SET note = 'while out of the publication' WHERE id <= 5")
+        conn.execute(f"DELETE FROM {t.name} WHERE id = 50")
+
+    result = sync_pipeline(t.settings)
+    assert result.recreated == [t.table] and result.backfills == [t.table]
+    topic = change_topic(t.settings.pipeline, t.table)
+
+    def backfilled() -> bool:
+        reads = [r for r in read_topic(t.settings.kafka, topic) if r.value and r.value["op"] == "r"]
+        return (
+            sum(1 for r in reads if r.value["after"]["note"] == "while out of the publication") >= 5
+        )
+
+    poll(backfilled, 120, "the backfill of the table put back")
+    with psycopg.connect(t.dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE {t.name} SET note = 'captured again' WHERE id = 7")
+
+    def streamed() -> bool:
+        return any(
+            r.value and r.value["op"] == "u" and r.value["after"]["note"] == "captured again"
+            for r in read_topic(t.settings.kafka, topic)
+        )
+
+    poll(streamed, 90, "a change after the table was put back")
+    run_apply(t.settings, STORES, once=True)
+    assert_stores_equal_source(t.settings, t.table)  # key 50 gone too
 
 
 def test_changes_made_under_a_passing_name_are_reported_then_backfilled(
