@@ -173,7 +173,7 @@ def views_session(spark: SparkSession, settings: Settings) -> SparkSession:
     queries and listeners are its own): the main session's, but with the state of a
     query started afresh in `apply.views_state_partitions` partitions (each is a task
     and a state store per stateful step and trigger; at 50 TPS one keeps up, and four
-    cost a view three times the cores)."""
+    cost the views two fifths more of the cores: docs/benchmarks.md)."""
     context: Any = spark.sparkContext
     held = getattr(context, "_cdc_views_session", None)
     if held is None:

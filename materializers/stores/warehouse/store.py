@@ -682,9 +682,10 @@ class WarehouseStore(FrameStore):
 
         The tables of the batch are written side by side, so the cores work while a Delta
         write's driver plans, reads a log or commits; each step after the batch (a join
-        view) runs as soon as the tables it reads are written. Per table, the history is written
-        before the current state: a crash between the two leaves a history ahead, and
-        the batch run again finds its versions there (and writes the current state).
+        view) runs as soon as the tables it reads are written. Per table, the history is
+        written before the current state: a crash between the two leaves a history
+        ahead, and the batch run again finds its versions there (and writes the current
+        state).
         """
         keep = frames_to_keep(self.after_batch)
         names = sorted(present & set(tables))
