@@ -16,6 +16,7 @@ from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
+from kafka.errors import KafkaError
 
 from cdc.catalog import TRUNCATIONS_TABLE
 from cdc.clients import kafka_admin, kafka_client_kwargs
@@ -356,12 +357,29 @@ def truncate_topics(kafka: KafkaSettings, specs: list[TopicSpec]) -> None:
                 for s in specs
             ]
         )
-        admin.delete_records(to_delete)
+        _delete_records(admin, to_delete)
     finally:
         admin.alter_configs(
             [ConfigResource(ConfigResourceType.TOPIC, s.name, dict(s.config)) for s in specs]
         )
         admin.close()
+
+
+def _delete_records(admin: Any, to_delete: dict[TopicPartition, int], wait_s: float = 30.0) -> None:
+    """Delete the records before the offsets, once each partition's leader has the
+    widened cleanup policy: a broker takes a topic's new configuration in a moment of
+    its own after answering, and refuses the deletion until then (PolicyViolation)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            admin.delete_records(to_delete)
+            return
+        except KafkaError as exc:
+            if "PolicyViolation" not in f"{type(exc).__name__} {exc}":
+                raise
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 @dataclass(frozen=True)

@@ -155,6 +155,7 @@ def _run_queries(
         finally:
             for query in queries.values():
                 query.stop()
+            late.ended(list(windows.values()))
         late.catch_up(windows)
         return
     failures: dict[str, int] = {}
@@ -195,6 +196,7 @@ def _run_queries(
     finally:
         for query in queries.values():
             query.stop()
+        late.ended(list(windows.values()))
         if apart is not None:
             apart.stop()
 
@@ -249,6 +251,7 @@ class _LateNotes:
         self._lock = threading.Lock()
         self._seen: dict[str, int] = {}  # window -> the newest batch id of a report noted
         self._listener: Any = None
+        self._ended: set[str] = set()  # the ids of the queries it was told ended
 
     def note(self, name: str, reports: list[dict[str, Any]]) -> None:
         with self._lock:
@@ -278,10 +281,22 @@ class _LateNotes:
                 pass
 
             def onQueryTerminated(self, event: Any) -> None:
-                pass
+                notes._ended.add(str(event.id))
 
         self._listener = _Listener()
         spark.streams.addListener(self._listener)
+
+    def ended(self, queries: list[Any], timeout: float = 10.0) -> None:
+        """Wait (at most `timeout` seconds) until the listener has been told that each
+        of these stopped queries ended: Spark tells it on its listener bus after the
+        query stops, and a call still under way when the process exits fails with a
+        Py4J stack trace on the terminal."""
+        if self._listener is None:
+            return
+        ids = {str(q.id) for q in queries}
+        deadline = time.monotonic() + timeout
+        while not ids <= self._ended and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def stop(self, spark: Any) -> None:
         if self._listener is not None:

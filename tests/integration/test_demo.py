@@ -53,6 +53,8 @@ def test_the_demo_runs_non_interactively_and_verifies(stack: RunningStack) -> No
         # this run the warehouse with the demo's views shows p99 ~41 s against its 30 s)
         # the apply job stopped at the end without a JVM thread dying on its stack
         assert "StackOverflowError" not in result.stderr, result.stderr[-3000:]
+        # nor with the views' listener called as the process ends (issue 49)
+        assert "Py4J" not in result.stdout + result.stderr, result.stderr[-3000:]
         # Great Expectations' own log lines go to the log file, not through the terminal
         assert "great_expectations" not in result.stderr, result.stderr[-3000:]
         python_log = stack.settings.data_dir / "spark" / "python.log"
