@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -14,7 +15,7 @@ from cdc.settings import Settings
 from cdc.topics import change_topic, read_topic
 from materializers.apply.job import run_apply
 from materializers.check.status import pipeline_status
-from tests.conftest import Capture
+from tests.conftest import Capture, Captured
 from tests.contents import expected_cache, expected_search, source_tuples
 from tests.helpers import free_ports
 from tests.logcheck import poll, table_info, wait_until_equal
@@ -38,6 +39,25 @@ def assert_stores_equal_source(settings: Settings, table: str) -> None:
     assert cache_contents(settings, table) == expected_cache(settings, table)
     assert search_contents(settings, table) == expected_search(settings, table)
     assert warehouse_rows(settings, table, ["note"]) == source_tuples(settings, table, ["note"])
+
+
+def recreate(t: Captured) -> None:
+    """The table dropped and created again under its name, with keys 40..60."""
+    with psycopg.connect(t.dsn, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE {t.name}")
+        conn.execute(f"CREATE TABLE {t.name} (id int PRIMARY KEY, note text)")
+        conn.execute(f"INSERT INTO {t.name} SELECT g, 'again ' || g FROM generate_series(40, 60) g")
+
+
+def wait_for_reads(settings: Settings, table: str, note: Callable[[str], bool], count: int) -> None:
+    """Wait until the table's topic holds `count` backfill reads whose note `note` holds."""
+    topic = change_topic(settings.pipeline, table)
+
+    def backfilled() -> bool:
+        reads = [r for r in read_topic(settings.kafka, topic) if r.value and r.value["op"] == "r"]
+        return sum(1 for r in reads if note(str(r.value["after"]["note"]))) >= count
+
+    poll(backfilled, 120, f"the backfill of {table}")
 
 
 def test_a_renamed_table_loses_no_change_and_is_followed_under_its_new_name(
@@ -74,10 +94,7 @@ def test_a_renamed_table_loses_no_change_and_is_followed_under_its_new_name(
 def test_a_table_dropped_and_created_again_is_cut_then_backfilled(captured: Capture) -> None:
     t = captured(*TABLE, prefix="recr")
     run_apply(t.settings, STORES, once=True)
-    with psycopg.connect(t.dsn, autocommit=True) as conn:
-        conn.execute(f"DROP TABLE {t.name}")
-        conn.execute(f"CREATE TABLE {t.name} (id int PRIMARY KEY, note text)")
-        conn.execute(f"INSERT INTO {t.name} SELECT g, 'again ' || g FROM generate_series(40, 60) g")
+    recreate(t)
 
     status = pipeline_status(t.settings)
     assert status.broken
@@ -85,13 +102,7 @@ def test_a_table_dropped_and_created_again_is_cut_then_backfilled(captured: Capt
 
     result = sync_pipeline(t.settings)
     assert result.recreated == [t.table] and result.backfills == [t.table]
-    topic = change_topic(t.settings.pipeline, t.table)
-
-    def backfilled() -> bool:
-        reads = [r for r in read_topic(t.settings.kafka, topic) if r.value and r.value["op"] == "r"]
-        return sum(1 for r in reads if str(r.value["after"]["note"]).startswith("again")) >= 21
-
-    poll(backfilled, 120, "the backfill of the table created again")
+    wait_for_reads(t.settings, t.table, lambda note: note.startswith("again"), 21)
     run_apply(t.settings, STORES, once=True)
     # keys 1..39, only the dropped table's, are gone from every store
     assert_stores_equal_source(t.settings, t.table)
@@ -106,10 +117,7 @@ def test_a_setup_stopped_after_recording_what_it_captures_is_finished_by_the_nex
     it (review F1: it was lost, the stores kept the dropped table's rows for good)."""
     t = captured(*TABLE, prefix="half")
     run_apply(t.settings, STORES, once=True)
-    with psycopg.connect(t.dsn, autocommit=True) as conn:
-        conn.execute(f"DROP TABLE {t.name}")
-        conn.execute(f"CREATE TABLE {t.name} (id int PRIMARY KEY, note text)")
-        conn.execute(f"INSERT INTO {t.name} SELECT g, 'again ' || g FROM generate_series(40, 60) g")
+    recreate(t)
     (closed,) = free_ports(1)
     unreachable = t.settings.model_copy(
         update={"connect": t.settings.connect.model_copy(update={"port": closed})}
@@ -119,13 +127,7 @@ def test_a_setup_stopped_after_recording_what_it_captures_is_finished_by_the_nex
 
     result = sync_pipeline(t.settings)
     assert result.recreated == [t.table] and result.backfills == [t.table]
-    topic = change_topic(t.settings.pipeline, t.table)
-
-    def backfilled() -> bool:
-        reads = [r for r in read_topic(t.settings.kafka, topic) if r.value and r.value["op"] == "r"]
-        return sum(1 for r in reads if str(r.value["after"]["note"]).startswith("again")) >= 21
-
-    poll(backfilled, 120, "the backfill of the table created again")
+    wait_for_reads(t.settings, t.table, lambda note: note.startswith("again"), 21)
     run_apply(t.settings, STORES, once=True)
     assert_stores_equal_source(t.settings, t.table)  # keys 1..39 gone, 40..60 the new rows
     again = sync_pipeline(t.settings)  # nothing is owed any more
@@ -148,15 +150,8 @@ def test_a_table_taken_out_of_the_publication_is_cut_and_backfilled_by_setup(
 
     result = sync_pipeline(t.settings)
     assert result.recreated == [t.table] and result.backfills == [t.table]
+    wait_for_reads(t.settings, t.table, lambda note: note == "while out of the publication", 5)
     topic = change_topic(t.settings.pipeline, t.table)
-
-    def backfilled() -> bool:
-        reads = [r for r in read_topic(t.settings.kafka, topic) if r.value and r.value["op"] == "r"]
-        return (
-            sum(1 for r in reads if r.value["after"]["note"] == "while out of the publication") >= 5
-        )
-
-    poll(backfilled, 120, "the backfill of the table put back")
     with psycopg.connect(t.dsn, autocommit=True) as conn:
         conn.execute(f"UPDATE {t.name} SET note = 'captured again' WHERE id = 7")
 
