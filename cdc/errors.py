@@ -91,6 +91,11 @@ class SourceError(CdcError):
     exit_code = 7
 
 
+class RelationReusedError(SourceError):
+    """A captured name belongs to another captured relation now (tables swapped): the
+    apply job holds its batches until `cdc setup` cuts and backfills it."""
+
+
 class StoreError(CdcError):
     """A store refused what the apply job had to do (a write, a schema change)."""
 

@@ -30,6 +30,7 @@ __all__ = [
     "record_captured",
     "recorded",
     "recorded_since",
+    "reused",
 ]
 
 CAPTURED_TABLE = "cdc.captured"
@@ -42,6 +43,9 @@ class Drift:
     renamed: list[tuple[str, str]] = field(default_factory=list)  # (captured as, now)
     dropped: list[str] = field(default_factory=list)  # the relation is gone
     uncaptured: list[str] = field(default_factory=list)  # selected, not in the publication
+    # captured names another captured relation has now (two tables swapped, one renamed
+    # onto a dropped one's name): the stores hold the old relation's rows under them
+    reused: list[str] = field(default_factory=list)
     # change topics of no captured table written since the record: (topic, its table)
     strays: list[tuple[str, str]] = field(default_factory=list)
 
@@ -52,6 +56,15 @@ class Drift:
             f"which no store applies under the old name; name {new} in pipeline.tables "
             "(if a pattern does not) and run `cdc setup` (it backfills it under its new name)"
             for old, new in self.renamed
+            if new not in self.reused
+        ]
+        lines += [
+            f"table {old} was renamed to {new}, a name the pipeline captured another table "
+            f"under (tables swapped?): the stores hold their batches, so as not to apply its "
+            f"changes to the other table's rows; run `cdc setup` (it cuts {new} in every "
+            "store and backfills it)"
+            for old, new in self.renamed
+            if new in self.reused
         ]
         lines += [
             f"table {name} was dropped: nothing of it is captured any more; "
@@ -148,7 +161,16 @@ def drift(
     renamed = [(name, now[oid]) for oid, name in before.items() if oid in now and now[oid] != name]
     dropped = [name for oid, name in before.items() if oid not in now]
     uncaptured = [name for name in selected if name not in published]
-    return Drift(sorted(renamed), sorted(dropped), sorted(uncaptured))
+    return Drift(sorted(renamed), sorted(dropped), sorted(uncaptured), reused(before, now))
+
+
+def reused(before: dict[int, str], now: dict[int, str]) -> list[str]:
+    """The names of `now` (OID -> name) that `before` (the relations captured, OID -> the
+    name captured under) holds for another relation: two captured tables swapped, or one
+    renamed onto a captured name whose table was dropped. Under such a name the stores
+    hold the other relation's rows, which its changes must not be applied to."""
+    taken = set(before.values())
+    return sorted(name for oid, name in now.items() if name in taken and before.get(oid) != name)
 
 
 def placeholder_statement(pipeline: str) -> sql.Composed:

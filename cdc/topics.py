@@ -35,6 +35,7 @@ __all__ = [
     "dead_letter_topic",
     "end_offsets",
     "ensure_topics",
+    "ever_written",
     "folder_problem",
     "heartbeat_topic",
     "notification_topic",
@@ -230,6 +231,19 @@ def set_topic_configs(kafka: KafkaSettings, specs: list[TopicSpec]) -> None:
         )
     finally:
         admin.close()
+
+
+def ever_written(kafka: KafkaSettings, pipeline: PipelineSettings) -> set[str]:
+    """The pipeline's change topics ever written to (an end offset above 0, even if their
+    records were deleted since)."""
+    pattern = re.compile(change_topic_pattern(pipeline))
+    admin = kafka_admin(kafka, 15000)
+    try:
+        topics = [t for t in admin.list_topics() if pattern.fullmatch(t)]
+    finally:
+        admin.close()
+    ends = end_offsets(kafka, topics) if topics else {}
+    return {t for t, parts in ends.items() if any(parts.values())}
 
 
 def end_offsets(kafka: KafkaSettings, topics: list[str]) -> dict[str, dict[int, int]]:

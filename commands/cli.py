@@ -237,7 +237,8 @@ def setup(
         ("created topics", result.topics_created),
         ("renamed (a new table under its new name)", [f"{a} -> {b}" for a, b in result.renamed]),
         (
-            "cut (as a TRUNCATE: dropped and created again, or put back in the publication)",
+            "cut (as a TRUNCATE: the stores may hold rows under its name that are not its "
+            "own: created again, swapped, added back, or put back in the publication)",
             result.recreated,
         ),
         ("now captured", result.added),

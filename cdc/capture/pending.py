@@ -1,14 +1,17 @@
 """What `cdc setup` owes a streaming pipeline once it has recorded what it captures.
 
 A setup compares the relations the pipeline captured (`cdc.captured`) with those it
-captures now: a table new to it (added, renamed) is backfilled; a table dropped and
-created again under a captured name, or taken out of the publication by someone else
-(its changes since were not captured: a delete among them would stay in the stores),
-is cut first (every store drops the rows it held, as a TRUNCATE would), then
-backfilled. The work is recorded in `cdc.pending` in the transaction that records the
-new capture set, and each row is removed once its work is done, so a setup that stops
-halfway is finished by the next one (`cdc setup` reruns what is pending). A snapshot
-reads every table: it owes nothing, and clears what was pending.
+captures now: a table new to it (added, renamed) is backfilled. It is cut first (every
+store drops the rows it held under its name, as a TRUNCATE would) when the stores may
+hold rows under its name that are not its own as captured: a table dropped and created
+again under a captured name; two captured tables swapped, or one renamed onto a captured
+name (the stores hold the other relation's rows); a table whose change topic was written
+before (removed from the pipeline and added back, renamed away and back: the deletes
+made meanwhile were not captured); a captured table taken out of the publication by
+someone else (likewise). The work is recorded in `cdc.pending` in the transaction that
+records the new capture set, and each row is removed once its work is done, so a setup
+that stops halfway is finished by the next one (`cdc setup` reruns what is pending). A
+snapshot reads every table: it owes nothing, and clears what was pending.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+
+from cdc.identity import reused
 
 __all__ = ["BACKFILL", "CUT", "Owed", "clear", "done", "owed", "pending", "record"]
 
@@ -32,6 +37,12 @@ class Owed:
     recreated: list[str] = field(default_factory=list)  # dropped and created again: cut
     added: list[str] = field(default_factory=list)  # new to the pipeline: backfilled
     unpublished: list[str] = field(default_factory=list)  # put back in the publication: cut
+    # another relation's name (swapped), or a name whose topic was written before: cut
+    reused: list[str] = field(default_factory=list)
+
+    @property
+    def cuts(self) -> list[str]:
+        return sorted({*self.recreated, *self.unpublished, *self.reused})
 
 
 def owed(
@@ -39,11 +50,13 @@ def owed(
     now: dict[int, str],
     names: Sequence[str],
     unpublished: Collection[str] = (),
+    logged: Collection[str] = (),
 ) -> Owed:
     """What a setup owes (`before`: the relations captured, OID -> name; `now`: those of
     `names` that exist; `unpublished`: captured tables the publication no longer held
-    when the setup began, whose changes since were not captured). A pipeline that
-    captured nothing before owes nothing: its snapshot reads every table."""
+    when the setup began, whose changes since were not captured; `logged`: the names
+    whose change topic was ever written to). A pipeline that captured nothing before
+    owes nothing: its snapshot reads every table."""
     if not before:
         return Owed()
     renamed = sorted(
@@ -55,13 +68,14 @@ def owed(
     oids = {name: oid for oid, name in now.items()}
     back = [t for t in names if before.get(oids.get(t, -1)) == t and t in unpublished]
     added = [t for t in names if before.get(oids.get(t, -1)) != t or t in back]
-    return Owed(renamed, recreated, added, back)
+    swapped = [t for t in reused(before, now) if t not in recreated]
+    again = [t for t in added if t in logged and t not in {*recreated, *back, *swapped}]
+    return Owed(renamed, recreated, added, back, sorted({*swapped, *again}))
 
 
 def record(conn: psycopg.Connection[Any], pipeline: str, work: Owed) -> None:
     """Record `work` as pending (in the caller's transaction, with the capture set)."""
-    cuts = [*work.recreated, *work.unpublished]
-    rows = [(t, CUT) for t in cuts] + [(t, BACKFILL) for t in work.added]
+    rows = [(t, CUT) for t in work.cuts] + [(t, BACKFILL) for t in work.added]
     for table, kind in rows:
         conn.execute(
             "INSERT INTO cdc.pending (pipeline, table_name, work) VALUES (%s, %s, %s) "

@@ -31,7 +31,7 @@ class SyncResult:
     topics_created: list[str]
     backfills: list[str]  # tables whose backfill was requested
     renamed: list[tuple[str, str]] = field(default_factory=list)  # (captured as, now)
-    recreated: list[str] = field(default_factory=list)  # dropped and created again
+    recreated: list[str] = field(default_factory=list)  # cut before its backfill (pending.py)
 
 
 def _captured_before(settings: Settings) -> dict[int, str]:
@@ -52,8 +52,9 @@ def sync_pipeline(settings: Settings) -> SyncResult:
     backfilled (Debezium incremental snapshot); a table no longer selected stops being
     captured (its topic stays, as a copy of what was). A captured table renamed since is
     a new table under its new name (backfilled; the stores keep what they hold under
-    the old one). A table dropped and created again under a captured name is cut first,
-    as a TRUNCATE would be (every store drops the old table's rows), then backfilled.
+    the old one). A table under whose name the stores may hold rows not its own (created
+    again, swapped, added back: pending.py) is cut first, as a TRUNCATE would be (every
+    store drops the rows it held), then backfilled.
     That work is recorded with the new capture set and done afterwards (pending.py): a
     setup that stopped before it was done is finished by this one.
     """

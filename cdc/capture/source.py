@@ -51,9 +51,15 @@ from cdc.catalog import (
     toast_blind_columns,
 )
 from cdc.errors import SourceError, SourceUnavailableError
-from cdc.identity import current_relations, placeholder_statement, record_captured
+from cdc.identity import (
+    current_relations,
+    placeholder_statement,
+    record_captured,
+    recorded,
+    reused,
+)
 from cdc.settings import PROJECT_ROOT, Settings
-from cdc.topics import check_names_apart
+from cdc.topics import change_topic, check_names_apart, ever_written
 
 __all__ = [
     "SourceReader",
@@ -173,6 +179,8 @@ def prepare_source(settings: Settings, before: dict[int, str] | None = None) -> 
     backfill: pending.py) is recorded with the capture set; without (a snapshot, which
     reads every table), nothing is owed any more."""
     pipe = settings.pipeline
+    # the names whose stores may hold rows from an earlier capture (pending.owed)
+    written = ever_written(settings.kafka, pipe) if before is not None else set()
     with admin_connection(settings) as conn:
         check_own_schema(conn, settings)
         widen_signal_table(conn)  # before the setup's transaction: its lock is held briefly
@@ -221,7 +229,9 @@ def prepare_source(settings: Settings, before: dict[int, str] | None = None) -> 
                     chosen = [t.qualified for t in tables]
                     unpublished = set(before.values()) - published
                     now = current_relations(conn, chosen)
-                    pending.record(conn, pipe.name, pending.owed(before, now, chosen, unpublished))
+                    logged = [t for t in chosen if change_topic(pipe, t) in written]
+                    work = pending.owed(before, now, chosen, unpublished, logged)
+                    pending.record(conn, pipe.name, work)
                 record_captured(conn, pipe.name, tables)
                 conn.execute(
                     sql.SQL("COMMENT ON PUBLICATION {} IS {}").format(
@@ -635,7 +645,8 @@ def captured_tables(settings: Settings) -> dict[str, Table]:
 # DDL that changes a description writes one of these rows (a new xmin); the statistics
 # ANALYZE and VACUUM keep (pages, tuples) are updated in place and change none.
 _FINGERPRINT = """
-SELECT c.oid::text || '/' || c.xmin::text || '/' || n.nspname || '.' || c.relname || '/' ||
+SELECT c.oid::bigint, n.nspname || '.' || c.relname,
+  c.oid::text || '/' || c.xmin::text || '/' || n.nspname || '.' || c.relname || '/' ||
   coalesce((SELECT string_agg(a.attnum || ':' || a.xmin || ':' || t.xmin || ':' ||
                               coalesce(d.xmin::text, '') || ':' ||
                               coalesce((SELECT string_agg(e.xmin::text, '.' ORDER BY e.oid)
@@ -651,7 +662,7 @@ SELECT c.oid::text || '/' || c.xmin::text || '/' || n.nspname || '.' || c.relnam
             FROM pg_publication_rel r WHERE r.prrelid = c.oid), '')
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))
-ORDER BY 1
+ORDER BY 3
 """
 
 
@@ -668,6 +679,9 @@ class SourceReader:
         self._tables: dict[str, Table] = {}
         # the source's system identifier and timeline, as the last read found them
         self.lineage: tuple[str, int | None] | None = None
+        # captured names another captured relation has now (identity.reused), as the
+        # last read found them: their changes are not to be applied until `cdc setup`
+        self.reused: list[str] = []
 
     def read(self) -> tuple[dict[str, Table], int]:
         """The pipeline's tables and the source's WAL position, as read_source."""
@@ -684,12 +698,11 @@ class SourceReader:
                 self.lineage = source_lineage(conn)
             names = published_tables(conn, pipe.publication)
             pairs = [n.split(".", 1) for n in names]
-            seen = tuple(
-                r[0]
-                for r in conn.execute(
-                    _FINGERPRINT, ([p[0] for p in pairs], [p[1] for p in pairs])
-                ).fetchall()
-            )
+            rows = conn.execute(
+                _FINGERPRINT, ([p[0] for p in pairs], [p[1] for p in pairs])
+            ).fetchall()
+            seen = tuple(r[2] for r in rows)
+            self.reused = reused(recorded(conn, pipe.name) or {}, {r[0]: r[1] for r in rows})
             if seen != self._seen or list(self._tables) != names:
                 self._tables = {name: describe_table(conn, name, pipe) for name in names}
                 self._seen = seen

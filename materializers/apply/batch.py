@@ -30,7 +30,12 @@ from cdc.capture.generation import read_generation
 from cdc.capture.rewrites import check_rewrites
 from cdc.capture.source import SourceReader, ping_source, timeline_forks
 from cdc.catalog import TRUNCATIONS_TABLE, Table
-from cdc.errors import CdcError, SourceUnavailableError, StoreUnavailableError
+from cdc.errors import (
+    CdcError,
+    RelationReusedError,
+    SourceUnavailableError,
+    StoreUnavailableError,
+)
 from cdc.settings import Settings
 from cdc.topics import change_topic
 from materializers.apply.dead_letters import DeadLetters
@@ -86,6 +91,9 @@ class BatchWriter:
         while True:
             try:
                 self.write_once(batch, batch_id)
+            except RelationReusedError as exc:
+                # applied, its changes would land on the other relation's rows
+                wait_for(self.settings, name, str(exc), batch_id, self.check_relations)
             except Exception as exc:
                 why = unavailable_reason(exc)
                 if why is not None:
@@ -107,6 +115,7 @@ class BatchWriter:
         """The steps of one batch (module doc), once."""
         started_ms = int(time.time() * 1000)  # events' ages are counted from here
         tables, wal = self.source.read()
+        self.check_relations(read=False)
         check_rewrites(self.settings, tables.values(), say)
         topics = {change_topic(self.settings.pipeline, t): t for t in [*tables, TRUNCATIONS_TABLE]}
         batch = self.generated_columns(batch, topics, tables)
@@ -123,6 +132,20 @@ class BatchWriter:
             finally:
                 parsed.unpersist()
         self.sweep_generation(tables)
+
+    def check_relations(self, read: bool = True) -> None:
+        """Refuse a batch while a captured name belongs to another captured relation
+        (two tables swapped: identity.reused), as the source's last read (`read`: a new
+        one) found it."""
+        if read:
+            self.source.read()
+        if self.source.reused:
+            raise RelationReusedError(
+                f"{', '.join(self.source.reused)}: another captured table than the one "
+                "captured under this name has it now (tables swapped, or one renamed onto a "
+                "dropped one's name), and its changes would land on the other's rows: run "
+                "`cdc setup`, which cuts and backfills it"
+            )
 
     def generated_columns(
         self, batch: Any, topics: dict[str, str], tables: dict[str, Table]
@@ -546,7 +569,7 @@ def wait_for(
             try:
                 ping()
                 return
-            except (StoreUnavailableError, SourceUnavailableError):
+            except (StoreUnavailableError, SourceUnavailableError, RelationReusedError):
                 pause = min(pause * 2, 10.0)
             except Exception as exc:  # any other answer: try the batch again
                 log.info("%s: ping: %s", store, exc)

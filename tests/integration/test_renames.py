@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ from cdc.settings import Settings
 from cdc.topics import change_topic, read_topic
 from materializers.apply.job import run_apply
 from materializers.check.status import pipeline_status
+from materializers.log.progress import read_progress
 from tests.conftest import Capture, Captured
 from tests.contents import expected_cache, expected_search, source_tuples
 from tests.helpers import free_ports
@@ -164,6 +166,89 @@ def test_a_table_taken_out_of_the_publication_is_cut_and_backfilled_by_setup(
     poll(streamed, 90, "a change after the table was put back")
     run_apply(t.settings, STORES, once=True)
     assert_stores_equal_source(t.settings, t.table)  # key 50 gone too
+
+
+def test_two_captured_tables_swapped_are_held_then_cut_and_backfilled(captured: Capture) -> None:
+    """Two captured tables swapped by renames (review F4): the apply job holds every
+    store's batches (applied, one table's changes would land on the other's rows); `cdc
+    setup` cuts both and backfills them, and each store then equals its source table."""
+    t = captured(
+        "CREATE TABLE {name}_a (id int PRIMARY KEY, note text)",
+        "INSERT INTO {name}_a SELECT g, 'a' || g FROM generate_series(1, 10) g",
+        "CREATE TABLE {name}_b (id int PRIMARY KEY, note text)",
+        "INSERT INTO {name}_b SELECT g, 'b' || g FROM generate_series(5, 7) g",
+        prefix="swap",
+        tables=("public.{name}_a", "public.{name}_b"),
+    )
+    a, b = f"{t.table}_a", f"{t.table}_b"
+    run_apply(t.settings, STORES, once=True)
+    with psycopg.connect(t.dsn) as conn:  # one transaction
+        conn.execute(f"ALTER TABLE {t.name}_a RENAME TO {t.name}_tmp")
+        conn.execute(f"ALTER TABLE {t.name}_b RENAME TO {t.name}_a")
+        conn.execute(f"ALTER TABLE {t.name}_tmp RENAME TO {t.name}_b")
+    with psycopg.connect(t.dsn, autocommit=True) as conn:  # the rows that were b's
+        conn.execute(f"DELETE FROM {t.name}_a WHERE id = 6")
+        conn.execute(f"UPDATE {t.name}_a SET note = 'B5' WHERE id = 5")
+    topic = change_topic(t.settings.pipeline, a)
+
+    def deleted() -> bool:
+        return any(r.value and r.value["op"] == "d" for r in read_topic(t.settings.kafka, topic))
+
+    poll(deleted, 90, "the delete of a row that was b's")
+    status = pipeline_status(t.settings)
+    assert any("a name the pipeline captured another table under" in s for s in status.tables_drift)
+
+    held = threading.Thread(target=run_apply, args=(t.settings, STORES), kwargs={"once": True})
+    held.start()
+    try:
+
+        def waiting() -> bool:
+            records = [read_progress(t.settings, store) for store in STORES]
+            return all(r is not None and r.waiting for r in records)
+
+        poll(waiting, 120, "every store holding its batch")
+        record = read_progress(t.settings, "cache")
+        assert record is not None and record.waiting is not None
+        assert "run `cdc setup`" in record.waiting["reason"]
+        # nothing of the swapped table reached the other's rows
+        assert warehouse_rows(t.settings, a, ["note"]) == {i: (f"a{i}",) for i in range(1, 11)}
+
+        result = sync_pipeline(t.settings)
+        assert sorted(result.recreated) == [a, b] and sorted(result.backfills) == [a, b]
+    finally:
+        held.join(timeout=300)
+    assert not held.is_alive()
+    wait_for_reads(t.settings, a, lambda note: note.startswith("b") or note == "B5", 2)
+    wait_for_reads(t.settings, b, lambda note: note.startswith("a"), 10)
+    run_apply(t.settings, STORES, once=True)
+    for table in (a, b):  # a: b's rows 5 and 7 only; b: a's ten
+        assert_stores_equal_source(t.settings, table)
+    assert not pipeline_status(t.settings).tables_drift
+
+
+def test_a_table_removed_and_added_back_keeps_no_row_deleted_meanwhile(captured: Capture) -> None:
+    """A table taken out of the pipeline and added back (review F5): the deletes made
+    while it was out were not captured; `cdc setup` cuts it before its backfill."""
+    t = captured(
+        *TABLE,
+        "CREATE TABLE {name}_keep (id int PRIMARY KEY, note text)",
+        "INSERT INTO {name}_keep VALUES (1, 'kept')",
+        prefix="back",
+        tables=("public.{name}", "public.{name}_keep"),
+    )
+    both = [t.table, f"{t.table}_keep"]
+    run_apply(t.settings, STORES, once=True)
+    removed = sync_pipeline(with_tables(t.settings, f"{t.table}_keep"))
+    assert removed.removed == [t.table]
+    with psycopg.connect(t.dsn, autocommit=True) as conn:
+        conn.execute(f"DELETE FROM {t.name} WHERE id <= 5")
+        conn.execute(f"UPDATE {t.name} SET note = 'back'")
+
+    result = sync_pipeline(with_tables(t.settings, *both))
+    assert result.recreated == [t.table] and result.backfills == [t.table]
+    wait_for_reads(t.settings, t.table, lambda note: note == "back", 45)
+    run_apply(t.settings, STORES, once=True)
+    assert_stores_equal_source(t.settings, t.table)  # keys 1..5 gone from every store
 
 
 def test_changes_made_under_a_passing_name_are_reported_then_backfilled(
