@@ -84,10 +84,15 @@ CREATE TABLE IF NOT EXISTS cdc.truncations (
     truncated_at timestamptz NOT NULL DEFAULT now()
 );
 
+-- the relation truncated: under a name it passes through (renamed and back in one
+-- transaction), the apply job finds the table by it
+ALTER TABLE cdc.truncations ADD COLUMN IF NOT EXISTS relid oid;
+
 CREATE OR REPLACE FUNCTION cdc.record_truncate() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
 BEGIN
-    INSERT INTO cdc.truncations (table_name) VALUES (TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME);
+    INSERT INTO cdc.truncations (table_name, relid)
+        VALUES (TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, TG_RELID);
     RETURN NULL;
 END
 $$;

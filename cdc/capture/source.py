@@ -682,6 +682,8 @@ class SourceReader:
         # captured names another captured relation has now (identity.reused), as the
         # last read found them: their changes are not to be applied until `cdc setup`
         self.reused: list[str] = []
+        # the published tables' relations (OID -> name now), as the last read found them
+        self.relations: dict[int, str] = {}
 
     def read(self) -> tuple[dict[str, Table], int]:
         """The pipeline's tables and the source's WAL position, as read_source."""
@@ -702,7 +704,8 @@ class SourceReader:
                 _FINGERPRINT, ([p[0] for p in pairs], [p[1] for p in pairs])
             ).fetchall()
             seen = tuple(r[2] for r in rows)
-            self.reused = reused(recorded(conn, pipe.name) or {}, {r[0]: r[1] for r in rows})
+            self.relations = {int(r[0]): str(r[1]) for r in rows}
+            self.reused = reused(recorded(conn, pipe.name) or {}, self.relations)
             if seen != self._seen or list(self._tables) != names:
                 self._tables = {name: describe_table(conn, name, pipe) for name in names}
                 self._seen = seen

@@ -320,10 +320,11 @@ class BatchWriter:
             counts["stale"] += row["stale"] or 0
         self.dead.flush()
         for row in sorted(truncations, key=lambda r: (r["commit_lsn"], r["lsn"])):
-            if row["table"] in tables:
+            name = self.truncated(row["table"], row["relid"], tables)
+            if name is not None:
                 at = (row["commit_lsn"], row["lsn"])
-                store.truncate(tables[row["table"]], at, row["commit_ms"])
-                cutoffs[row["table"]] = max(at, cutoffs.get(row["table"], (0, 0)))
+                store.truncate(tables[name], at, row["commit_ms"])
+                cutoffs[name] = max(at, cutoffs.get(name, (0, 0)))
         log.info("%s batch %d: %s", store.name, batch_id, counts)
         self.record(batch_id, summary, offsets, counts, cutoffs, ages, started_ms)
 
@@ -347,6 +348,7 @@ class BatchWriter:
             .where("error IS NULL AND op IN ('c', 'r')")
             .select(
                 F.get_json_object("after", "$.table_name").alias("name"),
+                F.get_json_object("after", "$.relid").cast("long").alias("relid"),
                 "commit_lsn",
                 "lsn",
                 "commit_ms",
@@ -357,13 +359,12 @@ class BatchWriter:
             else []
         )
         for row in rows:
-            if row["name"] in tables:
+            name = self.truncated(row["name"], row["relid"], tables)
+            if name is not None:
                 at = (row["commit_lsn"], row["lsn"])
-                self.store.truncate(tables[row["name"]], at, row["commit_ms"])
-                cutoffs[row["name"]] = max(at, cutoffs.get(row["name"], (0, 0)))
-                self.cuts[row["name"]] = add_cut(
-                    self.cuts.get(row["name"], []), at, row["commit_ms"]
-                )
+                self.store.truncate(tables[name], at, row["commit_ms"])
+                cutoffs[name] = max(at, cutoffs.get(name, (0, 0)))
+                self.cuts[name] = add_cut(self.cuts.get(name, []), at, row["commit_ms"])
         cut_ms = F.lit(None).cast("long")
         for name, table_cuts in self.cuts.items():
             # the first TRUNCATE after the event (cut_for); tombstones (no position)
@@ -382,6 +383,15 @@ class BatchWriter:
             if first is not None:
                 cut_ms = first.otherwise(cut_ms)
         return cut_ms
+
+    def truncated(self, name: str, relid: int | None, tables: dict[str, Table]) -> str | None:
+        """The captured table a TRUNCATE recorded under `name` emptied: that name's, or
+        under a name the table only passed through (renamed and back in one transaction)
+        the one its relation has now; None for a table not captured."""
+        if name in tables:
+            return name
+        now = self.source.relations.get(relid) if relid is not None else None
+        return now if now in tables else None
 
     def sweep_generation(self, tables: dict[str, Table]) -> None:
         """Once the store holds a new snapshot generation whole, remove what it still

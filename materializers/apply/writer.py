@@ -37,7 +37,7 @@ _INPUT_COLUMNS = ("table", "topic", "partition", "offset", "key", "value")
 RESULT_DDL = (
     "kind string, topic string, partition int, offset long, key string, value string, "
     "error string, commit_ms long, n long, written long, stale long, table string, lsn long, "
-    "commit_lsn long, bucket long"
+    "commit_lsn long, bucket long, relid long"
 )
 _NOT_A_CHANGE_EVENT = "not a change event"
 _OPS = ("c", "u", "d", "r")
@@ -112,6 +112,14 @@ def _key_error(table: Table | None, key: bytes | str | None) -> str | None:
     if not isinstance(parsed, dict):
         return f"{_NOT_A_CHANGE_EVENT}: its key is not a JSON object"
     return None
+
+
+def _relid(value: Any) -> int | None:
+    """A truncation's relation OID as its event carries it (a number, or text), if any."""
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _text(value: bytes | str | None) -> str | None:
@@ -250,6 +258,7 @@ def partition_writer(
                                 {
                                     "kind": "truncate",
                                     "table": name,
+                                    "relid": _relid((after or {}).get("relid")),
                                     "commit_lsn": position[0],
                                     "lsn": position[1],
                                     "commit_ms": commit_ms,

@@ -251,6 +251,30 @@ def test_a_table_removed_and_added_back_keeps_no_row_deleted_meanwhile(captured:
     assert_stores_equal_source(t.settings, t.table)  # keys 1..5 gone from every store
 
 
+def test_a_truncate_under_a_passing_name_empties_the_table_in_every_store(
+    captured: Capture,
+) -> None:
+    """A TRUNCATE made while the table passed through another name (renamed and back in
+    one transaction) is recorded under that name: the apply job finds the table by its
+    relation (review F8: every store kept all its rows, and nothing said so)."""
+    t = captured(*TABLE, prefix="trpass")
+    run_apply(t.settings, STORES, once=True)
+    with psycopg.connect(t.dsn) as conn:  # one transaction
+        conn.execute(f"ALTER TABLE {t.name} RENAME TO {t.name}_old")
+        conn.execute(f"TRUNCATE {t.name}_old")
+        conn.execute(f"ALTER TABLE {t.name}_old RENAME TO {t.name}")
+    with psycopg.connect(t.dsn, autocommit=True) as conn:
+        conn.execute(f"INSERT INTO {t.name} VALUES (7, 'after the truncate')")
+    topic = change_topic(t.settings.pipeline, t.table)
+
+    def inserted() -> bool:
+        return any(r.value and r.value["op"] == "c" for r in read_topic(t.settings.kafka, topic))
+
+    poll(inserted, 90, "the insert after the TRUNCATE")
+    run_apply(t.settings, STORES, once=True)
+    assert_stores_equal_source(t.settings, t.table)  # key 7 alone
+
+
 def test_changes_made_under_a_passing_name_are_reported_then_backfilled(
     captured: Capture,
 ) -> None:
