@@ -94,6 +94,8 @@ class BatchWriter:
             except RelationReusedError as exc:
                 # applied, its changes would land on the other relation's rows
                 wait_for(self.settings, name, str(exc), batch_id, self.check_relations)
+                waited = True
+                continue
             except Exception as exc:
                 why = unavailable_reason(exc)
                 if why is not None:

@@ -16,6 +16,14 @@
                       store applies), renamed back; `cdc status` must name the passing
                       name's topic; then what it says: `cdc backfill public.accounts` and
                       `cdc setup`
+    swap              the two shelves swapped by renames in one transaction, under the
+                      load's updates of both by name; `cdc status` must say so; then
+                      what it says: `cdc setup` (it cuts and backfills both)
+    partition         a partition added to the events' root and the load's new events moved
+                      into it (its rows updated at once: its FULL identity came from the
+                      root), then a table holding rows attached as the next one and
+                      backfilled as docs/capture.md says: `cdc backfill public.events
+                      --where "<its bounds>"`
 
 After every fault the connector must run again (`cdc status -o json`), and an apply job
 that ended by itself is noted and started again.
@@ -38,6 +46,7 @@ import psycopg
 
 from cdc.capture.connect import connect_client
 from cdc.errors import CdcError
+from tests.chaos.load import EVENTS, PARTITION_SPAN, SHELVES, Load
 from tests.chaos.stack import ChaosError, ChaosStack
 
 __all__ = ["FaultKind", "FaultRecord", "inject", "plan", "wait_pipeline_healthy"]
@@ -55,6 +64,8 @@ class FaultKind(StrEnum):
     REDIS_STOP = "redis-stop"
     BACKFILL = "backfill"
     RENAME = "rename"
+    SWAP = "swap"
+    PARTITION = "partition"
 
 
 _KILLED_COMPONENT = {
@@ -94,8 +105,11 @@ def plan(kinds: list[FaultKind], rounds: int, rng: random.Random) -> list[FaultK
     return order
 
 
-def inject(stack: ChaosStack, kind: FaultKind, at_s: float, stop_s: float) -> FaultRecord:
-    """Inject one fault, recover from it, and wait until the pipeline runs again."""
+def inject(
+    stack: ChaosStack, kind: FaultKind, at_s: float, stop_s: float, load: Load | None = None
+) -> FaultRecord:
+    """Inject one fault, recover from it, and wait until the pipeline runs again (`load`:
+    the one running, which the partition fault moves into the partition it adds)."""
     record = FaultRecord(kind, at_s)
     began = time.monotonic()
     if kind is FaultKind.APPLY_KILL:
@@ -113,6 +127,10 @@ def inject(stack: ChaosStack, kind: FaultKind, at_s: float, stop_s: float) -> Fa
         _backfill_with_connect_killed(stack, record)
     elif kind is FaultKind.RENAME:
         _rename_and_back(stack, record)
+    elif kind is FaultKind.SWAP:
+        _swap_shelves(stack, record)
+    elif kind is FaultKind.PARTITION:
+        _add_partitions(stack, record, load)
     wait_pipeline_healthy(stack, record)
     record.recovery_s = time.monotonic() - began
     return record
@@ -223,6 +241,64 @@ def _rename_and_back(stack: ChaosStack, record: FaultRecord) -> None:
     said = stack.cdc("status", "-o", "json")
     if passing in said.stdout:
         raise ChaosError(f"`cdc status` still names {passing} after the backfill and setup")
+
+
+def _swap_shelves(stack: ChaosStack, record: FaultRecord) -> None:
+    a, b = (name.split(".", 1)[1] for name in SHELVES)
+    with psycopg.connect(stack.settings.postgres.dsn()) as conn, conn.transaction():
+        conn.execute(f"ALTER TABLE public.{a} RENAME TO {a}_swapping")
+        conn.execute(f"ALTER TABLE public.{b} RENAME TO {a}")
+        conn.execute(f"ALTER TABLE public.{a}_swapping RENAME TO {b}")
+    said = _status_saying(stack, "a name the pipeline captured another table under")
+    record.notes.append(f"cdc status named the swap (exit {said.returncode})")
+    done = stack.cdc("setup")
+    if done.returncode != 0:
+        raise ChaosError(f"`cdc setup` failed after the swap: {done.stderr.strip()[-600:]}")
+    if "cut (as a TRUNCATE" not in done.stderr + done.stdout:
+        raise ChaosError(f"`cdc setup` did not cut the swapped shelves: {done.stderr[-600:]}")
+    record.notes.append("cdc setup cut and backfilled both")
+
+
+def _add_partitions(stack: ChaosStack, record: FaultRecord, load: Load | None) -> None:
+    dsn = stack.settings.postgres.dsn()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_inherits WHERE inhparent = %s::regclass", (EVENTS,)
+        ).fetchone()
+        made = int(row[0]) if row else 1
+        base, attached = made * PARTITION_SPAN, (made + 1) * PARTITION_SPAN
+        conn.execute(
+            f"CREATE TABLE {EVENTS}_{made} PARTITION OF {EVENTS} "
+            f"FOR VALUES FROM ({base}) TO ({base + PARTITION_SPAN})"
+        )
+        if load is not None:  # its new events there, and its updates of them
+            load.events.move_to(base + 1)
+        conn.execute(f"CREATE TABLE {EVENTS}_{made + 1} (LIKE {EVENTS})")
+        conn.execute(
+            f"INSERT INTO {EVENTS}_{made + 1} SELECT g, 7, 'attached' "
+            f"FROM generate_series({attached}, {attached + 49}) g"
+        )
+        conn.execute(
+            f"ALTER TABLE {EVENTS} ATTACH PARTITION {EVENTS}_{made + 1} "
+            f"FOR VALUES FROM ({attached}) TO ({attached + PARTITION_SPAN})"
+        )
+    where = f"eid >= {attached} AND eid < {attached + PARTITION_SPAN}"
+    done = stack.cdc("backfill", EVENTS, "--where", where)
+    if done.returncode != 0:
+        raise ChaosError(f"`cdc backfill {EVENTS} --where ...` failed: {done.stderr[-600:]}")
+    record.notes.append(f"partitions {made} (created) and {made + 1} (attached, 50 rows) added")
+
+
+def _status_saying(stack: ChaosStack, words: str) -> subprocess.CompletedProcess[str]:
+    """`cdc status` once it says `words` and exits 1 (120 s at most)."""
+    deadline = time.monotonic() + 120
+    while True:
+        said = stack.cdc("status", "-o", "json")
+        if words in said.stdout and said.returncode != 0:
+            return said
+        if time.monotonic() > deadline:
+            raise ChaosError(f"`cdc status` did not say {words!r} in 120 s: {said.stdout[-600:]}")
+        time.sleep(4)
 
 
 def wait_pipeline_healthy(stack: ChaosStack, record: FaultRecord, timeout: float = 240) -> None:

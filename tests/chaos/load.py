@@ -1,5 +1,6 @@
 """The bank: accounts and the transfers between them, and a load that keeps the sum of
-balances constant.
+balances constant; beside it two shelves of one shape (swapped by a fault) and a log of
+events partitioned by range (a fault adds a partition under the load).
 
 Each transfer moves an amount from one account to another (both rows updated in key
 order, so two transfers never deadlock) and appends a row to `transfers`; it commits only
@@ -19,10 +20,22 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-__all__ = ["ACCOUNTS", "TRANSFERS", "Load", "LoadStats", "create_bank"]
+__all__ = [
+    "ACCOUNTS",
+    "EVENTS",
+    "PARTITION_SPAN",
+    "SHELVES",
+    "TRANSFERS",
+    "Load",
+    "LoadStats",
+    "create_bank",
+]
 
 ACCOUNTS = "public.accounts"
 TRANSFERS = "public.transfers"
+SHELVES = ("public.shelf_a", "public.shelf_b")
+EVENTS = "public.events"
+PARTITION_SPAN = 1_000_000  # the event ids each partition of EVENTS holds
 FIRST_NEW_ACCOUNT = 1_000_001
 
 
@@ -42,6 +55,23 @@ def create_bank(dsn: str, accounts: int, balance: int) -> int:
             "SELECT g, %s, 'opened' FROM generate_series(1, %s) g",
             (balance, accounts),
         )
+        for n, shelf in enumerate(SHELVES):  # keys that overlap: a mix of the two shows
+            conn.execute(
+                f"CREATE TABLE {shelf} (sid int PRIMARY KEY, qty bigint NOT NULL, note text)"
+            )
+            conn.execute(
+                f"INSERT INTO {shelf} SELECT g, g, %s FROM generate_series(%s::int, %s::int) g",
+                (shelf, 1 + 25 * n, 50 + 25 * n),
+            )
+        conn.execute(
+            f"CREATE TABLE {EVENTS} (eid bigint PRIMARY KEY, kind int NOT NULL, note text) "
+            "PARTITION BY RANGE (eid)"
+        )
+        conn.execute(
+            f"CREATE TABLE {EVENTS}_0 PARTITION OF {EVENTS} "
+            f"FOR VALUES FROM (0) TO ({PARTITION_SPAN})"
+        )
+        conn.execute(f"INSERT INTO {EVENTS} SELECT g, 0, 'first' FROM generate_series(1, 100) g")
     return accounts * balance
 
 
@@ -56,6 +86,8 @@ class LoadStats:
     ambiguous: int = 0  # the connection broke during COMMIT
     errors: int = 0  # statements that failed (PostgreSQL restarting, deadlock)
     reconnects: int = 0
+    shelved: int = 0  # shelf rows updated
+    logged: int = 0  # events written or updated
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, name: str, n: int = 1) -> None:
@@ -64,7 +96,7 @@ class LoadStats:
 
     @property
     def transactions(self) -> int:
-        return self.transfers + self.opened + self.closed
+        return self.transfers + self.opened + self.closed + self.shelved + self.logged
 
     def figures(self) -> dict[str, int]:
         return {
@@ -72,6 +104,8 @@ class LoadStats:
             "transfers": self.transfers,
             "accounts_opened": self.opened,
             "accounts_closed": self.closed,
+            "shelf_updates": self.shelved,
+            "events_written": self.logged,
             "refused": self.refused,
             "ambiguous_commits": self.ambiguous,
             "errors": self.errors,
@@ -114,6 +148,30 @@ class _Accounts:
                 self.live.remove(aid)
 
 
+class _Events:
+    """The event ids the load writes: new ones in the newest partition (a fault adds one
+    and moves the load there), updates of one written in it (or of the first 100)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.next_id = 101
+
+    def new_id(self) -> int:
+        with self.lock:
+            self.next_id += 1
+            return self.next_id - 1
+
+    def pick(self, rng: random.Random) -> int:
+        with self.lock:
+            low = max(self.next_id - self.next_id % PARTITION_SPAN, 1)
+            return rng.randint(low, self.next_id - 1) if self.next_id > low else rng.randint(1, 100)
+
+    def move_to(self, base: int) -> None:
+        """New events go to the partition that starts at `base` (it exists now)."""
+        with self.lock:
+            self.next_id = base
+
+
 class Load:
     """`workers` threads together committing about `rate` transactions per second."""
 
@@ -124,6 +182,7 @@ class Load:
         self.workers = workers
         self.stats = LoadStats()
         self.accounts = _Accounts(accounts)
+        self.events = _Events()
         self.stop_event = threading.Event()
         self.threads: list[threading.Thread] = []
         self.failure: BaseException | None = None
@@ -187,7 +246,30 @@ class Load:
 
     def _one(self, conn: psycopg.Connection[tuple[object, ...]], rng: random.Random) -> None:
         dice = rng.random()
-        if dice < 0.03:
+        if dice < 0.1:  # a shelf's row, by name (the names may be swapped under it)
+            shelf = rng.choice(SHELVES)
+            conn.execute(
+                f"UPDATE {shelf} SET qty = qty + 1, note = %s WHERE sid = %s",
+                (f"moved {rng.randint(0, 999)}", rng.randint(1, 75)),
+            )
+            if self._commit(conn):
+                self.stats.add("shelved")
+            return
+        if dice < 0.2:  # an event: a new one, or an update of one (its partition's identity)
+            if rng.random() < 0.6:
+                conn.execute(
+                    f"INSERT INTO {EVENTS} (eid, kind, note) VALUES (%s, 1, 'new')",
+                    (self.events.new_id(),),
+                )
+            else:
+                conn.execute(
+                    f"UPDATE {EVENTS} SET kind = kind + 1, note = 'seen' WHERE eid = %s",
+                    (self.events.pick(rng),),
+                )
+            if self._commit(conn):
+                self.stats.add("logged")
+            return
+        if dice < 0.23:
             aid = self.accounts.new_id()
             conn.execute(
                 f"INSERT INTO {ACCOUNTS} (aid, balance, note) VALUES (%s, 0, 'opened')", (aid,)
@@ -196,7 +278,7 @@ class Load:
                 self.accounts.opened_one(aid)
                 self.stats.add("opened")
             return
-        if dice < 0.05:
+        if dice < 0.25:
             closing = self.accounts.pick_opened(rng)
             if closing is None:
                 return

@@ -78,6 +78,9 @@ TABLES = (
     TableSpec(
         "public", "transfers", "tid", (("src", int), ("dst", int), ("amount", int), ("note", str))
     ),
+    TableSpec("public", "shelf_a", "sid", (("qty", int), ("note", str))),
+    TableSpec("public", "shelf_b", "sid", (("qty", int), ("note", str))),
+    TableSpec("public", "events", "eid", (("kind", int), ("note", str))),
 )
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from tests.chaos.compare import HistoryReport, TableDiff, balance, check_history, diff_rows
 from tests.chaos.faults import FaultKind, FaultRecord, inject, plan
-from tests.chaos.load import ACCOUNTS, TRANSFERS, Load, create_bank
+from tests.chaos.load import ACCOUNTS, EVENTS, SHELVES, TRANSFERS, Load, create_bank
 from tests.chaos.readers import (
     TABLES,
     DeadLetters,
@@ -77,6 +77,8 @@ SHORT = ChaosOptions(
         FaultKind.KAFKA_KILL,
         FaultKind.BACKFILL,
         FaultKind.RENAME,
+        FaultKind.SWAP,
+        FaultKind.PARTITION,
     ),
     rounds=1,
     gap_s=(3.0, 8.0),
@@ -211,7 +213,9 @@ class _Run:
         self.report = ChaosReport(options, seed)
         self.began = time.monotonic()
         self.load_began = self.began
-        self.stack = ChaosStack([ACCOUNTS, TRANSFERS])
+        # the partitioned log with a FULL identity: a partition added under the load takes
+        # it from its root, or the load's UPDATEs of its rows fail (review F3)
+        self.stack = ChaosStack([ACCOUNTS, TRANSFERS, *SHELVES, EVENTS], identity={EVENTS: "full"})
         self.load: Load | None = None
         self.reader: WarehouseReader | None = None
 
@@ -295,7 +299,8 @@ class _Run:
         for kind in plan(list(options.faults), options.rounds, self.rng):
             self.quiet(self.rng.uniform(*options.gap_s))
             self.say(f"fault {kind}")
-            record = inject(self.stack, kind, time.monotonic() - self.load_began, options.stop_s)
+            at_s = time.monotonic() - self.load_began
+            record = inject(self.stack, kind, at_s, options.stop_s, self.load)
             self.report.faults.append(record)
             notes = f" ({'; '.join(record.notes)})" if record.notes else ""
             self.say(f"  recovered in {record.recovery_s:.1f} s{notes}")

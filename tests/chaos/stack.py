@@ -44,7 +44,9 @@ def _alive(pid: int) -> bool:
 class ChaosStack:
     """The stack, its CDC_* environment and the apply job."""
 
-    def __init__(self, tables: list[str], prefix: str = "chaos") -> None:
+    def __init__(
+        self, tables: list[str], prefix: str = "chaos", identity: dict[str, str] | None = None
+    ) -> None:
         self.data_dir = Path(tempfile.mkdtemp(prefix="cdc-chaos-"))
         # PostgreSQL and OpenSearch run as the service user when tests run as root
         self.data_dir.chmod(0o755)
@@ -53,6 +55,7 @@ class ChaosStack:
             "CDC_PIPELINE__NAME": prefix,
             "CDC_PIPELINE__TOPIC_PREFIX": prefix,
             "CDC_PIPELINE__TABLES": json.dumps(tables),
+            "CDC_PIPELINE__REPLICA_IDENTITY": json.dumps(identity or {}),
         }
         self.settings: Settings = settings_for(self.env)
         self.prefix = prefix

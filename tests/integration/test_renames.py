@@ -177,10 +177,11 @@ def test_two_captured_tables_swapped_are_held_then_cut_and_backfilled(captured: 
         "INSERT INTO {name}_a SELECT g, 'a' || g FROM generate_series(1, 10) g",
         "CREATE TABLE {name}_b (id int PRIMARY KEY, note text)",
         "INSERT INTO {name}_b SELECT g, 'b' || g FROM generate_series(5, 7) g",
+        "CREATE TABLE {name}_c (id int PRIMARY KEY, note text)",
         prefix="swap",
-        tables=("public.{name}_a", "public.{name}_b"),
+        tables=("public.{name}_a", "public.{name}_b", "public.{name}_c"),
     )
-    a, b = f"{t.table}_a", f"{t.table}_b"
+    a, b, c = f"{t.table}_a", f"{t.table}_b", f"{t.table}_c"
     run_apply(t.settings, STORES, once=True)
     with psycopg.connect(t.dsn) as conn:  # one transaction
         conn.execute(f"ALTER TABLE {t.name}_a RENAME TO {t.name}_tmp")
@@ -189,12 +190,17 @@ def test_two_captured_tables_swapped_are_held_then_cut_and_backfilled(captured: 
     with psycopg.connect(t.dsn, autocommit=True) as conn:  # the rows that were b's
         conn.execute(f"DELETE FROM {t.name}_a WHERE id = 6")
         conn.execute(f"UPDATE {t.name}_a SET note = 'B5' WHERE id = 5")
-    topic = change_topic(t.settings.pipeline, a)
+        # a change of a table not swapped, in the batch held: written once it goes on
+        conn.execute(f"INSERT INTO {t.name}_c VALUES (1, 'during the hold')")
 
-    def deleted() -> bool:
-        return any(r.value and r.value["op"] == "d" for r in read_topic(t.settings.kafka, topic))
+    def logged(table: str, op: str) -> Callable[[], bool]:
+        topic = change_topic(t.settings.pipeline, table)
+        return lambda: any(
+            r.value and r.value["op"] == op for r in read_topic(t.settings.kafka, topic)
+        )
 
-    poll(deleted, 90, "the delete of a row that was b's")
+    poll(logged(a, "d"), 90, "the delete of a row that was b's")
+    poll(logged(c, "c"), 90, "the insert into the table not swapped")
     status = pipeline_status(t.settings)
     assert any("a name the pipeline captured another table under" in s for s in status.tables_drift)
 
@@ -221,7 +227,7 @@ def test_two_captured_tables_swapped_are_held_then_cut_and_backfilled(captured: 
     wait_for_reads(t.settings, a, lambda note: note.startswith("b") or note == "B5", 2)
     wait_for_reads(t.settings, b, lambda note: note.startswith("a"), 10)
     run_apply(t.settings, STORES, once=True)
-    for table in (a, b):  # a: b's rows 5 and 7 only; b: a's ten
+    for table in (a, b, c):  # a: b's rows 5 and 7 only; b: a's ten; c: its insert
         assert_stores_equal_source(t.settings, table)
     assert not pipeline_status(t.settings).tables_drift
 

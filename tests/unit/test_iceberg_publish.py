@@ -249,3 +249,41 @@ def test_old_snapshots_expire_with_the_files_only_they_used(
     manifests = {p.name for p in (table / "_iceberg").glob("*.avro")} - on_disk
     assert manifests == used
     assert [r["id"] for r in _iceberg_rows(base, ("cdc", "public", "t", "current"))] == [9]
+
+
+def test_a_type_change_iceberg_cannot_promote_is_not_published(tmp_path: Path) -> None:
+    """A Delta table whose files written as long stay under a double column (Delta 4's
+    type widening): Iceberg's readers cannot read them (review F10), so the Iceberg table
+    stays at its last version, readable, and the publisher says why. int to long is
+    published, and so is the warehouse's own widening, which writes every file anew."""
+    base, table = (
+        tmp_path / "warehouse",
+        tmp_path / "warehouse" / "cdc" / "public" / "t" / "current",
+    )
+    name = ("cdc", "public", "t", "current")
+    qty = {"name": "qty", "type": "integer", "nullable": True, "metadata": {}}
+    a = _parquet(table, "a.parquet", [1], True, qty=pa.array([5], pa.int32()))
+    _commit(table, 0, _meta([*FIELDS, qty]), a)
+    publisher = IcebergPublisher(str(base), str(base / "cdc"))
+    assert publisher.publish_all()
+
+    as_long = {**qty, "type": "long"}
+    b = _parquet(table, "b.parquet", [2], True, qty=pa.array([6], pa.int64()))
+    _commit(table, 1, _meta([*FIELDS, as_long]), b)
+    assert publisher.publish_all()
+    assert [(r["id"], r["qty"]) for r in _iceberg_rows(base, name)] == [(1, 5), (2, 6)]
+
+    as_double = {**qty, "type": "double"}
+    c = _parquet(table, "c.parquet", [3], True, qty=pa.array([7.5], pa.float64()))
+    _commit(table, 2, _meta([*FIELDS, as_double]), c)
+    with pytest.raises(StoreError, match="qty: long -> double: a type change Iceberg cannot"):
+        publisher.publish_all(strict=True)
+    assert publisher.behind() == {str(table): (2, 1)}  # `cdc status` shows it behind
+    assert [(r["id"], r["qty"]) for r in _iceberg_rows(base, name)] == [(1, 5), (2, 6)]
+
+    # the warehouse's own widening writes the table anew (every file): published
+    d = _parquet(table, "d.parquet", [1, 2, 3], True, qty=pa.array([5.0, 6.0, 7.5]))
+    gone = [{"remove": {"path": f["add"]["path"]}} for f in (a, b, c)]
+    _commit(table, 3, _meta([*FIELDS, as_double]), *gone, d)
+    assert publisher.publish_all(strict=True)
+    assert [r["qty"] for r in _iceberg_rows(base, name)] == [5.0, 6.0, 7.5]

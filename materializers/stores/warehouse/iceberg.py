@@ -182,6 +182,36 @@ def iceberg_schema(delta: DeltaSnapshot, previous: Any | None) -> _Schema:
     )
 
 
+def unpromotable(before: Any, after: Any) -> list[str]:
+    """The columns whose type changed from the Iceberg schema `before` to `after` in a
+    way Iceberg's readers cannot promote the files already written (v2: int to long,
+    float to double, a decimal's precision up, nothing else; Delta's type widening
+    allows more: int to double or decimal, a decimal's scale up, date to timestamp):
+    "name: old -> new" each."""
+    from pyiceberg.types import DecimalType, DoubleType, FloatType, IntegerType, LongType
+
+    def promotable(old: Any, new: Any) -> bool:
+        if old == new or (isinstance(old, IntegerType) and isinstance(new, LongType)):
+            return True
+        if isinstance(old, FloatType) and isinstance(new, DoubleType):
+            return True
+        return (
+            isinstance(old, DecimalType)
+            and isinstance(new, DecimalType)
+            and new.scale == old.scale
+            and new.precision >= old.precision
+        )
+
+    held = {f.field_id: f for f in before.fields}
+    return [
+        f"{field.name}: {held[field.field_id].field_type} -> {field.field_type}"
+        for field in after.fields
+        if field.field_id in held
+        and field.field_type.is_primitive
+        and not promotable(held[field.field_id].field_type, field.field_type)
+    ]
+
+
 def _partition_value(text: str | None, kind: Any) -> Any:
     """A partition value as Delta's log writes it, as Iceberg holds it."""
     import datetime as dt
@@ -386,6 +416,14 @@ class IcebergPublisher:
         have = self._current_files(path, table)
         wanted = {f"file://{p}" if "://" not in p else p: v for p, v in delta.files.items()}
         removed = [f for p, f in have.items() if p not in wanted]
+        kept = [p for p in have if p in wanted]
+        changed = unpromotable(table.schema(), schema) if kept else []
+        if changed:  # its files written before would no longer be read (a rewrite is)
+            raise StoreError(
+                f"{', '.join(changed)}: a type change Iceberg cannot read the files written "
+                "before under; the Iceberg table stays at its last version (Delta's is "
+                "current): run `cdc rebuild --store warehouse` to write every file again"
+            )
         with table.transaction() as tx:
             if schema.as_struct() != table.schema().as_struct():
                 new_id = max(s.schema_id for s in table.schemas().values()) + 1
