@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -200,10 +201,22 @@ def pipeline_connector_config(
                 "transforms.mask.placeholder": placeholder,
             }
         )
-    keyed = [f"{t.qualified}:{','.join(t.key)}" for t in tables if t.qualified in pipe.key_columns]
+    # every table's key named, not only a configured one's: Debezium reads a table's
+    # primary key from the catalog by the name its change was made under, and a change
+    # it decodes after the table was renamed finds none there: keyless, the record is
+    # refused by the compacted topic and the task dies (a rename while capture is behind)
+    keyed = [
+        f"{_java_regex_literal(t.qualified)}:{','.join(t.key)}"
+        for t in tables
+        if not any(_UNSAFE_IN_KEY_COLUMNS.search(n) for n in (t.qualified, *t.key))
+    ]
     if keyed:
         config["message.key.columns"] = ";".join(keyed)
     return config
+
+
+# what message.key.columns cannot hold in a name (it splits on these)
+_UNSAFE_IN_KEY_COLUMNS = re.compile(r"[\s:;,]")
 
 
 def _column_filter(tables: Sequence[Table]) -> dict[str, str]:

@@ -684,6 +684,8 @@ class SourceReader:
         self.reused: list[str] = []
         # the published tables' relations (OID -> name now), as the last read found them
         self.relations: dict[int, str] = {}
+        # tables renamed since `cdc setup` (name now -> the name captured under)
+        self.renamed: dict[str, str] = {}
 
     def read(self) -> tuple[dict[str, Table], int]:
         """The pipeline's tables and the source's WAL position, as read_source."""
@@ -705,17 +707,36 @@ class SourceReader:
             ).fetchall()
             seen = tuple(r[2] for r in rows)
             self.relations = {int(r[0]): str(r[1]) for r in rows}
-            self.reused = reused(recorded(conn, pipe.name) or {}, self.relations)
+            before = recorded(conn, pipe.name) or {}
+            self.reused = reused(before, self.relations)
+            self.renamed = {
+                name: before[oid]
+                for oid, name in self.relations.items()
+                if before.get(oid, name) != name and before[oid] not in self.relations.values()
+            }
             if seen != self._seen or list(self._tables) != names:
                 self._tables = {name: describe_table(conn, name, pipe) for name in names}
                 self._seen = seen
-            return dict(self._tables), _wal_position(conn)
+            return self._as_captured(), _wal_position(conn)
         except psycopg.OperationalError as exc:  # the connection went (a restart)
             self.close()
             pg = self.settings.postgres
             raise SourceUnavailableError(
                 f"PostgreSQL at {pg.host}:{pg.port} does not answer ({str(exc).strip()[:120]})"
             ) from None
+
+    def _as_captured(self) -> dict[str, Table]:
+        """The tables under the names they are captured under: one renamed since `cdc
+        setup` keeps its old name, so the changes made under it that the store had not
+        applied yet are (its old topic's tail), and its new name's topic waits for `cdc
+        setup`, which captures and backfills it there."""
+        tables = dict(self._tables)
+        for now, captured in self.renamed.items():
+            table = tables.pop(now, None)
+            if table is not None:
+                schema, name = captured.split(".", 1)
+                tables[captured] = replace(table, schema=schema, name=name)
+        return tables
 
     def close(self) -> None:
         if self._conn is not None:
