@@ -26,6 +26,7 @@ __all__ = [
     "Drift",
     "current_relations",
     "drift",
+    "partitions_gone",
     "placeholder_statement",
     "record_captured",
     "recorded",
@@ -46,6 +47,8 @@ class Drift:
     # captured names another captured relation has now (two tables swapped, one renamed
     # onto a dropped one's name): the stores hold the old relation's rows under them
     reused: list[str] = field(default_factory=list)
+    # partitioned tables with partitions detached or dropped since `cdc setup`: how many
+    shrunk: dict[str, int] = field(default_factory=dict)
     # change topics of no captured table written since the record: (topic, its table)
     strays: list[tuple[str, str]] = field(default_factory=list)
 
@@ -76,6 +79,12 @@ class Drift:
             f"table {name} is selected by pipeline.tables but not captured (created again, "
             "or new): its changes are not read; run `cdc setup` (it captures and backfills it)"
             for name in self.uncaptured
+        ]
+        lines += [
+            f"table {name}: {count} partition(s) detached or dropped since `cdc setup`, "
+            "which PostgreSQL publishes no delete for: their rows stay in every store; run "
+            f"`cdc setup` (it cuts {name} in every store and backfills it)"
+            for name, count in sorted(self.shrunk.items())
         ]
         targets = {new for _, new in self.renamed}
         lines += [
@@ -135,13 +144,39 @@ def current_relations(conn: psycopg.Connection[Any], qualified: Sequence[str]) -
 
 
 def record_captured(conn: psycopg.Connection[Any], pipeline: str, tables: Sequence[Table]) -> None:
-    """Record the relations `pipeline` captures now (in the caller's transaction)."""
+    """Record the relations `pipeline` captures now, with a partitioned table's partitions
+    (in the caller's transaction)."""
     conn.execute("DELETE FROM cdc.captured WHERE pipeline = %s", (pipeline,))
     for oid, name in current_relations(conn, [t.qualified for t in tables]).items():
         conn.execute(
-            "INSERT INTO cdc.captured (pipeline, relid, table_name) VALUES (%s, %s, %s)",
-            (pipeline, oid, name),
+            "INSERT INTO cdc.captured (pipeline, relid, table_name, partitions) "
+            f"VALUES (%s, %s, %s, ({_PARTITIONS}))",
+            (pipeline, oid, name, oid, oid),
         )
+
+
+# a relation's partitions at every level (none for a table that is not partitioned)
+_PARTITIONS = (
+    "SELECT array_agg(t.relid ORDER BY t.relid) FROM pg_partition_tree(%s::oid::regclass) t "
+    "WHERE t.relid <> %s::oid::regclass"
+)
+
+
+def partitions_gone(conn: psycopg.Connection[Any], pipeline: str) -> dict[str, int]:
+    """Per captured partitioned table (the name it is captured under), how many of the
+    partitions recorded with it are no longer among its partitions (detached, dropped)."""
+    try:
+        with conn.transaction():  # a savepoint: the caller's transaction goes on
+            rows = conn.execute(
+                "SELECT c.table_name, (SELECT count(*) FROM unnest(c.partitions) p "
+                "  WHERE p NOT IN (SELECT t.relid FROM pg_partition_tree(c.relid) t)) "
+                "FROM cdc.captured c JOIN pg_class r ON r.oid = c.relid "
+                "WHERE c.pipeline = %s AND c.partitions IS NOT NULL",
+                (pipeline,),
+            ).fetchall()
+    except psycopg.errors.UndefinedColumn:  # recorded before partitions were
+        return {}
+    return {str(name): int(n) for name, n in rows if n}
 
 
 def drift(
@@ -161,7 +196,13 @@ def drift(
     renamed = [(name, now[oid]) for oid, name in before.items() if oid in now and now[oid] != name]
     dropped = [name for oid, name in before.items() if oid not in now]
     uncaptured = [name for name in selected if name not in published]
-    return Drift(sorted(renamed), sorted(dropped), sorted(uncaptured), reused(before, now))
+    return Drift(
+        sorted(renamed),
+        sorted(dropped),
+        sorted(uncaptured),
+        reused(before, now),
+        partitions_gone(conn, pipeline) if before else {},
+    )
 
 
 def reused(before: dict[int, str], now: dict[int, str]) -> list[str]:

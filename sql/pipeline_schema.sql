@@ -110,6 +110,10 @@ CREATE TABLE IF NOT EXISTS cdc.captured (
 -- when `cdc setup` recorded it: a change topic of another name written since holds
 -- changes of a captured table made under that name (`cdc status`)
 ALTER TABLE cdc.captured ADD COLUMN IF NOT EXISTS recorded_at timestamptz NOT NULL DEFAULT now();
+-- a partitioned table's partitions (every level) when `cdc setup` recorded it: one
+-- detached or dropped since took its rows out without a change event (`cdc status`;
+-- `cdc setup` cuts and backfills the table)
+ALTER TABLE cdc.captured ADD COLUMN IF NOT EXISTS partitions oid[];
 
 -- What `cdc setup` owes a streaming pipeline once it has recorded its capture set in
 -- cdc.captured: the cut of a table dropped and created again (done before its

@@ -5,13 +5,14 @@ captures now: a table new to it (added, renamed) is backfilled. It is cut first 
 store drops the rows it held under its name, as a TRUNCATE would) when the stores may
 hold rows under its name that are not its own as captured: a table dropped and created
 again under a captured name; two captured tables swapped, or one renamed onto a captured
-name (the stores hold the other relation's rows); a table whose change topic was written
-before (removed from the pipeline and added back, renamed away and back: the deletes
-made meanwhile were not captured); a captured table taken out of the publication by
-someone else (likewise). The work is recorded in `cdc.pending` in the transaction that
-records the new capture set, and each row is removed once its work is done, so a setup
-that stops halfway is finished by the next one (`cdc setup` reruns what is pending). A
-snapshot reads every table: it owes nothing, and clears what was pending.
+name (the stores hold the other relation's rows); a partitioned table a partition was
+detached or dropped from (PostgreSQL publishes no delete for its rows); a table whose
+change topic was written before (removed from the pipeline and added back, renamed away
+and back: the deletes made meanwhile were not captured); a captured table taken out of
+the publication by someone else (likewise). The work is recorded in `cdc.pending` in the
+transaction that records the new capture set, and each row is removed once its work is
+done, so a setup that stops halfway is finished by the next one (`cdc setup` reruns what
+is pending). A snapshot reads every table: it owes nothing, and clears what was pending.
 """
 
 from __future__ import annotations
@@ -51,12 +52,14 @@ def owed(
     names: Sequence[str],
     unpublished: Collection[str] = (),
     logged: Collection[str] = (),
+    shrunk: Collection[str] = (),
 ) -> Owed:
     """What a setup owes (`before`: the relations captured, OID -> name; `now`: those of
     `names` that exist; `unpublished`: captured tables the publication no longer held
     when the setup began, whose changes since were not captured; `logged`: the names
-    whose change topic was ever written to). A pipeline that captured nothing before
-    owes nothing: its snapshot reads every table."""
+    whose change topic was ever written to; `shrunk`: the partitioned tables a partition
+    left, detached or dropped, without a delete event for its rows). A pipeline that
+    captured nothing before owes nothing: its snapshot reads every table."""
     if not before:
         return Owed()
     renamed = sorted(
@@ -67,10 +70,11 @@ def owed(
     )
     oids = {name: oid for oid, name in now.items()}
     back = [t for t in names if before.get(oids.get(t, -1)) == t and t in unpublished]
-    added = [t for t in names if before.get(oids.get(t, -1)) != t or t in back]
+    left = [t for t in names if t in shrunk]
+    added = [t for t in names if before.get(oids.get(t, -1)) != t or t in back or t in left]
     swapped = [t for t in reused(before, now) if t not in recreated]
     again = [t for t in added if t in logged and t not in {*recreated, *back, *swapped}]
-    return Owed(renamed, recreated, added, back, sorted({*swapped, *again}))
+    return Owed(renamed, recreated, added, back, sorted({*swapped, *again, *left}))
 
 
 def record(conn: psycopg.Connection[Any], pipeline: str, work: Owed) -> None:

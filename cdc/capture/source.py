@@ -53,6 +53,7 @@ from cdc.catalog import (
 from cdc.errors import SourceError, SourceUnavailableError
 from cdc.identity import (
     current_relations,
+    partitions_gone,
     placeholder_statement,
     record_captured,
     recorded,
@@ -230,7 +231,8 @@ def prepare_source(settings: Settings, before: dict[int, str] | None = None) -> 
                     unpublished = set(before.values()) - published
                     now = current_relations(conn, chosen)
                     logged = [t for t in chosen if change_topic(pipe, t) in written]
-                    work = pending.owed(before, now, chosen, unpublished, logged)
+                    shrunk = partitions_gone(conn, pipe.name)
+                    work = pending.owed(before, now, chosen, unpublished, logged, shrunk)
                     pending.record(conn, pipe.name, work)
                 record_captured(conn, pipe.name, tables)
                 conn.execute(

@@ -270,3 +270,54 @@ def test_the_identity_trigger_never_fails_an_application_roles_ddl(captured: Cap
             conn.execute("RESET ROLE")
             conn.execute(f"DROP OWNED BY {role}")
             conn.execute(f"DROP ROLE {role}")
+
+
+def test_a_detached_partitions_rows_leave_every_store_at_the_next_setup(
+    captured: Capture,
+) -> None:
+    """PostgreSQL publishes no delete for the rows of a partition detached from a captured
+    root (review F9): `cdc status` names the table, and `cdc setup` cuts it in every store
+    and backfills it, so those rows leave every store and the others stay."""
+    from cdc.capture.pipeline import sync_pipeline
+    from cdc.topics import read_topic
+    from materializers.apply.job import run_apply
+    from tests.logcheck import poll
+
+    t = captured(
+        "CREATE TABLE {name} (id int, region text, body text, PRIMARY KEY (id, region)) "
+        "PARTITION BY LIST (region)",
+        "CREATE TABLE {name}_eu PARTITION OF {name} FOR VALUES IN ('eu')",
+        "CREATE TABLE {name}_us PARTITION OF {name} FOR VALUES IN ('us')",
+        "INSERT INTO {name} SELECT g, (ARRAY['eu','us'])[g % 2 + 1], 'v0' "
+        "FROM generate_series(1, 20) g",
+        prefix="detach",
+    )
+    stores = ["cache", "search", "warehouse"]
+    run_apply(t.settings, stores, once=True)
+    with psycopg.connect(t.dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER TABLE {t.name} DETACH PARTITION {t.name}_us")
+        conn.execute(f"UPDATE {t.name} SET body = 'kept'")  # the ten rows of eu
+    status = pipeline_status(t.settings)
+    assert status.broken
+    assert any("1 partition(s) detached or dropped" in s for s in status.tables_drift)
+
+    result = sync_pipeline(t.settings)
+    assert result.recreated == [t.table] and result.backfills == [t.table]
+    topic = change_topic(t.settings.pipeline, t.table)
+
+    def backfilled() -> bool:
+        reads = [
+            r
+            for r in read_topic(t.settings.kafka, topic)
+            if r.value and r.value["op"] == "r" and r.value["after"]["body"] == "kept"
+        ]
+        return len(reads) >= 10
+
+    poll(backfilled, 120, "the backfill of the table's rows")
+    run_apply(t.settings, stores, once=True)
+    expected = source(t.dsn, t.name)
+    assert len(expected) == 10  # the us rows are gone from the root
+    assert cache(t.settings, t.table) == expected
+    assert search(t.settings, t.table) == expected
+    assert warehouse(t.settings, t.table) == expected
+    assert not pipeline_status(t.settings).tables_drift

@@ -55,3 +55,9 @@ def test_a_table_whose_topic_was_written_before_is_cut_a_new_one_is_not() -> Non
     assert found.reused == ["public.b"] and found.cuts == ["public.b"]
     # a table captured all along is not cut for its written topic
     assert owed(before, {1: "public.a"}, ["public.a"], logged={"public.a"}) == Owed()
+
+
+def test_a_partitioned_table_a_partition_left_is_cut_and_backfilled() -> None:
+    before = {1: "public.a", 2: "public.b"}
+    found = owed(before, before, ["public.a", "public.b"], shrunk={"public.b"})
+    assert found.cuts == ["public.b"] and found.added == ["public.b"]
