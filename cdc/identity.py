@@ -24,6 +24,8 @@ from cdc.catalog import DEBEZIUM_PLACEHOLDER, Table
 __all__ = [
     "CAPTURED_TABLE",
     "Drift",
+    "acknowledge_all",
+    "acknowledged",
     "current_relations",
     "drift",
     "partitions_gone",
@@ -145,14 +147,56 @@ def current_relations(conn: psycopg.Connection[Any], qualified: Sequence[str]) -
 
 def record_captured(conn: psycopg.Connection[Any], pipeline: str, tables: Sequence[Table]) -> None:
     """Record the relations `pipeline` captures now, with a partitioned table's partitions
-    (in the caller's transaction)."""
-    conn.execute("DELETE FROM cdc.captured WHERE pipeline = %s", (pipeline,))
-    for oid, name in current_relations(conn, [t.qualified for t in tables]).items():
+    (in the caller's transaction). A relation captured under the same name keeps the time
+    it was first recorded (the changes of no captured name written since are reported
+    until a backfill: another setup does not hide them); a name no longer captured is
+    acknowledged through now (its changes until now were its table's)."""
+    now = current_relations(conn, [t.qualified for t in tables])
+    conn.execute(
+        "INSERT INTO cdc.acknowledged (pipeline, table_name) SELECT pipeline, table_name "
+        "FROM cdc.captured WHERE pipeline = %s AND NOT (table_name = ANY(%s)) "
+        "ON CONFLICT (pipeline, table_name) DO UPDATE SET through = now()",
+        (pipeline, list(now.values())),
+    )
+    conn.execute(
+        "DELETE FROM cdc.captured WHERE pipeline = %s AND NOT (relid = ANY(%s::oid[]))",
+        (pipeline, list(now)),
+    )
+    for oid, name in now.items():
         conn.execute(
             "INSERT INTO cdc.captured (pipeline, relid, table_name, partitions) "
-            f"VALUES (%s, %s, %s, ({_PARTITIONS}))",
+            f"VALUES (%s, %s, %s, ({_PARTITIONS})) "
+            "ON CONFLICT (pipeline, relid) DO UPDATE SET table_name = EXCLUDED.table_name, "
+            "partitions = EXCLUDED.partitions, recorded_at = CASE WHEN "
+            "cdc.captured.table_name = EXCLUDED.table_name THEN cdc.captured.recorded_at "
+            "ELSE now() END",
             (pipeline, oid, name, oid, oid),
         )
+
+
+def acknowledged(conn: psycopg.Connection[Any], pipeline: str) -> dict[str, int]:
+    """Per name ('*': every name), the time (ms since the epoch) through which changes of
+    no captured table written under it are accounted for."""
+    if conn.execute("SELECT to_regclass('cdc.acknowledged') IS NULL").fetchone()[0]:  # type: ignore[index]
+        return {}
+    rows = conn.execute(
+        "SELECT table_name, (extract(epoch FROM through) * 1000)::bigint "
+        "FROM cdc.acknowledged WHERE pipeline = %s",
+        (pipeline,),
+    ).fetchall()
+    return {str(name): int(ms) for name, ms in rows}
+
+
+def acknowledge_all(conn: psycopg.Connection[Any], pipeline: str) -> None:
+    """Every change written under a name no captured table has is accounted for, through
+    now (a backfill was asked for: what it reads supersedes them)."""
+    if conn.execute("SELECT to_regclass('cdc.acknowledged') IS NULL").fetchone()[0]:  # type: ignore[index]
+        return
+    conn.execute(
+        "INSERT INTO cdc.acknowledged (pipeline, table_name) VALUES (%s, '*') "
+        "ON CONFLICT (pipeline, table_name) DO UPDATE SET through = now()",
+        (pipeline,),
+    )
 
 
 # a relation's partitions at every level (none for a table that is not partitioned)

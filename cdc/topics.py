@@ -264,12 +264,17 @@ def end_offsets(kafka: KafkaSettings, topics: list[str]) -> dict[str, dict[int, 
 
 
 def written_since(
-    kafka: KafkaSettings, pipeline: PipelineSettings, since_ms: int, captured: set[str]
+    kafka: KafkaSettings,
+    pipeline: PipelineSettings,
+    since_ms: int,
+    captured: set[str],
+    acknowledged: dict[str, int] | None = None,
 ) -> list[str]:
     """The pipeline's change topics of no table in `captured` ("schema.table") whose last
     change committed at or after `since_ms`: the changes of a captured table made under
     another name (renamed, and perhaps back), which no store applies. (A table removed
-    from the pipeline then has none: its last change committed before.)"""
+    from the pipeline then has none: its last change committed before.) `acknowledged`:
+    per name ('*': any), the time (ms) through which its changes are accounted for."""
     pattern = re.compile(change_topic_pattern(pipeline))
     own = {change_topic(pipeline, t) for t in captured}
     # the pipeline's own tables' (Debezium writes its signal table's rows too)
@@ -289,7 +294,13 @@ def written_since(
     finally:
         consumer.close()
     last = change_times(kafka, {(tp.topic, tp.partition, ends[tp] - 1) for tp in recent})
-    return sorted({topic for (topic, _, _), ms in last.items() if ms >= since_ms})
+    acks = acknowledged or {}
+    prefix = len(pipeline.topic_prefix) + 1
+
+    def since(topic: str) -> int:  # changes up to an acknowledgement are accounted for
+        return max(since_ms, acks.get("*", 0) + 1, acks.get(topic[prefix:], 0) + 1)
+
+    return sorted({topic for (topic, _, _), ms in last.items() if ms >= since(topic)})
 
 
 def change_times(

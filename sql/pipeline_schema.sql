@@ -115,6 +115,17 @@ ALTER TABLE cdc.captured ADD COLUMN IF NOT EXISTS recorded_at timestamptz NOT NU
 -- `cdc setup` cuts and backfills the table)
 ALTER TABLE cdc.captured ADD COLUMN IF NOT EXISTS partitions oid[];
 
+-- Change topics of no captured table written since `cdc.captured` was recorded hold
+-- changes made under a passing name (`cdc status`). Their changes up to `through` are
+-- accounted for: a name the pipeline captured until `cdc setup` took it out, or every
+-- name ('*') once a backfill was asked for (the remedy `cdc status` gives).
+CREATE TABLE IF NOT EXISTS cdc.acknowledged (
+    pipeline   text NOT NULL,
+    table_name text NOT NULL,
+    through    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pipeline, table_name)
+);
+
 -- What `cdc setup` owes a streaming pipeline once it has recorded its capture set in
 -- cdc.captured: the cut of a table dropped and created again (done before its
 -- backfill), the backfill of a table new to it (added, renamed, created again, or put

@@ -33,6 +33,7 @@ from cdc.capture.source import (
 from cdc.clients import kafka_client_kwargs
 from cdc.errors import BackfillError
 from cdc.filters import filter_problem
+from cdc.identity import acknowledge_all
 from cdc.settings import Settings
 from cdc.topics import notification_topic
 
@@ -133,10 +134,14 @@ def _check_streaming(settings: Settings, table: str) -> None:
         )
 
 
-def start_backfill(settings: Settings, table: str, where: str | None = None) -> tuple[str, int]:
+def start_backfill(
+    settings: Settings, table: str, where: str | None = None, acknowledge: bool = True
+) -> tuple[str, int]:
     """Ask Debezium for an incremental snapshot of table (rows matching where).
 
-    Returns the signal id and the notification topic offset to watch from.
+    Returns the signal id and the notification topic offset to watch from. With
+    `acknowledge` (a backfill a person asked for: the remedy `cdc status` gives for
+    changes made under a passing name), those changes written so far are accounted for.
     """
     if "." not in table:
         table = f"public.{table}"
@@ -158,7 +163,12 @@ def start_backfill(settings: Settings, table: str, where: str | None = None) -> 
         # Debezium appends the filter to its chunk query as it is (`WHERE <chunk bounds>
         # AND <filter>`): an OR at its top level would escape the chunk's bounds
         data["additional-conditions"] = [{"data-collection": table, "filter": rows}]
-    return send_signal(settings, "execute-snapshot", data), start
+    signal = send_signal(settings, "execute-snapshot", data)
+    if acknowledge:
+        with admin_connection(settings) as conn:
+            acknowledge_all(conn, settings.pipeline.name)
+            conn.commit()
+    return signal, start
 
 
 def filter_chars(where: str) -> int:

@@ -94,7 +94,7 @@ def sync_pipeline(settings: Settings) -> SyncResult:
     backfills = []
     for table in [t for t, work in owed if work == pending.BACKFILL]:
         if table in names:  # (one no longer selected is not captured)
-            start_backfill(settings, table)
+            start_backfill(settings, table, acknowledge=False)
             backfills.append(table)
         with admin_connection(settings) as conn:
             pending.done(conn, pipe.name, table, pending.BACKFILL)

@@ -182,7 +182,7 @@ def _backfill(settings: Settings, table: Table, why: str, say: Say) -> bool:
     from cdc.capture.backfill import start_backfill
 
     try:
-        start_backfill(settings, table.qualified)
+        start_backfill(settings, table.qualified, acknowledge=False)
     except Exception as exc:  # e.g. Connect down: tried again at the next micro-batch
         line = (
             f"{table.qualified}: {why}, which emits no change events, and its backfill cannot "

@@ -16,7 +16,7 @@ from cdc.capture.snapshots import read_state
 from cdc.capture.source import admin_connection
 from cdc.catalog import describe_table, published_tables, selected_tables
 from cdc.errors import CdcError, SourceError
-from cdc.identity import drift, recorded_since
+from cdc.identity import acknowledged, drift, recorded_since
 from cdc.settings import Settings
 from cdc.topics import change_times, change_topic, dead_letter_topic, end_offsets, written_since
 from materializers.log.freshness import Freshness, judge
@@ -80,10 +80,11 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
             published = published_tables(conn, pipe.publication)
             found = drift(conn, pipe.name, published, selected_tables(conn, pipe))
             since = recorded_since(conn, pipe.name)
+            acks = acknowledged(conn, pipe.name)
             if tables is None:
                 tables = published
         if since is not None:
-            written = written_since(settings.kafka, pipe, since, set(published))
+            written = written_since(settings.kafka, pipe, since, set(published), acks)
             prefix = len(pipe.topic_prefix) + 1
             found = replace(found, strays=[(t, t[prefix:]) for t in written])
         if published or state:
