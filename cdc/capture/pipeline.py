@@ -148,6 +148,8 @@ def drop_pipeline(settings: Settings) -> list[str]:
             conn.execute("DELETE FROM cdc.captured WHERE pipeline = %s", (pipe.name,))
             if conn.execute("SELECT to_regclass('cdc.pending') IS NOT NULL").fetchone()[0]:  # type: ignore[index]
                 pending.clear(conn, pipe.name)
+            if conn.execute("SELECT to_regclass('cdc.acknowledged') IS NOT NULL").fetchone()[0]:  # type: ignore[index]
+                conn.execute("DELETE FROM cdc.acknowledged WHERE pipeline = %s", (pipe.name,))
     if drop_publication(settings):
         gone.append(f"publication {pipe.publication}")
     with admin_connection(settings) as conn:

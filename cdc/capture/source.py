@@ -52,6 +52,7 @@ from cdc.catalog import (
 )
 from cdc.errors import SourceError, SourceUnavailableError
 from cdc.identity import (
+    acknowledge_all,
     current_relations,
     partitions_gone,
     placeholder_statement,
@@ -224,8 +225,9 @@ def prepare_source(settings: Settings, before: dict[int, str] | None = None) -> 
                 read_salt(conn, pipe)  # pipeline.mask_salt, if set, is the one in use
                 placeholder = pipeline_placeholder(conn, pipe.name)
                 tables = [replace(t, placeholder=placeholder) for t in tables]
-                if before is None:
+                if before is None:  # a snapshot reads every table: it owes nothing
                     pending.clear(conn, pipe.name)
+                    acknowledge_all(conn, pipe.name)
                 else:  # a captured table out of the publication lost its changes since
                     chosen = [t.qualified for t in tables]
                     unpublished = set(before.values()) - published
