@@ -298,23 +298,6 @@ def start_offset(lsn: int, ts_ms: int | None = None) -> dict[str, int | str]:
     return offset
 
 
-def logged_position(settings: Settings) -> int | None:
-    """The newest WAL position the connector has delivered to Kafka, as the offset Connect
-    holds for it says (None when it holds none, or Connect does not answer)."""
-    try:
-        held = connect_client(settings, timeout=10).offsets(settings.pipeline.connector)
-    except Exception as exc:  # a guard's extra look: the store's own positions still count
-        log.warning("the connector's offsets could not be read: %s", exc)
-        return None
-    positions = [
-        p
-        for entry in held
-        for k in ("lsn_commit", "lsn", "lsn_proc")
-        if isinstance(p := (entry.get("offset") or {}).get(k), int)
-    ]
-    return max(positions, default=None)
-
-
 def offset_reaches(offset: dict[str, Any], lsn: int) -> bool:
     """Whether a stored Debezium offset is at or past `lsn`, a slot's consistent point.
 

@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cdc.capture.connector import logged_position
 from cdc.capture.generation import read_generation
 from cdc.capture.rewrites import check_rewrites
 from cdc.capture.source import SourceReader, ping_source, timeline_forks
@@ -163,8 +162,7 @@ class BatchWriter:
         progress = read_progress(self.settings, name) or Progress()
         check_source_not_rewound(name, wal, progress)
         forks = functools.partial(timeline_forks, self.settings)
-        logged = functools.partial(logged_position, self.settings)
-        check_source_lineage(name, self.source.lineage, forks, progress, logged)
+        check_source_lineage(name, self.source.lineage, forks, progress)
         ends = self.ends.check_not_rewound(name, topics, progress)
         self.topic_ids.update(self.ends.ids)
         return progress, backlog(ends, progress.applied_of(topics))

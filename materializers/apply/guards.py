@@ -120,16 +120,12 @@ def check_source_lineage(
     lineage: tuple[str, int | None] | None,
     forks: Callable[[int], dict[int, int]],
     progress: Progress,
-    logged: Callable[[], int | None] = lambda: None,
 ) -> None:
     """Raise SourceRewoundError if the source is not the database `store` applied changes
     of (another system identifier), or has moved to a timeline that left the one the
-    store applied from before a position the store holds, or the log holds: restored to
-    a point in time, or a standby promoted before it had received those changes (a store
-    behind would apply them from the log, and the connector would resume past the new
-    timeline's own changes). `forks(timeline)`: per ancestor timeline, where the current
-    one left it (its history file); `logged()`: the newest position the connector
-    delivered to the log, if known."""
+    store applied from before a position the store holds: restored to a point in time,
+    or a standby promoted before it had received those changes. `forks(timeline)`: per
+    ancestor timeline, where the current one left it (its history file)."""
     if lineage is None or not progress.source:
         return
     (system, timeline), (now_system, now_timeline) = progress.source, lineage
@@ -146,16 +142,11 @@ def check_source_lineage(
         return
     taken = max([progress.commit_lsn or 0, *(c for c, _ in progress.truncated.values())])
     left = forks(now_timeline).get(timeline)
-    held = logged() if left is not None and taken < left else None
-    if left is None or taken >= left or (held is not None and held >= left):
+    if left is None or taken >= left:
         where = f"left it at {int_to_lsn(left)}" if left is not None else "does not descend from it"
-        had = (
-            f"the {store} store applied changes of timeline {timeline} up to {int_to_lsn(taken)}"
-            if held is None or held < (left or 0)
-            else f"the log holds changes of timeline {timeline} up to {int_to_lsn(held)}"
-        )
         raise SourceRewoundError(
-            f"PostgreSQL writes on timeline {now_timeline}, which {where}, and {had}: the "
+            f"PostgreSQL writes on timeline {now_timeline}, which {where}, and the {store} "
+            f"store applied changes of timeline {timeline} up to {int_to_lsn(taken)}: the "
             "database was restored to an earlier point, or a standby was promoted before it "
             "had them, and those changes are gone from it. " + remedy
         )

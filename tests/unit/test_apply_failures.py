@@ -103,14 +103,3 @@ def test_a_source_on_a_timeline_that_left_before_what_a_store_applied_stops_it()
         check_source_lineage("cache", ("42", 3), lambda _: {}, applied)
     with pytest.raises(SourceRewoundError, match="another database cluster"):
         check_source_lineage("cache", ("43", 2), lambda _: forks, applied)
-
-
-def test_a_timeline_that_left_before_what_the_log_holds_stops_a_store_behind() -> None:
-    """A store behind the log (review F7): its own newest change is before the fork, but
-    the connector delivered changes past it, which the new timeline does not have."""
-    forks = {2: 0x5000000}
-    behind = Progress(commit_lsn=0x4000000, source=["42", 2])
-    check_source_lineage("cache", ("42", 3), lambda _: forks, behind, lambda: 0x4FFFFFF)
-    check_source_lineage("cache", ("42", 3), lambda _: forks, behind, lambda: None)  # unknown
-    with pytest.raises(SourceRewoundError, match="the log holds changes of timeline 2 up to"):
-        check_source_lineage("cache", ("42", 3), lambda _: forks, behind, lambda: 0x5000010)
