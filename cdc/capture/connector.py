@@ -208,15 +208,17 @@ def pipeline_connector_config(
     keyed = [
         f"{_java_regex_literal(t.qualified)}:{','.join(t.key)}"
         for t in tables
-        if not any(_UNSAFE_IN_KEY_COLUMNS.search(n) for n in (t.qualified, *t.key))
+        if not _SPLITS.search(t.qualified) and not any(_UNSAFE_COLUMN.search(c) for c in t.key)
     ]
     if keyed:
         config["message.key.columns"] = ";".join(keyed)
     return config
 
 
-# what message.key.columns cannot hold in a name (it splits on these)
-_UNSAFE_IN_KEY_COLUMNS = re.compile(r"[\s:;,]")
+# what message.key.columns cannot hold in a name (it splits on these); a key column's
+# name is read as a regular expression too: one holding its syntax keeps the lookup
+_SPLITS = re.compile(r"[\s:;,]")
+_UNSAFE_COLUMN = re.compile(r"[\s:;,()\[\]{}\\.*+?^$|]")
 
 
 def _column_filter(tables: Sequence[Table]) -> dict[str, str]:

@@ -393,6 +393,7 @@ class BatchWriter:
         if name in tables:
             return name
         now = self.source.relations.get(relid) if relid is not None else None
+        now = self.source.renamed.get(now or "", now)  # renamed since setup: its old name
         return now if now in tables else None
 
     def sweep_generation(self, tables: dict[str, Table]) -> None:
