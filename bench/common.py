@@ -306,6 +306,10 @@ class WarehousePhases:
         "version_rows",
         "_append",
         "_write_current",
+        # a batch shaped on the driver (arrow_batch.py)
+        "_decode_batch",
+        "_append_arrow",
+        "_merge_arrow",
     )
 
     def __init__(self) -> None:

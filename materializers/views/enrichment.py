@@ -36,7 +36,7 @@ from cdc.topics import ChangeRecord
 from materializers.log.position import Position, event_position
 from materializers.log.typed import quoted as q
 from materializers.log.typed import spark_type
-from materializers.stores.warehouse.native import NativeWriter
+from materializers.stores.warehouse.native import NativeWriter, null_safe_match
 from materializers.stores.warehouse.native import datafusion_quoted as dq
 from materializers.views.base import NOW, Expected, Form, ReferencingJoin, Verifier
 from materializers.views.streams import logged_changes
@@ -244,8 +244,11 @@ def refresh_enrichment(
             ("insert", None, None),
         ]
         on = " AND ".join(
-            [f"t.{dq(k)} IS NOT DISTINCT FROM s.{dq(k)}" for k in stream.key]
-            + ["t._cdc_commit_lsn = s._cdc_commit_lsn", "t._cdc_lsn = s._cdc_lsn"]
+            [
+                null_safe_match([(k, k) for k in stream.key]),
+                "(t._cdc_commit_lsn = s._cdc_commit_lsn)",
+                "(t._cdc_lsn = s._cdc_lsn)",
+            ]
         )
         rows = aligned_rows(target, enriched)
         if native.merge(view_path(root, join.name), rows, on, clauses):

@@ -165,11 +165,11 @@ def merged_into(
     (written in SQL both Spark and delta-rs read), by delta-rs where `native` can."""
     from pyspark.sql import functions as F
 
-    from materializers.stores.warehouse.native import datafusion_quoted as dq
+    from materializers.stores.warehouse.native import null_safe_match
     from materializers.stores.warehouse.tables import ensure_delta
 
     on = " AND ".join(f"t.{q(k)} <=> s.{q(k)}" for k in keys)
-    native_on = " AND ".join(f"t.{dq(k)} IS NOT DISTINCT FROM s.{dq(k)}" for k in keys)
+    native_on = null_safe_match([(k, k) for k in keys])
 
     def write(batch: DataFrame, _: int) -> None:
         target = ensure_delta(spark, path, fields)

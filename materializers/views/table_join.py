@@ -16,7 +16,7 @@ from cdc.catalog import Table
 from cdc.settings import TableJoin
 from materializers.log.typed import quoted as q
 from materializers.log.typed import spark_type
-from materializers.stores.warehouse.native import NativeWriter
+from materializers.stores.warehouse.native import NativeWriter, null_safe_match
 from materializers.stores.warehouse.native import datafusion_quoted as dq
 from materializers.stores.warehouse.tables import view_path
 from materializers.views.base import ReferencingJoin, Verifier
@@ -132,7 +132,7 @@ def refresh_join(
             ("update", "s.__present", values),
             ("insert", "s.__present", values),
         ]
-        on = " AND ".join(f"t.{dq(k)} IS NOT DISTINCT FROM s.{dq(k)}" for k in left.key)
+        on = null_safe_match([(k, k) for k in left.key])
         if native.merge(view_path(root, join.name), source, on, clauses):
             return
     values = {q(c): f"s.{q(c)}" for c in columns}

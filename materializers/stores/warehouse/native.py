@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-__all__ = ["NativeWriter", "datafusion_quoted"]
+__all__ = ["NativeWriter", "datafusion_quoted", "null_safe_match"]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,17 @@ CHECKPOINT_EVERY = 10
 def datafusion_quoted(name: str) -> str:
     """A column name for delta-rs's SQL (DataFusion): in double quotes, one doubled."""
     return '"' + name.replace('"', '""') + '"'
+
+
+def null_safe_match(pairs: list[tuple[str, str]]) -> str:
+    """A MERGE's condition for delta-rs: each target column `t.<a>` equal to the source's
+    `s.<b>`, NULL to NULL, for each (a, b) of `pairs`. Each comparison is in parentheses:
+    DataFusion's parser reads `x IS NOT DISTINCT FROM y AND z` as `x IS NOT DISTINCT FROM
+    (y AND z)`, which fails to plan on any table of more than one key column."""
+    return " AND ".join(
+        f"(t.{datafusion_quoted(a)} IS NOT DISTINCT FROM s.{datafusion_quoted(b)})"
+        for a, b in pairs
+    )
 
 
 def _local(path: str) -> str | None:
@@ -68,7 +79,8 @@ class NativeWriter:
         return table
 
     def append(self, path: str, rows: Any, transaction: tuple[str, int] | None = None) -> bool:
-        """Append `rows` (a Spark frame in the table's columns and types). With
+        """Append `rows` (a Spark frame in the table's columns and types, or an Arrow table
+        of the table's columns, any it lacks NULL: `aligned`). With
         `transaction` (a writer's id, its batch's number), once: Delta keeps each writer's
         last number (`txn`, as Spark's `txnAppId`/`txnVersion` do), and a batch whose
         number is not above it is not written again."""
@@ -79,7 +91,7 @@ class NativeWriter:
             done = table.transaction_version(transaction[0])
             if done is not None and done >= transaction[1]:
                 return True
-        data = rows.toArrow()
+        data = aligned(table, rows) if _is_arrow(rows) else rows.toArrow()
         if data.num_rows == 0:
             return True
         from deltalake import CommitProperties, Transaction, write_deltalake
@@ -100,13 +112,14 @@ class NativeWriter:
         on: str,
         clauses: list[tuple[str, str | None, dict[str, str] | None]],
     ) -> bool:
-        """MERGE `source` (a Spark frame, aliased `s`; the table `t`) on `on`, with
-        `clauses` in order: ("delete" | "update" | "insert", condition, values); values
-        None in an update or insert: every column, from the source's of its name."""
+        """MERGE `source` (a Spark frame or an Arrow table, aliased `s`; the table `t`) on
+        `on`, with `clauses` in order: ("delete" | "update" | "insert", condition,
+        values); values None in an update or insert: every column, from the source's of
+        its name."""
         table = self._table(path)
         if table is None:
             return False
-        data = source.toArrow()
+        data = source if _is_arrow(source) else source.toArrow()
         if data.num_rows == 0:
             return True
 
@@ -134,6 +147,33 @@ class NativeWriter:
 
         return self._commit(path, table, run)
 
+    def holds(self, path: str, key: list[str], wanted: set[tuple[Any, ...]]) -> bool:
+        """Whether the table at `path` holds a row of one of the keys `wanted` (tuples of
+        the `key` columns' values, arrow_batch.canonical); True when delta-rs cannot tell
+        (the caller then MERGEs, which is right either way)."""
+        table = self._table(path)
+        if table is None:
+            return True
+        if not wanted:
+            return False
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.dataset as ds
+
+        from materializers.stores.warehouse.arrow_batch import canonical
+
+        try:
+            dataset = table.to_pyarrow_dataset()
+            first = dataset.schema.field(key[0])
+            values = pc.cast(pa.array([k[0] for k in wanted]), first.type)
+            # the files whose statistics may hold a wanted key's first column
+            found = dataset.to_table(columns=key, filter=ds.field(key[0]).isin(values))
+        except Exception as exc:  # a type delta-rs or Arrow cannot filter on: MERGE
+            log.info("warehouse: delta-rs cannot look up the keys of %s: %s", path, exc)
+            return True
+        held = zip(*[found.column(k).to_pylist() for k in key], strict=True)
+        return any(canonical(k) in wanted for k in held)
+
     def _commit(self, path: str, table: Any, write: Any) -> bool:
         before = table.version()
         try:
@@ -158,6 +198,28 @@ class NativeWriter:
         if table.version() % CHECKPOINT_EVERY == 0:
             table.create_checkpoint()
         return True
+
+
+def _is_arrow(rows: Any) -> bool:
+    import pyarrow as pa
+
+    return isinstance(rows, pa.Table)
+
+
+def aligned(table: Any, rows: Any) -> Any:
+    """`rows` (an Arrow table) in the columns of the Delta table `table` (delta-rs's
+    handle), in its order; a column `rows` lacks (one PostgreSQL dropped) NULL."""
+    import pyarrow as pa
+
+    schema = pa.schema(table.schema().to_arrow())
+    names = set(rows.column_names)
+    return pa.Table.from_arrays(
+        [
+            rows.column(f.name) if f.name in names else pa.nulls(rows.num_rows, f.type)
+            for f in schema
+        ],
+        names=schema.names,
+    )
 
 
 def _hooks() -> dict[str, Any]:

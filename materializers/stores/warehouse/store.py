@@ -18,6 +18,7 @@ partition wrote.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -36,6 +37,7 @@ from materializers.log.keys import key_text, shortest_real
 from materializers.log.typed import quoted as q
 from materializers.log.typed import spark_type, typed_image
 from materializers.stores.base import Entry, FrameStore, Rows
+from materializers.stores.warehouse import arrow_batch
 from materializers.stores.warehouse.history import (
     HISTORY_META,
     KEY_PROPERTY,
@@ -52,7 +54,11 @@ from materializers.stores.warehouse.marks import (
     stored_values,
     summarize,
 )
-from materializers.stores.warehouse.native import NativeWriter, datafusion_quoted
+from materializers.stores.warehouse.native import (
+    NativeWriter,
+    datafusion_quoted,
+    null_safe_match,
+)
 from materializers.stores.warehouse.tables import (
     aligned_rows,
     append_rows,
@@ -475,24 +481,10 @@ class WarehouseStore(FrameStore):
         from pyspark.sql import functions as F
 
         rows = events.where(F.col("table") == table.qualified)
-        key_image = typed_image(
-            table.__class__(
-                table.schema,
-                table.name,
-                tuple(table.column(k) for k in table.key),
-                table.key,
-                table.replica_identity,
-                0,
-                0,
-            ),
-            F.col("key"),
-            prefix="_cdc_k_",
-            placeholders=False,
-        )
         decoded = rows.select(
             # under names no column can take (cdc.catalog.reserved_problem)
             *[F.col(c).alias(f"_cdc_{c}") for c in _EVENT_META],
-            *key_image,
+            *_key_image(table),
             *typed_image(table, F.col("after"), placeholders=toasted),
         )
         # a key column's value comes from the event's key, never a placeholder
@@ -638,17 +630,21 @@ class WarehouseStore(FrameStore):
             self._append(target, path, rows, native)
             return
         native_clauses = _current_clauses(table, placeholders, datafusion_quoted)
-        on = " AND ".join(
-            f"t.{datafusion_quoted(k)} IS NOT DISTINCT FROM s.{datafusion_quoted('_cdc_k_' + k)}"
-            for k in table.key
-        )
+        on = null_safe_match([(k, f"_cdc_k_{k}") for k in table.key])
         if native is not None and native.merge(path, source, on, native_clauses):
             return
+        self._merge_spark(table, target, source, frozenset(placeholders))
+
+    def _merge_spark(
+        self, table: Table, target: Any, source: Any, placeholders: frozenset[str] = frozenset()
+    ) -> None:
+        """The current state's MERGE (`_current_clauses`) of `source` (a Spark frame), by
+        Spark."""
         merger = target.alias("t").merge(
             source.alias("s"),
             " AND ".join(f"t.{q(k)} <=> s.{q('_cdc_k_' + k)}" for k in table.key),
         )
-        for kind, condition, values in _current_clauses(table, placeholders, q):
+        for kind, condition, values in _current_clauses(table, set(placeholders), q):
             if kind == "delete":
                 merger = merger.whenMatchedDelete(condition=condition)
             elif kind == "update":
@@ -663,6 +659,128 @@ class WarehouseStore(FrameStore):
         aligned = aligned_rows(target, rows, nulls=True)
         if native is None or not native.append(path, aligned):
             aligned.write.format("delta").mode("append").save(path)
+
+    def _write_arrow(
+        self, table: Table, events: Any, keep: set[str], spark_path: Any
+    ) -> tuple[float, float, dict[str, Any]]:
+        """A table's batch shaped on the driver in Arrow (`events`: its decoded events,
+        `_decode_batch`; arrow_batch.py) into its history, then its current state, each
+        in one delta-rs commit; what `_write_table` returns. A batch with a change the
+        history may hold already (one run again after a crash, Debezium's redelivery)
+        takes the Spark path (`spark_path`), which reads its keys' versions back."""
+        import pyarrow.compute as pc
+
+        target, history = self._ensure(table), self._history(table)
+        current_at = current_path(self.root, table.qualified)
+        history_at = history_path(self.root, table.qualified)
+        summary = arrow_batch.summarize(events)
+        marks = self._marks_of(table, history)
+        if not marks.new(summary):
+            return spark_path()
+        found = arrow_batch.changes(events)
+        started = time.monotonic()
+        try:
+            self._append_arrow(history, history_at, arrow_batch.versions(table, found))
+        except BaseException:
+            self._marks.pop(history_at, None)  # read again
+            raise
+        self._filled.add(history_at)
+        marks.add(summary)
+        history_s = time.monotonic() - started
+        started = time.monotonic()
+        fresh = self._empty(current_at, target)
+        tombstones = events.filter(pc.is_null(events.column("_cdc_commit_lsn")))
+        latest = arrow_batch.newest(found, tombstones)
+        # every change an insert or a read new to the history, and no key of the batch
+        # in the table (not even one whose delete the source never published)
+        if fresh or (
+            all(p["others"] == 0 for p in summary)
+            and not self.native.holds(current_at, list(table.key), arrow_batch.keys(table, events))
+        ):
+            self._append_arrow(target, current_at, arrow_batch.inserted(table, latest))
+            self._filled.add(current_at)
+        else:
+            self._merge_arrow(table, target, current_at, arrow_batch.merge_source(table, latest))
+        current_s = time.monotonic() - started
+        kept = {
+            name: self.spark.createDataFrame(frame)
+            for name, frame in arrow_batch.kept(table, events, keep).items()
+        }
+        return history_s, current_s, kept
+
+    def _append_arrow(self, target: Any, path: str, rows: Any) -> None:
+        """`rows` (Arrow) appended to the table at `path`: by delta-rs, else by Spark."""
+        if not self.native.append(path, rows):
+            frame = self.spark.createDataFrame(rows)
+            aligned_rows(target, frame, nulls=True).write.format("delta").mode("append").save(path)
+
+    def _merge_arrow(self, table: Table, target: Any, path: str, source: Any) -> None:
+        """The current state's MERGE of `source` (Arrow, arrow_batch.merge_source): by
+        delta-rs, else by Spark."""
+        on = null_safe_match([(k, f"_cdc_k_{k}") for k in table.key])
+        if not self.native.merge(
+            path, source, on, _current_clauses(table, set(), datafusion_quoted)
+        ):
+            self._merge_spark(table, target, self.spark.createDataFrame(source))
+
+    def _decode_batch(self, events: Any, tables: dict[str, Table]) -> dict[str, Any]:
+        """The batch's events of `tables` decoded in one Spark job for them all, and
+        collected: per table, an Arrow table of the events' `_cdc_<meta>` columns,
+        `_cdc_commit_ts`, the key's (`_cdc_k_<column>`) and the row image's columns
+        (with no TOAST placeholder: `write_frame` sends a batch that may hold one the
+        Spark way)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        from pyspark.sql import functions as F
+
+        names = sorted(tables)
+        frame = events.where(F.col("table").isin(names)).select(
+            "table",
+            *[F.col(c).alias(f"_cdc_{c}") for c in _EVENT_META],
+            F.timestamp_millis("commit_ms").alias("_cdc_commit_ts"),
+            *[
+                F.when(
+                    F.col("table") == name,
+                    F.struct(
+                        *_key_image(tables[name]),
+                        *typed_image(tables[name], F.col("after"), placeholders=False),
+                    ),
+                ).alias(f"_cdc_t{at}")
+                for at, name in enumerate(names)
+            ],
+        )
+        collected = frame.toArrow()
+        meta = [f"_cdc_{c}" for c in _EVENT_META] + ["_cdc_commit_ts"]
+        decoded = {}
+        for at, name in enumerate(names):
+            mine = collected.filter(pc.equal(collected.column("table"), name))
+            image = mine.column(f"_cdc_t{at}").combine_chunks()
+            if isinstance(image, pa.ChunkedArray):  # no rows: no chunk to combine
+                image = pa.array([], image.type)
+            columns = [mine.column(m) for m in meta]
+            columns += [image.field(i) for i in range(image.type.num_fields)]
+            decoded[name] = pa.Table.from_arrays(columns, names=meta + [f.name for f in image.type])
+        return decoded
+
+    def _driver_tables(
+        self, names: list[str], toasted: set[str] | None, sizes: dict[str, int] | None
+    ) -> list[str]:
+        """The tables of a batch shaped on the driver (`_write_arrow`): those delta-rs
+        writes, with no event that may hold a TOAST placeholder, whose events' row images
+        add up to at most NATIVE_MAX_CHARS."""
+        if not self.native.enabled or toasted is None:
+            return []
+        chosen, total = [], 0
+        for name in names:
+            size = (sizes or {}).get(name, 0)
+            paths = (current_path(self.root, name), history_path(self.root, name))
+            if name in toasted or any(p in self.native.refused for p in paths):
+                continue
+            if total + size > NATIVE_MAX_CHARS:
+                continue
+            chosen.append(name)
+            total += size
+        return chosen
 
     def write_frame(
         self,
@@ -690,20 +808,30 @@ class WarehouseStore(FrameStore):
         keep = frames_to_keep(self.after_batch)
         names = sorted(present & set(tables))
         truncated = set(self._truncated)
+        driver = self._driver_tables(names, toasted, sizes)
+        decoded = self._decode_batch(events, {n: tables[n] for n in driver}) if driver else {}
+
+        def spark_path(name: str) -> Any:
+            return functools.partial(
+                self._write_table,
+                tables[name],
+                events,
+                keep.get(name, set()),
+                toasted is None or name in toasted,
+                # a batch delta-rs writes is collected into the driver: a small one
+                self.native if (sizes or {}).get(name, 0) <= NATIVE_MAX_CHARS else None,
+            )
+
         with (
             ThreadPoolExecutor(self.parallel, thread_name_prefix="table") as each,
             ThreadPoolExecutor(max(len(self.after_batch), 1), thread_name_prefix="view") as after,
         ):
             writes = {
                 n: each.submit(
-                    self._write_table,
-                    tables[n],
-                    events,
-                    keep.get(n, set()),
-                    toasted is None or n in toasted,
-                    # a batch delta-rs writes is collected into the driver: a small one
-                    self.native if (sizes or {}).get(n, 0) <= NATIVE_MAX_CHARS else None,
+                    self._write_arrow, tables[n], decoded[n], keep.get(n, set()), spark_path(n)
                 )
+                if n in decoded
+                else each.submit(spark_path(n))
                 for n in names
             }
             # each step as soon as the tables it reads are written, beside the others
@@ -732,6 +860,23 @@ class WarehouseStore(FrameStore):
         kept = {n: writes[n].result()[2] for n in step.keeps() if n in writes}
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.name)
         step.refresh(self.spark, self.root, tables, kept, truncated, self.native)
+
+
+def _key_image(table: Table) -> list[Any]:
+    """The columns decoding an event's key (its JSON text) into the key's typed columns,
+    as `_cdc_k_<column>`: a key column's value comes from the event's key."""
+    from pyspark.sql import functions as F
+
+    only_key = table.__class__(
+        table.schema,
+        table.name,
+        tuple(table.column(k) for k in table.key),
+        table.key,
+        table.replica_identity,
+        0,
+        0,
+    )
+    return typed_image(only_key, F.col("key"), prefix="_cdc_k_", placeholders=False)
 
 
 def _current_values(

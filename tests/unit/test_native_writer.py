@@ -1,0 +1,115 @@
+"""The warehouse's delta-rs writer (native.py) on tables of its own, without Spark."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+from cdc.catalog import Column, Table
+from materializers.stores.warehouse import arrow_batch
+from materializers.stores.warehouse.native import NativeWriter, datafusion_quoted, null_safe_match
+from materializers.stores.warehouse.store import _current_clauses
+
+# the demo's order_items: a key of two columns
+ITEMS = Table(
+    "public",
+    "order_items",
+    tuple(
+        Column(name, kind, kind, "N", False, None, False)
+        for name, kind in (("order_id", "int8"), ("line", "int2"), ("unit_price", "numeric"))
+    ),
+    ("order_id", "line"),
+    "d",
+    0,
+    0,
+)
+TS = pa.array([datetime(2026, 1, 1, tzinfo=UTC)] * 2, pa.timestamp("us", "UTC"))
+
+
+def current(path: Path) -> None:
+    write_deltalake(
+        str(path),
+        pa.table(
+            {
+                "order_id": pa.array([1, 1], pa.int64()),
+                "line": pa.array([1, 2], pa.int16()),
+                "unit_price": pa.array([Decimal("1.00")] * 2, pa.decimal128(10, 2)),
+                "_cdc_offset": pa.array([1, 2], pa.int64()),
+                "_cdc_partition": pa.array([0, 0], pa.int32()),
+                "_cdc_lsn": pa.array([1, 2], pa.int64()),
+                "_cdc_commit_ts": TS,
+                "_cdc_commit_lsn": pa.array([10, 10], pa.int64()),
+            }
+        ),
+    )
+
+
+def test_a_merge_on_a_key_of_two_columns_is_written_by_delta_rs(tmp_path: Path) -> None:
+    """DataFusion's parser read `a IS NOT DISTINCT FROM b AND c ...` as `a IS NOT
+    DISTINCT FROM (b AND c) ...`: every table of a composite key was refused
+    ("type_coercion") and written by Spark's MERGE, seconds a batch."""
+    current(tmp_path)
+    source = pa.table(
+        {
+            "_cdc_k_order_id": pa.array([1, 1], pa.int64()),
+            "_cdc_k_line": pa.array([2, 3], pa.int16()),
+            "unit_price": pa.array([Decimal("2.50"), Decimal("3.00")], pa.decimal128(10, 2)),
+            "_cdc_commit_lsn": pa.array([20, 20], pa.int64()),
+            "_cdc_lsn": pa.array([1, 2], pa.int64()),
+            "_cdc_offset": pa.array([3, 4], pa.int64()),
+            "_cdc_partition": pa.array([0, 0], pa.int32()),
+            "_cdc_op": pa.array(["u", "c"]),
+            "_cdc_commit_ts": TS,
+        }
+    )
+    writer = NativeWriter()
+    on = null_safe_match([(k, f"_cdc_k_{k}") for k in ITEMS.key])
+    assert writer.merge(
+        str(tmp_path), source, on, _current_clauses(ITEMS, set(), datafusion_quoted)
+    )
+    assert writer.refused == {}
+    rows = DeltaTable(str(tmp_path)).to_pyarrow_table().sort_by([("line", "ascending")])
+    assert rows.column("line").to_pylist() == [1, 2, 3]
+    assert rows.column("unit_price").to_pylist() == [
+        Decimal("1.00"),
+        Decimal("2.50"),
+        Decimal("3.00"),
+    ]
+
+
+def test_keys_are_looked_up_in_the_table_and_a_missing_column_appended_as_null(
+    tmp_path: Path,
+) -> None:
+    current(tmp_path)
+    writer = NativeWriter()
+    assert writer.holds(str(tmp_path), ["order_id", "line"], {(1, 2)})
+    assert not writer.holds(str(tmp_path), ["order_id", "line"], {(1, 3), (2, 1)})
+    # a row without unit_price (a column PostgreSQL dropped): NULL
+    row = pa.table(
+        {
+            "order_id": pa.array([2], pa.int64()),
+            "line": pa.array([1], pa.int16()),
+            "_cdc_offset": pa.array([5], pa.int64()),
+            "_cdc_partition": pa.array([0], pa.int32()),
+            "_cdc_lsn": pa.array([1], pa.int64()),
+            "_cdc_commit_ts": TS.slice(0, 1),
+            "_cdc_commit_lsn": pa.array([30], pa.int64()),
+        }
+    )
+    assert writer.append(str(tmp_path), row)
+    table = DeltaTable(str(tmp_path)).to_pyarrow_table()
+    assert table.num_rows == 3
+    assert table.filter(pa.compute.equal(table.column("order_id"), 2)).column(
+        "unit_price"
+    ).to_pylist() == [None]
+    assert writer.holds(
+        str(tmp_path),
+        ["order_id", "line"],
+        arrow_batch.keys(
+            ITEMS, pa.table({"_cdc_k_order_id": [2], "_cdc_k_line": pa.array([1], pa.int16())})
+        ),
+    )
