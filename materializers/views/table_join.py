@@ -10,6 +10,7 @@ verify` compares it with the same join computed by PostgreSQL.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from cdc.catalog import Table
@@ -24,7 +25,9 @@ from materializers.views.base import ReferencingJoin, Verifier
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["TableJoinView", "refresh_join"]
+__all__ = ["TableJoinView", "refresh_join", "refresh_join_arrow"]
+
+log = logging.getLogger(__name__)
 
 
 class TableJoinView(ReferencingJoin):
@@ -57,6 +60,12 @@ class TableJoinView(ReferencingJoin):
         touched = {t for t in sides if "keys" in kept.get(t, {})}
         if not sides & (touched | truncated) or not sides <= set(tables):
             return
+        if native is not None and not sides & truncated:
+            shaped = {t: kept[t].get("arrow_keys") for t in touched}
+            if all(k is not None for k in shaped.values()) and refresh_join_arrow(
+                root, self.settings, tables, shaped, native
+            ):
+                return
         keys = {} if sides & truncated else {t: kept[t]["keys"] for t in touched}
         refresh_join(spark, root, self.settings, tables, keys, native)
 
@@ -69,6 +78,75 @@ def _joined_fields(join: TableJoin, left: Table, right: Table) -> list[Any]:
         T.StructField(join.column_prefix + c, spark_type(right.column(c))) for c in join.columns
     ]
     return fields
+
+
+def refresh_join_arrow(
+    root: str,
+    join: TableJoin,
+    tables: dict[str, Table],
+    touched: dict[str, Any],
+    native: NativeWriter,
+) -> bool:
+    """`refresh_join` for the keys `touched` (per table: an Arrow table of its key
+    columns; at least one) without Spark: the current states read by delta-rs, joined in
+    Arrow, one delta-rs MERGE. False, having written nothing, where it cannot (a table
+    delta-rs does not read, a type Arrow's join or filters do not take): the caller
+    refreshes with Spark."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    from materializers.stores.warehouse.tables import current_path
+
+    left, right = tables[join.table], tables[join.references]
+    (ref,) = right.key
+    live_left = native.dataset(current_path(root, left.qualified))
+    live_right = native.dataset(current_path(root, right.qualified))
+    view = view_path(root, join.name)
+    held = native.dataset(view)
+    columns = [c.name for c in left.columns] + join.carried
+    # a view not made yet, or without a column it now has: Spark makes or widens it
+    if (
+        live_left is None
+        or live_right is None
+        or held is None
+        or set(columns) - set(held.schema.names)
+    ):
+        return False
+    key = list(left.key)
+    try:
+        types = live_left.schema
+        parts = []
+        if join.table in touched:
+            keys = touched[join.table].select(key)
+            parts.append(keys.cast(pa.schema([types.field(k) for k in key])))
+        if join.references in touched:
+            refs = pc.cast(touched[join.references].column(ref), types.field(join.on).type)
+            parts.append(live_left.to_table(columns=key, filter=ds.field(join.on).isin(refs)))
+        affected = pa.concat_tables(parts).group_by(key, use_threads=False).aggregate([])
+        first = affected.column(key[0])
+        candidates = live_left.to_table(filter=ds.field(key[0]).isin(first.drop_null()))
+        rows = candidates.join(affected, keys=key, join_type="left semi")
+        wanted = pc.unique(rows.column(join.on).drop_null())
+        wanted = pc.cast(wanted, live_right.schema.field(ref).type)
+        carried = live_right.to_table(
+            columns=[ref, *join.columns], filter=ds.field(ref).isin(wanted)
+        )
+        carried = carried.rename_columns(["__ref", *[join.column_prefix + c for c in join.columns]])
+        rows = rows.select([c.name for c in left.columns])
+        joined = rows.join(carried, keys=join.on, right_keys="__ref", join_type="left outer")
+        joined = joined.append_column("__present", pa.array([True] * joined.num_rows))
+        source = affected.join(joined, keys=key, join_type="left outer")
+    except (pa.ArrowException, ValueError, TypeError) as exc:
+        log.info("join view %s: refreshed by Spark (%s)", join.name, exc)
+        return False
+    values = {dq(c): f"s.{dq(c)}" for c in columns}
+    clauses: list[Any] = [
+        ("delete", "s.__present IS NULL", None),
+        ("update", "s.__present", values),
+        ("insert", "s.__present", values),
+    ]
+    return native.merge(view, source, null_safe_match([(k, k) for k in key]), clauses)
 
 
 def refresh_join(

@@ -113,3 +113,52 @@ def test_keys_are_looked_up_in_the_table_and_a_missing_column_appended_as_null(
             ITEMS, pa.table({"_cdc_k_order_id": [2], "_cdc_k_line": pa.array([1], pa.int16())})
         ),
     )
+
+
+def test_a_join_view_refreshed_in_arrow_follows_both_sides(tmp_path: Path) -> None:
+    """refresh_join_arrow: the rows of the keys touched on either side, joined again
+    from the current states as delta-rs reads them; a row gone from the left leaves."""
+    from cdc.settings import TableJoin
+    from materializers.stores.warehouse.tables import current_path, view_path
+    from materializers.views.table_join import refresh_join_arrow
+
+    def column(name: str) -> Column:
+        return Column(name, "int8", "int8", "N", False, None, False)
+
+    orders = Table("public", "orders", (column("id"), column("customer_id")), ("id",), "d", 0, 0)
+    customers = Table("public", "customers", (column("id"), column("tier")), ("id",), "d", 0, 0)
+    tables = {"public.orders": orders, "public.customers": customers}
+    join = TableJoin(
+        name="orders_tiers",
+        table="public.orders",
+        references="public.customers",
+        on="customer_id",
+        columns=["tier"],
+    )
+    root = str(tmp_path)
+
+    def write(path: str, rows: dict[str, list[int | None]], mode: str = "overwrite") -> None:
+        write_deltalake(
+            path, pa.table({k: pa.array(v, pa.int64()) for k, v in rows.items()}), mode=mode
+        )
+
+    write(current_path(root, "public.orders"), {"id": [1, 2, 3], "customer_id": [10, 10, 20]})
+    write(current_path(root, "public.customers"), {"id": [10, 20], "tier": [1, 2]})
+    write(
+        view_path(root, join.name),
+        {"id": [1, 2, 3], "customer_id": [10, 10, 20], "customer_tier": [1, 1, 2]},
+    )
+    # the batch: customer 10's tier changed, order 3 deleted, order 4 placed
+    write(current_path(root, "public.customers"), {"id": [10, 20], "tier": [5, 2]})
+    write(current_path(root, "public.orders"), {"id": [1, 2, 4], "customer_id": [10, 10, 30]})
+    touched = {
+        "public.orders": pa.table({"id": pa.array([3, 4], pa.int64())}),
+        "public.customers": pa.table({"id": pa.array([10], pa.int64())}),
+    }
+    assert refresh_join_arrow(root, join, tables, touched, NativeWriter())
+    view = DeltaTable(view_path(root, join.name)).to_pyarrow_table().sort_by("id").to_pylist()
+    assert view == [
+        {"id": 1, "customer_id": 10, "customer_tier": 5},
+        {"id": 2, "customer_id": 10, "customer_tier": 5},
+        {"id": 4, "customer_id": 30, "customer_tier": None},
+    ]

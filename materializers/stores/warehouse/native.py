@@ -147,6 +147,17 @@ class NativeWriter:
 
         return self._commit(path, table, run)
 
+    def dataset(self, path: str) -> Any | None:
+        """The table at `path` as a pyarrow dataset, read by delta-rs (its latest version);
+        None where delta-rs does not write it (Spark reads it)."""
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            table = self._table(path)
+        except TableNotFoundError:  # not made yet
+            return None
+        return None if table is None else table.to_pyarrow_dataset()
+
     def holds(self, path: str, key: list[str], wanted: set[tuple[Any, ...]]) -> bool:
         """Whether the table at `path` holds a row of one of the keys `wanted` (tuples of
         the `key` columns' values, arrow_batch.canonical); True when delta-rs cannot tell

@@ -11,9 +11,12 @@ Each batch writes, per table, first its new versions to the history (one append)
 its keys' newest changes to `current`: one MERGE that takes a change only from a newer
 position, and deletes; or one append, when the table holds no row yet or every change
 of the batch is an insert or a read of a key it does not hold. Which changes are new is
-told mostly without reading either table back (marks.py). An unchanged TOASTed value
-keeps the stored column. A tombstone deletes only what an earlier record of its
-partition wrote.
+told mostly without reading either table back (marks.py). A batch delta-rs writes is
+decoded by one Spark job for all its tables and shaped on the driver in Arrow
+(arrow_batch.py, `_write_arrow`); one that may hold a TOAST placeholder, or a change
+the history holds already, by Spark's jobs per table (`_write_table`). An unchanged
+TOASTed value keeps the stored column. A tombstone deletes only what an earlier record
+of its partition wrote.
 """
 
 from __future__ import annotations
@@ -702,10 +705,9 @@ class WarehouseStore(FrameStore):
         else:
             self._merge_arrow(table, target, current_at, arrow_batch.merge_source(table, latest))
         current_s = time.monotonic() - started
-        kept = {
-            name: self.spark.createDataFrame(frame)
-            for name, frame in arrow_batch.kept(table, events, keep).items()
-        }
+        shaped = arrow_batch.kept(table, events, keep)
+        kept: dict[str, Any] = {name: self.spark.createDataFrame(f) for name, f in shaped.items()}
+        kept.update({f"arrow_{name}": frame for name, frame in shaped.items()})  # as they are
         return history_s, current_s, kept
 
     def _append_arrow(self, target: Any, path: str, rows: Any) -> None:
