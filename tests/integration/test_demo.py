@@ -50,7 +50,8 @@ def test_the_demo_runs_non_interactively_and_verifies(stack: RunningStack) -> No
         # changes plans and compiles what the snapshot's did not)
         assert "the stores applied the warm-up" in said, said[-3000:]
         # (that no store breaches its SLO is not asserted: issue 47's item 5 is open; in
-        # this run the warehouse with the demo's views shows p99 ~41 s against its 30 s)
+        # this run the warehouse with the demo's views shows p99 ~41 s against its 30 s,
+        # its five view queries and the stores sharing two cores with the workload)
         # the apply job stopped at the end without a JVM thread dying on its stack
         assert "StackOverflowError" not in result.stderr, result.stderr[-3000:]
         # nor with the views' listener called as the process ends (issue 49)
