@@ -251,6 +251,7 @@ class IcebergPublisher:
         self._delta: dict[str, DeltaSnapshot] = {}
         self._published: dict[str, tuple[str, int]] = {}  # path: (table id, Delta version)
         self._files: dict[str, dict[str, Any]] = {}  # path: Iceberg's files by path
+        self._failing: dict[str, str] = {}  # path: why its last publication failed
 
     @property
     def catalog(self) -> Any:
@@ -303,9 +304,13 @@ class IcebergPublisher:
                 self._forget(path)
                 line = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
                 failed.append(f"{path} not published as an Iceberg table: {line}")
-                log.warning("iceberg: %s", failed[-1])
-                if say is not None:
-                    say(f"iceberg: {failed[-1]}; trying again")
+                if self._failing.get(path) != line:  # said once, not every interval
+                    self._failing[path] = line
+                    log.warning("iceberg: %s", failed[-1])
+                    if say is not None:
+                        say(f"iceberg: {failed[-1]}; trying again")
+                continue
+            self._failing.pop(path, None)
         if strict and failed:
             raise StoreError(failed[0])
         return spent
