@@ -139,6 +139,12 @@ def pipeline_table(p: PipelineStatus) -> Table:
             )
         if s.get("pid") is not None:
             state += f"; applied by pid {s['pid']}" + ("" if s.get("running") else " (stopped)")
+        if slow := s.get("written_by_spark"):
+            listed = ", ".join(f"{path} ({why})" for path, why in sorted(slow.items()))
+            state += (
+                f"; [yellow]{len(slow)} table(s) written by Spark, not delta-rs "
+                f"(slower): {escape(listed)}[/yellow]"
+            )
         if s.get("waiting"):
             since = s["waiting"]["since_ms"]
             state = (

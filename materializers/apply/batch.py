@@ -455,6 +455,9 @@ class BatchWriter:
             source=list(self.source.lineage) if self.source.lineage else previous.source,
             pid=os.getpid(),
             freshness=freshness.to_json(),
+            written_by_spark=(
+                self.store.written_by_spark() if isinstance(self.store, FrameStore) else None
+            ),
         )
         write_progress(settings, name, record)
 

@@ -206,6 +206,8 @@ def _store_progress(
             # the apply process that wrote its last batch, and whether it still runs
             "pid": progress.pid,
             "running": _running(progress.pid),
+            # tables its faster writer cannot write (Spark writes them): path -> why
+            "written_by_spark": progress.written_by_spark or {},
         }
         freshness = Freshness.from_json(progress.freshness)
         judged = judge(

@@ -106,6 +106,8 @@ class Progress:
     waiting: dict[str, Any] | None = None  # the store did not answer: reason, since_ms
     pid: int | None = None  # the process that wrote its last batch
     freshness: dict[str, Any] | None = None  # commit to visible (materializers/log/freshness.py)
+    # tables its faster writer cannot write, and why (FrameStore.written_by_spark)
+    written_by_spark: dict[str, str] | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Progress:

@@ -121,6 +121,11 @@ class RowStore(Store):
 class FrameStore(Store):
     """A store written from Spark frames (the warehouse)."""
 
+    def written_by_spark(self) -> dict[str, str]:
+        """The tables its faster writer cannot write in this process, each with why
+        (Spark writes them, slower): `cdc status` shows them."""
+        return {}
+
     @abstractmethod
     def write_frame(
         self,

@@ -17,6 +17,7 @@ import pytest
 
 from cdc.settings import StreamTableJoin, TableJoin, TumblingWindow
 from materializers.apply.job import run_apply
+from materializers.check.status import pipeline_status
 from materializers.stores.warehouse.tables import current_path, warehouse_root
 from tests.conftest import Capture
 from tests.logcheck import table_info, wait_until_equal
@@ -106,6 +107,10 @@ def test_every_warehouse_table_reads_the_same_with_delta_rs_pyiceberg_and_spark(
     # every table read before this version): the comparison sees it
     assert readers_differ(spark, Path(odd)), "delta-rs now reads column mapping: docs/stores.md"
     assert not iceberg_differs()
+    # a table delta-rs cannot write is written by Spark, and `cdc status` names it, and why
+    slow = pipeline_status(settings).stores["warehouse"]["written_by_spark"]
+    assert slow and all("_odd" in path for path in slow), slow
+    assert "column-mapped" in slow[str(odd)], slow
 
     # files rewritten (an UPDATE's MERGE), every file of a table removed, a column added:
     # the next Iceberg snapshots follow, read by a publisher that starts afresh

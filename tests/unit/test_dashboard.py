@@ -118,3 +118,17 @@ def test_a_store_whose_first_batch_runs_shows_its_lag_from_the_snapshot(tmp_path
     console.print(pipeline_table(PipelineStatus("cdc", "done", None, None, None, stores=stores)))
     line = next(x for x in console.export_text().splitlines() if "store warehouse" in x)
     assert "no batch finished yet (backlog 12 events; lag" in line and "caught up" not in line
+
+
+def test_status_names_a_table_delta_rs_cannot_write() -> None:
+    from commands.render import pipeline_table
+    from materializers.check.status import PipelineStatus
+
+    slow = {"/w/cdc/public/odd/current": "column-mapped"}
+    figures = {"backlog_events": 0, "lag_s": 0.0, "waiting": None, "written_by_spark": slow}
+    status = PipelineStatus("cdc", "done", None, None, None, stores={"warehouse": figures})
+    console = Console(record=True, width=300)
+    console.print(pipeline_table(status))
+    line = next(x for x in console.export_text().splitlines() if "store warehouse" in x)
+    assert "1 table(s) written by Spark, not delta-rs (slower)" in line
+    assert "/w/cdc/public/odd/current (column-mapped)" in line

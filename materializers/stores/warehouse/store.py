@@ -176,6 +176,9 @@ class WarehouseStore(FrameStore):
         # tables written at once: twice the cores, as much of a Delta write is driver work
         self.parallel = min(2 * (os.cpu_count() or 1), 8)
 
+    def written_by_spark(self) -> dict[str, str]:
+        return dict(self.native.refused)
+
     def prepare(self, tables: Iterable[Table]) -> None:
         for table in tables:
             self._ensure(table)
