@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 
 from cdc.catalog import Column, Table
 from materializers.stores.warehouse import arrow_batch
+from materializers.stores.warehouse.history import HISTORY_META
 from materializers.stores.warehouse.marks import Marks
 
 TABLE = Table(
@@ -65,16 +66,7 @@ def test_a_change_delivered_twice_is_one_version_in_position_order() -> None:
     found = arrow_batch.changes(batch)
     assert found.column("_cdc_offset").to_pylist() == [10, 11]
     history = arrow_batch.versions(TABLE, found)
-    assert history.column_names == [
-        "id",
-        "name",
-        "_cdc_op",
-        "_cdc_offset",
-        "_cdc_partition",
-        "_cdc_lsn",
-        "_cdc_commit_ts",
-        "_cdc_commit_lsn",
-    ]
+    assert history.column_names == ["id", "name", *HISTORY_META]
     assert history.column("name").to_pylist() == ["a", "b"]
 
 

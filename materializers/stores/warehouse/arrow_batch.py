@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc.catalog import Table
+from materializers.stores.warehouse.history import HISTORY_META
 
 __all__ = [
     "canonical",
@@ -39,15 +40,6 @@ __all__ = [
     "versions",
 ]
 
-# the history's own columns, in its order (history.HISTORY_META), from the events'
-_HISTORY_META = (
-    "_cdc_op",
-    "_cdc_offset",
-    "_cdc_partition",
-    "_cdc_lsn",
-    "_cdc_commit_ts",
-    "_cdc_commit_lsn",
-)
 # the current state's own columns, from the events' (store.py, _current_values)
 _CURRENT_META = ("_cdc_commit_lsn", "_cdc_lsn", "_cdc_offset", "_cdc_partition", "_cdc_commit_ts")
 
@@ -163,7 +155,7 @@ def versions(table: Table, found: pa.Table) -> pa.Table:
         else:
             arrays.append(_nulls_where_deleted(found.column(c), deleted))
         names.append(c)
-    for meta in _HISTORY_META:
+    for meta in HISTORY_META:  # the history's own columns, from the events' of their name
         arrays.append(found.column(meta))
         names.append(meta)
     return pa.Table.from_arrays(arrays, names=names)
