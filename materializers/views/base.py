@@ -29,7 +29,17 @@ __all__ = [
     "StreamingView",
     "Verifier",
     "View",
+    "as_frame",
 ]
+
+
+def as_frame(spark: Any, rows: Any) -> Any:
+    """What a warehouse batch kept of a table (a Spark frame, or an Arrow table when the
+    batch was shaped on the driver) as a Spark frame; None stays None."""
+    import pyarrow as pa
+
+    return spark.createDataFrame(rows) if isinstance(rows, pa.Table) else rows
+
 
 NOW = -(2**62)  # a row due at once: written as soon as what makes it is read
 
@@ -158,7 +168,8 @@ class AfterBatchView(View):
         truncated: set[str],
         native: Any = None,
     ) -> None:
-        """After a warehouse batch: `kept` what it kept of each table, `truncated` the
+        """After a warehouse batch: `kept` what it kept of each table (as_frame),
+        `truncated` the
         tables a TRUNCATE (or a reset) emptied, `native` the store's delta-rs writer
         (materializers/stores/warehouse/native.py)."""
         raise NotImplementedError

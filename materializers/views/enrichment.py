@@ -38,7 +38,7 @@ from materializers.log.typed import quoted as q
 from materializers.log.typed import spark_type
 from materializers.stores.warehouse.native import NativeWriter, null_safe_match
 from materializers.stores.warehouse.native import datafusion_quoted as dq
-from materializers.views.base import NOW, Expected, Form, ReferencingJoin, Verifier
+from materializers.views.base import NOW, Expected, Form, ReferencingJoin, Verifier, as_frame
 from materializers.views.streams import logged_changes
 
 if TYPE_CHECKING:
@@ -87,8 +87,8 @@ class EnrichmentView(ReferencingJoin):
         join = self.settings
         if not set(self.sides) <= set(tables):
             return
-        created = kept.get(join.table, {}).get("created")
-        versions = kept.get(join.references, {}).get("versions")
+        created = as_frame(spark, kept.get(join.table, {}).get("created"))
+        versions = as_frame(spark, kept.get(join.references, {}).get("versions"))
         again = join.references in truncated
         if created is None and versions is None and not again:
             return

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
 from cdc.catalog import Table
 from cdc.settings import TableJoin
 from materializers.log.typed import quoted as q
@@ -20,7 +22,7 @@ from materializers.log.typed import spark_type
 from materializers.stores.warehouse.native import NativeWriter, null_safe_match
 from materializers.stores.warehouse.native import datafusion_quoted as dq
 from materializers.stores.warehouse.tables import view_path
-from materializers.views.base import ReferencingJoin, Verifier
+from materializers.views.base import ReferencingJoin, Verifier, as_frame
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -60,14 +62,17 @@ class TableJoinView(ReferencingJoin):
         touched = {t for t in sides if "keys" in kept.get(t, {})}
         if not sides & (touched | truncated) or not sides <= set(tables):
             return
-        if native is not None and not sides & truncated:
-            shaped = {t: kept[t].get("arrow_keys") for t in touched}
-            if all(k is not None for k in shaped.values()) and refresh_join_arrow(
-                root, self.settings, tables, shaped, native
-            ):
-                return
         keys = {} if sides & truncated else {t: kept[t]["keys"] for t in touched}
-        refresh_join(spark, root, self.settings, tables, keys, native)
+        # the batch was shaped on the driver: its keys are Arrow, and so is the join
+        shaped = bool(keys) and all(isinstance(k, pa.Table) for k in keys.values())
+        if (
+            shaped
+            and native is not None
+            and refresh_join_arrow(root, self.settings, tables, keys, native)
+        ):
+            return
+        frames = {t: as_frame(spark, k) for t, k in keys.items()}
+        refresh_join(spark, root, self.settings, tables, frames, native)
 
 
 def _joined_fields(join: TableJoin, left: Table, right: Table) -> list[Any]:

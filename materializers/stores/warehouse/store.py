@@ -145,7 +145,8 @@ class BatchStep(Protocol):
         truncated: set[str],
         native: NativeWriter | None = None,
     ) -> None:
-        """Run after the batch (`kept`: per table, what it kept; `truncated`: the tables
+        """Run after the batch (`kept`: per table, what it kept, each a Spark frame or an
+        Arrow table: views.base.as_frame; `truncated`: the tables
         a TRUNCATE or a reset emptied since the last batch; `native`: the store's delta-rs
         writer)."""
         ...
@@ -708,10 +709,8 @@ class WarehouseStore(FrameStore):
         else:
             self._merge_arrow(table, target, current_at, arrow_batch.merge_source(table, latest))
         current_s = time.monotonic() - started
-        shaped = arrow_batch.kept(table, events, keep)
-        kept: dict[str, Any] = {name: self.spark.createDataFrame(f) for name, f in shaped.items()}
-        kept.update({f"arrow_{name}": frame for name, frame in shaped.items()})  # as they are
-        return history_s, current_s, kept
+        # as Arrow tables: a step that needs a Spark frame makes one (views.base.as_frame)
+        return history_s, current_s, dict(arrow_batch.kept(table, events, keep))
 
     def _append_arrow(self, target: Any, path: str, rows: Any) -> None:
         """`rows` (Arrow) appended to the table at `path`: by delta-rs, else by Spark."""
@@ -760,8 +759,6 @@ class WarehouseStore(FrameStore):
         for at, name in enumerate(names):
             mine = collected.filter(pc.equal(collected.column("table"), name))
             image = mine.column(f"_cdc_t{at}").combine_chunks()
-            if isinstance(image, pa.ChunkedArray):  # no rows: no chunk to combine
-                image = pa.array([], image.type)
             columns = [mine.column(m) for m in meta]
             columns += [image.field(i) for i in range(image.type.num_fields)]
             decoded[name] = pa.Table.from_arrays(columns, names=meta + [f.name for f in image.type])
