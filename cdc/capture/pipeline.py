@@ -119,6 +119,11 @@ def pipe_streams(settings: Settings) -> bool:
     return settings.pipeline.connector in connect_client(settings).connectors()
 
 
+def _has(conn: Any, table: str) -> bool:
+    """Whether the source has `table` (an older setup may not have made it)."""
+    return bool(conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()[0])
+
+
 def drop_pipeline(settings: Settings) -> list[str]:
     """Remove the connector, its offsets, the slot and the publication; the topics stay.
     Returns what went.
@@ -142,13 +147,13 @@ def drop_pipeline(settings: Settings) -> list[str]:
         conn.autocommit = True
         if drop_slot(conn, pipe.slot):
             gone.append(f"slot {pipe.slot}")
-        if conn.execute("SELECT to_regclass('cdc.snapshots') IS NOT NULL").fetchone()[0]:  # type: ignore[index]
+        if _has(conn, "cdc.snapshots"):
             forget(conn, pipe.name)
         if recorded(conn, pipe.name) is not None:
             conn.execute("DELETE FROM cdc.captured WHERE pipeline = %s", (pipe.name,))
-            if conn.execute("SELECT to_regclass('cdc.pending') IS NOT NULL").fetchone()[0]:  # type: ignore[index]
+            if _has(conn, "cdc.pending"):
                 pending.clear(conn, pipe.name)
-            if conn.execute("SELECT to_regclass('cdc.acknowledged') IS NOT NULL").fetchone()[0]:  # type: ignore[index]
+            if _has(conn, "cdc.acknowledged"):
                 conn.execute("DELETE FROM cdc.acknowledged WHERE pipeline = %s", (pipe.name,))
     if drop_publication(settings):
         gone.append(f"publication {pipe.publication}")
