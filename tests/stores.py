@@ -298,3 +298,15 @@ def readers_differ(spark: Any, path: Path, theirs: Any = None) -> list[str]:
         return []
     only = [r for r in mine if r not in spark_rows][:2]
     return [f"{path}: {len(mine)} rows ≠ Spark's {len(spark_rows)}; e.g. {only}"]
+
+
+def engines(path: str) -> list[str]:
+    """What wrote each Delta commit, oldest first: "spark" or "delta-rs"."""
+    found = []
+    for log in sorted(Path(path, "_delta_log").glob("*.json")):
+        for line in log.read_text().splitlines():
+            info = json.loads(line).get("commitInfo")
+            if info is not None:
+                rust = str(info.get("clientVersion", "")).startswith("delta-rs")
+                found.append("delta-rs" if rust else "spark")
+    return found

@@ -26,8 +26,11 @@ before its position (`enrich`).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
 
 from cdc.catalog import TRUNCATIONS_TABLE, Table
 from cdc.decode import decode_value
@@ -44,7 +47,16 @@ from materializers.views.streams import logged_changes
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["EVENT_COLUMNS", "EnrichmentView", "Version", "enrich"]
+__all__ = [
+    "EVENT_COLUMNS",
+    "EnrichmentView",
+    "Version",
+    "enrich",
+    "latest_at_or_before",
+    "refresh_enrichment_arrow",
+]
+
+log = logging.getLogger(__name__)
 
 # after the stream table's columns: the event's commit time and position
 EVENT_COLUMNS = ("event_ts", "_cdc_commit_lsn", "_cdc_lsn")
@@ -87,13 +99,21 @@ class EnrichmentView(ReferencingJoin):
         join = self.settings
         if not set(self.sides) <= set(tables):
             return
-        created = as_frame(spark, kept.get(join.table, {}).get("created"))
-        versions = as_frame(spark, kept.get(join.references, {}).get("versions"))
+        created = kept.get(join.table, {}).get("created")
+        versions = kept.get(join.references, {}).get("versions")
         again = join.references in truncated
         if created is None and versions is None and not again:
             return
         # read from the view again if this refresh fails (it may have written)
         newest, self.newest = self.newest, None
+        if native is not None and not again and isinstance(created, pa.Table):
+            # the batch was shaped on the driver: the steady state is enriched in Arrow
+            self.newest = refresh_enrichment_arrow(
+                root, join, tables, created, versions, newest, native
+            )
+            if self.newest is not None:
+                return
+        created, versions = as_frame(spark, created), as_frame(spark, versions)
         self.newest = refresh_enrichment(
             spark, root, join, tables, created, versions, newest, everything=again, native=native
         )
@@ -157,6 +177,151 @@ def enrichment_fields(join: StreamTableJoin, stream: Table, referenced: Table) -
         for c in join.columns
     ]
     return fields
+
+
+def refresh_enrichment_arrow(
+    root: str,
+    join: StreamTableJoin,
+    tables: dict[str, Table],
+    created: pa.Table,
+    versions: pa.Table | None,
+    newest: tuple[int, int] | None,
+    native: NativeWriter,
+) -> tuple[int, int] | None:
+    """`refresh_enrichment` in its steady state without Spark: every creation event of
+    the batch (`created`, Arrow) is newer than every event the view holds, and no
+    version of the batch's referenced rows (`versions`) precedes one, so the events are
+    enriched from the referenced history (read by delta-rs) and appended, one delta-rs
+    commit. Returns the newest event position the view holds then; None, having
+    written nothing, where it cannot (the view not made yet or without a column it
+    needs, a TRUNCATE in the history read, a table delta-rs does not read, a type Arrow
+    does not take): the caller refreshes with Spark."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    from materializers.stores.warehouse.history import TRUNCATE_OP
+    from materializers.stores.warehouse.tables import history_path, view_path
+
+    stream, referenced = tables[join.table], tables[join.references]
+    path = view_path(root, join.name)
+    held = native.dataset(path)
+    history = native.dataset(history_path(root, referenced.qualified))
+    names = [c.name for c in stream.columns] + list(EVENT_COLUMNS) + join.carried
+    if held is None or history is None or set(names) - set(held.schema.names):
+        return None
+    if newest is None:
+        newest = _newest_held(held.to_table(columns=["_cdc_commit_lsn", "_cdc_lsn"]))
+    first, last = _span(created)
+    if first is None or last is None:  # no creation: nothing to enrich
+        first = last = newest
+    if first <= newest and created.num_rows:  # a replay: the view may hold them
+        return None
+    if versions is not None and versions.num_rows:
+        earliest, _ = _span(versions)
+        if earliest is not None and earliest < newest:  # events to enrich again
+            return None
+    if not created.num_rows:
+        return newest
+    (key,) = referenced.key
+    try:
+        key_type = history.schema.field(key).type
+        wanted = pc.cast(pc.unique(created.column(join.on).drop_null()), key_type)
+        read = history.to_table(
+            columns=[key, "_cdc_op", "_cdc_commit_lsn", "_cdc_lsn", *join.columns],
+            filter=ds.field(key).isin(wanted) | (ds.field("_cdc_op") == TRUNCATE_OP),
+        )
+        if pc.any(pc.equal(read.column("_cdc_op"), TRUNCATE_OP)).as_py():
+            return None  # a TRUNCATE ends versions early: Spark derives their ends
+        refs = pc.cast(created.column(join.on), key_type)
+        chosen = latest_at_or_before(
+            read.column(key),
+            read.column("_cdc_commit_lsn"),
+            read.column("_cdc_lsn"),
+            refs,
+            created.column("_cdc_commit_lsn"),
+            created.column("_cdc_lsn"),
+        )
+        # a delete's version carries nothing
+        deleted = pc.fill_null(pc.equal(pc.take(read.column("_cdc_op"), chosen), "d"), False)
+        taken = pc.if_else(deleted, pa.nulls(len(chosen), pa.int64()), chosen)
+        columns = {c.name: created.column(c.name) for c in stream.columns}
+        event_ts, commit_lsn, lsn = EVENT_COLUMNS
+        columns[event_ts] = pc.cast(created.column("_cdc_commit_ms"), pa.int64()).cast(
+            pa.timestamp("ms", tz="UTC")
+        )
+        columns[commit_lsn] = created.column("_cdc_commit_lsn")
+        columns[lsn] = created.column("_cdc_lsn")
+        for c in join.columns:
+            columns[join.column_prefix + c] = pc.take(read.column(c), taken)
+        schema = held.schema
+        rows = pa.Table.from_arrays(
+            [pc.cast(columns[f.name], f.type) for f in schema if f.name in columns],
+            names=[f.name for f in schema if f.name in columns],
+        )
+    except (pa.ArrowException, ValueError, TypeError) as exc:
+        log.info("stream-table join %s: enriched by Spark (%s)", join.name, exc)
+        return None
+    if not native.append(path, rows):
+        return None
+    return max(newest, last)
+
+
+def latest_at_or_before(
+    keys: Any, commits: Any, lsns: Any, refs: Any, at_commits: Any, at_lsns: Any
+) -> pa.Array:
+    """Per event (its referenced key `refs`, position `at_commits`, `at_lsns`): the
+    index of the version (of `keys`, `commits`, `lsns`, in any order) of that key with
+    the greatest position at or before the event's; NULL where there is none."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    distinct = pc.unique(keys)
+    version_code = pc.index_in(keys, value_set=distinct).to_numpy(zero_copy_only=False)
+    event_code = pc.fill_null(pc.index_in(refs, value_set=distinct), -1)
+    versions, events = len(version_code), len(refs)
+    code = np.concatenate([version_code, event_code.to_numpy(zero_copy_only=False)])
+    commit = np.concatenate([_ints(commits), _ints(at_commits)])
+    lsn = np.concatenate([_ints(lsns), _ints(at_lsns)])
+    # at one position the version sorts before the event: at or before
+    kind = np.concatenate([np.zeros(versions, np.int8), np.ones(events, np.int8)])
+    order = np.lexsort((kind, lsn, commit, code))
+    # per place in that order, the place of the last version at or before it
+    place = np.where(kind[order] == 0, np.arange(len(order)), -1)
+    last = np.maximum.accumulate(place) if len(place) else place
+    is_event = kind[order] == 1
+    found = np.full(events, -1, np.int64)
+    seen = last[is_event]
+    found[order[is_event] - versions] = np.where(seen >= 0, order[np.maximum(seen, 0)], -1)
+    # the last version before it in that order is of another key: none of its own
+    valid = found >= 0
+    valid[valid] = version_code[found[valid]] == code[versions:][valid]
+    return pa.array(found, pa.int64(), mask=~valid)
+
+
+def _ints(column: Any) -> Any:
+    import numpy as np
+    import pyarrow.compute as pc
+
+    return np.asarray(pc.fill_null(column, -1).to_numpy(zero_copy_only=False), np.int64)
+
+
+def _span(positions: pa.Table) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """The least and greatest position (_cdc_commit_lsn, _cdc_lsn) of the rows."""
+    import pyarrow.compute as pc
+
+    commits, lsns = positions.column("_cdc_commit_lsn"), positions.column("_cdc_lsn")
+
+    def at(commit: Any, pick: Any) -> tuple[int, int] | None:
+        if commit is None:
+            return None
+        return (commit, pick(lsns.filter(pc.equal(commits, commit))).as_py())
+
+    return at(pc.min(commits).as_py(), pc.min), at(pc.max(commits).as_py(), pc.max)
+
+
+def _newest_held(positions: pa.Table) -> tuple[int, int]:
+    _, last = _span(positions)
+    return last if last is not None else (0, 0)
 
 
 def refresh_enrichment(

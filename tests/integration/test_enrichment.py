@@ -21,10 +21,12 @@ from materializers.check.view_checks import view_checks
 from materializers.log.progress import checkpoint_dir
 from materializers.stores.warehouse.store import WarehouseStore
 from materializers.stores.warehouse.tables import view_path, warehouse_root
+from materializers.views import enrichment
 from materializers.views.enrichment import EnrichmentView
 from tests.conftest import Capture, RunningStack
 from tests.helpers import EVENTS
 from tests.logcheck import table_info, wait_until_equal
+from tests.stores import engines
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +41,7 @@ def enriched(spark: Any, root: str, name: str) -> list[tuple[Any, ...]]:
 
 
 def test_each_insert_is_enriched_with_the_referenced_row_as_of_its_commit(
-    captured: Capture,
+    captured: Capture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     t = captured(
         "CREATE TABLE {name}_prod (id int PRIMARY KEY, name text NOT NULL, price numeric(10,2))",
@@ -104,8 +106,17 @@ def test_each_insert_is_enriched_with_the_referenced_row_as_of_its_commit(
         insert(conn, 109, 4, 9, ("P4 again", Decimal("44.00")))
     for name in (products, items):
         wait_until_equal(settings, table_info(settings, f"public.{name}"))
+    # a batch of the steady state, shaped on the driver, is enriched in Arrow (the first
+    # made the view: Spark), and appended by delta-rs
+    by_spark: list[Any] = []
+    spark_path = enrichment.refresh_enrichment
+    monkeypatch.setattr(
+        enrichment, "refresh_enrichment", lambda *a, **k: by_spark.append(a) or spark_path(*a, **k)
+    )
     run_apply(settings, ["warehouse"], once=True)
+    monkeypatch.undo()
     assert enriched(spark, root, join.name) == sorted(expected)
+    assert not by_spark and engines(view_path(root, join.name))[-1] == "delta-rs"
 
     # `cdc verify` enriches the events again from the log: equal now; an event's price
     # changed behind the pipeline's back, or an event removed, is found

@@ -19,7 +19,7 @@ from materializers.stores.warehouse.store import WarehouseStore
 from materializers.stores.warehouse.tables import current_path, history_path
 from tests.conftest import RunningStack
 from tests.helpers import EVENTS
-from tests.stores import with_ends
+from tests.stores import engines, with_ends
 
 pytestmark = pytest.mark.integration
 
@@ -328,18 +328,6 @@ def _adds_and_removes(path: str) -> tuple[int, int]:
     return added, removed
 
 
-def _engines(path: str) -> list[str]:
-    """What wrote each Delta commit, oldest first: "spark" or "delta-rs"."""
-    found = []
-    for log in sorted(Path(path, "_delta_log").glob("*.json")):
-        for line in log.read_text().splitlines():
-            info = json.loads(line).get("commitInfo")
-            if info is not None:
-                rust = str(info.get("clientVersion", "")).startswith("delta-rs")
-                found.append("delta-rs" if rust else "spark")
-    return found
-
-
 @pytest.mark.parametrize("writer", ["delta-rs", "spark"])
 def test_a_batch_is_one_append_to_the_history_and_one_commit_to_the_current_state(
     stack: RunningStack, tmp_path: Path, writer: str
@@ -374,9 +362,9 @@ def test_a_batch_is_one_append_to_the_history_and_one_commit_to_the_current_stat
     operations = _operations(current)[before[0] :]
     assert operations == ["MERGE", "WRITE", "DELETE", "WRITE", "MERGE"], operations
     assert _operations(history)[before[1] :] == ["WRITE"] * 5
-    engines = _engines(current)[before[0] :]
-    assert engines == [writer, writer, "spark", writer, writer], engines  # TRUNCATE: Spark
-    assert _engines(history)[before[1] :] == [writer, writer, "spark", writer, writer]
+    wrote = engines(current)[before[0] :]
+    assert wrote == [writer, writer, "spark", writer, writer], wrote  # TRUNCATE: Spark
+    assert engines(history)[before[1] :] == [writer, writer, "spark", writer, writer]
     assert _adds_and_removes(history)[1] == 0  # appended to, never rewritten
     assert _current(spark, root) == [(3, "ghost", 600, 1)]
     expected = [
@@ -553,7 +541,7 @@ def test_a_view_batch_appended_again_is_written_once(
     write(first, 0)  # the batch run again after a crash before Spark recorded it
     other(first, 0)  # and by the other writer
     write(spark.createDataFrame([(3, 30)], "rows long, window_end long"), 1)
-    assert _engines(path)[-1] == writer
+    assert engines(path)[-1] == writer
     held = delta_rs_read(Path(path)).to_pylist()
     assert sorted((r["window_end"], r["rows"]) for r in held) == [(10, 1), (20, 2), (30, 3)]
     # started afresh: its table emptied (streams.start_afresh), batch ids again from 0
@@ -607,10 +595,10 @@ def test_a_table_delta_rs_cannot_write_is_written_by_spark_once(
         store.write_frame({"public.dated": DATED}, frame, {"public.dated"})
 
     write([dated(1, 0, "r", 20000, (100, 0)), dated(2, 1, "r", 20001, (100, 0))])
-    assert _engines(current)[-1] == _engines(history)[-1] == "delta-rs"
+    assert engines(current)[-1] == engines(history)[-1] == "delta-rs"
     write([dated(1, 2, "u", DATE_INFINITY[0], (200, 1)), dated(2, 3, "u", 20002, (200, 2))])
     write([dated(2, 4, "u", 20003, (300, 1))])
-    assert _engines(current)[-2:] == _engines(history)[-2:] == ["spark", "spark"]
+    assert engines(current)[-2:] == engines(history)[-2:] == ["spark", "spark"]
     assert set(store.native.refused) == {current, history}
 
     frame = spark.read.format("delta").load(current)
@@ -646,7 +634,7 @@ def test_a_large_batch_is_written_by_spark(stack: RunningStack, tmp_path: Path) 
         store.write_frame({"public.t": TABLE}, frame, {"public.t"}, None, {"public.t": size})
 
     write([event(1, 0, "r", "a", (100, 0), 1000)], NATIVE_MAX_CHARS + 1)
-    assert _engines(current)[-1] == _engines(history)[-1] == "spark"
+    assert engines(current)[-1] == engines(history)[-1] == "spark"
     write([event(1, 1, "u", "b", (200, 1), 2000)], 100)
-    assert _engines(current)[-1] == _engines(history)[-1] == "delta-rs"
+    assert engines(current)[-1] == engines(history)[-1] == "delta-rs"
     assert _current(spark, root) == [(1, "b", 200, 1)]
