@@ -9,16 +9,18 @@ first without derived data, then with the demo's (commands.demo.with_demo_views)
 
 Latency of an event (as in bench/streaming.py): the moment the micro-batch that holds
 it finished minus its commit time. For the warehouse: its progress record, polled.
-For a query of its own (windows, stream-stream joins): its checkpoint, the first batch
-whose offsets reach the event, finished when its commit file was written. A join view
+For a view kept by a streaming query (windows, stream-stream joins): its query's
+checkpoint, the first batch whose offsets reach the event, finished when its commit
+file was written. A join view
 and a stream-table join are written inside the warehouse's batch: what they add is the
 warehouse's latency with them minus without. What a window query writes once the
 watermark has passed (sliding, session, a join's start without an end) is visible
 `watermark` (and gap, within) later by design; the figure here is the query's own.
 
-State, at the end: per query of its own the rows Spark holds in its state stores and
+State, at the end: per streaming query the rows Spark holds in its state stores and
 their memory (its last progress report), and the bytes of its checkpoint's state on
-disk; per view its Delta table's bytes. Appends to bench/results/derived.jsonl.
+disk, given with each view it keeps (views that share a query share these figures:
+`query` names it); per view its Delta table's bytes. Appends to bench/results/derived.jsonl.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from materializers.apply.job import run_apply
 from materializers.check.status import pipeline_status
 from materializers.log.progress import checkpoint_dir, last_committed_batch
 from materializers.stores.warehouse.tables import view_path, warehouse_root
+from materializers.views.registry import queries_of, views_of
 from snapshot.initial import run_snapshot
 
 
@@ -82,7 +85,7 @@ def _wait_caught_up(settings: Settings, names: list[str], timeout: float) -> Non
         warehouse = pipeline_status(settings).stores.get("warehouse", {})
         done = warehouse.get("backlog_events") == 0
         for name in names:
-            batches = query_batches(checkpoint_dir(settings, f"window-{name}"))
+            batches = query_batches(checkpoint_dir(settings, name))
             read = batches[-1][1] if batches else {}
             done = (
                 done
@@ -102,9 +105,9 @@ def _wait_caught_up(settings: Settings, names: list[str], timeout: float) -> Non
 
 def run(settings: Settings, rate: float, seconds: int, phases: WarehousePhases) -> dict[str, Any]:
     """The warehouse (with the settings' views) under the workload: latencies, state."""
-    views = [v.name for v in settings.apply.windows] + [
-        j.name for j in settings.apply.joins if j.kind == "stream_stream"
-    ]
+    # the checkpoint of each streaming view's query (views may share one: queries.py)
+    queries = {v.name: q for q in queries_of(views_of(settings)) for v in q.members}
+    views = sorted({q.label for q in queries.values()})
     stop = threading.Event()
     apply = threading.Thread(
         target=run_apply, args=(settings, ["warehouse"]), kwargs={"stop": stop}, daemon=True
@@ -139,17 +142,20 @@ def run(settings: Settings, rate: float, seconds: int, phases: WarehousePhases) 
 
         spark = SparkSession.getActiveSession()
         # the views' queries run in a session of their own (cdc.spark.views_session)
-        queries = views_session(spark, settings).streams.active if spark else []
-        active = {q.name: q for q in queries}
+        running = views_session(spark, settings).streams.active if spark else []
+        active = {q.name: q for q in running}
         root = warehouse_root(settings)
         for view in settings.apply.joins + settings.apply.windows:
-            checkpoint = checkpoint_dir(settings, f"window-{view.name}")
             entry: dict[str, Any] = {"delta_bytes": _bytes(Path(view_path(root, view.name)))}
-            if view.name in views:
+            if view.name in queries:
+                # a query's state and costs, shared by the views it keeps
+                kept = queries[view.name]
+                checkpoint = checkpoint_dir(settings, kept.label)
+                entry["query"] = kept.label
                 latencies = store_latencies(events, query_batches(checkpoint))
                 entry["latency"] = percentiles([float(ms) for _, ms in latencies])
                 entry["state_disk_bytes"] = _bytes(checkpoint / "state")
-                query = next((q for n, q in active.items() if n and n.endswith(view.name)), None)
+                query = active.get(kept.name(settings))
                 report = query.lastProgress if query is not None else None
                 operators = (report or {}).get("stateOperators", [])
                 entry["state_rows"] = sum(o.get("numRowsTotal", 0) for o in operators)

@@ -284,14 +284,12 @@ def _wait_for_first_batches(
     each view kept by a query of its own its first, saying which have, for at most
     `timeout` seconds: the workload then meets warm queries, not their first plans."""
     from materializers.log.progress import checkpoint_dir, last_committed_batch
-    from materializers.views.registry import streaming, views_of
+    from materializers.views.registry import queries_of, views_of
 
     started = time.monotonic()
     said: set[str] = set()
     wanted = list(settings.apply.stores)
-    queries = (
-        [v.checkpoint_label for v in streaming(views_of(settings))] if "warehouse" in wanted else []
-    )
+    queries = [q.label for q in queries_of(views_of(settings))] if "warehouse" in wanted else []
     while time.monotonic() - started < timeout and not failure:
         stores = pipeline_status(settings, TABLES).stores
         done = {s for s in wanted if s in stores and not stores[s].get("nothing_applied")}
@@ -319,12 +317,12 @@ def _warm_up(
     its snapshot's did not need, and on 2 cores that takes the warehouse half a minute;
     the workload then meets stores that have done it once."""
     from materializers.log.progress import checkpoint_dir, last_committed_batch
-    from materializers.views.registry import streaming, views_of
+    from materializers.views.registry import queries_of, views_of
 
     started = time.monotonic()
     topics = [change_topic(settings.pipeline, t) for t in TABLES]
     queries = (
-        [checkpoint_dir(settings, v.checkpoint_label) for v in streaming(views_of(settings))]
+        [checkpoint_dir(settings, q.label) for q in queries_of(views_of(settings))]
         if "warehouse" in settings.apply.stores
         else []
     )

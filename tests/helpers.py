@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,3 +73,13 @@ def recorded_placeholder(dsn: str, pipeline: str) -> str:
         ).fetchone()
     assert row is not None, f"pipeline {pipeline} has no placeholder recorded"
     return str(row[0])
+
+
+def query_checkpoint(settings: Any, view: str) -> Path:
+    """The checkpoint of the streaming query that keeps `view` (its own, or one it shares
+    with other views: materializers/views/queries.py)."""
+    from materializers.log.progress import checkpoint_dir
+    from materializers.views.registry import streaming, views_of
+
+    (found,) = [v for v in streaming(views_of(settings)) if v.name == view]
+    return checkpoint_dir(settings, found.checkpoint_label)

@@ -38,6 +38,7 @@ from materializers.apply.warehouse_process import WarehouseProcess
 from materializers.log.progress import (
     checkpoint_dir,
     forget_other_definition,
+    forget_other_view_queries,
     note_late,
 )
 from materializers.stores.base import FrameStore, Store
@@ -45,8 +46,8 @@ from materializers.stores.registry import make_store
 from materializers.stores.warehouse.iceberg import IcebergPublisher
 from materializers.stores.warehouse.store import WarehouseStore
 from materializers.stores.warehouse.tables import warehouse_base, warehouse_root
-from materializers.views.base import StreamingView
-from materializers.views.registry import after_batch, check_views, streaming, views_of
+from materializers.views.queries import ViewQuery
+from materializers.views.registry import after_batch, check_views, queries_of
 
 __all__ = ["failure_line", "run_apply"]
 
@@ -81,11 +82,14 @@ def run_apply(
             store.after_batch = list(after_batch(views))
         _prepare(settings, store, tables)
         starters[name] = functools.partial(_start_store_query, spark, settings, store, once)
-    for view in streaming(views):  # a query of its own, with a watermark
-        starters[view.checkpoint_label] = functools.partial(
-            _start_view_query, spark, settings, view, tables, once
+    queries = queries_of(views)  # the streaming views, in queries with a watermark
+    if "warehouse" in selected:  # this process runs the views
+        forget_other_view_queries(settings, {q.label for q in queries})
+    for query in queries:
+        starters[query.label] = functools.partial(
+            _start_view_query, spark, settings, query, tables, once
         )
-    late = _LateNotes(settings)
+    late = _LateNotes(settings, queries)
     if late.names:
         late.listen(views_session(spark, settings))
     try:
@@ -138,7 +142,7 @@ def _run_queries(
     """Start the queries, then (once) wait for them to end, or keep them running until
     `stop`, starting a failed one again."""
     queries = {name: start() for name, start in starters.items()}
-    windows = {n[len("window-") :]: q for n, q in queries.items() if n.startswith("window-")}
+    windows = {n: q for n, q in queries.items() if n in late.queries}
     if apart is not None:
         apart.start()
         nice = settings.apply.warehouse_nice
@@ -182,8 +186,8 @@ def _run_queries(
                 except Exception as exc:  # e.g. Kafka not back yet: the next round tries again
                     say(f"{name}: could not start again ({failure_line(exc)})")
                     continue
-                if name.startswith("window-"):
-                    windows[name[len("window-") :]] = queries[name]
+                if name in late.queries:
+                    windows[name] = queries[name]
             if apart is not None:
                 _watch_apart(apart, failures, stop)
             late.note_recent(windows)
@@ -242,22 +246,24 @@ class _LateNotes:
     Spark keeps in memory (`recentProgress`, the last 100) loses one; the reports
     still in memory are noted too, once a second (a report is noted once: by batch id)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, queries: list[ViewQuery]) -> None:
         self.settings = settings
-        views = streaming(views_of(settings))
-        self.readers = {v.name: v.late_readers for v in views}
-        prefix = f"cdc-{settings.pipeline.name}-"
-        self.names = {f"{prefix}{v.label}-{v.name}": v.name for v in views}
+        self.queries = {q.label: q for q in queries}
+        self.names = {q.name(settings): q.label for q in queries}
         self._lock = threading.Lock()
-        self._seen: dict[str, int] = {}  # window -> the newest batch id of a report noted
+        self._seen: dict[str, int] = {}  # query -> the newest batch id of a report noted
         self._listener: Any = None
         self._ended: set[str] = set()  # the ids of the queries it was told ended
 
-    def note(self, name: str, reports: list[dict[str, Any]]) -> None:
+    def note(self, label: str, reports: list[dict[str, Any]]) -> None:
+        """Note each view's late events in its query's reports (a view's own stateful
+        steps: ViewQuery.steps)."""
+        query = self.queries[label]
         with self._lock:
-            note_late(self.settings, name, reports, self.readers.get(name, 1))
+            for view, steps in zip(query.members, query.steps, strict=False):
+                note_late(self.settings, view.name, reports, view.late_readers, steps)
             for report in reports:
-                self._seen[name] = max(self._seen.get(name, -1), int(report["batchId"]))
+                self._seen[label] = max(self._seen.get(label, -1), int(report["batchId"]))
 
     def note_recent(self, windows: dict[str, Any]) -> None:
         for name, query in windows.items():
@@ -378,14 +384,14 @@ def _start_store_query(spark: Any, settings: Settings, store: Store, once: bool)
 
 
 def _start_view_query(
-    spark: Any, settings: Settings, view: StreamingView, tables: dict[str, Table], once: bool
+    spark: Any, settings: Settings, query: ViewQuery, tables: dict[str, Table], once: bool
 ) -> Any:
-    """A window aggregate's or stream-stream join's query (materializers/views/)."""
-    checkpoint = checkpoint_dir(settings, view.checkpoint_label)
-    forget_other_definition(checkpoint, view.definition())
+    """The query of window aggregates and stream-stream joins (materializers/views/)."""
+    checkpoint = checkpoint_dir(settings, query.label)
+    forget_other_definition(checkpoint, query.definition())
     # a pool of its own (the query's thread inherits it from this one)
-    spark.sparkContext.setLocalProperty("spark.scheduler.pool", view.checkpoint_label)
-    writer = view.query(views_session(spark, settings), settings, tables, str(checkpoint))
+    spark.sparkContext.setLocalProperty("spark.scheduler.pool", query.label)
+    writer = query.query(views_session(spark, settings), settings, tables, str(checkpoint))
     return _triggered(settings, writer, once, settings.apply.views_trigger_interval_s).start()
 
 

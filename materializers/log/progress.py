@@ -26,6 +26,7 @@ __all__ = [
     "add_cut",
     "checkpoint_dir",
     "forget_other_definition",
+    "forget_other_view_queries",
     "late_events",
     "note_late",
     "progress_file",
@@ -56,6 +57,22 @@ def forget_other_definition(checkpoint: Path, definition: str) -> None:
     if held != definition:
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(definition)
+
+
+def forget_other_view_queries(settings: Settings, labels: set[str]) -> None:
+    """Remove the checkpoint (and definition) of each view query of the pipeline that
+    is not one of `labels` (the queries the views run in now): a view that ran alone and
+    now shares a query, or the reverse, or one removed, must not resume from it later
+    (its table has been written by another query since); it starts afresh instead."""
+    import shutil
+
+    for found in (settings.data_dir / "checkpoints" / settings.pipeline.name).glob("*"):
+        if not found.name.startswith(("window-", "views-")) or found.name in labels:
+            continue
+        if found.is_dir():
+            shutil.rmtree(found, ignore_errors=True)
+        elif found.suffix == ".definition" and found.stem not in labels:
+            found.unlink(missing_ok=True)
 
 
 def last_committed_batch(checkpoint: Path) -> int | None:
@@ -238,10 +255,15 @@ def forget_late(settings: Settings, window: str) -> None:
 
 
 def note_late(
-    settings: Settings, window: str, recent: list[dict[str, Any]], readers: int = 1
+    settings: Settings,
+    window: str,
+    recent: list[dict[str, Any]],
+    readers: int = 1,
+    steps: slice = slice(None),
 ) -> None:
     """Add up the late events of the window query's progress reports not noted yet
-    (each one dropped by each of the query's `readers` of its topic).
+    (each one dropped by each of the view's `readers` of its topic; `steps`: which of
+    the reports' stateful operators are the view's, when its query keeps several).
     A report without operators is a trigger that ran no batch (nothing to read): it
     carries the id the next batch will have, which it must not mark as noted."""
     path = _late_file(settings, window)
@@ -254,7 +276,7 @@ def note_late(
         return
     dropped = 0
     for report in fresh:
-        for operator in report.get("stateOperators", []):
+        for operator in report.get("stateOperators", [])[steps]:
             dropped += int(operator.get("numRowsDroppedByWatermark", 0))
     noted["late"] += dropped // readers
     noted["batch"] = max(p["batchId"] for p in fresh)

@@ -10,11 +10,18 @@ watermark (`StreamingView`: window aggregates, stream-stream joins)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from cdc.catalog import Column, Table
 from cdc.errors import ConfigError
-from cdc.settings import JoinSettings, ViewSettings
+from cdc.settings import (
+    JoinSettings,
+    StreamStreamJoin,
+    ViewSettings,
+    WindowSettings,
+    duration_ms,
+)
 from cdc.topics import ChangeRecord
 
 if TYPE_CHECKING:
@@ -23,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "NOW",
     "AfterBatchView",
+    "Branch",
     "Expected",
     "Form",
     "ReferencingJoin",
@@ -194,23 +202,66 @@ class ReferencingJoin(AfterBatchView):
         self.not_taken(left, {c.name for c in left.columns}, join.carried, self.added)
 
 
-class StreamingView(View):
-    """A view kept by a streaming query of its own (materializers/views/streams.py)."""
+@dataclass(frozen=True)
+class Branch:
+    """A streaming view's part of a query: the rows its query writes (`frame`, a
+    streaming frame), how a micro-batch of them is written (`write(batch, batch id)`),
+    and the output mode they are written in."""
 
+    frame: Any
+    write: Callable[[Any, int], None]
+    mode: str
+
+
+class StreamingView(View):
+    """A view kept by a streaming query, alone or with the views it shares one with
+    (materializers/views/streams.py, queries.py)."""
+
+    settings: StreamStreamJoin | WindowSettings
     # the query's name after `cdc-<pipeline>-`: <label>-<view name>
     label: ClassVar[str] = "window"
     # how many of the query's readers drop each late event
     late_readers: ClassVar[int] = 1
+    # how its query writes its rows (Structured Streaming's output mode)
+    mode: ClassVar[str] = "append"
+
+    def __init__(self, settings: ViewSettings) -> None:
+        super().__init__(settings)
+        # the checkpoint of the query it shares with other views (queries.view_queries)
+        self.shared_label: str | None = None
 
     @property
     def checkpoint_label(self) -> str:
-        """The name of its checkpoint folder (and scheduler pool)."""
-        return f"window-{self.name}"
+        """The name of its query's checkpoint folder (and scheduler pool)."""
+        return self.shared_label or f"window-{self.name}"
+
+    def shares(self) -> tuple[Any, ...]:
+        """Views of equal `shares` run in one streaming query: they write in one output
+        mode, read the same tables, and drop late events by the same watermark (one
+        query has one)."""
+        return (self.mode, tuple(sorted(set(self.sides))), duration_ms(self.settings.watermark))
 
     def definition(self) -> str:
         """What its checkpoint was written for: another definition starts it afresh."""
         raise NotImplementedError
 
-    def query(self, spark: Any, settings: Any, tables: dict[str, Table], checkpoint: str) -> Any:
-        """Its streaming query, ready for a trigger and start()."""
+    def branch(
+        self, spark: Any, settings: Any, tables: dict[str, Table], checkpoint: str
+    ) -> Branch:
+        """Its part of a streaming query (`checkpoint` the query's: a query without a
+        committed batch starts its table afresh)."""
         raise NotImplementedError
+
+    def query_name(self, settings: Any) -> str:
+        """The name of its streaming query alone."""
+        return f"cdc-{settings.pipeline.name}-{self.label}-{self.name}"
+
+    def query(self, spark: Any, settings: Any, tables: dict[str, Table], checkpoint: str) -> Any:
+        """Its streaming query alone, ready for a trigger and start()."""
+        branch = self.branch(spark, settings, tables, checkpoint)
+        return (
+            branch.frame.writeStream.queryName(self.query_name(settings))
+            .outputMode(branch.mode)
+            .option("checkpointLocation", checkpoint)
+            .foreachBatch(branch.write)
+        )

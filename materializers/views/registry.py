@@ -17,11 +17,20 @@ from cdc.settings import (
 )
 from materializers.views.base import AfterBatchView, StreamingView, View
 from materializers.views.enrichment import EnrichmentView
+from materializers.views.queries import ViewQuery, view_queries
 from materializers.views.stream_join import StreamJoinView
 from materializers.views.table_join import TableJoinView
 from materializers.views.windows import FillingWindowView, SessionView, SlidingView
 
-__all__ = ["VIEW_CLASSES", "after_batch", "check_views", "streaming", "view_of", "views_of"]
+__all__ = [
+    "VIEW_CLASSES",
+    "after_batch",
+    "check_views",
+    "queries_of",
+    "streaming",
+    "view_of",
+    "views_of",
+]
 
 VIEW_CLASSES: dict[type[ViewSettings], type[View]] = {
     TableJoin: TableJoinView,
@@ -40,8 +49,11 @@ def view_of(settings: ViewSettings) -> View:
 
 
 def views_of(settings: Settings) -> list[View]:
-    """Every view of the pipeline (`apply.joins`, then `apply.windows`)."""
-    return [view_of(v) for v in (*settings.apply.joins, *settings.apply.windows)]
+    """Every view of the pipeline (`apply.joins`, then `apply.windows`), each streaming
+    view knowing the query it shares (queries.view_queries)."""
+    views = [view_of(v) for v in (*settings.apply.joins, *settings.apply.windows)]
+    view_queries(streaming(views))
+    return views
 
 
 def after_batch(views: list[View]) -> list[AfterBatchView]:
@@ -52,6 +64,11 @@ def after_batch(views: list[View]) -> list[AfterBatchView]:
 def streaming(views: list[View]) -> list[StreamingView]:
     """The views kept by a streaming query of their own."""
     return [v for v in views if isinstance(v, StreamingView)]
+
+
+def queries_of(views: list[View]) -> list[ViewQuery]:
+    """The streaming queries that keep the streaming views among `views`."""
+    return view_queries(streaming(views))
 
 
 def check_views(settings: Settings, tables: dict[str, Table]) -> list[View]:

@@ -15,7 +15,7 @@ from materializers.log.typed import quoted as q
 from materializers.log.typed import spark_type
 from materializers.stores.warehouse.native import NativeWriter
 from materializers.stores.warehouse.tables import view_path
-from materializers.views.base import NOW, Expected, Form, StreamingView, Verifier
+from materializers.views.base import NOW, Branch, Expected, Form, StreamingView, Verifier
 from materializers.views.streams import (
     LoggedChange,
     events,
@@ -97,9 +97,9 @@ class StreamJoinView(StreamingView):
             T.StructField("_cdc_end_lsn", T.LongType()),
         ]
 
-    def query(
+    def branch(
         self, spark: Any, settings: Settings, tables: dict[str, Table], checkpoint: str
-    ) -> Any:
+    ) -> Branch:
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
@@ -170,12 +170,7 @@ class StreamJoinView(StreamingView):
             )
             merge(rows, batch_id)
 
-        return (
-            joined.writeStream.queryName(f"cdc-{settings.pipeline.name}-join-{join.name}")
-            .outputMode("append")
-            .option("checkpointLocation", checkpoint)
-            .foreachBatch(write)
-        )
+        return Branch(joined, write, "append")
 
     def expected(
         self, tables: dict[str, Table], logs: dict[str, list[ChangeRecord]], form: Form

@@ -12,7 +12,8 @@ time, and the sum of a column, kept by a streaming query of their own (streams.p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from cdc.catalog import Table
 from cdc.errors import ConfigError
@@ -30,7 +31,7 @@ from materializers.log.typed import quoted as q
 from materializers.log.typed import spark_type
 from materializers.stores.warehouse.native import NativeWriter
 from materializers.stores.warehouse.tables import view_path
-from materializers.views.base import NOW, Expected, Form, StreamingView, Verifier
+from materializers.views.base import NOW, Branch, Expected, Form, StreamingView, Verifier
 from materializers.views.streams import (
     LoggedChange,
     appended_to,
@@ -69,8 +70,6 @@ class WindowView(StreamingView):
     """A window aggregate: its query, and its windows computed again from the log."""
 
     settings: WindowSettings
-    # how the query writes its windows (Structured Streaming's output mode)
-    mode: ClassVar[str] = "append"
 
     @property
     def verified_as(self) -> str:
@@ -88,9 +87,18 @@ class WindowView(StreamingView):
         """The columns of its table it reads."""
         return [self.settings.sum] if self.settings.sum else []
 
-    def query(
+    def branch(
         self, spark: Any, settings: Settings, tables: dict[str, Table], checkpoint: str
-    ) -> Any:
+    ) -> Branch:
+        created, measures, _, write = self.parts(spark, settings, tables, checkpoint)
+        return Branch(self.counted(created, measures), write, self.mode)
+
+    def parts(
+        self, spark: Any, settings: Settings, tables: dict[str, Table], checkpoint: str
+    ) -> tuple[Callable[..., DataFrame], list[Any], Any, Callable[[DataFrame, int], None]]:
+        """What its query is made of: its creation events (`created(unique)`, with
+        `__amount`), its measures, the type of `__amount`, and its batch writer (which
+        empties its table first when the query at `checkpoint` starts afresh)."""
         from pyspark.sql import functions as F
         from pyspark.sql import types as T
 
@@ -112,7 +120,6 @@ class WindowView(StreamingView):
             return found.withColumn("__amount", amount.cast(amount_type))
 
         measures = [F.count("*").alias("rows"), F.sum("__amount").alias("total")]
-        counts = self.counted(created, measures)
         start, end, rows, summed = WINDOW_COLUMNS
         fields = [
             *self.leading_fields(table),
@@ -124,16 +131,12 @@ class WindowView(StreamingView):
         path = view_path(warehouse_root(settings), window.name)
         start_afresh(spark, settings, window.name, checkpoint)
         native = NativeWriter(settings.apply.warehouse_writer == "delta-rs")
-        return (
-            counts.writeStream.queryName(f"cdc-{settings.pipeline.name}-window-{window.name}")
-            .outputMode(self.mode)
-            .option("checkpointLocation", checkpoint)
-            .foreachBatch(
-                merged_into(spark, path, fields, list(window.key), native=native)
-                if self.mode == "update"  # a window written again as it fills
-                else appended_to(spark, path, fields, checkpoint, native)
-            )
+        write = (
+            merged_into(spark, path, fields, list(window.key), native=native)
+            if self.mode == "update"  # a window written again as it fills
+            else appended_to(spark, path, fields, checkpoint, native)
         )
+        return created, measures, amount_type, write
 
     def counted(self, created: Any, measures: list[Any]) -> DataFrame:
         """Its windows' rows: the names of a window (WINDOW_COLUMNS, after
@@ -162,13 +165,8 @@ class FillingWindowView(WindowView):
     def counted(self, created: Any, measures: list[Any]) -> DataFrame:
         from pyspark.sql import functions as F
 
-        # each (creation, window) pair once: a creation too late for its older windows
-        # still counts in those the watermark has not passed (and late counts per pair)
-        window = self.settings
         return (
-            created(unique=False)
-            .withColumn("window", F.window("commit_ts", window.window, window.step))
-            .dropDuplicates(["__key", "__lsn", "window"])
+            self.paired(created)
             .groupBy("window")
             .agg(*measures)
             .select(
@@ -177,6 +175,19 @@ class FillingWindowView(WindowView):
                 "rows",
                 "total",
             )
+        )
+
+    def paired(self, created: Any) -> DataFrame:
+        """Each (creation, window) pair once, before they are counted: a creation too
+        late for its older windows still counts in those the watermark has not passed
+        (and late counts per pair)."""
+        from pyspark.sql import functions as F
+
+        window = self.settings
+        return (
+            created(unique=False)
+            .withColumn("window", F.window("commit_ts", window.window, window.step))
+            .dropDuplicates(["__key", "__lsn", "window"])
         )
 
     def starts(self, ms: int) -> list[int]:

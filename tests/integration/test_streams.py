@@ -22,9 +22,9 @@ from cdc.topics import change_topic, read_topic
 from materializers.apply.job import run_apply
 from materializers.check.status import pipeline_status
 from materializers.check.view_checks import view_checks
-from materializers.log.progress import checkpoint_dir
 from materializers.stores.warehouse.tables import view_path, warehouse_root
 from tests.conftest import Capture
+from tests.helpers import query_checkpoint
 from tests.logcheck import table_info, wait_until_equal
 
 pytestmark = pytest.mark.integration
@@ -211,9 +211,16 @@ def test_sliding_and_session_windows_and_stream_join_equal_a_reference(captured:
     assert all(c.ok for c in checks.values()), [c.observed for c in checks.values()]
     assert len(checks) == 3
 
+    # the three share one query (one output mode, one table, one watermark): its
+    # checkpoint is the only one
+    shared = {query_checkpoint(settings, v.name) for v in (sliding, sessions, shipping)}
+    assert len(shared) == 1 and next(iter(shared)).name.startswith("views-")
+    assert not [
+        p for p in shared.pop().parent.iterdir() if p.name.startswith("window-") and p.is_dir()
+    ]
+
     # a replay from the log's start (the checkpoints lost) computes the same tables
-    for name in (sliding.name, sessions.name, shipping.name):
-        shutil.rmtree(checkpoint_dir(settings, f"window-{name}"))
+    shutil.rmtree(query_checkpoint(settings, sliding.name))
     run_apply(settings, ["warehouse"], once=True)
     assert held() == first
 
@@ -232,8 +239,7 @@ def test_sliding_and_session_windows_and_stream_join_equal_a_reference(captured:
     assert checks[f"view {sliding.name}"].ok
     spark.sql(f"UPDATE delta.`{view_path(root, sliding.name)}` SET total = total + 1")
     assert not {c.table: c for c in view_checks(settings, tables)}[f"view {sliding.name}"].ok
-    for name in (sliding.name, sessions.name, shipping.name):
-        shutil.rmtree(checkpoint_dir(settings, f"window-{name}"))
+    shutil.rmtree(query_checkpoint(settings, sliding.name))
     run_apply(settings, ["warehouse"], once=True)
     assert held() == first
 
