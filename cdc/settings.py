@@ -750,6 +750,14 @@ class ApplySettings(BaseModel):
         "each of their batches costs the cores the stores share, whatever it holds (at "
         "50 TPS on two cores, 5 s left the warehouse's batches a third of the cores)",
     )
+    views_share_queries: bool = Field(
+        True,
+        description="window aggregates and stream-stream joins that write in one output "
+        "mode, read the same tables and have one watermark run in one streaming query (each "
+        "trigger planned, read and checkpointed once for all of them); false: a query per "
+        "view. A change either way starts the views' queries afresh (their tables are "
+        "computed again from the log)",
+    )
     views_state_partitions: int = Field(
         1,
         ge=1,

@@ -178,14 +178,14 @@ class ViewQuery:
         return counted, writes
 
 
-def view_queries(views: list[StreamingView]) -> list[ViewQuery]:
-    """The streaming views in their queries: those of equal `shares()` in one, in the
-    order of their first view. A shared query's checkpoint is named by its views
-    (`views-<name>+<name>...`, or a digest of them when that is too long), and each
-    view's `checkpoint_label` is that name."""
-    groups: dict[tuple[Any, ...], list[StreamingView]] = {}
+def view_queries(views: list[StreamingView], share: bool = True) -> list[ViewQuery]:
+    """The streaming views in their queries: with `share`, those of equal `shares()` in
+    one, in the order of their first view; else each alone. A shared query's checkpoint
+    is named by its views (`views-<name>+<name>...`, or a digest of them when that is
+    too long), and each view's `checkpoint_label` is that name."""
+    groups: dict[Any, list[StreamingView]] = {}
     for view in views:
-        groups.setdefault(view.shares(), []).append(view)
+        groups.setdefault(view.shares() if share else view.name, []).append(view)
     out = []
     for members in groups.values():
         if len(members) > 1:

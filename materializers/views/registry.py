@@ -52,7 +52,7 @@ def views_of(settings: Settings) -> list[View]:
     """Every view of the pipeline (`apply.joins`, then `apply.windows`), each streaming
     view knowing the query it shares (queries.view_queries)."""
     views = [view_of(v) for v in (*settings.apply.joins, *settings.apply.windows)]
-    view_queries(streaming(views))
+    view_queries(streaming(views), share=settings.apply.views_share_queries)
     return views
 
 
@@ -67,8 +67,12 @@ def streaming(views: list[View]) -> list[StreamingView]:
 
 
 def queries_of(views: list[View]) -> list[ViewQuery]:
-    """The streaming queries that keep the streaming views among `views`."""
-    return view_queries(streaming(views))
+    """The streaming queries that keep the streaming views among `views` (as views_of
+    placed them: by their checkpoint)."""
+    queries: dict[str, list[StreamingView]] = {}
+    for view in streaming(views):
+        queries.setdefault(view.checkpoint_label, []).append(view)
+    return [ViewQuery(members) for members in queries.values()]
 
 
 def check_views(settings: Settings, tables: dict[str, Table]) -> list[View]:

@@ -1,6 +1,6 @@
-"""What the views kept by a streaming query of their own share: window aggregates
-(windows.py) and stream-stream joins (stream_join.py), each under
-`<warehouse>/<prefix>/_views/<name>`.
+"""What the views kept by a streaming query (alone or shared: queries.py) have in
+common: window aggregates (windows.py) and stream-stream joins (stream_join.py), each
+under `<warehouse>/<prefix>/_views/<name>`.
 
 Each query reads its table's change topic(s) from the start, takes the events it
 counts (creations, op "c"; for a join's end, creations and updates matching `when`),

@@ -50,6 +50,10 @@ def test_views_of_another_table_watermark_or_mode_keep_a_query_of_their_own(
     windows[1] = windows[1].model_copy(update={"watermark": "10 second"})
     settings = Settings().model_copy(update={"apply": ApplySettings(windows=windows)})
     assert [v.name for v in queries_of(views_of(settings))[0].members] == ["a", "b"]
+    # apply.views_share_queries = false: a query per view, each with its own checkpoint
+    alone = ApplySettings(windows=windows, views_share_queries=False)
+    queries = queries_of(views_of(Settings().model_copy(update={"apply": alone})))
+    assert [q.label for q in queries] == [f"window-{n}" for n in "abcde"]
 
 
 @pytest.mark.usefixtures("clean_env")
