@@ -1,7 +1,8 @@
 """The streaming queries that keep the streaming views: views that write in one output
 mode, read the same tables and have one watermark share one query (`view_queries`),
-so that each trigger reads and decodes their log once, plans once and commits one
-checkpoint, where a query per view did each of these per view.
+so that each trigger is planned, scheduled and checkpointed once for all of them,
+where a query per view did each of these per view (each view still reads the log
+with its own readers, in the same offsets).
 
 - Window aggregates written as they fill (tumbling, hopping) share one aggregation:
   each view's (creation, window) pairs, each deduplicated by its own step, are counted
