@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from typing import Any
 
 import psycopg
 import pytest
@@ -21,15 +22,28 @@ from tests.stores import cache, column_mapped, delta_tables, readers_differ, sea
 pytestmark = pytest.mark.integration
 
 
-def test_the_demo_runs_non_interactively_and_verifies(stack: RunningStack) -> None:
+def demo_pipeline(stack: RunningStack) -> tuple[Any, dict[str, str]]:
+    """A pipeline of the demo's tables on the shared stack, and the environment that
+    names it to `cdc`."""
     settings = pipeline_for(stack.settings, TABLES)
-    env = {
+    return settings, {
         **stack.env,
         "CI": "true",
         "CDC_PIPELINE__NAME": settings.pipeline.name,
         "CDC_PIPELINE__TOPIC_PREFIX": settings.pipeline.topic_prefix,
         "CDC_PIPELINE__TABLES": json.dumps(TABLES),
     }
+
+
+def drop_demo(settings: Any) -> None:
+    drop_pipeline(settings)
+    with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS order_items, orders, products, customers")
+        conn.execute("DROP TYPE IF EXISTS order_status")
+
+
+def test_the_demo_runs_non_interactively_and_verifies(stack: RunningStack) -> None:
+    settings, env = demo_pipeline(stack)
     try:
         # the demo's own run without a terminal: 30 s of its workload at 50 TPS
         result = run_cdc("demo", "--duration", "30", "--rate", "50", env=env, timeout=1800)
@@ -49,12 +63,9 @@ def test_the_demo_runs_non_interactively_and_verifies(stack: RunningStack) -> No
         # and had applied a transaction of each kind the workload runs (a first batch of
         # changes plans and compiles what the snapshot's did not)
         assert "the stores applied the warm-up" in said, said[-3000:]
-        # no store breached its freshness SLO at any refresh of the dashboard (the
-        # warehouse's 30 s with the demo's seven views, on two cores at 50 TPS), and
-        # `cdc status` says all is well afterwards
-        assert "SLO" in out and "breached" not in out, out[-3000:]
-        status = run_cdc("status", env=env, timeout=300)
-        assert status.returncode == 0, status.stdout[-3000:] + status.stderr[-3000:]
+        # (that no store breaches its SLO is asserted by the long form below, on a
+        # machine that runs nothing else: here the stack is the one every test shares)
+        assert "SLO" in out
         # the apply job stopped at the end without a JVM thread dying on its stack
         assert "StackOverflowError" not in result.stderr, result.stderr[-3000:]
         # nor with the views' listener called as the process ends (issue 49)
@@ -96,7 +107,23 @@ def test_the_demo_runs_non_interactively_and_verifies(stack: RunningStack) -> No
         differences = [d for path in tables for d in readers_differ(spark, path)]
         assert not differences, "\n".join(differences)
     finally:
-        drop_pipeline(settings)
-        with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
-            conn.execute("DROP TABLE IF EXISTS order_items, orders, products, customers")
-            conn.execute("DROP TYPE IF EXISTS order_status")
+        drop_demo(settings)
+
+
+@pytest.mark.long
+def test_the_demo_meets_every_freshness_slo(stack: RunningStack) -> None:
+    """The demo's 30 s at 50 TPS on two cores: no store breaches its freshness SLO at any
+    refresh of the dashboard (the warehouse's 30 s with the demo's seven views, the
+    cache's and the search index's 5 s), and `cdc status` exits 0 afterwards. A figure of
+    the machine as much as of the code: run alone (`make test-long`), not beside the
+    other tests."""
+    settings, env = demo_pipeline(stack)
+    try:
+        result = run_cdc("demo", "--duration", "30", "--rate", "50", env=env, timeout=1800)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        out = result.stdout
+        assert "SLO" in out and "breached" not in out, out[-3000:]
+        status = run_cdc("status", env=env, timeout=300)
+        assert status.returncode == 0, status.stdout[-3000:] + status.stderr[-3000:]
+    finally:
+        drop_demo(settings)
