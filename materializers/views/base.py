@@ -205,12 +205,11 @@ class ReferencingJoin(AfterBatchView):
 @dataclass(frozen=True)
 class Branch:
     """A streaming view's part of a query: the rows its query writes (`frame`, a
-    streaming frame), how a micro-batch of them is written (`write(batch, batch id)`),
-    and the output mode they are written in."""
+    streaming frame), and how a micro-batch of them is written (`write(batch, batch
+    id)`), in the view's output mode."""
 
     frame: Any
     write: Callable[[Any, int], None]
-    mode: str
 
 
 class StreamingView(View):
@@ -261,7 +260,7 @@ class StreamingView(View):
         branch = self.branch(spark, settings, tables, checkpoint)
         return (
             branch.frame.writeStream.queryName(self.query_name(settings))
-            .outputMode(branch.mode)
+            .outputMode(self.mode)
             .option("checkpointLocation", checkpoint)
             .foreachBatch(branch.write)
         )

@@ -170,7 +170,7 @@ class StreamJoinView(StreamingView):
             )
             merge(rows, batch_id)
 
-        return Branch(joined, write, "append")
+        return Branch(joined, write)
 
     def expected(
         self, tables: dict[str, Table], logs: dict[str, list[ChangeRecord]], form: Form

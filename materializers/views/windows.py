@@ -91,7 +91,7 @@ class WindowView(StreamingView):
         self, spark: Any, settings: Settings, tables: dict[str, Table], checkpoint: str
     ) -> Branch:
         created, measures, _, write = self.parts(spark, settings, tables, checkpoint)
-        return Branch(self.counted(created, measures), write, self.mode)
+        return Branch(self.counted(created, measures), write)
 
     def parts(
         self, spark: Any, settings: Settings, tables: dict[str, Table], checkpoint: str
