@@ -46,6 +46,7 @@ from materializers.apply.guards import (
     check_source_not_rewound,
 )
 from materializers.apply.writer import RESULT_DDL, partition_writer, result_schema
+from materializers.log.arrow_events import ArrowBatch, decodable, decode_records
 from materializers.log.events import parse_events
 from materializers.log.freshness import RATIO, Freshness
 from materializers.log.generated import expressions_dsn, with_generated
@@ -128,12 +129,39 @@ class BatchWriter:
         if isinstance(self.store, RowStore):
             self.write_rows(batch, topics, tables, batch_id, cutoffs, self.mode(behind), started_ms)
         else:
-            parsed = self.decode(batch, topics, tables).cache()
-            try:
-                self.write_frame(parsed, tables, batch_id, cutoffs, started_ms)
-            finally:
-                parsed.unpersist()
+            records = self.collect_records(batch, tables)
+            decoded = None
+            if records is not None:
+                decoded = decode_records(records, topics, tables, self.cuts, started_ms)
+                if decoded is None:  # Spark decodes it, from the records collected
+                    batch = batch.sparkSession.createDataFrame(records)
+            if decoded is not None:
+                self.write_decoded(decoded, records, topics, tables, batch_id, cutoffs, started_ms)
+            else:
+                parsed = self.decode(batch, topics, tables).cache()
+                try:
+                    self.write_frame(parsed, tables, batch_id, cutoffs, started_ms)
+                finally:
+                    parsed.unpersist()
         self.sweep_generation(tables)
+
+    def collect_records(self, batch: Any, tables: dict[str, Table]) -> Any | None:
+        """The batch's Kafka records in Arrow, collected once for the warehouse to decode
+        on the driver (materializers/log/arrow_events.py), when every captured table's
+        types decode there; None: Spark decodes the batch. A batch larger than Spark
+        sends its driver (spark.driver.maxResultSize) is decoded by Spark too."""
+        store = self.store
+        if not isinstance(store, FrameStore) or not store.decodes_arrow():
+            return None
+        if not tables or not all(decodable(t) for t in tables.values()):
+            return None
+        try:
+            return batch.select("key", "value", "topic", "partition", "offset").toArrow()
+        except Exception as exc:
+            if "maxResultSize" not in str(exc):
+                raise
+            log.info("%s: a batch over spark.driver.maxResultSize: decoded by Spark", store.name)
+            return None
 
     def check_relations(self, read: bool = True) -> None:
         """Refuse a batch while a captured name belongs to another captured relation
@@ -202,12 +230,7 @@ class BatchWriter:
         truncated = any(p["table"] == TRUNCATIONS_TABLE and p["n"] for p in parts)
         cut_ms = self.truncations(parsed, tables, cutoffs, found=truncated)
         data = [p for p in parts if p["table"] != TRUNCATIONS_TABLE]
-        commits = [p["commit_ms"] for p in data if p["commit_ms"] is not None]
-        summary = {
-            "n": sum(p["n"] for p in data),
-            "commit_ms": max(commits, default=None),
-            "commit_lsn": max((p["commit_lsn"] or 0 for p in parts), default=0),
-        }
+        summary = _summary(data, parts)
         offsets = {f"{p['topic']}:{p['partition']}": p["offset"] for p in parts}
         present = {p["table"] for p in data if p["n"]}
         started = time.monotonic()
@@ -227,6 +250,48 @@ class BatchWriter:
             time.monotonic() - started,
         )
         self.record(batch_id, summary, offsets, None, cutoffs, ages, started_ms)
+
+    def write_decoded(
+        self,
+        decoded: ArrowBatch,
+        records: Any,
+        topics: dict[str, str],
+        tables: dict[str, Table],
+        batch_id: int,
+        cutoffs: dict[str, tuple[int, int]],
+        started_ms: int,
+    ) -> None:
+        """A batch the warehouse takes decoded in Arrow (collect_records): as write_frame,
+        with no poison event, TRUNCATE or TOAST placeholder in it (arrow_events.py). The
+        Spark frame of its events is made from the records only if the store needs it
+        (a batch run again after a crash reads its keys' versions back)."""
+        from pyspark.sql import functions as F
+
+        store = self.store
+        assert isinstance(store, FrameStore)
+        spark = store.spark  # type: ignore[attr-defined]
+
+        def events() -> Any:
+            parsed = self.decode(spark.createDataFrame(records), topics, tables)
+            valid = parsed.where(F.col("error").isNull())
+            return valid.withColumn("cut_ms", self.truncations(parsed, tables, cutoffs, False))
+
+        started = time.monotonic()
+        present = {p["table"] for p in decoded.parts if p["n"]}
+        sizes: dict[str, int] = {}
+        for p in decoded.parts:
+            sizes[p["table"]] = sizes.get(p["table"], 0) + p["size"]
+        store.write_frame(tables, events, present, set(), sizes, decoded.tables)
+        summary = _summary(decoded.parts, decoded.parts)
+        log.info(
+            "%s batch %d: %d events in %.1f s (decoded in Arrow)",
+            store.name,
+            batch_id,
+            summary["n"],
+            time.monotonic() - started,
+        )
+        offsets = {f"{p['topic']}:{p['partition']}": p["offset"] for p in decoded.parts}
+        self.record(batch_id, summary, offsets, None, cutoffs, decoded.ages, started_ms)
 
     def write_rows(
         self,
@@ -460,6 +525,17 @@ class BatchWriter:
             ),
         )
         write_progress(settings, name, record)
+
+
+def _summary(data: list[dict[str, Any]], parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the progress record keeps of a batch: its events (`data`: the partitions of
+    the tables' topics), their newest commit time and (of every topic, `parts`) position."""
+    commits = [p["commit_ms"] for p in data if p["commit_ms"] is not None]
+    return {
+        "n": sum(p["n"] for p in data),
+        "commit_ms": max(commits, default=None),
+        "commit_lsn": max((p["commit_lsn"] or 0 for p in parts), default=0),
+    }
 
 
 def _partitions(

@@ -126,6 +126,10 @@ class FrameStore(Store):
         (Spark writes them, slower): `cdc status` shows them."""
         return {}
 
+    def decodes_arrow(self) -> bool:
+        """Whether it takes a batch decoded in Arrow (write_frame's `decoded`)."""
+        return False
+
     @abstractmethod
     def write_frame(
         self,
@@ -134,8 +138,11 @@ class FrameStore(Store):
         present: set[str],
         toasted: set[str] | None = None,
         sizes: dict[str, int] | None = None,
+        decoded: dict[str, Any] | None = None,
     ) -> None:
         """Write a batch's parsed events (materializers/log/events.py, with `cut_ms`) of the
         tables in `present`, each key's newest change by the write rule (`toasted`: the
         tables whose events may carry a TOAST placeholder, None: any of them; `sizes`:
-        per table, the characters of its events' row images, None: not known)."""
+        per table, the characters of its events' row images, None: not known; `decoded`:
+        the batch decoded in Arrow, materializers/log/arrow_events.py, per table, and then
+        `events` a function that makes the frame, called only if the store needs it)."""

@@ -25,8 +25,9 @@ import functools
 import json
 import logging
 import os
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import UTC, date, datetime
 from datetime import time as clock
@@ -435,7 +436,12 @@ class WarehouseStore(FrameStore):
         return self._marks[path]
 
     def _write_table(
-        self, table: Table, events: Any, keep: set[str], toasted: bool, native: NativeWriter | None
+        self,
+        table: Table,
+        events: Callable[[], Any],
+        keep: set[str],
+        toasted: bool,
+        native: NativeWriter | None,
     ) -> tuple[float, float, dict[str, Any]]:
         """A table's events of the batch into its history, then its current state; their
         seconds, and what the views want kept of the batch (`keep`): its keys of the
@@ -445,7 +451,7 @@ class WarehouseStore(FrameStore):
         from pyspark.sql import functions as F
 
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.name)
-        decoded, placeholders = self._decode(table, events, toasted)
+        decoded, placeholders = self._decode(table, events(), toasted)
         try:
             history_s, current_s = self._write(table, decoded, placeholders, native)
             kept: dict[str, Any] = {}
@@ -775,14 +781,21 @@ class WarehouseStore(FrameStore):
         chosen, total = [], 0
         for name in names:
             size = (sizes or {}).get(name, 0)
-            paths = (current_path(self.root, name), history_path(self.root, name))
-            if name in toasted or any(p in self.native.refused for p in paths):
+            if name in toasted or self._refused(name):
                 continue
             if total + size > NATIVE_MAX_CHARS:
                 continue
             chosen.append(name)
             total += size
         return chosen
+
+    def decodes_arrow(self) -> bool:
+        return self.native.enabled
+
+    def _refused(self, name: str) -> bool:
+        """Whether delta-rs refused one of the table's Delta tables in this process."""
+        paths = (current_path(self.root, name), history_path(self.root, name))
+        return any(p in self.native.refused for p in paths)
 
     def write_frame(
         self,
@@ -791,11 +804,15 @@ class WarehouseStore(FrameStore):
         present: set[str],
         toasted: set[str] | None = None,
         sizes: dict[str, int] | None = None,
+        decoded: dict[str, Any] | None = None,
     ) -> None:
         """Each table's new changes of the batch into its history, and its keys' newest
         changes into its current state (`present`: the tables the batch has events of;
         `toasted`: those of them whose events may carry a TOAST placeholder, None: any;
-        `cut_ms`, per event: the commit time of the TRUNCATE it came before, if any).
+        `cut_ms`, per event: the commit time of the TRUNCATE it came before, if any;
+        `decoded`: per table, its events decoded already in Arrow, materializers/log/
+        arrow_events.py, and then `events` a function that makes the frame when the
+        Spark path needs it).
 
         A TOAST placeholder in the last event is filled from the key's latest earlier
         event in the batch that carried the value (if none did, the stored value stays).
@@ -810,14 +827,18 @@ class WarehouseStore(FrameStore):
         keep = frames_to_keep(self.after_batch)
         names = sorted(present & set(tables))
         truncated = set(self._truncated)
-        driver = self._driver_tables(names, toasted, sizes)
-        decoded = self._decode_batch(events, {n: tables[n] for n in driver}) if driver else {}
+        frame = _made_once(events) if decoded is not None else (lambda: events)
+        if decoded is None:
+            driver = self._driver_tables(names, toasted, sizes)
+            decoded = self._decode_batch(events, {n: tables[n] for n in driver}) if driver else {}
+        else:  # a table delta-rs cannot write takes the Spark path
+            decoded = {n: d for n, d in decoded.items() if not self._refused(n)}
 
         def spark_path(name: str) -> Any:
             return functools.partial(
                 self._write_table,
                 tables[name],
-                events,
+                frame,
                 keep.get(name, set()),
                 toasted is None or name in toasted,
                 # a batch delta-rs writes is collected into the driver: a small one
@@ -862,6 +883,20 @@ class WarehouseStore(FrameStore):
         kept = {n: writes[n].result()[2] for n in step.keeps() if n in writes}
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.name)
         step.refresh(self.spark, self.root, tables, kept, truncated, self.native)
+
+
+def _made_once(make: Callable[[], Any]) -> Callable[[], Any]:
+    """`make`, called at most once, by whichever table's thread needs it first."""
+    lock = threading.Lock()
+    made: list[Any] = []
+
+    def once() -> Any:
+        with lock:
+            if not made:
+                made.append(make())
+            return made[0]
+
+    return once
 
 
 def _key_image(table: Table) -> list[Any]:
