@@ -260,10 +260,11 @@ def _decode_table(table: Table, records: pa.Table, cuts: list[list[int]] | None)
     if pc.any(pc.is_null(key)).as_py():
         return None
     present = pc.is_valid(value)
+    tombstones = value.null_count > 0
     envelope = pa.schema(
         [("op", pa.string()), ("after", _struct_type(table.columns)), ("source", _SOURCE)]
     )
-    read = _read_lines(value.filter(present), envelope)
+    read = _read_lines(value.filter(present) if tombstones else value, envelope)
     key_columns = tuple(table.column(k) for k in table.key)
     keys = _read_lines(key, pa.schema([(c.name, _json_type(c)) for c in key_columns]))
     if read is None or keys is None:
@@ -277,10 +278,10 @@ def _decode_table(table: Table, records: pa.Table, cuts: list[list[int]] | None)
         )
         if positions is None:
             return None
-        commit_lsn, lsn = (pc.take(p, at) for p in positions)
+        commit_lsn, lsn = (pc.take(p, at) if tombstones else p for p in positions)
     else:
         commit_lsn = lsn = pa.nulls(len(value), pa.int64())
-    events = read.take(at)
+    events = read.take(at) if tombstones else read
     op = pc.fill_null(events.column("op").combine_chunks(), "d")
     commit_ms = events.column("source").combine_chunks().flatten()[0]
     after = _typed(table, events.column("after").combine_chunks(), table.columns)

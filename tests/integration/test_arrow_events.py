@@ -204,12 +204,17 @@ def spark_decoded(
     return table, parts, ages
 
 
-def test_a_batch_decoded_in_arrow_equals_sparks(stack: RunningStack, tmp_path: Path) -> None:
+@pytest.mark.parametrize("tombstone", [True, False])
+def test_a_batch_decoded_in_arrow_equals_sparks(
+    stack: RunningStack, tmp_path: Path, tombstone: bool
+) -> None:
     from cdc.spark import spark_session
 
     spark = spark_session(stack.settings, "test-arrow-events")
     store = WarehouseStore(spark, str(tmp_path / "warehouse"))
     records = batch()
+    if not tombstone:
+        records = records.filter(pa.compute.is_valid(records.column("value")))
     cuts = {TABLE.qualified: [[800, 825, 1999], [900, 900, 2999]]}
     expected, parts, ages = spark_decoded(spark, store, records, cuts)
     assert decodable(TABLE)

@@ -225,3 +225,35 @@ def test_random_batches_match_a_row_by_row_reading() -> None:
             )
         )
         assert got == {k: rank[3] for k, rank in expected.items()}
+
+
+def test_marks_read_from_arrow_batches_are_the_newest_per_partition() -> None:
+    """Marks.read_arrow over a history read a few rows at a time: per partition, the
+    newest position (commit, then LSN) and the highest offset, a TRUNCATE's row aside,
+    whichever batch holds them."""
+    import random
+
+    rng = random.Random(7)
+    rows = [
+        {
+            "_cdc_partition": rng.randrange(3),
+            "_cdc_commit_lsn": rng.randrange(5) * 100,
+            "_cdc_lsn": rng.randrange(50),
+            "_cdc_offset": rng.randrange(1000),
+            "_cdc_op": rng.choice(["c", "u", "d", "r", "T"]),
+        }
+        for _ in range(400)
+    ]
+    history = pa.Table.from_pylist(rows)
+    marks = Marks.read_arrow(history.to_batches(max_chunksize=37))
+    expected: dict[int, tuple[tuple[int, int], int]] = {}
+    for row in rows:
+        if row["_cdc_op"] == "T":
+            continue
+        position = (row["_cdc_commit_lsn"], row["_cdc_lsn"])
+        held = expected.get(row["_cdc_partition"], ((-1, -1), -1))
+        expected[row["_cdc_partition"]] = (
+            max(position, held[0]),
+            max(row["_cdc_offset"], held[1]),
+        )
+    assert marks.partitions == expected

@@ -62,6 +62,37 @@ class Marks:
             marks.partitions[int(row["_cdc_partition"])] = (newest, int(row["offset"]))
         return marks
 
+    @classmethod
+    def read_arrow(cls, batches: Any) -> Marks:
+        """`read`, over the history's record batches (Arrow: its `_cdc_partition`,
+        `_cdc_commit_lsn`, `_cdc_lsn`, `_cdc_offset` and `_cdc_op`), a batch at a time."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        marks = cls()
+        for batch in batches:
+            rows = pa.Table.from_batches([batch]).filter(
+                pc.not_equal(batch.column("_cdc_op"), TRUNCATE_OP)
+            )
+            found = rows.group_by("_cdc_partition").aggregate(
+                [("_cdc_offset", "max"), ("_cdc_commit_lsn", "max")]
+            )
+            for row in found.to_pylist():
+                partition, commit = int(row["_cdc_partition"]), int(row["_cdc_commit_lsn_max"])
+                at_commit = rows.filter(
+                    pc.and_(
+                        pc.equal(rows.column("_cdc_partition"), partition),
+                        pc.equal(rows.column("_cdc_commit_lsn"), commit),
+                    )
+                )
+                lsn = pc.max(pc.fill_null(at_commit.column("_cdc_lsn"), 0)).as_py() or 0
+                newest, offset = (commit, int(lsn)), int(row["_cdc_offset_max"])
+                if partition in marks.partitions:
+                    held, held_offset = marks.partitions[partition]
+                    newest, offset = max(newest, held), max(offset, held_offset)
+                marks.partitions[partition] = (newest, offset)
+        return marks
+
     def new(self, summary: list[Any]) -> bool:
         """Whether every change of a batch summarised per partition (`summarize`) is new."""
         for part in summary:

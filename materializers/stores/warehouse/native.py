@@ -158,6 +158,26 @@ class NativeWriter:
             return None
         return None if table is None else table.to_pyarrow_dataset()
 
+    def files(self, path: str) -> int | None:
+        """How many data files the table at `path` has in its latest version; None when
+        delta-rs cannot tell (Spark then reads it)."""
+        try:
+            table = self._table(path)
+            return None if table is None else len(table.file_uris())
+        except Exception as exc:  # a table delta-rs cannot read: Spark's answer
+            log.info("warehouse: delta-rs cannot list the files of %s: %s", path, exc)
+            return None
+
+    def batches(self, path: str, columns: list[str]) -> Any | None:
+        """The table's `columns` as Arrow record batches, read a file at a time; None
+        when delta-rs cannot read it."""
+        try:
+            table = self._table(path)
+            return None if table is None else table.to_pyarrow_dataset().to_batches(columns=columns)
+        except Exception as exc:  # a table delta-rs cannot read: Spark reads it
+            log.info("warehouse: delta-rs cannot read %s: %s", path, exc)
+            return None
+
     def holds(self, path: str, key: list[str], wanted: set[tuple[Any, ...]]) -> bool:
         """Whether the table at `path` holds a row of one of the keys `wanted` (tuples of
         the `key` columns' values, arrow_batch.canonical); True when delta-rs cannot tell

@@ -423,7 +423,8 @@ class WarehouseStore(FrameStore):
         into it is a plain append, every change of it new to the table."""
         if path in self._filled:
             return False
-        if is_empty(target):
+        files = self.native.files(path)  # delta-rs reads the log faster than Spark starts
+        if files == 0 or (files is None and is_empty(target)):
             return True
         self._filled.add(path)
         return False
@@ -432,7 +433,14 @@ class WarehouseStore(FrameStore):
         """What the table's history holds of each Kafka partition (read once a process)."""
         path = history_path(self.root, table.qualified)
         if path not in self._marks:
-            self._marks[path] = Marks() if self._empty(path, history) else Marks.read(history)
+            if self._empty(path, history):
+                self._marks[path] = Marks()
+            else:
+                columns = ["_cdc_partition", "_cdc_commit_lsn", "_cdc_lsn", "_cdc_offset"]
+                batches = self.native.batches(path, [*columns, "_cdc_op"])
+                self._marks[path] = (
+                    Marks.read(history) if batches is None else Marks.read_arrow(batches)
+                )
         return self._marks[path]
 
     def _write_table(
