@@ -39,6 +39,7 @@ from cdc.decode import (
     MILLIS_INFINITY,
     NEGATIVE_INFINITY,
     NUMERIC_SPECIAL,
+    placeholder_forms,
 )
 from materializers.log.freshness import RATIO
 
@@ -76,9 +77,19 @@ def _decimal(column: Column) -> tuple[int, int] | None:
 
 def _json_type(column: Column) -> pa.DataType | None:
     """The Arrow type the column's Debezium JSON value is read as (typed.py's json_type),
-    None for a column decoded by Spark alone."""
+    None for a column decoded by Spark alone. An array's elements are kept as they are
+    read: arrays of integers, float8, booleans and the text family."""
     if column.is_array:
-        return None
+        element = _element_type(column)
+        if element is None or column.base in ("date", "timestamp", "numeric", "money"):
+            return None
+        if column.base == "timestamptz":
+            return None
+        return pa.list_(pa.field("element", element))  # Spark's Arrow name for it
+    return _element_type(column)
+
+
+def _element_type(column: Column) -> pa.DataType | None:
     base = column.base
     if base in ("int2", "int4", "date"):
         return pa.int32()
@@ -164,8 +175,11 @@ def _typed(table: Table, parsed: pa.StructArray, columns: tuple[Column, ...]) ->
     placeholder."""
     out = []
     for column, raw in zip(columns, parsed.flatten(), strict=True):
-        if pa.types.is_string(raw.type) and pc.any(pc.equal(raw, table.placeholder)).as_py():
+        if _may_be_placeholder(raw, table.placeholder):
             return None  # the Spark path fills a placeholder
+        if column.is_array:
+            out.append(raw)
+            continue
         converted = _convert(column, raw)
         if converted is None:
             return None
@@ -173,6 +187,24 @@ def _typed(table: Table, parsed: pa.StructArray, columns: tuple[Column, ...]) ->
             return None
         out.append(converted)
     return out
+
+
+def _may_be_placeholder(raw: pa.Array, text: str) -> bool:
+    """Whether a value may be the TOAST placeholder `text` in one of the forms typed.py's
+    is_placeholder knows: the text itself, or an array of one element (the text, its
+    base64 or uuid form) or of its codes (as integers)."""
+    if pa.types.is_string(raw.type):
+        return bool(pc.any(pc.equal(raw, text)).as_py())
+    if pa.types.is_list(raw.type):
+        forms = placeholder_forms(text)
+        lengths = pc.list_value_length(raw)
+        if pa.types.is_string(raw.type.value_type):
+            one = pc.list_element(raw.filter(pc.equal(lengths, 1)), 0)
+            return bool(pc.any(pc.is_in(one, pa.array([text, forms.b64, forms.uuid]))).as_py())
+        # an array of the placeholder's codes: as long as they are, then compared
+        suspects = raw.filter(pc.equal(lengths, len(forms.codes)))
+        return any(value == forms.codes for value in suspects.to_pylist())
+    return False
 
 
 def _read_lines(values: pa.Array, schema: pa.Schema) -> pa.Table | None:

@@ -29,7 +29,8 @@ SEQ = '["1","2"]'  # a change's sequence: commit LSN 1, LSN 2
 
 
 def column(name: str, kind: str, base: str, category: str = "X", **kw: Any) -> Column:
-    return Column(name, kind, base, category, False, kw.get("precision"), name == "id")
+    array = kind.endswith("[]")
+    return Column(name, kind, base, category, array, kw.get("precision"), name == "id")
 
 
 TABLE = Table(
@@ -56,6 +57,9 @@ TABLE = Table(
         column("tz", "timestamp with time zone", "timestamptz"),
         column("iv", "interval", "interval"),
         column("e", "mood", "mood", "E"),
+        column("tags", "text[]", "text"),
+        column("nums", "integer[]", "int4"),
+        column("flags", "boolean[]", "bool"),
     ),
     ("id", "code"),
     PLACEHOLDER,
@@ -87,6 +91,9 @@ ROWS: list[dict[str, Any]] = [
         "tz": "2023-11-14T22:13:20.123456Z",
         "iv": "P1Y2M3DT4H5M6.5S",
         "e": "happy",
+        "tags": ["a", None, "ü"],
+        "nums": [1, -2, None],
+        "flags": [True],
     },
     {
         "id": -9223372036854775808,
@@ -102,6 +109,8 @@ ROWS: list[dict[str, Any]] = [
         "ts3": MILLIS_INFINITY[0],
         "tz": "infinity",
         "n": "-0.5",
+        "tags": [],
+        "nums": [],
     },
     {
         "id": 3,
@@ -241,10 +250,16 @@ def test_a_batch_decoded_in_arrow_equals_sparks(
     [
         ("not a change event", b"not json"),
         ("no position", json.dumps({"op": "u", "after": None, "source": {}}).encode()),
-        ("NaN in a numeric(p,s)", envelope({**ROWS[0], "n": "NAN"}, "u", '["1","2"]', lsn=2)),
-        ("a timestamp beyond", envelope({**ROWS[0], "ts": -(2**62)}, "u", '["1","2"]', lsn=2)),
-        ("a TOAST placeholder", envelope({**ROWS[0], "v": PLACEHOLDER}, "u", '["1","2"]', lsn=2)),
-        ("a value of another type", envelope({**ROWS[0], "i4": "7"}, "u", '["1","2"]', lsn=2)),
+        ("NaN in a numeric(p,s)", envelope({**ROWS[0], "n": "NAN"}, "u", SEQ, lsn=2)),
+        ("a timestamp beyond", envelope({**ROWS[0], "ts": -(2**62)}, "u", SEQ, lsn=2)),
+        ("a TOAST placeholder", envelope({**ROWS[0], "v": PLACEHOLDER}, "u", SEQ, lsn=2)),
+        ("an array's placeholder", envelope({**ROWS[0], "tags": [PLACEHOLDER]}, "u", SEQ, lsn=2)),
+        (
+            "an array of its codes",
+            envelope({**ROWS[0], "nums": list(PLACEHOLDER.encode())}, "u", SEQ, lsn=2),
+        ),
+        ("an array of arrays", envelope({**ROWS[0], "nums": [[1], [2]]}, "u", SEQ, lsn=2)),
+        ("a value of another type", envelope({**ROWS[0], "i4": "7"}, "u", SEQ, lsn=2)),
         (
             "a year after 9999",
             envelope({**ROWS[0], "tz": "+10000-01-01T00:00:00Z"}, "u", SEQ, lsn=2),
@@ -257,12 +272,12 @@ def test_what_arrow_cannot_decode_exactly_is_left_to_spark(why: str, value: byte
 
 
 def test_a_truncate_or_a_type_arrow_does_not_take_is_left_to_spark() -> None:
-    truncate = record(ROWS[0], envelope({"table_name": "public.zoo"}, "c", '["1","2"]', lsn=2), 0)
+    truncate = record(ROWS[0], envelope({"table_name": "public.zoo"}, "c", SEQ, lsn=2), 0)
     records = records_of([{**truncate, "topic": "p.cdc.truncations"}])
     assert decode_records(records, TOPICS, {TABLE.qualified: TABLE}, {}, 0) is None
     with_bytes = Table(
         "public", "zoo", (*TABLE.columns, column("raw", "bytea", "bytea")), TABLE.key, "d", 1, 1
     )
     assert not decodable(with_bytes)
-    records = records_of([record(ROWS[0], envelope(ROWS[0], "u", '["1","2"]', lsn=2), 0)])
+    records = records_of([record(ROWS[0], envelope(ROWS[0], "u", SEQ, lsn=2), 0)])
     assert decode_records(records, TOPICS, {TABLE.qualified: with_bytes}, {}, 0) is None
