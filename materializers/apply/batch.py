@@ -68,6 +68,9 @@ log = logging.getLogger(__name__)
 # a batch is written in bulk (Store.bulk) when the store is at least this many events
 # behind the log at its start: a catch-up, never a steady batch
 BULK_EVENTS = 20_000
+# a batch whose row images hold fewer characters than this is collected to the driver
+# again after one over spark.driver.maxResultSize was not (collect_records)
+SMALL_CHARS = 128 * 1024 * 1024
 
 
 class BatchWriter:
@@ -82,6 +85,9 @@ class BatchWriter:
         self.source = SourceReader(settings)
         self.cuts: dict[str, list[list[int]]] = {}  # table -> its TRUNCATEs (Progress.truncations)
         self.topic_ids: dict[str, str] = {}  # topic -> its id, as the batch's guard found it
+        # a batch over spark.driver.maxResultSize was collected in vain: Spark decodes the
+        # batches after it until one is small again (its row images under SMALL_CHARS)
+        self.collect_refused = False
 
     def __call__(self, batch: Any, batch_id: int) -> None:
         """Write the batch, waiting for the store (or PostgreSQL) while it does not answer."""
@@ -153,7 +159,9 @@ class BatchWriter:
         store = self.store
         if not isinstance(store, FrameStore) or not store.decodes_arrow():
             return None
-        if not tables or not all(decodable(t) for t in tables.values()):
+        if self.collect_refused or not tables:
+            return None
+        if not all(decodable(t) for t in tables.values()):
             return None
         try:
             return batch.select("key", "value", "topic", "partition", "offset").toArrow()
@@ -161,6 +169,7 @@ class BatchWriter:
             if "maxResultSize" not in str(exc):
                 raise
             log.info("%s: a batch over spark.driver.maxResultSize: decoded by Spark", store.name)
+            self.collect_refused = True
             return None
 
     def check_relations(self, read: bool = True) -> None:
@@ -240,6 +249,8 @@ class BatchWriter:
         sizes: dict[str, int] = {}
         for p in data:
             sizes[p["table"]] = sizes.get(p["table"], 0) + p["size"]
+        if sum(sizes.values()) < SMALL_CHARS:
+            self.collect_refused = False
         store.write_frame(tables, events.withColumn("cut_ms", cut_ms), present, toasted, sizes)
         self.dead.flush()
         log.info(
