@@ -307,7 +307,7 @@ class WarehousePhases:
         "_append",
         "_write_current",
         # a batch shaped on the driver (arrow_batch.py)
-        "_decode_batch",
+        "_decode_batch",  # Spark's decoding, collected
         "_append_arrow",
         "_merge_arrow",
     )
@@ -343,6 +343,11 @@ class WarehousePhases:
             owner = store.WarehouseStore if name.startswith("_") else store
             self._wrap(owner, name, name.lstrip("_"))
         self._wrap(store.WarehouseStore, "write_frame", "whole batch")
+        # before it, a batch decoded in Arrow: its records collected, then decoded
+        from materializers.apply import batch
+
+        self._wrap(batch.BatchWriter, "collect_records", "collect records")
+        self._wrap(batch, "decode_records", "decode in Arrow")
         # what of a delta-rs write is its own (the rest: Spark computing the rows)
         self._wrap(native.NativeWriter, "_commit", "delta-rs commit")
         for module in (table_join, enrichment):

@@ -9,7 +9,9 @@ database (the one database its replication role may read) if it is not there, th
 one run:
   1. `\\copy pgbench_accounts TO /dev/null`: what reading the table costs at least;
   2. our initial snapshot into Kafka (a pipeline of its own), and on into the warehouse
-     (`cdc apply --store warehouse --once` over the snapshot's events);
+     (`cdc apply --store warehouse --once` over the snapshot's events), and the floor
+     of that apply's steps over the same records (Spark's read of them, their collect
+     as Arrow, their decoding, one delta-rs append);
   3. Debezium's initial snapshot (`snapshot.mode=initial`, same connector settings,
      same Connect worker, topic with as many partitions) of the same table into Kafka,
      timed from registering the connector until its topic holds every row.
@@ -39,7 +41,7 @@ from cdc.clients import kafka_admin
 from cdc.settings import Settings, load_settings
 from cdc.spark import spark_session
 from cdc.stack.components.postgres import postgres_bin_dir
-from cdc.topics import end_offsets
+from cdc.topics import change_topic, end_offsets
 from materializers.apply.job import run_apply
 from snapshot.initial import run_snapshot
 
@@ -87,6 +89,49 @@ def copy_seconds(settings: Settings) -> float:
         capture_output=True,
     )
     return time.monotonic() - started
+
+
+def warehouse_floor(settings: Settings) -> dict[str, float]:
+    """What the warehouse's apply of the snapshot cannot go below on this machine, step
+    by step over the same records (its topic, read again): Spark reading them from Kafka
+    (a count), collecting them to the driver as Arrow, decoding them there
+    (arrow_events.py), and one delta-rs append of the decoded rows into a new table."""
+    import shutil
+
+    from deltalake import write_deltalake
+
+    from cdc.capture.source import SourceReader
+    from cdc.spark import kafka_options
+    from materializers.log.arrow_events import decode_records
+
+    spark = spark_session(settings, "bench-snapshot-warehouse")
+    topic = change_topic(settings.pipeline, TABLE)
+    records = (
+        spark.read.format("kafka")
+        .options(**kafka_options(settings))
+        .option("subscribe", topic)
+        .load()
+        .select("key", "value", "topic", "partition", "offset")
+    )
+    floor: dict[str, float] = {}
+    started = time.monotonic()
+    records.count()
+    floor["kafka_read_s"] = time.monotonic() - started
+    started = time.monotonic()
+    collected = records.toArrow()
+    floor["collect_s"] = time.monotonic() - started
+    tables, _ = SourceReader(settings).read()
+    started = time.monotonic()
+    decoded = decode_records(collected, {topic: TABLE}, tables, {}, int(time.time() * 1000))
+    floor["decode_s"] = time.monotonic() - started
+    assert decoded is not None, "the Arrow path does not take pgbench_accounts"
+    rows = decoded.tables[TABLE]
+    target = settings.data_dir / "bench" / settings.pipeline.name / "floor"
+    started = time.monotonic()
+    write_deltalake(str(target), rows, mode="append")
+    floor["delta_append_s"] = time.monotonic() - started
+    shutil.rmtree(target, ignore_errors=True)
+    return {k: round(v, 2) for k, v in floor.items()}
 
 
 def debezium_snapshot(settings: Settings, rows: int) -> tuple[float, float]:
@@ -191,6 +236,9 @@ def main() -> None:
                 "warehouse_apply_s": round(warehouse_s, 1),
                 "warehouse_rows_per_s": round(rows / warehouse_s),
             }
+            floor = warehouse_floor(bench)
+            print(f"the floor of its steps: {floor}", flush=True)
+            figures["warehouse_floor"] = floor
     finally:
         cleanup(bench)
     if args.experiment:
