@@ -71,10 +71,10 @@ def snapshot_rows(r: dict[str, Any]) -> list[list[str]]:
                 "… and on into Delta (current + history)",
                 f"{_n(r['warehouse_apply_s'])} s = {_n(r['warehouse_rows_per_s'])} rows/s",
                 (
-                    f"its floor, step by step over the same records: Spark's read "
-                    f"{floor['kafka_read_s']} s, collect as Arrow {floor['collect_s']} s, "
-                    f"decode {floor['decode_s']} s, one delta-rs append "
-                    f"{floor['delta_append_s']} s"
+                    f"its floor, step by step over one batch of {_n(floor['records'])} of "
+                    f"the records: Spark's read {floor['kafka_read_s']} s, collect as Arrow "
+                    f"{floor['collect_s']} s, decode {floor['decode_s']} s, one delta-rs "
+                    f"append {floor['delta_append_s']} s"
                     if floor
                     else ""
                 ),

@@ -68,6 +68,8 @@ log = logging.getLogger(__name__)
 # a batch is written in bulk (Store.bulk) when the store is at least this many events
 # behind the log at its start: a catch-up, never a steady batch
 BULK_EVENTS = 20_000
+# the records whose sizes tell a warehouse batch's, when no batch was collected before it
+SAMPLE_RECORDS = 200
 # a batch whose row images hold fewer characters than this is collected to the driver
 # again after one over spark.driver.maxResultSize was not (collect_records)
 SMALL_CHARS = 128 * 1024 * 1024
@@ -88,6 +90,9 @@ class BatchWriter:
         # a batch over spark.driver.maxResultSize was collected in vain: Spark decodes the
         # batches after it until one is small again (its row images under SMALL_CHARS)
         self.collect_refused = False
+        # the bytes of a Kafka record (key and value), as the last batch collected had
+        # them on average: what the next one's collect is judged by (collect_records)
+        self.record_bytes: float | None = None
 
     def __call__(self, batch: Any, batch_id: int) -> None:
         """Write the batch, waiting for the store (or PostgreSQL) while it does not answer."""
@@ -135,7 +140,7 @@ class BatchWriter:
         if isinstance(self.store, RowStore):
             self.write_rows(batch, topics, tables, batch_id, cutoffs, self.mode(behind), started_ms)
         else:
-            records = self.collect_records(batch, tables)
+            records = self.collect_records(batch, tables, behind)
             decoded = None
             if records is not None:
                 decoded = decode_records(records, topics, tables, self.cuts, started_ms)
@@ -151,11 +156,19 @@ class BatchWriter:
                     parsed.unpersist()
         self.sweep_generation(tables)
 
-    def collect_records(self, batch: Any, tables: dict[str, Table]) -> Any | None:
+    def collect_records(self, batch: Any, tables: dict[str, Table], behind: int) -> Any | None:
         """The batch's Kafka records in Arrow, collected once for the warehouse to decode
         on the driver (materializers/log/arrow_events.py), when every captured table's
-        types decode there; None: Spark decodes the batch. A batch larger than Spark
-        sends its driver (spark.driver.maxResultSize) is decoded by Spark too."""
+        types decode there and the batch fits the driver's heap; None: Spark decodes the
+        batch, its tasks streaming it.
+
+        What a batch holds is not known before it is read, only how many records it has
+        at most (`behind`, the store's backlog, and the trigger's limit). Its bytes are
+        judged by the last collected batch's records, or a sample of this one's first
+        ones: it is collected if three times those bytes (Spark's tasks copy their rows
+        into Arrow batches, the driver then holds them) fit in half of Spark's heap
+        (spark.driver_memory). A batch larger than Spark sends its driver
+        (spark.driver.maxResultSize) all the same is decoded by Spark too."""
         store = self.store
         if not isinstance(store, FrameStore) or not store.decodes_arrow():
             return None
@@ -163,14 +176,35 @@ class BatchWriter:
             return None
         if not all(decodable(t) for t in tables.values()):
             return None
+        import pyarrow.compute as pc
+
+        records = batch.select("key", "value", "topic", "partition", "offset")
+        most = min(behind, self.settings.apply.warehouse_max_offsets_per_trigger)
+        each = self.record_bytes
+        if each is None:
+            each = self.sampled_bytes(records)
+        budget = _heap_bytes(self.settings.spark.driver_memory) / 2
+        if most * max(each, 1.0) * 3 > budget:
+            log.info(
+                "%s: a batch of up to %d records of ~%d bytes: decoded by Spark",
+                store.name,
+                most,
+                each,
+            )
+            return None
         try:
-            return batch.select("key", "value", "topic", "partition", "offset").toArrow()
+            collected = records.toArrow()
         except Exception as exc:
             if "maxResultSize" not in str(exc):
                 raise
             log.info("%s: a batch over spark.driver.maxResultSize: decoded by Spark", store.name)
             self.collect_refused = True
             return None
+        if collected.num_rows:
+            held = pc.sum(pc.binary_length(collected.column("value"))).as_py() or 0
+            held += pc.sum(pc.binary_length(collected.column("key"))).as_py() or 0
+            self.record_bytes = held / collected.num_rows
+        return collected
 
     def check_relations(self, read: bool = True) -> None:
         """Refuse a batch while a captured name belongs to another captured relation
@@ -261,6 +295,15 @@ class BatchWriter:
             time.monotonic() - started,
         )
         self.record(batch_id, summary, offsets, None, cutoffs, ages, started_ms)
+
+    def sampled_bytes(self, records: Any) -> float:
+        """The mean bytes (key and value) of the batch's first records, read alone."""
+        import pyarrow.compute as pc
+        from pyspark.sql import functions as F
+
+        size = F.coalesce(F.length("key"), F.lit(0)) + F.coalesce(F.length("value"), F.lit(0))
+        sample = records.select(size.alias("n")).limit(SAMPLE_RECORDS).toArrow()
+        return float(pc.mean(sample.column("n")).as_py() or 0) if sample.num_rows else 0.0
 
     def write_decoded(
         self,
@@ -536,6 +579,11 @@ class BatchWriter:
             ),
         )
         write_progress(settings, name, record)
+
+
+def _heap_bytes(heap: str) -> int:
+    """A JVM heap setting ("512m", "2g") in bytes."""
+    return int(heap[:-1]) * (1024**3 if heap[-1] in "gG" else 1024**2)
 
 
 def _summary(data: list[dict[str, Any]], parts: list[dict[str, Any]]) -> dict[str, Any]:
