@@ -85,6 +85,11 @@ def snapshot_rows(r: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _stores_of(r: dict[str, Any]) -> list[str]:
+    """The stores a catch-up run applied to, as its figures name them."""
+    return [s for s in STORES if f"{s}_changes_per_s" in r]
+
+
 def _cpu(r: dict[str, Any], stage: str) -> str:
     """ "; 1.9 cores busy (spark (JVM) 1.2, …), 150 µs CPU per change", if measured."""
     if f"{stage}_cores" not in r:
@@ -98,11 +103,13 @@ def _cpu(r: dict[str, Any], stage: str) -> str:
     )
 
 
-def catchup_rows(r: dict[str, Any]) -> list[list[str]]:
+def catchup_rows(r: dict[str, Any], which: str = "") -> list[list[str]]:
     capture = r["capture_changes_per_s"]
     rows = [
         [
-            f"Catch-up, {_n(r['changes'])} changes: capture alone",
+            f"Catch-up{which}, "
+            + (f"{_n(r['rows'])}-row table, " if "rows" in r else "")
+            + f"{_n(r['changes'])} changes: capture alone",
             f"{_n(capture)} changes/s ({r['capture_s']} s){_cpu(r, 'capture')}",
             "Debezium → Kafka",
             "",
@@ -122,16 +129,19 @@ def catchup_rows(r: dict[str, Any]) -> list[list[str]]:
                 _met(rate >= 25_000 and rate >= capture),
             ]
         )
-        if store == "warehouse" and f"snapshot_{store}_rows_per_s" in r:
-            cpu = r.get(f"{store}_cpu_us_per_change")
+        if store != "warehouse":
+            continue
+        if (cpu := r.get(f"{store}_cpu_us_per_change")) is not None:
+            label = "… the warehouse's CPU per change in it"
+            rows.append([label, f"{cpu} µs", "", "≤ 60 µs", _met(cpu <= 60)])
+        if (snapshot := r.get(f"snapshot_{store}_rows_per_s")) is not None:
             rows.append(
                 [
-                    f"… the warehouse: its snapshot of {_n(r['rows'])} rows first; "
-                    "CPU per change in the catch-up",
-                    f"{_n(r[f'snapshot_{store}_rows_per_s'])} rows/s; {cpu} µs",
+                    f"… its snapshot of {_n(r['rows'])} rows first, into the warehouse",
+                    f"{_n(snapshot)} rows/s (a process's start included)",
                     "",
-                    "≥ 100,000 rows/s; ≤ 60 µs",
-                    _met(r[f"snapshot_{store}_rows_per_s"] >= 100_000 and (cpu or 1e9) <= 60),
+                    "≥ 100,000 rows/s",
+                    _met(snapshot >= 100_000),
                 ]
             )
     return rows
@@ -371,6 +381,10 @@ def table() -> str:
     if catchup := latest("catchup", lambda r: all(f"{s}_changes_per_s" in r for s in STORES)):
         rows += catchup_rows(catchup)
         machine = catchup["machine"]
+    # a later run of the warehouse alone (`--stores warehouse`): its own rows
+    alone = latest("catchup", lambda r: list(r.get("stores") or _stores_of(r)) == ["warehouse"])
+    if alone and (catchup is None or alone["at"] > catchup["at"]):
+        rows += catchup_rows(alone, " (the warehouse alone)")
     every = latest("streaming", lambda r: tuple(r.get("stores", STORES)) == STORES)
     if every:
         rows += streaming_rows(every)
