@@ -45,6 +45,7 @@ from typing import Any
 import psycopg
 
 from cdc.capture.connect import connect_client
+from cdc.capture.source import SIGNAL_TABLE
 from cdc.errors import CdcError
 from tests.chaos.load import EVENTS, PARTITION_SPAN, SHELVES, Load
 from tests.chaos.stack import ChaosError, ChaosStack
@@ -190,9 +191,26 @@ def _stop_postgres(stack: ChaosStack, sig: signal.Signals, record: FaultRecord) 
         raise ChaosError("`cdc up` did not start postgres again")
 
 
+def _backfill_signals(stack: ChaosStack) -> int:
+    """How many backfills the pipeline's signal table has been asked for."""
+    with psycopg.connect(stack.settings.postgres.dsn(), autocommit=True) as conn:
+        row = conn.execute(
+            f"SELECT count(*) FROM {SIGNAL_TABLE} WHERE type = 'execute-snapshot'"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def _backfill_with_connect_killed(stack: ChaosStack, record: FaultRecord) -> None:
+    asked = _backfill_signals(stack)
     backfill = stack.start_cdc("backfill", "public.accounts")
-    time.sleep(3)
+    # Connect killed once the backfill is under way (its signal written), not while the
+    # command still checks the connector, as a loaded machine may take seconds to start it
+    deadline = time.monotonic() + 120
+    while _backfill_signals(stack) == asked and backfill.poll() is None:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    time.sleep(1)
     _kill_component(stack, "connect", record)
     try:
         out, _ = backfill.communicate(timeout=600)
