@@ -42,13 +42,12 @@ from cdc.decode import (
     placeholder_forms,
 )
 from materializers.log.freshness import RATIO
+from materializers.log.typed import PG_MIN_US, decimal_of
 
 __all__ = ["ArrowBatch", "decodable", "decode_records"]
 
 _INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
 _LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
-_PG_MIN_US = -210866803200000000  # typed.py's: a MicroTimestamp before it overflowed
-_NUMERIC = re.compile(r"numeric\((\d+),(\d+)\)")
 # the bases whose Debezium JSON value is a string the warehouse keeps as it is
 _TEXT_FAMILY = frozenset(
     {"text", "varchar", "bpchar", "name", "uuid", "json", "jsonb", "xml", "inet", "cidr"}
@@ -65,14 +64,6 @@ class ArrowBatch:
     tables: dict[str, pa.Table]
     parts: list[dict[str, Any]]
     ages: dict[int, int]
-
-
-def _decimal(column: Column) -> tuple[int, int] | None:
-    match = _NUMERIC.search(column.type.replace(" ", ""))
-    if not match:
-        return None
-    precision, scale = int(match.group(1)), int(match.group(2))
-    return (precision, scale) if precision <= 38 and scale <= precision else None
 
 
 def _json_type(column: Column) -> pa.DataType | None:
@@ -129,7 +120,7 @@ def _convert(column: Column, raw: pa.Array) -> pa.Array | None:
             micros = pc.multiply(pc.if_else(held, raw, 0), 1000)
         else:
             words = MICROS_INFINITY
-            held = pc.and_(pc.greater_equal(raw, _PG_MIN_US), pc.less(raw, _LONG_MAX))
+            held = pc.and_(pc.greater_equal(raw, PG_MIN_US), pc.less(raw, _LONG_MAX))
             micros = raw
         special = pc.or_(pc.equal(raw, words[0]), pc.equal(raw, words[1]))
         if not pc.all(pc.or_kleene(pc.invert(pc.is_valid(raw)), pc.or_(held, special))).as_py():
@@ -156,7 +147,7 @@ def _convert(column: Column, raw: pa.Array) -> pa.Array | None:
         )
         return pc.cast(micros, pa.int64()).cast(_TIMESTAMP_TZ)
     if base in ("numeric", "money"):
-        held = _decimal(column) if base == "numeric" else None
+        held = decimal_of(column) if base == "numeric" else None
         if held is None:  # unbounded: its exact text, specials as PostgreSQL writes them
             text = raw
             for word, written in NUMERIC_SPECIAL.items():

@@ -54,6 +54,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import DataType
 
 __all__ = [
+    "PG_MIN_US",
+    "decimal_of",
     "json_type",
     "may_hold_placeholder",
     "quoted",
@@ -69,11 +71,13 @@ _INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
 _LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
 # PostgreSQL's first timestamp (4714-11-24 00:00:00 BC) in microseconds: a MicroTimestamp
 # before it (or Long.MAX) is Debezium's overflow of a value after 294247-01-10T04:00:54Z
-_PG_MIN_US = -210866803200000000
+PG_MIN_US = -210866803200000000
 _DAY_US = 86_400_000_000
 
 
-def _decimal(column: Column) -> tuple[int, int] | None:
+def decimal_of(column: Column) -> tuple[int, int] | None:
+    """(precision, scale) of a numeric(p,s) the warehouse holds as a decimal; None: exact
+    text (unbounded, a negative scale, more than Spark's 38 digits)."""
     match = _NUMERIC.search(column.type.replace(" ", ""))
     if not match:  # unbounded, or a negative scale (numeric(5,-2)): exact text
         return None
@@ -93,7 +97,7 @@ def widest(column: Column) -> Column:
         return replace(column, type=f"bigint{suffix}", base="int8")
     if column.base == "float4":
         return replace(column, type=f"double precision{suffix}", base="float8")
-    if column.base == "numeric" and (held := _decimal(column)) is not None:
+    if column.base == "numeric" and (held := decimal_of(column)) is not None:
         return replace(column, type=f"numeric(38,{held[1]}){suffix}")
     return column
 
@@ -136,7 +140,7 @@ def _element_spark_type(column: Column) -> DataType:
 
     base = column.base
     if base in ("numeric", "money"):
-        scale = _decimal(column)
+        scale = decimal_of(column)
         return T.DecimalType(*scale) if scale else T.StringType()  # unbounded: exact text
     if base == "date":
         return T.DateType()
@@ -190,7 +194,7 @@ def _convert(column: Column, value: SparkColumn) -> SparkColumn:
             held = F.when(value.between(-millis, millis), F.timestamp_millis(value))
         else:
             words = MICROS_INFINITY
-            held = F.when((value >= _PG_MIN_US) & (value < _LONG_MAX), _timestamp(value))
+            held = F.when((value >= PG_MIN_US) & (value < _LONG_MAX), _timestamp(value))
         instant = (
             F.when(value == words[0], _timestamp(_LONG_MAX))
             .when(value == words[1], _timestamp(_LONG_MIN))
