@@ -15,6 +15,7 @@ from cdc.errors import SourceError
 from cdc.settings import PipelineSettings
 
 __all__ = [
+    "HEARTBEAT_TABLE",
     "OWN_SCHEMA",
     "TRUNCATIONS_TABLE",
     "Column",
@@ -34,6 +35,9 @@ __all__ = [
 OWN_SCHEMA = "cdc"
 # a TRUNCATE of a captured table, recorded as a row by a trigger (sql/pipeline_schema.sql)
 TRUNCATIONS_TABLE = f"{OWN_SCHEMA}.truncations"
+# a row per pipeline that Debezium's heartbeat writes (now()) every heartbeat interval:
+# captured to a topic of its own, its commit time tells how far the capture has come
+HEARTBEAT_TABLE = f"{OWN_SCHEMA}.heartbeat"
 
 
 @dataclass(frozen=True)

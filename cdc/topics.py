@@ -2,8 +2,8 @@
 (fixed partitions, compaction), read back and truncated.
 
 Every topic name comes from here: a table's change topic (as Debezium names it), the
-TRUNCATE topic, the heartbeat, transaction, notification and dead-letter topics, and
-the pattern the apply job subscribes to."""
+TRUNCATE topic, the heartbeat table's and Debezium's heartbeat topics, the transaction,
+notification and dead-letter topics, and the pattern the apply job subscribes to."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 from kafka.errors import KafkaError
 
-from cdc.catalog import TRUNCATIONS_TABLE
+from cdc.catalog import HEARTBEAT_TABLE, TRUNCATIONS_TABLE
 from cdc.clients import kafka_admin, kafka_client_kwargs
 from cdc.errors import SourceError, TopicError
 from cdc.settings import KafkaSettings, PipelineSettings
@@ -26,6 +26,7 @@ from cdc.settings import KafkaSettings, PipelineSettings
 __all__ = [
     "CUT_MESSAGE_PREFIX",
     "ChangeRecord",
+    "HeartbeatMark",
     "TopicSpec",
     "change_times",
     "change_topic",
@@ -37,7 +38,9 @@ __all__ = [
     "ensure_topics",
     "ever_written",
     "folder_problem",
+    "heartbeat_rows_topic",
     "heartbeat_topic",
+    "last_heartbeat",
     "notification_topic",
     "pipeline_topic_specs",
     "read_topic",
@@ -116,7 +119,15 @@ def check_names_apart(tables: list[str], pipeline: PipelineSettings) -> None:
 
 
 def heartbeat_topic(pipeline: PipelineSettings) -> str:
+    """Debezium's own heartbeat records (its clock, not PostgreSQL's)."""
     return f"__debezium-heartbeat.{pipeline.topic_prefix}"
+
+
+def heartbeat_rows_topic(pipeline: PipelineSettings) -> str:
+    """The heartbeat table's changes: a row Debezium's heartbeat writes in PostgreSQL
+    every heartbeat interval, captured as any change is (its commit time in
+    `source.ts_ms`); not a table of the stores."""
+    return change_topic(pipeline, HEARTBEAT_TABLE)
 
 
 def transaction_topic(pipeline: PipelineSettings) -> str:
@@ -135,9 +146,11 @@ def dead_letter_topic(pipeline: PipelineSettings) -> str:
 
 def change_topic_pattern(pipeline: PipelineSettings) -> str:
     """`<prefix>.<schema>.<table>` (a name may hold more dots): not the transaction,
-    notification, dead-letter or logical decoding message topics."""
+    notification, dead-letter or logical decoding message topics, nor the heartbeat
+    table's."""
     prefix = re.escape(pipeline.topic_prefix)
-    return rf"^{prefix}\.(?!(?:transaction|notifications|dlq|message)$).+$"
+    heartbeat = re.escape(HEARTBEAT_TABLE)
+    return rf"^{prefix}\.(?!(?:transaction|notifications|dlq|message|{heartbeat})$).+$"
 
 
 @dataclass(frozen=True)
@@ -169,6 +182,14 @@ def pipeline_topic_specs(pipeline: PipelineSettings, tables: list[str]) -> list[
     the connector starts."""
     specs = [change_topic_spec(pipeline, t) for t in [*tables, TRUNCATIONS_TABLE]]
     specs.append(TopicSpec(heartbeat_topic(pipeline), 1, {"retention.ms": "86400000"}))
+    # a row per pipeline of the database, kept compacted
+    specs.append(
+        TopicSpec(
+            heartbeat_rows_topic(pipeline),
+            1,
+            {"cleanup.policy": "compact", "segment.ms": "3600000", "min.compaction.lag.ms": "0"},
+        )
+    )
     specs.append(TopicSpec(transaction_topic(pipeline), 1, {"retention.ms": "604800000"}))
     specs.append(TopicSpec(notification_topic(pipeline), 1, {"retention.ms": "604800000"}))
     # kept a month
@@ -346,6 +367,57 @@ def change_times(
         if consumer is not None:
             consumer.close()
     return found
+
+
+@dataclass(frozen=True)
+class HeartbeatMark:
+    """The newest heartbeat row in the log: committed in PostgreSQL at `commit_ms`,
+    taken by Debezium at `captured_ms` (the envelope's `ts_ms`)."""
+
+    commit_ms: int
+    captured_ms: int
+
+
+def last_heartbeat(
+    kafka: KafkaSettings, pipeline: PipelineSettings, timeout_s: float = 2.0
+) -> HeartbeatMark | None:
+    """The newest record of the heartbeat table's topic (heartbeat_rows_topic), or None
+    when it has none (a pipeline set up before it was captured, or just set up), or
+    Kafka does not answer in `timeout_s`."""
+    topic = heartbeat_rows_topic(pipeline)
+    consumer = None
+    try:
+        consumer = KafkaConsumer(**kafka_client_kwargs(kafka), enable_auto_commit=False)
+        tp = TopicPartition(topic, 0)
+        if not consumer.partitions_for_topic(topic):
+            return None
+        end = consumer.end_offsets([tp])[tp]
+        if end <= 0:
+            return None
+        consumer.assign([tp])
+        consumer.seek(tp, end - 1)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            records = consumer.poll(timeout_ms=200, max_records=10).get(tp)
+            if records:
+                return _heartbeat_mark(records[-1])
+    except Exception as exc:  # Kafka went away: no figure (a figure for `cdc status`)
+        log.info("the last heartbeat: Kafka does not answer (%s)", type(exc).__name__)
+    finally:
+        if consumer is not None:
+            consumer.close()
+    return None
+
+
+def _heartbeat_mark(record: Any) -> HeartbeatMark | None:
+    try:
+        envelope = json.loads(record.value)
+        commit, taken = envelope["source"]["ts_ms"], envelope["ts_ms"]
+    except (TypeError, ValueError, KeyError):
+        return None
+    if not isinstance(commit, int) or not isinstance(taken, int):
+        return None
+    return HeartbeatMark(commit, taken)
 
 
 def _commit_ms(record: Any) -> int:

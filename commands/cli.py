@@ -122,8 +122,10 @@ def status(output: OutputOption = Form.text) -> None:
     """Show the health of each component and of the pipeline, per store.
 
     Each component: up or down, address, version, and its details (connectors, tasks),
-    then the pipeline: per store its backlog, lag, freshness (commit to visible, p50 and
-    p99 over apply.freshness_window_s) against its SLO, and the process applying it
+    then the pipeline: the capture's lag behind PostgreSQL (from the heartbeats), and per
+    store its backlog, lag (from the commit in PostgreSQL: the capture's at least),
+    freshness (commit to visible, p50 and p99 over apply.freshness_window_s) against its
+    SLO, and the process applying it
     (with apply.iceberg, the warehouse tables whose Iceberg table lags its Delta table).
     Exits 1 if a component is down, the slot is lost, the connector or a task failed, a
     captured table was renamed or dropped (or one selected is not captured: `cdc setup`),

@@ -442,6 +442,13 @@ def _view(
     stores = Table()
     for column in ("store", "backlog (events)", "lag (s)", "visible after commit (p50/p99)"):
         stores.add_column(column, justify="right" if column != "store" else "left")
+    capture = status.capture or {}
+    if capture:  # commit → in Kafka: every store is at least this far behind
+        lag = capture.get("lag_s")
+        shown = "?" if lag is None else f"{lag:.1f}"
+        if capture.get("stalled"):
+            shown = f"[red]{shown} (stalled)[/red]"
+        stores.add_row("capture (into Kafka)", "–", shown, "–")
     for store, figures in status.stores.items():
         lag = figures.get("lag_s")
         backlog = str(figures["backlog_events"])

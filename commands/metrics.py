@@ -82,6 +82,27 @@ def families(components: Sequence[ComponentStatus], pipeline: PipelineStatus) ->
         tasks = pipeline.connector.get("tasks") or []
         ok = pipeline.connector.get("state") == "RUNNING" and all(t == "RUNNING" for t in tasks)
         running.add_metric(name, 1.0 if ok else 0.0)
+    capture_lag = GaugeMetricFamily(
+        "cdc_capture_lag_seconds",
+        "how far the capture is behind PostgreSQL (commit to Kafka, from the heartbeats); "
+        "grows from one heartbeat interval after the last one when the capture stalls",
+        labels=["pipeline"],
+    )
+    heartbeat = GaugeMetricFamily(
+        "cdc_capture_heartbeat_timestamp_seconds",
+        "commit time of the newest heartbeat row in Kafka",
+        labels=["pipeline"],
+    )
+    stalled = GaugeMetricFamily(
+        "cdc_capture_stalled",
+        "1 while the next heartbeat is late by more than half an interval: the capture "
+        "delivers nothing",
+        labels=["pipeline"],
+    )
+    if pipeline.capture and pipeline.capture.get("lag_s") is not None:
+        capture_lag.add_metric(name, float(pipeline.capture["lag_s"]))
+        heartbeat.add_metric(name, pipeline.capture["heartbeat_ms"] / 1000)
+        stalled.add_metric(name, 1.0 if pipeline.capture["stalled"] else 0.0)
     ends = GaugeMetricFamily(
         "cdc_topic_end_offset",
         "records in the change topic (end offsets summed)",
@@ -96,7 +117,8 @@ def families(components: Sequence[ComponentStatus], pipeline: PipelineStatus) ->
     )
     lag = GaugeMetricFamily(
         "cdc_store_lag_seconds",
-        "how far the store is behind the source (commit time)",
+        "how far the store is behind the source: the age of its oldest change not "
+        "applied, in Kafka or not yet (the capture's lag at least)",
         labels=["pipeline", "store"],
     )
     waiting = GaugeMetricFamily(
@@ -168,6 +190,9 @@ def families(components: Sequence[ComponentStatus], pipeline: PipelineStatus) ->
         lost,
         problem,
         running,
+        capture_lag,
+        heartbeat,
+        stalled,
         ends,
         backlog,
         lag,

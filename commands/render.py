@@ -94,6 +94,8 @@ def pipeline_table(p: PipelineStatus) -> Table:
         table.add_row(f"connector {c['name']}", text)
     else:
         table.add_row("connector", "none")
+    if p.capture is not None:
+        table.add_row("capture", _capture_line(p.capture))
     for problem in p.tables_drift:
         table.add_row("[red]tables[/red]", f"[red]{escape(problem)}[/red]")
     for topic, end in p.topics.items():
@@ -121,6 +123,8 @@ def pipeline_table(p: PipelineStatus) -> Table:
             state = f"backlog {s['backlog_events']} events; lag {lag}"
             if s.get("nothing_applied"):
                 state = f"no batch finished yet ({state}, since the snapshot)"
+        elif s["lag_s"]:  # all of the log applied; the capture's lag is still its own
+            state = f"[green]caught up[/green] with the log (backlog 0); lag {s['lag_s']:.1f}s"
         else:
             state = "[green]caught up[/green] (backlog 0; lag 0s)"
         if s.get("last_latency_s") is not None:
@@ -198,3 +202,15 @@ def verify_tables(report: VerifyReport) -> list[Table | Text]:
     # it is, markup included: Output.emit shows strings as text)
     parts.append(Text(summary, style="green" if report.ok else "red"))
     return parts
+
+
+def _capture_line(capture: dict[str, Any]) -> str:
+    """The capture's lag behind PostgreSQL, and when it stalls, since when."""
+    if capture["lag_s"] is None:
+        return f"[yellow]{escape(capture['why'])}[/yellow]"
+    if capture["stalled"]:
+        return f"[red]stalled[/red]: {escape(capture['why'])}"
+    return (
+        f"lag {capture['lag_s']:.1f}s behind PostgreSQL (the last heartbeat reached Kafka "
+        f"{capture['latency_s']:.1f}s after its commit; one every {capture['interval_s']:g}s)"
+    )

@@ -13,8 +13,14 @@ import psycopg
 from cdc.capture.connect import ConnectClient, connect_client
 from cdc.capture.masks import MASK_TRANSFORM, read_salt, transform_masks
 from cdc.capture.role import replication_password, write_secret
-from cdc.capture.source import HEARTBEAT_TABLE, SIGNAL_TABLE, admin_connection
-from cdc.catalog import DEBEZIUM_PLACEHOLDER, TRUNCATIONS_TABLE, Table, pipeline_placeholder
+from cdc.capture.source import SIGNAL_TABLE, admin_connection
+from cdc.catalog import (
+    DEBEZIUM_PLACEHOLDER,
+    HEARTBEAT_TABLE,
+    TRUNCATIONS_TABLE,
+    Table,
+    pipeline_placeholder,
+)
 from cdc.errors import ConnectorError
 from cdc.settings import Settings
 from cdc.topics import CUT_MESSAGE_PREFIX, change_topic, notification_topic
@@ -136,14 +142,14 @@ def pipeline_connector_config(
     # The publication is the filter: it holds each captured table by its OID, and
     # follows it through a rename (cdc/identity.py). A name filter here would drop every
     # change of a renamed table without a word while the slot moves on; without one, the
-    # changes go to the new name's topic. Only the pipeline's own two tables there are
-    # not data (the TRUNCATE records are).
+    # changes go to the new name's topic. Only the signal table there is not wanted in
+    # the log: the TRUNCATE records are data, and the heartbeat table's rows (written
+    # every heartbeat interval, to a topic of their own) tell how far the capture has
+    # come in PostgreSQL's time (cdc/capture/freshness.py).
     del config["table.include.list"]
     config.update(
         {
-            "table.exclude.list": ",".join(
-                _regex_literal(t) for t in (SIGNAL_TABLE, HEARTBEAT_TABLE)
-            ),
+            "table.exclude.list": _regex_literal(SIGNAL_TABLE),
             # the setup keeps the publication exact: Debezium must not create or alter it
             "publication.autocreate.mode": "disabled",
             # a secret of the pipeline's: no value a user stores is taken for it

@@ -37,6 +37,7 @@ from cdc.capture.role import (
     sync_grants,
 )
 from cdc.catalog import (
+    HEARTBEAT_TABLE,
     OWN_SCHEMA,
     TRUNCATIONS_TABLE,
     Table,
@@ -80,7 +81,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 SIGNAL_TABLE = f"{OWN_SCHEMA}.debezium_signal"
-HEARTBEAT_TABLE = f"{OWN_SCHEMA}.heartbeat"
 TRUNCATE_TRIGGER = "cdc_record_truncate"
 SIGNAL_LOCK_TIMEOUT = "3s"  # how long widening the signal table may wait for its lock
 SETUP_LOCK_TIMEOUT = "10s"  # how long the setup may wait for a captured table's lock

@@ -1,6 +1,8 @@
-"""`cdc status` of a pipeline: its snapshot, slot (and its health), connector, topics,
-tables whose capture drifted, and per store its backlog, lag, freshness against its SLO
-and the process applying it; the views' late events; the Iceberg tables that lag."""
+"""`cdc status` of a pipeline: its snapshot, slot (and its health), connector, the
+capture's lag behind PostgreSQL, topics, tables whose capture drifted, and per store its
+backlog, lag (from PostgreSQL's commit: the capture's lag at least), freshness against
+its SLO and the process applying it; the views' late events; the Iceberg tables that
+lag."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cdc.capture.connect import connect_client
+from cdc.capture.freshness import CaptureLag, capture_lag
 from cdc.capture.replica_identity import identity_problems
 from cdc.capture.slot import slot_row
 from cdc.capture.snapshots import read_state
@@ -18,7 +21,15 @@ from cdc.catalog import describe_table, published_tables, selected_tables
 from cdc.errors import CdcError, SourceError
 from cdc.identity import acknowledged, drift, recorded_since
 from cdc.settings import Settings
-from cdc.topics import change_times, change_topic, dead_letter_topic, end_offsets, written_since
+from cdc.topics import (
+    change_times,
+    change_topic,
+    dead_letter_topic,
+    end_offsets,
+    heartbeat_rows_topic,
+    last_heartbeat,
+    written_since,
+)
 from materializers.log.freshness import Freshness, judge
 from materializers.log.progress import late_events, read_progress
 from materializers.views.registry import streaming, views_of
@@ -35,6 +46,9 @@ class PipelineStatus:
     # health: ok, warning (retains too much WAL) or failed (lost); problem: what to do
     slot: dict[str, Any] | None
     connector: dict[str, Any] | None  # state, tasks, trace of a failed task
+    # commit → in Kafka: lag_s, heartbeat_ms, latency_s, interval_s, stalled, why
+    # (cdc/capture/freshness.py); None when Kafka was not read
+    capture: dict[str, Any] | None = None
     topics: dict[str, int] = field(default_factory=dict)  # end offset summed over partitions
     stores: dict[str, dict[str, Any]] = field(default_factory=dict)  # per store: backlog, lag
     dead_letters: int = 0
@@ -90,7 +104,16 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
         if published or state:
             status.tables_drift = found.problems(lambda name: change_topic(pipe, name))
             status.tables_drift += _choice_problems(settings, published)
-        connectors = connect_client(settings).connectors()
+        try:  # Connect not answering (stopped, paused by a signal): the rest is still told
+            connectors = connect_client(settings, timeout=3.0).connectors()
+        except CdcError as exc:
+            connectors = {}
+            status.connector = {
+                "name": pipe.connector,
+                "state": "UNKNOWN",
+                "tasks": [],
+                "error": str(exc),
+            }
         entry = connectors.get(pipe.connector, {}).get("status")
         if entry:
             status.connector = {
@@ -107,18 +130,40 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
                     trace, settings.kafka.max_message_bytes
                 ) or summarize_trace(trace)
         if tables:
+            capture = _capture_lag(settings, status.connector)
+            status.capture = capture.to_json()
             topics = [change_topic(pipe, t) for t in tables]
             ends = end_offsets(settings.kafka, [*topics, dead_letter_topic(pipe)])
             dlq = ends.pop(dead_letter_topic(pipe), {})
             status.dead_letters = sum(dlq.values())
             status.topics = {t: sum(parts.values()) for t, parts in ends.items()}
-            status.stores = _store_progress(settings, ends)
+            status.stores = _store_progress(settings, ends, capture)
             status.late_events = _late_events(settings)
         if settings.apply.iceberg:
             status.iceberg = _iceberg_status(settings)
     except CdcError as exc:
         status.error = str(exc)
     return status
+
+
+def _capture_lag(settings: Settings, connector: dict[str, Any] | None) -> CaptureLag:
+    """The capture's lag now, from the newest heartbeat row in the log."""
+    pipe = settings.pipeline
+    state = None
+    if connector is None:
+        state = f"connector {pipe.connector} missing (run `cdc setup`)"
+    elif connector["state"] == "UNKNOWN":
+        state = connector["error"]
+    elif connector["state"] != "RUNNING" or any(t != "RUNNING" for t in connector["tasks"]):
+        tasks = ", ".join(connector["tasks"]) or "none"
+        state = f"connector {connector['state']} (tasks {tasks})"
+    return capture_lag(
+        last_heartbeat(settings.kafka, pipe),
+        pipe.heartbeat_interval_ms / 1000,
+        time.time() * 1000,
+        state,
+        heartbeat_rows_topic(pipe),
+    )
 
 
 def _iceberg_status(settings: Settings) -> dict[str, Any]:
@@ -165,9 +210,10 @@ def _choice_problems(settings: Settings, published: list[str]) -> list[str]:
 
 
 def _store_progress(
-    settings: Settings, ends: dict[str, dict[int, int]]
+    settings: Settings, ends: dict[str, dict[int, int]], capture: CaptureLag | None = None
 ) -> dict[str, dict[str, Any]]:
-    """Per store: the events it has still to apply, and how far behind the source it is.
+    """Per store: the events it has still to apply, and how far behind the source it is:
+    the age of its oldest change not applied, in the log or not yet (the capture's lag).
     A store that has finished no batch yet is listed once the log holds events
     (`nothing_applied`), its lag counted from the snapshot."""
     from cdc.capture.generation import read_generation
@@ -194,6 +240,8 @@ def _store_progress(
         lag = progress.lag_s(
             backlog, now_ms, generation.ts_ms if generation else None, oldest_ms=oldest
         )
+        if capture is not None and capture.lag_s is not None and lag is not None:
+            lag = max(lag, capture.lag_s)
         latency = progress.last_latency_s()
         stores[store] = {
             "nothing_applied": nothing_applied,
@@ -218,6 +266,7 @@ def _store_progress(
             None if nothing_applied else settings.apply.freshness_slo_s.get(store),
             now_ms,
             settings.apply.freshness_window_s,
+            None if capture is None else (capture.lag_s, capture.why),
         )
         stores[store]["freshness"] = judged.to_json() | {
             "window_s": settings.apply.freshness_window_s,

@@ -170,15 +170,21 @@ def judge(
     slo_s: float | None,
     now_ms: float,
     window_s: float,
+    capture: tuple[float | None, str] | None = None,
 ) -> Judgement:
     """The p50 and p99 of the last `window_s`, and whether they, or the store's lag now
-    (the changes it has not applied yet: a store that is down applies none), exceed
-    `slo_s`."""
+    (the changes it has not applied yet: a store that is down applies none, a capture
+    that stalls delivers none), exceed `slo_s`. `capture`: the capture's lag and what
+    it is made of (cdc/capture/freshness.py), named first when it alone exceeds the
+    SLO: every store is that far behind PostgreSQL."""
     recent = freshness.window(now_ms, window_s)
     p50, p99 = quantile(recent, 0.5), quantile(recent, 0.99)
     why = None
+    captured_lag, captured_why = capture or (None, "")
     if slo_s is not None:
-        if p99 is not None and p99 > slo_s:
+        if captured_lag is not None and captured_lag > slo_s:
+            why = f"{captured_why}: lag {captured_lag:.1f}s is above the SLO of {slo_s:g}s"
+        elif p99 is not None and p99 > slo_s:
             why = f"p99 {p99:.1f}s over the last {window_s:.0f}s is above the SLO of {slo_s:g}s"
         elif lag_s is not None and lag_s > slo_s:
             why = f"lag {lag_s:.1f}s is above the SLO of {slo_s:g}s"

@@ -9,8 +9,14 @@ from commands.demo import _view
 from commands.workload import Workload
 
 
-def render(stores: dict[str, dict[str, object]], applying: list[str]) -> str:
-    status = SimpleNamespace(topics={"cdc.public.orders": 12}, stores=stores, dead_letters=0)
+def render(
+    stores: dict[str, dict[str, object]],
+    applying: list[str],
+    capture: dict[str, object] | None = None,
+) -> str:
+    status = SimpleNamespace(
+        topics={"cdc.public.orders": 12}, stores=stores, dead_letters=0, capture=capture
+    )
     view = _view(
         {"cdc.public.orders": "public.orders"},
         {"cdc.public.orders": 3.0},
@@ -31,6 +37,14 @@ def test_a_store_without_a_finished_batch_is_shown_as_running() -> None:
     assert "first batch running" in lines["warehouse"]
     assert "1.2" in lines["cache"] and "4" in lines["cache"]
     assert "public.orders" in text and "18s left" in text
+
+
+def test_the_capture_s_lag_is_shown_beside_the_stores_and_a_stall_stands_out() -> None:
+    capture = {"lag_s": 0.4, "stalled": False}
+    lines = [line for line in render({}, ["cache"], capture).splitlines() if "capture" in line]
+    assert len(lines) == 1 and "0.4" in lines[0] and "stalled" not in lines[0]
+    stalled = render({}, ["cache"], {"lag_s": 42.0, "stalled": True})
+    assert "42.0 (stalled)" in stalled
 
 
 def test_a_component_error_that_looks_like_markup_is_shown_as_it_is() -> None:

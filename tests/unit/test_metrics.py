@@ -21,6 +21,14 @@ def look() -> tuple[list[ComponentStatus], PipelineStatus]:
         "0/1",
         {"active": True, "wal_retained_bytes": 4096},
         {"state": "RUNNING", "tasks": ["FAILED"]},
+        capture={
+            "lag_s": 31.5,
+            "heartbeat_ms": 1_700_000_000_000,
+            "latency_s": 0.2,
+            "interval_s": 10.0,
+            "stalled": True,
+            "why": "capture has delivered nothing since ...",
+        },
         topics={"cdc.public.customers": 5004},
         stores={
             "cache": {
@@ -58,6 +66,9 @@ def test_the_endpoint_serves_the_status_figures() -> None:
     lines = set(text.splitlines())
     assert 'cdc_component_up{component="kafka"} 1.0' in lines
     assert 'cdc_component_up{component="redis"} 0.0' in lines
+    assert 'cdc_capture_lag_seconds{pipeline="cdc"} 31.5' in lines
+    assert 'cdc_capture_stalled{pipeline="cdc"} 1.0' in lines
+    assert 'cdc_capture_heartbeat_timestamp_seconds{pipeline="cdc"} 1.7e+09' in lines
     assert 'cdc_slot_wal_retained_bytes{pipeline="cdc"} 4096.0' in lines
     assert 'cdc_connector_running{pipeline="cdc"} 0.0' in lines  # a task failed
     assert 'cdc_topic_end_offset{topic="cdc.public.customers"} 5004.0' in lines

@@ -42,6 +42,7 @@ def test_the_apply_job_reads_every_change_topic_and_no_other() -> None:
         "shop.notifications",
         "shop.dlq",
         "shop.message",
+        "shop.cdc.heartbeat",  # the heartbeat table's rows: the capture's clock
         "shopx.public.t",
     )
     for other in others:
