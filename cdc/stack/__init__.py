@@ -91,6 +91,16 @@ class Stack:
             for component in self.components:
                 if not component.managed:
                     self._expect_answer(component)
+            admitted = (
+                self.postgres.managed
+                and self.postgres not in to_start
+                and self.postgres.admit_database()
+            )
+            if admitted:
+                say(
+                    f"postgres: database {self.settings.postgres.database} admitted for "
+                    "the pipelines' replication roles"
+                )
         except BaseException:
             for component in reversed(self.components):
                 if component in started or component in to_start:

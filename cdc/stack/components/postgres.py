@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -15,7 +16,7 @@ from psycopg import sql
 
 from cdc.capture.role import REPLICATION_GROUP, generated_secret
 from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError
-from cdc.files import private_folder, write_file
+from cdc.files import private_folder, read_own, write_file
 from cdc.settings import PostgresSettings, admin_password_file, local_admin_password
 from cdc.stack.components.base import Component
 from cdc.stack.process import inherited_env
@@ -165,26 +166,58 @@ class Postgres(Component):
             write_file(copy, data, 0o600, owner)
         return copies
 
+    @property
+    def _databases_file(self) -> Path:
+        return self.state_dir / "pipeline-databases.json"
+
+    def pipeline_databases(self) -> list[str]:
+        """The databases the replication roles may reach: every one the stack was started
+        or brought up for (`cdc up` under settings naming it), the settings' own last."""
+        known = self._recorded()
+        return [*(d for d in known if d != self.section.database), self.section.database]
+
+    def admit_database(self) -> bool:
+        """On a running cluster, admit the settings' database too (True if it was not):
+        a pipeline on a second database of the local stack needs only `cdc up` under its
+        settings. The database is made, pg_hba.conf rewritten with every pipeline
+        database and reloaded; the first database's pipelines keep theirs."""
+        if self.section.database in self._recorded():
+            return False
+        self._write_hba(tls=self.section.cert_file is not None)
+        with self._connect("postgres") as conn:
+            conn.execute("SELECT pg_reload_conf()")
+        self.after_start()
+        return True
+
+    def _recorded(self) -> list[str]:
+        try:
+            return [str(d) for d in json.loads(read_own(self._databases_file) or "[]")]
+        except (ValueError, TypeError):
+            return []
+
     def _write_hba(self, tls: bool) -> None:
-        """Who may connect, written at every start. The replication roles (members of
-        REPLICATION_GROUP) reach only the pipeline's database, where they stream logical
-        changes (`replication=database` connections match a database line); no line admits
+        """Who may connect, written at every start (and when a database is admitted). The
+        replication roles (members of REPLICATION_GROUP) reach only the pipelines'
+        databases (pipeline_databases), where they stream logical changes
+        (`replication=database` connections match a database line); no line admits
         physical replication (`pg_basebackup` would copy the whole cluster, pg_authid too).
         With TLS on, every TCP line admits TLS connections only (`hostssl`). The file is
         replaced, never written through (cdc.files): its folder is the service user's."""
-        database = '"' + self.section.database.replace('"', '""') + '"'
+        admitted = self.pipeline_databases()
+        databases = ",".join('"' + d.replace('"', '""') + '"' for d in admitted)
         group = f"+{REPLICATION_GROUP}"
         host = "hostssl" if tls else "host"
         remote = self.section.host not in ("127.0.0.1", "localhost", "::1")
         addresses = ["127.0.0.1/32", "::1/128", *(["0.0.0.0/0", "::/0"] if remote else [])]
         lines = [
-            f"local {database} {group} scram-sha-256",
+            f"local {databases} {group} scram-sha-256",
             f"local all {group} reject",
             "local all all scram-sha-256",
-            *(f"{host} {database} {group} {a} scram-sha-256" for a in addresses),
+            *(f"{host} {databases} {group} {a} scram-sha-256" for a in addresses),
             f"{host} all {group} all reject",
             *(f"{host} all all {a} scram-sha-256" for a in addresses),
         ]
+        write_file(self._databases_file, json.dumps(admitted), 0o600)
         user = self.service_user()
         write_file(
             self.data_path / "pg_hba.conf",
