@@ -1,6 +1,8 @@
 """Pipelines on two databases of one local stack: `cdc up` under the second database's
 settings admits it (its replication role reaches it), and the first database's pipeline
-streams on, its role still admitted; the roles still reach no other database."""
+streams on, its role still admitted; PostgreSQL restarted under either database's
+settings admits both, and both connectors stream on; the roles still reach no other
+database."""
 
 from __future__ import annotations
 
@@ -12,8 +14,11 @@ import pytest
 from psycopg import sql
 from rich.console import Console
 
+from cdc.capture.connect import connect_client
 from cdc.capture.pipeline import drop_pipeline
 from cdc.capture.source import replication_dsn
+from cdc.settings import Settings
+from cdc.stack.components.postgres import Postgres
 from cdc.topics import change_topic, wait_for_records
 from snapshot.initial import run_snapshot
 from tests.conftest import Capture, RunningStack
@@ -57,6 +62,31 @@ def test_a_pipeline_on_a_second_database_streams_beside_the_first(
         assert sorted(r.key["id"] for r in records) == [1, 2]
         for settings in (first.settings, second):
             psycopg.connect(replication_dsn(settings, replication=True)).close()
+
+        # PostgreSQL restarted under each database's settings in turn: both stream on
+        expected = {first.table: 2, "public.items": 2}
+        pipelines = {first.table: first.settings, "public.items": second}
+        for n, (env, restarted) in enumerate(
+            [({"CDC_POSTGRES__DATABASE": database}, second), ({}, first.settings)], start=3
+        ):
+            assert Postgres(restarted).stop()
+            up = run_cdc("up", env={**stack.env, **env})
+            assert up.returncode == 0, up.stderr
+            for table, settings in pipelines.items():
+                with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
+                    name = table.split(".", 1)[1]
+                    conn.execute(f"INSERT INTO {name} VALUES ({n}, 'after a restart')")
+                expected[table] += 1
+                topic = change_topic(settings.pipeline, table)
+                records = wait_for_records(settings.kafka, topic, expected[table], timeout=180)
+                keys = {r.key["id"] for r in records}
+                assert keys == set(range(1, n + 1)), (
+                    table,
+                    sorted(keys),
+                    connect_client(settings).status(settings.pipeline.connector),
+                )
+            for settings in (first.settings, second):
+                assert_running(settings)
         # and the replication roles reach no database without a pipeline
         other = second.model_copy(
             update={"postgres": second.postgres.model_copy(update={"database": "postgres"})}
@@ -69,3 +99,9 @@ def test_a_pipeline_on_a_second_database_streams_beside_the_first(
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
             )
+
+
+def assert_running(settings: Settings) -> None:
+    status = connect_client(settings).status(settings.pipeline.connector)
+    states = [status["connector"]["state"], *(t["state"] for t in status["tasks"])]
+    assert set(states) == {"RUNNING"}, (settings.pipeline.connector, states)

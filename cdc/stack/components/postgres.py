@@ -20,6 +20,7 @@ from cdc.files import private_folder, read_own, write_file
 from cdc.settings import PostgresSettings, admin_password_file, local_admin_password
 from cdc.stack.components.base import Component
 from cdc.stack.process import inherited_env
+from cdc.state_folders import make_state_dir
 
 __all__ = ["Postgres", "postgres_bin_dir"]
 
@@ -168,7 +169,9 @@ class Postgres(Component):
 
     @property
     def _databases_file(self) -> Path:
-        return self.state_dir / "pipeline-databases.json"
+        # beside the pid files, cdc's own: the state folder is the service user's (given
+        # to it at every start), and what that user owns is not believed (cdc.files)
+        return self.pid_file.parent / "postgres.databases.json"
 
     def pipeline_databases(self) -> list[str]:
         """The databases the replication roles may reach: every one the stack was started
@@ -217,6 +220,7 @@ class Postgres(Component):
             f"{host} all {group} all reject",
             *(f"{host} all all {a} scram-sha-256" for a in addresses),
         ]
+        make_state_dir(self.settings, self._databases_file.parent, 0o700)
         write_file(self._databases_file, json.dumps(admitted), 0o600)
         user = self.service_user()
         write_file(
