@@ -202,6 +202,15 @@ class KafkaSettings(_Section):
             "topic of the pipeline and every producer (Debezium, the snapshot) are set to it"
         ),
     )
+    oversized: Literal["stop", "dead_letter"] = Field(
+        "stop",
+        description=(
+            "a change event over max_message_bytes: stop (capture stops at it, nothing "
+            "after it is lost, until the limit is raised) or dead_letter (its key, position "
+            "and size go to the dead-letter topic, the stores keep the row as it was, "
+            "capture goes on; `cdc dlq replay` finishes it once the limit is raised)"
+        ),
+    )
     security_protocol: KafkaProtocol = Field(
         "PLAINTEXT", description="SASL_SSL: TLS and a SASL login; SSL: TLS only"
     )

@@ -482,6 +482,7 @@ def verify(
     """
     from cdc.capture.source import admin_connection
     from cdc.catalog import published_tables
+    from materializers.apply.dead_letters import held_back
     from materializers.check.reconcile import reconcile
     from materializers.check.repair import repair as mend
 
@@ -493,6 +494,7 @@ def verify(
     tables = [_captured_table(s, name) for name in names]
     mending = functools.partial(mend, s, tables, say=say) if repair else None
     report = reconcile(s, tables, stores, timeout, mend=mending, say=say)
+    report.held_back = held_back(s)
     Output(output).emit(report.as_dict(), *verify_tables(report))
     if not report.ok:
         raise typer.Exit(1)

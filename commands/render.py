@@ -183,6 +183,15 @@ def verify_tables(report: VerifyReport) -> list[Table | Text]:
             verdict = "[red]" + escape("; ".join(kinds)) + "[/red]"
         drift.add_row(d.store, escape(d.table), str(d.source_rows), str(d.store_rows), verdict)
     parts: list[Table | Text] = [drift]
+    for table, keys in sorted(report.held_back.items()):
+        parts.append(
+            Text(
+                f"held back by the capture (over kafka.max_message_bytes; raise it, `cdc "
+                f"setup`, then `cdc dlq replay`): {table}: {len(keys)} key(s) "
+                f"({', '.join(keys[:EXAMPLES])})",
+                style="yellow",
+            )
+        )
     drifted = sum(not d.ok for d in report.drifts)
     summary = f"drift in {drifted} of {len(report.drifts)} (store, table) pairs"
     if report.checks:

@@ -65,6 +65,7 @@ from cdc.spark import kafka_options, spark_session
 from cdc.topics import (
     change_topic,
     change_topic_spec,
+    dead_letter_topic,
     end_offsets,
     ensure_topics,
     pipeline_topic_specs,
@@ -243,6 +244,8 @@ def _copy_tables(
                     )
                 )
     events = reduce(lambda a, b: a.unionAll(b), frames)
+    if settings.kafka.oversized == "dead_letter":
+        events = _hold_oversized(events, settings)
     topics = {change_topic(pipe, t.qualified): t for t in tables}
     start = {t: sum(p.values()) for t, p in end_offsets(settings.kafka, list(topics)).items()}
 
@@ -289,6 +292,45 @@ def _copy_tables(
         poller.join()
         written = _update(progress, tasks, start, settings, began, final=True)
     return {topics[t].qualified: n for t, n in written.items()}
+
+
+def _hold_oversized(events: Any, settings: Settings) -> Any:
+    """kafka.oversized = "dead_letter": a snapshot row larger than Kafka takes goes to the
+    dead-letter topic as a letter (its table's topic, key and size), as the connector's
+    transform sends a change (jvm/transforms HoldOversized); the others are as they were."""
+    from pyspark.sql import functions as F
+
+    limit = settings.kafka.max_message_bytes
+    size = F.octet_length("key") + F.octet_length("value") + F.lit(1024)  # with framing
+    over = size > F.lit(limit)
+    error = F.concat(
+        F.lit("a change event of "),
+        size.cast("string"),
+        F.lit(
+            f" bytes is larger than kafka.max_message_bytes ({limit} bytes): held back "
+            "(kafka.oversized = dead_letter)"
+        ),
+    )
+    letter = F.to_json(
+        F.struct(
+            F.lit("capture").alias("store"),
+            error.alias("error"),
+            F.col("topic"),
+            F.lit(-1).alias("partition"),
+            F.lit(-1).alias("offset"),
+            F.col("key"),
+            F.lit(None).cast("string").alias("value"),
+            size.alias("size"),
+            F.struct(F.lit("r").alias("op")).alias("position"),
+        )
+    )
+    return events.select(
+        "key",
+        F.when(over, letter).otherwise(F.col("value")).alias("value"),
+        F.when(over, F.lit(dead_letter_topic(settings.pipeline)))
+        .otherwise(F.col("topic"))
+        .alias("topic"),
+    )
 
 
 def _update(

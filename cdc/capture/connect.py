@@ -213,7 +213,9 @@ def too_large(trace: str, limit: int) -> str | None:
         f"a change event is larger than kafka.max_message_bytes ({limit} bytes), so capture "
         "stopped at it (nothing after it is lost: the slot keeps the WAL): raise "
         "kafka.max_message_bytes (at most 268435456), run `cdc up` (a local broker) and "
-        "`cdc setup` (the topics and the connector); the connector resumes at that event"
+        "`cdc setup` (the topics and the connector); the connector resumes at that event. "
+        'Or set kafka.oversized = "dead_letter" and run `cdc setup`: such an event then '
+        "goes to the dead-letter topic and capture goes on"
     )
 
 

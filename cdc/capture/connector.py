@@ -23,7 +23,7 @@ from cdc.catalog import (
 )
 from cdc.errors import ConnectorError
 from cdc.settings import Settings
-from cdc.topics import CUT_MESSAGE_PREFIX, change_topic, notification_topic
+from cdc.topics import CUT_MESSAGE_PREFIX, change_topic, dead_letter_topic, notification_topic
 
 __all__ = [
     "DEBEZIUM_POSTGRES",
@@ -36,6 +36,8 @@ __all__ = [
 ]
 
 DEBEZIUM_POSTGRES = "io.debezium.connector.postgresql.PostgresConnector"
+# kafka.oversized = "dead_letter" (jvm/transforms)
+HOLD_TRANSFORM = "cdc.connect.HoldOversized"
 log = logging.getLogger(__name__)
 
 
@@ -205,6 +207,18 @@ def pipeline_connector_config(
                 "transforms.mask.masks": masks,
                 "transforms.mask.salt": salt,
                 "transforms.mask.placeholder": placeholder,
+            }
+        )
+    if settings.kafka.oversized == "dead_letter":
+        # an event over the limit goes to the dead-letter topic as a letter (its size,
+        # key and position), after the masks: capture of every other row goes on
+        chain = [*filter(None, config.get("transforms", "").split(",")), "hold"]
+        config.update(
+            {
+                "transforms": ",".join(chain),
+                "transforms.hold.type": HOLD_TRANSFORM,
+                "transforms.hold.max.bytes": str(settings.kafka.max_message_bytes),
+                "transforms.hold.topic": dead_letter_topic(pipe),
             }
         )
     # every table's key named, not only a configured one's: Debezium reads a table's

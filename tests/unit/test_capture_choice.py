@@ -207,6 +207,25 @@ def test_the_transform_knows_every_topic_and_the_tables_whose_key_is_masked() ->
     assert "transforms" not in pipeline_connector_config(Settings(), [plain], "__p")
 
 
+def test_kafka_oversized_dead_letter_holds_an_event_back_after_the_masks() -> None:
+    plain = _table("id", "a")
+    masked = Table(
+        "public", "k", (_column("email"),), ("email",), "d", 1, 1, masks=(("email", "hash", None),)
+    )
+    held = Settings.model_validate(
+        {"kafka": {"oversized": "dead_letter", "max_message_bytes": 2 * 1024 * 1024}}
+    )
+    config = pipeline_connector_config(held, [plain, masked], "__p", "salt")
+    assert config["transforms"] == "mask,hold"  # the size of what reaches Kafka: masked
+    assert config["transforms.hold.type"] == "cdc.connect.HoldOversized"
+    assert config["transforms.hold.max.bytes"] == str(2 * 1024 * 1024)
+    assert config["transforms.hold.topic"] == "cdc.dlq"
+    assert pipeline_connector_config(held, [plain], "__p")["transforms"] == "hold"
+    assert "transforms" not in pipeline_connector_config(Settings(), [plain], "__p")
+    with pytest.raises(ValueError):
+        Settings.model_validate({"kafka": {"oversized": "skip"}})
+
+
 def test_a_changed_mask_is_backfilled_and_a_changed_key_mask_repaired() -> None:
     masked = _table("id", "a", masks=(("a", "hash", None),))
     assert rewrites(schema_of(_table("id", "a")), masked) == ["the mask of a changed"]
