@@ -56,13 +56,23 @@ class ConnectClient:
         self._session.auth = auth
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            resp = self._session.request(method, self.url + path, timeout=self.timeout, **kwargs)
-        except requests.RequestException as exc:
-            raise ComponentError(
-                f"Kafka Connect at {self.url} does not answer ({type(exc).__name__}); "
-                "is the stack up? (`cdc up`, then `cdc status`)"
-            ) from None
+        deadline = time.monotonic() + BUSY_RETRY_S
+        while True:
+            try:
+                resp = self._session.request(
+                    method, self.url + path, timeout=self.timeout, **kwargs
+                )
+            except requests.RequestException as exc:
+                raise ComponentError(
+                    f"Kafka Connect at {self.url} does not answer ({type(exc).__name__}); "
+                    "is the stack up? (`cdc up`, then `cdc status`)"
+                ) from None
+            # 409 while the workers rebalance or take a new configuration ("Cannot complete
+            # request momentarily due to stale configuration", "… because of a conflicting
+            # operation"): asked again once they have; a conflict of another kind is said
+            if not (resp.status_code == 409 and _busy(resp)) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         if resp.status_code == 401:
             raise ConnectorError(
                 f"Kafka Connect at {self.url} refused cdc's login: set connect.username and "
@@ -201,6 +211,16 @@ def summarize_trace(trace: str) -> str:
     causes = [line for line in lines if line.startswith("Caused by:")]
     line = causes[-1].removeprefix("Caused by:").strip() if causes else (lines[0] if lines else "")
     return line[:300] or "no trace given"
+
+
+BUSY_RETRY_S = 30.0  # how long a request Connect is too busy for is asked again
+
+
+def _busy(resp: Any) -> bool:
+    """A 409 that says the workers are momentarily busy (rebalancing, or reading a new
+    configuration), not that the request conflicts with what exists."""
+    text = resp.text.lower()
+    return "momentarily" in text or "rebalance" in text or "conflicting operation" in text
 
 
 def too_large(trace: str, limit: int) -> str | None:
