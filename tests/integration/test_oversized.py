@@ -132,6 +132,8 @@ def test_dead_letter_holds_the_row_back_and_capture_goes_on(captured: Capture) -
     assert "held back" not in shown.stdout
 
 
+# the long form of test_large_rows.py's stop (under load, 20 MB): in `make test-long`
+@pytest.mark.long
 def test_stop_holds_every_table_until_the_limit_is_raised(captured: Capture) -> None:
     t = two_tables(captured, "stop")
     settings = t.settings  # kafka.oversized = "stop", the default
