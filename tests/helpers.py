@@ -3,11 +3,12 @@ warehouse batch."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +84,40 @@ def query_checkpoint(settings: Any, view: str) -> Path:
 
     (found,) = [v for v in streaming(views_of(settings)) if v.name == view]
     return checkpoint_dir(settings, found.checkpoint_label)
+
+
+def steady_updates(dsn: str, table: str, rows: int, stop: Any) -> None:
+    """About 20 single-row updates a second of `table`'s column n (ids 1 to `rows` in
+    turn), until the event `stop` is set."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        i = 0
+        while not stop.wait(0.05):
+            conn.execute(f"UPDATE {table} SET n = n + 1 WHERE id = %s", (i % rows + 1,))
+            i += 1
+
+
+@contextlib.contextmanager
+def apply_process(env: Mapping[str, str], stores: list[str]) -> Iterator[subprocess.Popen[bytes]]:
+    """`cdc apply` of `stores` in a process of its own (session leader), with the CDC_*
+    environment `env`; interrupted (Ctrl-C) at the end, killed if it does not stop."""
+    import signal
+
+    apply = subprocess.Popen(
+        [sys.executable, "-m", "commands", "apply", *(f"--store={s}" for s in stores)],
+        env={**os.environ, **env},
+        cwd=ROOT,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield apply
+    finally:
+        apply.send_signal(signal.SIGINT)
+        try:
+            apply.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(apply.pid, signal.SIGKILL)

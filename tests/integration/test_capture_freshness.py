@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from typing import Any
@@ -23,7 +21,7 @@ from materializers.apply.job import run_apply
 from materializers.check.status import PipelineStatus, pipeline_status
 from snapshot.initial import run_snapshot
 from tests.conftest import Capture
-from tests.helpers import ROOT
+from tests.helpers import apply_process, steady_updates
 from tests.logcheck import poll
 
 pytestmark = pytest.mark.integration
@@ -55,15 +53,6 @@ def met(status: PipelineStatus, stores: list[str]) -> bool:
     """Every store has made changes visible within its SLO, and none is breached."""
     figures = [(status.stores.get(s) or {}).get("freshness") or {} for s in stores]
     return all(f.get("p99_s") is not None and f.get("breached") is False for f in figures)
-
-
-def load(dsn: str, name: str, stop: threading.Event) -> None:
-    """About 20 single-row updates a second until stopped."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        i = 0
-        while not stop.wait(0.05):
-            conn.execute(f"UPDATE {name} SET n = n + 1 WHERE id = %s", (i % 50 + 1,))
-            i += 1
 
 
 def test_an_idle_pipeline_never_breaches_while_its_heartbeats_advance(captured: Capture) -> None:
@@ -115,51 +104,38 @@ def test_connect_stopped_under_load_breaches_every_store_then_recovers(
     connect = read_pid(settings.data_dir / "run" / "connect.pid")
     assert connect is not None, "Kafka Connect does not run"
     stop, stopped_at = threading.Event(), None
-    writer = threading.Thread(target=load, args=(t.dsn, t.name, stop), daemon=True)
-    apply = subprocess.Popen(
-        [sys.executable, "-m", "commands", "apply", *(f"--store={s}" for s in stores)],
-        env={**os.environ, **env},
-        cwd=ROOT,
-        start_new_session=True,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        writer.start()
-        poll(lambda: met(pipeline_status(settings), stores), 240, "both SLOs met under load")
-        os.kill(connect, signal.SIGSTOP)
-        stopped_at = time.monotonic()
-        poll(
-            lambda: breached_by_capture(pipeline_status(settings), stores),
-            60,
-            "every store's SLO breached by the stalled capture",
-        )
-        # within the SLO and one heartbeat interval (and the time a status takes)
-        assert time.monotonic() - stopped_at < slo_s + HEARTBEAT_MS / 1000 + 10
-        status = pipeline_status(settings)
-        assert status.capture is not None and status.capture["stalled"]
-        for store in stores:  # every store holds all the log has: its lag is the capture's
-            assert status.stores[store]["lag_s"] >= status.capture["lag_s"] > slo_s
-        os.kill(connect, signal.SIGCONT)
-        stopped_at = None
-        poll(
-            lambda: met(pipeline_status(settings), stores),
-            240,
-            "both SLOs met again once Connect runs",
-        )
-        assert not (pipeline_status(settings).capture or {}).get("stalled")
-        assert apply.poll() is None
-    finally:
-        if stopped_at is not None:
-            os.kill(connect, signal.SIGCONT)
-        stop.set()
-        writer.join(timeout=30)
-        apply.send_signal(signal.SIGINT)
+    writer = threading.Thread(target=steady_updates, args=(t.dsn, t.name, 50, stop), daemon=True)
+    with apply_process(env, stores) as apply:
         try:
-            apply.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(apply.pid, signal.SIGKILL)
+            writer.start()
+            poll(lambda: met(pipeline_status(settings), stores), 240, "both SLOs met under load")
+            os.kill(connect, signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            poll(
+                lambda: breached_by_capture(pipeline_status(settings), stores),
+                60,
+                "every store's SLO breached by the stalled capture",
+            )
+            # within the SLO and one heartbeat interval (and the time a status takes)
+            assert time.monotonic() - stopped_at < slo_s + HEARTBEAT_MS / 1000 + 10
+            status = pipeline_status(settings)
+            assert status.capture is not None and status.capture["stalled"]
+            for store in stores:  # each holds all the log has: its lag is the capture's
+                assert status.stores[store]["lag_s"] >= status.capture["lag_s"] > slo_s
+            os.kill(connect, signal.SIGCONT)
+            stopped_at = None
+            poll(
+                lambda: met(pipeline_status(settings), stores),
+                240,
+                "both SLOs met again once Connect runs",
+            )
+            assert not (pipeline_status(settings).capture or {}).get("stalled")
+            assert apply.poll() is None
+        finally:
+            if stopped_at is not None:
+                os.kill(connect, signal.SIGCONT)
+            stop.set()
+            writer.join(timeout=30)
 
 
 # about 3.3 MB of words: over a 1 MiB limit, the connector's task fails on it

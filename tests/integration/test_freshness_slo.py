@@ -8,16 +8,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from tests.conftest import Capture
-from tests.helpers import ROOT, run_cdc
+from tests.helpers import apply_process, run_cdc, steady_updates
 from tests.logcheck import poll
 
 # about three minutes of load: in `make test-long`, not in CI's run
@@ -29,15 +26,6 @@ SLO_S = 4
 
 def redis_pid(data_dir: Path) -> int:
     return int((data_dir / "run" / "redis.pid").read_text().split()[0])
-
-
-def load(dsn: str, name: str, stop: threading.Event) -> None:
-    """About 20 single-row updates a second until stopped."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        i = 0
-        while not stop.wait(0.05):
-            conn.execute(f"UPDATE {name} SET n = n + 1 WHERE id = %s", (i % 100 + 1,))
-            i += 1
 
 
 def test_a_frozen_cache_breaches_its_slo_then_recovers(captured: Capture) -> None:
@@ -63,50 +51,37 @@ def test_a_frozen_cache_breaches_its_slo_then_recovers(captured: Capture) -> Non
         return code == 0 and fresh.get("p99_s") is not None and fresh["breached"] is False
 
     stop = threading.Event()
-    writer = threading.Thread(target=load, args=(dsn, name, stop), daemon=True)
+    writer = threading.Thread(target=steady_updates, args=(dsn, name, 100, stop), daemon=True)
     frozen = None
-    apply = subprocess.Popen(
-        [sys.executable, "-m", "commands", "apply", "--store", "cache"],
-        env={**os.environ, **env},
-        cwd=ROOT,
-        start_new_session=True,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        writer.start()
-        poll(met, 240, "the cache's freshness SLO to be met under the load")
-        _, fresh = cache()
-        assert fresh["slo_s"] == SLO_S and fresh["events"] > 0
-        assert 0 < fresh["p50_s"] <= fresh["p99_s"] <= SLO_S
-        assert fresh["histogram"]["count"] >= fresh["events"]
-
-        frozen = redis_pid(settings.data_dir)
-        os.kill(frozen, signal.SIGSTOP)
-
-        def breached() -> bool:
-            code, fresh = cache()
-            return code == 1 and fresh.get("breached") is True
-
-        poll(breached, 120, "the cache's SLO to be reported breached")
-        _, fresh = cache()
-        assert "lag" in fresh["why"] and f"SLO of {SLO_S}s" in fresh["why"]
-        shown = run_cdc("status", env=env)
-        assert shown.returncode == 1
-        assert "breached" in " ".join(shown.stdout.split())
-
-        os.kill(frozen, signal.SIGCONT)
-        frozen = None
-        poll(met, 240, "the cache's SLO to be met again once Redis answers")
-        assert apply.poll() is None
-    finally:
-        stop.set()
-        writer.join(timeout=30)
-        if frozen is not None:
-            os.kill(frozen, signal.SIGCONT)
-        apply.send_signal(signal.SIGINT)
+    with apply_process(env, ["cache"]) as apply:
         try:
-            apply.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(apply.pid, signal.SIGKILL)
+            writer.start()
+            poll(met, 240, "the cache's freshness SLO to be met under the load")
+            _, fresh = cache()
+            assert fresh["slo_s"] == SLO_S and fresh["events"] > 0
+            assert 0 < fresh["p50_s"] <= fresh["p99_s"] <= SLO_S
+            assert fresh["histogram"]["count"] >= fresh["events"]
+
+            frozen = redis_pid(settings.data_dir)
+            os.kill(frozen, signal.SIGSTOP)
+
+            def breached() -> bool:
+                code, fresh = cache()
+                return code == 1 and fresh.get("breached") is True
+
+            poll(breached, 120, "the cache's SLO to be reported breached")
+            _, fresh = cache()
+            assert "lag" in fresh["why"] and f"SLO of {SLO_S}s" in fresh["why"]
+            shown = run_cdc("status", env=env)
+            assert shown.returncode == 1
+            assert "breached" in " ".join(shown.stdout.split())
+
+            os.kill(frozen, signal.SIGCONT)
+            frozen = None
+            poll(met, 240, "the cache's SLO to be met again once Redis answers")
+            assert apply.poll() is None
+        finally:
+            stop.set()
+            writer.join(timeout=30)
+            if frozen is not None:
+                os.kill(frozen, signal.SIGCONT)

@@ -24,7 +24,7 @@ from materializers.apply.job import run_apply
 from materializers.check.status import pipeline_status
 from snapshot.initial import run_snapshot
 from tests.conftest import Capture, Captured
-from tests.helpers import run_cdc
+from tests.helpers import run_cdc, steady_updates
 from tests.logcheck import poll
 from tests.stores import cache
 
@@ -36,15 +36,6 @@ HUGE = "(SELECT string_agg(md5(g::text), ' ') FROM generate_series(1, 600000) g)
 
 def with_kafka(settings: Settings, **kafka: Any) -> Settings:
     return settings.model_copy(update={"kafka": settings.kafka.model_copy(update=kafka)})
-
-
-def load(dsn: str, name: str, stop: threading.Event) -> None:
-    """About 20 single-row updates a second until stopped."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        i = 0
-        while not stop.wait(0.05):
-            conn.execute(f"UPDATE {name}_load SET n = n + 1 WHERE id = %s", (i % 20 + 1,))
-            i += 1
 
 
 def two_tables(captured: Capture, prefix: str) -> Captured:
@@ -78,7 +69,9 @@ def test_dead_letter_holds_the_row_back_and_capture_goes_on(captured: Capture) -
     settings = with_kafka(t.settings, oversized="dead_letter")
     run_snapshot(settings, Console(file=io.StringIO()))
     stop = threading.Event()
-    writer = threading.Thread(target=load, args=(t.dsn, t.name, stop), daemon=True)
+    writer = threading.Thread(
+        target=steady_updates, args=(t.dsn, f"{t.name}_load", 20, stop), daemon=True
+    )
     writer.start()
     try:
         with psycopg.connect(t.dsn, autocommit=True) as conn:
@@ -139,7 +132,9 @@ def test_stop_holds_every_table_until_the_limit_is_raised(captured: Capture) -> 
     settings = t.settings  # kafka.oversized = "stop", the default
     run_snapshot(settings, Console(file=io.StringIO()))
     stop = threading.Event()
-    writer = threading.Thread(target=load, args=(t.dsn, t.name, stop), daemon=True)
+    writer = threading.Thread(
+        target=steady_updates, args=(t.dsn, f"{t.name}_load", 20, stop), daemon=True
+    )
     writer.start()
     try:
         with psycopg.connect(t.dsn, autocommit=True) as conn:
