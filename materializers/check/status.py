@@ -105,7 +105,7 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
             status.tables_drift = found.problems(lambda name: change_topic(pipe, name))
             status.tables_drift += _choice_problems(settings, published)
         try:  # Connect not answering (stopped, paused by a signal): the rest is still told
-            connectors = connect_client(settings, timeout=3.0).connectors()
+            connectors = connect_client(settings, timeout=5.0).connectors()
         except CdcError as exc:
             connectors = {}
             status.connector = {
