@@ -3,6 +3,7 @@ match the settings (`cdc setup`), and drop them (`cdc drop`)."""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,9 +17,10 @@ from cdc.capture.slot import drop_slot
 from cdc.capture.snapshots import forget
 from cdc.capture.source import admin_connection, drop_publication
 from cdc.catalog import published_tables
+from cdc.errors import ConnectorError
 from cdc.identity import current_relations, recorded
 from cdc.settings import Settings
-from cdc.topics import change_topic_spec, pipeline_topic_specs, set_topic_configs
+from cdc.topics import change_topic, change_topic_spec, pipeline_topic_specs, set_topic_configs
 
 __all__ = ["SyncResult", "drop_pipeline", "drop_replication_role", "pipe_streams", "sync_pipeline"]
 
@@ -90,6 +92,7 @@ def sync_pipeline(settings: Settings) -> SyncResult:
             conn.commit()
     # its tables, or another setting (kafka.max_message_bytes…): the same configuration
     # is left alone, another one restarts the task where it stopped
+    masked_before = _connector_masks(settings)
     register_connector(settings, tables)
     backfills = []
     for table in [t for t, work in owed if work == pending.BACKFILL]:
@@ -99,8 +102,28 @@ def sync_pipeline(settings: Settings) -> SyncResult:
         with admin_connection(settings) as conn:
             pending.done(conn, pipe.name, table, pending.BACKFILL)
             conn.commit()
+    # a table whose masks the connector changed now (added, removed, or another mode):
+    # the log and the stores hold its rows as the connector masked them until now (a
+    # mask added since: in plain); each is written again as it masks them now
+    masked_now = _connector_masks(settings)
+    for table in names:
+        topic = change_topic(pipe, table)
+        if masked_before.get(topic) != masked_now.get(topic) and table not in backfills:
+            start_backfill(settings, table, acknowledge=False)
+            backfills.append(table)
     recreated = [t for t, work in owed if work == pending.CUT and t in names]
     return SyncResult(names, backfills, removed, created, backfills, changed.renamed, recreated)
+
+
+def _connector_masks(settings: Settings) -> dict[str, Any]:
+    """Per change topic, the columns the running connector masks and how ({} for a topic
+    of no mask; nothing when it masks no column, or does not exist)."""
+    try:
+        config = connect_client(settings).config(settings.pipeline.connector)
+    except ConnectorError:  # not there yet
+        return {}
+    masks = json.loads(config.get("transforms.mask.masks") or "{}").get("topics") or {}
+    return {topic: columns for topic, columns in masks.items() if columns}
 
 
 def _cut(conn: Any, table: str) -> None:

@@ -374,3 +374,47 @@ def test_masked_columns_leave_postgres_hashed_or_redacted(
         records = _raw_records(settings, topic)
         assert records and not [r for r in records if mark.encode() in r[0] + (r[1] or b"")]
     assert _files_holding(stack.settings.data_dir, mark.encode(), skip="postgres") == []
+
+
+def test_a_mask_removed_then_added_again_leaves_no_plain_value_in_any_store(
+    captured: Capture,
+) -> None:
+    """`cdc setup` without a mask, a change, then `cdc setup` with it again (no apply in
+    between, so the recorded columns never saw the mask go): the change went out in
+    plain, and the second setup writes the table again masked (found on the local
+    stack: the demo's pipeline set up once with other settings kept plain emails)."""
+    mark = uuid.uuid4().hex
+    choice = {"public.{name}": {"mask": {"email": "hash"}}}
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, email text)",
+        f"INSERT INTO {{name}} SELECT g, 'u' || g || '-{mark}@x' FROM generate_series(1, 5) g",
+        prefix="remask",
+        table=choice,
+    )
+    masked = t.settings
+    salt = _salt(masked)
+    _apply_until(masked, t.table, lambda held: True)
+    sync_pipeline(_with_choice(masked, {}))  # the mask left out
+    with psycopg.connect(t.dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE {t.name} SET email = 'plain-{mark}@x' WHERE id = 1")
+        emails = dict(conn.execute(f"SELECT id, email FROM {t.name}").fetchall())
+    topic = change_topic(masked.pipeline, t.table)
+    consumer = KafkaConsumer(**kafka_client_kwargs(masked.kafka), auto_offset_reset="earliest")
+    consumer.assign([TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)])
+    deadline = time.monotonic() + 120
+    seen = b""
+    while f"plain-{mark}".encode() not in seen and time.monotonic() < deadline:
+        seen += b"".join(r.value or b"" for rs in consumer.poll(1000).values() for r in rs)
+    consumer.close()
+    assert f"plain-{mark}".encode() in seen  # without the mask, it went out in plain
+
+    sync_pipeline(masked)  # the mask again
+    hashed = sorted(hashlib.sha256((salt + e).encode()).hexdigest() for e in emails.values())
+
+    def all_hashed(held: Held) -> bool:
+        return all(sorted(r["email"] for r in rows.values()) == hashed for rows in held.values())
+
+    held = _apply_until(masked, t.table, all_hashed)
+    assert set(held) == set(STORES)
+    for store, rows in held.items():
+        assert sorted(r["email"] for r in rows.values()) == hashed, store
