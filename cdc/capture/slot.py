@@ -131,7 +131,8 @@ def exported_snapshot(
         if "replication" in str(exc) or "password" in str(exc):
             raise SourceError(
                 f"the replication role cannot open a replication connection ({str(exc).strip()}); "
-                "run `cdc setup` to create it, and check pg_hba.conf allows replication for it"
+                "run `cdc setup` to create it, and check pg_hba.conf allows replication for it "
+                "(on the local stack, `cdc up` with these settings admits their database)"
             ) from None
         raise
     waiting = threading.Event()

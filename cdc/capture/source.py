@@ -111,6 +111,13 @@ def _connect_error(settings: Settings, user: str, exc: Exception) -> Exception:
             f"PostgreSQL at {pg.host}:{pg.port} refused the password of user {user}: "
             "fix the password setting (CDC_POSTGRES__PASSWORD or cdc.toml)"
         )
+    if "pg_hba.conf" in text:
+        return SourceError(
+            f"PostgreSQL at {pg.host}:{pg.port} does not admit user {user} to database "
+            f"{pg.database} (pg_hba.conf): on the local stack run `cdc up` with these "
+            "settings (it admits each pipeline's database); on a server of your own, add "
+            "a pg_hba.conf line for it"
+        )
     if "does not exist" in text and "database" in text:
         return SourceError(
             f"database {pg.database} does not exist: create it or fix postgres.database"
