@@ -1,7 +1,8 @@
 """The child process of materializers/apply/warehouse_process.py: the warehouse's apply job.
 
 Reads its settings from standard input (8 bytes of length, then the pickled Settings),
-lowers its CPU priority to `apply.warehouse_nice` (its Spark JVM inherits it), runs the
+lowers its CPU priority to `apply.warehouse_nice` (its Spark JVM inherits it; see
+`lower_priority`), runs the
 warehouse's queries until standard input closes or SIGTERM comes, and exits with the
 exit code of the error that stopped it (its one line on standard error). Killed with
 its parent (Linux's parent-death signal); its Spark JVM exits when it does."""
@@ -13,6 +14,7 @@ import pickle
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from cdc.errors import CdcError
 from cdc.settings import Settings
@@ -31,6 +33,24 @@ def _die_with_parent() -> None:
         pass
 
 
+def lower_priority(nice: int, autogroup: Path = Path("/proc/self/autogroup")) -> None:
+    """Lower this process's CPU priority by `nice`, against every other process.
+
+    Where Linux groups processes by session (autogroups, on by default:
+    /proc/sys/kernel/sched_autogroup_enabled), a process's nice weighs only against its
+    own session's processes, and each session gets an equal share of the cores. This
+    process is a session of its own (warehouse_process.py), so its nice alone would weigh
+    against nothing: its session's own nice (the autogroup's) is lowered as well."""
+    os.nice(nice)
+    if nice <= 0:
+        return
+    try:
+        current = int(autogroup.read_text().split("nice")[1])
+        autogroup.write_text(f"{max(current, min(nice, 19))}\n")
+    except (OSError, IndexError, ValueError):  # no autogroups here: the nice is enough
+        pass
+
+
 def main() -> int:
     _die_with_parent()
     stdin = sys.stdin.buffer
@@ -39,7 +59,7 @@ def main() -> int:
     if not isinstance(settings, Settings):
         print("cdc apply: the warehouse process got no settings", file=sys.stderr)
         return 2
-    os.nice(settings.apply.warehouse_nice)
+    lower_priority(settings.apply.warehouse_nice)
     stop = threading.Event()
 
     def watch_parent() -> None:
