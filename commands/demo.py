@@ -364,7 +364,9 @@ def _dashboard(
     catch_up: bool = False,
 ) -> None:
     """Refresh the dashboard every second until `duration` is over (or Ctrl-C); with
-    `catch_up`, until every store has applied the whole log (at most 10 minutes)."""
+    `catch_up`, until every store has applied the whole log (at most 10 minutes).
+    Without a terminal, a snapshot every 10 s (each status read costs every component
+    some CPU, which the stores' batches need on a small machine), and one at the end."""
     topics = {change_topic(settings.pipeline, t): t for t in TABLES}
     started = time.monotonic()
     last: dict[str, int] = {}
@@ -382,6 +384,8 @@ def _dashboard(
                 break
             time.sleep(1)
             now = time.monotonic()
+            if not (live or catch_up or now - printed >= 10):
+                continue  # without a terminal, a status only for each snapshot printed
             ends = {
                 t: sum(parts.values())
                 for t, parts in end_offsets(settings.kafka, list(topics)).items()
@@ -412,6 +416,9 @@ def _dashboard(
                 printed = now
             if catch_up and caught_up:
                 break
+        if not (live or catch_up or failure):  # the lag as the workload ends
+            status = pipeline_status(settings, TABLES)
+            result.lag = {s: f.get("lag_s") for s, f in status.stores.items()}
     finally:
         if live:
             live.stop()
