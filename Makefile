@@ -54,11 +54,17 @@ format:
 	$(RUFF) check --fix .
 
 # CI's tier: everything but the long forms (`make test-long`); 30-55 minutes on 2 cores
+# then the core capture → apply → verify tests again on a second PostgreSQL major
 test: install lint
 	$(PYTEST) tests -m "not long and not chaos and not cluster" --durations=40
+	CDC_TEST_POSTGRES_VERSION=17 $(PYTEST) tests -m "pg_matrix and not long" --durations=10
 
+# the long forms, then the core tests on each other PostgreSQL major (14, 16, 18)
 test-long: install
 	$(PYTEST) tests -m "long or chaos or cluster" --durations=10
+	for major in 14 16 18; do \
+	  CDC_TEST_POSTGRES_VERSION=$$major $(PYTEST) tests -m "pg_matrix and not long" || exit 1; \
+	done
 
 test-fast:
 	$(PYTEST) tests/unit -q

@@ -27,7 +27,7 @@ as_root() {
 }
 
 step 1 "system packages"
-packages=(postgresql redis-server openjdk-17-jdk-headless maven)
+packages=(postgresql redis-server openjdk-17-jdk-headless maven xz-utils)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -88,9 +88,9 @@ want=$(cat jvm/pom.xml jvm/*/pom.xml $(find jvm/transforms/src -type f | sort) |
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   done_ "up to date"
 else
-  done_ "resolving Kafka, Kafka Connect, Debezium, OpenSearch and the Spark jars with Maven (about 230 MB), and building the pipeline's Connect transform..."
+  done_ "resolving Kafka, Kafka Connect, Debezium, OpenSearch and the Spark jars with Maven (about 300 MB), and building the pipeline's Connect transform..."
   mkdir -p "$CACHE/jvm"
-  rm -rf "$CACHE/jvm/kafka" "$CACHE/jvm/spark" "$CACHE/jvm/connect-plugins" "$CACHE/jvm/opensearch" "$CACHE/jvm/opensearch-plugins" "$CACHE/jvm/.markers"
+  rm -rf "$CACHE/jvm/kafka" "$CACHE/jvm/spark" "$CACHE/jvm/connect-plugins" "$CACHE/jvm/opensearch" "$CACHE/jvm/opensearch-plugins" "$CACHE/jvm/postgres" "$CACHE/jvm/.markers"
   # progress: one line per component as Maven reaches it; the whole log goes to maven.log
   # -C: a download whose checksum does not match the repository's fails the install
   if ! mvn -B -C -ntp -f jvm/pom.xml -Dcdc.cache="$CACHE/jvm" package 2>&1 \
@@ -99,6 +99,13 @@ else
     grep -E '^\[ERROR\]' "$CACHE/jvm/maven.log" | head -3 >&2
     die "Maven could not resolve the JVM artifacts; full log: $CACHE/jvm/maven.log"
   fi
+  # PostgreSQL 14, 16, 17, 18 (postgres.version): each server's archive, extracted where
+  # the service user that runs it can read it
+  for archive in "$CACHE"/jvm/postgres/*/*.txz; do
+    tar -xJf "$archive" -C "$(dirname "$archive")" && rm -f "$archive" \
+      || die "could not extract $archive (is xz-utils installed?)"
+  done
+  chmod -R a+rX "$CACHE/jvm/postgres"
   echo "$want" > "$stamp"
   done_ "installed: $(du -sh "$CACHE/jvm" | cut -f1)"
 fi

@@ -90,6 +90,14 @@ class PostgresSettings(_Section):
         None, description="local stack: the server's certificate (PEM); with key_file, TLS only"
     )
     key_file: Path | None = Field(None, description="local stack: the server's private key (PEM)")
+    version: int | None = Field(
+        None,
+        ge=14,
+        le=18,
+        description="local stack: the PostgreSQL major it runs, 14 to 18 (./install.sh "
+        "fetches 14, 16, 17 and 18; 15 is Debian's package); none: the newest the "
+        "machine's packages give",
+    )
     max_slot_wal_keep_size: str = Field(
         "4GB",
         pattern=r"^(-1|[1-9][0-9]*(kB|MB|GB|TB))$",

@@ -64,6 +64,8 @@ def _slot_line(slot: dict[str, Any]) -> str:
     )
     if slot.get("safe_wal_size") is not None:
         line += f"; invalidated after {_bytes(max(slot['safe_wal_size'], 0))} more WAL"
+    if slot.get("failover"):  # PostgreSQL 17+: a standby with sync_replication_slots keeps it
+        line += "; failover slot"
     return line
 
 

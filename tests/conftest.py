@@ -54,6 +54,13 @@ def stack_env(data_dir: Path) -> dict[str, str]:
         "CDC_KAFKA__HEAP": "512m",
         "CDC_CONNECT__HEAP": "512m",
         "CDC_OPENSEARCH__HEAP": "512m",
+        # the PostgreSQL major of the test stack (`make test` runs the pg_matrix tests on a
+        # second one, `make test-long` on each of 14 to 18); none: the machine's package
+        **(
+            {"CDC_POSTGRES__VERSION": os.environ["CDC_TEST_POSTGRES_VERSION"]}
+            if os.environ.get("CDC_TEST_POSTGRES_VERSION")
+            else {}
+        ),
     }
 
 

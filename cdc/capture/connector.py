@@ -157,6 +157,9 @@ def pipeline_connector_config(
             # a secret of the pipeline's: no value a user stores is taken for it
             "unavailable.value.placeholder": placeholder,
             "slot.drop.on.stop": "false",
+            # a slot Debezium makes is a failover slot on PostgreSQL 17+ (ignored before),
+            # as the snapshot's is (cdc/capture/slot.py)
+            "slot.failover": "true",
             "heartbeat.interval.ms": str(pipe.heartbeat_interval_ms),
             "heartbeat.action.query": (
                 f"INSERT INTO {HEARTBEAT_TABLE} (pipeline, ts) VALUES ('{pipe.name}', now()) "

@@ -143,7 +143,12 @@ def exported_snapshot(
         watcher.start()
         cur = psycopg.ClientCursor(conn)
         try:
-            cur.execute(f"CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput (SNAPSHOT 'export')")
+            # PostgreSQL 17+: a failover slot, which a standby with sync_replication_slots
+            # keeps in step, so that capture goes on from it once promoted
+            failover = ", FAILOVER true" if conn.info.server_version >= 170000 else ""
+            cur.execute(
+                f"CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput (SNAPSHOT 'export'{failover})"
+            )
         except psycopg.errors.DuplicateObject:
             raise SourceError(
                 f"replication slot {slot} already exists; `cdc snapshot` drops an unused one "
@@ -196,11 +201,16 @@ def slot_row(conn: Any, slot: str, warn_bytes: int) -> dict[str, Any] | None:
     """The slot as `cdc status` shows it, with its health; None if there is no slot.
 
     The row goes through to_jsonb, so columns of newer servers (`conflicting` from
-    PostgreSQL 16, `invalidation_reason` from 17) come when the server has them."""
+    PostgreSQL 16; `invalidation_reason`, `inactive_since` and `failover` from 17) come
+    when the server has them, and 18's `idle_replication_slot_timeout` when it is set."""
     row = conn.execute(
         "SELECT to_jsonb(s) || jsonb_build_object("
         "'wal_retained_bytes', pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint, "
-        "'max_slot_wal_keep_size', current_setting('max_slot_wal_keep_size')) "
+        "'max_slot_wal_keep_size', current_setting('max_slot_wal_keep_size'), "
+        "'idle_timeout_s', (SELECT setting::bigint * CASE unit WHEN 'min' THEN 60 "
+        "WHEN 'h' THEN 3600 WHEN 'd' THEN 86400 ELSE 1 END FROM pg_settings "
+        "WHERE name = 'idle_replication_slot_timeout'), "
+        "'idle_s', extract(epoch FROM now() - (to_jsonb(s) ->> 'inactive_since')::timestamptz)) "
         "FROM pg_replication_slots s WHERE slot_name = %s",
         (slot,),
     ).fetchone()
@@ -217,10 +227,24 @@ def slot_row(conn: Any, slot: str, warn_bytes: int) -> dict[str, Any] | None:
         "max_slot_wal_keep_size": found.get("max_slot_wal_keep_size"),
         "invalidation_reason": found.get("invalidation_reason"),
         "conflicting": found.get("conflicting"),
+        "failover": found.get("failover"),
+        "idle_replication_slot_timeout_s": found.get("idle_timeout_s") or None,
+        "idle_s": None if found.get("active") else found.get("idle_s"),
         "warn_bytes": warn_bytes,
     }
     info["health"], info["problem"] = slot_health(info, warn_bytes)
     return info
+
+
+def _duration(seconds: float) -> str:
+    """A duration for people: 45s, 12m, 3.5h, 2.0d."""
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
 
 
 def wal_size(n: float) -> str:
@@ -267,6 +291,14 @@ def slot_health(slot: Mapping[str, Any], warn_bytes: int) -> tuple[str, str | No
         return "warning", (
             f"slot {name} retains WAL past max_slot_wal_keep_size{limit}: PostgreSQL "
             "invalidates it at the next checkpoint unless the connector catches up; " + WAL_ADVICE
+        )
+    idle, timeout = slot.get("idle_s"), slot.get("idle_replication_slot_timeout_s")
+    if idle is not None and timeout and idle > timeout / 2:
+        return "warning", (
+            f"slot {name} has been idle for {_duration(idle)}: PostgreSQL invalidates it "
+            f"once idle longer than idle_replication_slot_timeout ({_duration(timeout)}), "
+            "and the pipeline then needs a new snapshot; start the connector, or `cdc drop` "
+            "an abandoned pipeline"
         )
     if warn_bytes > 0 and retained is not None and retained > warn_bytes:
         if safe is not None:

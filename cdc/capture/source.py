@@ -294,8 +294,28 @@ def _member(table: Table) -> sql.Composable:
     return sql.SQL(" ").join(parts)
 
 
-def _members(tables: list[Table]) -> list[sql.Composable]:
-    """What a pipeline's publication holds: its tables, and the pipeline's own three."""
+def _options(server_version: int) -> sql.Composable:
+    """The publication's options. A partitioned table's changes are published as its
+    root's (one table, one topic), never under each partition's name. From PostgreSQL 18
+    a stored generated column's value is published with its row, so the apply job has
+    nothing to compute (materializers/log/generated.py computes it for older servers)."""
+    options = "publish_via_partition_root = true"
+    if server_version >= 180000:
+        options += ", publish_generated_columns = stored"
+    return sql.SQL(options)
+
+
+def _members(tables: list[Table], server_version: int) -> list[sql.Composable]:
+    """What a pipeline's publication holds: its tables, and the pipeline's own three.
+    Column lists and row filters are PostgreSQL 15's (pgoutput filters them)."""
+    if server_version < 150000:
+        chosen = [t.qualified for t in tables if t.column_list is not None or t.row_filter]
+        if chosen:
+            raise SourceError(
+                f"{', '.join(chosen)}: a column choice or row filter (pipeline.table) needs "
+                f"PostgreSQL 15 or later, and this server is {server_version // 10000}: "
+                "capture these tables whole, or upgrade the server"
+            )
     return [_member(t) for t in tables] + [
         sql.Identifier(*SIGNAL_TABLE.split(".")),
         sql.Identifier(*HEARTBEAT_TABLE.split(".")),
@@ -338,9 +358,11 @@ def setup_sql(settings: Settings) -> str:
             composed.append(grant_statement(table.schema, table.name, role, granted))
         publication = sql.Identifier(pipe.publication)
         composed += [
-            sql.SQL(
-                "CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true)"
-            ).format(publication, sql.SQL(", ").join(_members(tables))),
+            sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH ({})").format(
+                publication,
+                sql.SQL(", ").join(_members(tables, conn.info.server_version)),
+                _options(conn.info.server_version),
+            ),
             sql.SQL("COMMENT ON PUBLICATION {} IS {}").format(
                 publication, sql.Literal(publication_comment(pipe.replication_user))
             ),
@@ -497,7 +519,7 @@ def _publish(conn: psycopg.Connection[Any], publication: str, tables: list[Table
 
 
 def _set_publication(conn: psycopg.Connection[Any], publication: str, tables: list[Table]) -> None:
-    names = _members(tables)
+    names = _members(tables, conn.info.server_version)
     exists = conn.execute(
         "SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)
     ).fetchone()
@@ -510,15 +532,17 @@ def _set_publication(conn: psycopg.Connection[Any], publication: str, tables: li
             )
         )
         conn.execute(
-            sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(
-                sql.Identifier(publication)
+            sql.SQL("ALTER PUBLICATION {} SET ({})").format(
+                sql.Identifier(publication), _options(conn.info.server_version)
             )
         )
     else:
         conn.execute(
-            sql.SQL(
-                "CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true)"
-            ).format(sql.Identifier(publication), sql.SQL(", ").join(names))
+            sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH ({})").format(
+                sql.Identifier(publication),
+                sql.SQL(", ").join(names),
+                _options(conn.info.server_version),
+            )
         )
 
 

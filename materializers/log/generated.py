@@ -1,6 +1,7 @@
 """Generated columns, computed as the apply job reads the log.
 
-PostgreSQL 15 publishes no value for a `GENERATED ALWAYS AS (…) STORED` column, so
+PostgreSQL before 18 publishes no value for a `GENERATED ALWAYS AS (…) STORED` column
+(18 does: the publication's `publish_generated_columns`, cdc/capture/source.py), so
 Debezium's events lack it (its backfills too: the connector's column filter makes them
 select its schema's columns). The snapshot reads it like any other column. Every other
 event whose `after` image lacks a generated column gets it here, before any store

@@ -18,7 +18,7 @@ from tests.contents import expected_cache, expected_search
 from tests.logcheck import table_info, wait_until_equal
 from tests.stores import cache_contents, history_with_ends, search_contents
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.pg_matrix]
 
 
 def warehouse_contents(settings, table: str) -> tuple[dict[int, tuple], list[int]]:  # type: ignore[no-untyped-def]

@@ -13,7 +13,7 @@ from cdc.stack.components.connect import Connect
 from cdc.topics import wait_for_records
 from tests.conftest import RunningStack
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.pg_matrix]
 
 
 def test_insert_update_delete_become_c_u_d_and_a_tombstone(stack: RunningStack) -> None:

@@ -24,7 +24,7 @@ from tests import stores
 from tests.conftest import Capture
 from tests.logcheck import table_info, wait_until_captured
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.pg_matrix]
 
 GENERATED = {
     "doubled": "int GENERATED ALWAYS AS (a * 2) STORED",

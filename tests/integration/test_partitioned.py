@@ -70,6 +70,7 @@ def warehouse(settings: Any, table: str) -> Rows:
     }
 
 
+@pytest.mark.pg_matrix
 def test_a_partitioned_table_is_one_table_in_every_store(captured: Capture) -> None:
     t = captured(
         "CREATE TABLE {name} (id int, region text, body text, PRIMARY KEY (id, region)) "
@@ -191,6 +192,7 @@ def _identities(dsn: str, name: str) -> dict[str, str]:
     return dict(rows)
 
 
+@pytest.mark.pg_matrix
 def test_a_partition_made_after_the_setup_takes_the_roots_identity(captured: Capture) -> None:
     """A row filter on a non-key column needs REPLICA IDENTITY FULL on every partition:
     one created (or attached) after the setup gets it from the event trigger the setup

@@ -16,7 +16,7 @@ from tests.conftest import Capture
 from tests.logcheck import events_by_key, poll, table_info, wait_until_equal
 from tests.writer import Writer
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.pg_matrix]
 
 
 def snapshot(settings: Settings, notes: list[str] | None = None):  # type: ignore[no-untyped-def]

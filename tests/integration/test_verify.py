@@ -22,6 +22,7 @@ from tests.logcheck import table_info, wait_until_equal
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.pg_matrix
 def test_query_search_get_and_verify_finds_drift(captured: Capture) -> None:
     t = captured(
         "CREATE TABLE {name} (id int PRIMARY KEY, name text NOT NULL, price numeric(10, 2), "

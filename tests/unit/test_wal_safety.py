@@ -194,3 +194,21 @@ def test_a_lost_slot_or_a_failed_connector_or_task_is_broken_a_warning_is_not() 
     assert status(health="failed").broken
     assert status(state="FAILED").broken
     assert status(tasks=("RUNNING", "FAILED")).broken
+
+
+def test_an_idle_slot_nearing_postgresql_18s_idle_timeout_is_a_warning() -> None:
+    # idle_replication_slot_timeout (PostgreSQL 18) invalidates a slot idle that long
+    near = slot(idle_s=2 * 3600.0, idle_replication_slot_timeout_s=3 * 3600)
+    health, problem = slot_health(near, GiB)
+    assert health == "warning"
+    assert problem is not None and "idle for 2.0h" in problem
+    assert "idle_replication_slot_timeout (3.0h)" in problem
+    assert slot_health(slot(idle_s=600.0, idle_replication_slot_timeout_s=3 * 3600), GiB)[0] == "ok"
+    # no timeout set (0, or a server before 18): idle is fine
+    assert slot_health(slot(idle_s=9e6, idle_replication_slot_timeout_s=None), GiB)[0] == "ok"
+
+
+def test_a_slot_postgresql_invalidated_for_idling_says_so() -> None:
+    health, problem = slot_health(slot(invalidation_reason="idle_timeout"), GiB)
+    assert health == "failed"
+    assert problem is not None and "idle longer than idle_replication_slot_timeout" in problem

@@ -25,8 +25,18 @@ from cdc.state_folders import make_state_dir
 __all__ = ["Postgres", "postgres_bin_dir"]
 
 
-def postgres_bin_dir() -> Path | None:
-    """The newest PostgreSQL server binaries on this machine (Debian layout first)."""
+def postgres_bin_dir(version: int | None = None, fetched: Path | None = None) -> Path | None:
+    """The PostgreSQL server binaries of major `version`: the machine's package (Debian's
+    layout), else those ./install.sh fetched into `fetched`/<major> (jvm/postgres/pom.xml).
+    No version: the newest the machine's packages give (their client tools too)."""
+    if version is not None:
+        for bin_dir in (
+            Path(f"/usr/lib/postgresql/{version}/bin"),
+            *([fetched / str(version) / "bin"] if fetched is not None else []),
+        ):
+            if (bin_dir / "postgres").exists():
+                return bin_dir
+        return None
     found = sorted(
         Path("/usr/lib/postgresql").glob("*/bin/postgres"),
         key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0,
@@ -58,9 +68,27 @@ class Postgres(Component):
     def ports(self) -> list[int]:
         return [self.section.port]
 
+    @property
+    def major(self) -> int | None:
+        """The major the cluster runs: postgres.version, else the one that made the
+        cluster (a cluster made by 17 stays on 17), else None (the newest installed)."""
+        return self.section.version if self.section.version is not None else self._made_by()
+
+    def _made_by(self) -> int | None:
+        try:
+            return int((self.data_path / "PG_VERSION").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
     def _bin(self, tool: str) -> str:
-        bin_dir = postgres_bin_dir()
+        major = self.major
+        bin_dir = postgres_bin_dir(major, self.settings.jvm_dir / "postgres")
         if bin_dir is None or not (bin_dir / tool).exists():
+            if major is not None:
+                raise NotInstalledError(
+                    f"PostgreSQL {major} is not installed (postgres.version): ./install.sh "
+                    f"fetches 14, 16, 17 and 18; or apt-get install postgresql-{major}"
+                )
             raise NotInstalledError(
                 f"postgres is not installed (no PostgreSQL server binaries found): {INSTALL_HINT}"
             )
@@ -69,6 +97,14 @@ class Postgres(Component):
     def check_installed(self) -> None:
         self._bin("postgres")
         self._bin("initdb")
+        made, wanted = self._made_by(), self.section.version
+        if made is not None and wanted is not None and made != wanted:
+            raise ComponentError(
+                f"postgres: the local cluster in {self.data_path} is PostgreSQL {made}, but "
+                f"postgres.version is {wanted}; cdc does not upgrade a cluster: set "
+                f"postgres.version = {made}, or use another data_dir (or `cdc down --purge`, "
+                "which deletes its data)"
+            )
 
     def prepare(self) -> None:
         if (self.data_path / "PG_VERSION").exists():
