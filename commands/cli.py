@@ -480,15 +480,27 @@ def verify(
     backfilled through the log (keys only a store has are removed from it) and the
     stores verified again once the running apply job has taken the backfill.
     """
+    s = settings()
+    stores = store or list(s.apply.stores)
+    _check_stores(stores)
+    _reconcile(s, table, stores, timeout, repair, output)
+
+
+def _reconcile(
+    s: Settings,
+    table: list[str] | None,
+    stores: list[str],
+    timeout: float,
+    repair: bool,
+    output: Form,
+) -> None:
+    """`cdc verify` of `table` (every captured one if None) in `stores`; exit 1 on drift."""
     from cdc.capture.source import admin_connection
     from cdc.catalog import published_tables
     from materializers.apply.dead_letters import held_back
     from materializers.check.reconcile import reconcile
     from materializers.check.repair import repair as mend
 
-    s = settings()
-    stores = store or list(s.apply.stores)
-    _check_stores(stores)
     with admin_connection(s) as conn:
         names = table or published_tables(conn, s.pipeline.publication)
     tables = [_captured_table(s, name) for name in names]
@@ -498,6 +510,33 @@ def verify(
     Output(output).emit(report.as_dict(), *verify_tables(report))
     if not report.ok:
         raise typer.Exit(1)
+
+
+@app.command()
+def resync(
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="seconds to wait for the stores to reach the cut")
+    ] = 600.0,
+    output: OutputOption = Form.text,
+) -> None:
+    """After PostgreSQL lost the pipeline's slot: stream again, and mend only the gap.
+
+    The changes committed since the lost slot's last confirmed position are gone from
+    the log. Makes a new slot, starts the connector on it (no new snapshot), then
+    reconciles every store with the source at a cut, as `cdc verify --repair` does:
+    keys changed or inserted in the gap are backfilled through the log, keys deleted
+    in it are removed. Needs `cdc apply` running (it applies the backfills). Refuses a
+    pipeline whose slot is not lost. Exits 1 if drift remains.
+    """
+    from snapshot.resync import resync_slot
+
+    s = settings()
+    result = resync_slot(s, say)
+    say(
+        f"streaming from {result.lsn}; the changes after {result.lost_at or 'the lost slot'} "
+        "and before it are mended from the source: verifying every store"
+    )
+    _reconcile(s, None, list(s.apply.stores), timeout, True, output)
 
 
 @app.command()

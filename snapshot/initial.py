@@ -41,6 +41,7 @@ from cdc.capture.generation import record_generation
 from cdc.capture.rewrites import record_schemas
 from cdc.capture.role import replication_password
 from cdc.capture.slot import (
+    RESNAPSHOT,
     InFlight,
     SnapshotPoint,
     drop_slot,
@@ -132,7 +133,7 @@ def run_snapshot(
                 raise SnapshotError(
                     f"slot {pipe.slot} of pipeline {pipe.name} is lost (PostgreSQL removed "
                     "the WAL it kept): the changes since the last confirmed position are gone; "
-                    "take a new snapshot: `cdc drop`, then `cdc snapshot`"
+                    f"{RESNAPSHOT}"
                 )
             if connector is not None and not stopped:
                 raise SnapshotError(

@@ -192,7 +192,10 @@ def _watch(
 
 
 # what brings back a pipeline whose slot PostgreSQL invalidated: a new generation
-RESNAPSHOT = "take a new snapshot: `cdc drop`, then `cdc snapshot`"
+RESNAPSHOT = (
+    "run `cdc resync` (a new slot, and only the gap mended in every store from the source), "
+    "or take a new snapshot: `cdc drop`, then `cdc snapshot`"
+)
 # what to do about a slot that retains too much WAL
 WAL_ADVICE = "fix the connector, or `cdc drop` an abandoned pipeline"
 

@@ -296,13 +296,13 @@ def _member(table: Table) -> sql.Composable:
 
 def _options(server_version: int) -> sql.Composable:
     """The publication's options. A partitioned table's changes are published as its
-    root's (one table, one topic), never under each partition's name. From PostgreSQL 18
-    a stored generated column's value is published with its row, so the apply job has
-    nothing to compute (materializers/log/generated.py computes it for older servers)."""
-    options = "publish_via_partition_root = true"
-    if server_version >= 180000:
-        options += ", publish_generated_columns = stored"
-    return sql.SQL(options)
+    root's (one table, one topic), never under each partition's name. PostgreSQL 18's
+    `publish_generated_columns` stays off: Debezium 3.6 removes generated columns from
+    the tables it decodes (PostgresSchema), so their published values would not reach
+    the events; the apply job computes them on every major
+    (materializers/log/generated.py)."""
+    del server_version  # the same options on every major the project runs
+    return sql.SQL("publish_via_partition_root = true")
 
 
 def _members(tables: list[Table], server_version: int) -> list[sql.Composable]:

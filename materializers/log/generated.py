@@ -1,8 +1,8 @@
 """Generated columns, computed as the apply job reads the log.
 
-PostgreSQL before 18 publishes no value for a `GENERATED ALWAYS AS (…) STORED` column
-(18 does: the publication's `publish_generated_columns`, cdc/capture/source.py), so
-Debezium's events lack it (its backfills too: the connector's column filter makes them
+PostgreSQL publishes no value for a `GENERATED ALWAYS AS (…) STORED` column (18 can,
+but Debezium 3.6 drops generated columns from what it decodes: cdc/capture/source.py),
+so Debezium's events lack it (its backfills too: the connector's column filter makes them
 select its schema's columns). The snapshot reads it like any other column. Every other
 event whose `after` image lacks a generated column gets it here, before any store
 sees the batch: PostgreSQL evaluates the column's expression (immutable, over the

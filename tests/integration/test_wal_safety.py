@@ -29,10 +29,12 @@ from cdc.capture.connect import connect_client
 from cdc.capture.pipeline import drop_pipeline
 from cdc.settings import Settings
 from cdc.stack.components.postgres import Postgres
+from cdc.topics import change_topic, end_offsets
 from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
-from tests.helpers import free_ports, run_cdc
+from tests.helpers import apply_process, free_ports, run_cdc
 from tests.logcheck import pipeline_env, pipeline_for
+from tests.stores import cache, search, warehouse
 
 pytestmark = pytest.mark.integration
 
@@ -207,5 +209,113 @@ def test_snapshot_does_not_restart_streaming_on_a_lost_slot(
         assert "take a new snapshot: `cdc drop`, then `cdc snapshot`" in again.stderr
         assert "Traceback" not in again.stderr
         assert pipe.connector not in connect.connectors()
+    finally:
+        drop_pipeline(settings)
+
+
+def _notes(settings: Settings, table: str, applied: list[str]) -> dict[str, dict[int, str]]:
+    """Each store's rows as id -> note, read by the test's own readers."""
+    readers = {"cache": cache, "search": search, "warehouse": warehouse}
+    return {
+        store: {int(k): str(row.get("note")) for k, row in readers[store](settings, table).items()}
+        for store in applied
+    }
+
+
+@pytest.mark.parametrize(
+    "applied",
+    [
+        pytest.param(["cache", "search"], id="cache-search"),
+        pytest.param(["cache", "search", "warehouse"], id="every-store", marks=pytest.mark.long),
+    ],
+)
+def test_resync_after_a_lost_slot_mends_only_the_gap_in_every_store(
+    stack: RunningStack, limited_postgres: Settings, applied: list[str]
+) -> None:
+    """The slot is lost with changes in its gap (inserts, updates, deletes the log never
+    got): `cdc resync` makes a new slot, streams from it without a new snapshot, and
+    mends the gap from the source; every store then equals the source, the changes after
+    the resync included, and the topic holds no second snapshot of the table."""
+    name = "r" + uuid.uuid4().hex[:10]
+    source = stack.settings.model_copy(update={"postgres": limited_postgres.postgres})
+    settings = pipeline_for(source, [f"public.{name}"])
+    pipe, table = settings.pipeline, f"public.{name}"
+    env = pipeline_env({**stack.env, "CDC_POSTGRES__PORT": str(settings.postgres.port)}, settings)
+    dsn = settings.postgres.dsn()
+
+    def source_notes() -> dict[int, str]:
+        with psycopg.connect(dsn) as conn:
+            return dict(conn.execute(f"SELECT id, note FROM {name}").fetchall())
+
+    def every_store_equals_the_source(timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            wanted = source_notes()
+            try:
+                held = _notes(settings, table, applied)
+            except Exception as exc:  # a store's first batch has not made its table yet
+                assert time.monotonic() < deadline, exc
+                time.sleep(2)
+                continue
+            if all(rows == wanted for rows in held.values()):
+                return
+            assert time.monotonic() < deadline, {
+                s: sorted(set(rows.items()) ^ set(wanted.items()))[:5] for s, rows in held.items()
+            }
+            time.sleep(2)
+
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, note text)")
+            conn.execute(f"INSERT INTO {name} SELECT i, 'v0' FROM generate_series(1, 300) i")
+        run_snapshot(settings, Console(file=io.StringIO()))
+        env["CDC_APPLY__STORES"] = json.dumps(applied)  # what `cdc resync` verifies
+        with apply_process(env, applied):
+            every_store_equals_the_source(240)
+            snapshot_records = sum(
+                end_offsets(settings.kafka, [change_topic(pipe, table)])[
+                    change_topic(pipe, table)
+                ].values()
+            )
+            connect_client(settings).stop(pipe.connector)
+            connect_client(settings).wait_stopped(pipe.connector)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                # the gap: changes the log never gets
+                conn.execute(f"UPDATE {name} SET note = 'gap' WHERE id <= 40")
+                conn.execute(f"DELETE FROM {name} WHERE id > 280")
+                conn.execute(f"INSERT INTO {name} SELECT i, 'new' FROM generate_series(301, 320) i")
+                deadline = time.monotonic() + 60
+                while conn.execute(
+                    "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (pipe.slot,)
+                ).fetchone() != (False,):
+                    assert time.monotonic() < deadline, "the stopped connector still reads"
+                    time.sleep(0.5)
+                write_wal(conn, 4)
+                conn.execute("CHECKPOINT")
+                lost = conn.execute(
+                    "SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s",
+                    (pipe.slot,),
+                ).fetchone()
+                assert lost == ("lost",)
+            assert "`cdc resync`" in slot_status(env)["problem"]
+
+            resynced = run_cdc("resync", "--timeout", "300", env=env, timeout=900)
+            assert resynced.returncode == 0, resynced.stdout[-2000:] + resynced.stderr[-2000:]
+            assert "Traceback" not in resynced.stderr
+            with psycopg.connect(dsn, autocommit=True) as conn:  # after it: streamed
+                conn.execute(f"UPDATE {name} SET note = 'after' WHERE id BETWEEN 100 AND 109")
+            every_store_equals_the_source(240)
+            assert slot_status(env)["health"] == "ok"
+            # only the gap's keys went through the log again, not the table
+            records = sum(
+                end_offsets(settings.kafka, [change_topic(pipe, table)])[
+                    change_topic(pipe, table)
+                ].values()
+            )
+            assert records - snapshot_records < 300, records - snapshot_records
+        # a resync of a slot that is not lost is refused in one line
+        again = run_cdc("resync", env=env)
+        assert again.returncode != 0 and "is not lost" in again.stderr
+        assert "Traceback" not in again.stderr
     finally:
         drop_pipeline(settings)

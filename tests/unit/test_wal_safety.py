@@ -19,7 +19,10 @@ from materializers.check.status import PipelineStatus
 
 GiB = 1 << 30
 ADVICE = "fix the connector, or `cdc drop` an abandoned pipeline"
-RESNAPSHOT = "take a new snapshot: `cdc drop`, then `cdc snapshot`"
+RESNAPSHOT = (
+    "run `cdc resync` (a new slot, and only the gap mended in every store from the source), "
+    "or take a new snapshot: `cdc drop`, then `cdc snapshot`"
+)
 
 
 def slot(**row: Any) -> dict[str, Any]:
