@@ -143,12 +143,7 @@ def exported_snapshot(
         watcher.start()
         cur = psycopg.ClientCursor(conn)
         try:
-            # PostgreSQL 17+: a failover slot, which a standby with sync_replication_slots
-            # keeps in step, so that capture goes on from it once promoted
-            failover = ", FAILOVER true" if conn.info.server_version >= 170000 else ""
-            cur.execute(
-                f"CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput (SNAPSHOT 'export'{failover})"
-            )
+            cur.execute(_create_slot(slot, conn.info.server_version))
         except psycopg.errors.DuplicateObject:
             raise SourceError(
                 f"replication slot {slot} already exists; `cdc snapshot` drops an unused one "
@@ -172,6 +167,16 @@ def exported_snapshot(
     finally:
         waiting.set()
         conn.close()
+
+
+def _create_slot(slot: str, server_version: int) -> str:
+    """The replication command that makes `slot` with an exported snapshot: on
+    PostgreSQL 17+ a failover slot, which a standby with sync_replication_slots keeps in
+    step, so that capture goes on from it once promoted; before 15, the old syntax."""
+    if server_version < 150000:
+        return f"CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput EXPORT_SNAPSHOT"
+    failover = ", FAILOVER true" if server_version >= 170000 else ""
+    return f"CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput (SNAPSHOT 'export'{failover})"
 
 
 def _watch(

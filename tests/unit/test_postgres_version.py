@@ -61,3 +61,14 @@ def test_a_cluster_keeps_the_major_that_made_it(tmp_path: Path) -> None:
     message = str(refused.value)
     assert "is PostgreSQL 17, but postgres.version is 14" in message
     assert "postgres.version = 17" in message and "\n" not in message
+
+
+def test_the_slot_is_made_in_each_majors_syntax() -> None:
+    from cdc.capture.slot import _create_slot
+
+    assert _create_slot("s", 140020) == "CREATE_REPLICATION_SLOT s LOGICAL pgoutput EXPORT_SNAPSHOT"
+    made_15 = "CREATE_REPLICATION_SLOT s LOGICAL pgoutput (SNAPSHOT 'export')"
+    assert _create_slot("s", 150018) == made_15
+    failover = "CREATE_REPLICATION_SLOT s LOGICAL pgoutput (SNAPSHOT 'export', FAILOVER true)"
+    assert _create_slot("s", 170011) == failover
+    assert _create_slot("s", 180006) == failover
