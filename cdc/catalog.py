@@ -644,10 +644,14 @@ SELECT a.attname,
        a.atthasdef OR a.atthasmissing,
        CASE WHEN a.attgenerated = 's' THEN pg_get_expr(d.adbin, d.adrelid) END,
        CASE WHEN a.attgenerated = 's' THEN ARRAY(
-           SELECT i.attname FROM pg_depend p
-           JOIN pg_attribute i ON i.attrelid = p.refobjid AND i.attnum = p.refobjsubid
-           WHERE p.classid = 'pg_attrdef'::regclass AND p.objid = d.oid
-             AND p.refobjid = a.attrelid AND p.refobjsubid NOT IN (0, a.attnum)
+           SELECT i.attname FROM pg_attribute i
+           WHERE i.attrelid = a.attrelid AND i.attnum IN (
+             SELECT p.refobjsubid FROM pg_depend p
+             WHERE p.refobjid = a.attrelid AND p.refobjsubid NOT IN (0, a.attnum)
+               -- the expression's (15+), or the column's own (14)
+               AND ((p.classid = 'pg_attrdef'::regclass AND p.objid = d.oid)
+                 OR (p.classid = 'pg_class'::regclass AND p.objid = a.attrelid
+                     AND p.objsubid = a.attnum)))
            ORDER BY i.attnum) END,
        CASE WHEN bt.typtype = 'e' THEN ARRAY(
            SELECT e.enumlabel FROM pg_enum e WHERE e.enumtypid = bt.oid

@@ -9,6 +9,7 @@ and the application's writes go on."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import stat
 from typing import Any
@@ -198,7 +199,10 @@ def test_a_partition_made_after_the_setup_takes_the_roots_identity(captured: Cap
     one created (or attached) after the setup gets it from the event trigger the setup
     installed, so the application's UPDATEs and DELETEs of its rows go on, and reach the
     log; with the trigger disabled, `cdc status` names the partition and `cdc setup`
-    sets its identity."""
+    sets its identity. (A row filter needs PostgreSQL 15: on 14 `cdc setup` refuses it,
+    test_postgres_versions.py.)"""
+    if os.environ.get("CDC_TEST_POSTGRES_VERSION") == "14":
+        pytest.skip("a row filter needs PostgreSQL 15")
     t = captured(
         "CREATE TABLE {name} (id int, region text, status text, PRIMARY KEY (id, region)) "
         "PARTITION BY LIST (region)",
