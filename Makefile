@@ -54,7 +54,7 @@ format:
 	$(RUFF) format .
 	$(RUFF) check --fix .
 
-# CI's tier: everything but the long forms (`make test-long`); 30-55 minutes on 2 cores
+# CI's tier: everything but the long forms (`make test-long`); about an hour on 2 cores,
 # then the core capture → apply → verify tests again on a second PostgreSQL major
 test: install lint
 	$(PYTEST) tests -m "not long and not chaos and not cluster" --durations=40

@@ -95,8 +95,6 @@ class Postgres(Component):
         return str(bin_dir / tool)
 
     def check_installed(self) -> None:
-        self._bin("postgres")
-        self._bin("initdb")
         made, wanted = self._made_by(), self.section.version
         if made is not None and wanted is not None and made != wanted:
             raise ComponentError(
@@ -105,6 +103,8 @@ class Postgres(Component):
                 f"postgres.version = {made}, or use another data_dir (or `cdc down --purge`, "
                 "which deletes its data)"
             )
+        self._bin("postgres")
+        self._bin("initdb")
 
     def prepare(self) -> None:
         if (self.data_path / "PG_VERSION").exists():
