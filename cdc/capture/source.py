@@ -294,15 +294,12 @@ def _member(table: Table) -> sql.Composable:
     return sql.SQL(" ").join(parts)
 
 
-def _options(server_version: int) -> sql.Composable:
-    """The publication's options. A partitioned table's changes are published as its
-    root's (one table, one topic), never under each partition's name. PostgreSQL 18's
-    `publish_generated_columns` stays off: Debezium 3.6 removes generated columns from
-    the tables it decodes (PostgresSchema), so their published values would not reach
-    the events; the apply job computes them on every major
-    (materializers/log/generated.py)."""
-    del server_version  # the same options on every major the project runs
-    return sql.SQL("publish_via_partition_root = true")
+# A partitioned table's changes are published as its root's (one table, one topic), never
+# under each partition's name. PostgreSQL 18's `publish_generated_columns` stays off:
+# Debezium 3.6 removes generated columns from the tables it decodes (PostgresSchema), so
+# their published values would not reach the events; the apply job computes them on
+# every major (materializers/log/generated.py).
+_OPTIONS = sql.SQL("publish_via_partition_root = true")
 
 
 def _members(tables: list[Table], server_version: int) -> list[sql.Composable]:
@@ -361,7 +358,7 @@ def setup_sql(settings: Settings) -> str:
             sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH ({})").format(
                 publication,
                 sql.SQL(", ").join(_members(tables, conn.info.server_version)),
-                _options(conn.info.server_version),
+                _OPTIONS,
             ),
             sql.SQL("COMMENT ON PUBLICATION {} IS {}").format(
                 publication, sql.Literal(publication_comment(pipe.replication_user))
@@ -532,16 +529,14 @@ def _set_publication(conn: psycopg.Connection[Any], publication: str, tables: li
             )
         )
         conn.execute(
-            sql.SQL("ALTER PUBLICATION {} SET ({})").format(
-                sql.Identifier(publication), _options(conn.info.server_version)
-            )
+            sql.SQL("ALTER PUBLICATION {} SET ({})").format(sql.Identifier(publication), _OPTIONS)
         )
     else:
         conn.execute(
             sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH ({})").format(
                 sql.Identifier(publication),
                 sql.SQL(", ").join(names),
-                _options(conn.info.server_version),
+                _OPTIONS,
             )
         )
 
