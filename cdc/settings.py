@@ -98,12 +98,31 @@ class PostgresSettings(_Section):
         "fetches 14, 16, 17 and 18; 15 is Debian's package); none: the newest the "
         "machine's packages give",
     )
+    standbys: list[str] = Field(
+        default_factory=list,
+        description="host:port of physical standbys: `cdc status` says whether each holds "
+        "the pipeline's failover slot, synchronized (PostgreSQL 17+)",
+    )
     max_slot_wal_keep_size: str = Field(
         "4GB",
         pattern=r"^(-1|[1-9][0-9]*(kB|MB|GB|TB))$",
         description="local stack: WAL a replication slot may keep before PostgreSQL "
         "invalidates it (the slot is then lost and needs a new snapshot); -1: no limit",
     )
+
+    @field_validator("standbys")
+    @classmethod
+    def _standbys(cls, value: list[str]) -> list[str]:
+        for address in value:
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{address!r} is not host:port")
+        return value
+
+    def at(self, address: str) -> PostgresSettings:
+        """These settings for the server at `address` (host:port), a standby of this one."""
+        host, _, port = address.rpartition(":")
+        return self.model_copy(update={"host": host.strip("[]"), "port": int(port)})
 
     def dsn(self, database: str | None = None) -> str:
         """A libpq connection string as the configured user (holds the password: never

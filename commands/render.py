@@ -66,6 +66,12 @@ def _slot_line(slot: dict[str, Any]) -> str:
         line += f"; invalidated after {_bytes(max(slot['safe_wal_size'], 0))} more WAL"
     if slot.get("failover"):  # PostgreSQL 17+: a standby with sync_replication_slots keeps it
         line += "; failover slot"
+    for standby in slot.get("standbys") or []:
+        held = standby.get("has_slot") and standby.get("synced") and not standby.get("error")
+        state = "synced" if held else "[yellow]not synced[/yellow]"
+        lsn = standby.get("confirmed_flush_lsn")
+        at = f" at {lsn}" if held and lsn else ""
+        line += f"; {state} on standby {escape(standby['address'])}{at}"
     return line
 
 

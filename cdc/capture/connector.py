@@ -375,6 +375,8 @@ def register_connector(
         wait_slot_active(settings, settings.pipeline.slot, timeout=timeout)
         return
     else:
+        if existing and _moved(client.config(name), config):
+            check_log_within_fork(settings, client)
         old_reader = _slot_reader(settings) if existing else None
         client.put_config(name, config)
     # a reconfigured connector restarts its task: wait for the task that runs the new
@@ -406,6 +408,66 @@ def register_connector(
         timeout=max(deadline - time.monotonic(), 5),
         not_pid=old_reader,
     )
+
+
+def _moved(stored: dict[str, str], config: dict[str, str]) -> bool:
+    """Whether `config` points the connector at another server than it streamed from."""
+    where = ("database.hostname", "database.port", "database.dbname")
+    return any(stored.get(k) != config.get(k) for k in where)
+
+
+def check_log_within_fork(settings: Settings, client: ConnectClient) -> None:
+    """Before the connector streams from a server it did not stream from (a promoted
+    standby): if that server writes on a timeline that left its parent before a
+    position the connector already delivered to the log, the log holds changes the
+    server never had, and the connector would skip the server's own changes up to its
+    stored position. Refuse (SourceRewoundError) instead of streaming on."""
+    from cdc.capture.slot import int_to_lsn
+    from cdc.capture.source import source_lineage, timeline_forks
+    from cdc.errors import SourceRewoundError
+
+    with admin_connection(settings) as conn:
+        _, timeline = source_lineage(conn)
+    if timeline is None or timeline <= 1:
+        return
+    forks = timeline_forks(settings, timeline)
+    past = log_past_fork(forks, logged_position(client, settings.pipeline.connector))
+    if past is None:
+        return
+    parent, held = past
+    pg = settings.postgres
+    raise SourceRewoundError(
+        f"PostgreSQL at {pg.host}:{pg.port} writes on timeline {timeline}, which left "
+        f"timeline {parent} at {int_to_lsn(forks[parent])}, but the connector already "
+        f"delivered changes of timeline {parent} up to {int_to_lsn(held)}: the log holds "
+        "changes this server never had (was synchronized_standby_slots set on the old "
+        "primary?). Stop `cdc apply`, run `cdc drop`, set a new pipeline.topic_prefix, "
+        "`cdc snapshot`, then `cdc rebuild --store S` for each store"
+    )
+
+
+def log_past_fork(forks: dict[int, int], held: int | None) -> tuple[int, int] | None:
+    """(the parent timeline, the log's newest position) when the log holds positions of
+    the parent timeline past where the server's timeline left it, else None. `forks`:
+    per ancestor timeline, the first position not on it; the parent is the newest
+    (the timeline the connector streamed on before the promotion). A change record
+    ending exactly at the fork (a commit's end) is on both."""
+    if not forks or held is None:
+        return None
+    parent = max(forks)
+    return (parent, held) if held > forks[parent] else None
+
+
+def logged_position(client: ConnectClient, connector: str) -> int | None:
+    """The newest WAL position the connector has delivered to Kafka, as the offset Connect
+    holds for it says (None when it holds none)."""
+    positions = [
+        p
+        for entry in client.offsets(connector)
+        for k in ("lsn_commit", "lsn", "lsn_proc")
+        if isinstance(p := (entry.get("offset") or {}).get(k), int)
+    ]
+    return max(positions, default=None)
 
 
 def _same_config(stored: dict[str, str], config: dict[str, str]) -> bool:

@@ -32,6 +32,7 @@ __all__ = [
     "lsn_to_int",
     "slot_lost",
     "slot_state",
+    "standby_slots",
 ]
 
 
@@ -205,12 +206,17 @@ RESNAPSHOT = (
 WAL_ADVICE = "fix the connector, or `cdc drop` an abandoned pipeline"
 
 
-def slot_row(conn: Any, slot: str, warn_bytes: int) -> dict[str, Any] | None:
+def slot_row(
+    conn: Any, slot: str, warn_bytes: int, standbys: list[dict[str, Any]] | None = None
+) -> dict[str, Any] | None:
     """The slot as `cdc status` shows it, with its health; None if there is no slot.
 
     The row goes through to_jsonb, so columns of newer servers (`conflicting` from
     PostgreSQL 16; `invalidation_reason`, `inactive_since` and `failover` from 17) come
-    when the server has them, and 18's `idle_replication_slot_timeout` when it is set."""
+    when the server has them, and 18's `idle_replication_slot_timeout` when it is set.
+    With it: the primary's physical slots (its standbys') and which of them
+    `synchronized_standby_slots` names (17+), and `standbys`, the slot as each configured
+    standby holds it (standby_slots)."""
     row = conn.execute(
         "SELECT to_jsonb(s) || jsonb_build_object("
         "'wal_retained_bytes', pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint, "
@@ -218,7 +224,10 @@ def slot_row(conn: Any, slot: str, warn_bytes: int) -> dict[str, Any] | None:
         "'idle_timeout_s', (SELECT setting::bigint * CASE unit WHEN 'min' THEN 60 "
         "WHEN 'h' THEN 3600 WHEN 'd' THEN 86400 ELSE 1 END FROM pg_settings "
         "WHERE name = 'idle_replication_slot_timeout'), "
-        "'idle_s', extract(epoch FROM now() - (to_jsonb(s) ->> 'inactive_since')::timestamptz)) "
+        "'idle_s', extract(epoch FROM now() - (to_jsonb(s) ->> 'inactive_since')::timestamptz), "
+        "'synchronized_standby_slots', current_setting('synchronized_standby_slots', true), "
+        "'physical_slots', (SELECT coalesce(jsonb_agg(p.slot_name ORDER BY p.slot_name), "
+        "'[]') FROM pg_replication_slots p WHERE p.slot_type = 'physical')) "
         "FROM pg_replication_slots s WHERE slot_name = %s",
         (slot,),
     ).fetchone()
@@ -239,9 +248,97 @@ def slot_row(conn: Any, slot: str, warn_bytes: int) -> dict[str, Any] | None:
         "idle_replication_slot_timeout_s": found.get("idle_timeout_s") or None,
         "idle_s": None if found.get("active") else found.get("idle_s"),
         "warn_bytes": warn_bytes,
+        "physical_slots": found.get("physical_slots") or [],
+        "synchronized_standby_slots": found.get("synchronized_standby_slots"),
+        "standbys": standbys or [],
     }
     info["health"], info["problem"] = slot_health(info, warn_bytes)
     return info
+
+
+def standby_slots(
+    addresses: list[str], dsn: Callable[[str], str], slot: str
+) -> list[dict[str, Any]]:
+    """The slot as each standby at `addresses` (host:port; `dsn(address)` connects to it)
+    holds it: a failover slot the standby's slot sync worker keeps (PostgreSQL 17+,
+    `sync_replication_slots`) is there with `synced` true, and a promoted standby's
+    pipeline streams from it without a new snapshot."""
+    found = []
+    for address in addresses:
+        entry: dict[str, Any] = {"address": address, "error": None}
+        try:
+            with psycopg.connect(dsn(address), connect_timeout=3) as conn:
+                row = conn.execute(
+                    "SELECT pg_is_in_recovery(), (SELECT to_jsonb(s) FROM "
+                    "pg_replication_slots s WHERE slot_name = %s)",
+                    (slot,),
+                ).fetchone()
+        except psycopg.Error as exc:
+            entry["error"] = str(exc).strip().splitlines()[0][:160] if str(exc) else "error"
+            found.append(entry)
+            continue
+        assert row is not None
+        held = row[1] or {}
+        entry.update(
+            in_recovery=row[0],
+            has_slot=bool(held),
+            synced=held.get("synced"),
+            confirmed_flush_lsn=held.get("confirmed_flush_lsn"),
+            invalidation_reason=held.get("invalidation_reason"),
+        )
+        found.append(entry)
+    return found
+
+
+def failover_problem(slot: Mapping[str, Any]) -> str | None:
+    """What puts a failover to a standby at risk, or None: a standby's physical slot that
+    `synchronized_standby_slots` does not name (the connector may then get changes that
+    standby lacks: after promoting it, the stores would hold changes it lost, and it would
+    skip its own up to the connector's position), a slot that is not a failover slot, or
+    a configured standby that does not hold it synchronized."""
+    name = slot.get("name", "?")
+    physical = list(slot.get("physical_slots") or [])
+    named = {
+        n.strip().strip('"')
+        for n in str(slot.get("synchronized_standby_slots") or "").split(",")
+        if n.strip()
+    }
+    standbys = list(slot.get("standbys") or [])
+    if physical and slot.get("failover") is False:
+        return (
+            f"slot {name} is not a failover slot, and standbys stream from this server "
+            f"({', '.join(physical)}): a promoted standby would not have it, and the pipeline "
+            "would need a new snapshot; `cdc drop` and `cdc snapshot` make one "
+            "(docs/operations.md, Failover)"
+        )
+    unnamed = [p for p in physical if p not in named]
+    if slot.get("failover") and unnamed and slot.get("synchronized_standby_slots") is not None:
+        listed = ", ".join(unnamed)
+        return (
+            f"synchronized_standby_slots does not name the physical slot(s) {listed}: the "
+            "connector may get changes a standby lacks, and after promoting it the stores "
+            "would hold changes it lost; set synchronized_standby_slots on this server to "
+            "the standbys' slots (docs/operations.md, Failover)"
+        )
+    for standby in standbys:
+        where = f"standby {standby['address']}"
+        if standby.get("error"):
+            return f"{where} does not answer ({standby['error']}); check postgres.standbys"
+        if not standby.get("in_recovery"):
+            return f"{where} is not in recovery: it is a primary, not a standby of this server"
+        if not standby.get("has_slot") or not standby.get("synced"):
+            return (
+                f"{where} does not hold slot {name} synchronized: a failover to it would "
+                "need a new snapshot; set sync_replication_slots = on, hot_standby_feedback "
+                "= on, primary_slot_name and a dbname in primary_conninfo on it "
+                "(docs/operations.md, Failover)"
+            )
+        if standby.get("invalidation_reason"):
+            return (
+                f"{where} holds slot {name}, but invalidated "
+                f"({standby['invalidation_reason']}): a failover to it would need a new snapshot"
+            )
+    return None
 
 
 def _duration(seconds: float) -> str:
@@ -319,4 +416,7 @@ def slot_health(slot: Mapping[str, Any], warn_bytes: int) -> tuple[str, str | No
             f"slot {name} retains {wal_size(retained)} of WAL, more than "
             f"pipeline.wal_retained_warn_bytes ({wal_size(warn_bytes)}){at_risk}; " + WAL_ADVICE
         )
+    risk = failover_problem(slot)
+    if risk is not None:
+        return "warning", risk
     return "ok", None

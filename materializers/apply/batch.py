@@ -619,7 +619,9 @@ def _partitions(
             F.max("offset").alias("offset"),
             F.count(F.when(valid, 1)).alias("n"),
             F.max(F.when(valid, F.col("commit_ms"))).alias("commit_ms"),
-            F.max(F.when(valid, F.col("commit_lsn"))).alias("commit_lsn"),
+            # the newest source position taken: Debezium's sequence[0] is the commit
+            # before the event's transaction, so its own position counts too
+            F.max(F.when(valid, F.greatest("commit_lsn", "lsn"))).alias("commit_lsn"),
             F.count("error").alias("errors"),
             F.sum(F.when(valid, F.length("after"))).alias("size"),
             F.count(F.when(valid & may_hold_placeholder(F.col("after"), placeholders), 1)).alias(

@@ -279,8 +279,11 @@ def partition_writer(
                         age = age_bucket(started_ms - commit_ms)
                         ages[age] = ages.get(age, 0) + 1
                     commit_lsn, lsn = position if position is not None else (None, None)
-                    if commit_lsn is not None and commit_lsn > (seen["commit_lsn"] or 0):
-                        seen["commit_lsn"] = commit_lsn
+                    # the newest source position taken (its own, not only its
+                    # sequence[0]: the commit before its transaction)
+                    taken = max(commit_lsn or 0, lsn or 0)
+                    if taken > (seen["commit_lsn"] or 0):
+                        seen["commit_lsn"] = taken
                     event = Event(
                         table, key, partition, offset, op, after, commit_ms, lsn, commit_lsn
                     )

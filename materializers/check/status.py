@@ -14,7 +14,7 @@ from typing import Any
 from cdc.capture.connect import connect_client
 from cdc.capture.freshness import CaptureLag, capture_lag
 from cdc.capture.replica_identity import identity_problems
-from cdc.capture.slot import slot_row
+from cdc.capture.slot import slot_row, standby_slots
 from cdc.capture.snapshots import read_state
 from cdc.capture.source import admin_connection
 from cdc.catalog import describe_table, published_tables, selected_tables
@@ -90,7 +90,10 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
             state = read_state(conn, pipe.name) if has_state and has_state[0] else None
             if state:
                 status.snapshot, status.snapshot_lsn = state.status, state.lsn
-            status.slot = slot_row(conn, pipe.slot, pipe.wal_retained_warn_bytes)
+            standbys = standby_slots(
+                settings.postgres.standbys, lambda a: settings.postgres.at(a).dsn(), pipe.slot
+            )
+            status.slot = slot_row(conn, pipe.slot, pipe.wal_retained_warn_bytes, standbys)
             published = published_tables(conn, pipe.publication)
             found = drift(conn, pipe.name, published, selected_tables(conn, pipe))
             since = recorded_since(conn, pipe.name)

@@ -215,3 +215,57 @@ def test_a_slot_postgresql_invalidated_for_idling_says_so() -> None:
     health, problem = slot_health(slot(invalidation_reason="idle_timeout"), GiB)
     assert health == "failed"
     assert problem is not None and "idle longer than idle_replication_slot_timeout" in problem
+
+
+def test_a_standbys_slot_synchronized_standby_slots_leaves_out_is_a_failover_risk() -> None:
+    """PostgreSQL 17+: without synchronized_standby_slots naming a standby's physical slot,
+    the connector can get changes that standby lacks, lost on promoting it."""
+    row = slot(failover=True, physical_slots=["standby1"], synchronized_standby_slots="")
+    health, problem = slot_health(row, GiB)
+    assert health == "warning" and problem is not None and "\n" not in problem
+    assert "does not name the physical slot(s) standby1" in problem
+    named = slot(failover=True, physical_slots=["standby1"], synchronized_standby_slots="standby1")
+    assert slot_health(named, GiB) == ("ok", None)
+    # before 17 (no such setting, no failover slots) and with no standby: nothing to say
+    old = slot(failover=None, physical_slots=["standby1"], synchronized_standby_slots=None)
+    assert slot_health(old, GiB) == ("ok", None)
+    alone = slot(failover=True, physical_slots=[], synchronized_standby_slots="")
+    assert slot_health(alone, GiB) == ("ok", None)
+    plain = slot(failover=False, physical_slots=["standby1"], synchronized_standby_slots="")
+    assert "is not a failover slot" in (slot_health(plain, GiB)[1] or "")
+
+
+def test_a_configured_standby_without_the_slot_synchronized_is_a_failover_risk() -> None:
+    def on(**standby: Any) -> Any:
+        entry = {"address": "10.0.0.2:5432", "error": None, "in_recovery": True, **standby}
+        return slot(
+            failover=True,
+            physical_slots=["standby1"],
+            synchronized_standby_slots="standby1",
+            standbys=[entry],
+        )
+
+    assert slot_health(on(has_slot=True, synced=True), GiB) == ("ok", None)
+    health, problem = slot_health(on(has_slot=False, synced=None), GiB)
+    assert health == "warning" and problem is not None
+    assert "standby 10.0.0.2:5432 does not hold slot cdc_cdc synchronized" in problem
+    assert "sync_replication_slots = on" in problem
+    down = slot_health(on(error="connection refused"), GiB)[1] or ""
+    assert "does not answer (connection refused)" in down
+    promoted = slot_health(on(in_recovery=False, has_slot=True, synced=True), GiB)[1] or ""
+    assert "is not in recovery" in promoted
+    table = pipeline_table(PipelineStatus("p", "done", None, on(has_slot=True, synced=True), None))
+    out = io.StringIO()
+    Console(file=out, width=300).print(table)
+    assert "failover slot; synced on standby 10.0.0.2:5432" in out.getvalue()
+
+
+def test_standbys_are_host_and_port(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    settings = Settings(data_dir=tmp_path, postgres={"standbys": ["db2.internal:5433"]})
+    there = settings.postgres.at("db2.internal:5433")
+    assert (there.host, there.port, there.user) == ("db2.internal", 5433, settings.postgres.user)
+    assert settings.postgres.at("[::1]:5432").host == "::1"
+    with pytest.raises(ValidationError, match="is not host:port"):
+        Settings(data_dir=tmp_path, postgres={"standbys": ["db2.internal"]})
