@@ -6,7 +6,7 @@ PYTEST := $(VENV)/bin/pytest
 RUFF := $(VENV)/bin/ruff
 
 .PHONY: help install demo up down status test test-long test-fast test-integration lint format \
-	bench-snapshot bench-catchup bench-streaming bench-floor bench-batch-cost bench-derived bench-resync bench-verify bench-report chaos mutants lock compose-pin fuzz
+	bench-snapshot bench-catchup bench-streaming bench-floor bench-batch-cost bench-derived bench-resync bench-snapshot-resume bench-verify bench-report chaos mutants lock compose-pin fuzz
 
 help:
 	@echo "make demo              install, start the stack, run the demo shop with a live dashboard"
@@ -21,6 +21,7 @@ help:
 	@echo "make bench-batch-cost  one micro-batch of the apply job, phase by phase, idle and at 200 changes/s"
 	@echo "make bench-derived     the demo's derived data at 50 TPS: state and latency per view"
 	@echo "make bench-resync      cdc resync after a lost slot against a full re-snapshot: 1 M rows, pgbench scale 2"
+	@echo "make bench-snapshot-resume  a 2 M-row snapshot killed at half and resumed, against one not interrupted"
 	@echo "make bench-verify      cdc verify phase by phase: the demo's data and views, pgbench's 4 tables, 14 small tables"
 	@echo "make bench-report      the latest figures into docs/benchmarks.md's table"
 	@echo "make chaos             the long chaos run (>= 12 min, every fault 3 times): figures to bench/results/chaos.jsonl"
@@ -95,6 +96,9 @@ bench-derived: up
 
 bench-resync: up
 	$(VENV)/bin/python bench/resync.py
+
+bench-snapshot-resume: up
+	$(VENV)/bin/python bench/snapshot_resume.py
 
 bench-verify: up
 	$(VENV)/bin/python bench/verify.py --dataset demo

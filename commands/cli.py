@@ -258,7 +258,9 @@ def snapshot(output: OutputOption = Form.text) -> None:
     Creates the slot with an exported snapshot, reads every captured table under
     it in parallel (Spark), writes the rows as op "r" events to the change topics,
     and only then starts the Debezium connector on that slot (snapshot.mode=no_data).
-    Safe to rerun: an interrupted snapshot starts again from scratch.
+    Safe to rerun: an interrupted snapshot resumes, reading only the CTID ranges it had
+    not written (backfilled while streaming from the slot); one that wrote none, or
+    whose slot is gone, starts again.
     """
     from snapshot.initial import run_snapshot
 
@@ -268,6 +270,12 @@ def snapshot(output: OutputOption = Form.text) -> None:
         f"snapshot at LSN {result.lsn}: {result.total_rows} rows from {len(result.rows)} "
         f"table(s) in {result.seconds:.1f}s ({rate:,.0f} rows/s); streaming from the slot"
     )
+    if result.continued:
+        said = (
+            f"snapshot at LSN {result.lsn} finished after its interruption in "
+            f"{result.seconds:.1f}s: {result.total_rows} rows in the log from "
+            f"{len(result.rows)} table(s); streaming from the slot"
+        )
     Output(output).emit(
         result.__dict__ | {"total_rows": result.total_rows}, *([] if result.resumed else [said])
     )

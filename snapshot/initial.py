@@ -10,8 +10,16 @@
    stopped, offset set, resumed): it streams exactly what committed after the point,
    whatever offset an earlier generation left under the connector's name.
 
-A run that stops before 4 leaves state `running`; the next run drops the
-unused slot, removes what the interrupted run wrote and starts again.
+The ranges are written a few at a time, and each group, once in Kafka, is recorded
+(cdc.snapshot_ranges) with the consistent point and the snapshot's xmin. A run that
+stops before 4 leaves state `running`. The next run resumes it when it had recorded
+ranges: the exported snapshot died with its session, so it starts the connector at
+the slot's consistent point and backfills (Debezium's watermarked incremental
+snapshot) only the rows the interrupted run had not written: those outside the
+recorded ranges, and every row version written after the snapshot (an UPDATE may
+have moved a row into a recorded range). A table rewritten meanwhile (VACUUM FULL)
+is backfilled whole. Otherwise the run drops the unused slot, removes what the
+interrupted run wrote and starts again.
 """
 
 from __future__ import annotations
@@ -22,9 +30,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from functools import reduce
-from itertools import pairwise
 from typing import Any
 
+import psycopg
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -35,6 +43,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from cdc.capture.backfill import start_backfill, watch_backfill
 from cdc.capture.connect import connect_client
 from cdc.capture.connector import register_connector
 from cdc.capture.generation import record_generation
@@ -51,7 +60,16 @@ from cdc.capture.slot import (
     slot_lost,
     slot_state,
 )
-from cdc.capture.snapshots import mark_done, mark_running, read_state
+from cdc.capture.snapshots import (
+    ReadRange,
+    mark_done,
+    mark_point,
+    mark_running,
+    read_ranges,
+    read_state,
+    record_ranges,
+    resume_point,
+)
 from cdc.capture.source import (
     admin_connection,
     prepare_source,
@@ -74,7 +92,7 @@ from cdc.topics import (
 )
 from snapshot.encoding import envelope, event_query
 
-__all__ = ["SnapshotResult", "ctid_ranges", "run_snapshot"]
+__all__ = ["SnapshotResult", "ctid_ranges", "page_ranges", "run_snapshot", "unread_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -85,25 +103,61 @@ class SnapshotResult:
     rows: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     resumed: bool = False  # only the connector had to be started
+    continued: bool = False  # an interrupted snapshot finished by backfilling the rest
 
     @property
     def total_rows(self) -> int:
         return sum(self.rows.values())
 
 
-def ctid_ranges(pages: int, pages_per_reader: int) -> list[str]:
-    """WHERE clauses splitting a table into CTID ranges of whole pages.
+def page_ranges(pages: int, pages_per_reader: int) -> list[tuple[int, int | None]]:
+    """A table's pages split into ranges [first, end) of `pages_per_reader` pages.
 
-    The last range is open-ended: relpages is an estimate and the table may have grown.
-    """
+    The last range is open-ended (end None): relpages is an estimate and the table may
+    have grown."""
     count = max(1, math.ceil(pages / pages_per_reader))
-    if count == 1:
-        return ["true"]
-    bounds = [i * pages_per_reader for i in range(1, count)]
-    clauses = [f"ctid < '({bounds[0]},0)'::tid"]
-    clauses += [f"ctid >= '({a},0)'::tid AND ctid < '({b},0)'::tid" for a, b in pairwise(bounds)]
-    clauses.append(f"ctid >= '({bounds[-1]},0)'::tid")
-    return clauses
+    firsts = [i * pages_per_reader for i in range(count)]
+    return list(zip(firsts, [*firsts[1:], None], strict=True))
+
+
+def ctid_clause(first: int, end: int | None) -> str:
+    """The WHERE clause of the rows in pages [first, end)."""
+    parts = [f"ctid >= '({first},0)'::tid"] if first > 0 else []
+    parts += [f"ctid < '({end},0)'::tid"] if end is not None else []
+    return " AND ".join(parts) or "true"
+
+
+def ctid_ranges(pages: int, pages_per_reader: int) -> list[str]:
+    """WHERE clauses splitting a table into CTID ranges of whole pages."""
+    return [ctid_clause(first, end) for first, end in page_ranges(pages, pages_per_reader)]
+
+
+def unread_rows(read: list[tuple[int, int | None]], xmin: int) -> str | None:
+    """The filter of the rows an interrupted snapshot did not write: those outside the
+    page ranges `read`, and every row version a transaction at or after `xmin` (the
+    snapshot's oldest in progress, an xid8) wrote, as an UPDATE may have moved a row
+    into a range read. None: nothing to read (every page was); "true": everything.
+
+    A row version's xmin is a 32-bit xid: it counts as newer when it is less than 2^31
+    ahead of the snapshot's, modulo 2^32, which holds for every xid written since (a
+    version frozen over 2^31 xids ago may count too, and is only read again)."""
+    merged: list[list[Any]] = []
+    for first, end in sorted(read, key=lambda r: r[0]):
+        if merged:
+            last = merged[-1]
+            if last[1] is None:  # read to the end already
+                continue
+            if first <= last[1]:
+                last[1] = None if end is None else max(last[1], end)
+                continue
+        merged.append([first, end])
+    if not merged:
+        return "true"
+    if merged == [[0, None]]:
+        return None
+    done = " OR ".join(f"({ctid_clause(first, end)})" for first, end in merged)
+    newer = f"((xmin::text::bigint - {xmin % 2**32} + 4294967296) % 4294967296) < 2147483648"
+    return f"(NOT ({done}) OR {newer})"
 
 
 def run_snapshot(
@@ -145,12 +199,15 @@ def run_snapshot(
             start_lsn = lsn_to_int(state.lsn) if state.lsn else None
             register_connector(settings, tables, start_lsn=start_lsn)
             return SnapshotResult(lsn=state.lsn or "", resumed=True)
-        if connector is not None:
+        resume = _resumable(conn, settings, state, slot, connector is not None)
+        if resume is not None:
+            ranges, (xmin, ts_ms) = resume
+        elif connector is not None:
             raise SnapshotError(
                 f"connector {pipe.connector} exists but pipeline {pipe.name} has no complete "
                 "snapshot; remove it first with `cdc drop`"
             )
-        if slot is not None:
+        if resume is None and slot is not None:
             active, pid = slot
             if active:
                 raise SnapshotError(
@@ -159,7 +216,12 @@ def run_snapshot(
                 )
             say(f"dropping slot {pipe.slot} of an interrupted snapshot; starting again")
             drop_slot(conn, pipe.slot)
-        mark_running(conn, pipe.name, pipe.slot)
+        if resume is None:
+            mark_running(conn, pipe.name, pipe.slot)
+    if resume is not None:
+        assert state is not None and state.lsn is not None
+        point = SnapshotPoint(lsn_to_int(state.lsn), ts_ms, "")
+        return _resume(settings, tables, point, ranges, xmin, console, say, started)
 
     # what an interrupted run wrote goes; offsets keep growing, so no position is reused
     truncate_topics(settings.kafka, [change_topic_spec(pipe, t.qualified) for t in tables])
@@ -176,6 +238,9 @@ def run_snapshot(
         replication_dsn(settings, replication=True), settings.postgres.dsn(), pipe.slot, waiting
     ) as point:
         lsn = int_to_lsn(point.lsn)
+        with admin_connection(settings) as conn:  # what a run after a crash resumes from
+            conn.autocommit = True
+            mark_point(conn, pipe.name, lsn, point.ts_ms, _snapshot_xmin(settings, point))
         say(f"snapshot {point.snapshot_name} at LSN {lsn}: reading {len(tables)} table(s)")
         rows = _copy_tables(settings, spark, tables, point, console)
     # a generation: stores that hold it whole drop what they hold from before it
@@ -203,6 +268,115 @@ def run_snapshot(
     return SnapshotResult(lsn=lsn, rows=rows, seconds=time.monotonic() - started)
 
 
+def _resumable(
+    conn: Any, settings: Settings, state: Any, slot: Any, has_connector: bool
+) -> tuple[list[ReadRange], tuple[int, int]] | None:
+    """What an interrupted snapshot left to resume from (its recorded ranges, xmin and
+    time), or None when it must start again: no point or no range recorded, its slot
+    gone, lost, or read by something other than the pipeline's connector."""
+    pipe = settings.pipeline
+    if state is None or state.status != "running" or slot is None:
+        return None
+    if slot[0] and not has_connector:  # read by someone else: refused below
+        return None
+    point = resume_point(conn, pipe.name)
+    if point is None or slot_lost(conn, pipe.slot):
+        return None
+    ranges = read_ranges(conn, pipe.name)
+    if not ranges and not has_connector:
+        return None
+    return ranges, point
+
+
+def _snapshot_xmin(settings: Settings, point: SnapshotPoint) -> int:
+    """The exported snapshot's xmin (an xid8): every transaction before it is over."""
+    with psycopg.connect(replication_dsn(settings), connect_timeout=10) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        conn.execute(f"SET TRANSACTION SNAPSHOT '{point.snapshot_name}'")
+        row = conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text").fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def _identity(conn: Any, table: Table) -> tuple[int, str]:
+    """The table's relation and its files (a partitioned table's: each partition's): a
+    rewrite (VACUUM FULL, CLUSTER, ALTER TABLE … TYPE) gives it new files."""
+    row = conn.execute(
+        "SELECT c.oid, (SELECT string_agg(coalesce(pg_relation_filenode(t.relid), 0)::text, "
+        "',' ORDER BY t.relid) FROM pg_partition_tree(c.oid) t) "
+        "FROM pg_class c WHERE c.oid = %s::regclass",
+        (table.regclass,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), str(row[1])
+
+
+def _resume(
+    settings: Settings,
+    tables: list[Table],
+    point: SnapshotPoint,
+    ranges: list[ReadRange],
+    xmin: int,
+    console: Console,
+    say: Say,
+    started: float,
+) -> SnapshotResult:
+    """Finish an interrupted snapshot: stream from its slot's consistent point, and
+    backfill (Debezium's watermarked incremental snapshot) the rows it had not written
+    (unread_rows); then mark it done, as a run that was not interrupted does."""
+    pipe = settings.pipeline
+    lsn = int_to_lsn(point.lsn)
+    topics = [change_topic(pipe, t.qualified) for t in tables]
+    written = {t: sum(p.values()) for t, p in end_offsets(settings.kafka, topics).items()}
+    plans: dict[str, str] = {}
+    with admin_connection(settings) as conn:
+        for table in tables:
+            relid, files = _identity(conn, table)
+            read = [(r.first, r.end) for r in ranges if r.relid == relid and r.files == files]
+            where = unread_rows(read, xmin)
+            if where is not None:
+                plans[table.qualified] = where
+    say(
+        f"resuming the snapshot at LSN {lsn}: {len(ranges)} range(s) were written whole; "
+        f"streaming from slot {pipe.slot} and backfilling the rest of {len(plans)} table(s)"
+    )
+    register_connector(settings, tables, start_lsn=point.lsn, start_ts_ms=point.ts_ms)
+    rows = {change_topic(pipe, t.qualified): 0 for t in tables}
+    with Progress(
+        TextColumn("{task.description}", markup=False),  # names, not markup
+        BarColumn(),
+        TextColumn("{task.fields[detail]}", markup=False),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bar:
+        for name, where in plans.items():
+            signal, offset = start_backfill(
+                settings, name, None if where == "true" else where, acknowledge=False
+            )
+            task = bar.add_task(name, total=1.0, detail="waiting for Debezium")
+
+            def show(p: Any, task: Any = task) -> None:
+                detail = p.state.lower().replace("_", " ")
+                if p.rows_scanned is not None:
+                    detail += f", {p.rows_scanned:,} rows"
+                bar.update(task, completed=p.fraction or 0.0, detail=detail)
+
+            done = watch_backfill(settings, offset, show, signal_id=signal)
+            bar.update(task, completed=1.0, detail=f"{done.rows_scanned or 0:,} rows read")
+            rows[change_topic(pipe, name)] = done.rows_scanned or 0
+    record_generation(settings, point.lsn, point.ts_ms, topics)
+    record_schemas(settings, tables)
+    total = {t.qualified: written.get(change_topic(pipe, t.qualified), 0) for t in tables}
+    for table in tables:
+        total[table.qualified] += rows[change_topic(pipe, table.qualified)]
+    with admin_connection(settings) as conn:
+        conn.autocommit = True
+        mark_done(conn, pipe.name, lsn, point.ts_ms, sum(total.values()))
+        sync_truncate_triggers(conn)
+    say(f"snapshot at LSN {lsn} done: the rest backfilled; streaming from slot {pipe.slot}")
+    return SnapshotResult(lsn=lsn, rows=total, seconds=time.monotonic() - started, continued=True)
+
+
 def _copy_tables(
     settings: Settings,
     spark: Any,
@@ -228,25 +402,37 @@ def _copy_tables(
         **pg.jdbc_ssl_params(),
     }
     now_ms = int(time.time() * 1000)
-    frames = []
+    pieces: list[tuple[ReadRange, Any, int]] = []  # each CTID range, its events, its pages
     with admin_connection(settings) as conn:
         for table in tables:
             query = event_query(table).as_string(conn)
             head, tail = envelope(table, point, pipe.topic_prefix, pg.database, now_ms)
             topic = change_topic(pipe, table.qualified)
             rows = f" AND ({table.row_filter})" if table.row_filter else ""
-            for where in ctid_ranges(table.pages, pipe.snapshot_pages_per_reader):
-                subquery = f"({query} WHERE {where}{rows}) AS snapshot_rows"
-                frames.append(
-                    spark.read.jdbc(url, subquery, properties=props).select(
-                        "key",
-                        F.concat(F.lit(head), F.col("after"), F.lit(tail)).alias("value"),
-                        F.lit(topic).alias("topic"),
-                    )
+            relid, files = _identity(conn, table)
+            for first, end in page_ranges(table.pages, pipe.snapshot_pages_per_reader):
+                subquery = f"({query} WHERE {ctid_clause(first, end)}{rows}) AS snapshot_rows"
+                frame = spark.read.jdbc(url, subquery, properties=props).select(
+                    "key",
+                    F.concat(F.lit(head), F.col("after"), F.lit(tail)).alias("value"),
+                    F.lit(topic).alias("topic"),
                 )
-    events = reduce(lambda a, b: a.unionAll(b), frames)
-    if settings.kafka.oversized == "dead_letter":
-        events = _hold_oversized(events, settings)
+                pages = (end if end is not None else max(table.pages, first + 1)) - first
+                pieces.append((ReadRange(relid, files, first, end), frame, pages))
+    # a few ranges per Spark job (about twice the cores' worth of pages: each job keeps
+    # them busy; small tables share one), each group recorded once in Kafka: a run after
+    # a crash reads only the rest
+    group_pages = (
+        2 * max(1, int(spark.sparkContext.defaultParallelism)) * (pipe.snapshot_pages_per_reader)
+    )
+    groups: list[list[tuple[ReadRange, Any]]] = [[]]
+    held = 0
+    for read, frame, pages in pieces:
+        if held >= group_pages:
+            groups.append([])
+            held = 0
+        groups[-1].append((read, frame))
+        held += max(1, pages)
     topics = {change_topic(pipe, t.qualified): t for t in tables}
     start = {t: sum(p.values()) for t, p in end_offsets(settings.kafka, list(topics)).items()}
 
@@ -273,26 +459,37 @@ def _copy_tables(
 
         poller = threading.Thread(target=poll, daemon=True)
         poller.start()
-        (
-            events.write.format("kafka")
-            .options(**kafka_options(settings))
-            .option("kafka.acks", "all")
-            .option("kafka.enable.idempotence", "true")
-            .option("kafka.linger.ms", "20")
-            .option("kafka.batch.size", "524288")
-            .option("kafka.compression.type", "lz4")
-            # a row as large as kafka.max_message_bytes (the topics take it too)
-            .option("kafka.max.request.size", str(settings.kafka.max_message_bytes))
-            .option(
-                "kafka.buffer.memory",
-                str(max(32 * 1024 * 1024, 2 * settings.kafka.max_message_bytes)),
-            )
-            .save()
-        )
+        for chunk in groups:
+            _write(settings, reduce(lambda a, b: a.unionAll(b), [f for _, f in chunk]))
+            with admin_connection(settings) as conn:
+                conn.autocommit = True
+                record_ranges(conn, pipe.name, [r for r, _ in chunk])
         done.set()
         poller.join()
         written = _update(progress, tasks, start, settings, began, final=True)
     return {topics[t].qualified: n for t, n in written.items()}
+
+
+def _write(settings: Settings, events: Any) -> None:
+    """Write snapshot events to their topics, and return once Kafka has them all."""
+    if settings.kafka.oversized == "dead_letter":
+        events = _hold_oversized(events, settings)
+    (
+        events.write.format("kafka")
+        .options(**kafka_options(settings))
+        .option("kafka.acks", "all")
+        .option("kafka.enable.idempotence", "true")
+        .option("kafka.linger.ms", "20")
+        .option("kafka.batch.size", "524288")
+        .option("kafka.compression.type", "lz4")
+        # a row as large as kafka.max_message_bytes (the topics take it too)
+        .option("kafka.max.request.size", str(settings.kafka.max_message_bytes))
+        .option(
+            "kafka.buffer.memory",
+            str(max(32 * 1024 * 1024, 2 * settings.kafka.max_message_bytes)),
+        )
+        .save()
+    )
 
 
 def _hold_oversized(events: Any, settings: Settings) -> Any:

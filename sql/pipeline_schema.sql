@@ -73,6 +73,22 @@ CREATE TABLE IF NOT EXISTS cdc.snapshots (
     finished_at  timestamptz,
     rows         bigint
 );
+-- the oldest transaction in progress at the snapshot (xid8): a row version a later
+-- transaction wrote is not one the snapshot saw (a resumed snapshot reads it again)
+ALTER TABLE cdc.snapshots ADD COLUMN IF NOT EXISTS snapshot_xmin bigint;
+
+-- The CTID ranges an initial snapshot has written to the log whole, per table (its
+-- relation and files: a rewrite such as VACUUM FULL moves every row): an interrupted
+-- snapshot resumes by backfilling only the rest (snapshot/initial.py).
+CREATE TABLE IF NOT EXISTS cdc.snapshot_ranges (
+    pipeline   text NOT NULL,
+    relid      oid NOT NULL,
+    files      text NOT NULL,
+    first_page bigint NOT NULL,
+    end_page   bigint,  -- NULL: to the table's end
+    read_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pipeline, relid, first_page)
+);
 
 -- A TRUNCATE of a captured table, recorded by a statement trigger in the truncating
 -- transaction. Debezium's own truncate events carry no key, and a compacted topic

@@ -11,7 +11,7 @@ from cdc.capture.backfill import BackfillProgress, _apply
 from cdc.capture.slot import int_to_lsn, lsn_to_int
 from cdc.catalog import Column, Table
 from cdc.decode import UNAVAILABLE, Interval, decode_row, decode_value, parse_interval
-from snapshot.initial import ctid_ranges
+from snapshot.initial import ctid_ranges, unread_rows
 
 
 def col(name: str, base: str, *, array: bool = False, precision: int | None = None) -> Column:
@@ -27,6 +27,37 @@ def test_ctid_ranges_cover_every_page_once() -> None:
         "ctid >= '(100,0)'::tid AND ctid < '(200,0)'::tid",
         "ctid >= '(200,0)'::tid",  # open-ended: the table may have grown past relpages
     ]
+
+
+def test_an_interrupted_snapshot_reads_only_the_ranges_it_had_not_written() -> None:
+    assert unread_rows([], 7) == "true"  # nothing written: the whole table
+    assert unread_rows([(0, 100), (100, 200), (200, None)], 7) is None  # all of it
+    assert unread_rows([(200, None), (0, 100), (100, 200)], 7) is None  # in any order
+    rest = unread_rows([(0, 100), (100, 200)], 7)  # merged into one range
+    assert rest is not None and rest.startswith("(NOT ((ctid < '(200,0)'::tid)) OR ")
+    gaps = unread_rows([(0, 100), (200, 300)], 7) or ""
+    assert "(ctid < '(100,0)'::tid) OR (ctid >= '(200,0)'::tid AND ctid < '(300,0)'::tid)" in gaps
+
+
+def test_a_row_version_written_after_the_snapshot_is_read_again() -> None:
+    """An UPDATE after the snapshot may move a row into a range already written: every
+    version whose xmin is at or after the snapshot's (modulo 2^32) is read again."""
+    import re
+
+    xmin = (5 << 32) + 4_294_967_000  # an xid8 near a 32-bit wrap
+    where = unread_rows([(0, 100)], xmin) or ""
+    found = re.search(
+        r"\(\(xmin::text::bigint - (\d+) \+ 4294967296\) % 4294967296\) < 2147483648", where
+    )
+    assert found is not None
+    base = int(found.group(1))
+
+    def newer(xid32: int) -> bool:
+        return (xid32 - base + 2**32) % 2**32 < 2**31
+
+    assert base == xmin % 2**32
+    assert newer(4_294_967_000) and newer(4_294_967_295) and newer(5)  # after it, wrapped
+    assert not newer(4_294_966_999) and not newer(3_000_000_000)  # before it
 
 
 @pytest.mark.parametrize("lsn", ["0/0", "0/16B3748", "16/B374D848", "FFFFFFFF/FFFFFFFF"])
