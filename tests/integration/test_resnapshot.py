@@ -27,7 +27,7 @@ from snapshot.initial import run_snapshot
 from tests.conftest import Capture, RunningStack
 from tests.helpers import run_cdc
 from tests.logcheck import pipeline_env
-from tests.stores import history_with_ends
+from tests.stores import history_with_ends, warehouse_frame
 
 pytestmark = pytest.mark.integration
 
@@ -317,7 +317,6 @@ def test_rows_deleted_between_two_snapshots_leave_every_store(
     import requests
 
     from materializers.apply.job import run_apply
-    from materializers.stores.warehouse.tables import current_path, warehouse_root
 
     name, settings = table
     qualified = f"public.{name}"
@@ -346,12 +345,7 @@ def test_rows_deleted_between_two_snapshots_leave_every_store(
     requests.post(f"{url}/{index}/_refresh", timeout=30).raise_for_status()
     hits = requests.post(f"{url}/{index}/_search", json={"size": 1000}, timeout=30).json()
     assert {h["_source"]["id"] for h in hits["hits"]["hits"]} == expected
-    from pyspark.sql import SparkSession
-
-    spark = SparkSession.getActiveSession()
-    assert spark is not None
-    root = warehouse_root(settings)
-    current = spark.read.format("delta").load(current_path(root, qualified))
+    current = warehouse_frame(settings, qualified)  # a session of the tests' own, if none
     assert sorted(r["id"] for r in current.collect()) == sorted(expected)  # live rows only
     history = history_with_ends(settings, qualified)  # the ends as the test derives them
     still_open = {r["id"] for r in history.where("valid_to IS NULL").collect()}
