@@ -1,7 +1,10 @@
 """An initial snapshot killed at about half, then resumed, against one not interrupted.
 
-    .venv/bin/python bench/snapshot_resume.py [--scale 20] [--runs 2] [--at 0.5]
+    .venv/bin/python bench/snapshot_resume.py [--scale 20] [--runs 2] [--at 0.45]
         [--only-whole] [--repo DIR]
+
+(--at 0.45: the ranges are recorded a group at a time, and the first group of this
+table holds half of its pages.)
 
 Needs the local stack (`cdc up`); loads pgbench at --scale (20: 2 M rows in
 pgbench_accounts) into the stack's database if it is not there. Each run, on a
@@ -48,6 +51,7 @@ def environment(settings: Settings, repo: Path) -> dict[str, str]:
     return {
         **os.environ,
         "PYTHONPATH": str(repo),
+        "CDC_DATA_DIR": str(settings.data_dir),  # its secrets, whichever checkout runs
         "CDC_PIPELINE__NAME": pipe.name,
         "CDC_PIPELINE__TOPIC_PREFIX": pipe.topic_prefix,
         "CDC_PIPELINE__TABLES": f'["{TABLE}"]',
@@ -136,7 +140,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scale", type=int, default=20)
     parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--at", type=float, default=0.5, help="fraction of pages at the kill")
+    parser.add_argument(
+        "--at", type=float, default=0.45, help="kill once this fraction of pages is written"
+    )
     parser.add_argument("--only-whole", action="store_true")
     parser.add_argument("--repo", type=Path, default=ROOT, help="the checkout `cdc` runs from")
     args = parser.parse_args()

@@ -83,7 +83,7 @@ def pipeline_table(p: PipelineStatus) -> Table:
         table.add_row("error", f"[red]{escape(p.error)}[/red]")
     snapshot = p.snapshot + (f" at {p.snapshot_lsn}" if p.snapshot_lsn else "")
     if p.snapshot == "running":
-        snapshot += " (interrupted, or under way: `cdc snapshot` redoes an interrupted one)"
+        snapshot += " (interrupted, or under way: `cdc snapshot` resumes an interrupted one)"
     table.add_row("snapshot", snapshot)
     if p.slot:
         table.add_row(f"slot {p.slot['name']}", _slot_line(p.slot))

@@ -419,12 +419,11 @@ def _copy_tables(
                 )
                 pages = (end if end is not None else max(table.pages, first + 1)) - first
                 pieces.append((ReadRange(relid, files, first, end), frame, pages))
-    # a few ranges per Spark job (about twice the cores' worth of pages: each job keeps
-    # them busy; small tables share one), each group recorded once in Kafka: a run after
-    # a crash reads only the rest
-    group_pages = (
-        2 * max(1, int(spark.sparkContext.defaultParallelism)) * (pipe.snapshot_pages_per_reader)
-    )
+    # a few ranges per Spark job (one range per task slot: one wave of tasks; small
+    # tables share one), each group recorded once in Kafka: a run after a crash reads
+    # only the rest
+    slots = max(1, int(spark.sparkContext.defaultParallelism))
+    group_pages = slots * pipe.snapshot_pages_per_reader
     groups: list[list[tuple[ReadRange, Any]]] = [[]]
     held = 0
     for read, frame, pages in pieces:

@@ -27,8 +27,8 @@ from tests.stores import cache
 
 pytestmark = pytest.mark.integration
 
-ROWS = 300_000
-PAGES_PER_READER = 100  # about 25 ranges of this table, a few per Spark job
+ROWS = 200_000
+PAGES_PER_READER = 60  # about 25 ranges of this table, a few per Spark job
 
 
 def _ranges(dsn: str, pipeline: str) -> int:
