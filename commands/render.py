@@ -83,6 +83,8 @@ def pipeline_table(p: PipelineStatus) -> Table:
         table.add_row("error", f"[red]{escape(p.error)}[/red]")
     snapshot = p.snapshot + (f" at {p.snapshot_lsn}" if p.snapshot_lsn else "")
     if p.snapshot == "running":
+        if p.snapshot_ranges:
+            snapshot += f"; {p.snapshot_ranges} CTID range(s) written"
         snapshot += " (interrupted, or under way: `cdc snapshot` resumes an interrupted one)"
     table.add_row("snapshot", snapshot)
     if p.slot:

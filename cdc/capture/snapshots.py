@@ -86,6 +86,9 @@ def record_ranges(conn: psycopg.Connection[Any], pipeline: str, ranges: list[Rea
 
 
 def read_ranges(conn: psycopg.Connection[Any], pipeline: str) -> list[ReadRange]:
+    made = conn.execute("SELECT to_regclass('cdc.snapshot_ranges')").fetchone()
+    if not made or made[0] is None:  # a source set up before resumable snapshots
+        return []
     found = conn.execute(
         "SELECT relid, files, first_page, end_page FROM cdc.snapshot_ranges "
         "WHERE pipeline = %s ORDER BY relid, first_page",

@@ -15,7 +15,7 @@ from cdc.capture.connect import connect_client
 from cdc.capture.freshness import CaptureLag, capture_lag
 from cdc.capture.replica_identity import identity_problems
 from cdc.capture.slot import slot_row, standby_slots
-from cdc.capture.snapshots import read_state
+from cdc.capture.snapshots import read_ranges, read_state
 from cdc.capture.source import admin_connection
 from cdc.catalog import describe_table, published_tables, selected_tables
 from cdc.errors import CdcError, SourceError
@@ -53,6 +53,8 @@ class PipelineStatus:
     stores: dict[str, dict[str, Any]] = field(default_factory=dict)  # per store: backlog, lag
     dead_letters: int = 0
     late_events: dict[str, int] = field(default_factory=dict)  # per window aggregate
+    # a running snapshot's CTID ranges already in Kafka (what a rerun does not read again)
+    snapshot_ranges: int | None = None
     # apply.iceberg: the warehouse's tables, and those whose Iceberg table lags its Delta
     # table: {"tables": n, "behind": {folder: [Delta version, Iceberg's or None]}}
     iceberg: dict[str, Any] | None = None
@@ -90,6 +92,8 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
             state = read_state(conn, pipe.name) if has_state and has_state[0] else None
             if state:
                 status.snapshot, status.snapshot_lsn = state.status, state.lsn
+                if state.status == "running":
+                    status.snapshot_ranges = len(read_ranges(conn, pipe.name))
             standbys = standby_slots(
                 settings.postgres.standbys, lambda a: settings.postgres.at(a).dsn(), pipe.slot
             )

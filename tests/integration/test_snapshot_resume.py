@@ -85,6 +85,8 @@ def test_a_killed_snapshot_resumes_and_reads_only_what_it_had_not_written(
             "SELECT relpages FROM pg_class WHERE oid = %s::regclass", (made.table,)
         ).fetchone()
     assert state == ("running",)
+    shown = json.loads(run_cdc("status", "--output", "json", env=env).stdout)["pipeline"]
+    assert (shown["snapshot"], shown["snapshot_ranges"]) == ("running", recorded)
     assert pages is not None and recorded * PAGES_PER_READER < pages[0], "it wrote every range"
 
     with psycopg.connect(made.dsn, autocommit=True) as conn:

@@ -165,3 +165,20 @@ def test_tables_add_and_remove_edit_the_settings_file(
     monkeypatch.setenv("CDC_PIPELINE__TABLES", '["public.x"]')
     with pytest.raises(ConfigError, match="CDC_PIPELINE__TABLES"):
         edit_tables(add=["y"], remove=[])
+
+
+def test_the_status_of_an_interrupted_snapshot_says_what_a_rerun_keeps() -> None:
+    import io
+
+    from rich.console import Console
+
+    from commands.render import pipeline_table
+    from materializers.check.status import PipelineStatus
+
+    status = PipelineStatus("p", "running", "0/16B3748", None, None)
+    status.snapshot_ranges = 12
+    out = io.StringIO()
+    Console(file=out, width=300).print(pipeline_table(status))
+    text = out.getvalue()
+    assert "running at 0/16B3748; 12 CTID range(s) written" in text
+    assert "`cdc snapshot` resumes an interrupted one" in text
