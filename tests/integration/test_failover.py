@@ -238,6 +238,19 @@ def _synced(dsn: str, slot: str) -> bool:
     return bool(row and row[0])
 
 
+def _snapshot_synced(settings: Settings, standby_dsn: str, name: str, rows: int) -> None:
+    """The pipeline's table made on the primary with `rows` rows, its snapshot taken, and
+    its failover slot synchronized to the standby."""
+    with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, n int, note text)")
+        conn.execute(f"INSERT INTO {name} SELECT i, 0, 'v0' FROM generate_series(1, {rows}) i")
+    run_snapshot(settings, Console(file=io.StringIO()))
+    deadline = time.monotonic() + 120
+    while not _synced(standby_dsn, settings.pipeline.slot):
+        assert time.monotonic() < deadline, "the standby never synchronized the slot"
+        time.sleep(1)
+
+
 def test_a_promoted_standby_goes_on_from_the_synced_slot_without_a_new_snapshot(
     stack: RunningStack, pair: Pair
 ) -> None:
@@ -256,18 +269,10 @@ def test_a_promoted_standby_goes_on_from_the_synced_slot_without_a_new_snapshot(
     env = pipeline_env({**stack.env, **addresses}, settings)
     primary_dsn, standby_dsn = pair.primary.postgres.dsn(), pair.standby.postgres.dsn()
     try:
-        with psycopg.connect(primary_dsn, autocommit=True) as conn:
-            conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, n int, note text)")
-            conn.execute(f"INSERT INTO {name} SELECT i, 0, 'v0' FROM generate_series(1, 200) i")
-        run_snapshot(settings, Console(file=io.StringIO()))
+        _snapshot_synced(settings, standby_dsn, name, 200)
         with psycopg.connect(primary_dsn) as conn:
             snapshot = read_state(conn, pipe.name)
         assert snapshot is not None and snapshot.status == "done"
-
-        deadline = time.monotonic() + 120
-        while not _synced(standby_dsn, pipe.slot):
-            assert time.monotonic() < deadline, "the standby never synchronized the slot"
-            time.sleep(1)
         shown = json.loads(run_cdc("status", "-o", "json", env=env).stdout)["pipeline"]["slot"]
         assert shown["failover"] is True and shown["health"] == "ok", shown["problem"]
         assert [s["synced"] for s in shown["standbys"]] == [True]
@@ -332,14 +337,7 @@ def test_a_standby_promoted_without_changes_the_log_holds_is_refused(
     )
     primary_dsn, standby_dsn = pair.primary.postgres.dsn(), pair.standby.postgres.dsn()
     try:
-        with psycopg.connect(primary_dsn, autocommit=True) as conn:
-            conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, n int, note text)")
-            conn.execute(f"INSERT INTO {name} SELECT i, 0, 'v0' FROM generate_series(1, 50) i")
-        run_snapshot(settings, Console(file=io.StringIO()))
-        deadline = time.monotonic() + 120
-        while not _synced(standby_dsn, settings.pipeline.slot):
-            assert time.monotonic() < deadline, "the standby never synchronized the slot"
-            time.sleep(1)
+        _snapshot_synced(settings, standby_dsn, name, 50)
         with psycopg.connect(primary_dsn, autocommit=True) as conn:
             conn.execute("ALTER SYSTEM RESET synchronized_standby_slots")
             conn.execute("SELECT pg_reload_conf()")
