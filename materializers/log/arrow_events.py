@@ -376,7 +376,11 @@ def _summary(name: str, topic: str, table: pa.Table, records: pa.Table) -> list[
                 "partition": table.column("_cdc_partition"),
                 "offset": table.column("_cdc_offset"),
                 "commit_ms": table.column("_cdc_commit_ms"),
-                "commit_lsn": table.column("_cdc_commit_lsn"),
+                # the newest source position taken, as `_partitions`: an event's own
+                # position too, not only its sequence[0] (the commit before it)
+                "commit_lsn": pc.max_element_wise(
+                    table.column("_cdc_commit_lsn"), table.column("_cdc_lsn")
+                ),
                 "size": pc.cast(sizes, pa.int64()),
             }
         )
