@@ -92,7 +92,7 @@ from cdc.topics import (
 )
 from snapshot.encoding import envelope, event_query
 
-__all__ = ["SnapshotResult", "ctid_ranges", "page_ranges", "run_snapshot", "unread_rows"]
+__all__ = ["SnapshotResult", "ctid_clause", "page_ranges", "run_snapshot", "unread_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -125,11 +125,6 @@ def ctid_clause(first: int, end: int | None) -> str:
     parts = [f"ctid >= '({first},0)'::tid"] if first > 0 else []
     parts += [f"ctid < '({end},0)'::tid"] if end is not None else []
     return " AND ".join(parts) or "true"
-
-
-def ctid_ranges(pages: int, pages_per_reader: int) -> list[str]:
-    """WHERE clauses splitting a table into CTID ranges of whole pages."""
-    return [ctid_clause(first, end) for first, end in page_ranges(pages, pages_per_reader)]
 
 
 def unread_rows(read: list[tuple[int, int | None]], xmin: int) -> str | None:

@@ -11,16 +11,21 @@ from cdc.capture.backfill import BackfillProgress, _apply
 from cdc.capture.slot import int_to_lsn, lsn_to_int
 from cdc.catalog import Column, Table
 from cdc.decode import UNAVAILABLE, Interval, decode_row, decode_value, parse_interval
-from snapshot.initial import ctid_ranges, unread_rows
+from snapshot.initial import ctid_clause, page_ranges, unread_rows
 
 
 def col(name: str, base: str, *, array: bool = False, precision: int | None = None) -> Column:
     return Column(name, base, base, "X", array, precision, False)
 
 
+def ctid_ranges(pages: int, pages_per_reader: int) -> list[str]:
+    return [ctid_clause(first, end) for first, end in page_ranges(pages, pages_per_reader)]
+
+
 def test_ctid_ranges_cover_every_page_once() -> None:
     assert ctid_ranges(0, 100) == ["true"]
     assert ctid_ranges(100, 100) == ["true"]
+    assert page_ranges(250, 100) == [(0, 100), (100, 200), (200, None)]
     ranges = ctid_ranges(250, 100)
     assert ranges == [
         "ctid < '(100,0)'::tid",
