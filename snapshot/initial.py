@@ -211,6 +211,8 @@ def run_snapshot(
                 )
             say(f"dropping slot {pipe.slot} of an interrupted snapshot; starting again")
             drop_slot(conn, pipe.slot)
+        elif resume is None and state is not None and state.status == "running":
+            say(f"the slot of an interrupted snapshot is gone ({pipe.slot}); starting again")
         if resume is None:
             mark_running(conn, pipe.name, pipe.slot)
     if resume is not None:

@@ -69,10 +69,25 @@ def test_an_interrupted_snapshot_is_never_taken_for_complete_and_reruns_cleanly(
         assert status.snapshot == "running" and status.connector is None
         partial = sum(end_offsets(settings.kafka, [topic])[topic].values())
         assert partial > 0
+        # its slot gone (a DBA dropped it): nothing to resume from, so the rerun starts
+        # again (test_snapshot_resume.py resumes one whose slot is kept)
+        with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
+            poll(
+                lambda: (
+                    conn.execute(
+                        "SELECT NOT active FROM pg_replication_slots WHERE slot_name = %s",
+                        (settings.pipeline.slot,),
+                    ).fetchone()
+                    == (True,)
+                ),
+                60,
+                "the killed snapshot's slot to be released",
+            )
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (settings.pipeline.slot,))
 
         result = run_cdc("snapshot", env=env_for(t))
         assert result.returncode == 0, result.stderr
-        assert "interrupted snapshot" in result.stderr
+        assert "interrupted snapshot" in result.stderr and "starting again" in result.stderr
         assert pipeline_status(settings, [f"public.{name}"]).snapshot == "done"
         table = table_info(settings, f"public.{name}")
         _, records = wait_until_equal(settings, table)
