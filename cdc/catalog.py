@@ -33,6 +33,9 @@ __all__ = [
 
 # our own bookkeeping (signal, heartbeat, snapshot state) is never captured as data
 OWN_SCHEMA = "cdc"
+# only cdc_watermarks.pg_current_snapshot(), a read-only backfill's watermark
+# (sql/pipeline_schema.sql): the connector's sessions search it before pg_catalog
+WATERMARK_SCHEMA = "cdc_watermarks"
 # a TRUNCATE of a captured table, recorded as a row by a trigger (sql/pipeline_schema.sql)
 TRUNCATIONS_TABLE = f"{OWN_SCHEMA}.truncations"
 # a row per pipeline that Debezium's heartbeat writes (now()) every heartbeat interval:

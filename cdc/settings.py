@@ -980,6 +980,12 @@ class PipelineSettings(BaseModel):
         "and keeps in data_dir/secrets/<role>.password (0600)",
     )
     heartbeat_interval_ms: int = Field(10_000, ge=100)
+    read_only_backfills: bool = Field(
+        False,
+        description="backfills write nothing to the source: signals go through Kafka "
+        "(<topic_prefix>.signals) and Debezium's watermarks are pg_current_snapshot() "
+        "(read.only); see docs/capture.md for what that costs",
+    )
     snapshot_pages_per_reader: int = Field(
         4096, ge=1, description="a table is split into CTID ranges of this many 8 KiB pages"
     )

@@ -139,6 +139,12 @@ def notification_topic(pipeline: PipelineSettings) -> str:
     return f"{pipeline.topic_prefix}.notifications"
 
 
+def signal_topic(pipeline: PipelineSettings) -> str:
+    """Debezium's signals when backfills are read-only (pipeline.read_only_backfills):
+    one partition, each record keyed by the topic prefix (Debezium's logical name)."""
+    return f"{pipeline.topic_prefix}.signals"
+
+
 def dead_letter_topic(pipeline: PipelineSettings) -> str:
     """Poison events, with the error and where they came from."""
     return f"{pipeline.topic_prefix}.dlq"
@@ -146,11 +152,11 @@ def dead_letter_topic(pipeline: PipelineSettings) -> str:
 
 def change_topic_pattern(pipeline: PipelineSettings) -> str:
     """`<prefix>.<schema>.<table>` (a name may hold more dots): not the transaction,
-    notification, dead-letter or logical decoding message topics, nor the heartbeat
-    table's."""
+    notification, signal, dead-letter or logical decoding message topics, nor the
+    heartbeat table's."""
     prefix = re.escape(pipeline.topic_prefix)
     heartbeat = re.escape(HEARTBEAT_TABLE)
-    return rf"^{prefix}\.(?!(?:transaction|notifications|dlq|message|{heartbeat})$).+$"
+    return rf"^{prefix}\.(?!(?:transaction|notifications|signals|dlq|message|{heartbeat})$).+$"
 
 
 @dataclass(frozen=True)
@@ -192,6 +198,8 @@ def pipeline_topic_specs(pipeline: PipelineSettings, tables: list[str]) -> list[
     )
     specs.append(TopicSpec(transaction_topic(pipeline), 1, {"retention.ms": "604800000"}))
     specs.append(TopicSpec(notification_topic(pipeline), 1, {"retention.ms": "604800000"}))
+    if pipeline.read_only_backfills:
+        specs.append(TopicSpec(signal_topic(pipeline), 1, {"retention.ms": "604800000"}))
     # kept a month
     specs.append(TopicSpec(dead_letter_topic(pipeline), 1, {"retention.ms": "2592000000"}))
     return specs

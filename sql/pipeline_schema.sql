@@ -14,11 +14,13 @@ CREATE TABLE IF NOT EXISTS cdc.debezium_signal (
 -- there) before the committing backend makes it visible (after its WAL flush, or a
 -- synchronous standby's answer): a transaction caught between the two is decoded
 -- before the watermark yet missing from the chunk's read, and the chunk's older row
--- would land in the log after its change. This trigger, run as the watermark commits,
--- waits until the client transactions that were running (or waiting for a standby)
--- have ended or gone idle, at most 2 s (a long statement is not waited for longer).
+-- would land in the log after its change. This waits until the client transactions
+-- that were running (or waiting for a standby) have ended or gone idle, at most 2 s (a
+-- long statement is not waited for longer). It runs as the watermark commits (the
+-- trigger below), or, for read-only backfills, as Debezium takes its watermark
+-- (cdc_watermarks.pg_current_snapshot below).
 -- SECURITY DEFINER: it reads other roles' sessions in pg_stat_activity.
-CREATE OR REPLACE FUNCTION cdc.await_visible_commits() RETURNS trigger
+CREATE OR REPLACE FUNCTION cdc.await_commits_in_flight() RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
 DECLARE
     deadline timestamptz := clock_timestamp() + interval '2 seconds';
@@ -37,9 +39,49 @@ BEGIN
         PERFORM pg_sleep(0.002);
         PERFORM pg_stat_clear_snapshot();  -- sessions are read once a transaction otherwise
     END LOOP;
+END
+$$;
+REVOKE ALL ON FUNCTION cdc.await_commits_in_flight() FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION cdc.await_visible_commits() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+BEGIN
+    PERFORM cdc.await_commits_in_flight();
     RETURN NULL;
 END
 $$;
+
+-- A read-only backfill (pipeline.read_only_backfills) writes no watermark: Debezium
+-- takes `SELECT * FROM pg_current_snapshot()` before and after each chunk. Its
+-- connections name this schema before pg_catalog in their search_path (the connector's
+-- database.initial.statements), so that call is this one. It waits for the commits in
+-- flight first, as the trigger does, so the chunk read that follows sees them. And it
+-- gives Debezium (3.6, PostgresReadOnlyIncrementalSnapshotContext) a snapshot it reads
+-- right, as text: `3:<xmax>:`.
+-- * xmin 3 (the first normal xid): Debezium opens the window at the first change whose
+--   xid is at least the low watermark's xmin (a change before that emits the chunk at
+--   once), and emits the chunk at a commit whose xid is at most the high watermark's
+--   xmin (as "visible"). Both are wrong when commits reach the log out of xid order: a
+--   chunk emitted at an older transaction's change or commit lands before the changes
+--   of others the chunk read already saw (found under load: a key's backfilled row
+--   before two of its updates). With xmin 3
+--   every change after the chunk read is in the window (a key it changes is dropped
+--   from the chunk: the change itself is in the log), and the chunk is emitted only at
+--   a transaction that began after the chunk read (xid past xmax): every commit the
+--   chunk saw is in the log before it.
+-- * xids as the log gives them (32 bits; pg_current_snapshot gives 64), and no list of
+--   those in progress (Debezium does not use it).
+CREATE SCHEMA IF NOT EXISTS cdc_watermarks;
+CREATE OR REPLACE FUNCTION cdc_watermarks.pg_current_snapshot() RETURNS text
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog AS $$
+BEGIN
+    PERFORM cdc.await_commits_in_flight();
+    -- a statement of its own: a snapshot taken after the wait
+    RETURN '3:' || greatest(pg_snapshot_xmax(pg_current_snapshot())::text::numeric % 4294967296, 3)
+        || ':';
+END
+$$;
+REVOKE ALL ON FUNCTION cdc_watermarks.pg_current_snapshot() FROM PUBLIC;
 
 DO $$
 BEGIN

@@ -3,8 +3,10 @@
 Debezium reads the table in primary-key chunks between two watermarks it writes
 to the signal table (the DBLog algorithm): a chunk row that changed inside the
 window is dropped from the chunk, so a snapshot row never lands in the log after
-a newer change of the same key. Progress comes back as Debezium notifications
-on the pipeline's notification topic.
+a newer change of the same key. With pipeline.read_only_backfills the signals go
+through a Kafka topic and the watermarks are pg_current_snapshot(): nothing is
+written to the source. Progress comes back as Debezium notifications on the
+pipeline's notification topic.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from kafka import KafkaConsumer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 from psycopg import sql
 
@@ -35,7 +37,7 @@ from cdc.errors import BackfillError
 from cdc.filters import filter_problem
 from cdc.identity import acknowledge_all
 from cdc.settings import Settings
-from cdc.topics import notification_topic
+from cdc.topics import notification_topic, signal_topic
 
 __all__ = [
     "MAX_FILTER_CHARS",
@@ -80,12 +82,16 @@ class BackfillProgress:
 
 
 def send_signal(settings: Settings, kind: str, data: dict[str, Any] | None) -> str:
-    """Write a signal to Debezium's signal table; returns its id.
+    """Write a signal to Debezium's signal table, or with pipeline.read_only_backfills
+    to its signal topic; returns its id.
 
     A signal table from before, whose data column is too short for this signal, is
     widened to text first (cdc.capture.source.widen_signal_table).
     """
     signal_id = str(uuid.uuid4())
+    if settings.pipeline.read_only_backfills:
+        _send_to_topic(settings, {"id": signal_id, "type": kind, "data": data or {}})
+        return signal_id
     text = json.dumps(data) if data is not None else None
     with admin_connection(settings) as conn:
         try:
@@ -110,6 +116,31 @@ def send_signal(settings: Settings, kind: str, data: dict[str, Any] | None) -> s
                 f"{str(exc).strip().splitlines()[0]}; run `cdc snapshot` to set the pipeline up"
             ) from None
     return signal_id
+
+
+def _send_to_topic(settings: Settings, signal: dict[str, Any]) -> None:
+    """Debezium's Kafka signal channel takes a record keyed by its logical name (the
+    topic prefix) whose value is the signal as JSON."""
+    topic = signal_topic(settings.pipeline)
+    try:
+        producer = KafkaProducer(
+            **kafka_client_kwargs(settings.kafka), acks="all", request_timeout_ms=10_000
+        )
+    except KafkaError:
+        raise BackfillError(
+            f"Kafka at {settings.kafka.bootstrap_servers} does not answer: start it (`cdc up`) "
+            "or fix kafka.host/port"
+        ) from None
+    try:
+        key = settings.pipeline.topic_prefix.encode()
+        producer.send(topic, key=key, value=json.dumps(signal).encode()).get(timeout=15)
+    except KafkaError as exc:
+        raise BackfillError(
+            f"could not write the {signal['type']} signal to topic {topic} ({exc}): "
+            "run `cdc setup` to make it, and check `cdc status`"
+        ) from None
+    finally:
+        producer.close(timeout=5)
 
 
 def _check_streaming(settings: Settings, table: str) -> None:

@@ -18,12 +18,20 @@ from cdc.catalog import (
     DEBEZIUM_PLACEHOLDER,
     HEARTBEAT_TABLE,
     TRUNCATIONS_TABLE,
+    WATERMARK_SCHEMA,
     Table,
     pipeline_placeholder,
 )
+from cdc.clients import kafka_jaas_config, kafka_java_config
 from cdc.errors import ConnectorError
 from cdc.settings import Settings
-from cdc.topics import CUT_MESSAGE_PREFIX, change_topic, dead_letter_topic, notification_topic
+from cdc.topics import (
+    CUT_MESSAGE_PREFIX,
+    change_topic,
+    dead_letter_topic,
+    notification_topic,
+    signal_topic,
+)
 
 __all__ = [
     "DEBEZIUM_POSTGRES",
@@ -169,8 +177,7 @@ def pipeline_connector_config(
             # a cut's marker only (materializers/check/verify.py): another program's logical
             # decoding messages do not leave the database
             "message.prefix.include.list": _regex_literal(CUT_MESSAGE_PREFIX),
-            "signal.enabled.channels": "source",
-            "signal.data.collection": SIGNAL_TABLE,
+            **_signals(settings),
             "incremental.snapshot.chunk.size": "2048",
             # a column filter makes a backfill select the columns of Debezium's schema by
             # name: its `SELECT *` also returns generated columns, which the schema (from
@@ -360,6 +367,8 @@ def register_connector(
     config["database.password"] = secret_reference(
         settings, "database.password", config["database.password"]
     )
+    if SIGNAL_LOGIN in config:
+        config[SIGNAL_LOGIN] = secret_reference(settings, "kafka.jaas", config[SIGNAL_LOGIN])
     if "transforms.mask.salt" in config:
         config["transforms.mask.salt"] = secret_reference(
             settings, "mask.salt", config["transforms.mask.salt"]
@@ -408,6 +417,37 @@ def register_connector(
         timeout=max(deadline - time.monotonic(), 5),
         not_pid=old_reader,
     )
+
+
+SIGNAL_LOGIN = "signal.consumer.sasl.jaas.config"
+
+
+def _signals(settings: Settings) -> dict[str, str]:
+    """Where Debezium takes its signals. By default from the signal table (a row `cdc
+    backfill` inserts, seen in the log), and a backfill's watermarks are rows written
+    there too. With pipeline.read_only_backfills, from a Kafka topic instead, and the
+    watermarks are pg_current_snapshot() (read.only): nothing written to the source."""
+    pipe = settings.pipeline
+    if not pipe.read_only_backfills:
+        return {"signal.enabled.channels": "source", "signal.data.collection": SIGNAL_TABLE}
+    kafka = settings.kafka
+    # the login (register_connector puts it in the worker's secrets file)
+    jaas = kafka_jaas_config(kafka)
+    return {
+        "read.only": "true",
+        # its watermark, pg_current_snapshot(), is then cdc_watermarks' (it waits for the
+        # commits in flight first: sql/pipeline_schema.sql)
+        "database.initial.statements": (
+            f'SET search_path TO {WATERMARK_SCHEMA}, pg_catalog, "$user", public'
+        ),
+        "signal.enabled.channels": "kafka",
+        "signal.kafka.topic": signal_topic(pipe),
+        "signal.kafka.bootstrap.servers": kafka.bootstrap_servers,
+        # the consumer commits what it has taken: a restarted task does not take a
+        # signal again (one taken mid-backfill is in the connector's offsets)
+        "signal.kafka.groupId": f"{pipe.connector}-signals",
+        **{f"signal.consumer.{k}": v for k, v in kafka_java_config(kafka, jaas).items()},
+    }
 
 
 def _moved(stored: dict[str, str], config: dict[str, str]) -> bool:

@@ -26,7 +26,7 @@ import psycopg
 from psycopg import sql
 from pydantic import SecretStr
 
-from cdc.catalog import OWN_SCHEMA, TRUNCATIONS_TABLE
+from cdc.catalog import OWN_SCHEMA, TRUNCATIONS_TABLE, WATERMARK_SCHEMA
 from cdc.files import private_folder, write_file
 from cdc.settings import Settings
 from cdc.state_folders import make_state_dir
@@ -123,6 +123,11 @@ def role_statements(conn: psycopg.Connection[Any], settings: Settings) -> list[s
         ),
         # the snapshot hashes masked columns with the pipeline's salt, which it never reads
         sql.SQL("GRANT EXECUTE ON FUNCTION cdc.mask_hash(text, text) TO {}").format(role),
+        # a read-only backfill's watermark (sql/pipeline_schema.sql)
+        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(WATERMARK_SCHEMA), role),
+        sql.SQL("GRANT EXECUTE ON FUNCTION {}.pg_current_snapshot() TO {}").format(
+            sql.Identifier(WATERMARK_SCHEMA), role
+        ),
         *_expression_statements(role),
     ]
 
@@ -253,8 +258,8 @@ def sync_grants(
         for r in conn.execute(
             "SELECT n.nspname FROM pg_namespace n, aclexplode(n.nspacl) a "
             "WHERE a.grantee = (SELECT oid FROM pg_roles WHERE rolname = %s) "
-            "AND a.privilege_type = 'USAGE' AND n.nspname <> %s",
-            (role, OWN_SCHEMA),
+            "AND a.privilege_type = 'USAGE' AND n.nspname NOT IN (%s, %s)",
+            (role, OWN_SCHEMA, WATERMARK_SCHEMA),
         )
     }
     for schema in sorted({s for s, _ in wanted} - schemas):

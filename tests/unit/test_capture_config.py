@@ -172,3 +172,34 @@ def test_a_database_pg_hba_does_not_admit_is_said_with_what_admits_it() -> None:
     error = _connect_error(settings, "cdc_replication", refused)
     assert isinstance(error, SourceError)
     assert "database h9 (pg_hba.conf)" in str(error) and "`cdc up`" in str(error)
+
+
+def test_read_only_backfills_take_signals_from_kafka_and_watermarks_that_wait() -> None:
+    """With pipeline.read_only_backfills Debezium writes nothing to the source: signals
+    come from the pipeline's signal topic, with the Kafka login the settings give, and
+    its watermark (pg_current_snapshot) resolves to cdc_watermarks' first."""
+    column = Column("id", "integer", "int4", "N", False, None, True)
+    table = Table("public", "orders", (column,), ("id",), "d", 0, 0)
+    plain = pipeline_connector_config(Settings(), [table], "__p")
+    assert plain["signal.enabled.channels"] == "source" and "read.only" not in plain
+    settings = Settings.model_validate(
+        {
+            "pipeline": {"read_only_backfills": True, "topic_prefix": "shop"},
+            "kafka": {
+                "managed": False,
+                "security_protocol": "SASL_PLAINTEXT",
+                "sasl_mechanism": "SCRAM-SHA-512",
+                "username": "cdc",
+                "password": "s3cret",
+            },
+        }
+    )
+    config = pipeline_connector_config(settings, [table], "__p")
+    assert config["read.only"] == "true"
+    assert config["signal.enabled.channels"] == "kafka"
+    assert config["signal.kafka.topic"] == "shop.signals"
+    assert "signal.data.collection" not in config
+    assert config["signal.consumer.security.protocol"] == "SASL_PLAINTEXT"
+    assert "s3cret" in config["signal.consumer.sasl.jaas.config"]  # made a reference later
+    path = config["database.initial.statements"]
+    assert path.index("cdc_watermarks") < path.index("pg_catalog")

@@ -40,6 +40,7 @@ def test_the_apply_job_reads_every_change_topic_and_no_other() -> None:
     others = (
         "shop.transaction",
         "shop.notifications",
+        "shop.signals",
         "shop.dlq",
         "shop.message",
         "shop.cdc.heartbeat",  # the heartbeat table's rows: the capture's clock
