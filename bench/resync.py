@@ -73,6 +73,27 @@ def cdc(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def timed_cdc(env: dict[str, str], *args: str) -> tuple[int, list[tuple[float, str]]]:
+    """Run `cdc`, printing each line it says with the seconds since it started; returns
+    its exit code and those lines (the phases' profile)."""
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "commands", *args],
+        env={**env, "PYTHONUNBUFFERED": "1"},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[tuple[float, str]] = []
+    assert process.stdout is not None
+    for line in process.stdout:
+        at = round(time.monotonic() - started, 1)
+        lines.append((at, line.rstrip()))
+        print(f"  {at:7.1f} s  {line.rstrip()[:150]}", flush=True)
+    return process.wait(), lines
+
+
 def logged(settings: Settings) -> int:
     topics = [change_topic(settings.pipeline, t) for t in settings.pipeline.tables]
     return sum(sum(p.values()) for p in end_offsets(settings.kafka, topics).values())
@@ -140,9 +161,9 @@ def run_case(settings: Settings, case: str, make: list[str], gap: float) -> dict
             assert lost == ("lost",), lost
         print(f"{case}: slot lost after a gap of ~{changed:,} changes; cdc resync...", flush=True)
         started = time.monotonic()
-        resynced = cdc(env, "resync", "--timeout", "1800")
+        code, lines = timed_cdc(env, "resync", "--timeout", "1800")
         took = time.monotonic() - started
-        assert resynced.returncode == 0, resynced.stdout[-2000:] + resynced.stderr[-2000:]
+        assert code == 0, "\n".join(line for _, line in lines[-40:])
         return {
             "case": case,
             "rows": sum(rows.values()),
@@ -150,6 +171,8 @@ def run_case(settings: Settings, case: str, make: list[str], gap: float) -> dict
             "full_snapshot_and_apply_s": round(full, 1),
             "resync_s": round(took, 1),
             "records_through_the_log": logged(settings) - before,
+            # when `cdc resync` said each step: where its time goes
+            "steps": [{"at_s": at, "said": line[:200]} for at, line in lines if line.strip()],
         }
     finally:
         apply.send_signal(signal.SIGINT)
@@ -173,6 +196,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--pgbench-scale", type=int, default=2)
     parser.add_argument("--gap", type=float, default=0.01)
+    parser.add_argument(
+        "--case", choices=["table", "pgbench"], action="append", help="only this case (repeat)"
+    )
     args = parser.parse_args()
     local = load_settings()
     data_dir = Path(tempfile.mkdtemp(prefix="cdc-resync-"))
@@ -201,6 +227,8 @@ def main() -> None:
                 [],
             ),
         ]
+        chosen = args.case or ["table", "pgbench"]
+        cases = [c for c, kind in zip(cases, ["table", "pgbench"], strict=True) if kind in chosen]
         for case, tables, make in cases:
             settings = bench_settings(source, tables)
             if not make:

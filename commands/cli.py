@@ -501,8 +501,10 @@ def _reconcile(
     timeout: float,
     repair: bool,
     output: Form,
+    quality: bool = True,
 ) -> None:
-    """`cdc verify` of `table` (every captured one if None) in `stores`; exit 1 on drift."""
+    """`cdc verify` of `table` (every captured one if None) in `stores`; exit 1 on drift.
+    `quality`: also the expectations over the warehouse and its views' checks."""
     from cdc.capture.source import admin_connection
     from cdc.catalog import published_tables
     from materializers.apply.dead_letters import held_back
@@ -513,7 +515,7 @@ def _reconcile(
         names = table or published_tables(conn, s.pipeline.publication)
     tables = [_captured_table(s, name) for name in names]
     mending = functools.partial(mend, s, tables, say=say) if repair else None
-    report = reconcile(s, tables, stores, timeout, mend=mending, say=say)
+    report = reconcile(s, tables, stores, timeout, mend=mending, say=say, quality=quality)
     report.held_back = held_back(s)
     Output(output).emit(report.as_dict(), *verify_tables(report))
     if not report.ok:
@@ -533,8 +535,9 @@ def resync(
     the log. Makes a new slot, starts the connector on it (no new snapshot), then
     reconciles every store with the source at a cut, as `cdc verify --repair` does:
     keys changed or inserted in the gap are backfilled through the log, keys deleted
-    in it are removed. Needs `cdc apply` running (it applies the backfills). Refuses a
-    pipeline whose slot is not lost. Exits 1 if drift remains.
+    in it are removed (the warehouse's expectations are left to `cdc verify`). Needs
+    `cdc apply` running (it applies the backfills). Refuses a pipeline whose slot is
+    not lost. Exits 1 if drift remains.
     """
     from snapshot.resync import resync_slot
 
@@ -544,7 +547,8 @@ def resync(
         f"streaming from {result.lsn}; the changes after {result.lost_at or 'the lost slot'} "
         "and before it are mended from the source: verifying every store"
     )
-    _reconcile(s, None, list(s.apply.stores), timeout, True, output)
+    # only what the gap changed: the expectations and the views' checks are `cdc verify`'s
+    _reconcile(s, None, list(s.apply.stores), timeout, True, output, quality=False)
 
 
 @app.command()

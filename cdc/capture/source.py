@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -40,6 +41,7 @@ from cdc.catalog import (
     HEARTBEAT_TABLE,
     OWN_SCHEMA,
     TRUNCATIONS_TABLE,
+    WATERMARK_SCHEMA,
     Table,
     check_publishable,
     check_wal_level,
@@ -166,16 +168,23 @@ LIMIT 1
 def check_own_schema(conn: psycopg.Connection[Any], settings: Settings) -> None:
     """Refuse a `cdc` schema that holds another role's objects: made first by a database
     owner, say, its triggers would run with the administrator's rights whenever `cdc`
-    writes its own tables."""
-    found = conn.execute(
-        _FOREIGN, {"schema": OWN_SCHEMA, "expressions": EXPRESSIONS_FUNCTION[1]}
-    ).fetchone()
+    writes its own tables. The same for `cdc_watermarks`, whose function the connector
+    calls in place of pg_current_snapshot()."""
+    found = None
+    for schema in (OWN_SCHEMA, WATERMARK_SCHEMA):
+        found = (
+            found
+            or conn.execute(
+                _FOREIGN, {"schema": schema, "expressions": EXPRESSIONS_FUNCTION[1]}
+            ).fetchone()
+        )
     if found is None:
         return
     what, owner = found
     database = settings.postgres.database
+    what = re.sub(r"^schema \S+", lambda m: f"{m[0]} of database {database}", what)
     raise SourceError(
-        f"{what.replace('schema cdc', f'schema cdc of database {database}', 1)} belongs to "
+        f"{what} belongs to "
         f"{owner}: the pipeline's own schema must be the setup user's alone (another "
         f"role's trigger or function would run with its rights); drop it, or give it to "
         f"{settings.postgres.user} (ALTER … OWNER TO)"

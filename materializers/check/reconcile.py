@@ -54,19 +54,27 @@ def reconcile(
     timeout: float = 120.0,
     mend: Mend | None = None,
     say: Say = quiet,
+    quality: bool = True,
 ) -> VerifyReport:
     """Verify `stores` against the source for `tables`; with `mend`, mend what drifted
-    and verify again; then run the warehouse's expectations and its views' checks (if it
-    is one of `stores`)."""
+    and verify again; then, with `quality`, run the warehouse's expectations and its
+    views' checks (if it is one of `stores`).
+
+    With `mend`, the first comparison is not repeated for what it found (verify's
+    rounds): a key it names only because it changed while it was read is mended too,
+    which does no harm (the repair takes its row from the source as it is then, and
+    removes a key only the source still lacks), and each round would read every row of
+    the stores again. The comparison after the repair has its rounds."""
     say(f"verifying {len(tables)} tables in {', '.join(stores)} at a consistent cut")
-    report = VerifyReport(verify(settings, tables, stores, timeout))
+    rounds = 1 if mend is not None else 3
+    report = VerifyReport(verify(settings, tables, stores, timeout, rounds=rounds, say=say))
     if mend is not None and not all(d.ok for d in report.drifts):
         report.repairs = mend(report.drifts)
         for line in report.repairs:
             say(line)
         say("verifying again once the stores have applied the repair")
-        report.drifts = verify(settings, tables, stores, timeout)
-    if "warehouse" in stores:
+        report.drifts = verify(settings, tables, stores, timeout, say=say)
+    if quality and "warehouse" in stores:
         say("running the expectations over the warehouse")
         counts = {d.table: d.source_rows for d in report.drifts if d.store == "warehouse"}
         report.checks += expectations(settings, tables, counts, timeout=timeout)

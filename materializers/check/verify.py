@@ -31,6 +31,7 @@ from cdc.capture.source import admin_connection
 from cdc.catalog import TRUNCATIONS_TABLE, Table
 from cdc.decode import parse_interval
 from cdc.errors import VerifyError
+from cdc.say import Say, quiet
 from cdc.settings import Settings, TableJoin
 from cdc.topics import CUT_MESSAGE_PREFIX, change_topic
 from materializers.log.keys import key_text
@@ -235,18 +236,25 @@ def verify(
     stores: list[str],
     timeout: float = 120.0,
     rounds: int = 3,
+    say: Say = quiet,
 ) -> list[Drift]:
-    """Each (store, table)'s drift from the source; an empty difference means in sync."""
+    """Each (store, table)'s drift from the source; an empty difference means in sync.
+    `say` hears of each table compared."""
     opened = {name: make_store(settings, name) for name in stores}
     try:
-        return _verify(settings, tables, opened, timeout, rounds)
+        return _verify(settings, tables, opened, timeout, rounds, say)
     finally:
         for store in opened.values():
             store.close()
 
 
 def _verify(
-    settings: Settings, tables: list[Table], stores: dict[str, Store], timeout: float, rounds: int
+    settings: Settings,
+    tables: list[Table],
+    stores: dict[str, Store],
+    timeout: float,
+    rounds: int,
+    say: Say,
 ) -> list[Drift]:
     consistent_cut(settings, tables, list(stores), timeout)
     results = []
@@ -254,10 +262,12 @@ def _verify(
         source = source_rows(settings, table)
         for name, store in stores.items():
             results.append(_compare(name, store.form, table, source, store.rows(table)))
+        say(f"{table.qualified}: {len(source):,} rows compared with {', '.join(stores)}")
     for _ in range(rounds - 1):  # what differs may have changed since: look again
         suspects = [d for d in results if not d.ok]
         if not suspects:
             break
+        say(f"{len(suspects)} (store, table) pairs differ; looking at them again")
         time.sleep(1)
         consistent_cut(settings, tables, list(stores), timeout)
         for drift in suspects:

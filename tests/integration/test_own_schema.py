@@ -31,7 +31,23 @@ PLANTED = [
 ]
 
 
-def test_a_cdc_schema_another_role_made_is_refused(stack: RunningStack) -> None:
+# cdc_watermarks: the connector's sessions call its pg_current_snapshot() (read-only
+# backfills), so another role's would run in them
+WATERMARKS = [
+    "CREATE TABLE public.seen (n serial PRIMARY KEY, who text)",
+    "CREATE TABLE public.x (id int PRIMARY KEY)",
+    "CREATE SCHEMA cdc_watermarks",
+    "CREATE FUNCTION cdc_watermarks.pg_current_snapshot() RETURNS text LANGUAGE sql "
+    "AS $$SELECT '3:3:'$$",
+]
+
+
+@pytest.mark.parametrize(
+    ("planted", "schema"), [(PLANTED, "cdc"), (WATERMARKS, "cdc_watermarks")], ids=["cdc", "wm"]
+)
+def test_a_cdc_schema_another_role_made_is_refused(
+    stack: RunningStack, planted: list[str], schema: str
+) -> None:
     owner, database = f"app_{uuid.uuid4().hex[:8]}", f"probe_{uuid.uuid4().hex[:8]}"
     admin = stack.settings.postgres
     with psycopg.connect(admin.dsn(), autocommit=True) as conn:
@@ -43,13 +59,13 @@ def test_a_cdc_schema_another_role_made_is_refused(stack: RunningStack) -> None:
         )
     try:
         with psycopg.connect(admin.conninfo(owner, SecretStr("app"), database)) as conn:
-            for statement in PLANTED:
+            for statement in planted:
                 conn.execute(statement)
         env = {**stack.env, "CDC_POSTGRES__DATABASE": database}
         result = run_cdc("setup", env=env)
         said = result.stderr.strip()
         assert result.returncode == 7 and said.count("\n") == 0, said
-        assert f"schema cdc of database {database} belongs to {owner}" in said, said
+        assert f"schema {schema} of database {database} belongs to {owner}" in said, said
         with psycopg.connect(admin.dsn(database), autocommit=True) as conn:
             assert conn.execute("SELECT who FROM public.seen").fetchall() == []
     finally:
