@@ -70,7 +70,9 @@ $$;
 --   a transaction that began after the chunk read (xid past xmax): every commit the
 --   chunk saw is in the log before it.
 -- * xids as the log gives them (32 bits; pg_current_snapshot gives 64), and no list of
---   those in progress (Debezium does not use it).
+--   those in progress (Debezium does not use it). A chunk read as the 32-bit counter
+--   wraps (once in 4 billion transactions) may be emitted early: a transaction begun
+--   before the wrap then looks newer than xmax.
 CREATE SCHEMA IF NOT EXISTS cdc_watermarks;
 CREATE OR REPLACE FUNCTION cdc_watermarks.pg_current_snapshot() RETURNS text
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog AS $$
