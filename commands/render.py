@@ -101,6 +101,8 @@ def pipeline_table(p: PipelineStatus) -> Table:
         text = f"[{color}]{c['state']}[/{color}] (tasks {', '.join(c['tasks']) or 'none'})"
         if c.get("error"):
             text += f": {c['error']}"
+        elif c.get("backfills"):
+            text += f"; backfills: {escape(c['backfills'])}"
         table.add_row(f"connector {c['name']}", text)
     else:
         table.add_row("connector", "none")

@@ -93,8 +93,9 @@ class ConnectClient:
         return [p["class"] for p in self._call("GET", "/connector-plugins")]
 
     def connectors(self) -> dict[str, Any]:
-        """Every connector with its status (state, and each task's state)."""
-        return dict(self._call("GET", "/connectors", params={"expand": "status"}))
+        """Every connector with its status (state, and each task's state) and its info
+        (its configuration as stored: secrets as references)."""
+        return dict(self._call("GET", "/connectors", params={"expand": ["status", "info"]}))
 
     def put_config(self, name: str, config: dict[str, str]) -> None:
         """Create the connector, or update its configuration (idempotent)."""

@@ -83,6 +83,14 @@ class PipelineStatus:
         return connector.get("state") == "FAILED" or "FAILED" in connector.get("tasks", [])
 
 
+def backfill_channel(config: dict[str, str]) -> str:
+    """Where the running connector takes a backfill's signal and watermarks, from its
+    configuration (pipeline.read_only_backfills, as the last `cdc setup` gave it)."""
+    if config.get("read.only") == "true":
+        return f"read-only: signals on topic {config.get('signal.kafka.topic', '?')}"
+    return f"signals and watermarks in table {config.get('signal.data.collection', '?')}"
+
+
 def pipeline_status(settings: Settings, tables: list[str] | None = None) -> PipelineStatus:
     pipe = settings.pipeline
     status = PipelineStatus(pipe.name, "none", None, None, None)
@@ -128,6 +136,9 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
                 "state": entry["connector"]["state"],
                 "tasks": [t["state"] for t in entry.get("tasks", [])],
             }
+            config = connectors[pipe.connector].get("info", {}).get("config", {})
+            if config:
+                status.connector["backfills"] = backfill_channel(config)
             failed = [t for t in entry.get("tasks", []) if t.get("state") == "FAILED"]
             if failed:
                 from cdc.capture.connect import summarize_trace, too_large

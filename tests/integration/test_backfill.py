@@ -13,6 +13,7 @@ from rich.console import Console
 from cdc.capture.backfill import start_backfill, watch_backfill
 from cdc.errors import BackfillError
 from cdc.topics import change_topic, read_topic
+from materializers.check.status import pipeline_status
 from snapshot.initial import run_snapshot
 from tests.conftest import Capture
 from tests.logcheck import events_by_key, poll, table_info, wait_until_equal
@@ -61,6 +62,9 @@ def test_a_backfill_under_writes_keeps_every_key_in_order(
             assert _signal_rows(dsn) == signals_before
         else:
             assert _signal_rows(dsn) > signals_before
+        # `cdc status` says which, from the running connector's configuration
+        backfills = pipeline_status(settings).connector["backfills"]
+        assert backfills.startswith("read-only") == read_only, backfills
         for key, events in events_by_key(records).items():
             versions = [e.value["after"]["version"] for e in events if e.op in ("r", "c", "u")]
             # a backfilled row never lands after a newer change of its key

@@ -11,6 +11,7 @@ from cdc.capture.connector import (
 )
 from cdc.catalog import Column, Table
 from cdc.settings import Settings
+from materializers.check.status import backfill_channel
 
 
 def test_connector_config_captures_exactly_the_named_tables() -> None:
@@ -203,3 +204,13 @@ def test_read_only_backfills_take_signals_from_kafka_and_watermarks_that_wait() 
     assert "s3cret" in config["signal.consumer.sasl.jaas.config"]  # made a reference later
     path = config["database.initial.statements"]
     assert path.index("cdc_watermarks") < path.index("pg_catalog")
+
+
+def test_status_names_where_a_backfill_takes_its_signals_from_the_running_config() -> None:
+    column = Column("id", "integer", "int4", "N", False, None, True)
+    table = Table("public", "orders", (column,), ("id",), "d", 0, 0)
+    plain = pipeline_connector_config(Settings(), [table], "__p")
+    assert backfill_channel(plain) == "signals and watermarks in table cdc.debezium_signal"
+    settings = Settings.model_validate({"pipeline": {"read_only_backfills": True}})
+    read_only = pipeline_connector_config(settings, [table], "__p")
+    assert backfill_channel(read_only) == "read-only: signals on topic cdc.signals"
