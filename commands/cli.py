@@ -298,7 +298,9 @@ def backfill(
 
     Rows are read in key order in chunks between watermarks, so a backfilled row never
     lands in the log after a newer change of the same key. Ctrl-C stops following;
-    the backfill goes on (--pause, --resume, --stop control it).
+    the backfill goes on (--pause, --resume, --stop control it). With
+    pipeline.read_only_backfills the signal goes through Kafka and the watermarks are
+    read, not written: nothing is written to the source.
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
