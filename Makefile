@@ -49,7 +49,7 @@ status:
 lint:
 	$(RUFF) check .
 	$(RUFF) format --check .
-	$(VENV)/bin/mypy cdc snapshot materializers commands
+	$(VENV)/bin/mypy cdc
 
 format:
 	$(RUFF) format .

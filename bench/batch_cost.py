@@ -5,7 +5,7 @@
 
 Needs the local stack (`cdc up`). Takes the snapshot of a 1,000-row table of its own,
 runs `cdc apply` for the stores in this process, and times each phase of every
-micro-batch the driver runs (the functions of materializers/apply/batch.py it calls, wrapped
+micro-batch the driver runs (the functions of cdc/apply/batch.py it calls, wrapped
 with a clock: the source's catalog, the schema-change check, the progress record, the
 log's end offsets, and the rest of the batch, which is Spark's job and the store's
 writes), with the Spark jobs each batch ran. First idle for --seconds (no change at
@@ -13,7 +13,7 @@ all: what a pipeline costs at rest), then with --rate single-row updates per sec
 Prints per store and phase the mean wall time per batch, and the cores each component
 kept busy; appends the figures to bench/results/batch_cost.jsonl. With --generated the
 table has a stored generated column, which change events lack: `with_generated` is then
-the cost of computing it in PostgreSQL (materializers/log/generated.py), batch by batch.
+the cost of computing it in PostgreSQL (cdc/log/generated.py), batch by batch.
 With --iceberg the warehouse's tables are also published as Iceberg tables
 (apply.iceberg): the figures add each publication's wall and CPU time (a thread of the
 warehouse's process, beside its batches) and the Iceberg snapshots committed.
@@ -37,16 +37,16 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import materializers.apply.batch as batch_module
-import materializers.apply.job as apply
+import cdc.apply.batch as batch_module
+import cdc.apply.job as apply
 from bench.common import ResourceSampler, bench_settings, cleanup, record, trigger_durations
-from cdc.settings import Settings, load_settings
-from cdc.spark import views_session
-from snapshot.initial import run_snapshot
+from cdc.capture.initial_snapshot import run_snapshot
+from cdc.core.settings import Settings, load_settings
+from cdc.core.spark import views_session
 
 TABLE = "public.batch_cost"
 ROWS = 1000
-# the driver-side functions one micro-batch calls (materializers/apply/batch.py's names)
+# the driver-side functions one micro-batch calls (cdc/apply/batch.py's names)
 PHASES = (
     "check_rewrites",
     "with_generated",
@@ -145,7 +145,7 @@ class Publications:
         self.lock = threading.Lock()
 
     def instrument(self) -> None:
-        from materializers.stores.warehouse.iceberg import IcebergPublisher
+        from cdc.stores.warehouse.iceberg import IcebergPublisher
 
         publish = IcebergPublisher.publish
 
@@ -182,7 +182,7 @@ def spark_durations(settings: Settings, since: float) -> dict[str, dict[str, flo
     prefix = f"cdc-{settings.pipeline.name}-"
     return {
         query.name.removeprefix(prefix): trigger_durations(query, since)
-        # the stores' queries, and the views' in their own session (cdc.spark.views_session)
+        # the stores' queries, and the views' in their own session (cdc.core.spark.views_session)
         for query in [*spark.streams.active, *views_session(spark, settings).streams.active]
         if (query.name or "").startswith(prefix)
     }

@@ -30,14 +30,14 @@ from rich.console import Console
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import CpuMark, ResourceSampler, bench_settings, cleanup, record
+from cdc.apply.job import run_apply
 from cdc.capture.connect import connect_client
-from cdc.clients import opensearch_client
-from cdc.settings import load_settings
-from cdc.spark import spark_session
-from cdc.topics import change_topic, end_offsets
-from materializers.apply.job import run_apply
-from materializers.stores.search import index_name
-from snapshot.initial import run_snapshot
+from cdc.capture.initial_snapshot import run_snapshot
+from cdc.core.clients import opensearch_client
+from cdc.core.settings import load_settings
+from cdc.core.spark import spark_session
+from cdc.core.topics import change_topic, end_offsets
+from cdc.stores.search import index_name
 
 STORES = ("cache", "search", "warehouse")
 
@@ -84,7 +84,7 @@ def main() -> None:
     args = parser.parse_args()
     # the apply job's per-batch figures (what each store wrote, the warehouse's MERGEs)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
-    logging.getLogger("materializers").setLevel(logging.INFO)
+    logging.getLogger("cdc").setLevel(logging.INFO)
     stores = args.stores.split(",")
     settings = load_settings()
     bench = bench_settings(settings, [])

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/checkpoint.py [--seconds 25] [--rounds 2]
 
-Needs no stack. Runs, in the pipeline's Spark session (cdc/spark.py), with each
+Needs no stack. Runs, in the pipeline's Spark session (cdc/core/spark.py), with each
 checkpoint file manager in turn (Spark's default, FileContext; and the FileSystem one
 the pipeline sets), --rounds times, the trivial query: the rate source at 200 rows/s,
 `foreachBatch` counting its batch, trigger 1 s, checkpoint in a temporary directory.
@@ -24,8 +24,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import record, trigger_durations
-from cdc.settings import load_settings
-from cdc.spark import CHECKPOINT_FILE_MANAGER, spark_session
+from cdc.core.settings import load_settings
+from cdc.core.spark import CHECKPOINT_FILE_MANAGER, spark_session
 
 MANAGERS = {
     "FileContext (Spark's default)": (

@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from cdc.settings import PipelineSettings, Settings
+from cdc.core.settings import PipelineSettings, Settings
 
 __all__ = [
     "CpuMark",
@@ -110,7 +110,7 @@ _JAVA = [
 _PROGRAMS = {"postgres": "postgres", "redis-server": "redis", "pgbench": "pgbench"}
 
 
-WAREHOUSE_PROCESS = "materializers.apply.warehouse_main"  # the warehouse's own apply process
+WAREHOUSE_PROCESS = "cdc.apply.warehouse_main"  # the warehouse's own apply process
 
 
 def _component(pid: str) -> str | None:
@@ -266,7 +266,7 @@ def cleanup(settings: Settings) -> None:
     import shutil
 
     from cdc.capture.pipeline import drop_pipeline
-    from cdc.clients import kafka_admin, opensearch_client, redis_client
+    from cdc.core.clients import kafka_admin, opensearch_client, redis_client
 
     drop_pipeline(settings)
     prefix = settings.pipeline.topic_prefix
@@ -336,15 +336,15 @@ class WarehousePhases:
         self._undo.append((owner, name, original))
 
     def __enter__(self) -> WarehousePhases:
-        from materializers.stores.warehouse import native, store
-        from materializers.views import enrichment, table_join
+        from cdc.stores.warehouse import native, store
+        from cdc.views import enrichment, table_join
 
         for name in self.STEPS:
             owner = store.WarehouseStore if name.startswith("_") else store
             self._wrap(owner, name, name.lstrip("_"))
         self._wrap(store.WarehouseStore, "write_frame", "whole batch")
         # before it, a batch decoded in Arrow: its records collected, then decoded
-        from materializers.apply import batch
+        from cdc.apply import batch
 
         self._wrap(batch.BatchWriter, "collect_records", "collect records")
         self._wrap(batch, "decode_records", "decode in Arrow")

@@ -5,7 +5,7 @@ warehouse, under the demo's shop workload at a fixed rate.
 
 Needs the local stack (`cdc up`). Makes the demo shop, takes its snapshot into a
 pipeline of its own, then runs the warehouse twice for --seconds under the workload:
-first without derived data, then with the demo's (commands.demo.with_demo_views).
+first without derived data, then with the demo's (cdc.cli.demo.with_demo_views).
 
 Latency of an event (as in bench/streaming.py): the moment the micro-batch that holds
 it finished minus its commit time. For the warehouse: its progress record, polled.
@@ -40,17 +40,17 @@ from rich.console import Console
 
 from bench.common import WarehousePhases, bench_settings, cleanup, record, trigger_durations
 from bench.streaming import BatchLog, percentiles, read_events, store_latencies
-from cdc.settings import Settings, load_settings
-from cdc.spark import views_session
-from cdc.topics import change_topic, end_offsets
-from commands.demo import TABLES, _create_shop, with_demo_views
-from commands.workload import Workload
-from materializers.apply.job import run_apply
-from materializers.check.status import pipeline_status
-from materializers.log.progress import checkpoint_dir, last_committed_batch
-from materializers.stores.warehouse.tables import view_path, warehouse_root
-from materializers.views.registry import queries_of, views_of
-from snapshot.initial import run_snapshot
+from cdc.apply.job import run_apply
+from cdc.capture.initial_snapshot import run_snapshot
+from cdc.check.status import pipeline_status
+from cdc.cli.demo import TABLES, _create_shop, with_demo_views
+from cdc.cli.workload import Workload
+from cdc.core.settings import Settings, load_settings
+from cdc.core.spark import views_session
+from cdc.core.topics import change_topic, end_offsets
+from cdc.log.progress import checkpoint_dir, last_committed_batch
+from cdc.stores.warehouse.tables import view_path, warehouse_root
+from cdc.views.registry import queries_of, views_of
 
 
 def _bytes(path: Path) -> int:
@@ -141,7 +141,7 @@ def run(settings: Settings, rate: float, seconds: int, phases: WarehousePhases) 
         from pyspark.sql import SparkSession
 
         spark = SparkSession.getActiveSession()
-        # the views' queries run in a session of their own (cdc.spark.views_session)
+        # the views' queries run in a session of their own (cdc.core.spark.views_session)
         running = views_session(spark, settings).streams.active if spark else []
         active = {q.name: q for q in running}
         root = warehouse_root(settings)

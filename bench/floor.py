@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ResourceSampler, record
 from bench.streaming import percentiles
-from cdc.clients import kafka_admin, kafka_client_kwargs, redis_client
-from cdc.settings import Settings, load_settings
-from cdc.spark import kafka_options, spark_session
+from cdc.core.clients import kafka_admin, kafka_client_kwargs, redis_client
+from cdc.core.settings import Settings, load_settings
+from cdc.core.spark import kafka_options, spark_session
 
 WARM_UP_S = 10.0
 

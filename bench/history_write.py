@@ -28,10 +28,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import record
-from cdc.catalog import Column, Table
-from cdc.settings import load_settings
-from cdc.spark import spark_session
-from materializers.stores.warehouse.store import WarehouseStore
+from cdc.core.catalog import Column, Table
+from cdc.core.settings import load_settings
+from cdc.core.spark import spark_session
+from cdc.stores.warehouse.store import WarehouseStore
 
 TABLE = Table(
     "public",
@@ -81,8 +81,8 @@ def main() -> None:
     store.prepare([TABLE])
     tables = {TABLE.qualified: TABLE}
     times = _Times()
-    logging.getLogger("materializers.stores.warehouse.store").addHandler(times)
-    logging.getLogger("materializers.stores.warehouse.store").setLevel(logging.INFO)
+    logging.getLogger("cdc.stores.warehouse.store").addHandler(times)
+    logging.getLogger("cdc.stores.warehouse.store").setLevel(logging.INFO)
     position = [1000]
     offset = [0]
 

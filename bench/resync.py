@@ -37,10 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import bench_settings, cleanup, record
 from bench.snapshot_throughput import pgbench_init
 from cdc.capture.connect import connect_client
-from cdc.settings import Settings, load_settings
+from cdc.check.status import pipeline_status
+from cdc.core.settings import Settings, load_settings
+from cdc.core.topics import change_topic, end_offsets
 from cdc.stack.components.postgres import Postgres
-from cdc.topics import change_topic, end_offsets
-from materializers.check.status import pipeline_status
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,7 +64,7 @@ def environment(settings: Settings) -> dict[str, str]:
 
 def cdc(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "commands", *args],
+        [sys.executable, "-m", "cdc", *args],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -78,7 +78,7 @@ def timed_cdc(env: dict[str, str], *args: str) -> tuple[int, list[tuple[float, s
     its exit code and those lines (the phases' profile)."""
     started = time.monotonic()
     process = subprocess.Popen(
-        [sys.executable, "-m", "commands", *args],
+        [sys.executable, "-m", "cdc", *args],
         env={**env, "PYTHONUNBUFFERED": "1"},
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -122,7 +122,7 @@ def run_case(settings: Settings, case: str, make: list[str], gap: float) -> dict
         }
     print(f"{case}: {sum(rows.values()):,} rows; snapshot and apply...", flush=True)
     apply = subprocess.Popen(
-        [sys.executable, "-m", "commands", "apply"],
+        [sys.executable, "-m", "cdc", "apply"],
         env=env,
         cwd=ROOT,
         start_new_session=True,

@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import bench_settings, cleanup, record
 from bench.snapshot_throughput import load_pgbench
-from cdc.settings import Settings, load_settings
-from cdc.topics import change_topic, end_offsets
+from cdc.core.settings import Settings, load_settings
+from cdc.core.topics import change_topic, end_offsets
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = "public.pgbench_accounts"
@@ -60,7 +60,7 @@ def environment(settings: Settings, repo: Path) -> dict[str, str]:
 
 def snapshot(settings: Settings, repo: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "commands", "snapshot"],
+        [sys.executable, "-m", "cdc", "snapshot"],
         env=environment(settings, repo),
         cwd=repo,
         start_new_session=True,

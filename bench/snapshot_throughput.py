@@ -36,15 +36,15 @@ from rich.console import Console
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import CpuMark, ResourceSampler, bench_settings, cleanup, record
+from cdc.apply.job import run_apply
 from cdc.capture.connect import connect_client
 from cdc.capture.connector import connector_config, secret_reference
-from cdc.clients import kafka_admin
-from cdc.settings import Settings, load_settings
-from cdc.spark import spark_session
+from cdc.capture.initial_snapshot import run_snapshot
+from cdc.core.clients import kafka_admin
+from cdc.core.settings import Settings, load_settings
+from cdc.core.spark import spark_session
+from cdc.core.topics import change_topic, end_offsets
 from cdc.stack.components.postgres import postgres_bin_dir
-from cdc.topics import change_topic, end_offsets
-from materializers.apply.job import run_apply
-from snapshot.initial import run_snapshot
 
 TABLE = "public.pgbench_accounts"
 
@@ -103,8 +103,8 @@ def warehouse_floor(settings: Settings) -> dict[str, float]:
     from deltalake import write_deltalake
 
     from cdc.capture.source import SourceReader
-    from cdc.spark import kafka_options
-    from materializers.log.arrow_events import decode_records
+    from cdc.core.spark import kafka_options
+    from cdc.log.arrow_events import decode_records
 
     spark = spark_session(settings, "bench-snapshot-warehouse")
     topic = change_topic(settings.pipeline, TABLE)

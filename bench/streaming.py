@@ -39,14 +39,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ResourceSampler, bench_settings, cleanup, record
 from bench.snapshot_throughput import pgbench_init, psql_args, psql_env
-from cdc.clients import kafka_client_kwargs
-from cdc.settings import Settings, load_settings
+from cdc.apply.job import run_apply
+from cdc.capture.initial_snapshot import run_snapshot
+from cdc.check.status import pipeline_status
+from cdc.core.clients import kafka_client_kwargs
+from cdc.core.settings import Settings, load_settings
+from cdc.core.topics import change_topic, end_offsets
+from cdc.log.progress import read_progress
 from cdc.stack.components.postgres import postgres_bin_dir
-from cdc.topics import change_topic, end_offsets
-from materializers.apply.job import run_apply
-from materializers.check.status import pipeline_status
-from materializers.log.progress import read_progress
-from snapshot.initial import run_snapshot
 
 TABLES = [f"public.pgbench_{t}" for t in ("accounts", "branches", "tellers", "history")]
 STORES = ("cache", "search", "warehouse")

@@ -6,7 +6,7 @@ Needs the local stack (`cdc up`). Takes a pipeline of its own over the dataset (
 shop's four tables with the demo's seven views, pgbench's four tables at --scale, or 14
 small tables of 3,362 rows in all),
 snapshots it, applies it to every store (`cdc apply --once`), then runs verify as `cdc
-verify` does (materializers/check/reconcile.py) --runs times, timing each phase: the stores
+verify` does (cdc/check/reconcile.py) --runs times, timing each phase: the stores
 against the source at a consistent cut, then the warehouse's expectations (current
 state, history, aggregates) and its views. Prints the seconds per phase and appends
 them to bench/results/verify.jsonl.
@@ -28,16 +28,16 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import materializers.check.reconcile as reconcile
+import cdc.check.reconcile as reconcile
 from bench.common import bench_settings, cleanup, record
 from bench.snapshot_throughput import pgbench_init
+from cdc.apply.job import run_apply
+from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.source import admin_connection
-from cdc.catalog import describe_table
-from cdc.settings import Settings, load_settings
-from commands.demo import TABLES as DEMO_TABLES
-from commands.demo import _create_shop, with_demo_views
-from materializers.apply.job import run_apply
-from snapshot.initial import run_snapshot
+from cdc.cli.demo import TABLES as DEMO_TABLES
+from cdc.cli.demo import _create_shop, with_demo_views
+from cdc.core.catalog import describe_table
+from cdc.core.settings import Settings, load_settings
 
 PGBENCH = [f"public.pgbench_{t}" for t in ("accounts", "branches", "tellers", "history")]
 # the phases of reconcile(): the names it calls

@@ -123,7 +123,7 @@ ALTER TABLE cdc.snapshots ADD COLUMN IF NOT EXISTS snapshot_xmin bigint;
 
 -- The CTID ranges an initial snapshot has written to the log whole, per table (its
 -- relation and files: a rewrite such as VACUUM FULL moves every row): an interrupted
--- snapshot resumes by backfilling only the rest (snapshot/initial.py).
+-- snapshot resumes by backfilling only the rest (cdc/capture/initial_snapshot.py).
 CREATE TABLE IF NOT EXISTS cdc.snapshot_ranges (
     pipeline   text NOT NULL,
     relid      oid NOT NULL,

@@ -8,10 +8,10 @@ import json
 import psycopg
 from kafka import KafkaConsumer, TopicPartition
 
-from cdc.clients import kafka_client_kwargs
-from cdc.settings import KafkaSettings
-from materializers.stores.cache import cache_text
-from materializers.stores.search import plain_value
+from cdc.core.clients import kafka_client_kwargs
+from cdc.core.settings import KafkaSettings
+from cdc.stores.cache import cache_text
+from cdc.stores.search import plain_value
 from tests.logcheck import source_rows, table_info
 
 

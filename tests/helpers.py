@@ -44,7 +44,7 @@ def run_cdc(
     """Run `cdc ARGS` as a user would, in a clean environment plus env."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
     return subprocess.run(
-        [sys.executable, "-m", "commands", *args],
+        [sys.executable, "-m", "cdc", *args],
         env={**base, **(env or {})},
         capture_output=True,
         text=True,
@@ -54,7 +54,7 @@ def run_cdc(
     )
 
 
-# the parsed events of a warehouse batch (materializers/log/events.py, with `cut_ms`), as
+# the parsed events of a warehouse batch (cdc/log/events.py, with `cut_ms`), as
 # tests hand them to WarehouseStore.write_frame
 EVENTS = (
     "table string, topic string, partition int, offset long, key string, op string, "
@@ -78,9 +78,9 @@ def recorded_placeholder(dsn: str, pipeline: str) -> str:
 
 def query_checkpoint(settings: Any, view: str) -> Path:
     """The checkpoint of the streaming query that keeps `view` (its own, or one it shares
-    with other views: materializers/views/queries.py)."""
-    from materializers.log.progress import checkpoint_dir
-    from materializers.views.registry import streaming, views_of
+    with other views: cdc/views/queries.py)."""
+    from cdc.log.progress import checkpoint_dir
+    from cdc.views.registry import streaming, views_of
 
     (found,) = [v for v in streaming(views_of(settings)) if v.name == view]
     return checkpoint_dir(settings, found.checkpoint_label)
@@ -105,7 +105,7 @@ def apply_process(env: Mapping[str, str], stores: list[str]) -> Iterator[subproc
     import signal
 
     apply = subprocess.Popen(
-        [sys.executable, "-m", "commands", "apply", *(f"--store={s}" for s in stores)],
+        [sys.executable, "-m", "cdc", "apply", *(f"--store={s}" for s in stores)],
         env={**os.environ, **env},
         cwd=ROOT,
         start_new_session=True,

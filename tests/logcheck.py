@@ -11,11 +11,11 @@ from typing import Any
 
 import psycopg
 
-from cdc.catalog import Table, describe_table
-from cdc.decode import decode_row
-from cdc.settings import PipelineSettings, Settings
-from cdc.topics import ChangeRecord, change_topic, read_topic
-from materializers.check.verify import source_rows as verify_source_rows
+from cdc.check.verify import source_rows as verify_source_rows
+from cdc.core.catalog import Table, describe_table
+from cdc.core.settings import PipelineSettings, Settings
+from cdc.core.topics import ChangeRecord, change_topic, read_topic
+from cdc.types.decode import decode_row
 
 
 def pipeline_for(settings: Settings, tables: list[str], **extra: Any) -> Settings:

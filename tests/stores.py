@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from materializers.stores.warehouse.tables import current_path, warehouse_root
+from cdc.stores.warehouse.tables import current_path, warehouse_root
 
 Rows = dict[Any, dict[str, Any]]
 
@@ -134,11 +134,11 @@ def warehouse_frame(settings: Any, table: str, history: bool = False) -> Any:
     process (or one of the tests' own)."""
     from pyspark.sql import SparkSession
 
-    from materializers.stores.warehouse.tables import history_path
+    from cdc.stores.warehouse.tables import history_path
 
     spark = SparkSession.getActiveSession()
     if spark is None:
-        from cdc.spark import spark_session
+        from cdc.core.spark import spark_session
 
         spark = spark_session(settings, "test")
     where = history_path if history else current_path

@@ -3,6 +3,7 @@ signal table; role: the replication role and its grants; masks), the slot and it
 position (slot), the Debezium connector on Kafka Connect (connector; connect: Connect's
 REST client), backfills through Debezium's incremental snapshots (backfill), snapshot
 generations (generation) and each pipeline's snapshot record (snapshots), DDL that
-rewrote stored values (rewrites), and a whole pipeline set up and dropped (pipeline).
-Above the
-library's base, below the local stack and the engines (tests/unit/test_layers.py)."""
+rewrote stored values (rewrites), a whole pipeline set up and dropped (pipeline), the
+initial snapshot at the slot's consistent point (initial_snapshot) and its rows as
+Debezium's events (snapshot_events), and a lost slot's restart (resync). Imports core
+and types."""

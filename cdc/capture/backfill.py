@@ -32,12 +32,12 @@ from cdc.capture.source import (
     signal_data_width,
     widen_signal_table,
 )
-from cdc.clients import kafka_client_kwargs
-from cdc.errors import BackfillError
-from cdc.filters import filter_problem
-from cdc.identity import acknowledge_all
-from cdc.settings import Settings
-from cdc.topics import notification_topic, signal_topic
+from cdc.core.clients import kafka_client_kwargs
+from cdc.core.errors import BackfillError
+from cdc.core.filters import filter_problem
+from cdc.core.identity import acknowledge_all
+from cdc.core.settings import Settings
+from cdc.core.topics import notification_topic, signal_topic
 
 __all__ = [
     "MAX_FILTER_CHARS",

@@ -17,8 +17,8 @@ from typing import Any
 
 import requests
 
-from cdc.errors import ComponentError, ConnectorError
-from cdc.settings import Settings
+from cdc.core.errors import ComponentError, ConnectorError
+from cdc.core.settings import Settings
 
 __all__ = ["REST_USER", "ConnectClient", "connect_client", "refusal", "rest_password_file"]
 

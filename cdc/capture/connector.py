@@ -14,7 +14,7 @@ from cdc.capture.connect import ConnectClient, connect_client
 from cdc.capture.masks import MASK_TRANSFORM, read_salt, transform_masks
 from cdc.capture.role import replication_password, write_secret
 from cdc.capture.source import SIGNAL_TABLE, admin_connection
-from cdc.catalog import (
+from cdc.core.catalog import (
     DEBEZIUM_PLACEHOLDER,
     HEARTBEAT_TABLE,
     TRUNCATIONS_TABLE,
@@ -22,10 +22,10 @@ from cdc.catalog import (
     Table,
     pipeline_placeholder,
 )
-from cdc.clients import kafka_jaas_config, kafka_java_config
-from cdc.errors import ConnectorError
-from cdc.settings import Settings
-from cdc.topics import (
+from cdc.core.clients import kafka_jaas_config, kafka_java_config
+from cdc.core.errors import ConnectorError
+from cdc.core.settings import Settings
+from cdc.core.topics import (
     CUT_MESSAGE_PREFIX,
     change_topic,
     dead_letter_topic,
@@ -150,7 +150,7 @@ def pipeline_connector_config(
         password=replication_password(settings).get_secret_value(),
     )
     # The publication is the filter: it holds each captured table by its OID, and
-    # follows it through a rename (cdc/identity.py). A name filter here would drop every
+    # follows it through a rename (cdc/core/identity.py). A name filter here would drop every
     # change of a renamed table without a word while the slot moves on; without one, the
     # changes go to the new name's topic. Only the signal table there is not wanted in
     # the log: the TRUNCATE records are data, and the heartbeat table's rows (written
@@ -174,7 +174,7 @@ def pipeline_connector_config(
                 "ON CONFLICT (pipeline) DO UPDATE SET ts = excluded.ts"
             ),
             "provide.transaction.metadata": "true",
-            # a cut's marker only (materializers/check/verify.py): another program's logical
+            # a cut's marker only (cdc/check/verify.py): another program's logical
             # decoding messages do not leave the database
             "message.prefix.include.list": _regex_literal(CUT_MESSAGE_PREFIX),
             **_signals(settings),
@@ -464,7 +464,7 @@ def check_log_within_fork(settings: Settings, client: ConnectClient) -> None:
     stored position. Refuse (SourceRewoundError) instead of streaming on."""
     from cdc.capture.slot import int_to_lsn
     from cdc.capture.source import source_lineage, timeline_forks
-    from cdc.errors import SourceRewoundError
+    from cdc.core.errors import SourceRewoundError
 
     with admin_connection(settings) as conn:
         _, timeline = source_lineage(conn)

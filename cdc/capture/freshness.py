@@ -2,7 +2,7 @@
 
 Debezium's heartbeat writes the pipeline's row of the heartbeat table every
 `pipeline.heartbeat_interval_ms` (its `heartbeat.action.query`), and that change is
-captured like any other, to a topic of its own (cdc/topics.py `heartbeat_rows_topic`).
+captured like any other, to a topic of its own (cdc/core/topics.py `heartbeat_rows_topic`).
 The log is in commit order, so once the heartbeat committed at `commit_ms` is in Kafka,
 every change committed before it is too. While the capture runs, the next heartbeat
 commits one interval later; when none has come for longer than that, the capture has
@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from cdc.topics import HeartbeatMark
+from cdc.core.topics import HeartbeatMark
 
 __all__ = ["CaptureLag", "capture_lag"]
 

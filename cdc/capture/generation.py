@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cdc.clients import kafka_client_kwargs
-from cdc.settings import Settings
-from cdc.state_folders import make_state_dir
+from cdc.core.clients import kafka_client_kwargs
+from cdc.core.settings import Settings
+from cdc.core.state_folders import make_state_dir
 
 __all__ = ["Generation", "generation_file", "read_generation", "record_generation"]
 

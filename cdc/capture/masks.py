@@ -16,9 +16,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc.catalog import Table
-from cdc.errors import SourceError
-from cdc.settings import PipelineSettings
+from cdc.core.catalog import Table
+from cdc.core.errors import SourceError
+from cdc.core.settings import PipelineSettings
 
 __all__ = [
     "MASK_TRANSFORM",

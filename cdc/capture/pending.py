@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 
-from cdc.identity import reused
+from cdc.core.identity import reused
 
 __all__ = ["BACKFILL", "CUT", "Owed", "clear", "done", "owed", "pending", "record"]
 

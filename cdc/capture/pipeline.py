@@ -16,11 +16,11 @@ from cdc.capture.role import drop_role, other_pipelines, sync_grants
 from cdc.capture.slot import drop_slot
 from cdc.capture.snapshots import forget
 from cdc.capture.source import admin_connection, drop_publication
-from cdc.catalog import published_tables
-from cdc.errors import ConnectorError
-from cdc.identity import current_relations, recorded
-from cdc.settings import Settings
-from cdc.topics import change_topic, change_topic_spec, pipeline_topic_specs, set_topic_configs
+from cdc.core.catalog import published_tables
+from cdc.core.errors import ConnectorError
+from cdc.core.identity import current_relations, recorded
+from cdc.core.settings import Settings
+from cdc.core.topics import change_topic, change_topic_spec, pipeline_topic_specs, set_topic_configs
 
 __all__ = ["SyncResult", "drop_pipeline", "drop_replication_role", "pipe_streams", "sync_pipeline"]
 
@@ -63,7 +63,7 @@ def sync_pipeline(settings: Settings) -> SyncResult:
     from cdc.capture.backfill import start_backfill
     from cdc.capture.connector import register_connector
     from cdc.capture.source import prepare_source
-    from cdc.topics import ensure_topics
+    from cdc.core.topics import ensure_topics
 
     pipe = settings.pipeline
     before = _captured_before(settings)
@@ -128,7 +128,7 @@ def _connector_masks(settings: Settings) -> dict[str, Any]:
 
 def _cut(conn: Any, table: str) -> None:
     """A cut of `table` in the log, read by every store as a TRUNCATE of it (uncommitted)."""
-    from cdc.catalog import TRUNCATIONS_TABLE
+    from cdc.core.catalog import TRUNCATIONS_TABLE
 
     conn.execute(
         sql.SQL("INSERT INTO {} (table_name) VALUES (%s)").format(

@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 from psycopg import errors, sql
 
-from cdc.catalog import Table, publishing_relations
+from cdc.core.catalog import Table, publishing_relations
 
 __all__ = [
     "IDENTITY_TRIGGER",

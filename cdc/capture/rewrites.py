@@ -23,10 +23,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from cdc.catalog import Table
-from cdc.say import Say
-from cdc.settings import Settings
-from cdc.state_folders import make_state_dir
+from cdc.core.catalog import Table
+from cdc.core.say import Say
+from cdc.core.settings import Settings
+from cdc.core.state_folders import make_state_dir
 
 __all__ = ["check_rewrites", "record_schemas", "rewrites", "schema_of", "schemas_file"]
 

@@ -26,10 +26,10 @@ import psycopg
 from psycopg import sql
 from pydantic import SecretStr
 
-from cdc.catalog import OWN_SCHEMA, TRUNCATIONS_TABLE, WATERMARK_SCHEMA
-from cdc.files import private_folder, write_file
-from cdc.settings import Settings
-from cdc.state_folders import make_state_dir
+from cdc.core.catalog import OWN_SCHEMA, TRUNCATIONS_TABLE, WATERMARK_SCHEMA
+from cdc.core.files import private_folder, write_file
+from cdc.core.settings import Settings
+from cdc.core.state_folders import make_state_dir
 
 __all__ = [
     "EXPRESSIONS_FUNCTION",
@@ -59,7 +59,7 @@ def password_file(settings: Settings) -> Path:
 
 def write_secret(path: Path, text: str) -> None:
     """Write a secret file readable by its owner only (its folder 0700), never through a
-    link another user left there (cdc.files)."""
+    link another user left there (cdc.core.files)."""
     folder = private_folder(path.parent)
     owner = None
     if os.geteuid() == 0 and (folder.st_uid, folder.st_gid) != (0, 0):

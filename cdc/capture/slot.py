@@ -21,7 +21,7 @@ from typing import Any
 
 import psycopg
 
-from cdc.errors import SourceError
+from cdc.core.errors import SourceError
 
 __all__ = [
     "InFlight",

@@ -37,7 +37,7 @@ from cdc.capture.role import (
     role_statements,
     sync_grants,
 )
-from cdc.catalog import (
+from cdc.core.catalog import (
     HEARTBEAT_TABLE,
     OWN_SCHEMA,
     TRUNCATIONS_TABLE,
@@ -53,8 +53,8 @@ from cdc.catalog import (
     resolve_tables,
     toast_blind_columns,
 )
-from cdc.errors import SourceError, SourceUnavailableError
-from cdc.identity import (
+from cdc.core.errors import SourceError, SourceUnavailableError
+from cdc.core.identity import (
     acknowledge_all,
     current_relations,
     partitions_gone,
@@ -63,8 +63,8 @@ from cdc.identity import (
     recorded,
     reused,
 )
-from cdc.settings import PROJECT_ROOT, Settings
-from cdc.topics import change_topic, check_names_apart, ever_written
+from cdc.core.settings import PROJECT_ROOT, Settings
+from cdc.core.topics import change_topic, check_names_apart, ever_written
 
 __all__ = [
     "SourceReader",
@@ -307,7 +307,7 @@ def _member(table: Table) -> sql.Composable:
 # under each partition's name. PostgreSQL 18's `publish_generated_columns` stays off:
 # Debezium 3.6 removes generated columns from the tables it decodes (PostgresSchema), so
 # their published values would not reach the events; the apply job computes them on
-# every major (materializers/log/generated.py).
+# every major (cdc/log/generated.py).
 _OPTIONS = sql.SQL("publish_via_partition_root = true")
 
 

@@ -1,13 +1,13 @@
 """The local stack as a whole: bring it up, ask it, bring it down (`Stack`); its
 components, each a process (components/), and how a process is started, found and
-stopped (process.py). Imports the library and capture, never the engines.
+stopped (process.py). Imports core, types and capture only.
 
 Start order: PostgreSQL, Kafka, OpenSearch and Redis are launched together
 (each then asked until it answers); Kafka Connect starts once Kafka answers.
 If any component fails, every component this call started is stopped again.
 
 A purge removes, under data_dir only, the folders `cdc` made (each carries the
-marker of cdc/state_folders.py): the managed components' state and the pipelines' state
+marker of cdc/core/state_folders.py): the managed components' state and the pipelines' state
 (checkpoints, Spark's folder, a warehouse under data_dir). A folder without the
 marker, a symbolic link, or anything outside data_dir is left, and said so.
 """
@@ -21,9 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cdc.errors import ComponentError
-from cdc.say import Say, quiet
-from cdc.settings import Settings
+from cdc.core.errors import ComponentError
+from cdc.core.say import Say, quiet
+from cdc.core.settings import Settings
+from cdc.core.state_folders import MARKER, PIPELINE_STATE, inside, is_marked, local_warehouse
 from cdc.stack.components import (
     Component,
     ComponentStatus,
@@ -33,7 +34,6 @@ from cdc.stack.components import (
     Postgres,
     Redis,
 )
-from cdc.state_folders import MARKER, PIPELINE_STATE, inside, is_marked, local_warehouse
 
 __all__ = ["PurgePlan", "Stack"]
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cdc.files import append_log, chown_tree, read_own, write_file
+from cdc.core.files import append_log, chown_tree, read_own, write_file
 
 __all__ = [
     "ServiceUser",
@@ -55,7 +55,7 @@ class ServiceUser:
         return cls(name, entry.pw_uid, entry.pw_gid)
 
     def own(self, path: Path) -> None:
-        """Give a directory tree to this user (no link followed: cdc.files)."""
+        """Give a directory tree to this user (no link followed: cdc.core.files)."""
         chown_tree(path, self.uid, self.gid)
 
 
@@ -100,7 +100,7 @@ def _start_time(pid: int) -> str | None:
 
 def read_pid(pid_file: Path) -> int | None:
     """The pid recorded in pid_file if that very process still runs (and the file is
-    this user's own: cdc.files.read_own)."""
+    this user's own: cdc.core.files.read_own)."""
     try:
         pid_text, started = (read_own(pid_file) or "").split()
         pid = int(pid_text)

@@ -46,7 +46,7 @@ import psycopg
 
 from cdc.capture.connect import connect_client
 from cdc.capture.source import SIGNAL_TABLE
-from cdc.errors import CdcError
+from cdc.core.errors import CdcError
 from tests.chaos.load import EVENTS, PARTITION_SPAN, SHELVES, Load
 from tests.chaos.stack import ChaosError, ChaosStack
 

@@ -27,8 +27,8 @@ import redis
 import requests
 from kafka import KafkaConsumer, TopicPartition
 
-from cdc.clients import kafka_client_kwargs
-from cdc.settings import KafkaSettings, Settings
+from cdc.core.clients import kafka_client_kwargs
+from cdc.core.settings import KafkaSettings, Settings
 from tests.stores import with_ends
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cdc.settings import Settings
+from cdc.core.settings import Settings
 from tests.conftest import settings_for, stack_env
 from tests.helpers import ROOT, run_cdc
 
@@ -72,7 +72,7 @@ class ChaosStack:
     def start_cdc(self, *args: str) -> subprocess.Popen[str]:
         """`cdc ARGS` started in the background (its output together, as text)."""
         return subprocess.Popen(
-            [sys.executable, "-m", "commands", *args],
+            [sys.executable, "-m", "cdc", *args],
             env={**{k: v for k, v in os.environ.items() if not k.startswith("CDC_")}, **self.env},
             cwd=ROOT,
             stdin=subprocess.DEVNULL,
@@ -149,7 +149,7 @@ class ChaosStack:
             out.write(f"\n--- chaos: apply start {self.apply_starts} ---\n")
             out.flush()
             self.apply = subprocess.Popen(
-                [sys.executable, "-m", "commands", "apply"],
+                [sys.executable, "-m", "cdc", "apply"],
                 env={
                     **{k: v for k, v in os.environ.items() if not k.startswith("CDC_")},
                     **self.env,

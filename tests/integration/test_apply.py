@@ -9,10 +9,10 @@ import psycopg
 import pytest
 import redis
 
-from materializers.apply.job import run_apply
-from materializers.log.progress import checkpoint_dir
-from materializers.stores.cache import cache_key
-from materializers.stores.warehouse.tables import current_path, history_path, warehouse_root
+from cdc.apply.job import run_apply
+from cdc.log.progress import checkpoint_dir
+from cdc.stores.cache import cache_key
+from cdc.stores.warehouse.tables import current_path, history_path, warehouse_root
 from tests.conftest import Capture
 from tests.contents import expected_cache, expected_search
 from tests.logcheck import table_info, wait_until_equal
@@ -26,7 +26,7 @@ def warehouse_contents(settings, table: str) -> tuple[dict[int, tuple], list[int
     and the keys whose newest history version is a delete (none of them a row)."""
     from pyspark.sql import functions as F
 
-    from cdc.spark import spark_session
+    from cdc.core.spark import spark_session
 
     spark = spark_session(settings, "test")
     frame = spark.read.format("delta").load(current_path(warehouse_root(settings), table))
@@ -47,7 +47,7 @@ def history_summary(settings, table: str) -> dict[str, object]:  # type: ignore[
     with_ends)."""
     from pyspark.sql import functions as F
 
-    from cdc.spark import spark_session
+    from cdc.core.spark import spark_session
 
     spark = spark_session(settings, "test")
     h = history_with_ends(settings, table)

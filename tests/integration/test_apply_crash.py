@@ -12,11 +12,11 @@ import time
 import psycopg
 import pytest
 
-from cdc.settings import SessionWindow, SlidingWindow, StreamStreamJoin, StreamTableJoin
-from materializers.check.status import pipeline_status
-from materializers.check.view_checks import view_checks
-from materializers.log.progress import read_progress
-from materializers.stores.warehouse.tables import view_path, warehouse_root
+from cdc.check.status import pipeline_status
+from cdc.check.view_checks import view_checks
+from cdc.core.settings import SessionWindow, SlidingWindow, StreamStreamJoin, StreamTableJoin
+from cdc.log.progress import read_progress
+from cdc.stores.warehouse.tables import view_path, warehouse_root
 from tests.conftest import Capture
 from tests.contents import expected_cache, expected_search, source_tuples
 from tests.helpers import ROOT, ended, run_cdc
@@ -89,7 +89,7 @@ def test_apply_killed_mid_batch_and_restarted_converges(captured: Capture) -> No
     try:
         writer.start()
         apply = subprocess.Popen(
-            [sys.executable, "-m", "commands", "apply"],
+            [sys.executable, "-m", "cdc", "apply"],
             env={**os.environ, **env},
             cwd=ROOT,
             start_new_session=True,

@@ -8,12 +8,12 @@ import psycopg
 import pytest
 import redis
 
+from cdc.apply.job import run_apply
 from cdc.capture.pipeline import drop_pipeline
 from cdc.capture.source import TRUNCATE_TRIGGER, TRUNCATIONS_TABLE
-from cdc.clients import kafka_client_kwargs
-from cdc.topics import change_topic, read_topic
-from materializers.apply.job import run_apply
-from materializers.check.rebuild import reset_store
+from cdc.check.rebuild import reset_store
+from cdc.core.clients import kafka_client_kwargs
+from cdc.core.topics import change_topic, read_topic
 from tests.conftest import Capture
 from tests.contents import expected_cache, expected_search, source_tuples
 from tests.helpers import recorded_placeholder
@@ -110,8 +110,8 @@ def test_a_poison_event_goes_to_the_dead_letter_topic_and_the_pipeline_goes_on(
 ) -> None:
     from kafka import KafkaProducer
 
-    from cdc.topics import dead_letter_topic
-    from materializers.check.status import pipeline_status
+    from cdc.check.status import pipeline_status
+    from cdc.core.topics import dead_letter_topic
 
     t = captured(
         "CREATE TABLE {name} (id int PRIMARY KEY, qty int)",

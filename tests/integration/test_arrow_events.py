@@ -1,4 +1,4 @@
-"""The warehouse's batch decoded in Arrow on the driver (materializers/log/arrow_events.py)
+"""The warehouse's batch decoded in Arrow on the driver (cdc/log/arrow_events.py)
 equals what Spark decodes from the same Kafka records (events.py, typed.py, the store's
 `_decode_batch`), column by column and type by type, for every type the Arrow path takes
 and their special values; and a batch it cannot decode exactly is left to Spark."""
@@ -14,12 +14,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from cdc.catalog import TRUNCATIONS_TABLE, Column, Table
-from cdc.decode import DATE_INFINITY, MICROS_INFINITY, MILLIS_INFINITY
-from materializers.apply.batch import BatchWriter, _partitions, _unheld_as_errors
-from materializers.log.arrow_events import decodable, decode_records
-from materializers.log.events import parse_events
-from materializers.stores.warehouse.store import WarehouseStore
+from cdc.apply.batch import BatchWriter, _partitions, _unheld_as_errors
+from cdc.core.catalog import TRUNCATIONS_TABLE, Column, Table
+from cdc.log.arrow_events import decodable, decode_records
+from cdc.log.events import parse_events
+from cdc.stores.warehouse.store import WarehouseStore
+from cdc.types.decode import DATE_INFINITY, MICROS_INFINITY, MILLIS_INFINITY
 from tests.conftest import RunningStack
 
 pytestmark = pytest.mark.integration
@@ -217,7 +217,7 @@ def spark_decoded(
 def test_a_batch_decoded_in_arrow_equals_sparks(
     stack: RunningStack, tmp_path: Path, tombstone: bool
 ) -> None:
-    from cdc.spark import spark_session
+    from cdc.core.spark import spark_session
 
     spark = spark_session(stack.settings, "test-arrow-events")
     store = WarehouseStore(spark, str(tmp_path / "warehouse"))

@@ -11,10 +11,10 @@ import pytest
 from rich.console import Console
 
 from cdc.capture.backfill import start_backfill, watch_backfill
-from cdc.errors import BackfillError
-from cdc.topics import change_topic, read_topic
-from materializers.check.status import pipeline_status
-from snapshot.initial import run_snapshot
+from cdc.capture.initial_snapshot import run_snapshot
+from cdc.check.status import pipeline_status
+from cdc.core.errors import BackfillError
+from cdc.core.topics import change_topic, read_topic
 from tests.conftest import Capture
 from tests.logcheck import events_by_key, poll, table_info, wait_until_equal
 from tests.writer import Writer

@@ -19,17 +19,17 @@ import psycopg
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
+from cdc.apply.job import run_apply
 from cdc.capture.backfill import start_backfill, watch_backfill
 from cdc.capture.pipeline import sync_pipeline
 from cdc.capture.role import replication_password
 from cdc.capture.source import admin_connection, captured_tables, prepare_source, setup_sql
-from cdc.catalog import describe_table
-from cdc.clients import kafka_client_kwargs
-from cdc.errors import SourceError
-from cdc.settings import PipelineSettings, Settings
-from cdc.topics import change_topic
-from materializers.apply.job import run_apply
-from materializers.check.verify import verify
+from cdc.check.verify import verify
+from cdc.core.catalog import describe_table
+from cdc.core.clients import kafka_client_kwargs
+from cdc.core.errors import SourceError
+from cdc.core.settings import PipelineSettings, Settings
+from cdc.core.topics import change_topic
 from tests.conftest import Capture, RunningStack
 from tests.stores import stores
 
@@ -289,7 +289,7 @@ def test_a_changed_choice_is_handled_like_a_schema_change(captured: Capture) -> 
     assert {d.store: sorted(d.extra) for d in drifts} == {
         s: [f'{{"id":{k}}}' for k in (13, 14, 15)] for s in STORES
     }, drifts
-    from materializers.check.repair import repair
+    from cdc.check.repair import repair
 
     repair(narrower, [now], drifts, lambda line: None)
     held = _apply_until(narrower, table, lambda h: all(len(r) == 12 for r in h.values()))

@@ -9,8 +9,8 @@ import psycopg
 import pytest
 
 from cdc.capture.connector import connector_config, secret_reference, wait_slot_active
+from cdc.core.topics import wait_for_records
 from cdc.stack.components.connect import Connect
-from cdc.topics import wait_for_records
 from tests.conftest import RunningStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.pg_matrix]

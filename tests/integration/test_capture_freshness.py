@@ -15,11 +15,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc.settings import Settings
+from cdc.apply.job import run_apply
+from cdc.capture.initial_snapshot import run_snapshot
+from cdc.check.status import PipelineStatus, pipeline_status
+from cdc.core.settings import Settings
 from cdc.stack.process import read_pid
-from materializers.apply.job import run_apply
-from materializers.check.status import PipelineStatus, pipeline_status
-from snapshot.initial import run_snapshot
 from tests.conftest import Capture
 from tests.helpers import apply_process, steady_updates
 from tests.logcheck import poll

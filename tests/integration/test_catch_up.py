@@ -12,12 +12,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-import materializers.apply.batch
-from cdc.topics import change_topic, end_offsets
-from materializers.apply.job import run_apply
-from materializers.log.progress import read_progress
-from materializers.stores.search import SearchStore, index_name
-from materializers.stores.warehouse.tables import current_path, warehouse_root
+import cdc.apply.batch
+from cdc.apply.job import run_apply
+from cdc.core.topics import change_topic, end_offsets
+from cdc.log.progress import read_progress
+from cdc.stores.search import SearchStore, index_name
+from cdc.stores.warehouse.tables import current_path, warehouse_root
 from tests.conftest import Capture, Captured
 from tests.stores import opensearch_reader, warehouse_rows
 
@@ -64,7 +64,7 @@ def test_a_catch_up_batch_is_visible_to_searches_when_it_commits(
         seen.append(refresh_interval(client, index))
 
     monkeypatch.setattr(SearchStore, "bulk", watched)
-    monkeypatch.setattr(materializers.apply.batch, "BULK_EVENTS", 100)  # 300 behind: a catch-up
+    monkeypatch.setattr(cdc.apply.batch, "BULK_EVENTS", 100)  # 300 behind: a catch-up
     run_apply(t.settings, ["search"], once=True)
     # prepare() found nothing left; the batch turned refresh off, then gave the 1h back
     assert seen == ["1h", "-1", "1h"]

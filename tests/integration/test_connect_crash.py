@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from cdc.apply.job import run_apply
 from cdc.stack.components import Connect
-from materializers.apply.job import run_apply
 from tests.conftest import Capture, RunningStack
 from tests.contents import expected_cache, expected_search, source_tuples
 from tests.helpers import run_cdc

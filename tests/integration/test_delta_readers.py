@@ -15,10 +15,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc.settings import StreamTableJoin, TableJoin, TumblingWindow
-from materializers.apply.job import run_apply
-from materializers.check.status import pipeline_status
-from materializers.stores.warehouse.tables import current_path, warehouse_root
+from cdc.apply.job import run_apply
+from cdc.check.status import pipeline_status
+from cdc.core.settings import StreamTableJoin, TableJoin, TumblingWindow
+from cdc.stores.warehouse.tables import current_path, warehouse_root
 from tests.conftest import Capture
 from tests.logcheck import table_info, wait_until_equal
 from tests.stores import column_mapped, delta_tables, iceberg_read, readers_differ
@@ -84,7 +84,7 @@ def test_every_warehouse_table_reads_the_same_with_delta_rs_pyiceberg_and_spark(
         wait_until_equal(settings, table_info(settings, name))
     run_apply(settings, ["warehouse"], once=True)
 
-    from cdc.spark import spark_session
+    from cdc.core.spark import spark_session
 
     spark: Any = spark_session(settings, "test-readers")
     root = warehouse_root(settings)

@@ -11,9 +11,9 @@ import psycopg
 import pytest
 
 from cdc.capture.pipeline import drop_pipeline
-from cdc.spark import spark_session
-from commands.demo import TABLES
-from materializers.stores.warehouse.tables import warehouse_root
+from cdc.cli.demo import TABLES
+from cdc.core.spark import spark_session
+from cdc.stores.warehouse.tables import warehouse_root
 from tests.conftest import RunningStack
 from tests.helpers import run_cdc
 from tests.logcheck import pipeline_for

@@ -14,15 +14,15 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc.catalog import Column, Table
-from cdc.settings import StreamTableJoin
-from materializers.apply.job import run_apply
-from materializers.check.view_checks import view_checks
-from materializers.log.progress import checkpoint_dir
-from materializers.stores.warehouse.store import WarehouseStore
-from materializers.stores.warehouse.tables import view_path, warehouse_root
-from materializers.views import enrichment
-from materializers.views.enrichment import EnrichmentView
+from cdc.apply.job import run_apply
+from cdc.check.view_checks import view_checks
+from cdc.core.catalog import Column, Table
+from cdc.core.settings import StreamTableJoin
+from cdc.log.progress import checkpoint_dir
+from cdc.stores.warehouse.store import WarehouseStore
+from cdc.stores.warehouse.tables import view_path, warehouse_root
+from cdc.views import enrichment
+from cdc.views.enrichment import EnrichmentView
 from tests.conftest import Capture, RunningStack
 from tests.helpers import EVENTS
 from tests.logcheck import table_info, wait_until_equal
@@ -89,7 +89,7 @@ def test_each_insert_is_enriched_with_the_referenced_row_as_of_its_commit(
         wait_until_equal(settings, table_info(settings, f"public.{name}"))
     run_apply(settings, ["warehouse"], once=True)
 
-    from cdc.spark import spark_session
+    from cdc.core.spark import spark_session
 
     spark = spark_session(settings, "test")
     root = warehouse_root(settings)
@@ -193,7 +193,7 @@ def test_a_referenced_change_read_after_the_events_it_precedes_enriches_them_aga
     """The products' topic read behind the items' (another topic, another partition): a
     price change committed before an insert reaches the warehouse a batch after it. The
     event is enriched again with it; a change committed after the insert leaves it."""
-    from cdc.spark import spark_session
+    from cdc.core.spark import spark_session
 
     spark = spark_session(stack.settings, "test-enrichment")
     root = str(tmp_path / "warehouse")

@@ -15,10 +15,10 @@ import redis
 import requests
 from kafka import KafkaProducer
 
-from cdc.clients import kafka_client_kwargs
-from cdc.settings import KafkaSettings
-from cdc.topics import change_topic
-from materializers.apply.job import run_apply
+from cdc.apply.job import run_apply
+from cdc.core.clients import kafka_client_kwargs
+from cdc.core.settings import KafkaSettings
+from cdc.core.topics import change_topic
 from tests.conftest import Capture
 from tests.contents import topic_records
 from tests.helpers import recorded_placeholder, run_cdc

@@ -33,13 +33,13 @@ from rich.console import Console
 
 from cdc.capture.connect import connect_client
 from cdc.capture.connector import logged_position
+from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.pipeline import drop_pipeline
 from cdc.capture.slot import lsn_to_int
 from cdc.capture.snapshots import read_state
-from cdc.settings import Settings
+from cdc.core.settings import Settings
+from cdc.log.progress import progress_file
 from cdc.stack.components.postgres import Postgres
-from materializers.log.progress import progress_file
-from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.helpers import apply_process, free_ports, run_cdc
 from tests.logcheck import pipeline_env, pipeline_for

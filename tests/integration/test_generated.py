@@ -1,5 +1,5 @@
 """Generated columns reach every store: PostgreSQL 15 publishes no value for them, so the
-apply job computes them from each event's values (materializers/log/generated.py).
+apply job computes them from each event's values (cdc/log/generated.py).
 
 The stores are read with the test's own readers and compared with PostgreSQL's stored
 values after a snapshot, inserts, updates of the inputs, an update that leaves a
@@ -16,10 +16,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from cdc.apply.job import run_apply
 from cdc.capture.backfill import start_backfill, watch_backfill
-from materializers.apply.job import run_apply
-from materializers.check.verify import verify
-from materializers.stores.warehouse.tables import history_path, warehouse_root
+from cdc.check.verify import verify
+from cdc.stores.warehouse.tables import history_path, warehouse_root
 from tests import stores
 from tests.conftest import Capture
 from tests.logcheck import table_info, wait_until_captured

@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from cdc.decode import decode_row
+from cdc.types.decode import decode_row
 from tests.conftest import Capture
 from tests.logcheck import events_by_key, table_info, wait_until_equal
 

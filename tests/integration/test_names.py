@@ -13,9 +13,9 @@ import psycopg
 import pytest
 import redis
 
-from cdc.topics import change_topic
-from materializers.apply.job import run_apply
-from materializers.stores.warehouse.tables import history_path, warehouse_root
+from cdc.apply.job import run_apply
+from cdc.core.topics import change_topic
+from cdc.stores.warehouse.tables import history_path, warehouse_root
 from tests.conftest import Capture
 from tests.logcheck import (
     source_rows,

@@ -21,10 +21,10 @@ import requests
 
 from cdc.capture.replica_identity import IDENTITY_TRIGGER
 from cdc.capture.source import prepare_source
-from cdc.clients import kafka_admin
-from cdc.topics import change_topic
-from materializers.check.status import pipeline_status
-from materializers.stores.warehouse.tables import current_path, warehouse_root
+from cdc.check.status import pipeline_status
+from cdc.core.clients import kafka_admin
+from cdc.core.topics import change_topic
+from cdc.stores.warehouse.tables import current_path, warehouse_root
 from tests.conftest import Capture
 from tests.helpers import run_cdc
 from tests.logcheck import table_info, wait_until_equal
@@ -61,7 +61,7 @@ def search(settings: Any, table: str) -> Rows:
 
 
 def warehouse(settings: Any, table: str) -> Rows:
-    from cdc.spark import spark_session
+    from cdc.core.spark import spark_session
 
     spark = spark_session(settings, "test-partitioned")
     frame = spark.read.format("delta").load(current_path(warehouse_root(settings), table))
@@ -284,9 +284,9 @@ def test_a_detached_partitions_rows_leave_every_store_at_the_next_setup(
     """PostgreSQL publishes no delete for the rows of a partition detached from a captured
     root (review F9): `cdc status` names the table, and `cdc setup` cuts it in every store
     and backfills it, so those rows leave every store and the others stay."""
+    from cdc.apply.job import run_apply
     from cdc.capture.pipeline import sync_pipeline
-    from cdc.topics import read_topic
-    from materializers.apply.job import run_apply
+    from cdc.core.topics import read_topic
     from tests.logcheck import poll
 
     t = captured(

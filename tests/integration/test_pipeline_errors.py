@@ -16,11 +16,11 @@ from pydantic import SecretStr
 from rich.console import Console
 
 from cdc.capture.connector import register_connector
+from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.source import prepare_source
-from cdc.errors import ConnectorError, SnapshotError, SourceError
+from cdc.check.status import pipeline_status
+from cdc.core.errors import ConnectorError, SnapshotError, SourceError
 from cdc.stack.components.postgres import Postgres, postgres_bin_dir
-from materializers.check.status import pipeline_status
-from snapshot.initial import run_snapshot
 from tests.conftest import Capture, RunningStack
 from tests.helpers import free_ports, run_cdc
 from tests.logcheck import pipeline_for, poll

@@ -17,8 +17,8 @@ from pydantic import SecretStr
 from cdc.capture.backfill import send_signal, start_backfill, watch_backfill
 from cdc.capture.connect import connect_client
 from cdc.capture.pipeline import sync_pipeline
-from cdc.topics import change_topic, end_offsets
-from materializers.check.status import pipeline_status
+from cdc.check.status import pipeline_status
+from cdc.core.topics import change_topic, end_offsets
 from tests.conftest import Capture, Captured
 from tests.helpers import ROOT, run_cdc
 from tests.logcheck import events_by_key, poll, table_info, wait_until_equal
@@ -47,7 +47,7 @@ def test_an_interrupted_snapshot_is_never_taken_for_complete_and_reruns_cleanly(
     topic = change_topic(settings.pipeline, f"public.{name}")
     env = {**os.environ, **env_for(t)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "commands", "snapshot"],
+        [sys.executable, "-m", "cdc", "snapshot"],
         env=env,
         cwd=ROOT,
         start_new_session=True,

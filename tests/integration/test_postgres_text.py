@@ -1,4 +1,4 @@
-"""Change-event values back to PostgreSQL input text (cdc/postgres_text.py): for each
+"""Change-event values back to PostgreSQL input text (cdc/types/postgres_text.py): for each
 type and its edge values, the value as the log encodes it (the snapshot's encoding,
 which test_log_values holds equal to Debezium's), converted, cast back by PostgreSQL,
 is the value the source holds."""
@@ -13,8 +13,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from cdc.postgres_text import postgres_text
-from snapshot.encoding import column_json
+from cdc.capture.snapshot_events import column_json
+from cdc.types.postgres_text import postgres_text
 from tests.conftest import RunningStack
 from tests.logcheck import table_info
 

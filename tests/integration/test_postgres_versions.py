@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from cdc.capture.pipeline import sync_pipeline
-from cdc.errors import SourceError
+from cdc.core.errors import SourceError
 from tests.conftest import Capture, RunningStack
 from tests.helpers import run_cdc
 

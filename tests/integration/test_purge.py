@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from cdc.core.state_folders import MARKER
 from cdc.stack import Stack
 from cdc.stack.process import alive
-from cdc.state_folders import MARKER
 from tests.conftest import settings_for, stack_env
 from tests.helpers import run_cdc
 

@@ -9,14 +9,14 @@ from typing import Any
 import psycopg
 import pytest
 
+from cdc.apply.job import run_apply
 from cdc.capture.backfill import start_backfill
 from cdc.capture.pipeline import sync_pipeline
-from cdc.errors import CdcError, SourceError
-from cdc.settings import Settings
-from cdc.topics import change_topic, read_topic
-from materializers.apply.job import run_apply
-from materializers.check.status import pipeline_status
-from materializers.log.progress import read_progress
+from cdc.check.status import pipeline_status
+from cdc.core.errors import CdcError, SourceError
+from cdc.core.settings import Settings
+from cdc.core.topics import change_topic, read_topic
+from cdc.log.progress import read_progress
 from tests.conftest import Capture, Captured
 from tests.contents import expected_cache, expected_search, source_tuples
 from tests.helpers import free_ports

@@ -22,8 +22,8 @@ import pytest
 import redis
 
 from cdc.capture.source import signal_data_width, widen_signal_table
-from cdc.settings import Settings
-from cdc.topics import change_topic, read_topic
+from cdc.core.settings import Settings
+from cdc.core.topics import change_topic, read_topic
 from tests.conftest import Capture, Captured, RunningStack
 from tests.helpers import ROOT, run_cdc
 
@@ -120,7 +120,7 @@ def test_verify_repair_mends_ten_thousand_keys_drifted_in_the_cache(captured: Ca
                     "USING left(data, 2048)"
                 )
             apply = subprocess.Popen(
-                [sys.executable, "-m", "commands", "apply", "--store", "cache"],
+                [sys.executable, "-m", "cdc", "apply", "--store", "cache"],
                 env={**{k: v for k, v in os.environ.items() if not k.startswith("CDC_")}, **env},
                 cwd=ROOT,
                 start_new_session=True,

@@ -19,11 +19,11 @@ from kafka import KafkaConsumer, TopicPartition
 from rich.console import Console
 
 from cdc.capture.connect import connect_client
+from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.pipeline import drop_pipeline
-from cdc.clients import kafka_client_kwargs
-from cdc.settings import KafkaSettings, Settings
-from cdc.topics import change_topic
-from snapshot.initial import run_snapshot
+from cdc.core.clients import kafka_client_kwargs
+from cdc.core.settings import KafkaSettings, Settings
+from cdc.core.topics import change_topic
 from tests.conftest import Capture, RunningStack
 from tests.helpers import run_cdc
 from tests.logcheck import pipeline_env
@@ -316,7 +316,7 @@ def test_rows_deleted_between_two_snapshots_leave_every_store(
     import redis
     import requests
 
-    from materializers.apply.job import run_apply
+    from cdc.apply.job import run_apply
 
     name, settings = table
     qualified = f"public.{name}"

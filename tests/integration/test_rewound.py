@@ -13,11 +13,11 @@ import pytest
 from kafka.admin import NewTopic
 
 from cdc.capture.source import timeline_forks
-from cdc.clients import kafka_admin, kafka_client_kwargs
-from cdc.errors import SourceError
-from cdc.settings import Settings
-from cdc.topics import change_topic, read_topic
-from materializers.log.progress import progress_file
+from cdc.core.clients import kafka_admin, kafka_client_kwargs
+from cdc.core.errors import SourceError
+from cdc.core.settings import Settings
+from cdc.core.topics import change_topic, read_topic
+from cdc.log.progress import progress_file
 from tests.conftest import Capture, Captured
 from tests.helpers import run_cdc
 from tests.logcheck import poll, table_info, wait_until_equal

@@ -13,9 +13,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from cdc.apply.job import run_apply
 from cdc.capture.source import captured_tables
-from materializers.apply.job import run_apply
-from materializers.check.verify import verify
+from cdc.check.verify import verify
 from tests.conftest import Capture
 from tests.stores import stores
 

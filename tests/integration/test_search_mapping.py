@@ -10,10 +10,10 @@ import uuid
 import pytest
 import requests
 
-from cdc.catalog import Column, Table
-from materializers.stores.base import Event
-from materializers.stores.registry import make_store
-from materializers.stores.search import index_name
+from cdc.core.catalog import Column, Table
+from cdc.stores.base import Event
+from cdc.stores.registry import make_store
+from cdc.stores.search import index_name
 from tests.conftest import RunningStack
 from tests.stores import opensearch_http
 

@@ -15,12 +15,12 @@ from psycopg import sql
 from rich.console import Console
 
 from cdc.capture.connect import connect_client
+from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.pipeline import drop_pipeline
 from cdc.capture.source import replication_dsn
-from cdc.settings import Settings
+from cdc.core.settings import Settings
+from cdc.core.topics import change_topic, wait_for_records
 from cdc.stack.components.postgres import Postgres
-from cdc.topics import change_topic, wait_for_records
-from snapshot.initial import run_snapshot
 from tests.conftest import Capture, RunningStack
 from tests.helpers import run_cdc
 from tests.logcheck import pipeline_for

@@ -19,7 +19,7 @@ import time
 import psycopg
 import pytest
 
-from cdc.topics import change_topic, end_offsets
+from cdc.core.topics import change_topic, end_offsets
 from tests.conftest import Capture
 from tests.helpers import ROOT, run_cdc
 from tests.logcheck import table_info, wait_until_equal
@@ -59,7 +59,7 @@ def test_a_killed_snapshot_resumes_and_reads_only_what_it_had_not_written(
     pipe = made.settings.pipeline
     env = {**made.env, "CDC_PIPELINE__SNAPSHOT_PAGES_PER_READER": str(PAGES_PER_READER)}
     first = subprocess.Popen(
-        [sys.executable, "-m", "commands", "snapshot"],
+        [sys.executable, "-m", "cdc", "snapshot"],
         env={**os.environ, **env},
         cwd=ROOT,
         start_new_session=True,

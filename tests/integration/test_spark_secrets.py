@@ -17,8 +17,8 @@ pytestmark = pytest.mark.integration
 
 SCRIPT = """
 import json, os, sys
-from cdc.settings import load_settings
-from cdc.spark import spark_session
+from cdc.core.settings import load_settings
+from cdc.core.spark import spark_session
 secret = os.environ["PROBE_SECRET"]
 session = spark_session(load_settings(), "secrets-probe")
 shown = []

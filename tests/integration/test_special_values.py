@@ -18,10 +18,10 @@ import pytest
 import redis
 import requests
 
-from cdc.decode import decode_row
-from cdc.errors import ValueDecodeError
-from cdc.settings import Settings
-from cdc.topics import ChangeRecord, change_topic, read_topic
+from cdc.core.errors import ValueDecodeError
+from cdc.core.settings import Settings
+from cdc.core.topics import ChangeRecord, change_topic, read_topic
+from cdc.types.decode import decode_row
 from tests.conftest import Capture
 from tests.helpers import run_cdc
 from tests.logcheck import table_info
@@ -273,8 +273,8 @@ def test_every_store_holds_the_special_values(captured: Capture) -> None:
 
 
 def assert_warehouse(settings: Settings, table: str, ids: list[int]) -> None:
-    from cdc.spark import spark_session
-    from materializers.stores.warehouse.tables import warehouse_root
+    from cdc.core.spark import spark_session
+    from cdc.stores.warehouse.tables import warehouse_root
 
     spark = spark_session(settings, "test")
     path = f"{warehouse_root(settings).rstrip('/')}/public/{table}/current"

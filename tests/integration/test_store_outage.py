@@ -19,8 +19,8 @@ import psycopg
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from cdc.clients import kafka_client_kwargs
-from cdc.settings import KafkaSettings
+from cdc.core.clients import kafka_client_kwargs
+from cdc.core.settings import KafkaSettings
 from cdc.stack import Stack
 from tests.conftest import Capture, RunningStack
 from tests.helpers import ROOT, run_cdc
@@ -76,7 +76,7 @@ def test_a_store_that_is_down_blocks_its_apply_and_loses_nothing(
                 [
                     sys.executable,
                     "-m",
-                    "commands",
+                    "cdc",
                     "apply",
                     "--store",
                     "cache",

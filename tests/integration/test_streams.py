@@ -16,13 +16,13 @@ import psycopg
 import pytest
 from kafka import KafkaProducer
 
-from cdc.clients import kafka_client_kwargs
-from cdc.settings import SessionWindow, Settings, SlidingWindow, StreamStreamJoin
-from cdc.topics import change_topic, read_topic
-from materializers.apply.job import run_apply
-from materializers.check.status import pipeline_status
-from materializers.check.view_checks import view_checks
-from materializers.stores.warehouse.tables import view_path, warehouse_root
+from cdc.apply.job import run_apply
+from cdc.check.status import pipeline_status
+from cdc.check.view_checks import view_checks
+from cdc.core.clients import kafka_client_kwargs
+from cdc.core.settings import SessionWindow, Settings, SlidingWindow, StreamStreamJoin
+from cdc.core.topics import change_topic, read_topic
+from cdc.stores.warehouse.tables import view_path, warehouse_root
 from tests.conftest import Capture
 from tests.helpers import query_checkpoint
 from tests.logcheck import table_info, wait_until_equal
@@ -34,7 +34,7 @@ GAP, SLIDING, WITHIN, WATERMARK = 2.0, 2.0, 3.0, 1.0  # seconds
 
 def view_rows(settings: Settings, name: str) -> list[dict[str, Any]]:
     """The view's Delta table, read by Spark's own Delta reader."""
-    from cdc.spark import spark_session
+    from cdc.core.spark import spark_session
 
     spark = spark_session(settings, "test")
     frame = spark.read.format("delta").load(view_path(warehouse_root(settings), name))
@@ -225,7 +225,7 @@ def test_sliding_and_session_windows_and_stream_join_equal_a_reference(captured:
     assert held() == first
 
     # a tampered table is found by verify
-    from cdc.spark import spark_session
+    from cdc.core.spark import spark_session
 
     spark = spark_session(settings, "test")
     root = warehouse_root(settings)

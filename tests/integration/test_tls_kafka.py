@@ -24,14 +24,14 @@ from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError
 from pydantic import SecretStr
 
-from cdc.clients import kafka_admin, kafka_client_kwargs
-from cdc.errors import ComponentError
-from cdc.settings import Settings, load_settings
-from cdc.spark import kafka_options, spark_session
+from cdc.core.clients import kafka_admin, kafka_client_kwargs
+from cdc.core.errors import ComponentError
+from cdc.core.settings import Settings, load_settings
+from cdc.core.spark import kafka_options, spark_session
+from cdc.core.topics import TopicSpec, end_offsets, ensure_topics, read_topic
 from cdc.stack.components._jvm import java, kafka_lib
 from cdc.stack.components.connect import Connect
 from cdc.stack.components.kafka import Kafka
-from cdc.topics import TopicSpec, end_offsets, ensure_topics, read_topic
 from tests import tls
 from tests.helpers import free_ports
 

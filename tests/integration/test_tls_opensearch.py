@@ -22,12 +22,12 @@ import requests
 from opensearchpy import AuthenticationException, OpenSearch
 from opensearchpy import SSLError as OpenSearchSSLError
 
-from cdc.catalog import Column, Table
-from cdc.settings import Settings, load_settings
+from cdc.core.catalog import Column, Table
+from cdc.core.settings import Settings, load_settings
 from cdc.stack.components.opensearch import OpenSearch as OpenSearchNode
-from materializers.stores.base import Event
-from materializers.stores.registry import make_row_store
-from materializers.stores.search import index_name
+from cdc.stores.base import Event
+from cdc.stores.registry import make_row_store
+from cdc.stores.search import index_name
 from tests.helpers import free_ports
 from tests.tls import TestCA, make_ca
 

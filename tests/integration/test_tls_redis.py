@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from cdc.catalog import Column, Table
-from cdc.settings import Settings, load_settings
+from cdc.core.catalog import Column, Table
+from cdc.core.settings import Settings, load_settings
 from cdc.stack.components.redis import Redis
-from materializers.stores.base import Event
-from materializers.stores.registry import make_row_store
+from cdc.stores.base import Event
+from cdc.stores.registry import make_row_store
 from tests import tls
 from tests.helpers import free_ports
 

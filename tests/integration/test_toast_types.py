@@ -14,9 +14,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc.decode import DEBEZIUM, DEBEZIUM_PLACEHOLDER, placeholder_forms
-from cdc.topics import change_topic
-from materializers.apply.job import run_apply
+from cdc.apply.job import run_apply
+from cdc.core.topics import change_topic
+from cdc.types.decode import DEBEZIUM, DEBEZIUM_PLACEHOLDER, placeholder_forms
 from tests.conftest import Capture, RunningStack
 from tests.contents import topic_records
 from tests.helpers import recorded_placeholder
@@ -114,13 +114,13 @@ def test_no_store_writes_a_placeholder_of_any_type(captured: Capture) -> None:
 
 def test_every_placeholder_form_marks_its_row_image(stack: RunningStack) -> None:
     """The apply job decodes placeholders only for the tables whose events of a batch may
-    hold one (materializers/log/typed.py: may_hold_placeholder): every form Debezium writes,
+    hold one (cdc/types/spark_types.py: may_hold_placeholder): every form Debezium writes,
     read from an envelope as parse_events reads it, is seen; a plain image is not."""
     from pyspark.sql import functions as F
 
-    from cdc.spark import spark_session
-    from materializers.log.events import ENVELOPE_DDL
-    from materializers.log.typed import may_hold_placeholder
+    from cdc.core.spark import spark_session
+    from cdc.log.events import ENVELOPE_DDL
+    from cdc.types.spark_types import may_hold_placeholder
 
     spark = spark_session(stack.settings, "test-placeholder-forms")
     forms = [DEBEZIUM.text, DEBEZIUM.b64, DEBEZIUM.hstore, *DEBEZIUM.arrays]
@@ -144,7 +144,7 @@ def test_a_real_value_equal_to_a_placeholder_is_a_value(captured: Capture) -> No
     pipeline's connector has a secret placeholder of its own, so the snapshot's rows and
     an update's values are what the row holds, in every store, and verify finds none
     different."""
-    from materializers.check.verify import verify
+    from cdc.check.verify import verify
     from tests.logcheck import table_info
 
     literal = f"'{DEBEZIUM_PLACEHOLDER}'"

@@ -9,12 +9,12 @@ import psycopg
 import pytest
 import redis
 
-from materializers.apply.job import run_apply
-from materializers.check.repair import repair
-from materializers.check.verify import Drift, verify
-from materializers.stores.cache import cache_key
-from materializers.stores.search import index_name
-from materializers.stores.warehouse.tables import current_path, warehouse_root
+from cdc.apply.job import run_apply
+from cdc.check.repair import repair
+from cdc.check.verify import Drift, verify
+from cdc.stores.cache import cache_key
+from cdc.stores.search import index_name
+from cdc.stores.warehouse.tables import current_path, warehouse_root
 from tests.conftest import Capture
 from tests.helpers import recorded_placeholder, run_cdc
 from tests.logcheck import table_info, wait_until_equal
@@ -87,7 +87,7 @@ def test_query_search_get_and_verify_finds_drift(captured: Capture) -> None:
     # drift injected behind the pipeline's back, one kind per store
     from delta.tables import DeltaTable
 
-    from cdc.spark import spark_session
+    from cdc.core.spark import spark_session
 
     spark = spark_session(settings, "test")
     delta = DeltaTable.forPath(spark, current_path(warehouse_root(settings), table))
@@ -210,8 +210,8 @@ def test_verify_checks_the_history(captured: Capture) -> None:
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    from cdc.spark import spark_session
-    from materializers.stores.warehouse.tables import history_path
+    from cdc.core.spark import spark_session
+    from cdc.stores.warehouse.tables import history_path
 
     t = captured(
         "CREATE TABLE {name} (id int PRIMARY KEY, body text)",
@@ -234,7 +234,7 @@ def test_verify_checks_the_history(captured: Capture) -> None:
     } <= checked, checked
     # the cut marked itself in the log (the connector confirms its position at once);
     # the apply job reads no such topic
-    from cdc.topics import CUT_MESSAGE_PREFIX, read_topic
+    from cdc.core.topics import CUT_MESSAGE_PREFIX, read_topic
 
     markers = read_topic(settings.kafka, f"{settings.pipeline.topic_prefix}.message")
     assert any(

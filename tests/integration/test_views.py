@@ -10,11 +10,11 @@ from decimal import Decimal
 import psycopg
 import pytest
 
-from cdc.settings import HoppingWindow, Settings, TableJoin, TumblingWindow
-from materializers.apply.job import run_apply
-from materializers.check.status import pipeline_status
-from materializers.check.view_checks import view_checks
-from materializers.stores.warehouse.tables import view_path, warehouse_root
+from cdc.apply.job import run_apply
+from cdc.check.status import pipeline_status
+from cdc.check.view_checks import view_checks
+from cdc.core.settings import HoppingWindow, Settings, TableJoin, TumblingWindow
+from cdc.stores.warehouse.tables import view_path, warehouse_root
 from tests.conftest import Capture
 from tests.helpers import query_checkpoint
 from tests.logcheck import table_info, wait_until_equal
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 
 def view_rows(settings: Settings, name: str) -> list[tuple]:  # type: ignore[type-arg]
-    from cdc.spark import spark_session
+    from cdc.core.spark import spark_session
 
     spark = spark_session(settings, "test")
     frame = spark.read.format("delta").load(view_path(warehouse_root(settings), name))
@@ -147,7 +147,7 @@ def test_join_view_and_window_aggregate_equal_postgres(captured: Capture) -> Non
         (True, f"0 of {len(expected_windows())} windows differ"),
         (True, f"0 of {len(expected_hopping())} windows differ"),
     ]
-    from cdc.spark import spark_session
+    from cdc.core.spark import spark_session
 
     spark = spark_session(settings, "test")
     root = warehouse_root(settings)

@@ -26,11 +26,11 @@ import pytest
 from rich.console import Console
 
 from cdc.capture.connect import connect_client
+from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.pipeline import drop_pipeline
-from cdc.settings import Settings
+from cdc.core.settings import Settings
+from cdc.core.topics import change_topic, end_offsets
 from cdc.stack.components.postgres import Postgres
-from cdc.topics import change_topic, end_offsets
-from snapshot.initial import run_snapshot
 from tests.conftest import RunningStack
 from tests.helpers import apply_process, free_ports, run_cdc
 from tests.logcheck import pipeline_env, pipeline_for

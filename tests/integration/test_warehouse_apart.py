@@ -52,7 +52,7 @@ def test_the_warehouse_apart_holds_no_other_store_back(captured: Capture) -> Non
     try:
         with log.open("w") as out:
             apply = subprocess.Popen(
-                [sys.executable, "-m", "commands", "apply"],  # every store: the default
+                [sys.executable, "-m", "cdc", "apply"],  # every store: the default
                 env={**os.environ, **env},
                 cwd=ROOT,
                 start_new_session=True,

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from cdc.catalog import Column, Table
-from materializers.stores.warehouse.store import WarehouseStore
-from materializers.stores.warehouse.tables import current_path, history_path
+from cdc.core.catalog import Column, Table
+from cdc.stores.warehouse.store import WarehouseStore
+from cdc.stores.warehouse.tables import current_path, history_path
 from tests.conftest import RunningStack
 from tests.helpers import EVENTS
 from tests.stores import engines, with_ends
@@ -92,7 +92,7 @@ def _current(spark: Any, root: str) -> list[tuple[Any, ...]]:
 def test_changes_read_after_their_tables_truncate_are_history(
     stack: RunningStack, tmp_path: Path
 ) -> None:
-    from cdc.spark import spark_session
+    from cdc.core.spark import spark_session
 
     spark = spark_session(stack.settings, "test-history")
     root = str(tmp_path / "warehouse")
@@ -131,7 +131,7 @@ def test_a_batch_of_redelivered_and_new_changes_leaves_one_open_version(
     """After a Connect crash Debezium sends changes again; a batch holding the newest
     stored change again and a new one after it must end the stored one (the chaos run
     found keys with two open versions)."""
-    from cdc.spark import spark_session
+    from cdc.core.spark import spark_session
 
     spark = spark_session(stack.settings, "test-history")
     root = str(tmp_path / "warehouse")
@@ -177,7 +177,7 @@ def test_a_backfill_read_stamped_after_the_next_change_ends_where_it_begins(
     carries the time Debezium read it: under load, after the commit time of a change
     placed after it. No version may end before it begins (a backfill under pgbench left
     three such versions), whether the change comes in the read's batch or a later one."""
-    from cdc.spark import spark_session
+    from cdc.core.spark import spark_session
 
     spark = spark_session(stack.settings, "test-history")
     root = str(tmp_path / "warehouse")
@@ -216,7 +216,7 @@ def test_a_truncate_read_late_ends_the_version_before_it_and_keeps_its_values(
     table's) still ends the version before it; an update before a TRUNCATE, whose TOASTed
     value is unchanged, keeps that value in its version when the TRUNCATE is applied
     first (it read as NULL from the row the TRUNCATE marked deleted)."""
-    from cdc.spark import spark_session
+    from cdc.core.spark import spark_session
 
     spark = spark_session(stack.settings, "test-history")
     root = str(tmp_path / "warehouse")
@@ -264,8 +264,8 @@ def test_a_first_load_is_appended_and_equals_what_a_merge_writes(
     merged: its current state and history are what the MERGEs write (several changes of
     a key, a delete and its tombstone, an unchanged TOASTed value), and the same batch
     again (a replay after a crash, now merged) changes nothing."""
-    from cdc.decode import DEBEZIUM_PLACEHOLDER
-    from cdc.spark import spark_session
+    from cdc.core.spark import spark_session
+    from cdc.types.decode import DEBEZIUM_PLACEHOLDER
 
     spark = spark_session(stack.settings, "test-history")
     root = str(tmp_path / "warehouse")
@@ -338,7 +338,7 @@ def test_a_batch_is_one_append_to_the_history_and_one_commit_to_the_current_stat
     key's row. The product's reading of the history (`history_frame`, the SQL other
     engines get) gives the ends the test computes itself. Both writers
     (`apply.warehouse_writer`) write the same tables."""
-    from cdc.spark import spark_session
+    from cdc.core.spark import spark_session
 
     spark = spark_session(stack.settings, "test-history")
     root = str(tmp_path / "warehouse")
@@ -398,7 +398,7 @@ def test_a_write_older_than_a_deleted_keys_delete_is_refused_after_a_restart(
     """A deleted key has no row in the current state: its delete in the history keeps
     its position, and a change sent again from before it (a new offset, `cdc apply`
     started again) brings the row back nowhere."""
-    from cdc.spark import spark_session
+    from cdc.core.spark import spark_session
 
     spark = spark_session(stack.settings, "test-history")
     root = str(tmp_path / "warehouse")
@@ -437,7 +437,7 @@ def test_a_crash_between_the_history_and_the_current_state_is_made_good(
     history, which holds it, gains nothing."""
     from delta.tables import DeltaTable
 
-    from cdc.spark import spark_session
+    from cdc.core.spark import spark_session
 
     spark = spark_session(stack.settings, "test-history")
     root = str(tmp_path / "warehouse")
@@ -485,9 +485,9 @@ def test_a_table_of_the_earlier_layout_is_refused_in_one_line(
     reset writes it anew, after which the store takes batches."""
     from pyspark.sql import types as T
 
-    from cdc.errors import StoreError
-    from cdc.spark import spark_session
-    from materializers.stores.warehouse.tables import ensure_delta
+    from cdc.core.errors import StoreError
+    from cdc.core.spark import spark_session
+    from cdc.stores.warehouse.tables import ensure_delta
 
     spark = spark_session(stack.settings, "test-history")
     root = str(tmp_path / "warehouse")
@@ -523,9 +523,9 @@ def test_a_view_batch_appended_again_is_written_once(
     again by delta-rs (the writer changed between two runs of the job), nor the reverse."""
     from pyspark.sql import types as T
 
-    from cdc.spark import spark_session
-    from materializers.stores.warehouse.native import NativeWriter
-    from materializers.views.streams import appended_to
+    from cdc.core.spark import spark_session
+    from cdc.stores.warehouse.native import NativeWriter
+    from cdc.views.streams import appended_to
     from tests.stores import delta_rs_read
 
     spark = spark_session(stack.settings, "test-view-append")
@@ -574,8 +574,8 @@ def test_a_table_delta_rs_cannot_write_is_written_by_spark_once(
     """PostgreSQL's `infinity` date is beyond what delta-rs's file statistics hold (its
     writer fails, committing nothing): Spark writes that batch, and the table's later
     ones, each version once."""
-    from cdc.decode import DATE_INFINITY
-    from cdc.spark import spark_session
+    from cdc.core.spark import spark_session
+    from cdc.types.decode import DATE_INFINITY
 
     spark = spark_session(stack.settings, "test-history")
     root = str(tmp_path / "warehouse")
@@ -620,8 +620,8 @@ def test_a_large_batch_is_written_by_spark(stack: RunningStack, tmp_path: Path) 
     """A table's batch too large to collect into the driver for delta-rs (its events'
     row images over NATIVE_MAX_CHARS) is written by Spark; the next small one by
     delta-rs again."""
-    from cdc.spark import spark_session
-    from materializers.stores.warehouse.store import NATIVE_MAX_CHARS
+    from cdc.core.spark import spark_session
+    from cdc.stores.warehouse.store import NATIVE_MAX_CHARS
 
     spark = spark_session(stack.settings, "test-history")
     root = str(tmp_path / "warehouse")

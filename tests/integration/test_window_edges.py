@@ -15,15 +15,15 @@ import psycopg
 import pytest
 from kafka import KafkaProducer
 
-from cdc.clients import kafka_client_kwargs
-from cdc.settings import HoppingWindow, SessionWindow, Settings, TumblingWindow, WindowSettings
-from cdc.topics import ChangeRecord, change_topic, read_topic, wait_for_records
-from materializers.apply.job import run_apply
-from materializers.check.status import pipeline_status
-from materializers.check.view_checks import view_checks
-from materializers.log.progress import checkpoint_dir
-from materializers.stores.warehouse.tables import view_path, warehouse_root
-from materializers.views.windows import FillingWindowView
+from cdc.apply.job import run_apply
+from cdc.check.status import pipeline_status
+from cdc.check.view_checks import view_checks
+from cdc.core.clients import kafka_client_kwargs
+from cdc.core.settings import HoppingWindow, SessionWindow, Settings, TumblingWindow, WindowSettings
+from cdc.core.topics import ChangeRecord, change_topic, read_topic, wait_for_records
+from cdc.log.progress import checkpoint_dir
+from cdc.stores.warehouse.tables import view_path, warehouse_root
+from cdc.views.windows import FillingWindowView
 from tests.conftest import Capture
 from tests.logcheck import table_info, wait_until_equal
 
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.integration
 
 def view_rows(settings: Settings, name: str) -> list[dict[str, Any]]:
     """The view's Delta table, read by Spark's own Delta reader."""
-    from cdc.spark import spark_session
+    from cdc.core.spark import spark_session
 
     spark = spark_session(settings, "test")
     path = view_path(warehouse_root(settings), name)
@@ -130,7 +130,7 @@ def inject_late(settings: Settings, table: str, newest: int, seconds: float) -> 
 def test_a_late_event_is_counted_however_many_batches_a_run_takes(captured: Capture) -> None:
     """Spark keeps the last few progress reports in memory (100 by default; 2 here, to
     stand for a long `--once` run): the late count must not come from them alone."""
-    from cdc.spark import spark_session
+    from cdc.core.spark import spark_session
 
     t = captured(
         "CREATE TABLE {name} (id int PRIMARY KEY, total numeric(6, 2) NOT NULL)",
@@ -254,7 +254,7 @@ def test_a_log_compacted_at_its_head_is_not_recomputed_into_false_drift(
     partition and leaves no gap between the records it keeps."""
     from kafka.admin import ConfigResource, ConfigResourceType
 
-    from cdc.clients import kafka_admin
+    from cdc.core.clients import kafka_admin
 
     t = captured(
         "CREATE TABLE {name} (id int PRIMARY KEY, total numeric(6, 2) NOT NULL)",

@@ -18,8 +18,8 @@ from unittest import mock
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
-from cdc.errors import ConfigError
-from cdc.settings import Settings, load_settings
+from cdc.core.errors import ConfigError
+from cdc.core.settings import Settings, load_settings
 
 __all__ = ["FUZZ", "bounded", "check_read", "json_values", "settings_file"]
 

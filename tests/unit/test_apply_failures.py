@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from cdc.errors import SourceRewoundError, SourceUnavailableError, StoreUnavailableError
-from materializers.apply.batch import unavailable_reason
-from materializers.apply.guards import backlog, check_source_lineage, check_source_not_rewound
-from materializers.apply.job import failure_line
-from materializers.log.progress import Progress
+from cdc.apply.batch import unavailable_reason
+from cdc.apply.guards import backlog, check_source_lineage, check_source_not_rewound
+from cdc.apply.job import failure_line
+from cdc.core.errors import SourceRewoundError, SourceUnavailableError, StoreUnavailableError
+from cdc.log.progress import Progress
 
 # what Spark's query.exception() carried back when PostgreSQL restarted under a batch
 PROXY_FAILURE = """[FOREACH_BATCH_USER_FUNCTION_ERROR] An error occurred in the user provided \
@@ -17,16 +17,16 @@ function in foreach batch sink. Reason: An exception was raised by the Python Pr
 Message: Traceback (most recent call last):
   File "/x/pyspark/sql/utils.py", line 163, in call
     self.func(DataFrame(jdf, wrapped_session_jdf), batch_id)
-  File "/x/materializers/apply/job.py", line 171, in write
+  File "/x/cdc/apply/job.py", line 171, in write
     write_once(batch, batch_id)
 psycopg.OperationalError: connection failed: Connection refused
 
 During handling of the above exception, another exception occurred:
 
 Traceback (most recent call last):
-  File "/x/materializers/apply/job.py", line 189, in write_once
+  File "/x/cdc/apply/job.py", line 189, in write_once
     tables = captured_tables(settings)
-cdc.errors.SourceUnavailableError: PostgreSQL at 127.0.0.1:5432 does not answer
+cdc.core.errors.SourceUnavailableError: PostgreSQL at 127.0.0.1:5432 does not answer
 
 \tat py4j.Protocol.getReturnValue(Protocol.java:476)
 Caused by: org.apache.spark.SparkException: Job aborted
@@ -46,7 +46,9 @@ def test_a_failure_without_a_traceback_is_its_first_line() -> None:
 
 def test_a_store_that_does_not_answer_is_recognised_also_as_text() -> None:
     assert unavailable_reason(StoreUnavailableError("Redis down")) == "Redis down"
-    worker = "Traceback...\ncdc.errors.StoreUnavailableError: OpenSearch at x does not answer\n"
+    worker = (
+        "Traceback...\ncdc.core.errors.StoreUnavailableError: OpenSearch at x does not answer\n"
+    )
     assert unavailable_reason(RuntimeError(worker)) == "OpenSearch at x does not answer"
     assert unavailable_reason(RuntimeError("ValueError: bad")) is None
 
@@ -54,7 +56,7 @@ def test_a_store_that_does_not_answer_is_recognised_also_as_text() -> None:
 def test_postgres_gone_in_a_python_worker_is_recognised_as_text() -> None:
     """Generated columns are computed in Spark's Python workers: PostgreSQL going away
     there reaches the driver as text, and the apply job waits for it."""
-    worker = "Traceback...\ncdc.errors.SourceUnavailableError: PostgreSQL does not answer\n"
+    worker = "Traceback...\ncdc.core.errors.SourceUnavailableError: PostgreSQL does not answer\n"
     assert unavailable_reason(RuntimeError(worker), SourceUnavailableError) == (
         "PostgreSQL does not answer"
     )

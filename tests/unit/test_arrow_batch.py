@@ -9,10 +9,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdc.catalog import Column, Table
-from materializers.stores.warehouse import arrow_batch
-from materializers.stores.warehouse.history import HISTORY_META
-from materializers.stores.warehouse.marks import Marks
+from cdc.core.catalog import Column, Table
+from cdc.stores.warehouse import arrow_batch
+from cdc.stores.warehouse.history import HISTORY_META
+from cdc.stores.warehouse.marks import Marks
 
 TABLE = Table(
     "public",

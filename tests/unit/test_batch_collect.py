@@ -12,9 +12,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from cdc.catalog import Column, Table
-from materializers.apply.batch import BatchWriter
-from materializers.stores.warehouse.store import WarehouseStore
+from cdc.apply.batch import BatchWriter
+from cdc.core.catalog import Column, Table
+from cdc.stores.warehouse.store import WarehouseStore
 
 RECORDS = pa.table({"key": [b"{}", b"{}"], "value": [b"{}", None]})  # 3 bytes a record
 

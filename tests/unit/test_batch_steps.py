@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from materializers.stores.warehouse.store import WarehouseStore
+from cdc.stores.warehouse.store import WarehouseStore
 
 WAIT_S = 30.0  # far above any run: a step that waited for every write would time out
 

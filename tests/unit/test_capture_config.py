@@ -9,9 +9,9 @@ from cdc.capture.connector import (
     pipeline_connector_config,
     start_offset,
 )
-from cdc.catalog import Column, Table
-from cdc.settings import Settings
-from materializers.check.status import backfill_channel
+from cdc.check.status import backfill_channel
+from cdc.core.catalog import Column, Table
+from cdc.core.settings import Settings
 
 
 def test_connector_config_captures_exactly_the_named_tables() -> None:
@@ -97,7 +97,7 @@ def test_a_refused_connector_config_names_its_errors_on_one_line() -> None:
 def test_the_connector_passes_on_only_verify_s_cut_markers() -> None:
     """A logical decoding message of another program never leaves the database; the
     markers `cdc verify` writes at a cut do (they make the connector confirm the cut's
-    position at once, materializers/check/verify.py)."""
+    position at once, cdc/check/verify.py)."""
     column = Column("id", "integer", "int4", "N", False, None, True)
     table = Table("public", "orders", (column,), ("id",), "d", 0, 0)
     config = pipeline_connector_config(Settings(), [table], "__p")
@@ -151,7 +151,7 @@ def test_a_task_stopped_by_an_event_too_large_says_what_to_raise() -> None:
 def test_the_dead_letter_producer_takes_only_what_kafka_python_knows() -> None:
     from kafka import KafkaProducer
 
-    from materializers.apply.dead_letters import producer_config
+    from cdc.apply.dead_letters import producer_config
 
     settings = Settings.model_validate({"kafka": {"max_message_bytes": 32 * 1024 * 1024}})
     config = producer_config(settings.kafka)
@@ -163,7 +163,7 @@ def test_the_dead_letter_producer_takes_only_what_kafka_python_knows() -> None:
 
 def test_a_database_pg_hba_does_not_admit_is_said_with_what_admits_it() -> None:
     from cdc.capture.source import _connect_error
-    from cdc.errors import SourceError
+    from cdc.core.errors import SourceError
 
     settings = Settings.model_validate({"postgres": {"database": "h9"}})
     refused = Exception(

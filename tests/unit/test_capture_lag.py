@@ -4,8 +4,8 @@ stores' SLOs judged on it (pure logic: cdc/capture/freshness.py, judge)."""
 from __future__ import annotations
 
 from cdc.capture.freshness import capture_lag
-from cdc.topics import HeartbeatMark
-from materializers.log.freshness import Freshness, judge
+from cdc.core.topics import HeartbeatMark
+from cdc.log.freshness import Freshness, judge
 
 NOW = 1_700_000_000_000
 

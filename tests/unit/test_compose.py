@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cdc.settings import Settings
+from cdc.core.settings import Settings
 from cdc.stack.components.connect import CONVERTERS
 from tests.helpers import ROOT
 

@@ -13,7 +13,7 @@ from typing import ClassVar
 import pytest
 
 from cdc.capture.connect import ConnectClient
-from cdc.errors import ConnectorError
+from cdc.core.errors import ConnectorError
 
 BUSY = (
     "Cannot complete request momentarily due to stale configuration (typically caused by a "

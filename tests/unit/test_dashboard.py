@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from commands.demo import _view
-from commands.workload import Workload
+from cdc.cli.demo import _view
+from cdc.cli.workload import Workload
 
 
 def render(
@@ -50,8 +50,8 @@ def test_the_capture_s_lag_is_shown_beside_the_stores_and_a_stall_stands_out() -
 def test_a_component_error_that_looks_like_markup_is_shown_as_it_is() -> None:
     from rich.console import Console
 
+    from cdc.cli.render import status_table
     from cdc.stack.components import ComponentStatus
-    from commands.render import status_table
 
     status = ComponentStatus(
         name="connect",
@@ -68,8 +68,8 @@ def test_a_component_error_that_looks_like_markup_is_shown_as_it_is() -> None:
 
 
 def test_status_shows_a_store_without_backlog_as_caught_up() -> None:
-    from commands.render import pipeline_table
-    from materializers.check.status import PipelineStatus
+    from cdc.check.status import PipelineStatus
+    from cdc.cli.render import pipeline_table
 
     figures = {"backlog_events": 0, "lag_s": 0.0, "last_latency_s": 0.8, "waiting": None}
     behind = {"backlog_events": 7, "lag_s": 12.5, "last_latency_s": 0.8, "waiting": None}
@@ -101,9 +101,9 @@ def test_a_store_whose_first_batch_runs_shows_its_lag_from_the_snapshot(tmp_path
     import time
 
     from cdc.capture.generation import generation_file
-    from cdc.settings import Settings
-    from materializers.check.status import _store_progress
-    from materializers.log.progress import Progress, write_progress
+    from cdc.check.status import _store_progress
+    from cdc.core.settings import Settings
+    from cdc.log.progress import Progress, write_progress
 
     settings = Settings(data_dir=tmp_path)  # type: ignore[call-arg]
     ends = {"cdc.public.orders": {0: 12}}
@@ -125,8 +125,8 @@ def test_a_store_whose_first_batch_runs_shows_its_lag_from_the_snapshot(tmp_path
     assert "first batch running" in lines["warehouse"] and "12" in lines["warehouse"]
     assert f"{warehouse['lag_s']:.1f}" in lines["warehouse"]
 
-    from commands.render import pipeline_table
-    from materializers.check.status import PipelineStatus
+    from cdc.check.status import PipelineStatus
+    from cdc.cli.render import pipeline_table
 
     console = Console(record=True, width=200)
     console.print(pipeline_table(PipelineStatus("cdc", "done", None, None, None, stores=stores)))
@@ -135,8 +135,8 @@ def test_a_store_whose_first_batch_runs_shows_its_lag_from_the_snapshot(tmp_path
 
 
 def test_status_names_a_table_delta_rs_cannot_write() -> None:
-    from commands.render import pipeline_table
-    from materializers.check.status import PipelineStatus
+    from cdc.check.status import PipelineStatus
+    from cdc.cli.render import pipeline_table
 
     slow = {"/w/cdc/public/odd/current": "column-mapped"}
     figures = {"backlog_events": 0, "lag_s": 0.0, "waiting": None, "written_by_spark": slow}

@@ -3,7 +3,7 @@ years after 9999, numeric NaN / Infinity, 24:00:00, as Debezium 3.6.3 sends them
 raw values below are what it streamed for such rows); what cannot be a value of the
 column raises ValueDecodeError naming the column.
 
-The same values through the warehouse's Spark expressions (materializers/log/typed.py) are
+The same values through the warehouse's Spark expressions (cdc/types/spark_types.py) are
 checked in tests/integration/test_special_values.py: tests/unit runs no Spark."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc.catalog import Column
-from cdc.decode import UNAVAILABLE, decode_row, decode_value
-from cdc.errors import CdcError, ValueDecodeError
-from materializers.stores.cache import cache_text
+from cdc.core.catalog import Column
+from cdc.core.errors import CdcError, ValueDecodeError
+from cdc.stores.cache import cache_text
+from cdc.types.decode import UNAVAILABLE, decode_row, decode_value
 
 
 def column(base: str, precision: int | None = None, array: bool = False) -> Column:
@@ -158,7 +158,7 @@ def test_what_a_column_cannot_hold_raises_value_decode_error(
 
 
 def test_a_row_names_the_column_it_cannot_decode() -> None:
-    from cdc.catalog import Table
+    from cdc.core.catalog import Table
 
     table = Table("public", "t", (column("int4"), TS, DATE), ("c_int4",), "d", 0, 0)
     image = {"c_int4": 1, "c_timestamp": 9223372036825200000, "c_date": UNAVAILABLE}

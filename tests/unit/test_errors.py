@@ -1,4 +1,4 @@
-"""Every error the project raises on purpose lives in cdc/errors.py under one root, with
+"""Every error the project raises on purpose lives in cdc/core/errors.py under one root, with
 an exit code of its own that the README lists."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pkgutil
 import re
 from pathlib import Path
 
-from cdc import errors
-from cdc.errors import CdcError
+from cdc.core import errors
+from cdc.core.errors import CdcError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,7 +22,7 @@ def _subclasses(cls: type) -> list[type]:
 
 
 def _import_everything() -> None:
-    for package in ("cdc", "snapshot", "materializers", "commands"):
+    for package in ("cdc",):
         for module in pkgutil.walk_packages([str(ROOT / package)], prefix=f"{package}."):
             if not module.name.endswith("__main__"):
                 importlib.import_module(module.name)

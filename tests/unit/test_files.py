@@ -1,7 +1,7 @@
 """Root writes into folders the service user owns, and that user may have been there
 first: a link left where a config, a secret, a log or a pid file goes must not make
 root write, chown or chmod a file of that user's choosing, nor signal a process it names
-(cdc/files.py). Each case runs as root with a service user the test creates, who plants
+(cdc/core/files.py). Each case runs as root with a service user the test creates, who plants
 the link or the forged file itself; without root (or useradd) they are skipped."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from cdc.capture.role import write_secret
-from cdc.errors import ComponentError
-from cdc.files import write_file
-from cdc.settings import Settings, local_admin_password
+from cdc.core.errors import ComponentError
+from cdc.core.files import write_file
+from cdc.core.settings import Settings, local_admin_password
 from cdc.stack.components.opensearch import OpenSearch
 from cdc.stack.components.postgres import Postgres
 from cdc.stack.process import ServiceUser, spawn

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from materializers.log.freshness import (
+from cdc.log.freshness import (
     BUCKETS_S,
     RATIO,
     Freshness,

@@ -17,14 +17,14 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from cdc.apply.dead_letters import DeadLetter, _is_key, _letter
 from cdc.capture.backfill import BackfillProgress, _check_filter_size, _follow, filter_problem
-from cdc.catalog import Column, Table, reserved_problem, resolve_tables
-from cdc.errors import BackfillError, CdcError, QueryError
-from cdc.settings import PipelineSettings, TumblingWindow, duration_ms
-from commands.output import Form, Output, console, shown
-from materializers.apply.dead_letters import DeadLetter, _is_key, _letter
-from materializers.check.query import key_json
-from materializers.stores.registry import check_store_names
+from cdc.check.query import key_json
+from cdc.cli.output import Form, Output, console, shown
+from cdc.core.catalog import Column, Table, reserved_problem, resolve_tables
+from cdc.core.errors import BackfillError, CdcError, QueryError
+from cdc.core.settings import PipelineSettings, TumblingWindow, duration_ms
+from cdc.stores.registry import check_store_names
 from tests.unit.fuzzing import bounded, json_values
 
 
@@ -111,7 +111,7 @@ def test_table_patterns_select_tables_or_say_why_not(
         pipeline = PipelineSettings(tables=patterns, exclude_tables=excluded)
     except ValidationError:
         return
-    with mock.patch("cdc.catalog.describe_table", lambda conn, qualified, p: qualified):
+    with mock.patch("cdc.core.catalog.describe_table", lambda conn, qualified, p: qualified):
         try:
             chosen = resolve_tables(_Catalog(names), pipeline)  # type: ignore[arg-type]
         except CdcError as exc:

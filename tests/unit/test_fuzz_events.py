@@ -1,12 +1,12 @@
 """Fuzz: change events from Kafka, any bytes as a record's key and value, any JSON, and
 Debezium-like envelopes with wrong types, reach the Python stores' per-record parsing
-(materializers/apply/writer.py, run by Spark's Python workers) and the decoding every store
-does (cdc/decode.py, the cache's and the search index's forms, PostgreSQL's input text
+(cdc/apply/writer.py, run by Spark's Python workers) and the decoding every store
+does (cdc/types/decode.py, the cache's and the search index's forms, PostgreSQL's input text
 for generated columns). Each record either becomes a dead letter with a readable error
 or is applied; nothing raises out of a partition, which would fail the whole batch again
 and again.
 
-The warehouse parses its events with Spark's from_json (materializers/log/events.py, typed.py):
+The warehouse parses its events with Spark's from_json (cdc/log/events.py, typed.py):
 Spark is not run in this tier."""
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ import pyarrow as pa
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from cdc.catalog import Column, Table
-from cdc.decode import DEBEZIUM_PLACEHOLDER, UNAVAILABLE, decode_value
-from cdc.errors import ValueDecodeError
-from cdc.postgres_text import postgres_text
-from materializers.apply.writer import partition_writer
-from materializers.log.keys import store_key_text
-from materializers.stores.base import Entry, Event, Rows, RowStore, WriteResult
-from materializers.stores.cache import CacheStore
-from materializers.stores.search import FastJSON, document_value
+from cdc.apply.writer import partition_writer
+from cdc.core.catalog import Column, Table
+from cdc.core.errors import ValueDecodeError
+from cdc.stores.base import Entry, Event, Rows, RowStore, WriteResult
+from cdc.stores.cache import CacheStore
+from cdc.stores.search import FastJSON, document_value
+from cdc.types.decode import DEBEZIUM_PLACEHOLDER, UNAVAILABLE, decode_value
+from cdc.types.keys import store_key_text
+from cdc.types.postgres_text import postgres_text
 from tests.unit.fuzzing import bounded, json_values
 
 
@@ -458,7 +458,7 @@ def test_any_record_of_the_truncations_topic_is_a_truncate_or_a_dead_letter(
 def test_a_generated_column_whose_input_is_malformed_is_read_back_not_a_failed_batch() -> None:
     """postgres_text raised (JSONDecodeError for an hstore that is not JSON, a
     TypeError for bits that are not base64) out of the batch's generated columns."""
-    from materializers.log.generated import compute
+    from cdc.log.generated import compute
 
     tags, bits = COLUMNS[23], COLUMNS[20]
     generated = Column(

@@ -17,8 +17,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from pydantic import BaseModel, SecretStr
 
-from cdc.errors import ConfigError
-from cdc.settings import Settings, load_settings
+from cdc.core.errors import ConfigError
+from cdc.core.settings import Settings, load_settings
 from tests.unit.fuzzing import bounded, check_read, settings_file
 
 
@@ -142,7 +142,7 @@ _unknown_key = st.text(min_size=1, max_size=12).filter(lambda k: k not in Settin
 def test_cdc_says_a_settings_error_in_one_line_whatever_the_key(key: str) -> None:
     """What `cdc` prints for a settings file holding an unknown key: the ConfigError, as
     it is, on one line, and exit code 2."""
-    from commands.cli import main
+    from cdc.cli.cli import main
 
     text = tomlkit.dumps({key: 1})
     with settings_file(text):

@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
-from cdc.errors import StoreError
-from materializers.stores.warehouse.delta_log import read_delta
-from materializers.stores.warehouse.iceberg import NESTED_IDS, IcebergPublisher, iceberg_schema
+from cdc.core.errors import StoreError
+from cdc.stores.warehouse.delta_log import read_delta
+from cdc.stores.warehouse.iceberg import NESTED_IDS, IcebergPublisher, iceberg_schema
 
 FIELDS = [
     {"name": "id", "type": "long", "nullable": True, "metadata": {}},
@@ -151,7 +151,7 @@ def test_field_ids_stay_with_their_names_and_mapped_tables_keep_deltas() -> None
 
 
 def tmp_path_free_snapshot(fields: list[dict[str, Any]], **configuration: str) -> Any:
-    from materializers.stores.warehouse.delta_log import DeltaSnapshot
+    from cdc.stores.warehouse.delta_log import DeltaSnapshot
 
     return DeltaSnapshot("/t", 0, "t-1", 1, {"fields": fields}, ["newest"], configuration)
 
@@ -199,7 +199,7 @@ def test_each_delta_commit_is_published_and_read_by_pyiceberg(tmp_path: Path) ->
 
 
 def test_a_warehouse_elsewhere_than_this_machine_is_refused() -> None:
-    from cdc.errors import ConfigError
+    from cdc.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="local warehouse only"):
         IcebergPublisher("s3://bucket/warehouse", "s3://bucket/warehouse/cdc")
@@ -208,8 +208,8 @@ def test_a_warehouse_elsewhere_than_this_machine_is_refused() -> None:
 def test_status_says_which_iceberg_tables_lag_their_delta_table() -> None:
     from rich.console import Console
 
-    from commands.render import pipeline_table
-    from materializers.check.status import PipelineStatus
+    from cdc.check.status import PipelineStatus
+    from cdc.cli.render import pipeline_table
 
     def line(iceberg: dict[str, Any]) -> str:
         console = Console(record=True, width=300)
@@ -226,7 +226,7 @@ def test_status_says_which_iceberg_tables_lag_their_delta_table() -> None:
 def test_old_snapshots_expire_with_the_files_only_they_used(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from materializers.stores.warehouse import iceberg
+    from cdc.stores.warehouse import iceberg
 
     monkeypatch.setattr(iceberg, "KEEP_SNAPSHOTS", 3)
     base, table = tmp_path / "w", tmp_path / "w" / "cdc" / "public" / "t" / "current"

@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from cdc.clients import kafka_admin
-from cdc.settings import KafkaSettings
+from cdc.core.clients import kafka_admin
+from cdc.core.settings import KafkaSettings
 
 
 def _free_port() -> int:

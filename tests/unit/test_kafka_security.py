@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from cdc.clients import kafka_client_kwargs
-from cdc.errors import ConfigError
-from cdc.settings import Settings, load_settings
-from cdc.spark import kafka_options
+from cdc.core.clients import kafka_client_kwargs
+from cdc.core.errors import ConfigError
+from cdc.core.settings import Settings, load_settings
+from cdc.core.spark import kafka_options
 from cdc.stack.components.connect import Connect
 
 PASSWORD = 'pw "q" \\ x'

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import urllib.request
 
+from cdc.check.status import PipelineStatus
+from cdc.cli.metrics import serve
 from cdc.stack.components.base import ComponentStatus
-from commands.metrics import serve
-from materializers.check.status import PipelineStatus
 from tests.helpers import free_ports
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import yaml
 
+from cdc.check.status import PipelineStatus
+from cdc.cli.metrics import families
 from cdc.stack.components.base import ComponentStatus
-from commands.metrics import families
-from materializers.check.status import PipelineStatus
 
 MONITORING = Path(__file__).resolve().parents[2] / "monitoring"
 RULES = MONITORING / "prometheus" / "cdc-alerts.yml"

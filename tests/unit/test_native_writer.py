@@ -9,10 +9,10 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from cdc.catalog import Column, Table
-from materializers.stores.warehouse import arrow_batch
-from materializers.stores.warehouse.native import NativeWriter, datafusion_quoted, null_safe_match
-from materializers.stores.warehouse.store import _current_clauses
+from cdc.core.catalog import Column, Table
+from cdc.stores.warehouse import arrow_batch
+from cdc.stores.warehouse.native import NativeWriter, datafusion_quoted, null_safe_match
+from cdc.stores.warehouse.store import _current_clauses
 
 # the demo's order_items: a key of two columns
 ITEMS = Table(
@@ -118,9 +118,9 @@ def test_keys_are_looked_up_in_the_table_and_a_missing_column_appended_as_null(
 def test_a_join_view_refreshed_in_arrow_follows_both_sides(tmp_path: Path) -> None:
     """refresh_join_arrow: the rows of the keys touched on either side, joined again
     from the current states as delta-rs reads them; a row gone from the left leaves."""
-    from cdc.settings import TableJoin
-    from materializers.stores.warehouse.tables import current_path, view_path
-    from materializers.views.table_join import refresh_join_arrow
+    from cdc.core.settings import TableJoin
+    from cdc.stores.warehouse.tables import current_path, view_path
+    from cdc.views.table_join import refresh_join_arrow
 
     def column(name: str) -> Column:
         return Column(name, "int8", "int8", "N", False, None, False)

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from cdc.clients import opensearch_client
-from cdc.errors import ConfigError
-from cdc.settings import load_settings
+from cdc.core.clients import opensearch_client
+from cdc.core.errors import ConfigError
+from cdc.core.settings import load_settings
 
 
 def _opensearch(**section: Any) -> Any:

@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from cdc.catalog import Column, Table
-from cdc.decode import (
+from cdc.core.catalog import Column, Table
+from cdc.types.decode import (
     DEBEZIUM,
     DEBEZIUM_PLACEHOLDER,
     UNAVAILABLE,
@@ -122,7 +122,7 @@ def test_what_a_decoded_image_holds_for_an_unchanged_value_is_no_postgresql_text
 
 
 def test_arrays_debezium_sends_as_null_when_unchanged_are_named() -> None:
-    from cdc.catalog import toast_blind_columns
+    from cdc.core.catalog import toast_blind_columns
 
     columns = (
         column("id", "int4"),

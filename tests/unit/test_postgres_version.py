@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from cdc.errors import ComponentError, NotInstalledError
-from cdc.settings import Settings
+from cdc.core.errors import ComponentError, NotInstalledError
+from cdc.core.settings import Settings
 from cdc.stack.components.postgres import Postgres, postgres_bin_dir
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from cdc.errors import ConfigError
-from cdc.settings import load_settings
+from cdc.core.errors import ConfigError
+from cdc.core.settings import load_settings
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cdc.settings import Settings
-from materializers.log.progress import (
+from cdc.core.settings import Settings
+from cdc.log.progress import (
     MAX_CUTS,
     Progress,
     add_cut,

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from cdc.settings import Settings
+from cdc.core.settings import Settings
+from cdc.core.state_folders import MARKER, make_state_dir, prepare_job_state
 from cdc.stack import Stack
-from cdc.state_folders import MARKER, make_state_dir, prepare_job_state
 from tests.helpers import ROOT, run_cdc
 
 
@@ -155,7 +155,7 @@ def on_a_terminal(data: Path, answer: str, **extra: str) -> tuple[int, str]:
     try:
         os.write(main, answer.encode())
         done = subprocess.run(
-            [sys.executable, "-m", "commands", "down", "--purge"],
+            [sys.executable, "-m", "cdc", "down", "--purge"],
             env={**env, **cli_env(data, **extra)},
             stdin=other,
             capture_output=True,

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from cdc.errors import ConfigError
-from cdc.settings import STORE_NAMES, Settings
-from materializers.stores.base import FrameStore, RowStore
-from materializers.stores.registry import FACTORIES, check_store_names, make_store
+from cdc.core.errors import ConfigError
+from cdc.core.settings import STORE_NAMES, Settings
+from cdc.stores.base import FrameStore, RowStore
+from cdc.stores.registry import FACTORIES, check_store_names, make_store
 from tests.helpers import run_cdc
 
 
@@ -20,7 +20,7 @@ def test_every_store_name_has_a_factory_of_one_kind() -> None:
         assert isinstance(store, RowStore) and not isinstance(store, FrameStore)
         assert store.name == name
         store.close()
-    from materializers.stores.warehouse.store import WarehouseStore
+    from cdc.stores.warehouse.store import WarehouseStore
 
     assert issubclass(WarehouseStore, FrameStore) and not issubclass(WarehouseStore, RowStore)
 

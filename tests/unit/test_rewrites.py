@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cdc.capture.rewrites import rewrites, schema_of
-from cdc.catalog import Column, Table
+from cdc.core.catalog import Column, Table
 
 
 def table(*columns: tuple[str, str, bool]) -> Table:

@@ -7,9 +7,9 @@ import pickle
 
 from pydantic import SecretStr
 
-from cdc.settings import load_settings
+from cdc.core.settings import load_settings
 from cdc.stack.process import inherited_env
-from materializers.stores.registry import executor_settings
+from cdc.stores.registry import executor_settings
 
 
 def test_spark_conf_values_that_name_a_secret_are_masked() -> None:
@@ -58,7 +58,7 @@ def test_a_value_cannot_drive_the_terminal_nor_be_markup() -> None:
 
     from rich.console import Console
 
-    from commands.output import Output, RowsForm
+    from cdc.cli.output import Output, RowsForm
 
     screen = io.StringIO()
     out = Output(RowsForm.text, Console(file=screen, width=200, force_terminal=True))

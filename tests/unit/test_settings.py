@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from cdc.errors import ConfigError
-from cdc.settings import Settings, load_settings
+from cdc.core.errors import ConfigError
+from cdc.core.settings import Settings, load_settings
 from tests.helpers import run_cdc
 
 pytestmark = pytest.mark.usefixtures("clean_env")

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from cdc.capture.backfill import BackfillProgress, _apply
+from cdc.capture.initial_snapshot import ctid_clause, page_ranges, unread_rows
 from cdc.capture.slot import int_to_lsn, lsn_to_int
-from cdc.catalog import Column, Table
-from cdc.decode import UNAVAILABLE, Interval, decode_row, decode_value, parse_interval
-from snapshot.initial import ctid_clause, page_ranges, unread_rows
+from cdc.core.catalog import Column, Table
+from cdc.types.decode import UNAVAILABLE, Interval, decode_row, decode_value, parse_interval
 
 
 def col(name: str, base: str, *, array: bool = False, precision: int | None = None) -> Column:
@@ -152,8 +152,8 @@ def test_tables_add_and_remove_edit_the_settings_file(
 ) -> None:
     import os
 
-    from cdc.config_file import edit_tables
-    from cdc.errors import ConfigError
+    from cdc.core.config_file import edit_tables
+    from cdc.core.errors import ConfigError
 
     for key in list(os.environ):
         if key.startswith("CDC_"):
@@ -177,8 +177,8 @@ def test_the_status_of_an_interrupted_snapshot_says_what_a_rerun_keeps() -> None
 
     from rich.console import Console
 
-    from commands.render import pipeline_table
-    from materializers.check.status import PipelineStatus
+    from cdc.check.status import PipelineStatus
+    from cdc.cli.render import pipeline_table
 
     status = PipelineStatus("p", "running", "0/16B3748", None, None)
     status.snapshot_ranges = 12

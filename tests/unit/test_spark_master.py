@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cdc.spark import spark_master
+from cdc.core.spark import spark_master
 
 
 def test_local_star_is_twice_the_cores_in_task_slots() -> None:

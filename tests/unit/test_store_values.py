@@ -7,9 +7,9 @@ from decimal import Decimal
 
 import pytest
 
-from cdc.catalog import Column
-from materializers.stores.cache import cache_text
-from materializers.stores.search import FastJSON, document_value
+from cdc.core.catalog import Column
+from cdc.stores.cache import cache_text
+from cdc.stores.search import FastJSON, document_value
 
 
 @pytest.mark.parametrize(
@@ -67,7 +67,7 @@ def test_non_finite_floats_are_not_silently_nulled() -> None:
 
 
 def test_search_retries_what_says_the_store_is_down_and_dead_letters_the_rest() -> None:
-    from materializers.stores.search import _retryable
+    from cdc.stores.search import _retryable
 
     for status in ("N/A", "TIMEOUT", None, 429, 500, 503):
         assert _retryable(status), status
@@ -76,7 +76,7 @@ def test_search_retries_what_says_the_store_is_down_and_dead_letters_the_rest() 
 
 
 def test_no_column_reaches_the_cache_metadata() -> None:
-    from materializers.stores.cache import column_fields, field_name
+    from cdc.stores.cache import column_fields, field_name
 
     columns = ["body", "_lsn", "_deleted", "__x", "a_b"]
     fields = [field_name(c) for c in columns]
@@ -100,7 +100,7 @@ def test_a_json_value_that_is_not_an_object_is_indexed_as_one() -> None:
 def test_numerics_spark_cannot_type_as_decimal_are_kept_as_exact_text() -> None:
     from pyspark.sql import types as T
 
-    from materializers.log.typed import spark_type
+    from cdc.types.spark_types import spark_type
 
     def numeric(kind: str) -> Column:
         return Column("n", kind, "numeric", "N", False, None, False)
@@ -115,7 +115,7 @@ def test_numerics_spark_cannot_type_as_decimal_are_kept_as_exact_text() -> None:
 def test_a_window_query_reads_each_column_as_its_widest_widening() -> None:
     from pyspark.sql import types as T
 
-    from materializers.log.typed import json_type, spark_type, widest
+    from cdc.types.spark_types import json_type, spark_type, widest
 
     def column(kind: str, base: str, array: bool = False) -> Column:
         return Column("c", kind, base, "N", array, None, False)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from materializers.check.view_checks import compare_due
-from materializers.views.stream_join import first_ends
-from materializers.views.streams import LoggedChange
-from materializers.views.windows import session_windows, sliding_windows
+from cdc.check.view_checks import compare_due
+from cdc.views.stream_join import first_ends
+from cdc.views.streams import LoggedChange
+from cdc.views.windows import session_windows, sliding_windows
 
 
 def event(ms: int, at: int, **values: object) -> LoggedChange:

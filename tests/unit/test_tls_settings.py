@@ -9,8 +9,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from cdc.capture.connector import connector_config
-from cdc.errors import ConfigError
-from cdc.settings import load_settings
+from cdc.core.errors import ConfigError
+from cdc.core.settings import load_settings
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -101,7 +101,7 @@ def test_redis_url_names_tls_and_the_user_but_never_the_password() -> None:
 
 
 def test_redis_client_uses_tls_the_ca_and_the_acl_user(tmp_path: Path) -> None:
-    from cdc.clients import redis_client
+    from cdc.core.clients import redis_client
 
     ca = tmp_path / "ca.crt"
     r = load_settings(

@@ -1,4 +1,4 @@
-"""The pipeline's topics: every name and spec comes from cdc/topics.py."""
+"""The pipeline's topics: every name and spec comes from cdc/core/topics.py."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc.catalog import TRUNCATIONS_TABLE
-from cdc.errors import ConfigError, SourceError
-from cdc.settings import PipelineSettings
-from cdc.topics import (
+from cdc.core.catalog import TRUNCATIONS_TABLE
+from cdc.core.errors import ConfigError, SourceError
+from cdc.core.settings import PipelineSettings
+from cdc.core.topics import (
     ChangeRecord,
     change_topic,
     change_topic_pattern,
@@ -87,7 +87,7 @@ def test_a_log_is_thinned_when_records_are_missing_at_its_head_or_between_two() 
     ["public.../pr2/evil", "public.a/b", "public.a\\b", "public...", "public..", "_views.t"],
 )
 def test_a_table_whose_name_would_reach_another_warehouse_folder_is_refused(table: str) -> None:
-    from materializers.stores.warehouse.tables import current_path, history_path
+    from cdc.stores.warehouse.tables import current_path, history_path
 
     pipeline = PipelineSettings(name="p", tables=["public.t"])
     with pytest.raises(SourceError, match=f"table {re.escape(table)} cannot be captured"):
@@ -98,7 +98,7 @@ def test_a_table_whose_name_would_reach_another_warehouse_folder_is_refused(tabl
 
 
 def test_names_with_dots_spaces_and_letters_keep_their_folder() -> None:
-    from materializers.stores.warehouse.tables import current_path
+    from cdc.stores.warehouse.tables import current_path
 
     assert folder_problem("public.Order.Items é 1") is None
     assert current_path("/w/p", "public.Order.Items é 1") == "/w/p/public/Order.Items é 1/current"
@@ -121,7 +121,7 @@ def test_fuzz_no_accepted_table_name_leaves_or_shares_a_warehouse_folder(
 ) -> None:
     import posixpath
 
-    from materializers.stores.warehouse.tables import current_path, view_path
+    from cdc.stores.warehouse.tables import current_path, view_path
 
     tables = [f"{schema}.{name}" for schema, name in names if "." not in schema]
     try:

@@ -17,13 +17,13 @@ from cdc.capture.backfill import (
     _note,
     filter_chars,
 )
-from cdc.catalog import Column, Table
-from cdc.decode import Interval
-from materializers.check.repair import REPAIR_FILTER_CHARS, _key_filter, key_filters, repair_filters
-from materializers.check.verify import Drift, _compare
-from materializers.log.keys import key_text, store_key_text
-from materializers.stores.cache import cache_form
-from materializers.stores.warehouse.store import any_of, warehouse_value
+from cdc.check.repair import REPAIR_FILTER_CHARS, _key_filter, key_filters, repair_filters
+from cdc.check.verify import Drift, _compare
+from cdc.core.catalog import Column, Table
+from cdc.stores.cache import cache_form
+from cdc.stores.warehouse.store import any_of, warehouse_value
+from cdc.types.decode import Interval
+from cdc.types.keys import key_text, store_key_text
 
 
 def col(name: str, base: str, array: bool = False) -> Column:
@@ -239,8 +239,8 @@ def test_a_key_reads_the_same_from_the_source_the_log_and_delta() -> None:
     from datetime import time as clock
     from uuid import UUID
 
-    from materializers.check.verify import normalize
-    from materializers.log.keys import store_key_text
+    from cdc.check.verify import normalize
+    from cdc.types.keys import store_key_text
 
     psycopg_row = {
         "d": date(2024, 2, 29),

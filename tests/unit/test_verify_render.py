@@ -6,11 +6,11 @@ import io
 
 from rich.console import Console
 
-from commands.output import Form, Output
-from commands.render import verify_tables
-from materializers.check.quality import Check
-from materializers.check.reconcile import VerifyReport
-from materializers.check.verify import Drift
+from cdc.check.quality import Check
+from cdc.check.reconcile import VerifyReport
+from cdc.check.verify import Drift
+from cdc.cli.output import Form, Output
+from cdc.cli.render import verify_tables
 
 
 def _printed(report: VerifyReport, terminal: bool) -> str:

@@ -1,4 +1,4 @@
-"""Which streaming views share a query (materializers/views/queries.py), and the
+"""Which streaming views share a query (cdc/views/queries.py), and the
 checkpoints of queries the views no longer run in (progress.forget_other_view_queries)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from cdc.settings import ApplySettings, Settings, SlidingWindow, TumblingWindow
-from commands.demo import with_demo_views
-from materializers.log.progress import checkpoint_dir, forget_other_view_queries
-from materializers.views.registry import queries_of, views_of
+from cdc.cli.demo import with_demo_views
+from cdc.core.settings import ApplySettings, Settings, SlidingWindow, TumblingWindow
+from cdc.log.progress import checkpoint_dir, forget_other_view_queries
+from cdc.views.registry import queries_of, views_of
 
 
 def test_the_demos_five_streaming_views_run_in_two_queries(clean_env: None) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from cdc.catalog import Column, Table
-from cdc.errors import ConfigError
-from cdc.settings import (
+from cdc.core.catalog import Column, Table
+from cdc.core.errors import ConfigError
+from cdc.core.settings import (
     ApplySettings,
     HoppingWindow,
     JoinSettings,
@@ -21,8 +21,8 @@ from cdc.settings import (
     WindowAggregate,
     WindowSettings,
 )
-from materializers.views.registry import after_batch, check_views, view_of
-from materializers.views.windows import FillingWindowView
+from cdc.views.registry import after_batch, check_views, view_of
+from cdc.views.windows import FillingWindowView
 
 # a view's settings as a settings file gives them: its kind selects the class
 JOIN: TypeAdapter[JoinSettings] = TypeAdapter(JoinView)
@@ -105,7 +105,7 @@ def test_window_settings_are_checked() -> None:
 
 
 def test_window_durations_in_milliseconds() -> None:
-    from cdc.settings import duration_ms
+    from cdc.core.settings import duration_ms
 
     assert duration_ms("1 minute") == 60_000
     assert duration_ms("10 minutes") == 600_000
@@ -262,7 +262,7 @@ def test_a_session_is_grouped_by_a_column_of_its_table() -> None:
 
 
 def test_only_the_joins_a_batch_refreshes_keep_its_frames() -> None:
-    from materializers.stores.warehouse.store import frames_to_keep
+    from cdc.stores.warehouse.store import frames_to_keep
 
     joins = [
         TableJoin(name="a", table="public.o", references="public.c", on="c_id", columns=["n"]),
@@ -319,7 +319,7 @@ def test_a_streaming_view_keeps_the_definition_its_checkpoint_was_written_for() 
 
 
 def test_a_stream_table_join_of_a_table_with_itself_keeps_both_frames() -> None:
-    from materializers.stores.warehouse.store import frames_to_keep
+    from cdc.stores.warehouse.store import frames_to_keep
 
     itself = StreamTableJoin(
         name="e",

@@ -11,11 +11,11 @@ import pytest
 from rich.console import Console
 
 from cdc.capture.slot import slot_health
-from cdc.settings import Settings
+from cdc.check.status import PipelineStatus
+from cdc.cli.metrics import families
+from cdc.cli.render import pipeline_table
+from cdc.core.settings import Settings
 from cdc.stack.components.postgres import Postgres
-from commands.metrics import families
-from commands.render import pipeline_table
-from materializers.check.status import PipelineStatus
 
 GiB = 1 << 30
 ADVICE = "fix the connector, or `cdc drop` an abandoned pipeline"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cdc.catalog import reserved_problem
-from cdc.settings import PipelineSettings, Settings
-from materializers.stores.warehouse.tables import current_path, view_path, warehouse_root
+from cdc.core.catalog import reserved_problem
+from cdc.core.settings import PipelineSettings, Settings
+from cdc.stores.warehouse.tables import current_path, view_path, warehouse_root
 
 
 def settings_for(prefix: str, warehouse_path: str | None = None) -> Settings:
@@ -52,7 +52,7 @@ def test_only_the_stores_own_column_names_are_refused(
 def test_the_pipelines_state_folders_are_their_owners_alone(tmp_path: Path) -> None:
     """Checkpoints, Spark's scratch and a warehouse under data_dir hold captured rows:
     they were 0755, so any local user read the parquet files."""
-    from cdc.state_folders import make_state_dir, prepare_job_state
+    from cdc.core.state_folders import make_state_dir, prepare_job_state
 
     settings = Settings(data_dir=tmp_path)
     make_state_dir(settings, tmp_path / "spark", 0o755)  # as an older cdc made it

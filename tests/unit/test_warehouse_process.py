@@ -18,7 +18,7 @@ import subprocess, sys, time
 child = subprocess.Popen(
     [sys.executable, "-c",
      "import signal, time\\n"
-     "from materializers.apply.warehouse_main import _die_with_parent\\n"
+     "from cdc.apply.warehouse_main import _die_with_parent\\n"
      "_die_with_parent()\\n"
      "signal.signal(signal.SIGTERM, signal.SIG_IGN)\\n"
      "print('ready', flush=True)\\n"

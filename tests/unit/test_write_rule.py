@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from materializers.log.position import (
+from cdc.log.position import (
     Change,
     Stored,
     apply_changes,

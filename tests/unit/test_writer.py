@@ -10,11 +10,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from cdc.catalog import Column, Table
-from cdc.decode import UNAVAILABLE
-from materializers.apply.writer import partition_writer
-from materializers.log.freshness import age_bucket, ages
-from materializers.stores.base import Entry, Event, Rows, Store, WriteResult
+from cdc.apply.writer import partition_writer
+from cdc.core.catalog import Column, Table
+from cdc.log.freshness import age_bucket, ages
+from cdc.stores.base import Entry, Event, Rows, Store, WriteResult
+from cdc.types.decode import UNAVAILABLE
 
 TABLE = Table(
     "public",

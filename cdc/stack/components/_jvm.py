@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cdc.errors import INSTALL_HINT, NotInstalledError
-from cdc.files import private_folder, write_file
-from cdc.settings import Settings
+from cdc.core.errors import INSTALL_HINT, NotInstalledError
+from cdc.core.files import private_folder, write_file
+from cdc.core.settings import Settings
 
 LOG4J2_PROPERTIES = """\
 status = warn

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError, PortInUseError
-from cdc.settings import Settings
+from cdc.core.errors import INSTALL_HINT, ComponentError, NotInstalledError, PortInUseError
+from cdc.core.settings import Settings
+from cdc.core.state_folders import make_state_dir
 from cdc.stack.process import ServiceUser, port_free, read_pid, spawn, stop_pid, wait_for
-from cdc.state_folders import make_state_dir
 
 __all__ = ["Component", "ComponentStatus"]
 

@@ -16,10 +16,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from cdc.clients import opensearch_client
-from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError
-from cdc.files import chmod_tree, read_plain, write_file
-from cdc.settings import OpenSearchSettings, Settings
+from cdc.core.clients import opensearch_client
+from cdc.core.errors import INSTALL_HINT, ComponentError, NotInstalledError
+from cdc.core.files import chmod_tree, read_plain, write_file
+from cdc.core.settings import OpenSearchSettings, Settings
 from cdc.stack.components._jvm import heap_flags, java
 from cdc.stack.components.base import Component
 

@@ -15,12 +15,12 @@ import psycopg
 from psycopg import sql
 
 from cdc.capture.role import REPLICATION_GROUP, generated_secret
-from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError
-from cdc.files import private_folder, read_own, write_file
-from cdc.settings import PostgresSettings, admin_password_file, local_admin_password
+from cdc.core.errors import INSTALL_HINT, ComponentError, NotInstalledError
+from cdc.core.files import private_folder, read_own, write_file
+from cdc.core.settings import PostgresSettings, admin_password_file, local_admin_password
+from cdc.core.state_folders import make_state_dir
 from cdc.stack.components.base import Component
 from cdc.stack.process import inherited_env
-from cdc.state_folders import make_state_dir
 
 __all__ = ["Postgres", "postgres_bin_dir"]
 
@@ -206,7 +206,7 @@ class Postgres(Component):
     @property
     def _databases_file(self) -> Path:
         # beside the pid files, cdc's own: the state folder is the service user's (given
-        # to it at every start), and what that user owns is not believed (cdc.files)
+        # to it at every start), and what that user owns is not believed (cdc.core.files)
         return self.pid_file.parent / "postgres.databases.json"
 
     def pipeline_databases(self) -> list[str]:
@@ -241,7 +241,7 @@ class Postgres(Component):
         (`replication=database` connections match a database line); no line admits
         physical replication (`pg_basebackup` would copy the whole cluster, pg_authid too).
         With TLS on, every TCP line admits TLS connections only (`hostssl`). The file is
-        replaced, never written through (cdc.files): its folder is the service user's."""
+        replaced, never written through (cdc.core.files): its folder is the service user's."""
         admitted = self.pipeline_databases()
         databases = ",".join('"' + d.replace('"', '""') + '"' for d in admitted)
         group = f"+{REPLICATION_GROUP}"

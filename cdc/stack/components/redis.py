@@ -8,9 +8,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from cdc.clients import redis_client
-from cdc.errors import INSTALL_HINT, ComponentError, NotInstalledError
-from cdc.settings import RedisSettings
+from cdc.core.clients import redis_client
+from cdc.core.errors import INSTALL_HINT, ComponentError, NotInstalledError
+from cdc.core.settings import RedisSettings
 from cdc.stack.components.base import Component
 
 __all__ = ["Redis"]

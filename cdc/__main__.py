@@ -1,0 +1,3 @@
+from cdc.cli.cli import main
+
+main()

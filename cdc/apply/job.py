@@ -1,0 +1,401 @@
+"""The apply job: PySpark Structured Streaming from the change topics into each store.
+
+One streaming query per store, each with its own checkpoint under
+`<data_dir>/checkpoints/<pipeline>/<store>`, reading the pipeline's change topics
+with the spark-sql-kafka source. Each micro-batch keeps every key's last event and
+hands it to the store, which writes it only if it is newer than what it holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from cdc.apply.batch import BatchWriter, say, wait_for
+from cdc.apply.warehouse_process import WarehouseProcess
+from cdc.capture.rewrites import check_rewrites
+from cdc.capture.source import captured_tables
+from cdc.core.catalog import Table
+from cdc.core.errors import (
+    CdcError,
+    ConfigError,
+    LogRewoundError,
+    NotInstalledError,
+    SourceRewoundError,
+    StoreError,
+    StoreUnavailableError,
+)
+from cdc.core.settings import Settings
+from cdc.core.spark import kafka_options, spark_session, views_session
+from cdc.core.topics import change_topic_pattern
+from cdc.log.progress import (
+    checkpoint_dir,
+    forget_other_definition,
+    forget_other_view_queries,
+    note_late,
+)
+from cdc.stores.base import FrameStore, Store
+from cdc.stores.registry import make_store
+from cdc.stores.warehouse.iceberg import IcebergPublisher
+from cdc.stores.warehouse.store import WarehouseStore
+from cdc.stores.warehouse.tables import warehouse_base, warehouse_root
+from cdc.views.queries import ViewQuery
+from cdc.views.registry import after_batch, check_views, queries_of
+
+__all__ = ["failure_line", "run_apply"]
+
+log = logging.getLogger(__name__)
+
+
+def run_apply(
+    settings: Settings,
+    stores: list[str] | None = None,
+    once: bool = False,
+    stop: threading.Event | None = None,
+) -> None:
+    """Run the apply job. once: apply what the topics hold now, then return."""
+    spark = spark_session(settings, f"cdc-apply-{settings.pipeline.name}")
+    tables = captured_tables(settings)
+    check_rewrites(settings, tables.values(), say)  # DDL while the job was down
+    selected = stores or list(settings.apply.stores)
+    apart = None  # the warehouse, in a process of its own (cdc/apply/warehouse_process)
+    if (
+        not once
+        and settings.apply.warehouse_apart
+        and "warehouse" in selected
+        and len(selected) > 1
+    ):
+        selected = [s for s in selected if s != "warehouse"]
+        apart = WarehouseProcess(settings)
+    views = check_views(settings, tables) if "warehouse" in selected else []
+    starters: dict[str, Callable[[], Any]] = {}
+    for name in selected:
+        store = make_store(settings, name, spark)
+        if isinstance(store, WarehouseStore):  # its views refreshed after each batch
+            store.after_batch = list(after_batch(views))
+        _prepare(settings, store, tables)
+        starters[name] = functools.partial(_start_store_query, spark, settings, store, once)
+    queries = queries_of(views)  # the streaming views, in queries with a watermark
+    if "warehouse" in selected:  # this process runs the views
+        forget_other_view_queries(settings, {q.label for q in queries})
+    for query in queries:
+        starters[query.label] = functools.partial(
+            _start_view_query, spark, settings, query, tables, once
+        )
+    late = _LateNotes(settings, queries)
+    if late.names:
+        late.listen(views_session(spark, settings))
+    try:
+        with _publishing(settings, selected, once):
+            _run_queries(settings, starters, apart, late, once, stop)
+    finally:
+        late.stop(views_session(spark, settings))
+
+
+@contextlib.contextmanager
+def _publishing(settings: Settings, selected: list[str], once: bool) -> Iterator[None]:
+    """apply.iceberg: the warehouse's tables published as Iceberg tables while the job
+    runs (every trigger interval, in a thread of their own), and once more at the end of
+    a run `once` (whose failure is the run's)."""
+    if not (settings.apply.iceberg and "warehouse" in selected):
+        yield
+        return
+    publisher = IcebergPublisher(warehouse_base(settings), warehouse_root(settings))
+    done = threading.Event()
+
+    def publish() -> None:
+        while not done.is_set():
+            try:
+                publisher.publish_all(say)
+            except Exception as exc:  # e.g. the catalog unreachable: said, tried again
+                say(f"iceberg: not published ({failure_line(exc)}); trying again")
+            done.wait(max(settings.apply.trigger_interval_s, 1.0))
+
+    thread = None if once else threading.Thread(target=publish, name="iceberg", daemon=True)
+    if thread is not None:
+        thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        if thread is not None:
+            thread.join(60)
+    if once:
+        publisher.publish_all(say, strict=True)
+
+
+def _run_queries(
+    settings: Settings,
+    starters: dict[str, Callable[[], Any]],
+    apart: WarehouseProcess | None,
+    late: _LateNotes,
+    once: bool,
+    stop: threading.Event | None,
+) -> None:
+    """Start the queries, then (once) wait for them to end, or keep them running until
+    `stop`, starting a failed one again."""
+    queries = {name: start() for name, start in starters.items()}
+    windows = {n: q for n, q in queries.items() if n in late.queries}
+    if apart is not None:
+        apart.start()
+        nice = settings.apply.warehouse_nice
+        say(f"warehouse: in a process of its own (pid {apart.pid}, nice {nice})")
+    if once:
+        try:
+            for query in queries.values():
+                try:
+                    query.awaitTermination()
+                except Exception as exc:
+                    raise _fatal(exc) or StoreError(
+                        f"the apply job stopped: {failure_line(exc)}"
+                    ) from None
+        finally:
+            for query in queries.values():
+                query.stop()
+            late.ended(list(windows.values()))
+        late.catch_up(windows)
+        return
+    failures: dict[str, int] = {}
+    try:
+        while not (stop and stop.is_set()):
+            for name, query in list(queries.items()):
+                error = query.exception()
+                if error is None:
+                    continue
+                fatal = _fatal(error)
+                if fatal is not None:
+                    raise fatal
+                # a query stopped (Kafka or the store went away, a batch failed): say so
+                # and start it again from its checkpoint, as a restart of `cdc apply` would
+                failures[name] = failures.get(name, 0) + 1
+                pause = min(2 ** failures[name], 60)
+                say(f"{name}: stopped ({failure_line(error)}); starting it again in {pause} s")
+                if stop is not None and stop.wait(pause):
+                    return
+                if stop is None:
+                    time.sleep(pause)
+                try:
+                    queries[name] = starters[name]()
+                except Exception as exc:  # e.g. Kafka not back yet: the next round tries again
+                    say(f"{name}: could not start again ({failure_line(exc)})")
+                    continue
+                if name in late.queries:
+                    windows[name] = queries[name]
+            if apart is not None:
+                _watch_apart(apart, failures, stop)
+            late.note_recent(windows)
+            # (never a query's awaitTermination here: it raises the query's failure,
+            # which the loop above restarts the query for)
+            if stop is None:
+                time.sleep(1)
+            else:
+                stop.wait(1)
+    finally:
+        for query in queries.values():
+            query.stop()
+        late.ended(list(windows.values()))
+        if apart is not None:
+            apart.stop()
+
+
+# what the warehouse's process exits with when starting it again cannot help: a setting,
+# an install, or a log or source that went back
+_FATAL_EXITS = {e.exit_code: e for e in (ConfigError, NotInstalledError, LogRewoundError)}
+
+
+def _watch_apart(
+    apart: WarehouseProcess, failures: dict[str, int], stop: threading.Event | None
+) -> None:
+    """Start the warehouse's process again when it has stopped (after a pause that grows
+    with its failures), as a failed query is; raise its error when that cannot help."""
+    code = apart.exit_code()
+    if code is None:
+        return
+    said = apart.last_said
+    if code in _FATAL_EXITS:
+        raise _FATAL_EXITS[code](f"the warehouse's apply process stopped: {said}")
+    failures["warehouse"] = failures.get("warehouse", 0) + 1
+    pause = min(2 ** failures["warehouse"], 60)
+    how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+    say(
+        f"warehouse: its process exited ({how}{'; ' + said if said else ''}); "
+        f"starting it again in {pause} s"
+    )
+    if stop is not None and stop.wait(pause):
+        return
+    if stop is None:
+        time.sleep(pause)
+    apart.start()
+
+
+_RAISED = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$")
+
+
+class _LateNotes:
+    """Events a windowed aggregate or a stream-stream join did not count (later than its
+    watermark), added up per window for `cdc status`. Each query's progress report is
+    noted as Spark's listener bus delivers it, after every batch, so that neither a
+    query that fails next (and is replaced) nor a `--once` run of more batches than
+    Spark keeps in memory (`recentProgress`, the last 100) loses one; the reports
+    still in memory are noted too, once a second (a report is noted once: by batch id)."""
+
+    def __init__(self, settings: Settings, queries: list[ViewQuery]) -> None:
+        self.settings = settings
+        self.queries = {q.label: q for q in queries}
+        self.names = {q.name(settings): q.label for q in queries}
+        self._lock = threading.Lock()
+        self._seen: dict[str, int] = {}  # query -> the newest batch id of a report noted
+        self._listener: Any = None
+        self._ended: set[str] = set()  # the ids of the queries it was told ended
+
+    def note(self, label: str, reports: list[dict[str, Any]]) -> None:
+        """Note each view's late events in its query's reports (a view's own stateful
+        steps: ViewQuery.steps)."""
+        query = self.queries[label]
+        with self._lock:
+            for view, steps in zip(query.members, query.steps, strict=False):
+                note_late(self.settings, view.name, reports, view.late_readers, steps)
+            for report in reports:
+                self._seen[label] = max(self._seen.get(label, -1), int(report["batchId"]))
+
+    def note_recent(self, windows: dict[str, Any]) -> None:
+        for name, query in windows.items():
+            self.note(name, query.recentProgress)
+
+    def listen(self, spark: Any) -> None:
+        from pyspark.sql.streaming import StreamingQueryListener
+
+        notes = self
+
+        class _Listener(StreamingQueryListener):
+            def onQueryStarted(self, event: Any) -> None:
+                pass
+
+            def onQueryProgress(self, event: Any) -> None:
+                name = notes.names.get(event.progress.name)
+                if name is not None:
+                    notes.note(name, [json.loads(event.progress.json)])
+
+            def onQueryIdle(self, event: Any) -> None:
+                pass
+
+            def onQueryTerminated(self, event: Any) -> None:
+                notes._ended.add(str(event.id))
+
+        self._listener = _Listener()
+        spark.streams.addListener(self._listener)
+
+    def ended(self, queries: list[Any], timeout: float = 10.0) -> None:
+        """Wait (at most `timeout` seconds) until the listener has been told that each
+        of these stopped queries ended: Spark tells it on its listener bus after the
+        query stops, and a call still under way when the process exits fails with a
+        Py4J stack trace on the terminal."""
+        if self._listener is None:
+            return
+        ids = {str(q.id) for q in queries}
+        deadline = time.monotonic() + timeout
+        while not ids <= self._ended and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def stop(self, spark: Any) -> None:
+        if self._listener is not None:
+            spark.streams.removeListener(self._listener)
+            self._listener = None
+
+    def catch_up(self, windows: dict[str, Any], timeout: float = 30.0) -> None:
+        """Wait until the listener has noted each query's last batch (its reports arrive
+        after the query ends), then note what is still in memory."""
+        deadline = time.monotonic() + timeout
+        for name, query in windows.items():
+            ran = [p["batchId"] for p in query.recentProgress if p.get("stateOperators")]
+            while ran and self._seen.get(name, -1) < max(ran) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        self.note_recent(windows)
+
+
+def failure_line(exc: BaseException) -> str:
+    """One line saying why a query failed: the Python exception at the end of the
+    traceback Spark carries back as text (not "Traceback (most recent call last):"),
+    else the error's first line."""
+    text = str(exc).strip()
+    if not text:
+        return type(exc).__name__
+    marker = "Traceback (most recent call last)"
+    if marker in text:  # the last traceback's exception: the first line naming one
+        for line in text[text.rindex(marker) :].splitlines()[1:]:
+            if not line.startswith(" ") and (m := _RAISED.match(line.strip())):
+                return f"{m[1]}: {m[2]}"[:300]
+    return text.splitlines()[0][:300]
+
+
+def _fatal(exc: BaseException) -> CdcError | None:
+    """The error that must stop the apply job (not be retried), from a query's failure."""
+    text = str(exc)
+    for kind in (SourceRewoundError, LogRewoundError):
+        marker = f"{kind.__name__}: "
+        if marker in text:
+            return kind(text[text.rindex(marker) + len(marker) :].splitlines()[0])
+    return None
+
+
+def _prepare(settings: Settings, store: Store, tables: dict[str, Table]) -> None:
+    """The store's indexes, tables...; a store that does not answer yet is waited for."""
+    while True:
+        try:
+            store.prepare(tables.values())
+            return
+        except StoreUnavailableError as exc:
+            wait_for(settings, store.name, str(exc), -1, store.ping)
+
+
+def _start_store_query(spark: Any, settings: Settings, store: Store, once: bool) -> Any:
+    limit = settings.apply.max_offsets_per_trigger
+    if isinstance(store, FrameStore):  # Delta: fewer, larger commits when catching up
+        limit = settings.apply.warehouse_max_offsets_per_trigger
+    source = (
+        spark.readStream.format("kafka")
+        .options(**kafka_options(settings))
+        # every change topic of the pipeline, also of tables added while it runs
+        .option("subscribePattern", change_topic_pattern(settings.pipeline))
+        .option("startingOffsets", "earliest")
+        # records a re-snapshot deleted are gone on purpose; start from what is there
+        .option("failOnDataLoss", "false")
+        .option("maxOffsetsPerTrigger", limit)
+        # each task's consumer finds the fetch it sent ahead at the end of the last batch
+        # still waiting at the broker for new records (up to 500 ms by default) and waits
+        # for it before it can fetch its range: a small batch then costs a partition's
+        # quiet time per task
+        .option("kafka.fetch.max.wait.ms", "100")
+        .load()
+    )
+    writer = (
+        source.writeStream.queryName(f"cdc-{settings.pipeline.name}-{store.name}")
+        .option("checkpointLocation", str(checkpoint_dir(settings, store.name)))
+        .foreachBatch(BatchWriter(settings, store))
+    )
+    return _triggered(settings, writer, once).start()
+
+
+def _start_view_query(
+    spark: Any, settings: Settings, query: ViewQuery, tables: dict[str, Table], once: bool
+) -> Any:
+    """The query of window aggregates and stream-stream joins (cdc/views/)."""
+    checkpoint = checkpoint_dir(settings, query.label)
+    forget_other_definition(checkpoint, query.definition())
+    # a pool of its own (the query's thread inherits it from this one)
+    spark.sparkContext.setLocalProperty("spark.scheduler.pool", query.label)
+    writer = query.query(views_session(spark, settings), settings, tables, str(checkpoint))
+    return _triggered(settings, writer, once, settings.apply.views_trigger_interval_s).start()
+
+
+def _triggered(settings: Settings, writer: Any, once: bool, every: float | None = None) -> Any:
+    if once:
+        return writer.trigger(availableNow=True)
+    return writer.trigger(processingTime=f"{every or settings.apply.trigger_interval_s} seconds")

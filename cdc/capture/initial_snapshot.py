@@ -1,0 +1,545 @@
+"""The initial snapshot, taken at the slot's consistent point (contract point 2).
+
+1. prepare the source (role, publication, tables) and the change topics;
+2. create the slot with an exported snapshot;
+3. read every captured table under that snapshot, in parallel CTID ranges, with
+   Spark; PostgreSQL formats each row as a Debezium `op: "r"` event and Spark
+   writes it to the table's change topic with the key Debezium would write;
+4. mark the snapshot done, then start the connector on that slot with
+   snapshot.mode=no_data, its offset set to the slot's consistent point (created
+   stopped, offset set, resumed): it streams exactly what committed after the point,
+   whatever offset an earlier generation left under the connector's name.
+
+The ranges are written a few at a time, and each group, once in Kafka, is recorded
+(cdc.snapshot_ranges) with the consistent point and the snapshot's xmin. A run that
+stops before 4 leaves state `running`. The next run resumes it when it had recorded
+ranges: the exported snapshot died with its session, so it starts the connector at
+the slot's consistent point and backfills (Debezium's watermarked incremental
+snapshot) only the rows the interrupted run had not written: those outside the
+recorded ranges, and every row version written after the snapshot (an UPDATE may
+have moved a row into a recorded range). A table rewritten meanwhile (VACUUM FULL)
+is backfilled whole. Otherwise the run drops the unused slot, removes what the
+interrupted run wrote and starts again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import reduce
+from typing import Any
+
+import psycopg
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from cdc.capture.backfill import start_backfill, watch_backfill
+from cdc.capture.connect import connect_client
+from cdc.capture.connector import register_connector
+from cdc.capture.generation import record_generation
+from cdc.capture.rewrites import record_schemas
+from cdc.capture.role import replication_password
+from cdc.capture.slot import (
+    RESNAPSHOT,
+    InFlight,
+    SnapshotPoint,
+    drop_slot,
+    exported_snapshot,
+    int_to_lsn,
+    lsn_to_int,
+    slot_lost,
+    slot_state,
+)
+from cdc.capture.snapshot_events import envelope, event_query
+from cdc.capture.snapshots import (
+    ReadRange,
+    mark_done,
+    mark_point,
+    mark_running,
+    read_ranges,
+    read_state,
+    record_ranges,
+    resume_point,
+)
+from cdc.capture.source import (
+    admin_connection,
+    prepare_source,
+    replication_dsn,
+    sync_truncate_triggers,
+)
+from cdc.core.catalog import Table
+from cdc.core.errors import ConnectorError, SnapshotError
+from cdc.core.say import Say, quiet
+from cdc.core.settings import Settings
+from cdc.core.spark import kafka_options, spark_session
+from cdc.core.topics import (
+    change_topic,
+    change_topic_spec,
+    dead_letter_topic,
+    end_offsets,
+    ensure_topics,
+    pipeline_topic_specs,
+    truncate_topics,
+)
+
+__all__ = ["SnapshotResult", "ctid_clause", "page_ranges", "run_snapshot", "unread_rows"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SnapshotResult:
+    lsn: str
+    rows: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    resumed: bool = False  # only the connector had to be started
+    continued: bool = False  # an interrupted snapshot finished by backfilling the rest
+
+    @property
+    def total_rows(self) -> int:
+        return sum(self.rows.values())
+
+
+def page_ranges(pages: int, pages_per_reader: int) -> list[tuple[int, int | None]]:
+    """A table's pages split into ranges [first, end) of `pages_per_reader` pages.
+
+    The last range is open-ended (end None): relpages is an estimate and the table may
+    have grown."""
+    count = max(1, math.ceil(pages / pages_per_reader))
+    firsts = [i * pages_per_reader for i in range(count)]
+    return list(zip(firsts, [*firsts[1:], None], strict=True))
+
+
+def ctid_clause(first: int, end: int | None) -> str:
+    """The WHERE clause of the rows in pages [first, end)."""
+    parts = [f"ctid >= '({first},0)'::tid"] if first > 0 else []
+    parts += [f"ctid < '({end},0)'::tid"] if end is not None else []
+    return " AND ".join(parts) or "true"
+
+
+def unread_rows(read: list[tuple[int, int | None]], xmin: int) -> str | None:
+    """The filter of the rows an interrupted snapshot did not write: those outside the
+    page ranges `read`, and every row version a transaction at or after `xmin` (the
+    snapshot's oldest in progress, an xid8) wrote, as an UPDATE may have moved a row
+    into a range read. None: nothing to read (every page was); "true": everything.
+
+    A row version's xmin is a 32-bit xid: it counts as newer when it is less than 2^31
+    ahead of the snapshot's, modulo 2^32, which holds for every xid written since (a
+    version frozen over 2^31 xids ago may count too, and is only read again)."""
+    merged: list[list[Any]] = []
+    for first, end in sorted(read, key=lambda r: r[0]):
+        if merged:
+            last = merged[-1]
+            if last[1] is None:  # read to the end already
+                continue
+            if first <= last[1]:
+                last[1] = None if end is None else max(last[1], end)
+                continue
+        merged.append([first, end])
+    if not merged:
+        return "true"
+    if merged == [[0, None]]:
+        return None
+    done = " OR ".join(f"({ctid_clause(first, end)})" for first, end in merged)
+    newer = f"((xmin::text::bigint - {xmin % 2**32} + 4294967296) % 4294967296) < 2147483648"
+    return f"(NOT ({done}) OR {newer})"
+
+
+def run_snapshot(
+    settings: Settings,
+    console: Console,
+    say: Say = quiet,
+) -> SnapshotResult:
+    """Take the pipeline's initial snapshot and start streaming after it (idempotent)."""
+    pipe = settings.pipeline
+    started = time.monotonic()
+    say(f"preparing the source for pipeline {pipe.name}")
+    tables = prepare_source(settings)
+    ensure_topics(
+        settings.kafka,
+        pipeline_topic_specs(settings.pipeline, [t.qualified for t in tables]),
+    )
+    connector = connect_client(settings).connectors().get(pipe.connector)
+    # a connector stays STOPPED if its start was interrupted: a rerun starts it
+    stopped = (connector or {}).get("status", {}).get("connector", {}).get("state") == "STOPPED"
+
+    with admin_connection(settings) as conn:
+        conn.autocommit = True
+        state = read_state(conn, pipe.name)
+        slot = slot_state(conn, pipe.slot)
+        if state is not None and state.status == "done" and slot is not None:
+            if slot_lost(conn, pipe.slot):
+                raise SnapshotError(
+                    f"slot {pipe.slot} of pipeline {pipe.name} is lost (PostgreSQL removed "
+                    "the WAL it kept): the changes since the last confirmed position are gone; "
+                    f"{RESNAPSHOT}"
+                )
+            if connector is not None and not stopped:
+                raise SnapshotError(
+                    f"pipeline {pipe.name} already took its snapshot and streams; to load rows "
+                    "again use `cdc backfill TABLE`, or `cdc drop` then `cdc snapshot`"
+                )
+            say(f"snapshot at {state.lsn} is complete; starting the connector on slot {pipe.slot}")
+            # at the snapshot's point, unless Connect holds this generation's offset already
+            start_lsn = lsn_to_int(state.lsn) if state.lsn else None
+            register_connector(settings, tables, start_lsn=start_lsn)
+            return SnapshotResult(lsn=state.lsn or "", resumed=True)
+        resume = _resumable(conn, settings, state, slot, connector is not None)
+        if resume is not None:
+            ranges, (xmin, ts_ms) = resume
+        elif connector is not None:
+            raise SnapshotError(
+                f"connector {pipe.connector} exists but pipeline {pipe.name} has no complete "
+                "snapshot; remove it first with `cdc drop`"
+            )
+        if resume is None and slot is not None:
+            active, pid = slot
+            if active:
+                raise SnapshotError(
+                    f"replication slot {pipe.slot} is in use by pid {pid}; stop whatever reads "
+                    "it, or give this pipeline another name (pipeline.name)"
+                )
+            say(f"dropping slot {pipe.slot} of an interrupted snapshot; starting again")
+            drop_slot(conn, pipe.slot)
+        elif resume is None and state is not None and state.status == "running":
+            say(f"the slot of an interrupted snapshot is gone ({pipe.slot}); starting again")
+        if resume is None:
+            mark_running(conn, pipe.name, pipe.slot)
+    if resume is not None:
+        assert state is not None and state.lsn is not None
+        point = SnapshotPoint(lsn_to_int(state.lsn), ts_ms, "")
+        return _resume(settings, tables, point, ranges, xmin, console, say, started)
+
+    # what an interrupted run wrote goes; offsets keep growing, so no position is reused
+    truncate_topics(settings.kafka, [change_topic_spec(pipe, t.qualified) for t in tables])
+
+    def waiting(blockers: list[InFlight]) -> None:
+        say(
+            f"creating slot {pipe.slot} waits for {len(blockers)} transaction(s) in flight "
+            "to end: " + "; ".join(str(b) for b in blockers[:3])
+        )
+
+    say(f"creating slot {pipe.slot} with an exported snapshot")
+    spark = spark_session(settings, f"cdc-snapshot-{pipe.name}")
+    with exported_snapshot(
+        replication_dsn(settings, replication=True), settings.postgres.dsn(), pipe.slot, waiting
+    ) as point:
+        lsn = int_to_lsn(point.lsn)
+        with admin_connection(settings) as conn:  # what a run after a crash resumes from
+            conn.autocommit = True
+            mark_point(conn, pipe.name, lsn, point.ts_ms, _snapshot_xmin(settings, point))
+        say(f"snapshot {point.snapshot_name} at LSN {lsn}: reading {len(tables)} table(s)")
+        rows = _copy_tables(settings, spark, tables, point, console)
+    # a generation: stores that hold it whole drop what they hold from before it
+    record_generation(
+        settings, point.lsn, point.ts_ms, [change_topic(pipe, t.qualified) for t in tables]
+    )
+    # the columns the snapshot's rows hold: DDL after it that changes values unseen is
+    # found by the apply job (cdc/capture/rewrites.py)
+    record_schemas(settings, tables)
+
+    with admin_connection(settings) as conn:
+        conn.autocommit = True
+        mark_done(conn, pipe.name, lsn, point.ts_ms, sum(rows.values()))
+    say(f"snapshot done: {sum(rows.values())} rows; starting the connector on slot {pipe.slot}")
+    try:
+        # a new generation: the connector starts at the slot's consistent point, whatever
+        # offset an earlier connector of this name left in Connect (contract point 11)
+        register_connector(settings, tables, start_lsn=point.lsn, start_ts_ms=point.ts_ms)
+    except ConnectorError as exc:
+        raise ConnectorError(
+            f"{exc} (the snapshot is complete and kept: rerun `cdc snapshot` to start streaming)"
+        ) from None
+    with admin_connection(settings) as conn:
+        sync_truncate_triggers(conn)  # those a busy table kept setup from installing
+    return SnapshotResult(lsn=lsn, rows=rows, seconds=time.monotonic() - started)
+
+
+def _resumable(
+    conn: Any, settings: Settings, state: Any, slot: Any, has_connector: bool
+) -> tuple[list[ReadRange], tuple[int, int]] | None:
+    """What an interrupted snapshot left to resume from (its recorded ranges, xmin and
+    time), or None when it must start again: no point or no range recorded, its slot
+    gone, lost, or read by something other than the pipeline's connector."""
+    pipe = settings.pipeline
+    if state is None or state.status != "running" or slot is None:
+        return None
+    if slot[0] and not has_connector:  # read by someone else: refused below
+        return None
+    point = resume_point(conn, pipe.name)
+    if point is None or slot_lost(conn, pipe.slot):
+        return None
+    ranges = read_ranges(conn, pipe.name)
+    if not ranges and not has_connector:
+        return None
+    return ranges, point
+
+
+def _snapshot_xmin(settings: Settings, point: SnapshotPoint) -> int:
+    """The exported snapshot's xmin (an xid8): every transaction before it is over."""
+    with psycopg.connect(replication_dsn(settings), connect_timeout=10) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        conn.execute(f"SET TRANSACTION SNAPSHOT '{point.snapshot_name}'")
+        row = conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text").fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def _identity(conn: Any, table: Table) -> tuple[int, str]:
+    """The table's relation and its files (a partitioned table's: each partition's): a
+    rewrite (VACUUM FULL, CLUSTER, ALTER TABLE … TYPE) gives it new files."""
+    row = conn.execute(
+        "SELECT c.oid, (SELECT string_agg(coalesce(pg_relation_filenode(t.relid), 0)::text, "
+        "',' ORDER BY t.relid) FROM pg_partition_tree(c.oid) t) "
+        "FROM pg_class c WHERE c.oid = %s::regclass",
+        (table.regclass,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), str(row[1])
+
+
+def _resume(
+    settings: Settings,
+    tables: list[Table],
+    point: SnapshotPoint,
+    ranges: list[ReadRange],
+    xmin: int,
+    console: Console,
+    say: Say,
+    started: float,
+) -> SnapshotResult:
+    """Finish an interrupted snapshot: stream from its slot's consistent point, and
+    backfill (Debezium's watermarked incremental snapshot) the rows it had not written
+    (unread_rows); then mark it done, as a run that was not interrupted does."""
+    pipe = settings.pipeline
+    lsn = int_to_lsn(point.lsn)
+    topics = [change_topic(pipe, t.qualified) for t in tables]
+    written = {t: sum(p.values()) for t, p in end_offsets(settings.kafka, topics).items()}
+    plans: dict[str, str] = {}
+    with admin_connection(settings) as conn:
+        for table in tables:
+            relid, files = _identity(conn, table)
+            read = [(r.first, r.end) for r in ranges if r.relid == relid and r.files == files]
+            where = unread_rows(read, xmin)
+            if where is not None:
+                plans[table.qualified] = where
+    say(
+        f"resuming the snapshot at LSN {lsn}: {len(ranges)} range(s) were written whole; "
+        f"streaming from slot {pipe.slot} and backfilling the rest of {len(plans)} table(s)"
+    )
+    register_connector(settings, tables, start_lsn=point.lsn, start_ts_ms=point.ts_ms)
+    rows = {change_topic(pipe, t.qualified): 0 for t in tables}
+    with Progress(
+        TextColumn("{task.description}", markup=False),  # names, not markup
+        BarColumn(),
+        TextColumn("{task.fields[detail]}", markup=False),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bar:
+        for name, where in plans.items():
+            signal, offset = start_backfill(
+                settings, name, None if where == "true" else where, acknowledge=False
+            )
+            task = bar.add_task(name, total=1.0, detail="waiting for Debezium")
+
+            def show(p: Any, task: Any = task) -> None:
+                detail = p.state.lower().replace("_", " ")
+                if p.rows_scanned is not None:
+                    detail += f", {p.rows_scanned:,} rows"
+                bar.update(task, completed=p.fraction or 0.0, detail=detail)
+
+            done = watch_backfill(settings, offset, show, signal_id=signal)
+            bar.update(task, completed=1.0, detail=f"{done.rows_scanned or 0:,} rows read")
+            rows[change_topic(pipe, name)] = done.rows_scanned or 0
+    record_generation(settings, point.lsn, point.ts_ms, topics)
+    record_schemas(settings, tables)
+    total = {t.qualified: written.get(change_topic(pipe, t.qualified), 0) for t in tables}
+    for table in tables:
+        total[table.qualified] += rows[change_topic(pipe, table.qualified)]
+    with admin_connection(settings) as conn:
+        conn.autocommit = True
+        mark_done(conn, pipe.name, lsn, point.ts_ms, sum(total.values()))
+        sync_truncate_triggers(conn)
+    say(f"snapshot at LSN {lsn} done: the rest backfilled; streaming from slot {pipe.slot}")
+    return SnapshotResult(lsn=lsn, rows=total, seconds=time.monotonic() - started, continued=True)
+
+
+def _copy_tables(
+    settings: Settings,
+    spark: Any,
+    tables: list[Table],
+    point: SnapshotPoint,
+    console: Console,
+) -> dict[str, int]:
+    """Write every table's snapshot events to its change topic; returns rows per table."""
+    from pyspark.sql import functions as F
+
+    pipe, pg = settings.pipeline, settings.postgres
+    url = f"jdbc:postgresql://{pg.host}:{pg.port}/{pg.database}"
+    init = (
+        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; "
+        f"SET TRANSACTION SNAPSHOT '{point.snapshot_name}'; SET intervalstyle = 'iso_8601'"
+    )
+    props = {
+        "user": pipe.replication_user,
+        "password": replication_password(settings).get_secret_value(),
+        "driver": "org.postgresql.Driver",
+        "sessionInitStatement": init,
+        "fetchsize": "10000",
+        **pg.jdbc_ssl_params(),
+    }
+    now_ms = int(time.time() * 1000)
+    pieces: list[tuple[ReadRange, Any, int]] = []  # each CTID range, its events, its pages
+    with admin_connection(settings) as conn:
+        for table in tables:
+            query = event_query(table).as_string(conn)
+            head, tail = envelope(table, point, pipe.topic_prefix, pg.database, now_ms)
+            topic = change_topic(pipe, table.qualified)
+            rows = f" AND ({table.row_filter})" if table.row_filter else ""
+            relid, files = _identity(conn, table)
+            for first, end in page_ranges(table.pages, pipe.snapshot_pages_per_reader):
+                subquery = f"({query} WHERE {ctid_clause(first, end)}{rows}) AS snapshot_rows"
+                frame = spark.read.jdbc(url, subquery, properties=props).select(
+                    "key",
+                    F.concat(F.lit(head), F.col("after"), F.lit(tail)).alias("value"),
+                    F.lit(topic).alias("topic"),
+                )
+                pages = (end if end is not None else max(table.pages, first + 1)) - first
+                pieces.append((ReadRange(relid, files, first, end), frame, pages))
+    # a few ranges per Spark job (one range per task slot: one wave of tasks; small
+    # tables share one), each group recorded once in Kafka: a run after a crash reads
+    # only the rest
+    slots = max(1, int(spark.sparkContext.defaultParallelism))
+    group_pages = slots * pipe.snapshot_pages_per_reader
+    groups: list[list[tuple[ReadRange, Any]]] = [[]]
+    held = 0
+    for read, frame, pages in pieces:
+        if held >= group_pages:
+            groups.append([])
+            held = 0
+        groups[-1].append((read, frame))
+        held += max(1, pages)
+    topics = {change_topic(pipe, t.qualified): t for t in tables}
+    start = {t: sum(p.values()) for t, p in end_offsets(settings.kafka, list(topics)).items()}
+
+    done = threading.Event()
+    with Progress(
+        TextColumn("{task.description}", markup=False),  # names, not markup
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]} rows/s"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
+        tasks = {
+            topic: progress.add_task(table.qualified, total=table.estimated_rows or None, rate="–")
+            for topic, table in topics.items()
+        }
+        began = time.monotonic()
+
+        def poll() -> None:
+            while not done.wait(1.0):
+                _update(progress, tasks, start, settings, began)
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        for chunk in groups:
+            _write(settings, reduce(lambda a, b: a.unionAll(b), [f for _, f in chunk]))
+            with admin_connection(settings) as conn:
+                conn.autocommit = True
+                record_ranges(conn, pipe.name, [r for r, _ in chunk])
+        done.set()
+        poller.join()
+        written = _update(progress, tasks, start, settings, began, final=True)
+    return {topics[t].qualified: n for t, n in written.items()}
+
+
+def _write(settings: Settings, events: Any) -> None:
+    """Write snapshot events to their topics, and return once Kafka has them all."""
+    if settings.kafka.oversized == "dead_letter":
+        events = _hold_oversized(events, settings)
+    (
+        events.write.format("kafka")
+        .options(**kafka_options(settings))
+        .option("kafka.acks", "all")
+        .option("kafka.enable.idempotence", "true")
+        .option("kafka.linger.ms", "20")
+        .option("kafka.batch.size", "524288")
+        .option("kafka.compression.type", "lz4")
+        # a row as large as kafka.max_message_bytes (the topics take it too)
+        .option("kafka.max.request.size", str(settings.kafka.max_message_bytes))
+        .option(
+            "kafka.buffer.memory",
+            str(max(32 * 1024 * 1024, 2 * settings.kafka.max_message_bytes)),
+        )
+        .save()
+    )
+
+
+def _hold_oversized(events: Any, settings: Settings) -> Any:
+    """kafka.oversized = "dead_letter": a snapshot row larger than Kafka takes goes to the
+    dead-letter topic as a letter (its table's topic, key and size), as the connector's
+    transform sends a change (jvm/transforms HoldOversized); the others are as they were."""
+    from pyspark.sql import functions as F
+
+    limit = settings.kafka.max_message_bytes
+    size = F.octet_length("key") + F.octet_length("value") + F.lit(1024)  # with framing
+    over = size > F.lit(limit)
+    error = F.concat(
+        F.lit("a change event of "),
+        size.cast("string"),
+        F.lit(
+            f" bytes is larger than kafka.max_message_bytes ({limit} bytes): held back "
+            "(kafka.oversized = dead_letter)"
+        ),
+    )
+    letter = F.to_json(
+        F.struct(
+            F.lit("capture").alias("store"),
+            error.alias("error"),
+            F.col("topic"),
+            F.lit(-1).alias("partition"),
+            F.lit(-1).alias("offset"),
+            F.col("key"),
+            F.lit(None).cast("string").alias("value"),
+            size.alias("size"),
+            F.struct(F.lit("r").alias("op")).alias("position"),
+        )
+    )
+    return events.select(
+        "key",
+        F.when(over, letter).otherwise(F.col("value")).alias("value"),
+        F.when(over, F.lit(dead_letter_topic(settings.pipeline)))
+        .otherwise(F.col("topic"))
+        .alias("topic"),
+    )
+
+
+def _update(
+    progress: Progress,
+    tasks: Any,
+    start: Any,
+    settings: Settings,
+    began: float,
+    final: bool = False,
+) -> dict[str, int]:
+    ends = end_offsets(settings.kafka, list(tasks))
+    written = {t: sum(p.values()) - start[t] for t, p in ends.items()}
+    elapsed = max(time.monotonic() - began, 1e-3)
+    for topic, task in tasks.items():
+        n = written[topic]
+        total = n if final else max(progress.tasks[task].total or 0, n) or None
+        progress.update(task, completed=n, total=total, rate=f"{n / elapsed:,.0f}")
+    return written

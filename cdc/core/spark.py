@@ -1,0 +1,250 @@
+"""The Spark session every Spark job of the project runs in.
+
+Jars come from the install step (.cache/jvm/spark/jars), never downloaded at
+run time; jars that the pyspark wheel already ships are left out so that one
+version of each library is on the classpath.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import logging.handlers
+import os
+import re
+import secrets
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from cdc.core.clients import kafka_jaas_config, kafka_java_config
+from cdc.core.errors import INSTALL_HINT, NotInstalledError
+from cdc.core.files import write_file
+from cdc.core.settings import SECRET_KEY, Settings
+from cdc.core.state_folders import prepare_job_state
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = [
+    "CHECKPOINT_FILE_MANAGER",
+    "kafka_options",
+    "spark_jars",
+    "spark_master",
+    "spark_session",
+    "views_session",
+]
+
+_VERSIONED = re.compile(r"^(?P<name>.+?)-\d[\w.\-]*\.jar$")
+
+
+def _artifact(jar: Path) -> str:
+    match = _VERSIONED.match(jar.name)
+    return match.group("name") if match else jar.stem
+
+
+def kafka_options(settings: Settings) -> dict[str, str]:
+    """The options of every Spark Kafka source and sink of the project: the brokers and
+    the security of `kafka` (protocol, SASL login, the CA as a PEM trust store), each
+    prefixed `kafka.` as Spark hands them to its Kafka clients. The SASL login holds the
+    password (Spark redacts it in plans and logs): never print these."""
+    section = settings.kafka
+    config = kafka_java_config(section, kafka_jaas_config(section))
+    return {
+        "kafka.bootstrap.servers": section.bootstrap_servers,
+        **{f"kafka.{key}": value for key, value in config.items()},
+    }
+
+
+def spark_jars(settings: Settings) -> list[Path]:
+    """The project's jars for Spark, minus the libraries pyspark already has."""
+    import pyspark
+
+    jars_dir = settings.jvm_dir / "spark" / "jars"
+    ours = sorted(jars_dir.glob("*.jar"))
+    if not any(j.name.startswith("spark-sql-kafka") for j in ours):
+        raise NotInstalledError(
+            f"the Spark Kafka source is not installed (nothing in {jars_dir}): {INSTALL_HINT}"
+        )
+    shipped = {_artifact(j) for j in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    return [j for j in ours if _artifact(j) not in shipped]
+
+
+# Spark's log goes to <data_dir>/spark/spark.log (0600, rolled at 64 MB): only errors
+# reach the terminal, where `cdc demo` draws its dashboard and `cdc apply` says what it does
+_LOG4J2 = """\
+rootLogger.level = {level}
+rootLogger.appenderRef.file.ref = file
+rootLogger.appenderRef.stderr.ref = console
+rootLogger.appenderRef.stderr.level = error
+appender.file.type = RollingFile
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.filePattern = {log}.%i
+appender.file.filePermissions = rw-------
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = %d{{yyyy-MM-dd HH:mm:ss}} %p %c{{1}}: %m%n
+appender.file.policies.type = Policies
+appender.file.policies.size.type = SizeBasedTriggeringPolicy
+appender.file.policies.size.size = 64MB
+appender.file.strategy.type = DefaultRolloverStrategy
+appender.file.strategy.max = 3
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{{HH:mm:ss}} %p %c{{1}}: %m%n
+logger.hadoop.name = org.apache.hadoop
+logger.hadoop.level = error
+logger.kafka.name = org.apache.kafka
+logger.kafka.level = error
+logger.sparkconf.name = org.apache.spark.SparkConf
+logger.sparkconf.level = error
+logger.localcheckpoint.name = org.apache.spark.rdd.MapPartitionsRDD
+logger.localcheckpoint.level = error
+# "Current batch is falling behind": `cdc status` and the dashboard show the lag
+logger.trigger.name = org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor
+logger.trigger.level = error
+"""
+
+
+CHECKPOINT_FILE_MANAGER = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+)
+
+
+def _python_log(path: Path) -> None:
+    """The job's Python log records of INFO and up also go to `path` (0600, rolled at
+    64 MB), beside Spark's own log, once per process."""
+    root = logging.getLogger()
+    if any(getattr(h, "baseFilename", None) == str(path) for h in root.handlers):
+        return
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    handler = logging.handlers.RotatingFileHandler(path, maxBytes=64 << 20, backupCount=3)
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+
+
+def spark_master(master: str, cores: int | None = None) -> str:
+    """The master URL Spark is given: `local[*]` becomes twice the machine's cores in task
+    slots. The stores' queries share the JVM, and a slot is held until its task ends: with
+    one slot per core, a cache or search batch's tasks wait behind the warehouse's long
+    MERGE tasks; with two, they start at once and the OS shares the cores
+    (bench/results/streaming.jsonl). Any other URL is Spark's as given."""
+    if master != "local[*]":
+        return master
+    return f"local[{2 * (cores or os.cpu_count() or 1)}]"
+
+
+def _with_secrets(builder: Any, settings: Settings, secret: dict[str, str]) -> SparkSession:
+    """The session, its secret confs given through a properties file (0600, gone once
+    the JVM has read it) rather than the `--conf` arguments PySpark puts on the Spark
+    JVM's command line, which `ps` shows every local user."""
+    if not secret:
+        return builder.getOrCreate()  # type: ignore[no-any-return]
+    path = settings.data_dir / "spark" / f".secrets-{os.getpid()}-{secrets.token_hex(4)}.conf"
+    write_file(path, "".join(f"{k} {_escaped(v)}\n" for k, v in secret.items()))
+    before = os.environ.get("PYSPARK_SUBMIT_ARGS")
+    os.environ["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {path} {before or 'pyspark-shell'}"
+    try:
+        session = builder.getOrCreate()
+    finally:
+        if before is None:
+            del os.environ["PYSPARK_SUBMIT_ARGS"]
+        else:
+            os.environ["PYSPARK_SUBMIT_ARGS"] = before
+        path.unlink(missing_ok=True)
+    for key, value in secret.items():  # a session that was already running reads no file
+        with contextlib.suppress(Exception):  # a static conf stays as it was
+            if session.conf.get(key, None) != value:
+                session.conf.set(key, value)
+    return session  # type: ignore[no-any-return]
+
+
+def _escaped(value: str) -> str:
+    """A value as java.util.Properties reads it back."""
+    value = value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+    return "\\" + value if value[:1].isspace() else value
+
+
+def views_session(spark: SparkSession, settings: Settings) -> SparkSession:
+    """The session the views' streaming queries run in, one per Spark context (its
+    queries and listeners are its own): the main session's, but with the state of a
+    query started afresh in `apply.views_state_partitions` partitions (each is a task
+    and a state store per stateful step and trigger; at 50 TPS one keeps up, and four
+    cost the views two fifths more of the cores: docs/benchmarks.md)."""
+    context: Any = spark.sparkContext
+    held = getattr(context, "_cdc_views_session", None)
+    if held is None:
+        held = spark.newSession()
+        held.conf.set("spark.sql.shuffle.partitions", str(settings.apply.views_state_partitions))
+        context._cdc_views_session = held
+    return cast("SparkSession", held)
+
+
+def spark_session(settings: Settings, app_name: str) -> SparkSession:
+    """A Spark session with the Kafka source, Delta Lake and the PostgreSQL JDBC driver."""
+    os.environ.setdefault("JAVA_HOME", str(settings.java_home))
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    log_config = settings.data_dir / "spark" / "log4j2.properties"
+    prepare_job_state(settings)  # its folders, marked for `cdc down --purge`
+    log_file = settings.data_dir / "spark" / "spark.log"
+    _python_log(log_file.with_name("python.log"))
+    written = log_config.with_name(f".{log_config.name}.{os.getpid()}")
+    written.write_text(_LOG4J2.format(level=settings.spark.log_level.lower(), log=log_file))
+    written.replace(log_config)  # whole, for another cdc process starting its Spark
+    from pyspark.sql import SparkSession
+
+    spark = settings.spark
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(spark_master(spark.master))
+        .config("spark.jars", ",".join(str(j) for j in spark_jars(settings)))
+        .config("spark.driver.memory", spark.driver_memory)
+        # a query stopped while its foreachBatch runs in Python checks the Python error's
+        # text for an interruption with a regular expression, which overflows the default
+        # thread stack on a long traceback (SPARK-48717's check): the thread then dies
+        # printing a thousand-line StackOverflowError to the terminal (2 stops in 5 here)
+        .config(
+            "spark.driver.extraJavaOptions",
+            f"-Dlog4j2.configurationFile=file:{log_config} -Xss16m",
+        )
+        .config("spark.sql.shuffle.partitions", str(spark.shuffle_partitions))
+        # the stores' queries share the cores: a store's small batch never waits for the
+        # end of another store's large one (each query runs in a pool of its own)
+        .config("spark.scheduler.mode", "FAIR")
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config(
+            "spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+        )
+        # the code Spark generates for a plan is kept by its text; the warehouse's MERGEs,
+        # per table and per step, generate more than the default 100 kept, so every batch
+        # compiled them again (1,390 compilations where 177 differ, bench/batch_cost.py)
+        .config("spark.sql.codegen.cache.maxEntries", "2000")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        # timestamps in Parquet as INT64 microseconds (Spark's default, INT96, is
+        # deprecated in Parquet and outside Iceberg's spec: apply.iceberg shares the files)
+        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        .config("spark.local.dir", str(settings.data_dir / "spark" / "tmp"))
+        # each micro-batch writes two checkpoint files (its offsets, then its commit);
+        # through Hadoop's FileSystem API (write a temporary file, rename it) each costs a
+        # fifth of what the default FileContext one does (bench/results/checkpoint.jsonl)
+        .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
+    )
+    if spark.master.startswith("local"):
+        # Delta rebuilds a table's state from its log before each MERGE, by default in 50
+        # tasks: on one machine, one task per core does it in half the time
+        builder = builder.config(
+            "spark.databricks.delta.snapshotPartitions", str(max(os.cpu_count() or 1, 2))
+        )
+    secret = {k: v for k, v in spark.conf.items() if SECRET_KEY.search(k)}
+    for key, value in spark.conf.items():
+        if key not in secret:
+            builder = builder.config(key, value)
+    session = _with_secrets(builder, settings, secret)
+    session.sparkContext.setLogLevel(spark.log_level)
+    return session

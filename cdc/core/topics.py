@@ -1,0 +1,568 @@
+"""The pipeline's log: every topic's name and spec, and the topics created on purpose
+(fixed partitions, compaction), read back and truncated.
+
+Every topic name comes from here: a table's change topic (as Debezium names it), the
+TRUNCATE topic, the heartbeat table's and Debezium's heartbeat topics, the transaction,
+notification and dead-letter topics, and the pattern the apply job subscribes to."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kafka import KafkaConsumer, TopicPartition
+from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
+from kafka.errors import KafkaError
+
+from cdc.core.catalog import HEARTBEAT_TABLE, TRUNCATIONS_TABLE
+from cdc.core.clients import kafka_admin, kafka_client_kwargs
+from cdc.core.errors import SourceError, TopicError
+from cdc.core.settings import KafkaSettings, PipelineSettings
+
+__all__ = [
+    "CUT_MESSAGE_PREFIX",
+    "ChangeRecord",
+    "HeartbeatMark",
+    "TopicSpec",
+    "change_times",
+    "change_topic",
+    "change_topic_pattern",
+    "change_topic_spec",
+    "check_names_apart",
+    "dead_letter_topic",
+    "end_offsets",
+    "ensure_topics",
+    "ever_written",
+    "folder_problem",
+    "heartbeat_rows_topic",
+    "heartbeat_topic",
+    "last_heartbeat",
+    "notification_topic",
+    "pipeline_topic_specs",
+    "read_topic",
+    "set_topic_configs",
+    "thinned",
+    "topic_name",
+    "transaction_topic",
+    "truncate_topics",
+    "wait_for_records",
+    "written_since",
+]
+
+log = logging.getLogger(__name__)
+
+# the prefix of the logical decoding messages `cdc verify` writes at a cut (the only
+# prefix the connector passes on, to `<prefix>.message`: cdc/check/verify.py)
+CUT_MESSAGE_PREFIX = "cdc.cut"
+
+
+def topic_name(prefix: str, table: str) -> str:
+    """`<prefix>.<schema.table>` as Debezium names the topic: each character Kafka does
+    not take in a topic name (other than letters, digits, `.`, `_`, `-`) as `_`, at most
+    249 characters (TopicNamingStrategy.sanitizedTopicName)."""
+    name = "".join(
+        c if c in "._-" or (c.isascii() and c.isalnum()) else "_" for c in f"{prefix}.{table}"
+    )
+    return name[:249]
+
+
+def change_topic(pipeline: PipelineSettings, table: str) -> str:
+    """The change topic of "schema.table" (the TRUNCATE table's too)."""
+    return topic_name(pipeline.topic_prefix, table)
+
+
+def folder_problem(table: str) -> str | None:
+    """Why the table's schema or name cannot be a warehouse folder (`<schema>/<name>`):
+    a `/` or `\\` would reach another folder, `.` and `..` are folders already, and the
+    schema `_views` holds the derived views. None when it can."""
+    schema, name = table.split(".", 1)
+    for part, what in ((schema, "schema"), (name, "name")):
+        if "/" in part or "\\" in part:
+            return f"its {what} holds a path separator (/ or \\)"
+        if part in (".", ".."):
+            return f"its {what} is {part!r}"
+    if schema == "_views":
+        return "the warehouse keeps its derived views under the folder _views"
+    return None
+
+
+def check_names_apart(tables: list[str], pipeline: PipelineSettings) -> None:
+    """Refuse a table whose name cannot be a warehouse folder (folder_problem), and two
+    tables that would share a change topic (Debezium replaces the characters a topic
+    name cannot hold) or a search index (index names are lower case)."""
+
+    def topic(table: str) -> str:
+        return change_topic(pipeline, table)
+
+    def index(table: str) -> str:
+        return change_topic(pipeline, table).lower()
+
+    for table in tables:
+        if problem := folder_problem(table):
+            raise SourceError(
+                f"table {table} cannot be captured: {problem}; rename it, or leave it out "
+                "(pipeline.tables, pipeline.exclude_tables)"
+            )
+    for what, name_of in (("change topic", topic), ("search index", index)):
+        seen: dict[str, str] = {}
+        for table in tables:
+            other = seen.setdefault(name_of(table), table)
+            if other != table:
+                raise SourceError(
+                    f"tables {other} and {table} would share the {what} {name_of(table)}: "
+                    "capture one of them (pipeline.tables, pipeline.exclude_tables) or rename it"
+                )
+
+
+def heartbeat_topic(pipeline: PipelineSettings) -> str:
+    """Debezium's own heartbeat records (its clock, not PostgreSQL's)."""
+    return f"__debezium-heartbeat.{pipeline.topic_prefix}"
+
+
+def heartbeat_rows_topic(pipeline: PipelineSettings) -> str:
+    """The heartbeat table's changes: a row Debezium's heartbeat writes in PostgreSQL
+    every heartbeat interval, captured as any change is (its commit time in
+    `source.ts_ms`); not a table of the stores."""
+    return change_topic(pipeline, HEARTBEAT_TABLE)
+
+
+def transaction_topic(pipeline: PipelineSettings) -> str:
+    return f"{pipeline.topic_prefix}.transaction"
+
+
+def notification_topic(pipeline: PipelineSettings) -> str:
+    """Where Debezium reports a backfill's progress."""
+    return f"{pipeline.topic_prefix}.notifications"
+
+
+def signal_topic(pipeline: PipelineSettings) -> str:
+    """Debezium's signals when backfills are read-only (pipeline.read_only_backfills):
+    one partition, each record keyed by the topic prefix (Debezium's logical name)."""
+    return f"{pipeline.topic_prefix}.signals"
+
+
+def dead_letter_topic(pipeline: PipelineSettings) -> str:
+    """Poison events, with the error and where they came from."""
+    return f"{pipeline.topic_prefix}.dlq"
+
+
+def change_topic_pattern(pipeline: PipelineSettings) -> str:
+    """`<prefix>.<schema>.<table>` (a name may hold more dots): not the transaction,
+    notification, signal, dead-letter or logical decoding message topics, nor the
+    heartbeat table's."""
+    prefix = re.escape(pipeline.topic_prefix)
+    heartbeat = re.escape(HEARTBEAT_TABLE)
+    return rf"^{prefix}\.(?!(?:transaction|notifications|signals|dlq|message|{heartbeat})$).+$"
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    config: dict[str, str]
+
+
+def change_topic_spec(pipeline: PipelineSettings, table: str) -> TopicSpec:
+    """A table's change topic: keyed, compacted, the tombstone kept for delete_retention_ms."""
+    return TopicSpec(
+        change_topic(pipeline, table),
+        pipeline.partitions,
+        {
+            "cleanup.policy": "compact",
+            "delete.retention.ms": str(pipeline.delete_retention_ms),
+            "segment.ms": str(pipeline.segment_ms),
+            "min.cleanable.dirty.ratio": "0.1",
+            # a change is readable by every store before compaction may drop it
+            "min.compaction.lag.ms": "60000",
+            "message.timestamp.type": "CreateTime",
+        },
+    )
+
+
+def pipeline_topic_specs(pipeline: PipelineSettings, tables: list[str]) -> list[TopicSpec]:
+    """Every topic of the pipeline capturing `tables` ("schema.table"), created before
+    the connector starts."""
+    specs = [change_topic_spec(pipeline, t) for t in [*tables, TRUNCATIONS_TABLE]]
+    specs.append(TopicSpec(heartbeat_topic(pipeline), 1, {"retention.ms": "86400000"}))
+    # a row per pipeline of the database, kept compacted
+    specs.append(
+        TopicSpec(
+            heartbeat_rows_topic(pipeline),
+            1,
+            {"cleanup.policy": "compact", "segment.ms": "3600000", "min.compaction.lag.ms": "0"},
+        )
+    )
+    specs.append(TopicSpec(transaction_topic(pipeline), 1, {"retention.ms": "604800000"}))
+    specs.append(TopicSpec(notification_topic(pipeline), 1, {"retention.ms": "604800000"}))
+    if pipeline.read_only_backfills:
+        specs.append(TopicSpec(signal_topic(pipeline), 1, {"retention.ms": "604800000"}))
+    # kept a month
+    specs.append(TopicSpec(dead_letter_topic(pipeline), 1, {"retention.ms": "2592000000"}))
+    return specs
+
+
+def ensure_topics(kafka: KafkaSettings, specs: list[TopicSpec]) -> list[str]:
+    """Create the topics that are missing; refuse ones that exist with other partitions.
+
+    Returns the names of the topics it created.
+    """
+    admin = kafka_admin(kafka, 15000)
+    try:
+        existing = {
+            t["name"]: len(t["partitions"])
+            for t in admin.describe_topics([s.name for s in specs])
+            if t["error_code"] == 0
+        }
+        for spec in specs:
+            have = existing.get(spec.name)
+            if have is not None and have != spec.partitions:
+                raise TopicError(
+                    f"topic {spec.name} has {have} partitions but pipeline.partitions is "
+                    f"{spec.partitions}: a change topic's partition count never changes (it would "
+                    "reorder keys); set pipeline.partitions back, or use a new topic_prefix and "
+                    "rebuild every store"
+                )
+        missing = [s for s in specs if s.name not in existing]
+        # the largest event the pipeline's producers send (kafka.max_message_bytes)
+        sized = {"max.message.bytes": str(kafka.max_message_bytes)}
+        if missing:
+            admin.create_topics(
+                [
+                    NewTopic(s.name, s.partitions, 1, topic_configs={**s.config, **sized})
+                    for s in missing
+                ],
+                timeout_ms=30000,
+            )
+        present = [s.name for s in specs if s.name in existing]
+        if present:  # made before, or with another limit: set it (incrementally)
+            admin.alter_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, name, sized) for name in present]
+            )
+        return [s.name for s in missing]
+    finally:
+        admin.close()
+
+
+def set_topic_configs(kafka: KafkaSettings, specs: list[TopicSpec]) -> None:
+    """Give existing topics their specs' configuration (a renamed table's topic, which
+    Kafka Connect made uncompacted, once the pipeline captures the table under that
+    name)."""
+    if not specs:
+        return
+    admin = kafka_admin(kafka, 30000)
+    try:
+        admin.alter_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, s.name, dict(s.config)) for s in specs]
+        )
+    finally:
+        admin.close()
+
+
+def ever_written(kafka: KafkaSettings, pipeline: PipelineSettings) -> set[str]:
+    """The pipeline's change topics ever written to (an end offset above 0, even if their
+    records were deleted since)."""
+    pattern = re.compile(change_topic_pattern(pipeline))
+    admin = kafka_admin(kafka, 15000)
+    try:
+        topics = [t for t in admin.list_topics() if pattern.fullmatch(t)]
+    finally:
+        admin.close()
+    ends = end_offsets(kafka, topics) if topics else {}
+    return {t for t, parts in ends.items() if any(parts.values())}
+
+
+def end_offsets(kafka: KafkaSettings, topics: list[str]) -> dict[str, dict[int, int]]:
+    """The next offset to be written, per topic and partition."""
+    consumer = KafkaConsumer(**kafka_client_kwargs(kafka), enable_auto_commit=False)
+    try:
+        tps = [
+            TopicPartition(t, p)
+            for t in topics
+            for p in sorted(consumer.partitions_for_topic(t) or ())
+        ]
+        result: dict[str, dict[int, int]] = {t: {} for t in topics}
+        for tp, offset in consumer.end_offsets(tps).items():
+            result[tp.topic][tp.partition] = offset
+        return result
+    finally:
+        consumer.close()
+
+
+def written_since(
+    kafka: KafkaSettings,
+    pipeline: PipelineSettings,
+    since_ms: int,
+    captured: set[str],
+    acknowledged: dict[str, int] | None = None,
+) -> list[str]:
+    """The pipeline's change topics of no table in `captured` ("schema.table") whose last
+    change committed at or after `since_ms`: the changes of a captured table made under
+    another name (renamed, and perhaps back), which no store applies. (A table removed
+    from the pipeline then has none: its last change committed before.) `acknowledged`:
+    per name ('*': any), the time (ms) through which its changes are accounted for."""
+    pattern = re.compile(change_topic_pattern(pipeline))
+    own = {change_topic(pipeline, t) for t in captured}
+    # the pipeline's own tables' (Debezium writes its signal table's rows too)
+    ours = change_topic(pipeline, TRUNCATIONS_TABLE).rsplit(".", 1)[0] + "."
+    consumer = KafkaConsumer(**kafka_client_kwargs(kafka), enable_auto_commit=False)
+    try:
+        others = sorted(
+            t
+            for t in consumer.topics()
+            if pattern.match(t) and t not in own and not t.startswith(ours)
+        )
+        tps = [TopicPartition(t, p) for t in others for p in consumer.partitions_for_topic(t) or ()]
+        # written to since (Kafka's own time): only those are read
+        found = consumer.offsets_for_times({tp: since_ms for tp in tps}) if tps else {}
+        recent = [tp for tp, at in found.items() if at is not None]
+        ends = consumer.end_offsets(recent) if recent else {}
+    finally:
+        consumer.close()
+    last = change_times(kafka, {(tp.topic, tp.partition, ends[tp] - 1) for tp in recent})
+    acks = acknowledged or {}
+    prefix = len(pipeline.topic_prefix) + 1
+
+    def since(topic: str) -> int:  # changes up to an acknowledgement are accounted for
+        return max(since_ms, acks.get("*", 0) + 1, acks.get(topic[prefix:], 0) + 1)
+
+    return sorted({topic for (topic, _, _), ms in last.items() if ms >= since(topic)})
+
+
+def change_times(
+    kafka: KafkaSettings, wanted: set[tuple[str, int, int]], timeout_s: float = 2.0
+) -> dict[tuple[str, int, int], int]:
+    """For each (topic, partition, offset), the commit time (ms) of the change at that
+    offset, or at the first one after it that compaction or retention kept: its
+    `source.ts_ms`, else the record's timestamp. A position with no record after it
+    within `timeout_s` has none; so has every position when Kafka does not answer (a
+    figure for `cdc status`, not a check)."""
+    found: dict[tuple[str, int, int], int] = {}
+    if not wanted:
+        return found
+    # a round per offset wanted of a partition (stores stand at different offsets of it)
+    per_partition: dict[TopicPartition, list[int]] = {}
+    for topic, partition, offset in sorted(wanted):
+        per_partition.setdefault(TopicPartition(topic, partition), []).append(offset)
+    rounds = [
+        {tp: offsets[i] for tp, offsets in per_partition.items() if i < len(offsets)}
+        for i in range(max(map(len, per_partition.values())))
+    ]
+    consumer = None
+    deadline = time.monotonic() + timeout_s
+    try:
+        consumer = KafkaConsumer(
+            **kafka_client_kwargs(kafka), enable_auto_commit=False, auto_offset_reset="earliest"
+        )
+        for starts in rounds:
+            consumer.assign(list(starts))
+            for tp, offset in starts.items():
+                consumer.seek(tp, offset)
+            seen: set[TopicPartition] = set()
+            while len(seen) < len(starts) and time.monotonic() < deadline:
+                for tp, records in consumer.poll(timeout_ms=200, max_records=500).items():
+                    if records and tp not in seen:
+                        seen.add(tp)
+                        found[(tp.topic, tp.partition, starts[tp])] = _commit_ms(records[0])
+                        consumer.pause(tp)
+            consumer.resume(*consumer.paused())
+    except Exception as exc:  # Kafka went away: what was found so far
+        log.info("the log's change times: Kafka does not answer (%s)", type(exc).__name__)
+    finally:
+        if consumer is not None:
+            consumer.close()
+    return found
+
+
+@dataclass(frozen=True)
+class HeartbeatMark:
+    """The newest heartbeat row in the log: committed in PostgreSQL at `commit_ms`,
+    taken by Debezium at `captured_ms` (the envelope's `ts_ms`)."""
+
+    commit_ms: int
+    captured_ms: int
+
+
+def last_heartbeat(
+    kafka: KafkaSettings, pipeline: PipelineSettings, timeout_s: float = 2.0
+) -> HeartbeatMark | None:
+    """The newest record of the heartbeat table's topic (heartbeat_rows_topic), or None
+    when it has none (a pipeline set up before it was captured, or just set up), or
+    Kafka does not answer in `timeout_s`."""
+    topic = heartbeat_rows_topic(pipeline)
+    consumer = None
+    try:
+        consumer = KafkaConsumer(**kafka_client_kwargs(kafka), enable_auto_commit=False)
+        tp = TopicPartition(topic, 0)
+        if not consumer.partitions_for_topic(topic):
+            return None
+        end = consumer.end_offsets([tp])[tp]
+        if end <= 0:
+            return None
+        consumer.assign([tp])
+        consumer.seek(tp, end - 1)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            records = consumer.poll(timeout_ms=200, max_records=10).get(tp)
+            if records:
+                return _heartbeat_mark(records[-1])
+    except Exception as exc:  # Kafka went away: no figure (a figure for `cdc status`)
+        log.info("the last heartbeat: Kafka does not answer (%s)", type(exc).__name__)
+    finally:
+        if consumer is not None:
+            consumer.close()
+    return None
+
+
+def _heartbeat_mark(record: Any) -> HeartbeatMark | None:
+    try:
+        envelope = json.loads(record.value)
+        commit, taken = envelope["source"]["ts_ms"], envelope["ts_ms"]
+    except (TypeError, ValueError, KeyError):
+        return None
+    if not isinstance(commit, int) or not isinstance(taken, int):
+        return None
+    return HeartbeatMark(commit, taken)
+
+
+def _commit_ms(record: Any) -> int:
+    try:
+        ts = json.loads(record.value)["source"]["ts_ms"]
+        if isinstance(ts, int):
+            return ts
+    except (TypeError, ValueError, KeyError):
+        pass
+    return int(record.timestamp)
+
+
+def truncate_topics(kafka: KafkaSettings, specs: list[TopicSpec]) -> None:
+    """Delete every record now in the topics. Offsets keep growing from where they were.
+
+    Kafka deletes records only from topics whose cleanup policy includes delete, so
+    the policy is widened (with unlimited retention) for the deletion and then restored.
+    """
+    ends = end_offsets(kafka, [s.name for s in specs])
+    to_delete = {
+        TopicPartition(t, p): offset
+        for t, parts in ends.items()
+        for p, offset in parts.items()
+        if offset
+    }
+    if not to_delete:
+        return
+    admin = kafka_admin(kafka, 30000)
+    deletable = {"cleanup.policy": "compact,delete", "retention.ms": "-1", "retention.bytes": "-1"}
+    try:
+        admin.alter_configs(
+            [
+                ConfigResource(ConfigResourceType.TOPIC, s.name, {**s.config, **deletable})
+                for s in specs
+            ]
+        )
+        _delete_records(admin, to_delete)
+    finally:
+        admin.alter_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, s.name, dict(s.config)) for s in specs]
+        )
+        admin.close()
+
+
+def _delete_records(admin: Any, to_delete: dict[TopicPartition, int], wait_s: float = 30.0) -> None:
+    """Delete the records before the offsets, once each partition's leader has the
+    widened cleanup policy: a broker takes a topic's new configuration in a moment of
+    its own after answering, and refuses the deletion until then (PolicyViolation)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            admin.delete_records(to_delete)
+            return
+        except KafkaError as exc:
+            if "PolicyViolation" not in f"{type(exc).__name__} {exc}":
+                raise
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+@dataclass(frozen=True)
+class ChangeRecord:
+    """One record of a change topic: its position, key and Debezium envelope (None: tombstone)."""
+
+    partition: int
+    offset: int
+    key_bytes: bytes | None
+    value_bytes: bytes | None
+
+    @property
+    def key(self) -> Any:
+        return json.loads(self.key_bytes) if self.key_bytes is not None else None
+
+    @property
+    def value(self) -> dict[str, Any] | None:
+        return json.loads(self.value_bytes) if self.value_bytes is not None else None
+
+    @property
+    def op(self) -> str | None:
+        """c, u, d, r, t — or None for a tombstone."""
+        value = self.value
+        return None if value is None else value.get("op")
+
+
+def read_topic(kafka: KafkaSettings, topic: str, timeout: float = 300.0) -> list[ChangeRecord]:
+    """Every record of topic, partition by partition in offset order, up to its end now.
+
+    Raises TimeoutError rather than return part of the topic.
+    """
+    consumer = KafkaConsumer(
+        **kafka_client_kwargs(kafka),
+        enable_auto_commit=False,
+        request_timeout_ms=30000,
+        max_poll_records=20000,
+        max_partition_fetch_bytes=16 * 1024 * 1024,
+        fetch_max_bytes=64 * 1024 * 1024,
+    )
+    try:
+        partitions = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        if not tps:
+            return []
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        end = consumer.end_offsets(tps)
+        records: list[ChangeRecord] = []
+        deadline = time.monotonic() + timeout
+        while any(consumer.position(tp) < end[tp] for tp in tps):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"could not read topic {topic} to its end within {timeout:.0f}s")
+            for tp, batch in consumer.poll(timeout_ms=500).items():
+                records += [ChangeRecord(tp.partition, r.offset, r.key, r.value) for r in batch]
+        return sorted(records, key=lambda r: (r.partition, r.offset))
+    finally:
+        consumer.close()
+
+
+def thinned(records: list[ChangeRecord]) -> bool:
+    """Whether a partition of records read with read_topic skips offsets, at its head or
+    between two records: compaction (or retention) removed records, so the topic no
+    longer holds every change. Every partition's log starts at offset 0."""
+    ends: dict[int, int] = {}
+    for record in records:
+        if record.offset != ends.get(record.partition, 0):
+            return True
+        ends[record.partition] = record.offset + 1
+    return False
+
+
+def wait_for_records(
+    kafka: KafkaSettings, topic: str, count: int, timeout: float = 60.0
+) -> list[ChangeRecord]:
+    """Read topic until it holds at least count records (or timeout: returns what it has)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = read_topic(kafka, topic)
+        if len(records) >= count or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)

@@ -1,0 +1,428 @@
+"""Change events of a micro-batch decoded in Arrow on the driver, for the warehouse: what
+events.py parses and typed.py converts in Spark, computed from the batch's Kafka records
+collected once (one Spark job reads them), with no JSON parse in the JVM.
+
+pyarrow's JSON reader is strict where Spark's `from_json` is permissive: a value that is
+not of the type the column's Debezium JSON has fails the read instead of becoming NULL.
+So a batch takes this path only when its every event decodes here exactly as Spark
+decodes it; otherwise `decode_records` answers None and the batch is decoded by Spark
+(cdc/apply/batch.py), as before:
+
+- a record that is not a Debezium change event (a dead letter), or not read whole;
+- a table with a column whose type is not one `decodable` lists (arrays, bytea, time,
+  bit strings, float4, hstore: Spark's);
+- a value the warehouse cannot hold (typed.py: a dead letter), or one equal to the
+  table's TOAST placeholder (the Spark path fills it);
+- a row of cdc.truncations (the batch applies a TRUNCATE).
+
+The result has, per table, the columns and Arrow types of the warehouse's `_decode_batch`
+(store.py) and, for the whole batch, what `_partitions` (batch.py) reports of it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+
+from cdc.core.catalog import TRUNCATIONS_TABLE, Column, Table
+from cdc.log.freshness import RATIO
+from cdc.types.decode import (
+    DATE_INFINITY,
+    INFINITY,
+    MICROS_INFINITY,
+    MILLIS_INFINITY,
+    NEGATIVE_INFINITY,
+    NUMERIC_SPECIAL,
+    placeholder_forms,
+)
+from cdc.types.spark_types import PG_MIN_US, decimal_of
+
+__all__ = ["ArrowBatch", "decodable", "decode_records"]
+
+_INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
+_LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+# the bases whose Debezium JSON value is a string the warehouse keeps as it is
+_TEXT_FAMILY = frozenset(
+    {"text", "varchar", "bpchar", "name", "uuid", "json", "jsonb", "xml", "inet", "cidr"}
+    | {"macaddr", "macaddr8", "interval", "citext", "tsvector", "tsquery", "ltree"}
+)
+_TIMESTAMP_TZ = pa.timestamp("us", tz="UTC")  # Spark's TimestampType (session zone UTC)
+
+
+@dataclass(frozen=True)
+class ArrowBatch:
+    """A batch decoded in Arrow: per table its events (`tables`), and per (table, topic,
+    partition) and per age bucket what batch.py's `_partitions` reports."""
+
+    tables: dict[str, pa.Table]
+    parts: list[dict[str, Any]]
+    ages: dict[int, int]
+
+
+def _json_type(column: Column) -> pa.DataType | None:
+    """The Arrow type the column's Debezium JSON value is read as (typed.py's json_type),
+    None for a column decoded by Spark alone. An array's elements are kept as they are
+    read: arrays of integers, float8, booleans and the text family."""
+    if column.is_array:
+        element = _element_type(column)
+        if element is None or column.base in ("date", "timestamp", "numeric", "money"):
+            return None
+        if column.base == "timestamptz":
+            return None
+        return pa.list_(pa.field("element", element))  # Spark's Arrow name for it
+    return _element_type(column)
+
+
+def _element_type(column: Column) -> pa.DataType | None:
+    base = column.base
+    if base in ("int2", "int4", "date"):
+        return pa.int32()
+    if base in ("int8", "oid", "timestamp"):
+        return pa.int64()
+    if base == "float8":
+        return pa.float64()
+    if base == "bool":
+        return pa.bool_()
+    if base in ("numeric", "money", "timestamptz") or base in _TEXT_FAMILY:
+        return pa.string()
+    if column.category == "E":  # an enum: its label
+        return pa.string()
+    return None
+
+
+def decodable(table: Table) -> bool:
+    """Whether every column of the table decodes here (module doc)."""
+    return all(_json_type(c) is not None for c in table.columns)
+
+
+def _convert(column: Column, raw: pa.Array) -> pa.Array | None:
+    """The column's JSON values as the warehouse holds them (typed.py's _convert), None
+    where one converts to NULL in Spark (a value the warehouse cannot hold)."""
+    base = column.base
+    if base == "date":
+        days = pc.if_else(
+            pc.equal(raw, DATE_INFINITY[0]),
+            _INT_MAX,
+            pc.if_else(pc.equal(raw, DATE_INFINITY[1]), _INT_MIN, raw),
+        )
+        return pc.cast(days, pa.int32()).cast(pa.date32())
+    if base == "timestamp":
+        if column.precision is not None and column.precision <= 3:
+            words, millis = MILLIS_INFINITY, _LONG_MAX // 1000
+            held = pc.and_(pc.greater_equal(raw, -millis), pc.less_equal(raw, millis))
+            micros = pc.multiply(pc.if_else(held, raw, 0), 1000)
+        else:
+            words = MICROS_INFINITY
+            held = pc.and_(pc.greater_equal(raw, PG_MIN_US), pc.less(raw, _LONG_MAX))
+            micros = raw
+        special = pc.or_(pc.equal(raw, words[0]), pc.equal(raw, words[1]))
+        if not pc.all(pc.or_kleene(pc.invert(pc.is_valid(raw)), pc.or_(held, special))).as_py():
+            return None
+        micros = pc.if_else(
+            pc.equal(raw, words[0]),
+            _LONG_MAX,
+            pc.if_else(pc.equal(raw, words[1]), _LONG_MIN, micros),
+        )
+        return pc.cast(micros, pa.int64()).cast(pa.timestamp("us"))
+    if base == "timestamptz":
+        infinite = pc.is_in(raw, pa.array([INFINITY, NEGATIVE_INFINITY]))
+        finite = pc.if_else(infinite, pa.scalar(None, pa.string()), raw)
+        try:
+            instants = pc.cast(
+                pc.cast(finite, pa.timestamp("us", tz="UTC")), pa.int64()
+            )  # ISO 8601 with Z, as ZonedTimestamp writes it
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+        micros = pc.if_else(
+            pc.equal(raw, INFINITY),
+            _LONG_MAX,
+            pc.if_else(pc.equal(raw, NEGATIVE_INFINITY), _LONG_MIN, instants),
+        )
+        return pc.cast(micros, pa.int64()).cast(_TIMESTAMP_TZ)
+    if base in ("numeric", "money"):
+        held = decimal_of(column) if base == "numeric" else None
+        if held is None:  # unbounded: its exact text, specials as PostgreSQL writes them
+            text = raw
+            for word, written in NUMERIC_SPECIAL.items():
+                text = pc.if_else(pc.equal(raw, word), written, text)
+            return text
+        try:
+            return pc.cast(raw, pa.decimal128(*held))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None  # NaN, an infinity, a value over the precision: Spark's dead letter
+    return raw
+
+
+def _typed(table: Table, parsed: pa.StructArray, columns: tuple[Column, ...]) -> list[Any] | None:
+    """The columns of a parsed image (`parsed`: a struct of their JSON values, a NULL
+    image's NULL), converted; None when one does not convert, or holds the table's TOAST
+    placeholder."""
+    out = []
+    for column, raw in zip(columns, parsed.flatten(), strict=True):
+        if _may_be_placeholder(raw, table.placeholder):
+            return None  # the Spark path fills a placeholder
+        if column.is_array:
+            out.append(raw)
+            continue
+        converted = _convert(column, raw)
+        if converted is None:
+            return None
+        if pc.sum(pc.is_valid(converted)).as_py() != pc.sum(pc.is_valid(raw)).as_py():
+            return None
+        out.append(converted)
+    return out
+
+
+def _may_be_placeholder(raw: pa.Array, text: str) -> bool:
+    """Whether a value may be the TOAST placeholder `text` in one of the forms typed.py's
+    is_placeholder knows: the text itself, or an array of one element (the text, its
+    base64 or uuid form) or of its codes (as integers)."""
+    if pa.types.is_string(raw.type):
+        return bool(pc.any(pc.equal(raw, text)).as_py())
+    if pa.types.is_list(raw.type):
+        forms = placeholder_forms(text)
+        lengths = pc.list_value_length(raw)
+        if pa.types.is_string(raw.type.value_type):
+            one = pc.list_element(raw.filter(pc.equal(lengths, 1)), 0)
+            return bool(pc.any(pc.is_in(one, pa.array([text, forms.b64, forms.uuid]))).as_py())
+        # an array of the placeholder's codes: as long as they are, then compared
+        suspects = raw.filter(pc.equal(lengths, len(forms.codes)))
+        return any(value == forms.codes for value in suspects.to_pylist())
+    return False
+
+
+def _read_lines(values: pa.Array, schema: pa.Schema) -> pa.Table | None:
+    """Each value (a JSON object per record, none null) read with `schema`, or None when
+    one is not what it says."""
+    if len(values) == 0:
+        return pa.Table.from_batches([], schema)
+    lines = pc.binary_join_element_wise(values, pa.scalar(b"\n"), b"")
+    data = lines.buffers()[2]
+    offsets = lines.buffers()[1]
+    end = int(np.frombuffer(offsets, dtype=np.int32, count=len(lines) + lines.offset + 1)[-1])
+    start = int(np.frombuffer(offsets, dtype=np.int32, count=lines.offset + 1)[-1])
+    try:
+        read = pj.read_json(
+            pa.BufferReader(data.slice(start, end - start)),
+            read_options=pj.ReadOptions(block_size=1 << 24),
+            parse_options=pj.ParseOptions(
+                explicit_schema=schema, unexpected_field_behavior="ignore"
+            ),
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    return read if read.num_rows == len(values) else None
+
+
+def _struct_type(columns: tuple[Column, ...]) -> pa.DataType:
+    return pa.struct([pa.field(c.name, _json_type(c)) for c in columns])
+
+
+_SOURCE = pa.struct(
+    [
+        ("ts_ms", pa.int64()),
+        ("lsn", pa.int64()),
+        ("sequence", pa.string()),
+        ("snapshot", pa.string()),
+    ]
+)
+_SEQUENCE = re.compile(r'^\[(?:null|"(?P<commit>\d+)"),\s*(?:null|"(?P<lsn>\d+)")\]$')
+
+
+def _as_long(digits: pa.Array) -> pa.Array:
+    """A sequence's number (its digits; "" for null) as a long."""
+    return pc.cast(
+        pc.if_else(pc.equal(digits, ""), pa.scalar(None, pa.string()), digits), pa.int64()
+    )
+
+
+def _positions(op: pa.Array, source: pa.StructArray) -> tuple[pa.Array, pa.Array] | None:
+    """(commit_lsn, lsn) of each event as events.py reads them (cdc/log/
+    position.py), None when one has no position (not a change event) or a sequence not
+    as Debezium writes it."""
+    _, lsn, sequence, snapshot = source.flatten()
+    found = pc.extract_regex(pc.fill_null(sequence, "[null,null]"), _SEQUENCE.pattern)
+    if pc.any(pc.is_null(found)).as_py():
+        return None
+    seq0, seq1 = (_as_long(f) for f in found.flatten())
+    lsn = pc.coalesce(lsn, seq1)
+    if pc.any(pc.or_(pc.is_null(op), pc.is_null(lsn))).as_py():
+        return None
+    commit_lsn = pc.if_else(pc.is_valid(seq0), seq0, lsn)
+    read = pc.equal(op, "r")
+    # an initial snapshot row, and a backfill row: before their commit's stream
+    initial = pc.and_(pc.is_null(seq0), read)
+    incremental = pc.and_(read, pc.equal(pc.fill_null(snapshot, ""), "incremental"))
+    return commit_lsn, pc.if_else(pc.or_(initial, incremental), pa.scalar(0, pa.int64()), lsn)
+
+
+def _cut_ms(commit_lsn: pa.Array, lsn: pa.Array, cuts: list[list[int]] | None) -> pa.Array:
+    """The commit time of the first TRUNCATE (of `cuts`, batch.py's) an event came before,
+    NULL for none (and for a tombstone)."""
+    result = pa.nulls(len(commit_lsn), pa.int64())
+    for commit, at, ms in reversed(cuts or []):  # the first listed wins
+        before = pc.or_(
+            pc.less(commit_lsn, commit),
+            pc.and_(pc.equal(commit_lsn, commit), pc.less_equal(lsn, at)),
+        )
+        result = pc.if_else(pc.fill_null(before, False), pa.scalar(ms, pa.int64()), result)
+    return result
+
+
+def _decode_table(table: Table, records: pa.Table, cuts: list[list[int]] | None) -> pa.Table | None:
+    """A table's records as `_decode_batch` decodes them (module doc), or None."""
+    value = records.column("value").combine_chunks()
+    key = records.column("key").combine_chunks()
+    if pc.any(pc.is_null(key)).as_py():
+        return None
+    present = pc.is_valid(value)
+    tombstones = value.null_count > 0
+    envelope = pa.schema(
+        [("op", pa.string()), ("after", _struct_type(table.columns)), ("source", _SOURCE)]
+    )
+    read = _read_lines(value.filter(present) if tombstones else value, envelope)
+    key_columns = tuple(table.column(k) for k in table.key)
+    keys = _read_lines(key, pa.schema([(c.name, _json_type(c)) for c in key_columns]))
+    if read is None or keys is None:
+        return None
+    # the events with a value at their places, a tombstone's fields NULL
+    places = pc.subtract(pc.cumulative_sum(pc.cast(present, pa.int64())), 1)
+    at = pc.if_else(present, places, pa.scalar(None, pa.int64()))
+    if len(read):
+        positions = _positions(
+            read.column("op").combine_chunks(), read.column("source").combine_chunks()
+        )
+        if positions is None:
+            return None
+        commit_lsn, lsn = (pc.take(p, at) if tombstones else p for p in positions)
+    else:
+        commit_lsn = lsn = pa.nulls(len(value), pa.int64())
+    events = read.take(at) if tombstones else read
+    op = pc.fill_null(events.column("op").combine_chunks(), "d")
+    commit_ms = events.column("source").combine_chunks().flatten()[0]
+    after = _typed(table, events.column("after").combine_chunks(), table.columns)
+    key_image = pa.StructArray.from_arrays(
+        [c.combine_chunks() for c in keys.columns], names=keys.column_names
+    )
+    image = _typed(table, key_image, key_columns)
+    if after is None or image is None:
+        return None
+    columns = {
+        "_cdc_key": pc.cast(key, pa.string()),
+        "_cdc_op": op,
+        "_cdc_offset": records.column("offset").combine_chunks(),
+        "_cdc_partition": records.column("partition").combine_chunks(),
+        "_cdc_commit_lsn": commit_lsn,
+        "_cdc_lsn": lsn,
+        "_cdc_commit_ms": commit_ms,
+        "_cdc_cut_ms": _cut_ms(commit_lsn, lsn, cuts),
+        "_cdc_commit_ts": pc.cast(pc.multiply(commit_ms, 1000), pa.int64()).cast(_TIMESTAMP_TZ),
+    }
+    for column, values in zip(key_columns, image, strict=True):
+        columns[f"_cdc_k_{column.name}"] = values
+    arrays = list(columns.values()) + after
+    names = list(columns) + [c.name for c in table.columns]
+    return pa.Table.from_arrays(arrays, names=names)
+
+
+def decode_records(
+    records: pa.Table,
+    topics: dict[str, str],
+    tables: dict[str, Table],
+    cuts: dict[str, list[list[int]]],
+    started_ms: int,
+) -> ArrowBatch | None:
+    """The batch's Kafka records (key, value, topic, partition, offset) decoded per table
+    (`topics`: change topic -> table; `cuts`: per table, its TRUNCATEs known so far;
+    `started_ms`: when the batch started, for the events' ages), or None when Spark must
+    decode the batch (module doc)."""
+    names = pc.cast(records.column("topic"), pa.string())
+    decoded: dict[str, pa.Table] = {}
+    parts: list[dict[str, Any]] = []
+    ages: dict[int, int] = {}
+    found = pc.unique(names).to_pylist()
+    for topic in found:
+        name = topics.get(topic)
+        if name is None:
+            continue  # not a captured table's: events.py drops it too
+        if name == TRUNCATIONS_TABLE or name not in tables or not decodable(tables[name]):
+            return None
+        mine = records if len(found) == 1 else records.filter(pc.equal(names, topic))
+        try:
+            table = _decode_table(tables[name], mine, cuts.get(name))
+        except pa.ArrowException:  # e.g. values past a binary array's 2 GiB
+            return None
+        if table is None:
+            return None
+        decoded[name] = pa.concat_tables([decoded[name], table]) if name in decoded else table
+        parts += _summary(name, topic, table, mine)
+        _count_ages(table, started_ms, ages)
+    return ArrowBatch(decoded, parts, ages)
+
+
+def _summary(name: str, topic: str, table: pa.Table, records: pa.Table) -> list[dict[str, Any]]:
+    """Per partition of the table's records, what `_partitions` (batch.py) reports."""
+    sizes = pc.binary_length(pc.fill_null(records.column("value"), b""))
+    grouped = (
+        pa.table(
+            {
+                "partition": table.column("_cdc_partition"),
+                "offset": table.column("_cdc_offset"),
+                "commit_ms": table.column("_cdc_commit_ms"),
+                # the newest source position taken, as `_partitions`: an event's own
+                # position too, not only its sequence[0] (the commit before it)
+                "commit_lsn": pc.max_element_wise(
+                    table.column("_cdc_commit_lsn"), table.column("_cdc_lsn")
+                ),
+                "size": pc.cast(sizes, pa.int64()),
+            }
+        )
+        .group_by("partition")
+        .aggregate(
+            [
+                ("offset", "max"),
+                ("offset", "count"),
+                ("commit_ms", "max"),
+                ("commit_lsn", "max"),
+                ("size", "sum"),
+            ]
+        )
+    )
+    return [
+        {
+            "table": name,
+            "topic": topic,
+            "partition": row["partition"],
+            "offset": row["offset_max"],
+            "n": row["offset_count"],
+            "commit_ms": row["commit_ms_max"],
+            "commit_lsn": row["commit_lsn_max"],
+            "errors": 0,
+            "size": row["size_sum"] or 0,
+            "toasted": 0,
+        }
+        for row in grouped.to_pylist()
+    ]
+
+
+def _count_ages(table: pa.Table, started_ms: int, ages: dict[int, int]) -> None:
+    """The changes' (not the reads') age buckets, as `_partitions` counts them."""
+    changed = pc.and_(
+        pc.is_valid(table.column("_cdc_commit_ms")),
+        pc.not_equal(table.column("_cdc_op"), "r"),
+    )
+    commit = table.column("_cdc_commit_ms").filter(changed).to_numpy()
+    if not len(commit):
+        return
+    age = np.maximum(started_ms - commit, 1).astype(np.float64)
+    buckets = np.maximum(np.ceil(np.log(age) / math.log(RATIO)) - 1, 0).astype(np.int64)
+    found, counts = np.unique(buckets, return_counts=True)
+    for bucket, count in zip(found.tolist(), counts.tolist(), strict=True):
+        ages[bucket] = ages.get(bucket, 0) + count

@@ -1,0 +1,1 @@
+"""One module per store; each implements the Store interface of cdc.stores.base."""

@@ -1,0 +1,364 @@
+"""Redis: one hash per row, written through a compare-and-set on the log position.
+
+Key `<prefix>:<schema.table>:<key JSON>`; fields: one per non-NULL column (values as
+text: numbers and booleans as JSON, times in ISO 8601, bytea as base64, json as its
+text), plus the position `_commit_lsn`, `_lsn` (cdc/log/position.py), `_offset`,
+`_partition` and `_commit_ms`. A column whose name begins with `_` is the field of that
+name with one more `_` (`_lsn` -> `__lsn`), so no column reaches the metadata. A delete
+replaces the hash by a marker {position, _offset, _deleted} that expires after
+`marker_ttl_s`, long enough to refuse a stale write. An unchanged TOASTed value
+(Debezium's placeholder) keeps the stored field. A Redis that does not answer is retried
+for `retry_s`, then StoreUnavailableError.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time as clock
+from collections.abc import Iterable
+from datetime import date, datetime, time
+from decimal import Decimal
+from typing import Any
+
+import redis
+
+from cdc.core.catalog import Column, Table
+from cdc.core.clients import redis_client
+from cdc.core.errors import StoreUnavailableError, ValueDecodeError
+from cdc.core.settings import RedisSettings
+from cdc.stores.base import Entry, Event, Rows, RowStore, WriteResult
+from cdc.types.decode import UNAVAILABLE, Interval, decode_value
+from cdc.types.keys import store_key_text
+
+__all__ = [
+    "CacheStore",
+    "cache_form",
+    "cache_key",
+    "cache_text",
+    "column_fields",
+    "field_name",
+    "json_text",
+]
+
+log = logging.getLogger(__name__)
+
+# Many rows in one call (a script call costs Redis more than the work inside it).
+# KEYS: the rows' hashes. ARGV[1]: the deleted markers' ttl; then per row: commit_lsn and
+# lsn (the position; empty for a tombstone), offset, partition, commit_ms, op, the number
+# of field/value pairs, the number of kept fields, the pairs, and the fields whose stored
+# value is kept (unchanged TOASTed values). Returns 1 (written) or 0 (the hash holds this
+# position or a newer one) per row.
+_WRITE = """
+local ttl = tonumber(ARGV[1])
+local i = 2
+local out = {}
+local function older(key, commit, lsn)
+  local c = redis.call('HGET', key, '_commit_lsn')
+  if not c then return true end
+  c = tonumber(c)
+  if c ~= commit then return c < commit end
+  return tonumber(redis.call('HGET', key, '_lsn')) < lsn
+end
+for k = 1, #KEYS do
+  local key = KEYS[k]
+  local commit, lsn, offset, partition, ms, op = ARGV[i], ARGV[i + 1], ARGV[i + 2],
+    ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
+  local npairs, nkept = tonumber(ARGV[i + 6]), tonumber(ARGV[i + 7])
+  i = i + 8
+  out[k] = 0
+  if commit == '' then
+    -- a tombstone: deletes what an earlier record of its partition wrote
+    local stored = redis.call('HGET', key, '_offset')
+    if stored and redis.call('HEXISTS', key, '_deleted') == 0
+        and redis.call('HGET', key, '_partition') == partition
+        and tonumber(stored) < tonumber(offset) then
+      -- the marker sits just below the change it deleted (cdc/log/position.below)
+      local c = redis.call('HGET', key, '_commit_lsn') or '0'
+      local l = string.format('%.0f', tonumber(redis.call('HGET', key, '_lsn') or '0') - 1)
+      redis.call('DEL', key)
+      redis.call('HSET', key, '_commit_lsn', c, '_lsn', l, '_offset', offset,
+        '_partition', partition, '_deleted', '1')
+      redis.call('EXPIRE', key, ttl)
+      out[k] = 1
+    end
+  elseif older(key, tonumber(commit), tonumber(lsn)) then
+    if op == 'd' then
+      redis.call('DEL', key)
+      redis.call('HSET', key, '_commit_lsn', commit, '_lsn', lsn, '_offset', offset,
+        '_partition', partition, '_deleted', '1')
+      redis.call('EXPIRE', key, ttl)
+    else
+      local fields = {key, '_commit_lsn', commit, '_lsn', lsn, '_offset', offset,
+                      '_partition', partition, '_commit_ms', ms}
+      for j = i, i + 2 * npairs - 1 do fields[#fields + 1] = ARGV[j] end
+      if nkept > 0 and redis.call('HEXISTS', key, '_deleted') == 0 then
+        for j = i + 2 * npairs, i + 2 * npairs + nkept - 1 do
+          local v = redis.call('HGET', key, ARGV[j])
+          if v then fields[#fields + 1] = ARGV[j]; fields[#fields + 1] = v end
+        end
+      end
+      redis.call('DEL', key)
+      redis.call('HSET', unpack(fields))
+    end
+    out[k] = 1
+  end
+  i = i + 2 * npairs + nkept
+end
+return out
+"""
+_ROWS_PER_CALL = 200
+_REMOVE_BATCH = 1000  # keys per DEL
+
+
+# KEYS[1] a row's hash. ARGV: the TRUNCATE's position (commit_lsn, lsn), marker ttl. A
+# row written before the TRUNCATE becomes a deleted marker that keeps its position.
+_TRUNCATE = """
+if redis.call('HEXISTS', KEYS[1], '_deleted') == 1 then return 0 end
+local c = tonumber(redis.call('HGET', KEYS[1], '_commit_lsn') or '-1')
+local l = tonumber(redis.call('HGET', KEYS[1], '_lsn') or '-1')
+local tc, tl = tonumber(ARGV[1]), tonumber(ARGV[2])
+if c > tc or (c == tc and l >= tl) then return 0 end
+local offset = redis.call('HGET', KEYS[1], '_offset')
+local partition = redis.call('HGET', KEYS[1], '_partition')
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], '_commit_lsn', string.format('%.0f', c),
+  '_lsn', string.format('%.0f', l), '_offset', offset,
+  '_partition', partition, '_deleted', '1')
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
+return 1
+"""
+
+# what a store that is down raises (a restarted Redis answers LOADING for a while)
+_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+
+
+def cache_key(prefix: str, table: str, key: str) -> str:
+    return f"{prefix}:{table}:{key}"
+
+
+def field_name(column: str) -> str:
+    """A column's field in its row's hash: metadata fields begin with one `_` and a
+    letter, so a column beginning with `_` gets one more."""
+    return "_" + column if column.startswith("_") else column
+
+
+def column_fields(entry: dict[str, str]) -> dict[str, str]:
+    """A hash's fields that are the row's columns, by column name (metadata left out)."""
+    return {
+        (name[1:] if name.startswith("__") else name): value
+        for name, value in entry.items()
+        if not name.startswith("_") or name.startswith("__")
+    }
+
+
+def json_text(column: Column, raw: Any) -> str:
+    """A json/jsonb value as the cache holds it: the text Debezium sent, which is
+    PostgreSQL's own (for `json`, key order, spaces and duplicate keys are data; for
+    `jsonb`, number digits a float would round); an array joins its elements' texts."""
+    decode_value(column, raw)  # raises ValueDecodeError unless it is JSON
+    if column.is_array:
+        return "[" + ", ".join("null" if e is None else e for e in raw) + "]"
+    return str(raw)
+
+
+def cache_text(value: Any) -> str:
+    """A decoded value as the text a cache reader gets."""
+    kind = type(value)
+    if kind is str:  # the common cases first: this runs for every column of every row
+        return value
+    if kind is int:
+        return str(value)
+    if kind is bool:
+        return "true" if value else "false"
+    if isinstance(value, bool | int | float | list | dict):
+        return json.dumps(value, default=cache_text, ensure_ascii=False)
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        import base64
+
+        return base64.b64encode(value).decode()
+    if isinstance(value, Interval):
+        return json.dumps(value.__dict__)
+    return str(value)
+
+
+def cache_form(table: Table, row: dict[str, Any]) -> dict[str, str]:
+    """A source row as its hash holds it: the non-NULL columns' texts."""
+    json_columns = {c.name: c for c in table.columns if c.base in ("json", "jsonb")}
+    return {
+        name: json_text(json_columns[name], value) if name in json_columns else cache_text(value)
+        for name, value in row.items()
+        if value is not None
+    }
+
+
+class CacheStore(RowStore):
+    name = "cache"
+
+    def __init__(
+        self,
+        section: RedisSettings,
+        prefix: str,
+        marker_ttl_s: int,
+        retry_s: float = 30.0,
+    ) -> None:
+        self.url = section.url  # no password in it
+        self.client = redis_client(section, socket_timeout=10, socket_connect_timeout=5)
+        self.prefix = prefix
+        self.marker_ttl_s = marker_ttl_s
+        self.retry_s = retry_s
+        self._write_sha: str | None = None
+        self.truncate_script = self.client.register_script(_TRUNCATE)
+
+    def prepare(self, tables: Iterable[Table]) -> None:
+        self.ping()
+
+    def ping(self) -> None:
+        try:
+            self.client.ping()
+        except _DOWN as exc:
+            raise StoreUnavailableError(self._down(exc)) from None
+
+    def _down(self, exc: BaseException) -> str:
+        return f"Redis at {self.url} does not answer ({type(exc).__name__})"
+
+    def write(self, tables: dict[str, Table], events: list[Event]) -> WriteResult:
+        result = WriteResult()
+        calls = self._calls(tables, events, result)
+        deadline = clock.monotonic() + self.retry_s
+        pause = 0.2
+        while True:
+            try:
+                if self._write_sha is None:  # called by its SHA in a pipeline
+                    self._write_sha = self.client.script_load(_WRITE)
+                pipe = self.client.pipeline(transaction=False)
+                for keys, args in calls:
+                    pipe.execute_command("EVALSHA", self._write_sha, len(keys), *keys, *args)
+                replies = pipe.execute()
+                break
+            except redis.exceptions.NoScriptError:
+                self._write_sha = None  # a restarted Redis forgot the script
+            except _DOWN as exc:
+                # every write is guarded by its position: sending them again is harmless
+                if clock.monotonic() > deadline:
+                    raise StoreUnavailableError(self._down(exc)) from None
+                log.warning("%s; retrying", self._down(exc))
+                clock.sleep(pause)
+                pause = min(pause * 2, 5.0)
+        for applied in replies:
+            written = sum(applied)
+            result.written += written
+            result.stale += len(applied) - written
+        return result
+
+    def _calls(
+        self, tables: dict[str, Table], events: list[Event], result: WriteResult
+    ) -> list[tuple[list[str], list[Any]]]:
+        """The script calls that write `events`; an event whose value cannot be decoded
+        goes to result.rejected."""
+        calls = []
+        columns_of: dict[str, dict[str, Any]] = {}
+        for start in range(0, len(events), _ROWS_PER_CALL):
+            keys: list[str] = []
+            args: list[Any] = [self.marker_ttl_s]
+            for event in events[start : start + _ROWS_PER_CALL]:
+                pairs: list[str] = []
+                kept: list[str] = []
+                if event.op != "d" and event.after is not None:
+                    columns = columns_of.get(event.table)
+                    if columns is None:
+                        columns = columns_of[event.table] = {
+                            c.name: c for c in tables[event.table].columns
+                        }
+                    try:
+                        for name, raw in event.after.items():
+                            if raw == UNAVAILABLE:
+                                kept.append(field_name(name))
+                            elif raw is not None and name in columns:
+                                column = columns[name]
+                                if column.base in ("json", "jsonb"):
+                                    text = json_text(column, raw)
+                                else:
+                                    text = cache_text(decode_value(column, raw))
+                                pairs += [field_name(name), text]
+                    except ValueDecodeError as exc:  # a value this store cannot hold
+                        result.rejected.append((event, str(exc)[:500]))
+                        continue
+                position = event.position
+                keys.append(cache_key(self.prefix, event.table, event.key))
+                args += [
+                    *(position if position is not None else ("", "")),
+                    event.offset,
+                    event.partition,
+                    event.commit_ms or "",
+                    event.op,
+                    len(pairs) // 2,
+                    len(kept),
+                ]
+                args += pairs
+                args += kept
+            if keys:
+                calls.append((keys, args))
+        return calls
+
+    def truncate(self, table: Table, before: tuple[int, int], commit_ms: int) -> None:
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for key in self._keys(table):
+                self.truncate_script(
+                    keys=[key], args=[before[0], before[1], self.marker_ttl_s], client=pipe
+                )
+            pipe.execute()
+        except _DOWN as exc:
+            raise StoreUnavailableError(self._down(exc)) from None
+
+    def reset(self, table: Table) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for key in self._keys(table):
+            pipe.delete(key)
+        pipe.execute()
+
+    def _keys(self, table: Table) -> list[bytes]:
+        """The hashes of `table` (the pattern characters in its name escaped)."""
+        prefix = re.sub(r"([\\\[\]*?])", r"\\\1", cache_key(self.prefix, table.qualified, ""))
+        return list(self.client.scan_iter(match=prefix + "*", count=10_000))
+
+    def rows(self, table: Table) -> Rows:
+        prefix = len(cache_key(self.prefix, table.qualified, ""))
+        keys = self._keys(table)
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.hgetall(key)
+        rows = {}
+        for key, entry in zip(keys, pipe.execute(), strict=True):
+            fields = {k.decode(): v.decode() for k, v in entry.items()}
+            if fields and "_deleted" not in fields:
+                rows[store_key_text(table, key.decode()[prefix:])] = column_fields(fields)
+        return rows
+
+    def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
+        return cache_form(table, row)
+
+    def remove(self, table: Table, keys: list[str]) -> None:
+        prefix = len(cache_key(self.prefix, table.qualified, ""))
+        wanted = set(keys)
+        held = [
+            k for k in self._keys(table) if store_key_text(table, k.decode()[prefix:]) in wanted
+        ]
+        for at in range(0, len(held), _REMOVE_BATCH):
+            self.client.delete(*held[at : at + _REMOVE_BATCH])
+
+    def get(self, table: Table, key: str) -> Entry | None:
+        entry: dict[bytes, bytes] = self.client.execute_command(
+            "HGETALL", cache_key(self.prefix, table.qualified, key)
+        )
+        fields = {k.decode(): v.decode() for k, v in entry.items()}
+        return Entry(fields, "_deleted" in fields) if fields else None
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,74 @@
+"""A row's key as one text, whichever side it comes from: the source (psycopg's values),
+a change event's key (Debezium's JSON: a cache key's tail, a document's _id) or a Delta
+row. Verify compares rows by it; a store reports and removes keys by it."""
+
+from __future__ import annotations
+
+import json
+import struct
+from datetime import UTC, date, datetime
+from datetime import time as clock
+from typing import Any
+
+from cdc.core.catalog import Column, Table
+from cdc.core.errors import ValueDecodeError
+from cdc.types.decode import decode_value
+
+__all__ = ["key_text", "shortest_real", "store_key_text"]
+
+
+def key_text(table: Table, row: dict[str, Any]) -> str:
+    """The row's key in one form whichever side it comes from (psycopg's values, a change
+    event's key decoded, a Delta row): compact JSON, key columns in order, each value as
+    PostgreSQL reads it back in a filter (times in ISO 8601, a timestamptz in UTC, bytea
+    as `\\x` hex, a real at the digits that tell it apart)."""
+    key = {}
+    for name in table.key:
+        key[name] = _key_value(table.column(name), row[name])
+    return json.dumps(key, separators=(",", ":"), ensure_ascii=False)
+
+
+def _key_value(column: Column, value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, datetime):
+        if column.base == "timestamptz":  # a Delta timestamp is UTC without its zone
+            value = (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC)
+        return value.isoformat()
+    if isinstance(value, date | clock):
+        return value.isoformat()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return "\\x" + bytes(value).hex()
+    if isinstance(value, float) and column.base == "float4":
+        return shortest_real(value)
+    if isinstance(value, float):
+        return value
+    return str(value)
+
+
+def shortest_real(value: float) -> float:
+    """The shortest decimal of a real's binary value: psycopg reads a real's text into a
+    double, Delta's float holds the binary; the same real gives the same number, and
+    reals that differ in any bit differ."""
+    if value != value or value in (float("inf"), float("-inf")):
+        return value
+    packed = struct.pack("<f", value)
+    for digits in range(6, 10):
+        short = float(f"{value:.{digits}g}")
+        if struct.pack("<f", short) == packed:
+            return short
+    return value
+
+
+def store_key_text(table: Table, key: str) -> str:
+    """A change event's key (Debezium's JSON: a cache key's tail, a document's _id) in
+    key_text's form. A key no change event can have (written by someone else under the
+    pipeline's prefix) stays as it is: no row of the source has it, so verify names it
+    as a key only the store holds."""
+    try:
+        raw = json.loads(key)
+        if not isinstance(raw, dict):
+            return key
+        return key_text(table, {c: decode_value(table.column(c), raw.get(c)) for c in table.key})
+    except (ValueError, ValueDecodeError, RecursionError):  # not JSON, or not the key's types
+        return key

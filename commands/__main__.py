@@ -1,3 +1,0 @@
-from commands.cli import main
-
-main()

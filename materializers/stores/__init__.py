@@ -1,1 +1,0 @@
-"""One module per store; each implements the Store interface of materializers.stores.base."""
