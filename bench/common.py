@@ -12,7 +12,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from cdc.core.settings import PipelineSettings, Settings
+from cdc.core.pipeline_settings import PipelineSettings
+from cdc.core.settings import Settings
 
 __all__ = [
     "CpuMark",

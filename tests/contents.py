@@ -9,7 +9,7 @@ import psycopg
 from kafka import KafkaConsumer, TopicPartition
 
 from cdc.core.clients import kafka_client_kwargs
-from cdc.core.settings import KafkaSettings
+from cdc.core.connection_settings import KafkaSettings
 from cdc.stores.cache import cache_text
 from cdc.stores.search import plain_value
 from tests.logcheck import source_rows, table_info

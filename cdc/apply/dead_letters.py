@@ -17,9 +17,10 @@ from typing import Any
 
 from cdc.capture.source import captured_tables
 from cdc.core.clients import kafka_client_kwargs
+from cdc.core.connection_settings import KafkaSettings
 from cdc.core.errors import StoreUnavailableError
 from cdc.core.say import Say
-from cdc.core.settings import KafkaSettings, Settings
+from cdc.core.settings import Settings
 from cdc.core.state_folders import make_state_dir
 from cdc.core.topics import change_topic, dead_letter_topic
 from cdc.log.progress import checkpoint_dir

@@ -31,8 +31,9 @@ from cdc.capture.source import admin_connection
 from cdc.core.catalog import TRUNCATIONS_TABLE, Table
 from cdc.core.errors import VerifyError
 from cdc.core.say import Say, quiet
-from cdc.core.settings import Settings, TableJoin
+from cdc.core.settings import Settings
 from cdc.core.topics import CUT_MESSAGE_PREFIX, change_topic
+from cdc.core.view_settings import TableJoin
 from cdc.log.progress import Progress, read_progress
 from cdc.stores.base import Rows, Store
 from cdc.stores.registry import make_store

@@ -26,22 +26,19 @@ from rich.table import Table
 from cdc.capture.pipeline import pipe_streams, sync_pipeline
 from cdc.check.status import pipeline_status
 from cdc.cli.workload import Workload
+from cdc.core.pipeline_settings import ReplicaIdentity, TableChoice
 from cdc.core.say import Say
-from cdc.core.settings import (
-    PROJECT_ROOT,
+from cdc.core.settings import PROJECT_ROOT, Settings, local_admin_password
+from cdc.core.topics import change_topic, end_offsets
+from cdc.core.view_settings import (
     HoppingWindow,
-    ReplicaIdentity,
     SessionWindow,
-    Settings,
     SlidingWindow,
     StreamStreamJoin,
     StreamTableJoin,
-    TableChoice,
     TableJoin,
     TumblingWindow,
-    local_admin_password,
 )
-from cdc.core.topics import change_topic, end_offsets
 from cdc.stack import Stack
 
 __all__ = [

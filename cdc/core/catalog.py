@@ -12,7 +12,7 @@ import psycopg
 from psycopg import sql
 
 from cdc.core.errors import SourceError
-from cdc.core.settings import PipelineSettings
+from cdc.core.pipeline_settings import PipelineSettings
 
 __all__ = [
     "HEARTBEAT_TABLE",

@@ -26,8 +26,8 @@ import redis
 
 from cdc.core.catalog import Column, Table
 from cdc.core.clients import redis_client
+from cdc.core.connection_settings import RedisSettings
 from cdc.core.errors import StoreUnavailableError, ValueDecodeError
-from cdc.core.settings import RedisSettings
 from cdc.stores.base import Entry, Event, Rows, RowStore, WriteResult
 from cdc.types.decode import UNAVAILABLE, Interval, decode_value
 from cdc.types.keys import store_key_text

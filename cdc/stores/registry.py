@@ -1,5 +1,5 @@
 """The store registry: every store the apply job, verify, rebuild and the CLI can name,
-and how each is made from the settings. The names are `cdc.core.settings.STORE_NAMES` (the
+and how each is made from the settings. The names are `cdc.core.apply_settings.STORE_NAMES` (the
 settings validate them); a store is one module under cdc/stores/, a
 RowStore or a FrameStore (cdc/stores/base.py)."""
 
@@ -10,8 +10,9 @@ from typing import Any
 
 from pydantic import BaseModel, SecretStr
 
+from cdc.core.apply_settings import STORE_NAMES
 from cdc.core.errors import ConfigError
-from cdc.core.settings import STORE_NAMES, Settings
+from cdc.core.settings import Settings
 from cdc.stores.base import RowStore, Store
 from cdc.stores.warehouse.tables import warehouse_root
 

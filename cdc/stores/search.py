@@ -24,8 +24,8 @@ from opensearchpy import ConnectionError, JSONSerializer, TransportError, helper
 
 from cdc.core.catalog import Column, Table, reserved_problem
 from cdc.core.clients import opensearch_client
+from cdc.core.connection_settings import OpenSearchSettings
 from cdc.core.errors import ConfigError, StoreError, StoreUnavailableError, ValueDecodeError
-from cdc.core.settings import OpenSearchSettings
 from cdc.core.topics import topic_name
 from cdc.stores.base import Entry, Event, Rows, RowStore, WriteResult
 from cdc.stores.cache import cache_text

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from cdc.core.catalog import TRUNCATIONS_TABLE, Table
-from cdc.core.settings import StreamTableJoin
 from cdc.core.topics import ChangeRecord
+from cdc.core.view_settings import StreamTableJoin
 from cdc.log.position import Position, event_position
 from cdc.stores.warehouse.native import NativeWriter, null_safe_match
 from cdc.stores.warehouse.native import datafusion_quoted as dq

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from cdc.core.catalog import Table
 from cdc.core.errors import ConfigError
-from cdc.core.settings import (
+from cdc.core.settings import Settings
+from cdc.core.view_settings import (
     HoppingWindow,
     SessionWindow,
-    Settings,
     SlidingWindow,
     StreamStreamJoin,
     StreamTableJoin,

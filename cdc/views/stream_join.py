@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from cdc.core.catalog import Table
-from cdc.core.settings import Settings, StreamStreamJoin, duration_ms
+from cdc.core.settings import Settings
 from cdc.core.topics import ChangeRecord
+from cdc.core.view_settings import StreamStreamJoin, duration_ms
 from cdc.stores.warehouse.native import NativeWriter
 from cdc.stores.warehouse.tables import view_path
 from cdc.types.spark_types import quoted as q

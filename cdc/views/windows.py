@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 from cdc.core.catalog import Table
 from cdc.core.errors import ConfigError
-from cdc.core.settings import (
+from cdc.core.settings import Settings
+from cdc.core.topics import ChangeRecord
+from cdc.core.view_settings import (
     HoppingWindow,
     SessionWindow,
-    Settings,
     SlidingWindow,
     TumblingWindow,
     WindowSettings,
     duration_ms,
 )
-from cdc.core.topics import ChangeRecord
 from cdc.stores.warehouse.native import NativeWriter
 from cdc.stores.warehouse.tables import view_path
 from cdc.types.spark_types import quoted as q

@@ -28,7 +28,8 @@ from cdc.check.verify import verify
 from cdc.core.catalog import describe_table
 from cdc.core.clients import kafka_client_kwargs
 from cdc.core.errors import SourceError
-from cdc.core.settings import PipelineSettings, Settings
+from cdc.core.pipeline_settings import PipelineSettings
+from cdc.core.settings import Settings
 from cdc.core.topics import change_topic
 from tests.conftest import Capture, RunningStack
 from tests.stores import stores

@@ -13,7 +13,8 @@ import pytest
 from cdc.apply.job import run_apply
 from cdc.check.status import pipeline_status
 from cdc.check.view_checks import view_checks
-from cdc.core.settings import HoppingWindow, Settings, TableJoin, TumblingWindow
+from cdc.core.settings import Settings
+from cdc.core.view_settings import HoppingWindow, TableJoin, TumblingWindow
 from cdc.stores.warehouse.tables import view_path, warehouse_root
 from tests.conftest import Capture
 from tests.helpers import query_checkpoint

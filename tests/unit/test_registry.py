@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from cdc.core.apply_settings import STORE_NAMES
 from cdc.core.errors import ConfigError
-from cdc.core.settings import STORE_NAMES, Settings
+from cdc.core.settings import Settings
 from cdc.stores.base import FrameStore, RowStore
 from cdc.stores.registry import FACTORIES, check_store_names, make_store
 from tests.helpers import run_cdc
