@@ -37,7 +37,7 @@ from cdc.core.clients import opensearch_client
 from cdc.core.settings import load_settings
 from cdc.core.spark import spark_session
 from cdc.core.topics import change_topic, end_offsets
-from cdc.stores.search import index_name
+from cdc.stores.search.store import index_name
 
 STORES = ("cache", "search", "warehouse")
 

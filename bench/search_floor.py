@@ -43,7 +43,7 @@ from cdc.apply.writer import partition_writer
 from cdc.core.catalog import Column, Table
 from cdc.core.clients import opensearch_client
 from cdc.core.settings import load_settings
-from cdc.stores.search import SearchStore, index_name
+from cdc.stores.search.store import SearchStore, index_name
 
 OPENSEARCH = "opensearch"
 PYTHON = "apply driver (python)"  # this process (bench/common.py's name for it)

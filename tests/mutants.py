@@ -39,14 +39,14 @@ class Mutant:
 MUTANTS = (
     Mutant(
         "cache guard takes an older transaction",
-        "cdc/stores/cache.py",
+        "cdc/stores/cache/store.py",
         "if c ~= commit then return c < commit end",
         "if c ~= commit then return true end",
         (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),
     ),
     Mutant(
         "cache guard takes an earlier change of the same transaction",
-        "cdc/stores/cache.py",
+        "cdc/stores/cache/store.py",
         "return tonumber(redis.call('HGET', key, '_lsn')) < lsn",
         "return true",
         (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),
@@ -104,7 +104,7 @@ MUTANTS = (
     ),
     Mutant(
         "search versions by Kafka offset",
-        "cdc/stores/search.py",
+        "cdc/stores/search/store.py",
         '"version": search_version(event.position),',
         '"version": event.offset,',
         (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),
@@ -132,14 +132,14 @@ MUTANTS = (
     ),
     Mutant(
         "the cache writes Debezium's TOAST placeholder",
-        "cdc/stores/cache.py",
+        "cdc/stores/cache/store.py",
         "if raw == UNAVAILABLE:",
         "if False:",
         (f"{EXACT}::test_a_stored_toasted_value_is_kept_across_batches",),
     ),
     Mutant(
         "search writes Debezium's TOAST placeholder",
-        "cdc/stores/search.py",
+        "cdc/stores/search/store.py",
         "if raw == UNAVAILABLE:",
         "if False:",
         (f"{EXACT}::test_a_stored_toasted_value_is_kept_across_batches",),
@@ -153,14 +153,14 @@ MUTANTS = (
     ),
     Mutant(
         "the cache writes a delete as a row",
-        "cdc/stores/cache.py",
+        "cdc/stores/cache/store.py",
         "    if op == 'd' then",
         "    if op == 'x' then",
         (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),
     ),
     Mutant(
         "search writes a delete as a document",
-        "cdc/stores/search.py",
+        "cdc/stores/search/store.py",
         'if event.op == "d" or event.after is None:',
         "if False:",
         (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),

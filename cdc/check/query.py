@@ -127,7 +127,7 @@ def _explain(exc: Any, names: dict[str, str], spark: Any) -> str:
 
 def search_table(settings: Settings, table: Table, text: str, limit: int = 10) -> QueryResult:
     """Documents of `table` matching `text` (simple query string over every field)."""
-    from cdc.stores.search import SearchStore
+    from cdc.stores.search.store import SearchStore
 
     store = make_store(settings, "search")
     assert isinstance(store, SearchStore)

@@ -36,7 +36,7 @@ def check_store_names(names: Iterable[str]) -> None:
 
 
 def _cache(settings: Settings, spark: Any) -> Store:
-    from cdc.stores.cache import CacheStore
+    from cdc.stores.cache.store import CacheStore
 
     return CacheStore(
         settings.redis,
@@ -47,7 +47,7 @@ def _cache(settings: Settings, spark: Any) -> Store:
 
 
 def _search(settings: Settings, spark: Any) -> Store:
-    from cdc.stores.search import SearchStore
+    from cdc.stores.search.store import SearchStore
 
     return SearchStore(
         settings.opensearch, settings.pipeline.topic_prefix, settings.apply.store_retry_s

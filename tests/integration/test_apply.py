@@ -11,7 +11,7 @@ import redis
 
 from cdc.apply.job import run_apply
 from cdc.log.progress import checkpoint_dir
-from cdc.stores.cache import cache_key
+from cdc.stores.cache.store import cache_key
 from cdc.stores.warehouse.tables import current_path, history_path, warehouse_root
 from tests.conftest import Capture
 from tests.contents import expected_cache, expected_search

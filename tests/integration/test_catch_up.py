@@ -16,7 +16,7 @@ import cdc.apply.batch
 from cdc.apply.job import run_apply
 from cdc.core.topics import change_topic, end_offsets
 from cdc.log.progress import read_progress
-from cdc.stores.search import SearchStore, index_name
+from cdc.stores.search.store import SearchStore, index_name
 from cdc.stores.warehouse.tables import current_path, warehouse_root
 from tests.conftest import Capture, Captured
 from tests.stores import opensearch_reader, warehouse_rows

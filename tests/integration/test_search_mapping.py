@@ -13,7 +13,7 @@ import requests
 from cdc.core.catalog import Column, Table
 from cdc.stores.base import Event
 from cdc.stores.registry import make_store
-from cdc.stores.search import index_name
+from cdc.stores.search.store import index_name
 from tests.conftest import RunningStack
 from tests.stores import opensearch_http
 

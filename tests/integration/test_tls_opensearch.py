@@ -27,7 +27,7 @@ from cdc.core.settings import Settings, load_settings
 from cdc.stack.components.opensearch import OpenSearch as OpenSearchNode
 from cdc.stores.base import Event
 from cdc.stores.registry import make_row_store
-from cdc.stores.search import index_name
+from cdc.stores.search.store import index_name
 from tests.helpers import free_ports
 from tests.tls import TestCA, make_ca
 

@@ -12,8 +12,8 @@ import redis
 from cdc.apply.job import run_apply
 from cdc.check.repair import repair
 from cdc.check.verify import Drift, verify
-from cdc.stores.cache import cache_key
-from cdc.stores.search import index_name
+from cdc.stores.cache.store import cache_key
+from cdc.stores.search.store import index_name
 from cdc.stores.warehouse.tables import current_path, warehouse_root
 from tests.conftest import Capture
 from tests.helpers import recorded_placeholder, run_cdc

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from cdc.core.catalog import Column
 from cdc.core.errors import CdcError, ValueDecodeError
-from cdc.stores.cache import cache_text
+from cdc.stores.cache.store import cache_text
 from cdc.types.decode import UNAVAILABLE, decode_row, decode_value
 
 

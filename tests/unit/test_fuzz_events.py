@@ -26,8 +26,8 @@ from cdc.apply.writer import partition_writer
 from cdc.core.catalog import Column, Table
 from cdc.core.errors import ValueDecodeError
 from cdc.stores.base import Entry, Event, Rows, RowStore, WriteResult
-from cdc.stores.cache import CacheStore
-from cdc.stores.search import FastJSON, document_value
+from cdc.stores.cache.store import CacheStore
+from cdc.stores.search.store import FastJSON, document_value
 from cdc.types.decode import DEBEZIUM_PLACEHOLDER, UNAVAILABLE, decode_value
 from cdc.types.keys import store_key_text
 from cdc.types.postgres_text import postgres_text

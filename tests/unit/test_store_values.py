@@ -8,8 +8,8 @@ from decimal import Decimal
 import pytest
 
 from cdc.core.catalog import Column
-from cdc.stores.cache import cache_text
-from cdc.stores.search import FastJSON, document_value
+from cdc.stores.cache.store import cache_text
+from cdc.stores.search.store import FastJSON, document_value
 
 
 @pytest.mark.parametrize(
@@ -67,7 +67,7 @@ def test_non_finite_floats_are_not_silently_nulled() -> None:
 
 
 def test_search_retries_what_says_the_store_is_down_and_dead_letters_the_rest() -> None:
-    from cdc.stores.search import _retryable
+    from cdc.stores.search.store import _retryable
 
     for status in ("N/A", "TIMEOUT", None, 429, 500, 503):
         assert _retryable(status), status
@@ -76,7 +76,7 @@ def test_search_retries_what_says_the_store_is_down_and_dead_letters_the_rest() 
 
 
 def test_no_column_reaches_the_cache_metadata() -> None:
-    from cdc.stores.cache import column_fields, field_name
+    from cdc.stores.cache.store import column_fields, field_name
 
     columns = ["body", "_lsn", "_deleted", "__x", "a_b"]
     fields = [field_name(c) for c in columns]

@@ -28,7 +28,7 @@ from cdc.core.connection_settings import OpenSearchSettings
 from cdc.core.errors import ConfigError, StoreError, StoreUnavailableError, ValueDecodeError
 from cdc.core.topics import topic_name
 from cdc.stores.base import Entry, Event, Rows, RowStore, WriteResult
-from cdc.stores.cache import cache_text
+from cdc.stores.cache.store import cache_text
 from cdc.types.decode import UNAVAILABLE, decode_value
 from cdc.types.keys import store_key_text
 

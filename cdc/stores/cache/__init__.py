@@ -1,0 +1,1 @@
+"""The cache: Redis, one hash per row (store.py: CacheStore)."""

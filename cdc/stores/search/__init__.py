@@ -1,0 +1,1 @@
+"""The search index: OpenSearch, one document per row (store.py: SearchStore)."""
