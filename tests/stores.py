@@ -1,7 +1,7 @@
 """Readers of the tests' own for the three stores (never the project's code): redis-py,
 OpenSearch's client, and Delta read with Spark; the one place tests read a store
 where the store is what is under test (checks of something else use the product's own
-`Store.rows`).
+`StoreReader.rows`).
 
 Each store has one raw reader (`cache_hashes`, `search_documents`, `warehouse_frame`),
 and the shapes tests compare are made from it: `cache`, `search`, `warehouse` (the live

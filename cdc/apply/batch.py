@@ -57,7 +57,7 @@ from cdc.log.progress import (
     set_waiting,
     write_progress,
 )
-from cdc.stores.base import FrameStore, RowStore, Store
+from cdc.stores.base import FrameStore, RowStore, StoreWriter
 from cdc.stores.registry import executor_settings, make_row_store
 from cdc.types.spark_types import may_hold_placeholder, unheld_columns
 
@@ -65,7 +65,7 @@ __all__ = ["BULK_EVENTS", "BatchWriter", "say", "unavailable_reason", "wait_for"
 
 log = logging.getLogger(__name__)
 
-# a batch is written in bulk (Store.bulk) when the store is at least this many events
+# a batch is written in bulk (StoreWriter.bulk) when the store is at least this many events
 # behind the log at its start: a catch-up, never a steady batch
 BULK_EVENTS = 20_000
 # the records whose sizes tell a warehouse batch's, when no batch was collected before it
@@ -78,7 +78,7 @@ SMALL_CHARS = 128 * 1024 * 1024
 class BatchWriter:
     """One store's batch writer (module doc): called with each micro-batch and its id."""
 
-    def __init__(self, settings: Settings, store: Store, chunk: int = 5000) -> None:
+    def __init__(self, settings: Settings, store: StoreWriter, chunk: int = 5000) -> None:
         self.settings = settings
         self.store = store
         self.chunk = chunk
@@ -361,7 +361,7 @@ class BatchWriter:
         (`mode` "driver") here, collected in partition order and written through the
         driver's own connection, as cheap as a micro-batch gets (no Python worker, no
         connection per task, no per-task imports: bench/results/streaming.jsonl); a
-        larger one ("workers", or "bulk": a catch-up, Store.bulk) by Spark's Python
+        larger one ("workers", or "bulk": a catch-up, StoreWriter.bulk) by Spark's Python
         workers, partition by partition. Either way the driver gets the counts, the dead
         letters and the batch's TRUNCATEs. A TRUNCATE is applied after the batch's
         writes: it empties what was written before its LSN, which is what applying it
@@ -413,7 +413,7 @@ class BatchWriter:
                 self.chunk,
                 started_ms=started_ms,
             )
-            if mode == "bulk":  # a batch of a backlog: written for throughput (Store.bulk)
+            if mode == "bulk":  # a batch of a backlog: written for throughput (StoreWriter.bulk)
                 store.bulk(tables.values(), on=True)
             try:
                 results = frame.mapInArrow(run, RESULT_DDL).collect()

@@ -34,6 +34,7 @@ from cdc.core.errors import (
 )
 from cdc.core.settings import Settings
 from cdc.core.spark import kafka_options, spark_session, views_session
+from cdc.core.store_declarations import able
 from cdc.core.topics import change_topic_pattern
 from cdc.log.progress import (
     checkpoint_dir,
@@ -41,8 +42,8 @@ from cdc.log.progress import (
     forget_other_view_queries,
     note_late,
 )
-from cdc.stores.base import FrameStore, Store
-from cdc.stores.registry import make_store
+from cdc.stores.base import FrameStore, StoreWriter
+from cdc.stores.registry import make_writer
 from cdc.stores.warehouse.iceberg import IcebergPublisher
 from cdc.stores.warehouse.store import WarehouseStore
 from cdc.stores.warehouse.tables import warehouse_base, warehouse_root
@@ -66,24 +67,21 @@ def run_apply(
     check_rewrites(settings, tables.values(), say)  # DDL while the job was down
     selected = stores or list(settings.apply.stores)
     apart = None  # the warehouse, in a process of its own (cdc/apply/warehouse_process)
-    if (
-        not once
-        and settings.apply.warehouse_apart
-        and "warehouse" in selected
-        and len(selected) > 1
-    ):
-        selected = [s for s in selected if s != "warehouse"]
+    own = able(selected, "apart")  # beside other stores, in a process of its own
+    if not once and settings.apply.warehouse_apart and own and len(own) < len(selected):
+        selected = [s for s in selected if s not in own]
         apart = WarehouseProcess(settings)
-    views = check_views(settings, tables) if "warehouse" in selected else []
+    runs_views = bool(able(selected, "views"))  # this process runs the derived views
+    views = check_views(settings, tables) if runs_views else []
     starters: dict[str, Callable[[], Any]] = {}
     for name in selected:
-        store = make_store(settings, name, spark)
+        store = make_writer(settings, name, spark)
         if isinstance(store, WarehouseStore):  # its views refreshed after each batch
             store.after_batch = list(after_batch(views))
         _prepare(settings, store, tables)
         starters[name] = functools.partial(_start_store_query, spark, settings, store, once)
     queries = queries_of(views)  # the streaming views, in queries with a watermark
-    if "warehouse" in selected:  # this process runs the views
+    if runs_views:
         forget_other_view_queries(settings, {q.label for q in queries})
     for query in queries:
         starters[query.label] = functools.partial(
@@ -345,7 +343,7 @@ def _fatal(exc: BaseException) -> CdcError | None:
     return None
 
 
-def _prepare(settings: Settings, store: Store, tables: dict[str, Table]) -> None:
+def _prepare(settings: Settings, store: StoreWriter, tables: dict[str, Table]) -> None:
     """The store's indexes, tables...; a store that does not answer yet is waited for."""
     while True:
         try:
@@ -355,7 +353,7 @@ def _prepare(settings: Settings, store: Store, tables: dict[str, Table]) -> None
             wait_for(settings, store.name, str(exc), -1, store.ping)
 
 
-def _start_store_query(spark: Any, settings: Settings, store: Store, once: bool) -> Any:
+def _start_store_query(spark: Any, settings: Settings, store: StoreWriter, once: bool) -> Any:
     limit = settings.apply.max_offsets_per_trigger
     if isinstance(store, FrameStore):  # Delta: fewer, larger commits when catching up
         limit = settings.apply.warehouse_max_offsets_per_trigger

@@ -19,7 +19,7 @@ from typing import Any
 from cdc.core.catalog import Table
 from cdc.core.errors import StoreError
 from cdc.core.settings import Settings
-from cdc.stores.registry import make_store
+from cdc.stores.registry import make_reader
 from cdc.stores.warehouse.store import WarehouseStore
 from cdc.types.spark_types import quoted as q
 from cdc.types.spark_types import spark_type
@@ -245,7 +245,7 @@ def expectations(
     from cdc.check.verify import consistent_cut
 
     what = "row count and sums equal PostgreSQL's"
-    warehouse = make_store(settings, "warehouse")
+    warehouse = make_reader(settings, "warehouse")
     assert isinstance(warehouse, WarehouseStore)
     context = _context()
     found: dict[str, list[Check]] = {t.qualified: [] for t in tables}

@@ -19,8 +19,8 @@ from typing import Any
 from cdc.core.catalog import Table
 from cdc.core.errors import QueryError, StoreUnavailableError
 from cdc.core.settings import Settings
-from cdc.stores.base import Store
-from cdc.stores.registry import make_store
+from cdc.stores.base import StoreReader
+from cdc.stores.registry import make_reader
 from cdc.stores.warehouse.history import derived_history, history_key
 
 __all__ = [
@@ -129,7 +129,7 @@ def search_table(settings: Settings, table: Table, text: str, limit: int = 10) -
     """Documents of `table` matching `text` (simple query string over every field)."""
     from cdc.stores.search.store import SearchStore
 
-    store = make_store(settings, "search")
+    store = make_reader(settings, "search")
     assert isinstance(store, SearchStore)
     try:
         _reach(store)
@@ -172,7 +172,7 @@ def key_json(table: Table, key: str) -> str:
     return json.dumps({k: given[k] for k in table.key}, separators=(",", ":"), ensure_ascii=False)
 
 
-def _reach(store: Store) -> None:
+def _reach(store: StoreReader) -> None:
     try:
         store.ping()
     except StoreUnavailableError as exc:
@@ -182,7 +182,7 @@ def _reach(store: Store) -> None:
 def store_entry(settings: Settings, store: str, table: Table, key: str) -> dict[str, Any]:
     """What `store` holds for the row with `key` (its fields: the columns and the store's
     metadata)."""
-    target = make_store(settings, store)
+    target = make_reader(settings, store)
     wanted = key_json(table, key)
     try:
         _reach(target)

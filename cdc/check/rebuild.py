@@ -12,7 +12,7 @@ from cdc.core.errors import ConfigError
 from cdc.core.say import Say
 from cdc.core.settings import Settings
 from cdc.log.progress import Progress, checkpoint_dir, read_progress, write_progress
-from cdc.stores.registry import make_store
+from cdc.stores.registry import make_reader
 
 __all__ = ["reset_store"]
 
@@ -29,7 +29,7 @@ def reset_store(settings: Settings, store: str, tables: list[str] | None, say: S
             f"not a captured table: {', '.join(unknown)}; the pipeline captures "
             f"{', '.join(sorted(captured)) or 'nothing'} (`cdc tables list`)"
         )
-    target = make_store(settings, store)
+    target = make_reader(settings, store)
     try:
         for name in chosen:
             say(f"{store}: removing what it holds of {name}")

@@ -17,6 +17,7 @@ from cdc.check.view_checks import view_checks
 from cdc.core.catalog import Table
 from cdc.core.say import Say, quiet
 from cdc.core.settings import Settings
+from cdc.core.store_declarations import able
 
 __all__ = ["Mend", "VerifyReport", "reconcile"]
 
@@ -74,9 +75,9 @@ def reconcile(
             say(line)
         say("verifying again once the stores have applied the repair")
         report.drifts = verify(settings, tables, stores, timeout, say=say)
-    if quality and "warehouse" in stores:
+    if quality and (expected := able(stores, "expectations")):
         say("running the expectations over the warehouse")
-        counts = {d.table: d.source_rows for d in report.drifts if d.store == "warehouse"}
+        counts = {d.table: d.source_rows for d in report.drifts if d.store in expected}
         report.checks += expectations(settings, tables, counts, timeout=timeout)
         report.checks += view_checks(settings, {t.qualified: t for t in tables}, timeout)
     return report

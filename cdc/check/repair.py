@@ -14,7 +14,7 @@ from cdc.core.catalog import Table
 from cdc.core.errors import BackfillError, CdcError, VerifyError
 from cdc.core.say import Say
 from cdc.core.settings import Settings
-from cdc.stores.registry import make_store
+from cdc.stores.registry import make_reader
 
 __all__ = ["backfill_keys", "key_filters", "repair", "repair_filters"]
 
@@ -134,7 +134,7 @@ def backfill_keys(
 
 
 def _remove(settings: Settings, store: str, table: Table, keys: list[str]) -> None:
-    target = make_store(settings, store)
+    target = make_reader(settings, store)
     try:
         target.remove(table, keys)
     except CdcError:

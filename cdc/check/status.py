@@ -281,7 +281,7 @@ def _store_progress(
             lag,
             # judged once an apply job has written the store (until then, its lag says
             # how far behind it is)
-            None if nothing_applied else settings.apply.freshness_slo_s.get(store),
+            None if nothing_applied else settings.apply.slo_s(store),
             now_ms,
             settings.apply.freshness_window_s,
             None if capture is None else (capture.lag_s, capture.why),

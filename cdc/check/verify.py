@@ -35,8 +35,8 @@ from cdc.core.settings import Settings
 from cdc.core.topics import CUT_MESSAGE_PREFIX, change_topic
 from cdc.core.view_settings import TableJoin
 from cdc.log.progress import Progress, read_progress
-from cdc.stores.base import Rows, Store
-from cdc.stores.registry import make_store
+from cdc.stores.base import Rows, StoreReader
+from cdc.stores.registry import make_reader
 from cdc.stores.warehouse.store import WarehouseStore
 from cdc.types.decode import parse_interval
 from cdc.types.keys import key_text
@@ -241,7 +241,7 @@ def verify(
 ) -> list[Drift]:
     """Each (store, table)'s drift from the source; an empty difference means in sync.
     `say` hears of each table compared."""
-    opened = {name: make_store(settings, name) for name in stores}
+    opened = {name: make_reader(settings, name) for name in stores}
     try:
         return _verify(settings, tables, opened, timeout, rounds, say)
     finally:
@@ -252,7 +252,7 @@ def verify(
 def _verify(
     settings: Settings,
     tables: list[Table],
-    stores: dict[str, Store],
+    stores: dict[str, StoreReader],
     timeout: float,
     rounds: int,
     say: Say,
@@ -322,7 +322,7 @@ def verify_join(
     a cut on both tables (a row that differs is looked at again after a fresh cut)."""
     from cdc.stores.warehouse.tables import view_path
 
-    warehouse = make_store(settings, "warehouse")
+    warehouse = make_reader(settings, "warehouse")
     assert isinstance(warehouse, WarehouseStore)
     view = view_table(join, tables)
     sides = [tables[join.table], tables[join.references]]

@@ -29,9 +29,10 @@ from cdc.core.catalog import TRUNCATIONS_TABLE, Table
 from cdc.core.settings import Settings
 from cdc.core.topics import ChangeRecord, change_topic, read_topic, thinned
 from cdc.log.progress import checkpoint_dir, last_committed_batch, late_events
-from cdc.stores.base import Store
-from cdc.stores.registry import make_store
-from cdc.stores.warehouse.store import WarehouseStore, warehouse_value
+from cdc.stores.base import StoreReader
+from cdc.stores.registry import make_reader
+from cdc.stores.warehouse.readback import warehouse_value
+from cdc.stores.warehouse.store import WarehouseStore
 from cdc.views.base import Expected, StreamingView, View
 from cdc.views.enrichment import EnrichmentView
 from cdc.views.registry import views_of
@@ -58,7 +59,7 @@ class ViewChecks:
         self.tables = tables
         self.timeout = timeout
         self._logs: dict[str, list[ChangeRecord]] = {}
-        self._warehouse: Store | None = None  # read when a view's rows are
+        self._warehouse: StoreReader | None = None  # read when a view's rows are
 
     def against_source(self, view: TableJoinView) -> Check:
         from cdc.check.verify import verify_join
@@ -160,7 +161,7 @@ class ViewChecks:
 
     def _held(self, view: View) -> dict[Any, Any]:
         if self._warehouse is None:
-            self._warehouse = make_store(self.settings, "warehouse")
+            self._warehouse = make_reader(self.settings, "warehouse")
         assert isinstance(self._warehouse, WarehouseStore)
         frame = self._warehouse.view_frame(view.name)
         return {} if frame is None else view.held(frame, self.tables, warehouse_value)

@@ -21,6 +21,7 @@ from cdc.cli.render import pipeline_table, status_table, verify_tables
 from cdc.core.catalog import Table
 from cdc.core.errors import CdcError, ConfigError
 from cdc.core.settings import Settings, load_settings, local_admin_password
+from cdc.core.store_declarations import store_help
 from cdc.core.topics import change_topic
 from cdc.stack import Stack
 
@@ -359,7 +360,7 @@ def _check_stores(stores: list[str]) -> None:
 def apply_(
     store: Annotated[
         list[str] | None,
-        typer.Option("--store", "-s", help="warehouse, search or cache (repeat; default: all)"),
+        typer.Option("--store", "-s", help=store_help("repeat; default: all")),
     ] = None,
     once: Annotated[
         bool, typer.Option("--once", help="apply what the topics hold now, then stop")
@@ -448,7 +449,7 @@ def get(
     table: Annotated[str, typer.Argument(help="a captured table: schema.table or its name")],
     key: Annotated[str, typer.Argument(help='the primary key: 42, or JSON {"a": 1, "b": "x"}')],
     store: Annotated[
-        str, typer.Option("--store", "-s", help="cache (Redis), search or warehouse")
+        str, typer.Option("--store", "-s", help=store_help("default: cache"))
     ] = "cache",
     output: OutputOption = Form.text,
 ) -> None:
@@ -471,7 +472,7 @@ def verify(
     ] = None,
     store: Annotated[
         list[str] | None,
-        typer.Option("--store", "-s", help="warehouse, search or cache (repeat; default: all)"),
+        typer.Option("--store", "-s", help=store_help("repeat; default: all")),
     ] = None,
     timeout: Annotated[
         float, typer.Option("--timeout", help="seconds to wait for the stores to reach the cut")
@@ -636,9 +637,7 @@ dlq_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(dlq_app, name="dlq")
-StoreOption = Annotated[
-    str | None, typer.Option("--store", "-s", help="warehouse, search or cache (default: all)")
-]
+StoreOption = Annotated[str | None, typer.Option("--store", "-s", help=store_help("default: all"))]
 
 
 @dlq_app.command("list")
@@ -687,7 +686,7 @@ def dlq_replay(store: StoreOption = None) -> None:
 
 @app.command()
 def rebuild(
-    store: Annotated[str, typer.Option("--store", "-s", help="warehouse, search or cache")],
+    store: Annotated[str, typer.Option("--store", "-s", help=store_help())],
     table: Annotated[
         list[str] | None, typer.Option("--table", "-t", help="schema.table (repeat; default: all)")
     ] = None,

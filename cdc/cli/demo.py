@@ -29,6 +29,7 @@ from cdc.cli.workload import Workload
 from cdc.core.pipeline_settings import ReplicaIdentity, TableChoice
 from cdc.core.say import Say
 from cdc.core.settings import PROJECT_ROOT, Settings, local_admin_password
+from cdc.core.store_declarations import able
 from cdc.core.topics import change_topic, end_offsets
 from cdc.core.view_settings import (
     HoppingWindow,
@@ -286,7 +287,7 @@ def _wait_for_first_batches(
     started = time.monotonic()
     said: set[str] = set()
     wanted = list(settings.apply.stores)
-    queries = [q.label for q in queries_of(views_of(settings))] if "warehouse" in wanted else []
+    queries = [q.label for q in queries_of(views_of(settings))] if able(wanted, "views") else []
     while time.monotonic() - started < timeout and not failure:
         stores = pipeline_status(settings, TABLES).stores
         done = {s for s in wanted if s in stores and not stores[s].get("nothing_applied")}
@@ -320,7 +321,7 @@ def _warm_up(
     topics = [change_topic(settings.pipeline, t) for t in TABLES]
     queries = (
         [checkpoint_dir(settings, q.label) for q in queries_of(views_of(settings))]
-        if "warehouse" in settings.apply.stores
+        if able(settings.apply.stores, "views")
         else []
     )
 

@@ -3,21 +3,29 @@ SLO, the warehouse's place, and the derived views."""
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     PositiveFloat,
+    field_validator,
 )
 
+from cdc.core.store_declarations import declared
 from cdc.core.view_settings import JoinView, WindowAggregate
 
-StoreName = Literal["warehouse", "search", "cache"]
-STORE_NAMES: tuple[StoreName, ...] = get_args(StoreName)  # the store registry's names
-# commit to visible, p99 over apply.freshness_window_s, that each store is held to
-_FRESHNESS_SLO_S: dict[StoreName, float] = {"cache": 5.0, "search": 5.0, "warehouse": 30.0}
+# a store's name: one the stores declare (cdc/core/store_declarations.py)
+StoreName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,62}$")]
+
+
+def _known(names: list[str]) -> list[str]:
+    known = declared()
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown store {', '.join(unknown)}: choose from {', '.join(known)}")
+    return names
 
 
 class ApplySettings(BaseModel):
@@ -26,7 +34,7 @@ class ApplySettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     stores: list[StoreName] = Field(
-        default_factory=lambda: list(STORE_NAMES), description="stores to keep"
+        default_factory=lambda: list(declared()), description="stores to keep (default: all)"
     )
     trigger_interval_s: float = Field(1.0, gt=0, description="micro-batch interval")
     views_trigger_interval_s: float = Field(
@@ -58,11 +66,12 @@ class ApplySettings(BaseModel):
         description="events per warehouse micro-batch: a catch-up in fewer, larger Delta "
         "commits, each MERGE's fixed cost spread over more events",
     )
-    freshness_slo_s: dict[StoreName, PositiveFloat] = Field(
-        default_factory=lambda: dict(_FRESHNESS_SLO_S),
+    freshness_slo_s: dict[StoreName, PositiveFloat] | None = Field(
+        None,
         description="per store, the commit-to-visible latency its p99 over "
         "freshness_window_s (and its lag) must stay under: `cdc status` exits 1 and the "
-        "metrics say so when it does not (a store left out has no SLO)",
+        "metrics say so when it does not (a store left out has no SLO; unset: the "
+        "default each store declares)",
     )
     freshness_window_s: float = Field(
         300.0, gt=0, description="the window `cdc status` gives freshness percentiles over"
@@ -125,3 +134,22 @@ class ApplySettings(BaseModel):
     windows: list[WindowAggregate] = Field(
         default_factory=list, description="windowed aggregates to keep"
     )
+
+    @field_validator("stores")
+    @classmethod
+    def _stores_known(cls, stores: list[str]) -> list[str]:
+        return _known(stores)
+
+    @field_validator("freshness_slo_s")
+    @classmethod
+    def _slo_stores_known(cls, slo: dict[str, float] | None) -> dict[str, float] | None:
+        if slo is not None:
+            _known(list(slo))
+        return slo
+
+    def slo_s(self, store: str) -> float | None:
+        """The commit-to-visible p99 `store` is held to (None: none)."""
+        if self.freshness_slo_s is None:
+            declaration = declared().get(store)
+            return declaration.slo_s if declaration else None
+        return self.freshness_slo_s.get(store)

@@ -13,6 +13,7 @@ from psycopg import sql
 
 from cdc.core.errors import SourceError
 from cdc.core.pipeline_settings import PipelineSettings
+from cdc.core.store_declarations import declared
 
 __all__ = [
     "HEARTBEAT_TABLE",
@@ -329,27 +330,11 @@ def _renamed_to(conn: psycopg.Connection[Any], pipeline: str, name: str) -> str 
 
 
 RESERVED_PREFIX = "_cdc_"  # the stores' own columns and fields (positions, flags)
-HISTORY_COLUMNS = ("valid_from", "valid_to")  # the warehouse history's own
-SEARCH_FIELDS = (  # OpenSearch's metadata fields: a document's _source cannot hold them
-    "_id",
-    "_index",
-    "_source",
-    "_routing",
-    "_version",
-    "_seq_no",
-    "_primary_term",
-    "_field_names",
-    "_ignored",
-    "_doc_count",
-    "_type",
-    "_nested_path",
-    "_data_stream_timestamp",
-)
 
 
 def reserved_problem(columns: list[str], stores: Collection[str] = ()) -> str | None:
     """Why a table with these columns cannot be kept (in `stores` too): a column named
-    like one a store adds to every row, or a field OpenSearch keeps for itself (None:
+    like one every store adds to every row, or one a store in `stores` reserves (None:
     nothing)."""
     for column in columns:
         name = column if column.isprintable() else json.dumps(column)  # one line, always
@@ -358,17 +343,14 @@ def reserved_problem(columns: list[str], stores: Collection[str] = ()) -> str | 
                 f"its column {name} starts with {RESERVED_PREFIX}, which every store keeps "
                 "for its own columns; rename the column"
             )
-        if column in HISTORY_COLUMNS and "warehouse" in stores:
-            return (
-                f"its column {name} is one the warehouse history adds to every version; "
-                "rename the column, or leave the table out (pipeline.exclude_tables)"
-            )
-        if column in SEARCH_FIELDS and "search" in stores:
-            return (
-                f"its column {name} is one of OpenSearch's metadata fields, which no "
-                "document may hold; rename the column, or leave the table out "
-                "(pipeline.exclude_tables)"
-            )
+        for store in stores:
+            declaration = declared().get(store)
+            why = declaration.reserved(column) if declaration and declaration.reserved else None
+            if why:
+                return (
+                    f"its column {name} {why}; rename the column, or leave the table out "
+                    "(pipeline.exclude_tables)"
+                )
     return None
 
 

@@ -38,6 +38,7 @@ from cdc.core.connection_settings import (
 )
 from cdc.core.errors import ConfigError
 from cdc.core.pipeline_settings import PipelineSettings
+from cdc.core.store_declarations import declared
 
 __all__ = ["PROJECT_ROOT", "Settings", "load_settings"]
 
@@ -181,12 +182,11 @@ def posture_problems(settings: Settings) -> list[str]:
         problems.append("connect.username and .password (your worker's REST login)")
     if not connect.managed and connect.host not in ("127.0.0.1", "localhost", "::1"):
         problems.append("connect.host on this machine (its REST API is http only)")
-    stores = settings.apply.stores
-    if "cache" in stores and not (settings.redis.tls and settings.redis.password is not None):
-        problems.append("redis.tls and redis.password")
-    search = settings.opensearch
-    if "search" in stores and not (search.tls and search.password is not None):
-        problems.append("opensearch.tls, .username and .password")
+    declarations = declared()
+    for store in settings.apply.stores:
+        posture = declarations[store].posture
+        if posture and (problem := posture(settings)):
+            problems.append(problem)
     return problems
 
 

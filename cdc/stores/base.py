@@ -1,6 +1,7 @@
-"""What a store is: the apply job writes it (each key's newest change of a micro-batch,
-by the write rule: cdc/log/position.py); verify, repair, rebuild and `cdc get` read
-and mend it (`rows`, `form`, `remove`, `reset`, `get`), asking the registry for it by name.
+"""What a store is, in two halves: the apply job writes it (StoreWriter: each key's newest
+change of a micro-batch, by the write rule), and verify, repair, rebuild and `cdc get`
+read and mend it (StoreReader: `rows`, `form`, `remove`, `reset`, `get`). A store's
+class has both; each side asks the registry for the half it uses, by name.
 
 A store that does not answer (refused connections, timeouts, 5xx, 429) retries, then
 raises StoreUnavailableError: the batch is not committed and is written again once the
@@ -16,7 +17,16 @@ from typing import Any
 
 from cdc.core.catalog import Table
 
-__all__ = ["Entry", "Event", "FrameStore", "RowStore", "Rows", "Store", "WriteResult"]
+__all__ = [
+    "Entry",
+    "Event",
+    "FrameStore",
+    "RowStore",
+    "Rows",
+    "StoreReader",
+    "StoreWriter",
+    "WriteResult",
+]
 
 # a table's rows as verify compares them: by key text (cdc/types/keys.py), each row
 # in its store's comparison form
@@ -61,10 +71,10 @@ class Entry:
     deleted: bool = False
 
 
-class Store(ABC):
-    """A derived store, of one of two kinds: a RowStore takes Python events (written by
-    Spark's Python workers, each with its own connection), a FrameStore takes the batch
-    as a Spark frame (written by the driver)."""
+class StoreWriter(ABC):
+    """What the apply job writes: a store of one of two kinds. A RowStore takes Python
+    events (written by Spark's Python workers, each with its own connection), a
+    FrameStore takes the batch as a Spark frame (written by the driver)."""
 
     name: str
 
@@ -75,6 +85,23 @@ class Store(ABC):
     @abstractmethod
     def truncate(self, table: Table, before: tuple[int, int], commit_ms: int) -> None:
         """A TRUNCATE at position `before`: every row written before it goes (idempotent)."""
+
+    def ping(self) -> None:  # noqa: B027 - optional
+        """Raise StoreUnavailableError if the store does not answer."""
+
+    def bulk(self, tables: Iterable[Table], on: bool) -> None:  # noqa: B027 - optional
+        """A batch of a backlog (catch-up) is about to be written (`on`), or has been
+        (not `on`): the store may trade what its readers see during that batch for
+        throughput, and must give it back when the batch ends."""
+
+    def close(self) -> None:  # noqa: B027 - optional
+        """Release connections."""
+
+
+class StoreReader(ABC):
+    """What `cdc verify`, repair, rebuild and `cdc get` read back and mend."""
+
+    name: str
 
     @abstractmethod
     def reset(self, table: Table) -> None:
@@ -101,16 +128,11 @@ class Store(ABC):
     def ping(self) -> None:  # noqa: B027 - optional
         """Raise StoreUnavailableError if the store does not answer."""
 
-    def bulk(self, tables: Iterable[Table], on: bool) -> None:  # noqa: B027 - optional
-        """A batch of a backlog (catch-up) is about to be written (`on`), or has been
-        (not `on`): the store may trade what its readers see during that batch for
-        throughput, and must give it back when the batch ends."""
-
     def close(self) -> None:  # noqa: B027 - optional
         """Release connections."""
 
 
-class RowStore(Store):
+class RowStore(StoreWriter):
     """A store written row by row from Python (cache, search)."""
 
     @abstractmethod
@@ -118,7 +140,7 @@ class RowStore(Store):
         """Write each event if it is newer than what the store holds for its key."""
 
 
-class FrameStore(Store):
+class FrameStore(StoreWriter):
     """A store written from Spark frames (the warehouse)."""
 
     def written_by_spark(self) -> dict[str, str]:

@@ -1,85 +1,48 @@
 """The store registry: every store the apply job, verify, rebuild and the CLI can name,
-and how each is made from the settings. The names are `cdc.core.apply_settings.STORE_NAMES` (the
-settings validate them); a store is one module under cdc/stores/, a
-RowStore or a FrameStore (cdc/stores/base.py)."""
+made from the settings by what it declares (cdc/core/store_declarations.py: its
+package's `DECLARATION`, found through the `cdc.stores` entry points). A store is one
+package under cdc/stores/ (or anywhere), a RowStore or a FrameStore with a StoreReader
+(cdc/stores/base.py), and one line in pyproject.toml's entry points."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from typing import Any
 
 from pydantic import BaseModel, SecretStr
 
-from cdc.core.apply_settings import STORE_NAMES
 from cdc.core.errors import ConfigError
 from cdc.core.settings import Settings
-from cdc.stores.base import RowStore, Store
-from cdc.stores.warehouse.tables import warehouse_root
+from cdc.core.store_declarations import check_store_names, declared
+from cdc.stores.base import RowStore, StoreReader, StoreWriter
 
 __all__ = [
-    "FACTORIES",
-    "STORE_NAMES",
     "check_store_names",
     "executor_settings",
+    "make_reader",
     "make_row_store",
-    "make_store",
+    "make_writer",
 ]
 
 
-def check_store_names(names: Iterable[str]) -> None:
-    """Raise ConfigError, in one line, for a name that is not a store."""
-    unknown = [n for n in names if n not in STORE_NAMES]
-    if unknown:
-        raise ConfigError(
-            f"unknown store {', '.join(unknown)}: choose from {', '.join(STORE_NAMES)}"
-        )
-
-
-def _cache(settings: Settings, spark: Any) -> Store:
-    from cdc.stores.cache.store import CacheStore
-
-    return CacheStore(
-        settings.redis,
-        settings.pipeline.topic_prefix,
-        settings.apply.deleted_marker_ttl_s,
-        settings.apply.store_retry_s,
-    )
-
-
-def _search(settings: Settings, spark: Any) -> Store:
-    from cdc.stores.search.store import SearchStore
-
-    return SearchStore(
-        settings.opensearch, settings.pipeline.topic_prefix, settings.apply.store_retry_s
-    )
-
-
-def _warehouse(settings: Settings, spark: Any) -> Store:
-    from cdc.stores.warehouse.store import WarehouseStore
-
-    if spark is None:
-        from cdc.core.spark import spark_session
-
-        spark = spark_session(settings, f"cdc-{settings.pipeline.name}")
-    return WarehouseStore(spark, warehouse_root(settings), writer=settings.apply.warehouse_writer)
-
-
-# a store's module is imported when the store is made (the warehouse's brings Delta)
-FACTORIES: dict[str, Callable[[Settings, Any], Store]] = {
-    "cache": _cache,
-    "search": _search,
-    "warehouse": _warehouse,
-}
-
-
-def make_store(settings: Settings, name: str, spark: Any = None) -> Store:
-    """The store `name` (the warehouse runs in `spark`, or in a session of its own)."""
+def _make(settings: Settings, name: str, spark: Any, half: type[Any]) -> Any:
     check_store_names([name])
-    return FACTORIES[name](settings, spark)
+    store = declared()[name].factory()(settings, spark)
+    if not isinstance(store, half):
+        raise ConfigError(f"store {name} is not a {half.__name__}: fix its package")
+    return store
 
 
-# the settings section that holds each store's connection (and its secrets)
-_SECTIONS = {"cache": "redis", "search": "opensearch"}
+def make_writer(settings: Settings, name: str, spark: Any = None) -> StoreWriter:
+    """The store `name` as the apply job writes it (the warehouse runs in `spark`, or in a
+    session of its own); its module is imported now (the warehouse's brings Delta)."""
+    writer: StoreWriter = _make(settings, name, spark, StoreWriter)
+    return writer
+
+
+def make_reader(settings: Settings, name: str, spark: Any = None) -> StoreReader:
+    """The store `name` as verify, repair, rebuild and `cdc get` read it back."""
+    reader: StoreReader = _make(settings, name, spark, StoreReader)
+    return reader
 
 
 def executor_settings(settings: Settings, name: str) -> Settings:
@@ -94,7 +57,7 @@ def executor_settings(settings: Settings, name: str) -> Settings:
         }
         return section.model_copy(update=secret)
 
-    keep = _SECTIONS.get(name)
+    keep = declared()[name].section
     update: dict[str, Any] = {
         field: blanked(getattr(settings, field))
         for field, info in type(settings).model_fields.items()
@@ -106,7 +69,7 @@ def executor_settings(settings: Settings, name: str) -> Settings:
 
 def make_row_store(settings: Settings, name: str) -> RowStore:
     """The row store `name`, as each Python worker opens it."""
-    store = make_store(settings, name)
+    store = make_writer(settings, name)
     if not isinstance(store, RowStore):
         raise TypeError(f"store {name} is not written row by row")
     return store

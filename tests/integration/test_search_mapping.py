@@ -12,7 +12,7 @@ import requests
 
 from cdc.core.catalog import Column, Table
 from cdc.stores.base import Event
-from cdc.stores.registry import make_store
+from cdc.stores.registry import make_writer
 from cdc.stores.search.store import index_name
 from tests.conftest import RunningStack
 from tests.stores import opensearch_http
@@ -30,7 +30,7 @@ def test_a_column_added_while_apply_runs_is_mapped_by_its_type(stack: RunningSta
     after = Table(
         "public", name, (_column("id", "int4"), _column("note", "text")), ("id",), "d", 1, 1
     )
-    store = make_store(stack.settings, "search")
+    store = make_writer(stack.settings, "search")
     store.prepare([before])  # as `cdc apply` starts, before the column is added
     events = [
         Event(before.qualified, f'{{"id": {i}}}', 0, i, "u", {"id": i, "note": note}, 1, 10 + i, 5)

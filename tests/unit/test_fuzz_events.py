@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from cdc.apply.writer import partition_writer
 from cdc.core.catalog import Column, Table
 from cdc.core.errors import ValueDecodeError
-from cdc.stores.base import Entry, Event, Rows, RowStore, WriteResult
+from cdc.stores.base import Event, RowStore, WriteResult
 from cdc.stores.cache.store import CacheStore
 from cdc.stores.search.store import FastJSON, document_value
 from cdc.types.decode import DEBEZIUM_PLACEHOLDER, UNAVAILABLE, decode_value
@@ -306,21 +306,6 @@ class DecodingStore(RowStore):
 
     def truncate(self, table: Table, before: tuple[int, int], commit_ms: int) -> None:
         pass
-
-    def reset(self, table: Table) -> None:
-        pass
-
-    def rows(self, table: Table) -> Rows:
-        return {}
-
-    def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
-        return row
-
-    def remove(self, table: Table, keys: list[str]) -> None:
-        pass
-
-    def get(self, table: Table, key: str) -> Entry | None:
-        return None
 
 
 def apply_records(

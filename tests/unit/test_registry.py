@@ -1,37 +1,85 @@
-"""The store registry: every store name has a factory, of one of the two kinds, and a
-name that is no store is refused at once, before anything runs."""
+"""The store registry: every store is found by its declaration (the `cdc.stores` entry
+points), made as the half a caller asks for, and a name that is no store is refused at
+once, in one line, before anything runs."""
 
 from __future__ import annotations
 
 import pytest
 
-from cdc.core.apply_settings import STORE_NAMES
+from cdc.core import store_declarations
 from cdc.core.errors import ConfigError
-from cdc.core.settings import Settings
-from cdc.stores.base import FrameStore, RowStore
-from cdc.stores.registry import FACTORIES, check_store_names, make_store
+from cdc.core.settings import Settings, load_settings
+from cdc.core.store_declarations import StoreDeclaration, declared, register, store_help
+from cdc.stores.base import FrameStore, RowStore, StoreReader
+from cdc.stores.registry import check_store_names, executor_settings, make_reader, make_writer
 from tests.helpers import run_cdc
 
 
-def test_every_store_name_has_a_factory_of_one_kind() -> None:
-    assert set(FACTORIES) == set(STORE_NAMES)
+def test_every_installed_store_is_declared_and_made_as_both_halves() -> None:
+    stores = declared()
+    assert set(stores) >= {"warehouse", "search", "cache"}
     settings = Settings()
+    assert settings.apply.stores == list(stores)  # the default: every store
     for name in ("cache", "search"):  # made without connecting
-        store = make_store(settings, name)
+        store = make_writer(settings, name)
         assert isinstance(store, RowStore) and not isinstance(store, FrameStore)
-        assert store.name == name
+        assert isinstance(store, StoreReader) and store.name == name
         store.close()
     from cdc.stores.warehouse.store import WarehouseStore
 
     assert issubclass(WarehouseStore, FrameStore) and not issubclass(WarehouseStore, RowStore)
+    assert issubclass(WarehouseStore, StoreReader)
+    assert stores["warehouse"].abilities == {"views", "apart", "expectations"}
+    assert settings.apply.slo_s("cache") == 5.0 and settings.apply.slo_s("warehouse") == 30.0
+    assert "cache: Redis" in store_help() and "warehouse: Delta Lake" in store_help()
 
 
 def test_a_name_that_is_no_store_is_refused_in_one_line() -> None:
     check_store_names(["cache", "warehouse"])
-    with pytest.raises(ConfigError, match="unknown store typo: choose from warehouse"):
+    with pytest.raises(ConfigError, match=r"unknown store typo: choose from .*warehouse"):
         check_store_names(["cache", "typo"])
     with pytest.raises(ConfigError):
-        make_store(Settings(), "typo")
+        make_reader(Settings(), "typo")
+    with pytest.raises(ConfigError, match=r"invalid setting apply.stores.*unknown store typo"):
+        load_settings(apply={"stores": ["cache", "typo"]})
+    with pytest.raises(ConfigError, match=r"invalid setting apply.freshness_slo_s"):
+        load_settings(apply={"freshness_slo_s": {"typo": 1.0}})
+
+
+def test_a_store_registered_in_a_process_is_a_store_like_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A declaration is all the settings, the help, the posture and the registry need."""
+    monkeypatch.setattr(store_declarations, "_REGISTERED", {})  # this test's only
+    register(
+        StoreDeclaration(
+            name="notes",
+            summary="a test's store",
+            make="tests.unit.test_registry:_make_notes",
+            slo_s=7.0,
+            section="redis",
+            posture=lambda s: "notes.tls" if not s.redis.tls else None,
+            reserved=lambda column: "is the notes' own" if column == "note" else None,
+        )
+    )
+    settings = load_settings(apply={"stores": ["notes"]})
+    assert settings.apply.slo_s("notes") == 7.0
+    assert "notes: a test's store" in store_help()
+    with pytest.raises(ConfigError, match=r"posture = production needs .*notes\.tls"):
+        load_settings(apply={"stores": ["notes"]}, posture="production")
+    from cdc.core.catalog import reserved_problem
+
+    assert "is the notes' own" in (reserved_problem(["id", "note"], ["notes"]) or "")
+    assert reserved_problem(["id", "note"], ["cache"]) is None
+    # its worker settings keep its own section's secret, as the cache's do
+    kept = executor_settings(settings.model_copy(), "notes")
+    assert kept.redis == settings.redis
+    with pytest.raises(ConfigError, match="store notes is not a StoreWriter"):
+        make_writer(settings, "notes")
+
+
+def _make_notes(settings: Settings, spark: object) -> object:
+    return object()
 
 
 @pytest.mark.parametrize("command", ["verify", "apply"])

@@ -21,7 +21,7 @@ from cdc.check.repair import REPAIR_FILTER_CHARS, _key_filter, key_filters, repa
 from cdc.check.verify import Drift, _compare
 from cdc.core.catalog import Column, Table
 from cdc.stores.cache.store import cache_form
-from cdc.stores.warehouse.store import any_of, warehouse_value
+from cdc.stores.warehouse.readback import any_of, warehouse_value
 from cdc.types.decode import Interval
 from cdc.types.keys import key_text, store_key_text
 

@@ -13,7 +13,7 @@ import pyarrow as pa
 from cdc.apply.writer import partition_writer
 from cdc.core.catalog import Column, Table
 from cdc.log.freshness import age_bucket, ages
-from cdc.stores.base import Entry, Event, Rows, Store, WriteResult
+from cdc.stores.base import Event, RowStore, WriteResult
 from cdc.types.decode import UNAVAILABLE
 
 TABLE = Table(
@@ -48,7 +48,7 @@ def row(key: int, offset: int, op: str = "u", body: Any = "x", **extra: Any) -> 
     } | extra
 
 
-class Recorder(Store):
+class Recorder(RowStore):
     """Takes what the writer hands to a store; refuses keys listed in `refuse`."""
 
     name = "recorder"
@@ -74,26 +74,11 @@ class Recorder(Store):
     def truncate(self, table: Table, before: tuple[int, int], commit_ms: int) -> None:
         pass
 
-    def reset(self, table: Table) -> None:
-        pass
-
-    def rows(self, table: Table) -> Rows:
-        return {}
-
-    def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
-        return row
-
-    def remove(self, table: Table, keys: list[str]) -> None:
-        pass
-
-    def get(self, table: Table, key: str) -> Entry | None:
-        return None
-
     def close(self) -> None:
         self.closed = True
 
 
-def write(rows: list[dict[str, Any]], store: Store, **options: Any) -> list[dict[str, Any]]:
+def write(rows: list[dict[str, Any]], store: RowStore, **options: Any) -> list[dict[str, Any]]:
     batches = [pa.RecordBatch.from_pylist(rows[i : i + 3]) for i in range(0, len(rows), 3)]
     run = partition_writer(
         lambda: store,

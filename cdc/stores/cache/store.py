@@ -28,7 +28,8 @@ from cdc.core.catalog import Column, Table
 from cdc.core.clients import redis_client
 from cdc.core.connection_settings import RedisSettings
 from cdc.core.errors import StoreUnavailableError, ValueDecodeError
-from cdc.stores.base import Entry, Event, Rows, RowStore, WriteResult
+from cdc.core.settings import Settings
+from cdc.stores.base import Entry, Event, Rows, RowStore, StoreReader, WriteResult
 from cdc.types.decode import UNAVAILABLE, Interval, decode_value
 from cdc.types.keys import store_key_text
 
@@ -197,7 +198,7 @@ def cache_form(table: Table, row: dict[str, Any]) -> dict[str, str]:
     }
 
 
-class CacheStore(RowStore):
+class CacheStore(RowStore, StoreReader):
     name = "cache"
 
     def __init__(
@@ -362,3 +363,12 @@ class CacheStore(RowStore):
 
     def close(self) -> None:
         self.client.close()
+
+
+def make(settings: Settings, spark: Any = None) -> CacheStore:
+    return CacheStore(
+        settings.redis,
+        settings.pipeline.topic_prefix,
+        settings.apply.deleted_marker_ttl_s,
+        settings.apply.store_retry_s,
+    )

@@ -26,8 +26,9 @@ from cdc.core.catalog import Column, Table, reserved_problem
 from cdc.core.clients import opensearch_client
 from cdc.core.connection_settings import OpenSearchSettings
 from cdc.core.errors import ConfigError, StoreError, StoreUnavailableError, ValueDecodeError
+from cdc.core.settings import Settings
 from cdc.core.topics import topic_name
-from cdc.stores.base import Entry, Event, Rows, RowStore, WriteResult
+from cdc.stores.base import Entry, Event, Rows, RowStore, StoreReader, WriteResult
 from cdc.stores.cache.store import cache_text
 from cdc.types.decode import UNAVAILABLE, decode_value
 from cdc.types.keys import store_key_text
@@ -183,7 +184,7 @@ def _columns_of(table: Table) -> tuple[tuple[str, str], ...]:
     return tuple((c.name, c.type) for c in table.columns)
 
 
-class SearchStore(RowStore):
+class SearchStore(RowStore, StoreReader):
     name = "search"
 
     def __init__(self, section: OpenSearchSettings, prefix: str, retry_s: float = 30.0) -> None:
@@ -580,3 +581,9 @@ class SearchStore(RowStore):
 
     def close(self) -> None:
         self.client.close()
+
+
+def make(settings: Settings, spark: Any = None) -> SearchStore:
+    return SearchStore(
+        settings.opensearch, settings.pipeline.topic_prefix, settings.apply.store_retry_s
+    )

@@ -9,3 +9,25 @@ arrow_batch  a batch's versions and each key's newest, told in Arrow on the driv
 native       the writes by delta-rs (native.py)
 (the join views and window aggregates derived from them: cdc/views/)
 """
+
+from __future__ import annotations
+
+from cdc.core.store_declarations import StoreDeclaration
+
+HISTORY_COLUMNS = frozenset({"valid_from", "valid_to"})  # the history's own, on every version
+
+
+def _reserved(column: str) -> str | None:
+    if column in HISTORY_COLUMNS:
+        return "is one the warehouse history adds to every version"
+    return None
+
+
+DECLARATION = StoreDeclaration(
+    name="warehouse",
+    summary="Delta Lake tables, the live rows and every version",
+    make="cdc.stores.warehouse.store:make",
+    slo_s=30.0,
+    reserved=_reserved,
+    abilities=frozenset({"views", "apart", "expectations"}),
+)

@@ -29,20 +29,17 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from datetime import UTC, date, datetime
-from datetime import time as clock
-from decimal import Decimal
 from typing import Any, Protocol
 
-from cdc.core.catalog import Column, Table, reserved_problem
+from cdc.core.catalog import Table, reserved_problem
 from cdc.core.errors import ConfigError, StoreError
-from cdc.stores.base import Entry, FrameStore, Rows
+from cdc.core.settings import Settings
+from cdc.stores.base import FrameStore
 from cdc.stores.warehouse import arrow_batch
 from cdc.stores.warehouse.history import (
     HISTORY_META,
     KEY_PROPERTY,
     TRUNCATE_OP,
-    derived_history,
     version_rows,
 )
 from cdc.stores.warehouse.marks import (
@@ -59,6 +56,7 @@ from cdc.stores.warehouse.native import (
     datafusion_quoted,
     null_safe_match,
 )
+from cdc.stores.warehouse.readback import WarehouseReader
 from cdc.stores.warehouse.tables import (
     aligned_rows,
     append_rows,
@@ -68,14 +66,12 @@ from cdc.stores.warehouse.tables import (
     ensure_delta,
     history_path,
     is_empty,
-    view_path,
+    warehouse_root,
 )
-from cdc.types.decode import Interval, decode_value, parse_interval
-from cdc.types.keys import key_text, shortest_real
 from cdc.types.spark_types import quoted as q
 from cdc.types.spark_types import spark_type, typed_image
 
-__all__ = ["BatchStep", "WarehouseStore", "warehouse_value"]
+__all__ = ["BatchStep", "WarehouseStore"]
 
 log = logging.getLogger(__name__)
 
@@ -92,36 +88,6 @@ _OLDER_LAYOUT = ("_cdc_deleted", "valid_to", "_cdc_newest")
 _EVENT_META = ("key", "op", "offset", "partition", "commit_lsn", "lsn", "commit_ms", "cut_ms")
 
 
-def warehouse_value(column: Column, value: Any) -> Any:
-    """A value from either side (psycopg's, Delta's) in one form: text for most types."""
-    if value is None:
-        return None
-    if isinstance(value, list):
-        return [warehouse_value(column, v) for v in value]
-    base = column.base
-    if base in ("json", "jsonb"):  # text on both sides, compared as such (JSON_TEXT)
-        return value
-    if base == "interval":
-        parsed = parse_interval(value) if isinstance(value, str) else value
-        return json.dumps(parsed.__dict__) if isinstance(parsed, Interval) else str(parsed)
-    if isinstance(value, datetime):
-        if value.tzinfo is not None:
-            value = value.astimezone(UTC).replace(tzinfo=None)
-        return value.isoformat()
-    if isinstance(value, clock):
-        return value.strftime("%H:%M:%S.%f")
-    if isinstance(value, date):
-        return value.isoformat()
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value).hex()
-    if base == "float4":
-        return shortest_real(value)
-    if isinstance(value, Decimal):
-        return str(value)
-    return str(value) if not isinstance(value, bool | int | float) else value
-
-
-_REMOVE_BATCH = 1000
 # a table's batch whose events' row images hold more characters than this is written by
 # Spark, whose tasks stream it, rather than collected into the driver for delta-rs (its
 # heap, spark.driver_memory, is 2 GiB by default, and tables are written side by side)
@@ -153,7 +119,7 @@ class BatchStep(Protocol):
         ...
 
 
-class WarehouseStore(FrameStore):
+class WarehouseStore(WarehouseReader, FrameStore):
     name = "warehouse"
 
     def __init__(
@@ -308,115 +274,6 @@ class WarehouseStore(FrameStore):
         self._filled.discard(history_path(self.root, table.qualified))
         self._marks.pop(history_path(self.root, table.qualified), None)
         self._truncated.add(table.qualified)
-
-    def rows(self, table: Table) -> Rows:
-        return self.rows_at(table, current_path(self.root, table.qualified), live=True)
-
-    def holds(self, table: Table) -> bool:
-        """Whether the table's current state is a Delta table yet (its log, not its data)."""
-        from delta.tables import DeltaTable
-
-        return bool(DeltaTable.isDeltaTable(self.spark, current_path(self.root, table.qualified)))
-
-    def live_frame(self, table: Table) -> Any | None:
-        """The table's live rows as a DataFrame; None while it has no Delta table."""
-        return self._frame(current_path(self.root, table.qualified))
-
-    def history_frame(self, table: Table) -> Any | None:
-        """The table's history as versions with their ends (history.derived_history);
-        None while it has none."""
-        frame = self._frame(history_path(self.root, table.qualified))
-        return None if frame is None else derived_history(self.spark, frame, list(table.key))
-
-    def view_frame(self, name: str) -> Any | None:
-        """A derived view's Delta table as a DataFrame; None while it has none."""
-        return self._frame(view_path(self.root, name))
-
-    def _frame(self, path: str) -> Any | None:
-        """The Delta table at `path` as a DataFrame; None while there is none."""
-        from delta.tables import DeltaTable
-
-        if not DeltaTable.isDeltaTable(self.spark, path):
-            return None
-        return self.spark.read.format("delta").load(path)
-
-    def rows_at(self, table: Table, path: str, live: bool = False) -> Rows:
-        """The rows of the Delta table at `path` with `table`'s columns (a current state,
-        or a join view's; `live`: a current state, whose columns PostgreSQL dropped must
-        hold no value)."""
-        frame = self._frame(path)
-        if frame is None:
-            return {}
-        names = [c.name for c in table.columns]
-        # a current state's column that PostgreSQL dropped: a value left in it is drift,
-        # as a field left in the cache or the index is
-        gone = [n for n in frame.columns if live and n not in names and not n.startswith("_cdc")]
-        rows = {}
-        # as Arrow: one job, no Row objects (timestamps come with their UTC zone)
-        for batch in frame.select(*[q(n) for n in names + gone]).toArrow().to_batches():
-            for record in batch.to_pylist():
-                values = dict(zip(names + gone, record.values(), strict=True))
-                row = self.form(table, values)
-                row.update({n: values[n] for n in gone if values[n] is not None})
-                rows[key_text(table, values)] = row
-        return rows
-
-    def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
-        return {c.name: warehouse_value(c, row.get(c.name)) for c in table.columns}
-
-    def remove(self, table: Table, keys: list[str]) -> None:
-        """The rows go from the current state (the history keeps what it recorded)."""
-        from pyspark.sql import functions as F
-
-        target = self._ensure(table)
-        # the Delta values of the keys to remove (a key's text is not its Delta value)
-        wanted = set(keys)
-        live = target.toDF().select(*[q(k) for k in table.key])
-        values = [
-            row.asDict()
-            for row in live.toLocalIterator()
-            if key_text(table, row.asDict()) in wanted
-        ]
-        if not values:
-            return
-        if len(table.key) == 1:  # one IN list (Spark makes it a hash set)
-            column = table.key[0]
-            target.delete(F.col(q(column)).isin([v[column] for v in values]))
-            return
-        for at in range(0, len(values), _REMOVE_BATCH):
-            matches = []
-            for value in values[at : at + _REMOVE_BATCH]:
-                match = F.lit(True)
-                for column in table.key:
-                    match = match & (F.col(q(column)) == F.lit(value[column]))
-                matches.append(match)
-            target.delete(any_of(matches))
-
-    def get(self, table: Table, key: str) -> Entry | None:
-        """The key's live row; for a deleted key, its delete as the history holds it."""
-        from pyspark.sql import functions as F
-
-        raw = json.loads(key)
-        match = F.lit(True)
-        for name in table.key:
-            value = decode_value(table.column(name), raw.get(name))
-            match = match & F.col(q(name)).eqNullSafe(F.lit(value))
-        current = self._frame(current_path(self.root, table.qualified))
-        found = [] if current is None else current.where(match).collect()
-        if found:
-            return Entry(found[0].asDict(), False)
-        history = self._frame(history_path(self.root, table.qualified))
-        newest = (
-            []
-            if history is None
-            else history.where(match & (F.col("_cdc_op") != TRUNCATE_OP))
-            .orderBy(F.col("_cdc_commit_lsn").desc(), F.col("_cdc_lsn").desc())
-            .limit(1)
-            .collect()
-        )
-        if newest and newest[0]["_cdc_op"] == "d":
-            return Entry(newest[0].asDict(), True)
-        return None
 
     def _empty(self, path: str, target: Any) -> bool:
         """The Delta table holds no row yet (a first load, or after a reset): a batch
@@ -985,9 +842,10 @@ def frames_to_keep(steps: Sequence[BatchStep]) -> dict[str, set[str]]:
     return keep
 
 
-def any_of(conditions: list[Any]) -> Any:
-    """OR of the conditions as a balanced tree (a chain of thousands is too deep for Spark)."""
-    while len(conditions) > 1:
-        pairs = [conditions[i : i + 2] for i in range(0, len(conditions), 2)]
-        conditions = [p[0] | p[1] if len(p) == 2 else p[0] for p in pairs]
-    return conditions[0]
+def make(settings: Settings, spark: Any = None) -> WarehouseStore:
+    """The warehouse, in `spark` or in a session of its own."""
+    if spark is None:
+        from cdc.core.spark import spark_session
+
+        spark = spark_session(settings, f"cdc-{settings.pipeline.name}")
+    return WarehouseStore(spark, warehouse_root(settings), writer=settings.apply.warehouse_writer)

@@ -1,0 +1,114 @@
+"""What each store declares about itself, where it lives (its package's `DECLARATION`):
+its name, what it is, the settings section with its connection and secrets, its default
+freshness SLO, what `posture = "production"` needs of it, the column names it cannot
+keep, what it can do, and the function that makes it. The settings, the registry, the
+commands' help and the posture check are derived from these declarations.
+
+A store is found through the `cdc.stores` entry points (pyproject.toml: one line per
+store, `name = "package:DECLARATION"`); `register` adds one in this process (a test's
+store). The entry points are read when first asked, not when this module is imported:
+the settings validate store names with them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import import_module
+from importlib.metadata import entry_points
+from typing import Any, Literal
+
+from cdc.core.errors import ConfigError
+
+__all__ = [
+    "Ability",
+    "StoreDeclaration",
+    "able",
+    "check_store_names",
+    "declared",
+    "register",
+    "store_help",
+]
+
+GROUP = "cdc.stores"
+
+# what a store can do beyond being written and read back:
+# - views: it keeps the derived views (`apply.joins`, `apply.windows`), written from its
+#   batches (so the apply job that runs it runs theirs);
+# - apart: beside other stores, `cdc apply` may run it in a process of its own;
+# - expectations: `cdc verify` also runs its data-quality expectations
+Ability = Literal["views", "apart", "expectations"]
+
+
+@dataclass(frozen=True)
+class StoreDeclaration:
+    name: str  # as `apply.stores` and `--store` name it
+    summary: str  # what it is, in a few words (the commands' help)
+    make: str  # "module:function", function(settings, spark) -> the store; imported when made
+    slo_s: float  # the default commit-to-visible p99 it is held to (apply.freshness_slo_s)
+    section: str | None = None  # the settings section of its connection and secrets
+    # what posture = production needs of it, given the Settings (which are built from
+    # these declarations), or None when they meet it
+    posture: Callable[[Any], str | None] | None = None
+    # why a column of this name cannot be kept beside the store's own, or None
+    reserved: Callable[[str], str | None] | None = None
+    abilities: frozenset[Ability] = field(default_factory=frozenset)
+
+    def factory(self) -> Callable[[Any, Any], Any]:
+        """function(settings, spark) -> the store."""
+        module, _, function = self.make.partition(":")
+        made: Callable[[Any, Any], Any] = getattr(import_module(module), function)
+        return made
+
+
+_REGISTERED: dict[str, StoreDeclaration] = {}
+
+
+@cache
+def _installed() -> dict[str, StoreDeclaration]:
+    found = {}
+    for point in entry_points(group=GROUP):
+        declaration = point.load()
+        if not isinstance(declaration, StoreDeclaration) or declaration.name != point.name:
+            raise ConfigError(
+                f"the store entry point {point.name} = {point.value} is not a "
+                f"StoreDeclaration named {point.name}; fix the package that declares it"
+            )
+        found[point.name] = declaration
+    if not found:
+        raise ConfigError(
+            "no store is installed (no cdc.stores entry points): run ./install.sh, "
+            "which installs this project with its stores"
+        )
+    return found
+
+
+def declared() -> dict[str, StoreDeclaration]:
+    """Every store, by name: the installed ones in their entry points' order, then the
+    ones registered in this process."""
+    return {**_installed(), **_REGISTERED}
+
+
+def register(declaration: StoreDeclaration) -> None:
+    """Add a store in this process (as an entry point adds one to every process)."""
+    _REGISTERED[declaration.name] = declaration
+
+
+def check_store_names(names: Iterable[str]) -> None:
+    """Raise ConfigError, in one line, for a name that is not a store."""
+    known = declared()
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(f"unknown store {', '.join(unknown)}: choose from {', '.join(known)}")
+
+
+def able(stores: Iterable[str], ability: Ability) -> list[str]:
+    """Those of `stores` that declare `ability`."""
+    known = declared()
+    return [s for s in stores if s in known and ability in known[s].abilities]
+
+
+def store_help(note: str = "") -> str:
+    """The help of a `--store` option: the stores to choose from, and a `note`."""
+    stores = "; ".join(f"{d.name}: {d.summary}" for d in declared().values())
+    return f"{stores} ({note})" if note else stores

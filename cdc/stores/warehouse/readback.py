@@ -1,0 +1,181 @@
+"""The warehouse read back: what `cdc verify`, repair and `cdc get` read of a table's
+current state and history, and every value in one comparable form."""
+
+from __future__ import annotations
+
+import json
+from abc import abstractmethod
+from datetime import UTC, date, datetime
+from datetime import time as clock
+from decimal import Decimal
+from typing import Any
+
+from cdc.core.catalog import Column, Table
+from cdc.stores.base import Entry, Rows, StoreReader
+from cdc.stores.warehouse.history import TRUNCATE_OP, derived_history
+from cdc.stores.warehouse.tables import current_path, history_path, view_path
+from cdc.types.decode import Interval, decode_value, parse_interval
+from cdc.types.keys import key_text, shortest_real
+from cdc.types.spark_types import quoted as q
+
+__all__ = ["WarehouseReader", "any_of", "warehouse_value"]
+
+
+def warehouse_value(column: Column, value: Any) -> Any:
+    """A value from either side (psycopg's, Delta's) in one form: text for most types."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [warehouse_value(column, v) for v in value]
+    base = column.base
+    if base in ("json", "jsonb"):  # text on both sides, compared as such (JSON_TEXT)
+        return value
+    if base == "interval":
+        parsed = parse_interval(value) if isinstance(value, str) else value
+        return json.dumps(parsed.__dict__) if isinstance(parsed, Interval) else str(parsed)
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC).replace(tzinfo=None)
+        return value.isoformat()
+    if isinstance(value, clock):
+        return value.strftime("%H:%M:%S.%f")
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).hex()
+    if base == "float4":
+        return shortest_real(value)
+    if isinstance(value, Decimal):
+        return str(value)
+    return str(value) if not isinstance(value, bool | int | float) else value
+
+
+_REMOVE_BATCH = 1000
+
+
+class WarehouseReader(StoreReader):
+    """The reading half of WarehouseStore (its tables at `root`, read in `spark`)."""
+
+    spark: Any
+    root: str
+
+    @abstractmethod
+    def _ensure(self, table: Table) -> Any:
+        """The table's current state as a DeltaTable, made if it is not there yet."""
+
+    def rows(self, table: Table) -> Rows:
+        return self.rows_at(table, current_path(self.root, table.qualified), live=True)
+
+    def holds(self, table: Table) -> bool:
+        """Whether the table's current state is a Delta table yet (its log, not its data)."""
+        from delta.tables import DeltaTable
+
+        return bool(DeltaTable.isDeltaTable(self.spark, current_path(self.root, table.qualified)))
+
+    def live_frame(self, table: Table) -> Any | None:
+        """The table's live rows as a DataFrame; None while it has no Delta table."""
+        return self._frame(current_path(self.root, table.qualified))
+
+    def history_frame(self, table: Table) -> Any | None:
+        """The table's history as versions with their ends (history.derived_history);
+        None while it has none."""
+        frame = self._frame(history_path(self.root, table.qualified))
+        return None if frame is None else derived_history(self.spark, frame, list(table.key))
+
+    def view_frame(self, name: str) -> Any | None:
+        """A derived view's Delta table as a DataFrame; None while it has none."""
+        return self._frame(view_path(self.root, name))
+
+    def _frame(self, path: str) -> Any | None:
+        """The Delta table at `path` as a DataFrame; None while there is none."""
+        from delta.tables import DeltaTable
+
+        if not DeltaTable.isDeltaTable(self.spark, path):
+            return None
+        return self.spark.read.format("delta").load(path)
+
+    def rows_at(self, table: Table, path: str, live: bool = False) -> Rows:
+        """The rows of the Delta table at `path` with `table`'s columns (a current state,
+        or a join view's; `live`: a current state, whose columns PostgreSQL dropped must
+        hold no value)."""
+        frame = self._frame(path)
+        if frame is None:
+            return {}
+        names = [c.name for c in table.columns]
+        # a current state's column that PostgreSQL dropped: a value left in it is drift,
+        # as a field left in the cache or the index is
+        gone = [n for n in frame.columns if live and n not in names and not n.startswith("_cdc")]
+        rows = {}
+        # as Arrow: one job, no Row objects (timestamps come with their UTC zone)
+        for batch in frame.select(*[q(n) for n in names + gone]).toArrow().to_batches():
+            for record in batch.to_pylist():
+                values = dict(zip(names + gone, record.values(), strict=True))
+                row = self.form(table, values)
+                row.update({n: values[n] for n in gone if values[n] is not None})
+                rows[key_text(table, values)] = row
+        return rows
+
+    def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
+        return {c.name: warehouse_value(c, row.get(c.name)) for c in table.columns}
+
+    def remove(self, table: Table, keys: list[str]) -> None:
+        """The rows go from the current state (the history keeps what it recorded)."""
+        from pyspark.sql import functions as F
+
+        target = self._ensure(table)
+        # the Delta values of the keys to remove (a key's text is not its Delta value)
+        wanted = set(keys)
+        live = target.toDF().select(*[q(k) for k in table.key])
+        values = [
+            row.asDict()
+            for row in live.toLocalIterator()
+            if key_text(table, row.asDict()) in wanted
+        ]
+        if not values:
+            return
+        if len(table.key) == 1:  # one IN list (Spark makes it a hash set)
+            column = table.key[0]
+            target.delete(F.col(q(column)).isin([v[column] for v in values]))
+            return
+        for at in range(0, len(values), _REMOVE_BATCH):
+            matches = []
+            for value in values[at : at + _REMOVE_BATCH]:
+                match = F.lit(True)
+                for column in table.key:
+                    match = match & (F.col(q(column)) == F.lit(value[column]))
+                matches.append(match)
+            target.delete(any_of(matches))
+
+    def get(self, table: Table, key: str) -> Entry | None:
+        """The key's live row; for a deleted key, its delete as the history holds it."""
+        from pyspark.sql import functions as F
+
+        raw = json.loads(key)
+        match = F.lit(True)
+        for name in table.key:
+            value = decode_value(table.column(name), raw.get(name))
+            match = match & F.col(q(name)).eqNullSafe(F.lit(value))
+        current = self._frame(current_path(self.root, table.qualified))
+        found = [] if current is None else current.where(match).collect()
+        if found:
+            return Entry(found[0].asDict(), False)
+        history = self._frame(history_path(self.root, table.qualified))
+        newest = (
+            []
+            if history is None
+            else history.where(match & (F.col("_cdc_op") != TRUNCATE_OP))
+            .orderBy(F.col("_cdc_commit_lsn").desc(), F.col("_cdc_lsn").desc())
+            .limit(1)
+            .collect()
+        )
+        if newest and newest[0]["_cdc_op"] == "d":
+            return Entry(newest[0].asDict(), True)
+        return None
+
+
+def any_of(conditions: list[Any]) -> Any:
+    """OR of the conditions as a balanced tree (a chain of thousands is too deep for Spark)."""
+    while len(conditions) > 1:
+        pairs = [conditions[i : i + 2] for i in range(0, len(conditions), 2)]
+        conditions = [p[0] | p[1] if len(p) == 2 else p[0] for p in pairs]
+    return conditions[0]
