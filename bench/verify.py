@@ -33,10 +33,10 @@ from bench.common import bench_settings, cleanup, record
 from bench.snapshot_throughput import pgbench_init
 from cdc.apply.job import run_apply
 from cdc.capture.initial_snapshot import run_snapshot
-from cdc.capture.source import admin_connection
 from cdc.cli.demo import TABLES as DEMO_TABLES
 from cdc.cli.demo import _create_shop, with_demo_views
 from cdc.core.catalog import describe_table
+from cdc.core.postgres import admin_connection
 from cdc.core.settings import Settings, load_settings
 
 PGBENCH = [f"public.pgbench_{t}" for t in ("accounts", "branches", "tellers", "history")]

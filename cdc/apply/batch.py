@@ -36,7 +36,8 @@ from cdc.apply.guards import (
 from cdc.apply.writer import RESULT_DDL, partition_writer, result_schema
 from cdc.capture.generation import read_generation
 from cdc.capture.rewrites import check_rewrites
-from cdc.capture.source import SourceReader, ping_source, timeline_forks
+from cdc.capture.source import SourceReader
+from cdc.capture.timeline import timeline_forks
 from cdc.core.catalog import TRUNCATIONS_TABLE, Table
 from cdc.core.errors import (
     CdcError,
@@ -44,6 +45,7 @@ from cdc.core.errors import (
     SourceUnavailableError,
     StoreUnavailableError,
 )
+from cdc.core.postgres import ping_source
 from cdc.core.settings import Settings
 from cdc.core.topics import change_topic
 from cdc.log.arrow_events import ArrowBatch, decodable, decode_records

@@ -27,7 +27,6 @@ from cdc.capture.connect import connect_client
 from cdc.capture.source import (
     SIGNAL_LOCK_TIMEOUT,
     SIGNAL_TABLE,
-    admin_connection,
     replication_dsn,
     signal_data_width,
     widen_signal_table,
@@ -36,6 +35,7 @@ from cdc.core.clients import kafka_client_kwargs
 from cdc.core.errors import BackfillError
 from cdc.core.filters import filter_problem
 from cdc.core.identity import acknowledge_all
+from cdc.core.postgres import admin_connection
 from cdc.core.settings import Settings
 from cdc.core.topics import notification_topic, signal_topic
 

@@ -13,7 +13,7 @@ import psycopg
 from cdc.capture.connect import ConnectClient, connect_client
 from cdc.capture.masks import MASK_TRANSFORM, read_salt, transform_masks
 from cdc.capture.role import replication_password, write_secret
-from cdc.capture.source import SIGNAL_TABLE, admin_connection
+from cdc.capture.source import SIGNAL_TABLE
 from cdc.core.catalog import (
     DEBEZIUM_PLACEHOLDER,
     HEARTBEAT_TABLE,
@@ -24,6 +24,7 @@ from cdc.core.catalog import (
 )
 from cdc.core.clients import kafka_jaas_config, kafka_java_config
 from cdc.core.errors import ConnectorError
+from cdc.core.postgres import admin_connection
 from cdc.core.settings import Settings
 from cdc.core.topics import (
     CUT_MESSAGE_PREFIX,
@@ -463,7 +464,8 @@ def check_log_within_fork(settings: Settings, client: ConnectClient) -> None:
     server never had, and the connector would skip the server's own changes up to its
     stored position. Refuse (SourceRewoundError) instead of streaming on."""
     from cdc.capture.slot import int_to_lsn
-    from cdc.capture.source import source_lineage, timeline_forks
+    from cdc.capture.source import source_lineage
+    from cdc.capture.timeline import timeline_forks
     from cdc.core.errors import SourceRewoundError
 
     with admin_connection(settings) as conn:

@@ -71,14 +71,10 @@ from cdc.capture.snapshots import (
     record_ranges,
     resume_point,
 )
-from cdc.capture.source import (
-    admin_connection,
-    prepare_source,
-    replication_dsn,
-    sync_truncate_triggers,
-)
+from cdc.capture.source import prepare_source, replication_dsn, sync_truncate_triggers
 from cdc.core.catalog import Table
 from cdc.core.errors import ConnectorError, SnapshotError
+from cdc.core.postgres import admin_connection
 from cdc.core.say import Say, quiet
 from cdc.core.settings import Settings
 from cdc.core.spark import kafka_options, spark_session

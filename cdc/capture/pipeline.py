@@ -15,10 +15,11 @@ from cdc.capture.connect import connect_client
 from cdc.capture.role import drop_role, other_pipelines, sync_grants
 from cdc.capture.slot import drop_slot
 from cdc.capture.snapshots import forget
-from cdc.capture.source import admin_connection, drop_publication
+from cdc.capture.source import drop_publication
 from cdc.core.catalog import published_tables
 from cdc.core.errors import ConnectorError
 from cdc.core.identity import current_relations, recorded
+from cdc.core.postgres import admin_connection
 from cdc.core.settings import Settings
 from cdc.core.topics import change_topic, change_topic_spec, pipeline_topic_specs, set_topic_configs
 

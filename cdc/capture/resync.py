@@ -25,8 +25,9 @@ from cdc.capture.connect import connect_client
 from cdc.capture.connector import register_connector
 from cdc.capture.slot import drop_slot, exported_snapshot, int_to_lsn, slot_lost, slot_state
 from cdc.capture.snapshots import read_state
-from cdc.capture.source import admin_connection, captured_tables, replication_dsn
+from cdc.capture.source import captured_tables, replication_dsn
 from cdc.core.errors import SnapshotError
+from cdc.core.postgres import admin_connection
 from cdc.core.say import Say, quiet
 from cdc.core.settings import Settings
 

@@ -63,15 +63,14 @@ from cdc.core.identity import (
     recorded,
     reused,
 )
+from cdc.core.postgres import admin_connection
 from cdc.core.settings import PROJECT_ROOT, Settings
 from cdc.core.topics import change_topic, check_names_apart, ever_written
 
 __all__ = [
     "SourceReader",
-    "admin_connection",
     "captured_tables",
     "drop_publication",
-    "ping_source",
     "prepare_source",
     "read_source",
     "replication_dsn",
@@ -88,46 +87,12 @@ SIGNAL_LOCK_TIMEOUT = "3s"  # how long widening the signal table may wait for it
 SETUP_LOCK_TIMEOUT = "10s"  # how long the setup may wait for a captured table's lock
 
 
-def admin_connection(settings: Settings) -> psycopg.Connection[Any]:
-    """A connection as the configured (administrative) PostgreSQL user."""
-    pg = settings.postgres
-    try:
-        return psycopg.connect(pg.dsn(), connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        raise _connect_error(settings, pg.user, exc) from None
-
-
 def replication_dsn(settings: Settings, replication: bool = False) -> str:
     """libpq DSN of the replication role (holds its password: never print it)."""
     pipe = settings.pipeline
     extra = {"replication": "database"} if replication else {}
     password = replication_password(settings)
     return settings.postgres.conninfo(pipe.replication_user, password, **extra)
-
-
-def _connect_error(settings: Settings, user: str, exc: Exception) -> Exception:
-    text = str(exc)
-    pg = settings.postgres
-    if "password authentication failed" in text:
-        return SourceError(
-            f"PostgreSQL at {pg.host}:{pg.port} refused the password of user {user}: "
-            "fix the password setting (CDC_POSTGRES__PASSWORD or cdc.toml)"
-        )
-    if "pg_hba.conf" in text:
-        return SourceError(
-            f"PostgreSQL at {pg.host}:{pg.port} does not admit user {user} to database "
-            f"{pg.database} (pg_hba.conf): on the local stack run `cdc up` with these "
-            "settings (it admits each pipeline's database); on a server of your own, add "
-            "a pg_hba.conf line for it"
-        )
-    if "does not exist" in text and "database" in text:
-        return SourceError(
-            f"database {pg.database} does not exist: create it or fix postgres.database"
-        )
-    return SourceUnavailableError(
-        f"PostgreSQL at {pg.host}:{pg.port} does not answer; start it (`cdc up`) or fix "
-        "postgres.host/port"
-    )
 
 
 def _sql_file(name: str) -> str:
@@ -668,11 +633,6 @@ def widen_signal_table(conn: psycopg.Connection[Any], table: str = SIGNAL_TABLE)
     return True
 
 
-def ping_source(settings: Settings) -> None:
-    """Raises SourceUnavailableError while PostgreSQL does not answer."""
-    admin_connection(settings).close()
-
-
 def captured_tables(settings: Settings) -> dict[str, Table]:
     """The pipeline's tables as the catalog describes them now."""
     return read_source(settings)[0]
@@ -795,44 +755,6 @@ def source_lineage(conn: psycopg.Connection[Any]) -> tuple[str, int | None]:
     ).fetchone()
     assert row is not None
     return str(row[0]), int(row[1], 16) if row[1] else None
-
-
-def timeline_forks(settings: Settings, timeline: int) -> dict[int, int]:
-    """Per timeline the current one descends from, where it left it: the first WAL
-    position (as an int) not on it. Read with the replication protocol's
-    TIMELINE_HISTORY, as the replication role (no superuser needed)."""
-    if timeline <= 1:
-        return {}
-    try:
-        with psycopg.connect(
-            replication_dsn(settings, replication=True), connect_timeout=5
-        ) as conn:
-            result = conn.pgconn.exec_(f"TIMELINE_HISTORY {int(timeline)}".encode())
-            if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
-                message = (result.error_message or b"").decode(errors="replace").strip()
-                raise SourceError(f"could not read timeline {timeline}'s history: {message}")
-            content = result.get_value(0, 1) or b""
-    except psycopg.OperationalError as exc:
-        pg = settings.postgres
-        raise SourceUnavailableError(
-            f"PostgreSQL at {pg.host}:{pg.port} does not answer ({str(exc).strip()[:120]})"
-        ) from None
-    if content.startswith(b"\\x"):  # bytea in its hex text form
-        content = bytes.fromhex(content[2:].decode())
-    return parse_timeline_history(content.decode())
-
-
-def parse_timeline_history(text: str) -> dict[int, int]:
-    """A timeline history file's lines, "parent<TAB>X/Y<TAB>reason": per parent timeline,
-    the WAL position where its child left it."""
-    forks = {}
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) < 2 or not fields[0].isdigit():
-            continue  # a comment or a blank line
-        high, low = fields[1].split("/")
-        forks[int(fields[0])] = (int(high, 16) << 32) + int(low, 16)
-    return forks
 
 
 def _wal_position(conn: psycopg.Connection[Any]) -> int:

@@ -16,10 +16,10 @@ from cdc.capture.freshness import CaptureLag, capture_lag
 from cdc.capture.replica_identity import identity_problems
 from cdc.capture.slot import slot_row, standby_slots
 from cdc.capture.snapshots import read_ranges, read_state
-from cdc.capture.source import admin_connection
 from cdc.core.catalog import describe_table, published_tables, selected_tables
 from cdc.core.errors import CdcError, SourceError
 from cdc.core.identity import acknowledged, drift, recorded_since
+from cdc.core.postgres import admin_connection
 from cdc.core.settings import Settings
 from cdc.core.topics import (
     change_times,

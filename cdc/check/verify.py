@@ -27,9 +27,9 @@ from psycopg import sql
 from psycopg.types.string import TextLoader
 
 from cdc.capture.masks import masked_value
-from cdc.capture.source import admin_connection
 from cdc.core.catalog import TRUNCATIONS_TABLE, Table
 from cdc.core.errors import VerifyError
+from cdc.core.postgres import admin_connection
 from cdc.core.say import Say, quiet
 from cdc.core.settings import Settings
 from cdc.core.topics import CUT_MESSAGE_PREFIX, change_topic

@@ -386,8 +386,8 @@ def apply_(
 
 def _captured_table(s: Settings, name: str) -> Table:
     """A captured table by `schema.table`, or by its bare name when that is unique."""
-    from cdc.capture.source import admin_connection
     from cdc.core.catalog import describe_table, published_tables
+    from cdc.core.postgres import admin_connection
 
     with admin_connection(s) as conn:
         names = published_tables(conn, s.pipeline.publication)
@@ -416,9 +416,9 @@ def query(
     <table>_history (every version, SCD type 2), and each join view and window
     aggregate by its name.
     """
-    from cdc.capture.source import admin_connection
     from cdc.check.query import run_query
     from cdc.core.catalog import published_tables
+    from cdc.core.postgres import admin_connection
 
     s = settings()
     with admin_connection(s) as conn:
@@ -509,10 +509,10 @@ def _reconcile(
     """`cdc verify` of `table` (every captured one if None) in `stores`; exit 1 on drift.
     `quality`: also the expectations over the warehouse and its views' checks."""
     from cdc.apply.dead_letters import held_back
-    from cdc.capture.source import admin_connection
     from cdc.check.reconcile import reconcile
     from cdc.check.repair import repair as mend
     from cdc.core.catalog import published_tables
+    from cdc.core.postgres import admin_connection
 
     with admin_connection(s) as conn:
         names = table or published_tables(conn, s.pipeline.publication)
@@ -591,8 +591,8 @@ app.add_typer(tables_app, name="tables")
 @tables_app.command("list")
 def tables_list(output: OutputOption = Form.text) -> None:
     """The tables the settings select, with their keys and topics."""
-    from cdc.capture.source import admin_connection
     from cdc.core.catalog import resolve_tables
+    from cdc.core.postgres import admin_connection
 
     s = settings()
     with admin_connection(s) as conn:

@@ -489,11 +489,11 @@ def _freshness(fresh: dict[str, Any]) -> str:
 
 def _show_and_verify(settings: Settings, out: Console, say: Say) -> bool:
     """A few queries, a search and a cache read, then verify; True when nothing drifted."""
-    from cdc.capture.source import admin_connection
     from cdc.check.query import run_query, search_table, store_entry
     from cdc.check.reconcile import reconcile
     from cdc.cli.render import verify_tables
     from cdc.core.catalog import describe_table
+    from cdc.core.postgres import admin_connection
 
     with admin_connection(settings) as conn:
         tables = [describe_table(conn, name, settings.pipeline) for name in TABLES]

@@ -23,12 +23,13 @@ from cdc.apply.job import run_apply
 from cdc.capture.backfill import start_backfill, watch_backfill
 from cdc.capture.pipeline import sync_pipeline
 from cdc.capture.role import replication_password
-from cdc.capture.source import admin_connection, captured_tables, prepare_source, setup_sql
+from cdc.capture.source import captured_tables, prepare_source, setup_sql
 from cdc.check.verify import verify
 from cdc.core.catalog import describe_table
 from cdc.core.clients import kafka_client_kwargs
 from cdc.core.errors import SourceError
 from cdc.core.pipeline_settings import PipelineSettings
+from cdc.core.postgres import admin_connection
 from cdc.core.settings import Settings
 from cdc.core.topics import change_topic
 from tests.conftest import Capture, RunningStack

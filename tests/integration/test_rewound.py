@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from kafka.admin import NewTopic
 
-from cdc.capture.source import timeline_forks
+from cdc.capture.timeline import timeline_forks
 from cdc.core.clients import kafka_admin, kafka_client_kwargs
 from cdc.core.errors import SourceError
 from cdc.core.settings import Settings

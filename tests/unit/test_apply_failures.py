@@ -87,7 +87,7 @@ def test_the_backlog_counts_the_log_after_what_a_store_applied() -> None:
 
 
 def test_a_source_on_a_timeline_that_left_before_what_a_store_applied_stops_it() -> None:
-    from cdc.capture.source import parse_timeline_history
+    from cdc.capture.timeline import parse_timeline_history
 
     # timeline 3 left 2 at 0/5000000, which had left 1 at 0/3000000
     history = "1\t0/3000000\tno recovery target specified\n\n2\t0/5000000\tbefore 2026-11-26\n"

@@ -162,15 +162,15 @@ def test_the_dead_letter_producer_takes_only_what_kafka_python_knows() -> None:
 
 
 def test_a_database_pg_hba_does_not_admit_is_said_with_what_admits_it() -> None:
-    from cdc.capture.source import _connect_error
     from cdc.core.errors import SourceError
+    from cdc.core.postgres import connect_error
 
     settings = Settings.model_validate({"postgres": {"database": "h9"}})
     refused = Exception(
         'connection failed: FATAL:  pg_hba.conf rejects connection for host "127.0.0.1", '
         'user "cdc_replication", database "h9", no encryption'
     )
-    error = _connect_error(settings, "cdc_replication", refused)
+    error = connect_error(settings, "cdc_replication", refused)
     assert isinstance(error, SourceError)
     assert "database h9 (pg_hba.conf)" in str(error) and "`cdc up`" in str(error)
 
