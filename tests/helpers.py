@@ -54,7 +54,7 @@ def run_cdc(
     )
 
 
-# the parsed events of a warehouse batch (cdc/log/events.py, with `cut_ms`), as
+# the parsed events of a warehouse batch (cdc/log/envelope.py, with `cut_ms`), as
 # tests hand them to WarehouseStore.write_frame
 EVENTS = (
     "table string, topic string, partition int, offset long, key string, op string, "

@@ -38,25 +38,21 @@ class Mutant:
 
 MUTANTS = (
     Mutant(
-        "cache guard takes an older transaction",
-        "cdc/stores/cache/store.py",
-        "if c ~= commit then return c < commit end",
-        "if c ~= commit then return true end",
-        (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),
-    ),
-    Mutant(
-        "cache guard takes an earlier change of the same transaction",
-        "cdc/stores/cache/store.py",
-        "return tonumber(redis.call('HGET', key, '_lsn')) < lsn",
-        "return true",
+        "cache guard takes an older change (an older transaction, or an earlier change of it)",
+        "cdc/log/position.py",
+        "    if h ~= position[f] then return h < position[f] end",
+        "    if h ~= position[f] then return true end",
         (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),
     ),
     Mutant(
         "warehouse MERGE guard takes anything",
-        "cdc/stores/warehouse/store.py",
-        '    "(t._cdc_commit_lsn IS NULL OR t._cdc_commit_lsn < s._cdc_commit_lsn OR "',
-        '    "(true OR t._cdc_commit_lsn < s._cdc_commit_lsn OR "',
-        (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),
+        "cdc/log/position.py",
+        '    terms = [f"{held[0]} IS NULL"]',
+        '    terms = ["true"]',
+        (
+            f"{EXACT}::test_redelivered_and_older_changes_change_nothing",
+            "tests/unit/test_write_rule.py",
+        ),
     ),
     Mutant(
         "history identifies a version by its offset",
@@ -111,10 +107,10 @@ MUTANTS = (
     ),
     Mutant(
         "a chunk keeps the last record, not the newest change",
-        "cdc/apply/writer.py",
-        "return seen.position is None or event.position > seen.position",
-        "return True",
-        ("tests/unit/test_writer.py",),
+        "cdc/log/position.py",
+        "    return seen is None or position > seen",
+        "    return True",
+        ("tests/unit/test_writer.py", "tests/unit/test_write_rule.py"),
     ),
     Mutant(
         "the write rule takes an equal or older position",

@@ -49,7 +49,7 @@ from cdc.core.postgres import ping_source
 from cdc.core.settings import Settings
 from cdc.core.topics import change_topic
 from cdc.log.arrow_events import ArrowBatch, decodable, decode_records
-from cdc.log.events import parse_events
+from cdc.log.envelope import parse_events
 from cdc.log.freshness import RATIO, Freshness
 from cdc.log.generated import expressions_dsn, with_generated
 from cdc.log.progress import (

@@ -19,8 +19,9 @@ from typing import Any
 import orjson
 
 from cdc.core.catalog import Table
+from cdc.log.envelope import NOT_A_CHANGE_EVENT, parse_value
 from cdc.log.freshness import age_bucket
-from cdc.log.position import event_position
+from cdc.log.position import supersedes
 from cdc.stores.base import Event, RowStore
 from cdc.types.decode import UNAVAILABLE, mark_unavailable
 
@@ -39,9 +40,6 @@ RESULT_DDL = (
     "error string, commit_ms long, n long, written long, stale long, table string, lsn long, "
     "commit_lsn long, bucket long, relid long"
 )
-_NOT_A_CHANGE_EVENT = "not a change event"
-_OPS = ("c", "u", "d", "r")
-_LONG = (-(2**63), 2**63 - 1)
 
 
 def result_schema() -> Any:
@@ -63,42 +61,6 @@ def result_schema() -> Any:
     )
 
 
-def _parse_value(
-    value: bytes | str | None,
-) -> tuple[str, dict[str, Any] | None, int | None, Any]:
-    """A Kafka value as (op, after, commit_ms, position). A tombstone (no value) is a
-    delete with no position. Raises ValueError for what is not a Debezium change event."""
-    if value is None:
-        return "d", None, None, None
-    try:
-        envelope = orjson.loads(value)
-        op = envelope["op"]
-        source = envelope.get("source") or {}
-        after = envelope.get("after")
-        position = event_position(op, source)
-        commit_ms = source.get("ts_ms")
-    except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError, ValueError):
-        raise ValueError(_NOT_A_CHANGE_EVENT) from None
-    if not isinstance(op, str) or not (after is None or isinstance(after, dict)):
-        raise ValueError(_NOT_A_CHANGE_EVENT)
-    if position is None:  # a change event always has a position in the source
-        raise ValueError(_NOT_A_CHANGE_EVENT)
-    if op not in _OPS:
-        raise ValueError(f"{_NOT_A_CHANGE_EVENT}: op {op[:20]!r} is not one of c, u, d, r")
-    if op != "d" and after is None:
-        raise ValueError(f"{_NOT_A_CHANGE_EVENT}: op {op!r} without an after image")
-    if not all(map(_is_long, position)):
-        raise ValueError(f"{_NOT_A_CHANGE_EVENT}: its source position is not two longs")
-    if commit_ms is not None and not _is_long(commit_ms):
-        raise ValueError(f"{_NOT_A_CHANGE_EVENT}: source.ts_ms is not a time in ms")
-    return op, (None if op == "d" else after), commit_ms, position
-
-
-def _is_long(value: Any) -> bool:
-    """Whether `value` is an integer a Kafka record's (and Arrow's) long holds."""
-    return isinstance(value, int) and not isinstance(value, bool) and _LONG[0] <= value <= _LONG[1]
-
-
 def _key_error(table: Table | None, key: bytes | str | None) -> str | None:
     """Why a record's key cannot key a row of `table` (None: it can): Debezium's key is
     a JSON object (of the key columns, UTF-8 text), and the stores keep and read rows
@@ -110,7 +72,7 @@ def _key_error(table: Table | None, key: bytes | str | None) -> str | None:
     except orjson.JSONDecodeError:
         parsed = None
     if not isinstance(parsed, dict):
-        return f"{_NOT_A_CHANGE_EVENT}: its key is not a JSON object"
+        return f"{NOT_A_CHANGE_EVENT}: its key is not a JSON object"
     return None
 
 
@@ -140,14 +102,9 @@ def _column(batch: Any, name: str) -> list[Any]:
 
 
 def _supersedes(event: Event, seen: Event | None) -> bool:
-    """Whether `event` replaces `seen` as its key's newest in a chunk (the rule of
-    cdc/log/position.newest_per_key: the higher position; a tombstone only over a
-    tombstone, and any change over a tombstone)."""
-    if seen is None:
-        return True
-    if event.position is None:
-        return seen.position is None and event.offset > seen.offset
-    return seen.position is None or event.position > seen.position
+    """Whether `event` replaces `seen` as its key's newest in a chunk (the write rule's
+    `supersedes`)."""
+    return seen is None or supersedes(event.position, event.offset, seen.position, seen.offset)
 
 
 def _latest(earlier: Event | None, event: Event) -> Event:
@@ -232,13 +189,13 @@ def partition_writer(
                         applied[where] = offset
                     key: Any = _text(raw_key)  # text: checked below for a captured table
                     try:
-                        op, after, commit_ms, position = _parse_value(value)
+                        op, after, commit_ms, position = parse_value(value)
                         error = _key_error(tables.get(table), raw_key)
                         if error is not None:
                             raise ValueError(error)
                         name = (after or {}).get("table_name")
                         if table == truncations_table and not isinstance(name, str | None):
-                            raise ValueError(f"{_NOT_A_CHANGE_EVENT}: table_name is not text")
+                            raise ValueError(f"{NOT_A_CHANGE_EVENT}: table_name is not text")
                     except ValueError as exc:
                         out.append(
                             {

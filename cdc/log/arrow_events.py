@@ -22,7 +22,6 @@ The result has, per table, the columns and Arrow types of the warehouse's `_deco
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from cdc.core.catalog import TRUNCATIONS_TABLE, Column, Table
+from cdc.log.envelope import SOURCE_ARROW, arrow_positions
 from cdc.log.freshness import RATIO
 from cdc.types.decode import (
     DATE_INFINITY,
@@ -225,44 +225,6 @@ def _struct_type(columns: tuple[Column, ...]) -> pa.DataType:
     return pa.struct([pa.field(c.name, _json_type(c)) for c in columns])
 
 
-_SOURCE = pa.struct(
-    [
-        ("ts_ms", pa.int64()),
-        ("lsn", pa.int64()),
-        ("sequence", pa.string()),
-        ("snapshot", pa.string()),
-    ]
-)
-_SEQUENCE = re.compile(r'^\[(?:null|"(?P<commit>\d+)"),\s*(?:null|"(?P<lsn>\d+)")\]$')
-
-
-def _as_long(digits: pa.Array) -> pa.Array:
-    """A sequence's number (its digits; "" for null) as a long."""
-    return pc.cast(
-        pc.if_else(pc.equal(digits, ""), pa.scalar(None, pa.string()), digits), pa.int64()
-    )
-
-
-def _positions(op: pa.Array, source: pa.StructArray) -> tuple[pa.Array, pa.Array] | None:
-    """(commit_lsn, lsn) of each event as events.py reads them (cdc/log/
-    position.py), None when one has no position (not a change event) or a sequence not
-    as Debezium writes it."""
-    _, lsn, sequence, snapshot = source.flatten()
-    found = pc.extract_regex(pc.fill_null(sequence, "[null,null]"), _SEQUENCE.pattern)
-    if pc.any(pc.is_null(found)).as_py():
-        return None
-    seq0, seq1 = (_as_long(f) for f in found.flatten())
-    lsn = pc.coalesce(lsn, seq1)
-    if pc.any(pc.or_(pc.is_null(op), pc.is_null(lsn))).as_py():
-        return None
-    commit_lsn = pc.if_else(pc.is_valid(seq0), seq0, lsn)
-    read = pc.equal(op, "r")
-    # an initial snapshot row, and a backfill row: before their commit's stream
-    initial = pc.and_(pc.is_null(seq0), read)
-    incremental = pc.and_(read, pc.equal(pc.fill_null(snapshot, ""), "incremental"))
-    return commit_lsn, pc.if_else(pc.or_(initial, incremental), pa.scalar(0, pa.int64()), lsn)
-
-
 def _cut_ms(commit_lsn: pa.Array, lsn: pa.Array, cuts: list[list[int]] | None) -> pa.Array:
     """The commit time of the first TRUNCATE (of `cuts`, batch.py's) an event came before,
     NULL for none (and for a tombstone)."""
@@ -285,7 +247,7 @@ def _decode_table(table: Table, records: pa.Table, cuts: list[list[int]] | None)
     present = pc.is_valid(value)
     tombstones = value.null_count > 0
     envelope = pa.schema(
-        [("op", pa.string()), ("after", _struct_type(table.columns)), ("source", _SOURCE)]
+        [("op", pa.string()), ("after", _struct_type(table.columns)), ("source", SOURCE_ARROW)]
     )
     read = _read_lines(value.filter(present) if tombstones else value, envelope)
     key_columns = tuple(table.column(k) for k in table.key)
@@ -296,7 +258,7 @@ def _decode_table(table: Table, records: pa.Table, cuts: list[list[int]] | None)
     places = pc.subtract(pc.cumulative_sum(pc.cast(present, pa.int64())), 1)
     at = pc.if_else(present, places, pa.scalar(None, pa.int64()))
     if len(read):
-        positions = _positions(
+        positions = arrow_positions(
             read.column("op").combine_chunks(), read.column("source").combine_chunks()
         )
         if positions is None:

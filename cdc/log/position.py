@@ -1,4 +1,9 @@
-"""The write rule every store follows (contract point 4), and where a change sits.
+"""The write rule every store follows (contract point 4), stated once: the model
+(`apply_changes` over `Change` and `Stored`), and from it what each store runs: the
+Python writer's choice of a key's newest change in a batch (`supersedes`), the
+warehouse MERGE's and TRUNCATE's condition (`older_sql`), and the cache's Lua
+(`older_lua`). The search index keeps it with OpenSearch's external versions, a
+number that grows with the position (cdc/stores/search/store.py `search_version`).
 
 A change's position is where it sits in the source, not in Kafka: Debezium's
 `source.sequence` is `[lastCommitLsn, lsn]`, the LSN of the last commit before the
@@ -25,52 +30,27 @@ each key's newest change once.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 __all__ = [
+    "ORDER",
     "Change",
     "Position",
     "Stored",
     "apply_changes",
     "below",
-    "event_position",
     "is_newer",
     "newest_per_key",
+    "older_lua",
+    "older_sql",
+    "supersedes",
 ]
 
+# a position's fields, compared in this order: the first that differs decides
+ORDER = ("commit_lsn", "lsn")
 Position = tuple[int, int]  # (commit_lsn, lsn)
-
-
-def event_position(op: str, source: Mapping[str, Any]) -> Position | None:
-    """A change event's position from its `source` block (None: no position in it).
-
-    Debezium's incremental-snapshot (backfill) rows carry no `lsn`, only their sequence."""
-    lsn = source.get("lsn")
-    sequence = source.get("sequence")
-    commit = change = None
-    if sequence:
-        try:
-            commit, change = orjson.loads(sequence)[:2]
-        except (orjson.JSONDecodeError, TypeError, ValueError):
-            commit = change = None
-    if change is None:
-        change = lsn
-    if change is None:
-        return None
-    if commit is None:
-        if op == "r":  # an initial snapshot row: at its consistent point, before the stream
-            return (int(change), 0)
-        return (int(change), int(change))  # a connector started without an offset (not by cdc)
-    if op == "r" and source.get("snapshot") == "incremental":
-        # a backfill row: read before its window's closing watermark committed (`commit`),
-        # so before any change of a later transaction, whose commit_lsn is at least that
-        # even when its change's own LSN is lower (it began before the watermark)
-        return (int(commit), 0)
-    return (int(commit), int(change))
 
 
 @dataclass(frozen=True)
@@ -105,20 +85,54 @@ def is_newer(position: Position, stored: Stored | None) -> bool:
     return stored is None or position > stored.position
 
 
+def supersedes(
+    position: Position | None, offset: int, seen: Position | None, seen_offset: int
+) -> bool:
+    """Whether a change (at `position`, `offset`; None: a tombstone) replaces the one seen
+    before it as its key's newest in a batch: the higher position; a tombstone only over
+    a tombstone (the later one), and any change over a tombstone."""
+    if position is None:
+        return seen is None and offset > seen_offset
+    return seen is None or position > seen
+
+
 def newest_per_key(changes: Iterable[Change]) -> dict[Hashable, Change]:
     """Each key's newest change in a batch: the highest position; a tombstone only when it
     is the last record of its key and no change of the key shares the batch."""
     newest: dict[Hashable, Change] = {}
     for change in changes:
         seen = newest.get(change.key)
-        if seen is None:
-            newest[change.key] = change
-        elif change.position is None:
-            if seen.position is None and change.offset > seen.offset:
-                newest[change.key] = change
-        elif seen.position is None or change.position > seen.position:
+        if seen is None or supersedes(change.position, change.offset, seen.position, seen.offset):
             newest[change.key] = change
     return newest
+
+
+def older_sql(held: Sequence[str], change: Sequence[str]) -> str:
+    """The rule in SQL: the row whose position columns are `held` (in ORDER) is older than
+    the change at `change` (its columns, or literals). A row with no position counts as
+    older: any change from the log replaces it."""
+    terms = [f"{held[0]} IS NULL"]
+    for i in range(len(ORDER)):
+        same = [f"{held[j]} = {change[j]}" for j in range(i)]
+        less = f"{held[i]} < {change[i]}"
+        terms.append(f"({' AND '.join([*same, less])})" if same else less)
+    return "(" + " OR ".join(terms) + ")"
+
+
+def older_lua(prefix: str = "_") -> str:
+    """The rule in Lua, for a Redis script: `older(key, position)`, whether the hash at
+    `key` holds an older position than `position` (a table of ORDER's numbers; the hash
+    keeps them in the fields `<prefix><name>`). A hash with none is older."""
+    fields = ", ".join(f"'{prefix}{name}'" for name in ORDER)
+    return f"""local function older(key, position)
+  local held = redis.call('HMGET', key, {fields})
+  if not held[1] then return true end
+  for f = 1, {len(ORDER)} do
+    local h = tonumber(held[f])
+    if h ~= position[f] then return h < position[f] end
+  end
+  return false
+end"""
 
 
 def apply_changes(state: dict[Hashable, Stored], batch: Iterable[Change]) -> None:

@@ -162,7 +162,7 @@ class FrameStore(StoreWriter):
         sizes: dict[str, int] | None = None,
         decoded: dict[str, Any] | None = None,
     ) -> None:
-        """Write a batch's parsed events (cdc/log/events.py, with `cut_ms`) of the
+        """Write a batch's parsed events (cdc/log/envelope.py, with `cut_ms`) of the
         tables in `present`, each key's newest change by the write rule (`toasted`: the
         tables whose events may carry a TOAST placeholder, None: any of them; `sizes`:
         per table, the characters of its events' row images, None: not known; `decoded`:

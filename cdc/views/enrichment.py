@@ -35,7 +35,8 @@ import pyarrow as pa
 from cdc.core.catalog import TRUNCATIONS_TABLE, Table
 from cdc.core.topics import ChangeRecord
 from cdc.core.view_settings import StreamTableJoin
-from cdc.log.position import Position, event_position
+from cdc.log.envelope import event_position
+from cdc.log.position import Position
 from cdc.stores.warehouse.native import NativeWriter, null_safe_match
 from cdc.stores.warehouse.native import datafusion_quoted as dq
 from cdc.types.decode import decode_value

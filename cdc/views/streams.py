@@ -38,9 +38,9 @@ from cdc.core.settings import Settings
 from cdc.core.spark import kafka_options
 from cdc.core.topics import ChangeRecord, change_topic
 from cdc.core.view_settings import ViewSettings
-from cdc.log.events import parse_events
+from cdc.log.envelope import event_position, parse_events
 from cdc.log.generated import expressions_dsn, with_generated
-from cdc.log.position import Position, event_position
+from cdc.log.position import Position
 from cdc.log.progress import forget_late, last_committed_batch
 from cdc.stores.warehouse.native import NativeWriter
 from cdc.stores.warehouse.tables import view_path

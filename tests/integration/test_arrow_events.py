@@ -17,7 +17,7 @@ import pytest
 from cdc.apply.batch import BatchWriter, _partitions, _unheld_as_errors
 from cdc.core.catalog import TRUNCATIONS_TABLE, Column, Table
 from cdc.log.arrow_events import decodable, decode_records
-from cdc.log.events import parse_events
+from cdc.log.envelope import parse_events
 from cdc.stores.warehouse.store import WarehouseStore
 from cdc.types.decode import DATE_INFINITY, MICROS_INFINITY, MILLIS_INFINITY
 from tests.conftest import RunningStack

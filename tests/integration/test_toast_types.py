@@ -119,7 +119,7 @@ def test_every_placeholder_form_marks_its_row_image(stack: RunningStack) -> None
     from pyspark.sql import functions as F
 
     from cdc.core.spark import spark_session
-    from cdc.log.events import ENVELOPE_DDL
+    from cdc.log.envelope import ENVELOPE_DDL
     from cdc.types.spark_types import may_hold_placeholder
 
     spark = spark_session(stack.settings, "test-placeholder-forms")

@@ -6,7 +6,7 @@ for generated columns). Each record either becomes a dead letter with a readable
 or is applied; nothing raises out of a partition, which would fail the whole batch again
 and again.
 
-The warehouse parses its events with Spark's from_json (cdc/log/events.py, typed.py):
+The warehouse parses its events with Spark's from_json (cdc/log/envelope.py, typed.py):
 Spark is not run in this tier."""
 
 from __future__ import annotations

@@ -7,13 +7,15 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cdc.log.envelope import event_position
 from cdc.log.position import (
+    ORDER,
     Change,
     Stored,
     apply_changes,
-    event_position,
     is_newer,
     newest_per_key,
+    older_sql,
 )
 
 
@@ -119,3 +121,23 @@ def test_positions_from_debezium_source_blocks() -> None:
     assert event_position("r", {"lsn": 3000}) < event_position(
         "c", {"lsn": 2990, "sequence": '["3000","2990"]'}
     )
+
+
+positions = st.tuples(st.integers(0, 3), st.integers(-1, 3))
+
+
+@given(held=st.none() | positions, change=positions)
+def test_the_sql_the_warehouse_runs_is_the_rule(
+    held: tuple[int, int] | None, change: tuple[int, int]
+) -> None:
+    """older_sql (the MERGE's and the TRUNCATE's condition) says what is_newer says, for
+    any held position (None: a row with none) and change, evaluated by a SQL engine."""
+    import sqlite3
+
+    columns = [f"t_{name}" for name in ORDER]
+    literals = [str(v) for v in change]
+    with sqlite3.connect(":memory:") as db:
+        db.execute(f"CREATE TABLE t ({', '.join(columns)})")
+        db.execute("INSERT INTO t VALUES (?, ?)", held or (None, None))
+        (older,) = db.execute(f"SELECT {older_sql(columns, literals)} FROM t").fetchone()
+    assert bool(older) == is_newer(change, None if held is None else Stored(held, None))

@@ -29,6 +29,7 @@ from cdc.core.clients import redis_client
 from cdc.core.connection_settings import RedisSettings
 from cdc.core.errors import StoreUnavailableError, ValueDecodeError
 from cdc.core.settings import Settings
+from cdc.log.position import older_lua
 from cdc.stores.base import Entry, Event, Rows, RowStore, StoreReader, WriteResult
 from cdc.types.decode import UNAVAILABLE, Interval, decode_value
 from cdc.types.keys import store_key_text
@@ -51,17 +52,12 @@ log = logging.getLogger(__name__)
 # of field/value pairs, the number of kept fields, the pairs, and the fields whose stored
 # value is kept (unchanged TOASTed values). Returns 1 (written) or 0 (the hash holds this
 # position or a newer one) per row.
-_WRITE = """
+_WRITE = (
+    older_lua()
+    + """
 local ttl = tonumber(ARGV[1])
 local i = 2
 local out = {}
-local function older(key, commit, lsn)
-  local c = redis.call('HGET', key, '_commit_lsn')
-  if not c then return true end
-  c = tonumber(c)
-  if c ~= commit then return c < commit end
-  return tonumber(redis.call('HGET', key, '_lsn')) < lsn
-end
 for k = 1, #KEYS do
   local key = KEYS[k]
   local commit, lsn, offset, partition, ms, op = ARGV[i], ARGV[i + 1], ARGV[i + 2],
@@ -84,7 +80,7 @@ for k = 1, #KEYS do
       redis.call('EXPIRE', key, ttl)
       out[k] = 1
     end
-  elseif older(key, tonumber(commit), tonumber(lsn)) then
+  elseif older(key, {tonumber(commit), tonumber(lsn)}) then
     if op == 'd' then
       redis.call('DEL', key)
       redis.call('HSET', key, '_commit_lsn', commit, '_lsn', lsn, '_offset', offset,
@@ -109,18 +105,20 @@ for k = 1, #KEYS do
 end
 return out
 """
+)
 _ROWS_PER_CALL = 200
 _REMOVE_BATCH = 1000  # keys per DEL
 
 
 # KEYS[1] a row's hash. ARGV: the TRUNCATE's position (commit_lsn, lsn), marker ttl. A
 # row written before the TRUNCATE becomes a deleted marker that keeps its position.
-_TRUNCATE = """
+_TRUNCATE = (
+    older_lua()
+    + """
 if redis.call('HEXISTS', KEYS[1], '_deleted') == 1 then return 0 end
+if not older(KEYS[1], {tonumber(ARGV[1]), tonumber(ARGV[2])}) then return 0 end
 local c = tonumber(redis.call('HGET', KEYS[1], '_commit_lsn') or '-1')
 local l = tonumber(redis.call('HGET', KEYS[1], '_lsn') or '-1')
-local tc, tl = tonumber(ARGV[1]), tonumber(ARGV[2])
-if c > tc or (c == tc and l >= tl) then return 0 end
 local offset = redis.call('HGET', KEYS[1], '_offset')
 local partition = redis.call('HGET', KEYS[1], '_partition')
 redis.call('DEL', KEYS[1])
@@ -130,6 +128,7 @@ redis.call('HSET', KEYS[1], '_commit_lsn', string.format('%.0f', c),
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
 return 1
 """
+)
 
 # what a store that is down raises (a restarted Redis answers LOADING for a while)
 _DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 from cdc.core.catalog import Table, reserved_problem
 from cdc.core.errors import ConfigError, StoreError
 from cdc.core.settings import Settings
+from cdc.log.position import ORDER, older_sql
 from cdc.stores.base import FrameStore
 from cdc.stores.warehouse import arrow_batch
 from cdc.stores.warehouse.history import (
@@ -75,12 +76,10 @@ __all__ = ["BatchStep", "WarehouseStore"]
 
 log = logging.getLogger(__name__)
 
-# the position (cdc/log/position.py) of the target row `t` is older than the
-# source row `s`'s; a row written before positions were kept counts as older
-_OLDER = (
-    "(t._cdc_commit_lsn IS NULL OR t._cdc_commit_lsn < s._cdc_commit_lsn OR "
-    "(t._cdc_commit_lsn = s._cdc_commit_lsn AND t._cdc_lsn < s._cdc_lsn))"
-)
+# the write rule (cdc/log/position.py): the target row `t` is older than the source
+# row `s`'s change
+_POSITION = [f"_cdc_{name}" for name in ORDER]
+_OLDER = older_sql([f"t.{c}" for c in _POSITION], [f"s.{c}" for c in _POSITION])
 # what the decoded events carry beside the table's columns, each as `_cdc_<name>`
 # the columns of the layout before the current state held live rows only and the history
 # was appended to: such a table is rebuilt (`cdc rebuild --store warehouse`)
@@ -228,10 +227,7 @@ class WarehouseStore(WarehouseReader, FrameStore):
         from pyspark.sql import types as T
 
         commit, lsn = int(before[0]), int(before[1])
-        cut = (
-            f"(_cdc_commit_lsn IS NULL OR _cdc_commit_lsn < {commit} OR "
-            f"(_cdc_commit_lsn = {commit} AND _cdc_lsn < {lsn}))"
-        )
+        cut = older_sql(_POSITION, [str(commit), str(lsn)])
         self._ensure(table).delete(cut)
         history = self._history(table)
         held = history.toDF().where(
