@@ -10,8 +10,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from cdc.core.clients import kafka_client_kwargs
 from cdc.core.connection_settings import KafkaSettings
-from cdc.stores.cache.store import cache_text
-from cdc.stores.search.store import plain_value
+from cdc.types.store_forms import cache_text, plain_value
 from tests.logcheck import source_rows, table_info
 
 

@@ -48,7 +48,7 @@ from cdc.core.errors import (
 from cdc.core.postgres import ping_source
 from cdc.core.settings import Settings
 from cdc.core.topics import change_topic
-from cdc.log.arrow_events import ArrowBatch, decodable, decode_records
+from cdc.log.arrow_events import ArrowBatch, decode_records
 from cdc.log.envelope import parse_events
 from cdc.log.freshness import RATIO, Freshness
 from cdc.log.generated import expressions_dsn, with_generated
@@ -61,6 +61,7 @@ from cdc.log.progress import (
 )
 from cdc.stores.base import FrameStore, RowStore, StoreWriter
 from cdc.stores.registry import executor_settings, make_row_store
+from cdc.types.arrow_types import decodable
 from cdc.types.spark_types import may_hold_placeholder, unheld_columns
 
 __all__ = ["BULK_EVENTS", "BatchWriter", "say", "unavailable_reason", "wait_for"]

@@ -23,6 +23,7 @@ from cdc.stores.registry import make_reader
 from cdc.stores.warehouse.store import WarehouseStore
 from cdc.types.spark_types import quoted as q
 from cdc.types.spark_types import spark_type
+from cdc.types.store_forms import SUMMED_TYPES
 
 __all__ = ["Check", "expectations", "history_checks"]
 
@@ -126,9 +127,6 @@ def _live_suite(
     return _Live(checks, failed or [rows, *(sums.get(i) for i in range(len(summed)))])
 
 
-# summed by the aggregate check: exact on both sides (a float's sum depends on the order
-# of its additions, so reals and doubles are left out)
-_SUMMED = ("int2", "int4", "int8", "numeric")
 AGGREGATE_ROUNDS = 3
 
 
@@ -138,7 +136,7 @@ def _summed(table: Table) -> list[Any]:
     return [
         c
         for c in table.columns
-        if c.base in _SUMMED
+        if c.base in SUMMED_TYPES
         and not c.is_array
         and table.mask(c.name) is None  # redacted to NULL in the stores
         and isinstance(spark_type(c), T.IntegralType | T.DecimalType)

@@ -22,6 +22,7 @@ from cdc.core.settings import Settings
 from cdc.stores.base import StoreReader
 from cdc.stores.registry import make_reader
 from cdc.stores.warehouse.history import derived_history, history_key
+from cdc.types.store_forms import INTEGER_TYPES
 
 __all__ = [
     "QueryResult",
@@ -160,7 +161,7 @@ def key_json(table: Table, key: str) -> str:
                 "JSON, e.g. '{\"" + table.key[0] + "\": ...}'"
             )
         column = table.column(table.key[0])
-        if column.base in ("int2", "int4", "int8"):
+        if column.base in INTEGER_TYPES:
             if not isinstance(given, int):
                 raise QueryError(f"{column.name} of {table.qualified} is an integer, not {key!r}")
         else:  # text, uuid, numeric (carried as text) ...

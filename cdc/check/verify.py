@@ -24,7 +24,6 @@ from uuid import UUID
 
 import psycopg
 from psycopg import sql
-from psycopg.types.string import TextLoader
 
 from cdc.capture.masks import masked_value
 from cdc.core.catalog import TRUNCATIONS_TABLE, Table
@@ -40,6 +39,7 @@ from cdc.stores.registry import make_reader
 from cdc.stores.warehouse.store import WarehouseStore
 from cdc.types.decode import parse_interval
 from cdc.types.keys import key_text
+from cdc.types.store_forms import read_as_interval, read_as_text
 
 __all__ = [
     "Drift",
@@ -110,17 +110,12 @@ def source_rows(
     """The table's rows now (or only those with `keys`), by key text, values normalized;
     `query` (selecting the table's columns) reads them instead of the table itself."""
     with psycopg.connect(settings.postgres.dsn()) as conn:
-        conn.execute("SET intervalstyle = iso_8601")
-        conn.adapters.register_loader("interval", TextLoader)
-        # JSON_TEXT: json and jsonb as PostgreSQL prints them, the text every store
-        # compares (json's key order and spaces are data)
-        conn.adapters.register_loader("json", TextLoader)
-        conn.adapters.register_loader("jsonb", TextLoader)
+        read_as_text(conn)
         query = query or sql.SQL("SELECT {} FROM {}").format(
             sql.SQL(", ").join(_selected(table, c.name) for c in table.columns),
             table.source(),  # the rows the pipeline captures (its row filter)
         )
-        intervals = {c.name for c in table.columns if c.base == "interval"}
+        intervals = {c.name for c in table.columns if read_as_interval(c)}
         result = {}
         with conn.cursor(name="verify") as cursor:
             cursor.itersize = 5000

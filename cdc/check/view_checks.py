@@ -31,8 +31,8 @@ from cdc.core.topics import ChangeRecord, change_topic, read_topic, thinned
 from cdc.log.progress import checkpoint_dir, last_committed_batch, late_events
 from cdc.stores.base import StoreReader
 from cdc.stores.registry import make_reader
-from cdc.stores.warehouse.readback import warehouse_value
 from cdc.stores.warehouse.store import WarehouseStore
+from cdc.types.store_forms import warehouse_value
 from cdc.views.base import Expected, StreamingView, View
 from cdc.views.enrichment import EnrichmentView
 from cdc.views.registry import views_of

@@ -34,11 +34,11 @@ import psycopg
 from psycopg import sql
 
 from cdc.capture.role import EXPRESSIONS_FUNCTION
-from cdc.capture.snapshot_events import column_json
 from cdc.capture.source import replication_dsn
 from cdc.core.catalog import Column, Table
 from cdc.core.errors import ConfigError, SourceUnavailableError, ValueDecodeError
 from cdc.core.settings import Settings
+from cdc.types.debezium_sql import column_json
 from cdc.types.decode import is_unavailable, placeholder_forms
 from cdc.types.postgres_text import postgres_text
 

@@ -16,9 +16,10 @@ import pytest
 
 from cdc.apply.batch import BatchWriter, _partitions, _unheld_as_errors
 from cdc.core.catalog import TRUNCATIONS_TABLE, Column, Table
-from cdc.log.arrow_events import decodable, decode_records
+from cdc.log.arrow_events import decode_records
 from cdc.log.envelope import parse_events
 from cdc.stores.warehouse.store import WarehouseStore
+from cdc.types.arrow_types import decodable
 from cdc.types.decode import DATE_INFINITY, MICROS_INFINITY, MILLIS_INFINITY
 from tests.conftest import RunningStack
 

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from cdc.capture.snapshot_events import column_json
+from cdc.types.debezium_sql import column_json
 from cdc.types.postgres_text import postgres_text
 from tests.conftest import RunningStack
 from tests.logcheck import table_info

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from cdc.capture.connector import _java_regex_literal, pipeline_connector_config
 from cdc.capture.masks import masked_value, transform_masks
 from cdc.capture.rewrites import rewrites, schema_of
-from cdc.capture.snapshot_events import column_json
 from cdc.capture.source import _member
 from cdc.core.catalog import Column, Table
 from cdc.core.errors import ConfigError
 from cdc.core.settings import Settings, load_settings
+from cdc.types.debezium_sql import column_json
 from tests.unit.fuzzing import bounded, check_read
 
 

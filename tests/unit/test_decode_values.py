@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from cdc.core.catalog import Column
 from cdc.core.errors import CdcError, ValueDecodeError
-from cdc.stores.cache.store import cache_text
 from cdc.types.decode import UNAVAILABLE, decode_row, decode_value
+from cdc.types.store_forms import cache_text
 
 
 def column(base: str, precision: int | None = None, array: bool = False) -> Column:

@@ -27,10 +27,11 @@ from cdc.core.catalog import Column, Table
 from cdc.core.errors import ValueDecodeError
 from cdc.stores.base import Event, RowStore, WriteResult
 from cdc.stores.cache.store import CacheStore
-from cdc.stores.search.store import FastJSON, document_value
+from cdc.stores.search.store import FastJSON
 from cdc.types.decode import DEBEZIUM_PLACEHOLDER, UNAVAILABLE, decode_value
 from cdc.types.keys import store_key_text
 from cdc.types.postgres_text import postgres_text
+from cdc.types.store_forms import document_value
 from tests.unit.fuzzing import bounded, json_values
 
 

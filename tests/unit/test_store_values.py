@@ -8,8 +8,8 @@ from decimal import Decimal
 import pytest
 
 from cdc.core.catalog import Column
-from cdc.stores.cache.store import cache_text
-from cdc.stores.search.store import FastJSON, document_value
+from cdc.stores.search.store import FastJSON
+from cdc.types.store_forms import cache_text, document_value
 
 
 @pytest.mark.parametrize(

@@ -20,10 +20,10 @@ from cdc.capture.backfill import (
 from cdc.check.repair import REPAIR_FILTER_CHARS, _key_filter, key_filters, repair_filters
 from cdc.check.verify import Drift, _compare
 from cdc.core.catalog import Column, Table
-from cdc.stores.cache.store import cache_form
-from cdc.stores.warehouse.readback import any_of, warehouse_value
+from cdc.stores.warehouse.readback import any_of
 from cdc.types.decode import Interval
 from cdc.types.keys import key_text, store_key_text
+from cdc.types.store_forms import cache_form, warehouse_value
 
 
 def col(name: str, base: str, array: bool = False) -> Column:

@@ -13,36 +13,26 @@ for `retry_s`, then StoreUnavailableError.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time as clock
 from collections.abc import Iterable
-from datetime import date, datetime, time
-from decimal import Decimal
 from typing import Any
 
 import redis
 
-from cdc.core.catalog import Column, Table
+from cdc.core.catalog import Table
 from cdc.core.clients import redis_client
 from cdc.core.connection_settings import RedisSettings
 from cdc.core.errors import StoreUnavailableError, ValueDecodeError
 from cdc.core.settings import Settings
 from cdc.log.position import older_lua
 from cdc.stores.base import Entry, Event, Rows, RowStore, StoreReader, WriteResult
-from cdc.types.decode import UNAVAILABLE, Interval, decode_value
+from cdc.types.decode import UNAVAILABLE
 from cdc.types.keys import store_key_text
+from cdc.types.store_forms import cache_field_text, cache_form
 
-__all__ = [
-    "CacheStore",
-    "cache_form",
-    "cache_key",
-    "cache_text",
-    "column_fields",
-    "field_name",
-    "json_text",
-]
+__all__ = ["CacheStore", "cache_key", "column_fields", "field_name"]
 
 log = logging.getLogger(__name__)
 
@@ -153,50 +143,6 @@ def column_fields(entry: dict[str, str]) -> dict[str, str]:
     }
 
 
-def json_text(column: Column, raw: Any) -> str:
-    """A json/jsonb value as the cache holds it: the text Debezium sent, which is
-    PostgreSQL's own (for `json`, key order, spaces and duplicate keys are data; for
-    `jsonb`, number digits a float would round); an array joins its elements' texts."""
-    decode_value(column, raw)  # raises ValueDecodeError unless it is JSON
-    if column.is_array:
-        return "[" + ", ".join("null" if e is None else e for e in raw) + "]"
-    return str(raw)
-
-
-def cache_text(value: Any) -> str:
-    """A decoded value as the text a cache reader gets."""
-    kind = type(value)
-    if kind is str:  # the common cases first: this runs for every column of every row
-        return value
-    if kind is int:
-        return str(value)
-    if kind is bool:
-        return "true" if value else "false"
-    if isinstance(value, bool | int | float | list | dict):
-        return json.dumps(value, default=cache_text, ensure_ascii=False)
-    if isinstance(value, datetime | date | time):
-        return value.isoformat()
-    if isinstance(value, Decimal):
-        return str(value)
-    if isinstance(value, bytes):
-        import base64
-
-        return base64.b64encode(value).decode()
-    if isinstance(value, Interval):
-        return json.dumps(value.__dict__)
-    return str(value)
-
-
-def cache_form(table: Table, row: dict[str, Any]) -> dict[str, str]:
-    """A source row as its hash holds it: the non-NULL columns' texts."""
-    json_columns = {c.name: c for c in table.columns if c.base in ("json", "jsonb")}
-    return {
-        name: json_text(json_columns[name], value) if name in json_columns else cache_text(value)
-        for name, value in row.items()
-        if value is not None
-    }
-
-
 class CacheStore(RowStore, StoreReader):
     name = "cache"
 
@@ -280,11 +226,7 @@ class CacheStore(RowStore, StoreReader):
                             if raw == UNAVAILABLE:
                                 kept.append(field_name(name))
                             elif raw is not None and name in columns:
-                                column = columns[name]
-                                if column.base in ("json", "jsonb"):
-                                    text = json_text(column, raw)
-                                else:
-                                    text = cache_text(decode_value(column, raw))
+                                text = cache_field_text(columns[name], raw)
                                 pairs += [field_name(name), text]
                     except ValueDecodeError as exc:  # a value this store cannot hold
                         result.rejected.append((event, str(exc)[:500]))

@@ -12,9 +12,7 @@ document is read and merged before the write).
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -29,19 +27,11 @@ from cdc.core.errors import ConfigError, StoreError, StoreUnavailableError, Valu
 from cdc.core.settings import Settings
 from cdc.core.topics import topic_name
 from cdc.stores.base import Entry, Event, Rows, RowStore, StoreReader, WriteResult
-from cdc.stores.cache.store import cache_text
-from cdc.types.decode import UNAVAILABLE, decode_value
+from cdc.types.decode import UNAVAILABLE
 from cdc.types.keys import store_key_text
+from cdc.types.store_forms import document_form, document_value, field_mapping
 
-__all__ = [
-    "SearchStore",
-    "document_value",
-    "field_mapping",
-    "index_name",
-    "json_field",
-    "plain_value",
-    "search_version",
-]
+__all__ = ["SearchStore", "index_name", "search_version"]
 
 log = logging.getLogger(__name__)
 
@@ -80,79 +70,10 @@ def _written_before(stored: dict[str, Any], tombstone: Event) -> bool:
     )
 
 
-_NUMERIC = {
-    # integers as long and floats as double: widening a column's type in PostgreSQL
-    # never conflicts with the index's mapping
-    "int2": "long",
-    "int4": "long",
-    "int8": "long",
-    "oid": "long",
-    "float4": "double",
-    "float8": "double",
-    "numeric": "double",
-    "money": "double",
-}
-
-
 def index_name(prefix: str, table: str) -> str:
     """The table's index: its change topic's name (no character OpenSearch refuses), in
     lower case."""
     return topic_name(prefix, table).lower()
-
-
-def field_mapping(column: Column) -> dict[str, Any]:
-    """The OpenSearch field for a column (arrays map to their element's field)."""
-    base = column.base
-    # ignore_malformed: a value the field type cannot index (infinity dates, NaN
-    # numerics, which the document holds as text) is kept in _source, not refused
-    if base in _NUMERIC:
-        return {"type": _NUMERIC[base], "ignore_malformed": True}
-    if base == "bool":
-        return {"type": "boolean"}
-    if base in ("date", "timestamp", "timestamptz"):
-        return {"type": "date", "ignore_malformed": True}
-    if base in ("json", "jsonb"):
-        return {"type": "flat_object"}
-    if base == "bytea":
-        return {"type": "binary"}
-    if base in ("text", "varchar", "bpchar", "name", "citext"):
-        return {"type": "text", "fields": {"keyword": {"type": "keyword", "ignore_above": 256}}}
-    return {"type": "keyword"}  # uuid, enums, time, interval, inet...
-
-
-# a flat_object field holds JSON objects only: any other JSON value (an array, a string, a
-# number, a boolean) is indexed as the object {"_value": value}
-JSON_VALUE = "_value"
-
-
-def _json_object(value: Any) -> Any:
-    return value if value is None or isinstance(value, dict) else {JSON_VALUE: value}
-
-
-def json_field(column: Column, value: Any) -> Any:
-    """A json/jsonb column's decoded value as its flat_object field holds it."""
-    if column.is_array and isinstance(value, list):
-        return [_json_object(v) for v in value]
-    return _json_object(value)
-
-
-def document_value(column: Column, raw: Any) -> Any:
-    value = decode_value(column, raw)
-    if column.base in ("json", "jsonb"):
-        return json_field(column, value)
-    if value is None or isinstance(value, bool | int | str | dict):
-        return value
-    if isinstance(value, list):
-        return [plain_value(v) for v in value]
-    return plain_value(value)
-
-
-def plain_value(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return cache_text(value)  # "NaN", "Infinity": JSON has no number for them
-    if value is None or isinstance(value, bool | int | float | str | dict):
-        return value
-    return cache_text(value)
 
 
 _BULK_ACTIONS = 5000  # per bulk request
@@ -527,16 +448,7 @@ class SearchStore(RowStore, StoreReader):
         return rows
 
     def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
-        def plain(column: Column, value: Any) -> Any:
-            if column.base in ("json", "jsonb"):  # the source's text (JSON_TEXT), parsed
-                if isinstance(value, list):
-                    return json_field(column, [None if v is None else json.loads(v) for v in value])
-                return json_field(column, None if value is None else json.loads(value))
-            if isinstance(value, list):
-                return [plain(column, v) for v in value]
-            return plain_value(value)
-
-        return {c.name: plain(c, row.get(c.name)) for c in table.columns}
+        return {c.name: document_form(c, row.get(c.name)) for c in table.columns}
 
     def remove(self, table: Table, keys: list[str]) -> None:
         index = index_name(self.prefix, table.qualified)

@@ -5,49 +5,18 @@ from __future__ import annotations
 
 import json
 from abc import abstractmethod
-from datetime import UTC, date, datetime
-from datetime import time as clock
-from decimal import Decimal
 from typing import Any
 
-from cdc.core.catalog import Column, Table
+from cdc.core.catalog import Table
 from cdc.stores.base import Entry, Rows, StoreReader
 from cdc.stores.warehouse.history import TRUNCATE_OP, derived_history
 from cdc.stores.warehouse.tables import current_path, history_path, view_path
-from cdc.types.decode import Interval, decode_value, parse_interval
-from cdc.types.keys import key_text, shortest_real
+from cdc.types.decode import decode_value
+from cdc.types.keys import key_text
 from cdc.types.spark_types import quoted as q
+from cdc.types.store_forms import warehouse_value
 
-__all__ = ["WarehouseReader", "any_of", "warehouse_value"]
-
-
-def warehouse_value(column: Column, value: Any) -> Any:
-    """A value from either side (psycopg's, Delta's) in one form: text for most types."""
-    if value is None:
-        return None
-    if isinstance(value, list):
-        return [warehouse_value(column, v) for v in value]
-    base = column.base
-    if base in ("json", "jsonb"):  # text on both sides, compared as such (JSON_TEXT)
-        return value
-    if base == "interval":
-        parsed = parse_interval(value) if isinstance(value, str) else value
-        return json.dumps(parsed.__dict__) if isinstance(parsed, Interval) else str(parsed)
-    if isinstance(value, datetime):
-        if value.tzinfo is not None:
-            value = value.astimezone(UTC).replace(tzinfo=None)
-        return value.isoformat()
-    if isinstance(value, clock):
-        return value.strftime("%H:%M:%S.%f")
-    if isinstance(value, date):
-        return value.isoformat()
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value).hex()
-    if base == "float4":
-        return shortest_real(value)
-    if isinstance(value, Decimal):
-        return str(value)
-    return str(value) if not isinstance(value, bool | int | float) else value
+__all__ = ["WarehouseReader", "any_of"]
 
 
 _REMOVE_BATCH = 1000
