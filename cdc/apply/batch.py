@@ -21,7 +21,6 @@ import functools
 import logging
 import math
 import os
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +45,7 @@ from cdc.core.errors import (
     StoreUnavailableError,
 )
 from cdc.core.postgres import ping_source
+from cdc.core.say import on_stderr
 from cdc.core.settings import Settings
 from cdc.core.topics import change_topic
 from cdc.log.arrow_events import ArrowBatch, decode_records
@@ -64,7 +64,7 @@ from cdc.stores.registry import executor_settings, make_row_store
 from cdc.types.arrow_types import decodable
 from cdc.types.spark_types import may_hold_placeholder, unheld_columns
 
-__all__ = ["BULK_EVENTS", "BatchWriter", "say", "unavailable_reason", "wait_for"]
+__all__ = ["BULK_EVENTS", "BatchWriter", "apply_say", "unavailable_reason", "wait_for"]
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class BatchWriter:
                 waited = True
                 continue
             if waited:
-                say(f"{name}: answers again; batch {batch_id} written")
+                apply_say(f"{name}: answers again; batch {batch_id} written")
             return
 
     def write_once(self, batch: Any, batch_id: int) -> None:
@@ -133,7 +133,7 @@ class BatchWriter:
         started_ms = int(time.time() * 1000)  # events' ages are counted from here
         tables, wal = self.source.read()
         self.check_relations(read=False)
-        check_rewrites(self.settings, tables.values(), say)
+        check_rewrites(self.settings, tables.values(), apply_say)
         topics = {change_topic(self.settings.pipeline, t): t for t in [*tables, TRUNCATIONS_TABLE]}
         batch = self.generated_columns(batch, topics, tables)
         progress, behind = self.guard(topics, wal)
@@ -706,9 +706,8 @@ def unavailable_reason(
     return text[text.rindex(marker) + len(marker) :].splitlines()[0].strip()
 
 
-def say(line: str) -> None:
-    """One line for the person running `cdc apply` (a store's state changed)."""
-    print(f"cdc apply: {line}", file=sys.stderr, flush=True)
+# the lines for the person running `cdc apply` (a store's state changed)
+apply_say = on_stderr("cdc apply")
 
 
 def wait_for(
@@ -716,7 +715,7 @@ def wait_for(
 ) -> None:
     """Wait until `ping` passes (the store, or PostgreSQL, answers again), saying so once,
     and showing it in `cdc status` (the progress record's `waiting`) meanwhile."""
-    say(f"{store}: {why}; batch {batch_id} waits (nothing committed or dropped)")
+    apply_say(f"{store}: {why}; batch {batch_id} waits (nothing committed or dropped)")
     set_waiting(settings, store, why)
     pause = 1.0
     try:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from cdc.apply.batch import BatchWriter, say, wait_for
+from cdc.apply.batch import BatchWriter, apply_say, wait_for
 from cdc.apply.warehouse_process import WarehouseProcess
 from cdc.capture.rewrites import check_rewrites
 from cdc.capture.source import captured_tables
@@ -64,7 +64,7 @@ def run_apply(
     """Run the apply job. once: apply what the topics hold now, then return."""
     spark = spark_session(settings, f"cdc-apply-{settings.pipeline.name}")
     tables = captured_tables(settings)
-    check_rewrites(settings, tables.values(), say)  # DDL while the job was down
+    check_rewrites(settings, tables.values(), apply_say)  # DDL while the job was down
     selected = stores or list(settings.apply.stores)
     apart = None  # the warehouse, in a process of its own (cdc/apply/warehouse_process)
     own = able(selected, "apart")  # beside other stores, in a process of its own
@@ -111,9 +111,9 @@ def _publishing(settings: Settings, selected: list[str], once: bool) -> Iterator
     def publish() -> None:
         while not done.is_set():
             try:
-                publisher.publish_all(say)
+                publisher.publish_all(apply_say)
             except Exception as exc:  # e.g. the catalog unreachable: said, tried again
-                say(f"iceberg: not published ({failure_line(exc)}); trying again")
+                apply_say(f"iceberg: not published ({failure_line(exc)}); trying again")
             done.wait(max(settings.apply.trigger_interval_s, 1.0))
 
     thread = None if once else threading.Thread(target=publish, name="iceberg", daemon=True)
@@ -126,7 +126,7 @@ def _publishing(settings: Settings, selected: list[str], once: bool) -> Iterator
         if thread is not None:
             thread.join(60)
     if once:
-        publisher.publish_all(say, strict=True)
+        publisher.publish_all(apply_say, strict=True)
 
 
 def _run_queries(
@@ -144,7 +144,7 @@ def _run_queries(
     if apart is not None:
         apart.start()
         nice = settings.apply.warehouse_nice
-        say(f"warehouse: in a process of its own (pid {apart.pid}, nice {nice})")
+        apply_say(f"warehouse: in a process of its own (pid {apart.pid}, nice {nice})")
     if once:
         try:
             for query in queries.values():
@@ -174,7 +174,9 @@ def _run_queries(
                 # and start it again from its checkpoint, as a restart of `cdc apply` would
                 failures[name] = failures.get(name, 0) + 1
                 pause = min(2 ** failures[name], 60)
-                say(f"{name}: stopped ({failure_line(error)}); starting it again in {pause} s")
+                apply_say(
+                    f"{name}: stopped ({failure_line(error)}); starting it again in {pause} s"
+                )
                 if stop is not None and stop.wait(pause):
                     return
                 if stop is None:
@@ -182,7 +184,7 @@ def _run_queries(
                 try:
                     queries[name] = starters[name]()
                 except Exception as exc:  # e.g. Kafka not back yet: the next round tries again
-                    say(f"{name}: could not start again ({failure_line(exc)})")
+                    apply_say(f"{name}: could not start again ({failure_line(exc)})")
                     continue
                 if name in late.queries:
                     windows[name] = queries[name]
@@ -222,7 +224,7 @@ def _watch_apart(
     failures["warehouse"] = failures.get("warehouse", 0) + 1
     pause = min(2 ** failures["warehouse"], 60)
     how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-    say(
+    apply_say(
         f"warehouse: its process exited ({how}{'; ' + said if said else ''}); "
         f"starting it again in {pause} s"
     )

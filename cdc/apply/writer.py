@@ -21,8 +21,8 @@ import orjson
 from cdc.core.catalog import Table
 from cdc.log.envelope import NOT_A_CHANGE_EVENT, parse_value
 from cdc.log.freshness import age_bucket
-from cdc.log.position import supersedes
-from cdc.stores.base import Event, RowStore
+from cdc.log.position import Event, supersedes
+from cdc.stores.base import RowStore
 from cdc.types.decode import UNAVAILABLE, mark_unavailable
 
 __all__ = ["RESULT_DDL", "partition_writer", "result_schema"]

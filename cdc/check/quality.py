@@ -259,7 +259,7 @@ def expectations(
         compared[table.qualified] = Check(table.qualified, what, None, False, "no Delta table")
     for table in present:
         if any("%" in n for n in (table.schema, table.name, *(c.name for c in _summed(table)))):
-            # GE's SQL datasource answers nothing for a query naming one (found by a test)
+            # GE's SQL datasource answers nothing for a query naming one
             compared[table.qualified] = Check(
                 table.qualified, what, None, True, "not compared: a name holds %"
             )

@@ -18,7 +18,7 @@ from cdc.capture.slot import slot_row, standby_slots
 from cdc.capture.snapshots import read_ranges, read_state
 from cdc.core.catalog import describe_table, published_tables, selected_tables
 from cdc.core.errors import CdcError, SourceError
-from cdc.core.identity import acknowledged, drift, recorded_since
+from cdc.core.identity import acknowledged, recorded_since, table_changes
 from cdc.core.postgres import admin_connection
 from cdc.core.settings import Settings
 from cdc.core.topics import (
@@ -107,7 +107,7 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
             )
             status.slot = slot_row(conn, pipe.slot, pipe.wal_retained_warn_bytes, standbys)
             published = published_tables(conn, pipe.publication)
-            found = drift(conn, pipe.name, published, selected_tables(conn, pipe))
+            found = table_changes(conn, pipe.name, published, selected_tables(conn, pipe))
             since = recorded_since(conn, pipe.name)
             acks = acknowledged(conn, pipe.name)
             if tables is None:

@@ -209,10 +209,10 @@ def _digest(form: dict[str, Any]) -> bytes:
     return hashlib.sha1(text.encode()).digest()
 
 
-Form = Callable[[Table, dict[str, Any]], dict[str, Any]]
+RowForm = Callable[[Table, dict[str, Any]], dict[str, Any]]
 
 
-def _compare(store: str, form: Form, table: Table, source: Rows, held: Rows) -> Drift:
+def _compare(store: str, form: RowForm, table: Table, source: Rows, held: Rows) -> Drift:
     """`store`'s rows `held` (in its comparison form) against the source's rows: each
     row's content hash on either side, compared key by key."""
     drift = Drift(store, table.qualified, len(source), len(held))

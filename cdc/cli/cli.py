@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from cdc.cli.output import Form, Output, RowsForm, console
+from cdc.cli.output import Output, OutputForm, RowsForm, console
 from cdc.cli.render import pipeline_table, status_table, verify_tables
 from cdc.core.catalog import Table
 from cdc.core.errors import CdcError, ConfigError
@@ -37,7 +37,7 @@ app = typer.Typer(
 )
 err = console(stderr=True)
 OutputOption = Annotated[
-    Form, typer.Option("--output", "-o", help="text for people, json for scripts")
+    OutputForm, typer.Option("--output", "-o", help="text for people, json for scripts")
 ]
 RowsOutputOption = Annotated[
     RowsForm, typer.Option("--output", "-o", help="text for people, json or csv for scripts")
@@ -64,7 +64,8 @@ def settings() -> Settings:
     return load_settings()
 
 
-def say(message: str) -> None:
+def console_say(message: str) -> None:
+    """The CLI's Say: a line on standard error, dim-dotted, as text (no markup)."""
     err.print(Text.assemble(("·", "dim"), " ", message), highlight=False)  # text, no markup
 
 
@@ -76,7 +77,7 @@ def up() -> None:
     each with its state and log under data_dir.
     """
     stack = Stack(settings())
-    stack.up(say)
+    stack.up(console_say)
     # a cluster made just now has a generated password the settings were loaded without
     _print_status(Stack(local_admin_password(stack.settings)), Output())
 
@@ -111,15 +112,15 @@ def down(
             )
             raise typer.Exit(2)
         typer.confirm(f"This removes {where}. Continue?", abort=True)
-    stopped = stack.down(say=say)
+    stopped = stack.down(say=console_say)
     if plan is not None:
-        stack.purge(plan, say)
+        stack.purge(plan, console_say)
     elif not stopped:
-        say("nothing was running")
+        console_say("nothing was running")
 
 
 @app.command()
-def status(output: OutputOption = Form.text) -> None:
+def status(output: OutputOption = OutputForm.text) -> None:
     """Show the health of each component and of the pipeline, per store.
 
     Each component: up or down, address, version, and its details (connectors, tasks),
@@ -156,7 +157,7 @@ def _print_status(stack: Stack, output: Output) -> bool:
 
 
 @app.command("config")
-def show_config(output: OutputOption = Form.text) -> None:
+def show_config(output: OutputOption = OutputForm.text) -> None:
     """Show the settings in force (secrets masked) and where they come from."""
     masked = settings().masked()
     lines: list[str | Text] = []
@@ -194,9 +195,11 @@ def demo(
     """
     from cdc.cli.demo import run_demo
 
-    result = run_demo(settings(), Output().console, say, keep=keep, duration=duration, rate=rate)
+    result = run_demo(
+        settings(), Output().console, console_say, keep=keep, duration=duration, rate=rate
+    )
     if result.interrupted:
-        say("stopped (Ctrl-C); the stack keeps running: `cdc down` stops it")
+        console_say("stopped (Ctrl-C); the stack keeps running: `cdc down` stops it")
         raise typer.Exit(130)
     if not result.ok:
         raise typer.Exit(1)
@@ -204,7 +207,7 @@ def demo(
 
 @app.command()
 def setup(
-    output: OutputOption = Form.text,
+    output: OutputOption = OutputForm.text,
     print_sql: Annotated[
         bool,
         typer.Option(
@@ -234,7 +237,7 @@ def setup(
     Output(output).emit(
         result.__dict__, *(f"{t} -> {change_topic(s.pipeline, t)}" for t in result.tables)
     )
-    if output is not Form.text:
+    if output is not OutputForm.text:
         return
     for label, items in (
         ("created topics", result.topics_created),
@@ -249,11 +252,11 @@ def setup(
         ("backfill started", result.backfills),
     ):
         if items:
-            say(f"{label}: {', '.join(items)}")
+            console_say(f"{label}: {', '.join(items)}")
 
 
 @app.command()
-def snapshot(output: OutputOption = Form.text) -> None:
+def snapshot(output: OutputOption = OutputForm.text) -> None:
     """Take the initial snapshot at the slot's consistent point, then start streaming.
 
     Creates the slot with an exported snapshot, reads every captured table under
@@ -265,7 +268,7 @@ def snapshot(output: OutputOption = Form.text) -> None:
     """
     from cdc.capture.initial_snapshot import run_snapshot
 
-    result = run_snapshot(settings(), err, say)
+    result = run_snapshot(settings(), err, console_say)
     rate = result.total_rows / result.seconds if result.seconds else 0
     said = (
         f"snapshot at LSN {result.lsn}: {result.total_rows} rows from {len(result.rows)} "
@@ -318,12 +321,12 @@ def backfill(
         if stop:
             data["data-collections"] = [table if "." in table else f"public.{table}"]  # type: ignore[assignment,operator]
         send_signal(s, kind, data)
-        say(f"sent {kind}")
+        console_say(f"sent {kind}")
         return
     if not table:
         raise typer.BadParameter("name the TABLE to backfill")
     signal, offset = start_backfill(s, table, where)
-    say(f"backfill of {table} requested" + (f" (where {where})" if where else ""))
+    console_say(f"backfill of {table} requested" + (f" (where {where})" if where else ""))
     if no_wait:
         return
     with Progress(
@@ -380,7 +383,9 @@ def apply_(
     s = settings()
     stores = store or list(s.apply.stores)
     _check_stores(stores)
-    say(f"applying pipeline {s.pipeline.name} to {', '.join(stores)}" + (" once" if once else ""))
+    console_say(
+        f"applying pipeline {s.pipeline.name} to {', '.join(stores)}" + (" once" if once else "")
+    )
     run_apply(s, stores, once=once)
 
 
@@ -451,7 +456,7 @@ def get(
     store: Annotated[
         str, typer.Option("--store", "-s", help=store_help("default: cache"))
     ] = "cache",
-    output: OutputOption = Form.text,
+    output: OutputOption = OutputForm.text,
 ) -> None:
     """Read what a store holds for a row: its fields and the position that wrote them."""
     from cdc.check.query import store_entry
@@ -459,7 +464,7 @@ def get(
     _check_stores([store])
     s = settings()
     entry = store_entry(s, store, _captured_table(s, table), key)
-    if output is Form.json:
+    if output is OutputForm.json:
         Output(output).emit(entry)
     else:  # a row per field
         Output(output).rows(["field", "value"], sorted(entry.items()))
@@ -481,7 +486,7 @@ def verify(
         bool,
         typer.Option("--repair", help="backfill the drifted keys (or table), then verify again"),
     ] = False,
-    output: OutputOption = Form.text,
+    output: OutputOption = OutputForm.text,
 ) -> None:
     """Reconcile each store with the source at a consistent cut; exit 1 on drift.
 
@@ -503,7 +508,7 @@ def _reconcile(
     stores: list[str],
     timeout: float,
     repair: bool,
-    output: Form,
+    output: OutputForm,
     quality: bool = True,
 ) -> None:
     """`cdc verify` of `table` (every captured one if None) in `stores`; exit 1 on drift.
@@ -517,8 +522,8 @@ def _reconcile(
     with admin_connection(s) as conn:
         names = table or published_tables(conn, s.pipeline.publication)
     tables = [_captured_table(s, name) for name in names]
-    mending = functools.partial(mend, s, tables, say=say) if repair else None
-    report = reconcile(s, tables, stores, timeout, mend=mending, say=say, quality=quality)
+    mending = functools.partial(mend, s, tables, say=console_say) if repair else None
+    report = reconcile(s, tables, stores, timeout, mend=mending, say=console_say, quality=quality)
     report.held_back = held_back(s)
     Output(output).emit(report.as_dict(), *verify_tables(report))
     if not report.ok:
@@ -530,7 +535,7 @@ def resync(
     timeout: Annotated[
         float, typer.Option("--timeout", help="seconds to wait for the stores to reach the cut")
     ] = 600.0,
-    output: OutputOption = Form.text,
+    output: OutputOption = OutputForm.text,
 ) -> None:
     """After PostgreSQL lost the pipeline's slot: stream again, and mend only the gap.
 
@@ -545,8 +550,8 @@ def resync(
     from cdc.capture.resync import resync_slot
 
     s = settings()
-    result = resync_slot(s, say)
-    say(
+    result = resync_slot(s, console_say)
+    console_say(
         f"streaming from {result.lsn}; the changes after {result.lost_at or 'the lost slot'} "
         "and before it are mended from the source: verifying every store"
     )
@@ -576,7 +581,7 @@ def metrics(
         server = serve(lambda: (stack.status(), pipeline_status(s)), port, host)
     except OSError as exc:
         raise CdcError(f"cannot listen on {host}:{port} ({exc.strerror}): use --port") from None
-    say(f"metrics at http://{host}:{port}/metrics (Ctrl-C stops)")
+    console_say(f"metrics at http://{host}:{port}/metrics (Ctrl-C stops)")
     try:
         while True:
             time.sleep(3600)
@@ -589,7 +594,7 @@ app.add_typer(tables_app, name="tables")
 
 
 @tables_app.command("list")
-def tables_list(output: OutputOption = Form.text) -> None:
+def tables_list(output: OutputOption = OutputForm.text) -> None:
     """The tables the settings select, with their keys and topics."""
     from cdc.core.catalog import resolve_tables
     from cdc.core.postgres import admin_connection
@@ -628,8 +633,8 @@ def _edit_tables(add: list[str], remove: list[str]) -> None:
         setup_sql(load_settings(pipeline={"tables": tables}))
 
     path, tables = edit_tables(add, remove, check)
-    say(f"{path}: pipeline.tables = {tables}")
-    setup(Form.text)
+    console_say(f"{path}: pipeline.tables = {tables}")
+    setup(OutputForm.text)
 
 
 dlq_app = typer.Typer(
@@ -644,7 +649,7 @@ StoreOption = Annotated[str | None, typer.Option("--store", "-s", help=store_hel
 def dlq_list(
     store: StoreOption = None,
     limit: Annotated[int, typer.Option("--limit", "-n", help="the newest N")] = 50,
-    output: OutputOption = Form.text,
+    output: OutputOption = OutputForm.text,
 ) -> None:
     """The dead letters: store, error, and where each change came from."""
     from cdc.apply.dead_letters import read_dead_letters
@@ -660,7 +665,7 @@ def dlq_list(
             for x in shown
         ),
     )
-    say(
+    console_say(
         f"{len(letters)} dead letter(s)"
         + (f", the newest {len(shown)} shown" if shown != letters else "")
     )
@@ -676,12 +681,12 @@ def dlq_replay(store: StoreOption = None) -> None:
     _check_stores([store] if store else [])
     s = settings()
     stores: list[str] = [store] if store else list(s.apply.stores)
-    replayed = replay_dead_letters(s, stores, say)
+    replayed = replay_dead_letters(s, stores, console_say)
     if not replayed:
-        say("no dead letters to replay")
+        console_say("no dead letters to replay")
         return
     for table, keys in sorted(replayed.items()):
-        say(f"{table}: {keys} key(s) backfilled; `cdc apply` writes them")
+        console_say(f"{table}: {keys} key(s) backfilled; `cdc apply` writes them")
 
 
 @app.command()
@@ -709,13 +714,13 @@ def rebuild(
         if not sys.stdin.isatty():
             raise typer.BadParameter(f"rebuilding {what} needs confirmation: pass --yes")
         typer.confirm(f"Empty and rebuild {what}?", abort=True)
-    chosen = reset_store(s, store, names or None, say)
+    chosen = reset_store(s, store, names or None, console_say)
     for name in chosen:
         signal, offset = start_backfill(s, name)
-        say(f"backfilling {name} through the log")
+        console_say(f"backfilling {name} through the log")
         done = watch_backfill(s, offset, lambda p: None, signal_id=signal)
-        say(f"backfill of {name} completed: {done.rows_scanned or 0} rows read")
-    say(f"now run `cdc apply` (or `cdc apply --store {store}`): it rebuilds the {store}")
+        console_say(f"backfill of {name} completed: {done.rows_scanned or 0} rows read")
+    console_say(f"now run `cdc apply` (or `cdc apply --store {store}`): it rebuilds the {store}")
 
 
 @app.command()
@@ -747,20 +752,20 @@ def drop(
             raise typer.BadParameter(f"dropping {what} needs confirmation: pass --yes")
         typer.confirm(f"Drop {what}?", abort=True)
     gone = drop_pipeline(s)
-    say("removed " + (", ".join(gone) if gone else "nothing (there was no pipeline)"))
+    console_say("removed " + (", ".join(gone) if gone else "nothing (there was no pipeline)"))
     role = pipe.replication_user
     if drop_role is None:
         drop_role = sys.stdin.isatty() and typer.confirm(
             f"Also drop the replication role {role}?", default=False
         )
     if not drop_role:
-        say(f"replication role {role} kept (drop it with `cdc drop --drop-role`)")
+        console_say(f"replication role {role} kept (drop it with `cdc drop --drop-role`)")
         return
     dropped, others = drop_replication_role(s)
     if others:
-        say(f"replication role {role} kept: still used by {', '.join(others)}")
+        console_say(f"replication role {role} kept: still used by {', '.join(others)}")
     else:
-        say(f"replication role {role} " + ("dropped" if dropped else "did not exist"))
+        console_say(f"replication role {role} " + ("dropped" if dropped else "did not exist"))
 
 
 def _reflowed(text: str) -> str:

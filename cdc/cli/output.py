@@ -16,7 +16,7 @@ from rich.console import Console, RenderableType
 from rich.table import Column, Table
 from rich.text import Text
 
-__all__ = ["Form", "Output", "RowsForm", "console", "shown"]
+__all__ = ["Output", "OutputForm", "RowsForm", "console", "shown"]
 
 # C0 and C1 control characters but tab and newline: a value holding ESC could move the
 # cursor, retitle the window or write the clipboard (OSC 52) of whoever reads it
@@ -28,7 +28,7 @@ def shown(value: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", value)
 
 
-class Form(StrEnum):
+class OutputForm(StrEnum):
     text = "text"
     json = "json"
 
@@ -51,7 +51,9 @@ def console(stderr: bool = False) -> Console:
 class Output:
     """A command's standard output in one form."""
 
-    def __init__(self, form: Form | RowsForm = Form.text, out: Console | None = None) -> None:
+    def __init__(
+        self, form: OutputForm | RowsForm = OutputForm.text, out: Console | None = None
+    ) -> None:
         self.form = form.value
         self.console = out or console()
 

@@ -23,24 +23,24 @@ from cdc.core.catalog import DEBEZIUM_PLACEHOLDER, Table
 
 __all__ = [
     "CAPTURED_TABLE",
-    "Drift",
+    "TableChanges",
     "acknowledge_all",
     "acknowledged",
     "current_relations",
-    "drift",
     "partitions_gone",
     "placeholder_statement",
     "record_captured",
     "recorded",
     "recorded_since",
     "reused",
+    "table_changes",
 ]
 
 CAPTURED_TABLE = "cdc.captured"
 
 
 @dataclass(frozen=True)
-class Drift:
+class TableChanges:
     """What happened to the pipeline's tables since it last recorded them."""
 
     renamed: list[tuple[str, str]] = field(default_factory=list)  # (captured as, now)
@@ -223,9 +223,9 @@ def partitions_gone(conn: psycopg.Connection[Any], pipeline: str) -> dict[str, i
     return {str(name): int(n) for name, n in rows if n}
 
 
-def drift(
+def table_changes(
     conn: psycopg.Connection[Any], pipeline: str, published: Sequence[str], selected: Sequence[str]
-) -> Drift:
+) -> TableChanges:
     """Compare what `pipeline` recorded with the catalog: `published` are the names its
     publication holds now, `selected` the existing tables its settings select."""
     before = recorded(conn, pipeline) or {}
@@ -240,7 +240,7 @@ def drift(
     renamed = [(name, now[oid]) for oid, name in before.items() if oid in now and now[oid] != name]
     dropped = [name for oid, name in before.items() if oid not in now]
     uncaptured = [name for name in selected if name not in published]
-    return Drift(
+    return TableChanges(
         sorted(renamed),
         sorted(dropped),
         sorted(uncaptured),

@@ -7,10 +7,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["Say", "quiet"]
+__all__ = ["Say", "on_stderr", "quiet"]
 
 Say = Callable[[str], None]
 
 
 def quiet(line: str) -> None:
     """Say nothing."""
+
+
+def on_stderr(who: str) -> Say:
+    """A Say that prints each line to standard error as `<who>: <line>` (a process whose
+    output a person or a parent process reads line by line)."""
+    import sys
+
+    def say(line: str) -> None:
+        print(f"{who}: {line}", file=sys.stderr, flush=True)
+
+    return say

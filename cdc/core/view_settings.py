@@ -67,10 +67,9 @@ class _ViewSettings(BaseModel):
             if name in cls.model_fields:
                 kept[name] = value
             elif name == "window" and kind == "session":
-                if value != "1 minute":  # (the default, as a dump of an older version holds it)
-                    raise ValueError(
-                        f"window {data.get('name')} is a session window: it has a gap, not a window"
-                    )
+                raise ValueError(
+                    f"window {data.get('name')} is a session window: it has a gap, not a window"
+                )
             elif name in _KIND_OF_FIELD and value not in (None, {}, []):
                 raise ValueError(
                     f"{what} {data.get('name')} is {kind}: {name} is for "

@@ -1,5 +1,5 @@
 """The write rule every store follows (contract point 4), stated once: the model
-(`apply_changes` over `Change` and `Stored`), and from it what each store runs: the
+(`apply_changes` over `Event` and `Stored`), and from it what each store runs: the
 Python writer's choice of a key's newest change in a batch (`supersedes`), the
 warehouse MERGE's and TRUNCATE's condition (`older_sql`), and the cache's Lua
 (`older_lua`). The search index keeps it with OpenSearch's external versions, a
@@ -36,7 +36,7 @@ from typing import Any
 
 __all__ = [
     "ORDER",
-    "Change",
+    "Event",
     "Position",
     "Stored",
     "apply_changes",
@@ -54,14 +54,25 @@ Position = tuple[int, int]  # (commit_lsn, lsn)
 
 
 @dataclass(frozen=True)
-class Change:
-    """One event of a change topic, as the stores see it (position None: a tombstone)."""
+class Event:
+    """One change event of a change topic, as the stores and the write rule see it: its
+    envelope parsed (cdc/log/envelope.py), its values still as Debezium encodes them."""
 
-    key: Hashable
+    table: str
+    key: str  # the key's JSON text, as in the topic
     partition: int
     offset: int
-    position: Position | None
-    row: Mapping[str, Any] | None  # None: the key was deleted (a delete or a tombstone)
+    op: str  # c, u, r, d
+    after: dict[str, Any] | None  # Debezium-encoded values (None for deletes)
+    commit_ms: int | None
+    lsn: int | None
+    commit_lsn: int | None = None  # with lsn, the change's position (None: a tombstone)
+
+    @property
+    def position(self) -> tuple[int, int] | None:
+        if self.commit_lsn is None or self.lsn is None:
+            return None
+        return (self.commit_lsn, self.lsn)
 
 
 @dataclass(frozen=True)
@@ -96,10 +107,10 @@ def supersedes(
     return seen is None or position > seen
 
 
-def newest_per_key(changes: Iterable[Change]) -> dict[Hashable, Change]:
+def newest_per_key(changes: Iterable[Event]) -> dict[Hashable, Event]:
     """Each key's newest change in a batch: the highest position; a tombstone only when it
     is the last record of its key and no change of the key shares the batch."""
-    newest: dict[Hashable, Change] = {}
+    newest: dict[Hashable, Event] = {}
     for change in changes:
         seen = newest.get(change.key)
         if seen is None or supersedes(change.position, change.offset, seen.position, seen.offset):
@@ -135,7 +146,7 @@ def older_lua(prefix: str = "_") -> str:
 end"""
 
 
-def apply_changes(state: dict[Hashable, Stored], batch: Iterable[Change]) -> None:
+def apply_changes(state: dict[Hashable, Stored], batch: Iterable[Event]) -> None:
     """Apply one micro-batch to state by the write rule (the model every store implements)."""
     for key, change in newest_per_key(batch).items():
         stored = state.get(key)
@@ -143,4 +154,4 @@ def apply_changes(state: dict[Hashable, Stored], batch: Iterable[Change]) -> Non
             if stored is not None and stored.row is not None and stored.offset < change.offset:
                 state[key] = Stored(below(stored.position), None, change.offset)
         elif is_newer(change.position, stored):
-            state[key] = Stored(change.position, change.row, change.offset)
+            state[key] = Stored(change.position, change.after, change.offset)

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdc.core.catalog import Table
+from cdc.log.position import Event
 
 __all__ = [
     "Entry",
-    "Event",
     "FrameStore",
     "RowStore",
     "Rows",
@@ -31,27 +31,6 @@ __all__ = [
 # a table's rows as verify compares them: by key text (cdc/types/keys.py), each row
 # in its store's comparison form
 Rows = dict[str, dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class Event:
-    """A key's last change in a batch, decoded for Python stores."""
-
-    table: str
-    key: str  # the key's JSON text, as in the topic
-    partition: int
-    offset: int
-    op: str  # c, u, r, d
-    after: dict[str, Any] | None  # Debezium-encoded values (None for deletes)
-    commit_ms: int | None
-    lsn: int | None
-    commit_lsn: int | None = None  # with lsn, the change's position (None: a tombstone)
-
-    @property
-    def position(self) -> tuple[int, int] | None:
-        if self.commit_lsn is None or self.lsn is None:
-            return None
-        return (self.commit_lsn, self.lsn)
 
 
 @dataclass

@@ -32,9 +32,9 @@ __all__ = [
     "AfterBatchView",
     "Branch",
     "Expected",
-    "Form",
     "ReferencingJoin",
     "StreamingView",
+    "ValueForm",
     "Verifier",
     "View",
     "as_frame",
@@ -52,7 +52,7 @@ def as_frame(spark: Any, rows: Any) -> Any:
 NOW = -(2**62)  # a row due at once: written as soon as what makes it is read
 
 # a value of either side in one comparable form (the warehouse's, warehouse_value)
-Form = Callable[[Column, Any], Any]
+ValueForm = Callable[[Column, Any], Any]
 # a view's rows computed from the log: per row's key, its values and when it is due (ms)
 Expected = dict[Any, tuple[Any, int]]
 
@@ -147,14 +147,14 @@ class View:
         raise NotImplementedError
 
     def expected(
-        self, tables: dict[str, Table], logs: dict[str, list[ChangeRecord]], form: Form
+        self, tables: dict[str, Table], logs: dict[str, list[ChangeRecord]], form: ValueForm
     ) -> Expected:
         """Its rows computed again from the change logs (`logs`: per table), each with
         when it is due, every value in `form` (a view compared with its source has
         none)."""
         raise NotImplementedError
 
-    def held(self, frame: DataFrame, tables: dict[str, Table], form: Form) -> dict[Any, Any]:
+    def held(self, frame: DataFrame, tables: dict[str, Table], form: ValueForm) -> dict[Any, Any]:
         """Its rows in the warehouse (`frame`), keyed and valued as `expected`."""
         raise NotImplementedError
 

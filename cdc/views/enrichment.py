@@ -42,7 +42,7 @@ from cdc.stores.warehouse.native import datafusion_quoted as dq
 from cdc.types.decode import decode_value
 from cdc.types.spark_types import quoted as q
 from cdc.types.spark_types import spark_type
-from cdc.views.base import NOW, Expected, Form, ReferencingJoin, Verifier, as_frame
+from cdc.views.base import NOW, Expected, ReferencingJoin, ValueForm, Verifier, as_frame
 from cdc.views.streams import logged_changes
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ class EnrichmentView(ReferencingJoin):
         )
 
     def expected(
-        self, tables: dict[str, Table], logs: dict[str, list[ChangeRecord]], form: Form
+        self, tables: dict[str, Table], logs: dict[str, list[ChangeRecord]], form: ValueForm
     ) -> Expected:
         """Per creation event of the stream table ((its key values..., commit LSN,
         LSN)): the referenced columns as of its position, due at once (`logs` also holds
@@ -148,7 +148,7 @@ class EnrichmentView(ReferencingJoin):
             )
         return expected
 
-    def held(self, frame: DataFrame, tables: dict[str, Table], form: Form) -> dict[Any, Any]:
+    def held(self, frame: DataFrame, tables: dict[str, Table], form: ValueForm) -> dict[Any, Any]:
         join = self.settings
         stream, referenced = tables[join.table], tables[join.references]
         carried = [referenced.column(c) for c in join.columns]

@@ -16,11 +16,11 @@ from cdc.stores.warehouse.native import NativeWriter
 from cdc.stores.warehouse.tables import view_path
 from cdc.types.spark_types import quoted as q
 from cdc.types.spark_types import spark_type
-from cdc.views.base import NOW, Branch, Expected, Form, StreamingView, Verifier
+from cdc.views.base import NOW, Branch, Expected, StreamingView, ValueForm, Verifier
 from cdc.views.streams import (
     LoggedChange,
+    definition_of,
     events,
-    legacy_definition,
     logged_changes,
     merged_into,
     start_afresh,
@@ -34,20 +34,6 @@ __all__ = ["JOIN_COLUMNS", "StreamJoinView", "first_ends"]
 
 # a stream-stream join's columns after the start's key and before the end's carried ones
 JOIN_COLUMNS = ("start_ts", "end_ts", "elapsed_s")
-
-# every field of the one settings class joins had before the classes per kind, in order
-_FIELDS_BEFORE: dict[str, Any] = {
-    "name": None,
-    "kind": "table",
-    "table": None,
-    "references": None,
-    "on": None,
-    "columns": [],
-    "prefix": None,
-    "when": {},
-    "within": None,
-    "watermark": "10 minutes",
-}
 
 
 class StreamJoinView(StreamingView):
@@ -65,7 +51,7 @@ class StreamJoinView(StreamingView):
         return by.at_watermark(self)
 
     def definition(self) -> str:
-        return legacy_definition(self.settings, _FIELDS_BEFORE)
+        return definition_of(self.settings)
 
     def check_settings(self, tables: dict[str, Table], pipeline: str) -> None:
         super().check_settings(tables, pipeline)
@@ -174,7 +160,7 @@ class StreamJoinView(StreamingView):
         return Branch(joined, write)
 
     def expected(
-        self, tables: dict[str, Table], logs: dict[str, list[ChangeRecord]], form: Form
+        self, tables: dict[str, Table], logs: dict[str, list[ChangeRecord]], form: ValueForm
     ) -> Expected:
         """Per start (its key's value, position): its first end's commit time and
         carried values, due at once; without one, NULLs, due `within` after the start."""
@@ -198,7 +184,7 @@ class StreamJoinView(StreamingView):
             for k, (v, due) in raw.items()
         }
 
-    def held(self, frame: DataFrame, tables: dict[str, Table], form: Form) -> dict[Any, Any]:
+    def held(self, frame: DataFrame, tables: dict[str, Table], form: ValueForm) -> dict[Any, Any]:
         join = self.settings
         start, end = tables[join.table], tables[join.references]
         (key,) = start.key

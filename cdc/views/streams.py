@@ -55,8 +55,8 @@ __all__ = [
     "PLAN",
     "LoggedChange",
     "appended_to",
+    "definition_of",
     "events",
-    "legacy_definition",
     "logged_changes",
     "merged_into",
     "start_afresh",
@@ -70,13 +70,11 @@ __all__ = [
 PLAN = 2
 
 
-def legacy_definition(view: ViewSettings, fields: dict[str, Any]) -> str:
-    """The view's definition as the settings of one class for every kind wrote it
-    (`fields`: every field then, in order, with its default), so that checkpoints
-    written before the classes per kind keep their definition."""
+def definition_of(view: ViewSettings) -> str:
+    """What a streaming view's checkpoint is written for: its settings (every field, the
+    defaults too) and the plan's shape."""
     given = view.model_dump(mode="json")
-    held = {name: given.get(name, default) for name, default in fields.items()}
-    return f"{json.dumps(held, separators=(',', ':'), ensure_ascii=False)} plan {PLAN}"
+    return f"{json.dumps(given, separators=(',', ':'), ensure_ascii=False)} plan {PLAN}"
 
 
 def wide(table: Table) -> Table:

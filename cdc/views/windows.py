@@ -31,12 +31,12 @@ from cdc.stores.warehouse.native import NativeWriter
 from cdc.stores.warehouse.tables import view_path
 from cdc.types.spark_types import quoted as q
 from cdc.types.spark_types import spark_type
-from cdc.views.base import NOW, Branch, Expected, Form, StreamingView, Verifier
+from cdc.views.base import NOW, Branch, Expected, StreamingView, ValueForm, Verifier
 from cdc.views.streams import (
     LoggedChange,
     appended_to,
+    definition_of,
     events,
-    legacy_definition,
     logged_changes,
     merged_into,
     start_afresh,
@@ -51,19 +51,6 @@ __all__ = ["FillingWindowView", "SessionView", "SlidingView", "WindowView"]
 
 # a window's columns: the ones that name it, then its measures
 WINDOW_COLUMNS = ("window_start", "window_end", "rows", "total")
-
-# every field of the one settings class windows had before the classes per kind, in order
-_FIELDS_BEFORE: dict[str, Any] = {
-    "name": None,
-    "table": None,
-    "kind": "tumbling",
-    "sum": None,
-    "window": "1 minute",
-    "slide": None,
-    "gap": None,
-    "group_by": None,
-    "watermark": "10 minutes",
-}
 
 
 class WindowView(StreamingView):
@@ -81,7 +68,7 @@ class WindowView(StreamingView):
             self.has(tables[self.settings.table], self.settings.sum)
 
     def definition(self) -> str:
-        return legacy_definition(self.settings, _FIELDS_BEFORE)
+        return definition_of(self.settings)
 
     def reads(self) -> list[str]:
         """The columns of its table it reads."""
@@ -204,7 +191,7 @@ class FillingWindowView(WindowView):
         return sorted(found)
 
     def expected(
-        self, tables: dict[str, Table], logs: dict[str, list[ChangeRecord]], form: Form
+        self, tables: dict[str, Table], logs: dict[str, list[ChangeRecord]], form: ValueForm
     ) -> Expected:
         """Per window start (ms): (rows, total), due as soon as read."""
         windows: dict[int, list[LoggedChange]] = {}
@@ -220,7 +207,7 @@ class FillingWindowView(WindowView):
             for start, inside in windows.items()
         }
 
-    def held(self, frame: DataFrame, tables: dict[str, Table], form: Form) -> dict[Any, Any]:
+    def held(self, frame: DataFrame, tables: dict[str, Table], form: ValueForm) -> dict[Any, Any]:
         return {
             int(r["start_ms"]): (r["rows"], None if r["total"] is None else float(r["total"]))
             for r in frame.selectExpr(
@@ -271,7 +258,7 @@ class SlidingView(WindowView):
         )
 
     def expected(
-        self, tables: dict[str, Table], logs: dict[str, list[ChangeRecord]], form: Form
+        self, tables: dict[str, Table], logs: dict[str, list[ChangeRecord]], form: ValueForm
     ) -> Expected:
         """Per distinct commit time E of a creation: (rows, total) of the creations from
         E - window to E (both included), due at E + window: Spark's join of the ends with
@@ -281,7 +268,7 @@ class SlidingView(WindowView):
             self.created(tables, logs), duration_ms(self.settings.window), self.settings.sum
         )
 
-    def held(self, frame: DataFrame, tables: dict[str, Table], form: Form) -> dict[Any, Any]:
+    def held(self, frame: DataFrame, tables: dict[str, Table], form: ValueForm) -> dict[Any, Any]:
         rows = frame.selectExpr("unix_millis(window_end) AS end_ms", "rows", "total").collect()
         return {
             r["end_ms"]: (r["rows"], None if r["total"] is None else float(r["total"]))
@@ -336,7 +323,7 @@ class SessionView(WindowView):
         )
 
     def expected(
-        self, tables: dict[str, Table], logs: dict[str, list[ChangeRecord]], form: Form
+        self, tables: dict[str, Table], logs: dict[str, list[ChangeRecord]], form: ValueForm
     ) -> Expected:
         """Per (group value, session start): (end, rows, total), due at its end."""
         table = tables[self.settings.table]
@@ -352,7 +339,7 @@ class SessionView(WindowView):
             for (g, begin), found in sessions.items()
         }
 
-    def held(self, frame: DataFrame, tables: dict[str, Table], form: Form) -> dict[Any, Any]:
+    def held(self, frame: DataFrame, tables: dict[str, Table], form: ValueForm) -> dict[Any, Any]:
         group_by = self.settings.group_by
         group = tables[self.settings.table].column(group_by) if group_by else None
         rows = frame.selectExpr(

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from cdc.core.catalog import Column, Table
-from cdc.stores.base import Event
+from cdc.log.position import Event
 from cdc.stores.registry import make_writer
 from cdc.stores.search.store import index_name
 from tests.conftest import RunningStack

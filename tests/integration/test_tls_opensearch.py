@@ -24,8 +24,8 @@ from opensearchpy import SSLError as OpenSearchSSLError
 
 from cdc.core.catalog import Column, Table
 from cdc.core.settings import Settings, load_settings
+from cdc.log.position import Event
 from cdc.stack.components.opensearch import OpenSearch as OpenSearchNode
-from cdc.stores.base import Event
 from cdc.stores.registry import make_row_store
 from cdc.stores.search.store import index_name
 from tests.helpers import free_ports

@@ -20,8 +20,8 @@ import redis
 
 from cdc.core.catalog import Column, Table
 from cdc.core.settings import Settings, load_settings
+from cdc.log.position import Event
 from cdc.stack.components.redis import Redis
-from cdc.stores.base import Event
 from cdc.stores.registry import make_row_store
 from tests import tls
 from tests.helpers import free_ports

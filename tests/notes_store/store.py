@@ -13,7 +13,8 @@ from typing import Any
 
 from cdc.core.catalog import Table
 from cdc.core.settings import Settings
-from cdc.stores.base import Entry, Event, Rows, RowStore, StoreReader, WriteResult
+from cdc.log.position import Event
+from cdc.stores.base import Entry, Rows, RowStore, StoreReader, WriteResult
 from cdc.types.decode import decode_value
 from cdc.types.keys import store_key_text
 

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from cdc.apply.dead_letters import DeadLetter, _is_key, _letter
 from cdc.capture.backfill import BackfillProgress, _check_filter_size, _follow, filter_problem
 from cdc.check.query import key_json
-from cdc.cli.output import Form, Output, console, shown
+from cdc.cli.output import Output, OutputForm, console, shown
 from cdc.core.catalog import Column, Table, reserved_problem, resolve_tables
 from cdc.core.errors import BackfillError, CdcError, QueryError
 from cdc.core.pipeline_settings import PipelineSettings
@@ -230,7 +230,7 @@ _shown = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")), m
 def test_what_a_command_prints_is_the_text_as_it_is(text: str) -> None:
     """A value from a store or the log (`cdc get`, `cdc query`, `cdc dlq list`) printed
     for people: the text itself, never read as markup."""
-    out = Output(Form.text, console())
+    out = Output(OutputForm.text, console())
     with contextlib.redirect_stdout(io.StringIO()) as printed:
         out.console.file = printed
         out.emit(None, text)

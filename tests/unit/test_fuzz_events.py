@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 from cdc.apply.writer import partition_writer
 from cdc.core.catalog import Column, Table
 from cdc.core.errors import ValueDecodeError
-from cdc.stores.base import Event, RowStore, WriteResult
+from cdc.log.position import Event
+from cdc.stores.base import RowStore, WriteResult
 from cdc.stores.cache.store import CacheStore
 from cdc.stores.search.store import FastJSON
 from cdc.types.decode import DEBEZIUM_PLACEHOLDER, UNAVAILABLE, decode_value

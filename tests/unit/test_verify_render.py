@@ -9,13 +9,13 @@ from rich.console import Console
 from cdc.check.quality import Check
 from cdc.check.reconcile import VerifyReport
 from cdc.check.verify import Drift
-from cdc.cli.output import Form, Output
+from cdc.cli.output import Output, OutputForm
 from cdc.cli.render import verify_tables
 
 
 def _printed(report: VerifyReport, terminal: bool) -> str:
     screen = io.StringIO()
-    out = Output(Form.text, Console(file=screen, width=200, force_terminal=terminal))
+    out = Output(OutputForm.text, Console(file=screen, width=200, force_terminal=terminal))
     out.emit(report.as_dict(), *verify_tables(report))
     return screen.getvalue()
 

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from cdc.log.envelope import event_position
 from cdc.log.position import (
     ORDER,
-    Change,
+    Event,
+    Position,
     Stored,
     apply_changes,
     is_newer,
@@ -19,13 +20,26 @@ from cdc.log.position import (
 )
 
 
+def event_of(
+    key: int,
+    partition: int,
+    offset: int,
+    position: Position | None,
+    row: dict | None,  # type: ignore[type-arg]
+) -> Event:
+    """An event of key `key` (a tombstone when `position` is None, a delete when `row` is)."""
+    commit, lsn = position if position is not None else (None, None)
+    op = "u" if row is not None else "d"
+    return Event("t", str(key), partition, offset, op, row, None, lsn, commit)
+
+
 @st.composite
 def logs_and_deliveries(draw):  # type: ignore[no-untyped-def]
     keys = draw(st.lists(st.integers(0, 8), min_size=1, max_size=40))
     partitions = 3
     offsets = [0] * partitions
-    log: list[Change] = []
-    changes: list[Change] = []  # what the source committed, in commit order
+    log: list[Event] = []
+    changes: list[Event] = []  # what the source committed, in commit order
     commit = 100
     for key in keys:
         partition = key % partitions  # a key always lands in the same partition
@@ -34,18 +48,20 @@ def logs_and_deliveries(draw):  # type: ignore[no-untyped-def]
         lsn = commit + len(changes) + 1
         deleted = draw(st.booleans()) and draw(st.booleans())
         row = None if deleted else {"v": draw(st.integers())}
-        change = Change(key, partition, offsets[partition], (commit, lsn), row)
+        change = event_of(key, partition, offsets[partition], (commit, lsn), row)
         changes.append(change)
         log.append(change)
         offsets[partition] += 1
         if deleted and draw(st.booleans()):  # the tombstone after the delete
-            log.append(Change(key, partition, offsets[partition], None, None))
+            log.append(event_of(key, partition, offsets[partition], None, None))
             offsets[partition] += 1
         if draw(st.integers(0, 9)) == 0:  # Connect crashed: a suffix of the log again
             start = draw(st.integers(0, len(log) - 1))
             for old in list(log[start:]):
                 log.append(
-                    Change(old.key, old.partition, offsets[old.partition], old.position, old.row)
+                    event_of(
+                        int(old.key), old.partition, offsets[old.partition], old.position, old.after
+                    )
                 )
                 offsets[old.partition] += 1
     # cut into batches at arbitrary points...
@@ -80,7 +96,7 @@ def test_any_batching_duplicates_and_replays_converge(case) -> None:  # type: ig
     assert {k: s.position for k, s in state.items()} == {k: c.position for k, c in newest.items()}
     # rows visible to readers: deleted markers hide their key
     visible = {k: s.row for k, s in state.items() if s.row is not None}
-    assert visible == {k: c.row for k, c in newest.items() if c.row is not None}
+    assert visible == {k: c.after for k, c in newest.items() if c.after is not None}
 
 
 def test_an_older_write_is_refused_and_an_equal_one_is_a_no_op() -> None:
@@ -92,17 +108,17 @@ def test_an_older_write_is_refused_and_an_equal_one_is_a_no_op() -> None:
 
 
 def test_a_tombstone_deletes_only_what_an_earlier_record_wrote() -> None:
-    state = {"k": Stored((5, 6), {"v": 1}, offset=3)}
-    apply_changes(state, [Change("k", 0, 2, None, None)])  # read again from an old checkpoint
-    assert state["k"].row == {"v": 1}
-    apply_changes(state, [Change("k", 0, 4, None, None)])  # the delete itself was compacted
-    assert state["k"] == Stored((5, 5), None, 4)  # just below the change it deleted
-    apply_changes(state, [Change("k", 0, 1, (5, 4), {"v": 0})])  # an older change: refused
-    assert state["k"].row is None
+    state: dict = {"7": Stored((5, 6), {"v": 1}, offset=3)}
+    apply_changes(state, [event_of(7, 0, 2, None, None)])  # read again from an old checkpoint
+    assert state["7"].row == {"v": 1}
+    apply_changes(state, [event_of(7, 0, 4, None, None)])  # the delete itself was compacted
+    assert state["7"] == Stored((5, 5), None, 4)  # just below the change it deleted
+    apply_changes(state, [event_of(7, 0, 1, (5, 4), {"v": 0})])  # an older change: refused
+    assert state["7"].row is None
     # a tombstone Debezium delivered again after a newer change of its key deletes it for a
     # moment; the newer change, delivered again right after, is taken again
-    apply_changes(state, [Change("k", 0, 5, (5, 6), {"v": 1})])
-    assert state["k"] == Stored((5, 6), {"v": 1}, 5)
+    apply_changes(state, [event_of(7, 0, 5, (5, 6), {"v": 1})])
+    assert state["7"] == Stored((5, 6), {"v": 1}, 5)
 
 
 def test_positions_from_debezium_source_blocks() -> None:

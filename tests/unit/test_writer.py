@@ -13,7 +13,8 @@ import pyarrow as pa
 from cdc.apply.writer import partition_writer
 from cdc.core.catalog import Column, Table
 from cdc.log.freshness import age_bucket, ages
-from cdc.stores.base import Event, RowStore, WriteResult
+from cdc.log.position import Event
+from cdc.stores.base import RowStore, WriteResult
 from cdc.types.decode import UNAVAILABLE
 
 TABLE = Table(

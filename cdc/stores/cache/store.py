@@ -26,8 +26,8 @@ from cdc.core.clients import redis_client
 from cdc.core.connection_settings import RedisSettings
 from cdc.core.errors import StoreUnavailableError, ValueDecodeError
 from cdc.core.settings import Settings
-from cdc.log.position import older_lua
-from cdc.stores.base import Entry, Event, Rows, RowStore, StoreReader, WriteResult
+from cdc.log.position import Event, older_lua
+from cdc.stores.base import Entry, Rows, RowStore, StoreReader, WriteResult
 from cdc.types.decode import UNAVAILABLE
 from cdc.types.keys import store_key_text
 from cdc.types.store_forms import cache_field_text, cache_form

@@ -26,7 +26,8 @@ from cdc.core.connection_settings import OpenSearchSettings
 from cdc.core.errors import ConfigError, StoreError, StoreUnavailableError, ValueDecodeError
 from cdc.core.settings import Settings
 from cdc.core.topics import topic_name
-from cdc.stores.base import Entry, Event, Rows, RowStore, StoreReader, WriteResult
+from cdc.log.position import Event
+from cdc.stores.base import Entry, Rows, RowStore, StoreReader, WriteResult
 from cdc.types.decode import UNAVAILABLE
 from cdc.types.keys import store_key_text
 from cdc.types.store_forms import document_form, document_value, field_mapping
