@@ -142,7 +142,7 @@ MUTANTS = (
     ),
     Mutant(
         "the warehouse writes Debezium's TOAST placeholder",
-        "cdc/stores/warehouse/store.py",
+        "cdc/stores/warehouse/merge.py",
         'updated[c] = f"CASE WHEN {flag} THEN t.{quote(c)} ELSE s.{quote(c)} END"',
         'updated[c] = f"CASE WHEN false THEN t.{quote(c)} ELSE s.{quote(c)} END"',
         (f"{EXACT}::test_a_stored_toasted_value_is_kept_across_batches",),
@@ -163,7 +163,7 @@ MUTANTS = (
     ),
     Mutant(
         "the warehouse keeps a deleted row live",
-        "cdc/stores/warehouse/store.py",
+        "cdc/stores/warehouse/merge.py",
         '("delete", f"s._cdc_commit_lsn IS NOT NULL AND s._cdc_op = \'d\' AND {_OLDER}", None)',
         '("delete", f"s._cdc_commit_lsn IS NOT NULL AND s._cdc_op = \'x\' AND {_OLDER}", None)',
         (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),

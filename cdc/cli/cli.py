@@ -18,7 +18,7 @@ from rich.text import Text
 
 from cdc.cli.output import Output, OutputForm, RowsForm, console
 from cdc.cli.render import pipeline_table, status_table, verify_tables
-from cdc.core.catalog import Table
+from cdc.core.catalog import captured_table
 from cdc.core.errors import CdcError, ConfigError
 from cdc.core.settings import Settings, load_settings, local_admin_password
 from cdc.core.store_declarations import store_help
@@ -389,23 +389,6 @@ def apply_(
     run_apply(s, stores, once=once)
 
 
-def _captured_table(s: Settings, name: str) -> Table:
-    """A captured table by `schema.table`, or by its bare name when that is unique."""
-    from cdc.core.catalog import describe_table, published_tables
-    from cdc.core.postgres import admin_connection
-
-    with admin_connection(s) as conn:
-        names = published_tables(conn, s.pipeline.publication)
-        matches = [n for n in names if n == name or n.split(".", 1)[1] == name]
-        if len(matches) != 1:
-            what = "ambiguous" if matches else "not captured"
-            raise ConfigError(
-                f"table {name} is {what} in pipeline {s.pipeline.name}; "
-                f"captured: {', '.join(names) or 'none'}"
-            )
-        return describe_table(conn, matches[0], s.pipeline)
-
-
 @app.command()
 def query(
     sql: Annotated[str, typer.Argument(help='Spark SQL, e.g. "SELECT count(*) FROM customers"')],
@@ -445,7 +428,7 @@ def search(
     from cdc.check.query import search_table
 
     s = settings()
-    result = search_table(s, _captured_table(s, table), text, limit)
+    result = search_table(s, captured_table(s, table), text, limit)
     Output(output).rows(result.columns, result.rows)
 
 
@@ -463,7 +446,7 @@ def get(
 
     _check_stores([store])
     s = settings()
-    entry = store_entry(s, store, _captured_table(s, table), key)
+    entry = store_entry(s, store, captured_table(s, table), key)
     if output is OutputForm.json:
         Output(output).emit(entry)
     else:  # a row per field
@@ -521,7 +504,7 @@ def _reconcile(
 
     with admin_connection(s) as conn:
         names = table or published_tables(conn, s.pipeline.publication)
-    tables = [_captured_table(s, name) for name in names]
+    tables = [captured_table(s, name) for name in names]
     mending = functools.partial(mend, s, tables, say=console_say) if repair else None
     report = reconcile(s, tables, stores, timeout, mend=mending, say=console_say, quality=quality)
     report.held_back = held_back(s)

@@ -6,14 +6,17 @@ import fnmatch
 import json
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
 
-from cdc.core.errors import SourceError
+from cdc.core.errors import ConfigError, SourceError
 from cdc.core.pipeline_settings import PipelineSettings
 from cdc.core.store_declarations import declared
+
+if TYPE_CHECKING:
+    from cdc.core.settings import Settings
 
 __all__ = [
     "HEARTBEAT_TABLE",
@@ -21,6 +24,7 @@ __all__ = [
     "TRUNCATIONS_TABLE",
     "Column",
     "Table",
+    "captured_table",
     "check_publishable",
     "check_wal_level",
     "describe_table",
@@ -653,3 +657,20 @@ JOIN pg_type bt ON bt.oid = CASE
 WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
 """
+
+
+def captured_table(settings: Settings, name: str) -> Table:
+    """A table `settings`' pipeline captures, by `schema.table`, or by its bare name when
+    that is unique; ConfigError, in one line, naming what is captured, otherwise."""
+    from cdc.core.postgres import admin_connection
+
+    with admin_connection(settings) as conn:
+        names = published_tables(conn, settings.pipeline.publication)
+        matches = [n for n in names if n == name or n.split(".", 1)[1] == name]
+        if len(matches) != 1:
+            what = "ambiguous" if matches else "not captured"
+            raise ConfigError(
+                f"table {name} is {what} in pipeline {settings.pipeline.name}; "
+                f"captured: {', '.join(names) or 'none'}"
+            )
+        return describe_table(conn, matches[0], settings.pipeline)

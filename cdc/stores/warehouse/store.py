@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from cdc.core.catalog import Table, reserved_problem
 from cdc.core.errors import ConfigError, StoreError
 from cdc.core.settings import Settings
-from cdc.log.position import ORDER, older_sql
+from cdc.log.position import older_sql
 from cdc.stores.base import FrameStore
 from cdc.stores.warehouse import arrow_batch
 from cdc.stores.warehouse.history import (
@@ -52,6 +52,7 @@ from cdc.stores.warehouse.marks import (
     stored_values,
     summarize,
 )
+from cdc.stores.warehouse.merge import POSITION, current_clauses, current_values, key_image
 from cdc.stores.warehouse.native import (
     NativeWriter,
     datafusion_quoted,
@@ -76,11 +77,6 @@ __all__ = ["BatchStep", "WarehouseStore"]
 
 log = logging.getLogger(__name__)
 
-# the write rule (cdc/log/position.py): the target row `t` is older than the source
-# row `s`'s change
-_POSITION = [f"_cdc_{name}" for name in ORDER]
-_OLDER = older_sql([f"t.{c}" for c in _POSITION], [f"s.{c}" for c in _POSITION])
-# what the decoded events carry beside the table's columns, each as `_cdc_<name>`
 # the columns of the layout before the current state held live rows only and the history
 # was appended to: such a table is rebuilt (`cdc rebuild --store warehouse`)
 _OLDER_LAYOUT = ("_cdc_deleted", "valid_to", "_cdc_newest")
@@ -227,7 +223,7 @@ class WarehouseStore(WarehouseReader, FrameStore):
         from pyspark.sql import types as T
 
         commit, lsn = int(before[0]), int(before[1])
-        cut = older_sql(_POSITION, [str(commit), str(lsn)])
+        cut = older_sql(POSITION, [str(commit), str(lsn)])
         self._ensure(table).delete(cut)
         history = self._history(table)
         held = history.toDF().where(
@@ -358,7 +354,7 @@ class WarehouseStore(WarehouseReader, FrameStore):
         decoded = rows.select(
             # under names no column can take (cdc.core.catalog.reserved_problem)
             *[F.col(c).alias(f"_cdc_{c}") for c in _EVENT_META],
-            *_key_image(table),
+            *key_image(table),
             *typed_image(table, F.col("after"), placeholders=toasted),
         )
         # a key column's value comes from the event's key, never a placeholder
@@ -499,11 +495,11 @@ class WarehouseStore(WarehouseReader, FrameStore):
         path = current_path(self.root, table.qualified)
         if append:
             live = source.where("_cdc_commit_lsn IS NOT NULL AND _cdc_op <> 'd'")
-            inserted = _current_values(table, placeholders, q)[1]
+            inserted = current_values(table, placeholders, q)[1]
             rows = live.alias("s").selectExpr(*[f"{v} AS {c}" for c, v in inserted.items()])
             self._append(target, path, rows, native)
             return
-        native_clauses = _current_clauses(table, placeholders, datafusion_quoted)
+        native_clauses = current_clauses(table, placeholders, datafusion_quoted)
         on = null_safe_match([(k, f"_cdc_k_{k}") for k in table.key])
         if native is not None and native.merge(path, source, on, native_clauses):
             return
@@ -518,7 +514,7 @@ class WarehouseStore(WarehouseReader, FrameStore):
             source.alias("s"),
             " AND ".join(f"t.{q(k)} <=> s.{q('_cdc_k_' + k)}" for k in table.key),
         )
-        for kind, condition, values in _current_clauses(table, set(placeholders), q):
+        for kind, condition, values in current_clauses(table, set(placeholders), q):
             if kind == "delete":
                 merger = merger.whenMatchedDelete(condition=condition)
             elif kind == "update":
@@ -590,7 +586,7 @@ class WarehouseStore(WarehouseReader, FrameStore):
         delta-rs, else by Spark."""
         on = null_safe_match([(k, f"_cdc_k_{k}") for k in table.key])
         if not self.native.merge(
-            path, source, on, _current_clauses(table, set(), datafusion_quoted)
+            path, source, on, current_clauses(table, set(), datafusion_quoted)
         ):
             self._merge_spark(table, target, self.spark.createDataFrame(source))
 
@@ -613,7 +609,7 @@ class WarehouseStore(WarehouseReader, FrameStore):
                 F.when(
                     F.col("table") == name,
                     F.struct(
-                        *_key_image(tables[name]),
+                        *key_image(tables[name]),
                         *typed_image(tables[name], F.col("after"), placeholders=False),
                     ),
                 ).alias(f"_cdc_t{at}")
@@ -758,73 +754,6 @@ def _made_once(make: Callable[[], Any]) -> Callable[[], Any]:
             return made[0]
 
     return once
-
-
-def _key_image(table: Table) -> list[Any]:
-    """The columns decoding an event's key (its JSON text) into the key's typed columns,
-    as `_cdc_k_<column>`: a key column's value comes from the event's key."""
-    from pyspark.sql import functions as F
-
-    only_key = table.__class__(
-        table.schema,
-        table.name,
-        tuple(table.column(k) for k in table.key),
-        table.key,
-        table.replica_identity,
-        0,
-        0,
-    )
-    return typed_image(only_key, F.col("key"), prefix="_cdc_k_", placeholders=False)
-
-
-def _current_values(
-    table: Table, placeholders: set[str], quote: Any
-) -> tuple[dict[str, str], dict[str, str]]:
-    """The current state's columns (quoted by `quote`, Spark's or delta-rs's) and the
-    expression of each over the MERGE's source `s` and target `t`: (on an update, on an
-    insert or append)."""
-    meta = {
-        "_cdc_commit_lsn": "s._cdc_commit_lsn",
-        "_cdc_lsn": "s._cdc_lsn",
-        "_cdc_offset": "s._cdc_offset",
-        "_cdc_partition": "s._cdc_partition",
-        "_cdc_commit_ts": "s._cdc_commit_ts",
-    }
-    updated, inserted = {}, {}
-    for column in table.columns:
-        c = column.name
-        if c in table.key:
-            updated[c] = inserted[c] = f"s.{quote('_cdc_k_' + c)}"
-        elif f"__ph_{c}" in placeholders:  # an unchanged TOASTed value: the stored one
-            flag = f"s.{quote('__ph_' + c)}"
-            updated[c] = f"CASE WHEN {flag} THEN t.{quote(c)} ELSE s.{quote(c)} END"
-            inserted[c] = f"CASE WHEN {flag} THEN NULL ELSE s.{quote(c)} END"
-        else:
-            updated[c] = inserted[c] = f"s.{quote(c)}"
-    return (
-        {quote(c): v for c, v in updated.items()} | meta,
-        {quote(c): v for c, v in inserted.items()} | meta,
-    )
-
-
-def _current_clauses(
-    table: Table, placeholders: set[str], quote: Any
-) -> list[tuple[str, str | None, dict[str, str] | None]]:
-    """The current state's MERGE clauses, in order: a tombstone deletes what an earlier
-    record of its partition wrote; a change from a newer position deletes or updates;
-    a live change of a key the table lacks is inserted."""
-    updated, inserted = _current_values(table, placeholders, quote)
-    return [
-        (
-            "delete",
-            "s._cdc_commit_lsn IS NULL AND "
-            "t._cdc_partition = s._cdc_partition AND t._cdc_offset < s._cdc_offset",
-            None,
-        ),
-        ("delete", f"s._cdc_commit_lsn IS NOT NULL AND s._cdc_op = 'd' AND {_OLDER}", None),
-        ("update", f"s._cdc_commit_lsn IS NOT NULL AND {_OLDER}", updated),
-        ("insert", "s._cdc_commit_lsn IS NOT NULL AND s._cdc_op <> 'd'", inserted),
-    ]
 
 
 def frames_to_keep(steps: Sequence[BatchStep]) -> dict[str, set[str]]:
