@@ -11,8 +11,8 @@ from deltalake import DeltaTable, write_deltalake
 
 from cdc.core.catalog import Column, Table
 from cdc.stores.warehouse import arrow_batch
+from cdc.stores.warehouse.merge import current_clauses
 from cdc.stores.warehouse.native import NativeWriter, datafusion_quoted, null_safe_match
-from cdc.stores.warehouse.store import _current_clauses
 
 # the demo's order_items: a key of two columns
 ITEMS = Table(
@@ -68,9 +68,7 @@ def test_a_merge_on_a_key_of_two_columns_is_written_by_delta_rs(tmp_path: Path) 
     )
     writer = NativeWriter()
     on = null_safe_match([(k, f"_cdc_k_{k}") for k in ITEMS.key])
-    assert writer.merge(
-        str(tmp_path), source, on, _current_clauses(ITEMS, set(), datafusion_quoted)
-    )
+    assert writer.merge(str(tmp_path), source, on, current_clauses(ITEMS, set(), datafusion_quoted))
     assert writer.refused == {}
     rows = DeltaTable(str(tmp_path)).to_pyarrow_table().sort_by([("line", "ascending")])
     assert rows.column("line").to_pylist() == [1, 2, 3]
