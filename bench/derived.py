@@ -43,7 +43,7 @@ from bench.streaming import BatchLog, percentiles, read_events, store_latencies
 from cdc.apply.job import run_apply
 from cdc.capture.initial_snapshot import run_snapshot
 from cdc.check.status import pipeline_status
-from cdc.cli.demo import TABLES, _create_shop, with_demo_views
+from cdc.cli.demo import TABLES, create_shop, with_demo_views
 from cdc.cli.workload import Workload
 from cdc.core.settings import Settings, load_settings
 from cdc.core.spark import views_session
@@ -181,7 +181,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     source = load_settings()
-    _create_shop(source, lambda line: print(line, flush=True))
+    create_shop(source, lambda line: print(line, flush=True))
     plain = bench_settings(source, TABLES)
     figures: dict[str, object] = {
         "benchmark": "derived",

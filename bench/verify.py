@@ -34,7 +34,7 @@ from bench.snapshot_throughput import pgbench_init
 from cdc.apply.job import run_apply
 from cdc.capture.initial_snapshot import run_snapshot
 from cdc.cli.demo import TABLES as DEMO_TABLES
-from cdc.cli.demo import _create_shop, with_demo_views
+from cdc.cli.demo import create_shop, with_demo_views
 from cdc.core.catalog import describe_table
 from cdc.core.postgres import admin_connection
 from cdc.core.settings import Settings, load_settings
@@ -129,7 +129,7 @@ def prepare(source: Settings, dataset: str, scale: int) -> tuple[Settings, list[
         names = small_tables(source)
         return bench_settings(source, names), names
     if dataset == "demo":
-        _create_shop(source, lambda line: print(line, flush=True))
+        create_shop(source, lambda line: print(line, flush=True))
         return with_demo_views(bench_settings(source, DEMO_TABLES)), DEMO_TABLES
     pgbench_init(source, scale)
     with psycopg.connect(source.postgres.dsn(), autocommit=True) as conn:

@@ -184,7 +184,7 @@ def run_demo(
     stack = Stack(settings)
     stack.up(say)
     settings = local_admin_password(settings)  # generated as the cluster was made
-    _create_shop(settings, say)
+    create_shop(settings, say)
     settings = with_demo_choice(with_demo_views(settings))
     if pipe_streams(settings):
         say(f"pipeline {settings.pipeline.name} already streams; checking its tables")
@@ -261,7 +261,7 @@ def run_demo(
     return result
 
 
-def _create_shop(settings: Settings, say: Say) -> None:
+def create_shop(settings: Settings, say: Say) -> None:
     say("creating the demo shop (sql/demo_schema.sql)")
     with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
         conn.execute((PROJECT_ROOT / "sql" / "demo_schema.sql").read_text())
