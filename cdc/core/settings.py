@@ -92,6 +92,32 @@ class Settings(BaseSettings):
     spark: SparkSettings = SparkSettings()
     pipeline: PipelineSettings = PipelineSettings()
     apply: ApplySettings = ApplySettings()
+    # a store's own section (`[stores.<name>]`), of the settings class it declares
+    stores: dict[str, Any] = Field(
+        default_factory=dict,
+        description="each store's own settings, of the class its declaration names "
+        "(the built-in stores' are the sections above)",
+    )
+
+    @field_validator("stores")
+    @classmethod
+    def _own_sections(cls, sections: dict[str, Any]) -> dict[str, Any]:
+        """Each store's own section, validated by the settings class the store declares."""
+        declarations = declared()
+        checked = {}
+        for name, section in sections.items():
+            model = declarations[name].settings if name in declarations else None
+            if model is None:
+                raise ValueError(f"store {name} has no settings of its own (or is not installed)")
+            checked[name] = section if isinstance(section, model) else model.model_validate(section)
+        return checked
+
+    def store_section(self, name: str) -> Any:
+        """Store `name`'s own settings (its declared class's defaults when not given)."""
+        model = declared()[name].settings
+        if model is None:
+            raise ConfigError(f"store {name} has no settings of its own")
+        return self.stores.get(name) or model()
 
     @field_validator("data_dir", "cache_dir", "java_home")
     @classmethod

@@ -46,7 +46,10 @@ class StoreDeclaration:
     summary: str  # what it is, in a few words (the commands' help)
     make: str  # "module:function", function(settings, spark) -> the store; imported when made
     slo_s: float  # the default commit-to-visible p99 it is held to (apply.freshness_slo_s)
-    section: str | None = None  # the settings section of its connection and secrets
+    # the settings section of its connection and secrets: one of the Settings' own
+    # (`redis`), or, with `settings`, its own (`[stores.<name>]`, of that class)
+    section: str | None = None
+    settings: type[Any] | None = None
     # what posture = production needs of it, given the Settings (which are built from
     # these declarations), or None when they meet it
     posture: Callable[[Any], str | None] | None = None

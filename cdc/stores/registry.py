@@ -63,6 +63,10 @@ def executor_settings(settings: Settings, name: str) -> Settings:
         for field, info in type(settings).model_fields.items()
         if field != keep and isinstance(getattr(settings, field), BaseModel)
     }
+    update["stores"] = {
+        store: section if store == name else blanked(section)
+        for store, section in settings.stores.items()
+    }
     update["spark"] = settings.spark.model_copy(update={"conf": {}})
     return settings.model_copy(update=update)
 

@@ -35,7 +35,13 @@ def test_a_store_of_ones_own_is_applied_shown_and_verified(
         "INSERT INTO {name} SELECT g, 'n' || g FROM generate_series(1, 20) g",
         prefix="notes",
     )
-    env = {**t.env, **installed(tmp_path), "CDC_APPLY__STORES": '["notes"]'}
+    folder = tmp_path / "notes"
+    env = {
+        **t.env,
+        **installed(tmp_path),
+        "CDC_APPLY__STORES": '["notes"]',
+        "CDC_STORES__NOTES__FOLDER": str(folder),  # its own section of the settings
+    }
     with psycopg.connect(t.dsn, autocommit=True) as conn:
         conn.execute(f"UPDATE {t.name} SET note = 'changed' WHERE id = 3")
         conn.execute(f"DELETE FROM {t.name} WHERE id = 4")
@@ -46,7 +52,7 @@ def test_a_store_of_ones_own_is_applied_shown_and_verified(
     applied = run_cdc("apply", "--store", "notes", "--once", env=env, timeout=600)
     assert applied.returncode == 0, applied.stderr
     # the store's own reader: its files
-    folder = t.settings.data_dir / "notes" / t.settings.pipeline.name / t.table
+    folder = folder / t.settings.pipeline.name / t.table
     notes = {n["key"]: n for n in (json.loads(p.read_text()) for p in folder.glob("*.json"))}
     live = {json.loads(k)["id"]: n["after"]["note"] for k, n in notes.items() if not n["deleted"]}
     assert live == {i: ("changed" if i == 3 else f"n{i}") for i in range(1, 21) if i != 4}

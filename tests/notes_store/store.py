@@ -98,4 +98,5 @@ class NotesStore(RowStore, StoreReader):
 
 
 def make(settings: Settings, spark: Any = None) -> NotesStore:
-    return NotesStore(settings.data_dir / "notes" / settings.pipeline.name)
+    folder = settings.store_section("notes").folder or settings.data_dir / "notes"
+    return NotesStore(folder / settings.pipeline.name)

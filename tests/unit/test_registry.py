@@ -4,6 +4,8 @@ once, in one line, before anything runs."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from cdc.core import store_declarations
@@ -87,3 +89,22 @@ def test_the_cli_refuses_an_unknown_store_before_it_waits(command: str) -> None:
     result = run_cdc(command, "--store", "typo", env={"CDC_POSTGRES__PORT": "1"}, timeout=60)
     assert result.returncode == 2
     assert "unknown store typo" in result.stderr
+
+
+def test_a_stores_own_settings_are_validated_masked_and_kept_from_other_stores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.notes_store import DECLARATION
+
+    monkeypatch.setattr(store_declarations, "_REGISTERED", {})
+    register(DECLARATION)
+    settings = load_settings(stores={"notes": {"folder": "/n", "token": "s3cret"}})
+    assert str(settings.store_section("notes").folder) == "/n"
+    assert "s3cret" not in json.dumps(settings.masked())
+    assert executor_settings(settings, "notes").store_section("notes").token is not None
+    assert executor_settings(settings, "cache").store_section("notes").token is None
+    assert Settings().store_section("notes").folder is None  # its defaults
+    with pytest.raises(ConfigError, match=r"invalid setting stores.*typo"):
+        load_settings(stores={"notes": {"typo": 1}})
+    with pytest.raises(ConfigError, match=r"invalid setting stores.*no settings of its own"):
+        load_settings(stores={"cache": {}})
