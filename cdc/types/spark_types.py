@@ -63,6 +63,7 @@ __all__ = [
     "typed_column",
     "typed_image",
     "unheld_columns",
+    "widens",
     "widest",
 ]
 
@@ -334,3 +335,29 @@ def typed_image(
         if flag is not None:
             columns.append(flag.alias(f"__ph_{column.name}"))
     return columns
+
+
+_SPARK_INTEGERS = ("byte", "short", "integer", "long")
+
+
+def widens(old: Any, new: Any) -> bool:
+    """Whether every value of Spark type `old` is one of `new`, unchanged: a wider
+    integer, an integer as a double or a wide enough decimal, a float as a double, a
+    decimal of more digits (and no fewer after the point), a date as a timestamp."""
+    from pyspark.sql import types as T
+
+    a, b = old.typeName(), new.typeName()
+    if a in _SPARK_INTEGERS and b in _SPARK_INTEGERS:
+        return _SPARK_INTEGERS.index(a) <= _SPARK_INTEGERS.index(b)
+    if a in _SPARK_INTEGERS and b == "double":
+        return bool(a != "long")
+    if a in _SPARK_INTEGERS and isinstance(new, T.DecimalType):
+        digits = {"byte": 3, "short": 5, "integer": 10, "long": 20}[a]
+        return bool(new.precision - new.scale >= digits)
+    if (a, b) == ("float", "double"):
+        return True
+    if isinstance(old, T.DecimalType) and isinstance(new, T.DecimalType):
+        return bool(
+            new.scale >= old.scale and new.precision - new.scale >= old.precision - old.scale
+        )
+    return (a, b) in (("date", "timestamp_ntz"), ("date", "timestamp"))

@@ -17,6 +17,7 @@ from cdc.core.errors import ConfigError, StoreError
 from cdc.core.settings import Settings
 from cdc.core.topics import folder_problem
 from cdc.types.spark_types import quoted as q
+from cdc.types.spark_types import widens
 
 __all__ = [
     "aligned_rows",
@@ -155,30 +156,6 @@ def ensure_delta(
     if added or changed:
         target = DeltaTable.forPath(spark, path)
     return target
-
-
-_INTEGERS = ("byte", "short", "integer", "long")
-
-
-def widens(old: Any, new: Any) -> bool:
-    """Whether every value of Spark type `old` is one of `new`, unchanged: a wider
-    integer, an integer as a double or a wide enough decimal, a float as a double, a
-    decimal of more digits (and no fewer after the point), a date as a timestamp."""
-    from pyspark.sql import types as T
-
-    a, b = old.typeName(), new.typeName()
-    if a in _INTEGERS and b in _INTEGERS:
-        return _INTEGERS.index(a) <= _INTEGERS.index(b)
-    if a in _INTEGERS and b == "double":
-        return a != "long"
-    if a in _INTEGERS and isinstance(new, T.DecimalType):
-        digits = {"byte": 3, "short": 5, "integer": 10, "long": 20}[a]
-        return new.precision - new.scale >= digits
-    if (a, b) == ("float", "double"):
-        return True
-    if isinstance(old, T.DecimalType) and isinstance(new, T.DecimalType):
-        return new.scale >= old.scale and new.precision - new.scale >= old.precision - old.scale
-    return (a, b) in (("date", "timestamp_ntz"), ("date", "timestamp"))
 
 
 def rewrite(spark: Any, path: str, types: dict[str, Any]) -> None:
