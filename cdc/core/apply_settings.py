@@ -13,7 +13,7 @@ from pydantic import (
     field_validator,
 )
 
-from cdc.core.store_declarations import declared
+from cdc.core.store_declarations import declared, unknown_stores
 from cdc.core.view_settings import JoinView, WindowAggregate
 
 # a store's name: one the stores declare (cdc/core/store_declarations.py)
@@ -21,10 +21,8 @@ StoreName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,62}$")]
 
 
 def _known(names: list[str]) -> list[str]:
-    known = declared()
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ValueError(f"unknown store {', '.join(unknown)}: choose from {', '.join(known)}")
+    if problem := unknown_stores(names):
+        raise ValueError(problem)
     return names
 
 

@@ -13,6 +13,7 @@ from psycopg import sql
 
 from cdc.core.errors import ConfigError, SourceError
 from cdc.core.pipeline_settings import PipelineSettings
+from cdc.core.postgres import admin_connection
 from cdc.core.store_declarations import declared
 
 if TYPE_CHECKING:
@@ -340,6 +341,7 @@ def reserved_problem(columns: list[str], stores: Collection[str] = ()) -> str | 
     """Why a table with these columns cannot be kept (in `stores` too): a column named
     like one every store adds to every row, or one a store in `stores` reserves (None:
     nothing)."""
+    declarations = declared()
     for column in columns:
         name = column if column.isprintable() else json.dumps(column)  # one line, always
         if column.startswith(RESERVED_PREFIX):
@@ -348,7 +350,7 @@ def reserved_problem(columns: list[str], stores: Collection[str] = ()) -> str | 
                 "for its own columns; rename the column"
             )
         for store in stores:
-            declaration = declared().get(store)
+            declaration = declarations.get(store)
             why = declaration.reserved(column) if declaration and declaration.reserved else None
             if why:
                 return (
@@ -662,8 +664,6 @@ ORDER BY a.attnum
 def captured_table(settings: Settings, name: str) -> Table:
     """A table `settings`' pipeline captures, by `schema.table`, or by its bare name when
     that is unique; ConfigError, in one line, naming what is captured, otherwise."""
-    from cdc.core.postgres import admin_connection
-
     with admin_connection(settings) as conn:
         names = published_tables(conn, settings.pipeline.publication)
         matches = [n for n in names if n == name or n.split(".", 1)[1] == name]

@@ -28,6 +28,7 @@ __all__ = [
     "declared",
     "register",
     "store_help",
+    "unknown_stores",
 ]
 
 GROUP = "cdc.stores"
@@ -97,12 +98,19 @@ def register(declaration: StoreDeclaration) -> None:
     _REGISTERED[declaration.name] = declaration
 
 
-def check_store_names(names: Iterable[str]) -> None:
-    """Raise ConfigError, in one line, for a name that is not a store."""
+def unknown_stores(names: Iterable[str]) -> str | None:
+    """What is wrong with `names`, in one line, if one is not a store (None: nothing)."""
     known = declared()
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise ConfigError(f"unknown store {', '.join(unknown)}: choose from {', '.join(known)}")
+        return f"unknown store {', '.join(unknown)}: choose from {', '.join(known)}"
+    return None
+
+
+def check_store_names(names: Iterable[str]) -> None:
+    """Raise ConfigError, in one line, for a name that is not a store."""
+    if problem := unknown_stores(names):
+        raise ConfigError(problem)
 
 
 def able(stores: Iterable[str], ability: Ability) -> list[str]:
