@@ -37,6 +37,7 @@ from cdc.core.topics import ChangeRecord
 from cdc.core.view_settings import StreamTableJoin
 from cdc.log.envelope import event_position
 from cdc.log.position import Position
+from cdc.stores.warehouse.conflicts import retried
 from cdc.stores.warehouse.native import NativeWriter, null_safe_match
 from cdc.stores.warehouse.native import datafusion_quoted as dq
 from cdc.types.decode import decode_value
@@ -422,13 +423,16 @@ def refresh_enrichment(
     carried: dict[str, Any] = {
         q(join.column_prefix + c): f"s.{q(join.column_prefix + c)}" for c in join.columns
     }
-    (
-        DeltaTable.forPath(spark, view_path(root, join.name))
-        .alias("v")
-        .merge(enriched.alias("s"), identity)
-        .whenMatchedUpdate(set=carried)
-        .whenNotMatchedInsertAll()
-        .execute()
+    retried(
+        f"the MERGE into the view {join.name}",
+        lambda: (
+            DeltaTable.forPath(spark, view_path(root, join.name))
+            .alias("v")
+            .merge(enriched.alias("s"), identity)
+            .whenMatchedUpdate(set=carried)
+            .whenNotMatchedInsertAll()
+            .execute()
+        ),
     )
     return _newest_of(events, newest)
 

@@ -42,6 +42,7 @@ from cdc.log.envelope import event_position, parse_events
 from cdc.log.generated import expressions_dsn, with_generated
 from cdc.log.position import Position
 from cdc.log.progress import forget_late, last_committed_batch
+from cdc.stores.warehouse.conflicts import retried
 from cdc.stores.warehouse.native import NativeWriter
 from cdc.stores.warehouse.tables import view_path
 from cdc.types.decode import decode_value
@@ -176,12 +177,15 @@ def merged_into(
         clauses: list[Any] = [("update", condition, None), ("insert", None, None)]
         if native is not None and native.merge(path, rows, native_on, clauses):
             return
-        (
-            target.alias("t")
-            .merge(rows.alias("s"), on)
-            .whenMatchedUpdateAll(condition=condition)
-            .whenNotMatchedInsertAll()
-            .execute()
+        retried(
+            f"the MERGE into {path}",
+            lambda: (
+                target.alias("t")
+                .merge(rows.alias("s"), on)
+                .whenMatchedUpdateAll(condition=condition)
+                .whenNotMatchedInsertAll()
+                .execute()
+            ),
         )
 
     return write

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from cdc.core.catalog import Table
 from cdc.core.view_settings import TableJoin
+from cdc.stores.warehouse.conflicts import retried
 from cdc.stores.warehouse.native import NativeWriter, null_safe_match
 from cdc.stores.warehouse.native import datafusion_quoted as dq
 from cdc.stores.warehouse.tables import view_path
@@ -219,11 +220,14 @@ def refresh_join(
         if native.merge(view_path(root, join.name), source, on, clauses):
             return
     values = {q(c): f"s.{q(c)}" for c in columns}
-    (
-        view.alias("v")
-        .merge(source.alias("s"), " AND ".join(f"v.{q(k)} <=> s.{q(k)}" for k in left.key))
-        .whenMatchedDelete(condition="s.__present IS NULL")
-        .whenMatchedUpdate(condition="s.__present", set=values)
-        .whenNotMatchedInsert(condition="s.__present", values=values)
-        .execute()
+    retried(
+        f"the MERGE into the view {join.name}",
+        lambda: (
+            view.alias("v")
+            .merge(source.alias("s"), " AND ".join(f"v.{q(k)} <=> s.{q(k)}" for k in left.key))
+            .whenMatchedDelete(condition="s.__present IS NULL")
+            .whenMatchedUpdate(condition="s.__present", set=values)
+            .whenNotMatchedInsert(condition="s.__present", values=values)
+            .execute()
+        ),
     )

@@ -160,3 +160,50 @@ def test_a_join_view_refreshed_in_arrow_follows_both_sides(tmp_path: Path) -> No
         {"id": 2, "customer_id": 10, "customer_tier": 5},
         {"id": 4, "customer_id": 30, "customer_tier": None},
     ]
+
+
+def test_a_merge_that_loses_a_commit_conflict_is_written_again_not_counted(
+    tmp_path: Path,
+) -> None:
+    """Another writer (a user's DELETE, `cdc verify --repair`) commits between the
+    version the MERGE read and its commit: delta-rs refuses the commit. It was counted as
+    written (the table's version had moved), and the batch's changes never reached the
+    table; it is written again on the newest version."""
+    current(tmp_path)
+    path = str(tmp_path)
+    writer = NativeWriter()
+    read = DeltaTable(path)  # the version the MERGE reads
+    writer._table = lambda p: read  # type: ignore[method-assign]
+    DeltaTable(path).delete("line = 1")  # the other writer's commit, after the read
+    source = pa.table(
+        {
+            "_cdc_k_order_id": pa.array([1], pa.int64()),
+            "_cdc_k_line": pa.array([2], pa.int16()),
+            "unit_price": pa.array([Decimal("9.99")], pa.decimal128(10, 2)),
+            "_cdc_commit_lsn": pa.array([20], pa.int64()),
+            "_cdc_lsn": pa.array([1], pa.int64()),
+            "_cdc_offset": pa.array([3], pa.int64()),
+            "_cdc_partition": pa.array([0], pa.int32()),
+            "_cdc_op": pa.array(["u"]),
+            "_cdc_commit_ts": TS.slice(0, 1),
+        }
+    )
+    on = null_safe_match([(k, f"_cdc_k_{k}") for k in ITEMS.key])
+    assert writer.merge(path, source, on, current_clauses(ITEMS, set(), datafusion_quoted))
+    assert writer.refused == {}
+    rows = DeltaTable(path).to_pyarrow_table()
+    assert rows.column("line").to_pylist() == [2]  # the other writer's delete stays
+    assert rows.column("unit_price").to_pylist() == [Decimal("9.99")]  # the batch is in
+
+
+def test_a_failed_write_with_no_other_writer_is_handed_to_spark(tmp_path: Path) -> None:
+    """A write delta-rs cannot make, with nothing else committed meanwhile: not
+    written (False), and Spark writes the table from then on."""
+    current(tmp_path)
+    path = str(tmp_path)
+    writer = NativeWriter()
+    wrong = pa.table({"_cdc_k_order_id": pa.array([1], pa.int64())})  # no column `_cdc_k_line`
+    on = null_safe_match([(k, f"_cdc_k_{k}") for k in ITEMS.key])
+    assert not writer.merge(path, wrong, on, current_clauses(ITEMS, set(), datafusion_quoted))
+    assert path in writer.refused
+    assert DeltaTable(path).version() == 0

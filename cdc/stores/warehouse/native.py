@@ -11,14 +11,25 @@ the same protocol, read by Spark, delta-rs and the Iceberg publisher alike.
 A table delta-rs cannot write goes on being written by Spark, for the rest of the
 process: one that is column-mapped (a column named with a character Parquet cannot
 hold), one not on the local filesystem, or one delta-rs refused or failed to write (a
-value its statistics cannot hold, such as PostgreSQL's `infinity` date). A write that
-failed is retried by Spark only when it left no commit behind (the table's version is
-read before and after), so a batch is never written twice.
+value its statistics cannot hold, such as PostgreSQL's `infinity` date).
+
+Other engines write these tables too (an OPTIMIZE, a VACUUM, a user's DELETE, `cdc
+verify --repair`: docs/stores.md). A commit is ours only when it is ours: each write
+carries an app transaction of its own (Delta's `txn` action, `WRITER_ID` and a number
+no other write of ours uses), and a write that raised counts as written only when the
+table's newest version holds that number (it committed, then a hook failed). A write
+that lost a commit conflict to another writer is run again on the table's newest
+version (the write rule makes the MERGE right on any version), up to
+`CONFLICT_RETRIES` times, then handed to Spark; any other failure is retried by Spark
+for the rest of the process. So a batch is never written twice, and never counted as
+written when it was not.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from typing import Any
 
 __all__ = ["NativeWriter", "datafusion_quoted", "null_safe_match"]
@@ -28,6 +39,12 @@ log = logging.getLogger(__name__)
 # a checkpoint every this many versions, as Spark writes one: its readers replay at most
 # this many JSON commits
 CHECKPOINT_EVERY = 10
+# the app id of the pipeline's own delta-rs commits (Delta's `txn` action, as Spark's
+# txnAppId): each commit carries it with a number of its own (`_commit`)
+WRITER_ID = "cdc-apply"
+# how many times a write that lost a commit conflict to another writer is run again on the
+# table's newest version before it is handed to Spark
+CONFLICT_RETRIES = 5
 
 
 def datafusion_quoted(name: str) -> str:
@@ -94,15 +111,13 @@ class NativeWriter:
         data = aligned(table, rows) if _is_arrow(rows) else rows.toArrow()
         if data.num_rows == 0:
             return True
-        from deltalake import CommitProperties, Transaction, write_deltalake
+        from deltalake import Transaction, write_deltalake
 
-        options: dict[str, Any] = _hooks()
-        if transaction is not None:
-            options["commit_properties"] = CommitProperties(
-                app_transactions=[Transaction(*transaction)]
-            )
+        def run(table: Any, commit: Any) -> None:
+            write_deltalake(table, data, mode="append", commit_properties=commit, **_hooks())
+
         return self._commit(
-            path, table, lambda: write_deltalake(table, data, mode="append", **options)
+            path, table, run, [] if transaction is None else [Transaction(*transaction)]
         )
 
     def merge(
@@ -123,13 +138,14 @@ class NativeWriter:
         if data.num_rows == 0:
             return True
 
-        def run() -> None:
+        def run(table: Any, commit: Any) -> None:
             merger = table.merge(
                 data,
                 on,
                 source_alias="s",
                 target_alias="t",
                 streamed_exec=False,  # the batch is in memory: its keys prune the files read
+                commit_properties=commit,
                 **_hooks(),
             )
             for kind, condition, values in clauses:
@@ -205,30 +221,67 @@ class NativeWriter:
         held = zip(*[found.column(k).to_pylist() for k in key], strict=True)
         return any(canonical(k) in wanted for k in held)
 
-    def _commit(self, path: str, table: Any, write: Any) -> bool:
-        before = table.version()
-        try:
-            write()
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as exc:  # delta-rs's errors; a panic (pyo3's is a BaseException)
-            from deltalake import DeltaTable
+    def _commit(self, path: str, table: Any, write: Any, also: list[Any] | None = None) -> bool:
+        """Run `write(table, commit_properties)`; whether the batch is written (module doc).
+        `also`: further app transactions its commit records (a view's batch number)."""
+        from deltalake import CommitProperties, DeltaTable, Transaction
 
-            after = DeltaTable(_local(path) or path).version()
-            if after != before:  # it committed, then failed (a hook): the batch is written
-                log.warning("warehouse: delta-rs wrote %s, then failed: %s", path, exc)
-                return True
-            self.refused[path] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            log.warning(
-                "warehouse: delta-rs cannot write %s (%s); Spark writes it from now on",
-                path,
-                self.refused[path],
-            )
-            return False
-        table.update_incremental()
-        if table.version() % CHECKPOINT_EVERY == 0:
-            table.create_checkpoint()
-        return True
+        for attempt in range(CONFLICT_RETRIES + 1):
+            before = table.version()
+            # a number no other write of ours takes (nanoseconds, one after the other)
+            mine = Transaction(WRITER_ID, _next_number())
+            try:
+                write(table, CommitProperties(app_transactions=[mine, *(also or [])]))
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as exc:  # delta-rs's errors; a panic (pyo3's is a BaseException)
+                latest = DeltaTable(_local(path) or path)
+                if latest.transaction_version(WRITER_ID) == mine.version:
+                    log.warning("warehouse: delta-rs wrote %s, then failed: %s", path, exc)
+                    return True
+                said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                if latest.version() != before:  # another writer committed meanwhile
+                    log.warning(
+                        "warehouse: %s: another writer committed version %d while delta-rs "
+                        "wrote (%s); writing the batch again on it (attempt %d of %d)",
+                        path,
+                        latest.version(),
+                        said,
+                        attempt + 1,
+                        CONFLICT_RETRIES,
+                    )
+                    table = latest
+                    continue
+                self.refused[path] = said
+                log.warning(
+                    "warehouse: delta-rs cannot write %s (%s); Spark writes it from now on",
+                    path,
+                    said,
+                )
+                return False
+            table.update_incremental()
+            if table.version() % CHECKPOINT_EVERY == 0:
+                table.create_checkpoint()
+            return True
+        log.warning(
+            "warehouse: %s: other writers won %d commits in a row; Spark writes this batch",
+            path,
+            CONFLICT_RETRIES + 1,
+        )
+        return False
+
+
+_last_number = 0
+_numbering = threading.Lock()
+
+
+def _next_number() -> int:
+    """A number above every one this process gave before, and above the clock's
+    nanoseconds: no two commits of ours carry the same one."""
+    global _last_number
+    with _numbering:
+        _last_number = max(_last_number + 1, time.time_ns())
+        return _last_number
 
 
 def _is_arrow(rows: Any) -> bool:

@@ -3,12 +3,14 @@ current state and history, and every value in one comparable form."""
 
 from __future__ import annotations
 
+import functools
 import json
 from abc import abstractmethod
 from typing import Any
 
 from cdc.core.catalog import Table
 from cdc.stores.base import Entry, Rows, StoreReader
+from cdc.stores.warehouse.conflicts import retried
 from cdc.stores.warehouse.history import TRUNCATE_OP, derived_history
 from cdc.stores.warehouse.tables import current_path, history_path, view_path
 from cdc.types.decode import decode_value
@@ -102,18 +104,21 @@ class WarehouseReader(StoreReader):
         ]
         if not values:
             return
-        if len(table.key) == 1:  # one IN list (Spark makes it a hash set)
-            column = table.key[0]
-            target.delete(F.col(q(column)).isin([v[column] for v in values]))
+        what = f"the repair's removal from {table.qualified}"
+        column = table.key[0]
+        if len(table.key) == 1 and all(v[column] is not None for v in values):
+            # one IN list (Spark makes it a hash set)
+            wanted_values = [v[column] for v in values]
+            retried(what, lambda: target.delete(F.col(q(column)).isin(wanted_values)))
             return
         for at in range(0, len(values), _REMOVE_BATCH):
             matches = []
             for value in values[at : at + _REMOVE_BATCH]:
                 match = F.lit(True)
-                for column in table.key:
-                    match = match & (F.col(q(column)) == F.lit(value[column]))
+                for column in table.key:  # a key column may hold NULL (pipeline.key_columns)
+                    match = match & F.col(q(column)).eqNullSafe(F.lit(value[column]))
                 matches.append(match)
-            target.delete(any_of(matches))
+            retried(what, functools.partial(target.delete, any_of(matches)))
 
     def get(self, table: Table, key: str) -> Entry | None:
         """The key's live row; for a deleted key, its delete as the history holds it."""

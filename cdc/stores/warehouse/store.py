@@ -37,6 +37,7 @@ from cdc.core.settings import Settings
 from cdc.log.position import older_sql
 from cdc.stores.base import FrameStore
 from cdc.stores.warehouse import arrow_batch
+from cdc.stores.warehouse.conflicts import retried
 from cdc.stores.warehouse.history import (
     HISTORY_META,
     KEY_PROPERTY,
@@ -224,7 +225,8 @@ class WarehouseStore(WarehouseReader, FrameStore):
 
         commit, lsn = int(before[0]), int(before[1])
         cut = older_sql(POSITION, [str(commit), str(lsn)])
-        self._ensure(table).delete(cut)
+        target = self._ensure(table)
+        retried(f"the TRUNCATE of {table.qualified}", lambda: target.delete(cut))
         history = self._history(table)
         held = history.toDF().where(
             f"_cdc_op = '{TRUNCATE_OP}' AND _cdc_commit_lsn = {commit} AND _cdc_lsn = {lsn}"
@@ -509,19 +511,23 @@ class WarehouseStore(WarehouseReader, FrameStore):
         self, table: Table, target: Any, source: Any, placeholders: frozenset[str] = frozenset()
     ) -> None:
         """The current state's MERGE (`_current_clauses`) of `source` (a Spark frame), by
-        Spark."""
-        merger = target.alias("t").merge(
-            source.alias("s"),
-            " AND ".join(f"t.{q(k)} <=> s.{q('_cdc_k_' + k)}" for k in table.key),
-        )
-        for kind, condition, values in current_clauses(table, set(placeholders), q):
-            if kind == "delete":
-                merger = merger.whenMatchedDelete(condition=condition)
-            elif kind == "update":
-                merger = merger.whenMatchedUpdate(condition=condition, set=values)
-            else:
-                merger = merger.whenNotMatchedInsert(condition=condition, values=values)
-        merger.execute()
+        Spark; run again on the newest version while it loses to another writer."""
+
+        def merge() -> None:
+            merger = target.alias("t").merge(
+                source.alias("s"),
+                " AND ".join(f"t.{q(k)} <=> s.{q('_cdc_k_' + k)}" for k in table.key),
+            )
+            for kind, condition, values in current_clauses(table, set(placeholders), q):
+                if kind == "delete":
+                    merger = merger.whenMatchedDelete(condition=condition)
+                elif kind == "update":
+                    merger = merger.whenMatchedUpdate(condition=condition, set=values)
+                else:
+                    merger = merger.whenNotMatchedInsert(condition=condition, values=values)
+            merger.execute()
+
+        retried(f"the MERGE into {table.qualified}'s current state", merge)
 
     def _append(self, target: Any, path: str, rows: Any, native: NativeWriter | None) -> None:
         """`rows` appended to the table at `path`, a column they lack NULL (a column
