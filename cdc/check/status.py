@@ -91,7 +91,14 @@ def backfill_channel(config: dict[str, str]) -> str:
     return f"signals and watermarks in table {config.get('signal.data.collection', '?')}"
 
 
-def pipeline_status(settings: Settings, tables: list[str] | None = None) -> PipelineStatus:
+def pipeline_status(
+    settings: Settings, tables: list[str] | None = None, connect_down: str | None = None
+) -> PipelineStatus:
+    """The pipeline's figures. Whatever else is down, the capture's lag and each store's
+    lag and backlog are read from PostgreSQL and Kafka alone (the heartbeats, the log's
+    ends, the stores' progress): Kafka Connect not answering is said (`connect_down`:
+    why, when the caller has asked it already; not asked again), never a reason to
+    show less."""
     pipe = settings.pipeline
     status = PipelineStatus(pipe.name, "none", None, None, None)
     try:
@@ -120,6 +127,8 @@ def pipeline_status(settings: Settings, tables: list[str] | None = None) -> Pipe
             status.tables_drift = found.problems(lambda name: change_topic(pipe, name))
             status.tables_drift += _choice_problems(settings, published)
         try:  # Connect not answering (stopped, paused by a signal): the rest is still told
+            if connect_down is not None:
+                raise CdcError(connect_down)
             connectors = connect_client(settings, timeout=5.0).connectors()
         except CdcError as exc:
             connectors = {}

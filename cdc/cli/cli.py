@@ -24,6 +24,7 @@ from cdc.core.settings import Settings, load_settings, local_admin_password
 from cdc.core.store_declarations import store_help
 from cdc.core.topics import change_topic
 from cdc.stack import Stack
+from cdc.stack.components import ComponentStatus
 
 __all__ = ["app", "main"]
 
@@ -129,6 +130,7 @@ def status(output: OutputOption = OutputForm.text) -> None:
     freshness (commit to visible, p50 and p99 over apply.freshness_window_s) against its
     SLO, and the process applying it
     (with apply.iceberg, the warehouse tables whose Iceberg table lags its Delta table).
+    With Kafka Connect not answering, the pipeline is still shown, and why it stalls.
     Exits 1 if a component is down, the slot is lost, the connector or a task failed, a
     captured table was renamed or dropped (or one selected is not captured: `cdc setup`),
     or a store breaches its freshness SLO (apply.freshness_slo_s)."""
@@ -142,7 +144,13 @@ def _print_status(stack: Stack, output: Output) -> bool:
 
     statuses = stack.status()
     up = {s.name for s in statuses if s.up}
-    pipeline = pipeline_status(stack.settings) if {"postgres", "kafka", "connect"} <= up else None
+    # the pipeline's figures need PostgreSQL and Kafka only: with Connect not answering
+    # they are what tells how far behind the capture is, and why
+    pipeline = (
+        pipeline_status(stack.settings, connect_down=_connect_down(statuses))
+        if {"postgres", "kafka"} <= up
+        else None
+    )
     output.emit(
         {
             "components": [s.__dict__ for s in statuses],
@@ -154,6 +162,16 @@ def _print_status(stack: Stack, output: Output) -> bool:
     return all(s.up for s in statuses) and not (
         pipeline is not None and (pipeline.broken or pipeline.breached)
     )
+
+
+def _connect_down(statuses: list[ComponentStatus]) -> str | None:
+    """Why Kafka Connect did not answer the stack's look just now (None: it did): the
+    pipeline's status says it without asking again (and waiting its timeout twice)."""
+    connect = next((s for s in statuses if s.name == "connect"), None)
+    if connect is None or connect.up:
+        return None
+    error = connect.error or "does not answer"
+    return error if "Kafka Connect" in error else f"Kafka Connect {error}"
 
 
 @app.command("config")
@@ -555,13 +573,18 @@ def metrics(
     """
     import time
 
-    from cdc.check.status import pipeline_status
+    from cdc.check.status import PipelineStatus, pipeline_status
     from cdc.cli.metrics import serve
 
     s = settings()
     stack = Stack(s)
     try:
-        server = serve(lambda: (stack.status(), pipeline_status(s)), port, host)
+
+        def look() -> tuple[list[ComponentStatus], PipelineStatus]:
+            statuses = stack.status()
+            return statuses, pipeline_status(s, connect_down=_connect_down(statuses))
+
+        server = serve(look, port, host)
     except OSError as exc:
         raise CdcError(f"cannot listen on {host}:{port} ({exc.strerror}): use --port") from None
     console_say(f"metrics at http://{host}:{port}/metrics (Ctrl-C stops)")

@@ -21,7 +21,7 @@ from cdc.check.status import PipelineStatus, pipeline_status
 from cdc.core.settings import Settings
 from cdc.stack.process import read_pid
 from tests.conftest import Capture
-from tests.helpers import apply_process, steady_updates
+from tests.helpers import apply_process, run_cdc, steady_updates
 from tests.logcheck import poll
 
 pytestmark = pytest.mark.integration
@@ -79,6 +79,62 @@ def test_an_idle_pipeline_never_breaches_while_its_heartbeats_advance(captured: 
         heartbeats.add(capture["heartbeat_ms"])
         time.sleep(0.5)
     assert len(heartbeats) >= 4  # the heartbeats kept advancing: the capture runs
+
+
+def test_status_tells_the_capture_and_every_store_while_connect_does_not_answer(
+    captured: Capture,
+) -> None:
+    """Kafka Connect paused (SIGSTOP): `cdc status` still shows the pipeline, its figures
+    read from PostgreSQL and Kafka: the capture stalled and its lag, each store's backlog
+    and lag (the capture's at least), and why (Connect does not answer); it exits 1."""
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, n int NOT NULL)",
+        "INSERT INTO {name} SELECT g, 0 FROM generate_series(1, 10) g",
+        prefix="paused",
+        heartbeat_interval_ms=HEARTBEAT_MS,
+    )
+    settings = t.settings
+    run_apply(settings, ["cache"], once=True)
+    poll(
+        lambda: (pipeline_status(settings).capture or {}).get("lag_s") is not None,
+        60,
+        "the first heartbeat to reach the log",
+    )
+    env = {**t.env, "CDC_PIPELINE__HEARTBEAT_INTERVAL_MS": str(HEARTBEAT_MS)}
+    connect = read_pid(settings.data_dir / "run" / "connect.pid")
+    assert connect is not None, "Kafka Connect does not run"
+    os.kill(connect, signal.SIGSTOP)
+    try:
+        with psycopg.connect(t.dsn, autocommit=True) as conn:  # a change Kafka never gets
+            conn.execute(f"UPDATE {t.name} SET n = n + 1 WHERE id = 1")
+        poll(
+            lambda: bool((pipeline_status(settings).capture or {}).get("stalled")),
+            60,
+            "the capture to stall",
+        )
+        result = run_cdc("status", "--output", "json", env=env, timeout=300)
+        assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+        report = json.loads(result.stdout)
+        assert not next(c for c in report["components"] if c["name"] == "connect")["up"]
+        pipeline = report["pipeline"]
+        assert pipeline is not None, "no pipeline section with Connect not answering"
+        capture = pipeline["capture"]
+        assert capture["stalled"] and capture["lag_s"] > 0, capture
+        assert "Kafka Connect" in capture["why"], capture
+        assert pipeline["connector"]["state"] == "UNKNOWN", pipeline["connector"]
+        assert "Kafka Connect" in pipeline["connector"]["error"], pipeline["connector"]
+        cache = pipeline["stores"]["cache"]
+        assert cache["backlog_events"] == 0 and cache["lag_s"] >= capture["lag_s"], cache
+        assert pipeline["error"] is None, pipeline["error"]
+        # and for people: the capture's line and the store's, with the reason
+        text = run_cdc("status", env=env, timeout=300)
+        assert text.returncode == 1, text.stdout[-3000:] + text.stderr[-3000:]
+        said = " ".join(text.stdout.replace("│", " ").split())  # the cells, as words
+        assert "capture stalled: capture has delivered nothing since" in said, said[-3000:]
+        assert "Kafka Connect" in said.split("capture stalled:")[1], said[-3000:]
+        assert "store cache caught up with the log (backlog 0); lag" in said, said[-3000:]
+    finally:
+        os.kill(connect, signal.SIGCONT)
 
 
 # an apply job of its own under load for minutes: in `make test-long` (CI's run has the
