@@ -151,6 +151,24 @@ def test_what_the_views_keep_each_key_and_creation_once() -> None:
     assert kept["versions"].column_names == ["_cdc_ref", "_cdc_commit_lsn", "_cdc_lsn"]
 
 
+def test_a_column_named_like_a_helper_column_is_a_column() -> None:
+    """The batch's own helper column (its order) is named `_cdc_*`, which no column can
+    be: a table's column `__at` (or any other name) keeps its values."""
+    table = Table(
+        "public",
+        "t",
+        (*TABLE.columns, Column("__at", "int8", "int8", "N", True, None, False)),
+        ("id",),
+        "d",
+        0,
+        0,
+    )
+    batch = events((1, "c", 0, 10, 100, 5, "a", None), (2, "c", 0, 11, 100, 6, "b", None))
+    batch = batch.append_column("__at", pa.array([70, 80], pa.int64()))
+    history = arrow_batch.versions(table, arrow_batch.changes(batch))
+    assert history.column("__at").to_pylist() == [70, 80]
+
+
 def test_every_nan_is_one_key() -> None:
     nan = float("nan")
     assert arrow_batch.canonical((nan, 1)) == arrow_batch.canonical((float("nan"), 1))

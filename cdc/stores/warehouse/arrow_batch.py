@@ -105,18 +105,18 @@ def changes(events: pa.Table) -> pa.Table:
     """The batch's changes (not its tombstones), each (key, position) once (a change
     delivered twice is one version: its first delivery), in position order."""
     found = events.filter(pc.is_valid(events.column("_cdc_commit_lsn")))
-    found = found.append_column("__at", pa.array(np.arange(found.num_rows, dtype=np.int64)))
+    found = found.append_column("_cdc_at", pa.array(np.arange(found.num_rows, dtype=np.int64)))
     found = found.take(
         pc.sort_indices(
             found,
             sort_keys=[
-                (c, "ascending") for c in ("_cdc_commit_lsn", "_cdc_lsn", "_cdc_key", "__at")
+                (c, "ascending") for c in ("_cdc_commit_lsn", "_cdc_lsn", "_cdc_key", "_cdc_at")
             ],
         )
     )
     return found.filter(
         _firsts_of_runs(found, ("_cdc_commit_lsn", "_cdc_lsn", "_cdc_key"))
-    ).drop_columns(["__at"])
+    ).drop_columns(["_cdc_at"])
 
 
 def _firsts_of_runs(rows: pa.Table, columns: tuple[str, ...]) -> Any:
