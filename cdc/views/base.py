@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from cdc.core.catalog import Column, Table
+from cdc.core.catalog import RESERVED_PREFIX, Column, Table
 from cdc.core.errors import ConfigError
 from cdc.core.topics import ChangeRecord
 from cdc.core.view_settings import (
@@ -121,7 +121,8 @@ class View:
         self, table: Table, taken: set[str], carried: list[str], added: tuple[str, ...] = ()
     ) -> None:
         """Raise ConfigError when a column of `table` the view keeps (`taken`) is named like
-        one it adds to every row (`added`), or a column it carries like either."""
+        one it adds to every row (`added`), or a column it carries like either, or like
+        the pipeline's own (RESERVED_PREFIX: the view's helper columns are named so)."""
         if clash := sorted(taken & set(added)):
             raise ConfigError(
                 f"view {self.name}: {table.qualified}'s column {clash[0]} is named like one "
@@ -131,6 +132,11 @@ class View:
             getattr(self.settings, "column_prefix", ""),
             getattr(self.settings, "columns", []),
         )
+        if own := sorted(n for n in (prefix + c for c in columns) if n.startswith(RESERVED_PREFIX)):
+            raise ConfigError(
+                f"view {self.name}: its column {own[0]} starts with {RESERVED_PREFIX}, which "
+                "the pipeline keeps for its own columns; give the join another prefix"
+            )
         if clash := sorted((taken | set(added)) & {prefix + c for c in columns}):
             raise ConfigError(
                 f"view {self.name}: {', '.join(clash)} is already a column of the view "

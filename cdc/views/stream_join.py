@@ -151,9 +151,9 @@ class StreamJoinView(StreamingView):
                     F.col("__end_lsn").alias("_cdc_end_lsn"),
                 )
                 .toDF(*names)
-                .withColumn("__rank", F.row_number().over(first))
-                .where("__rank = 1")
-                .drop("__rank")
+                .withColumn("_cdc_rank", F.row_number().over(first))
+                .where("_cdc_rank = 1")
+                .drop("_cdc_rank")
             )
             merge(rows, batch_id)
 

@@ -138,19 +138,21 @@ def refresh_join_arrow(
         carried = live_right.to_table(
             columns=[ref, *join.columns], filter=ds.field(ref).isin(wanted)
         )
-        carried = carried.rename_columns(["__ref", *[join.column_prefix + c for c in join.columns]])
+        carried = carried.rename_columns(
+            ["_cdc_ref", *[join.column_prefix + c for c in join.columns]]
+        )
         rows = rows.select([c.name for c in left.columns])
-        joined = rows.join(carried, keys=join.on, right_keys="__ref", join_type="left outer")
-        joined = joined.append_column("__present", pa.array([True] * joined.num_rows))
+        joined = rows.join(carried, keys=join.on, right_keys="_cdc_ref", join_type="left outer")
+        joined = joined.append_column("_cdc_present", pa.array([True] * joined.num_rows))
         source = affected.join(joined, keys=key, join_type="left outer")
     except (pa.ArrowException, ValueError, TypeError) as exc:
         log.info("join view %s: refreshed by Spark (%s)", join.name, exc)
         return False
     values = {dq(c): f"s.{dq(c)}" for c in columns}
     clauses: list[Any] = [
-        ("delete", "s.__present IS NULL", None),
-        ("update", "s.__present", values),
-        ("insert", "s.__present", values),
+        ("delete", "s._cdc_present IS NULL", None),
+        ("update", "s._cdc_present", values),
+        ("insert", "s._cdc_present", values),
     ]
     return native.merge(view, source, null_safe_match([(k, k) for k in key]), clauses)
 
@@ -177,7 +179,7 @@ def refresh_join(
     view = ensure_delta(spark, view_path(root, join.name), _joined_fields(join, left, right))
     (ref,) = right.key
     carried = live_right.select(
-        F.col(q(ref)).alias("__ref"),
+        F.col(q(ref)).alias("_cdc_ref"),
         *[F.col(q(c)).alias(join.column_prefix + c) for c in join.columns],
     )
     key_columns = [F.col(q(k)) for k in left.key]
@@ -185,9 +187,9 @@ def refresh_join(
     if join.table in touched:
         parts.append(touched[join.table].select(*key_columns))
     if join.references in touched:
-        changed = touched[join.references].select(F.col(q(ref)).alias("__ref"))
+        changed = touched[join.references].select(F.col(q(ref)).alias("_cdc_ref"))
         parts.append(
-            live_left.join(changed, F.col(q(join.on)) == F.col("__ref"), "left_semi").select(
+            live_left.join(changed, F.col(q(join.on)) == F.col("_cdc_ref"), "left_semi").select(
                 *key_columns
             )
         )
@@ -200,11 +202,11 @@ def refresh_join(
     affected = affected.distinct()
     joined = (
         live_left.join(affected, [*left.key], "left_semi")
-        .join(carried, F.col(q(join.on)) == F.col("__ref"), "left")
+        .join(carried, F.col(q(join.on)) == F.col("_cdc_ref"), "left")
         .select(
             *[F.col(q(c.name)) for c in left.columns],
             *[F.col(q(join.column_prefix + c)) for c in join.columns],
-            F.lit(True).alias("__present"),
+            F.lit(True).alias("_cdc_present"),
         )
     )
     source = affected.join(joined, [*left.key], "left")
@@ -212,9 +214,9 @@ def refresh_join(
     if native is not None and not full:  # all its rows: Spark's tasks stream them
         values = {dq(c): f"s.{dq(c)}" for c in columns}
         clauses: list[Any] = [
-            ("delete", "s.__present IS NULL", None),
-            ("update", "s.__present", values),
-            ("insert", "s.__present", values),
+            ("delete", "s._cdc_present IS NULL", None),
+            ("update", "s._cdc_present", values),
+            ("insert", "s._cdc_present", values),
         ]
         on = null_safe_match([(k, k) for k in left.key])
         if native.merge(view_path(root, join.name), source, on, clauses):
@@ -225,9 +227,9 @@ def refresh_join(
         lambda: (
             view.alias("v")
             .merge(source.alias("s"), " AND ".join(f"v.{q(k)} <=> s.{q(k)}" for k in left.key))
-            .whenMatchedDelete(condition="s.__present IS NULL")
-            .whenMatchedUpdate(condition="s.__present", set=values)
-            .whenNotMatchedInsert(condition="s.__present", values=values)
+            .whenMatchedDelete(condition="s._cdc_present IS NULL")
+            .whenMatchedUpdate(condition="s._cdc_present", set=values)
+            .whenNotMatchedInsert(condition="s._cdc_present", values=values)
             .execute()
         ),
     )

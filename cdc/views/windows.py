@@ -51,6 +51,8 @@ __all__ = ["FillingWindowView", "SessionView", "SlidingView", "WindowView"]
 
 # a window's columns: the ones that name it, then its measures
 WINDOW_COLUMNS = ("window_start", "window_end", "rows", "total")
+# the column Spark names a session's window (F.session_window), beside the group_by column
+SESSION_WINDOW = "session_window"
 
 
 class WindowView(StreamingView):
@@ -289,7 +291,7 @@ class SessionView(WindowView):
         group_by = self.settings.group_by
         if group_by is not None:
             self.has(tables[self.settings.table], group_by)
-            if group_by in WINDOW_COLUMNS:
+            if group_by in (*WINDOW_COLUMNS, SESSION_WINDOW):
                 raise ConfigError(
                     f"view {self.name}: group_by {group_by} is a column the window has "
                     "already; sessions cannot be grouped by a column of that name"
@@ -316,8 +318,8 @@ class SessionView(WindowView):
         )
         return counts.select(
             *([q(group_by)] if group_by else []),
-            F.col("session_window.start").alias("window_start"),
-            F.col("session_window.end").alias("window_end"),
+            F.col(f"{SESSION_WINDOW}.start").alias("window_start"),
+            F.col(f"{SESSION_WINDOW}.end").alias("window_end"),
             "rows",
             "total",
         )

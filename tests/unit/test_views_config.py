@@ -261,6 +261,25 @@ def test_a_session_is_grouped_by_a_column_of_its_table() -> None:
         check_views(settings_with(windows=[wrong]), TABLES)
 
 
+def test_a_session_grouped_by_a_column_named_like_sparks_own_is_refused() -> None:
+    """Spark names a session's window `session_window`, beside the group_by column."""
+    tables = TABLES | {"public.orders": table("orders", "session_window")}
+    session = SessionWindow(
+        name="s", table="public.orders", kind="session", gap="1 minute", group_by="session_window"
+    )
+    with pytest.raises(ConfigError, match="group_by session_window is a column the window has"):
+        check_views(settings_with(windows=[session]), tables)
+
+
+@pytest.mark.parametrize("kind", ["table", "stream_table", "stream_stream"])
+def test_a_carried_column_named_like_the_pipelines_own_is_refused(kind: str) -> None:
+    """A join's helper columns are named `_cdc_*` (`_cdc_ref`, `_cdc_rank`...): no column
+    it carries may be named so, whatever the table's columns are named."""
+    view = shipped(prefix="_cdc_") if kind == "stream_stream" else join(kind=kind, prefix="_cdc_")
+    with pytest.raises(ConfigError, match=r"column _cdc_\w+ starts with _cdc_, .*another prefix"):
+        check_views(settings_with(joins=[view]), TABLES)
+
+
 def test_only_the_joins_a_batch_refreshes_keep_its_frames() -> None:
     from cdc.stores.warehouse.store import frames_to_keep
 
