@@ -334,13 +334,16 @@ def _renamed_to(conn: psycopg.Connection[Any], pipeline: str, name: str) -> str 
     return str(row[0]) if row and row[0] != name else None
 
 
-RESERVED_PREFIX = "_cdc_"  # the stores' own columns and fields (positions, flags)
+# the stores' own columns and fields (positions, flags), and every helper column, alias
+# and field of the pipeline's own SQL, Spark frames and Arrow tables beside a table's
+# columns: no column may start with it, so no column name meets one of them
+RESERVED_PREFIX = "_cdc_"
 
 
 def reserved_problem(columns: list[str], stores: Collection[str] = ()) -> str | None:
     """Why a table with these columns cannot be kept (in `stores` too): a column named
-    like one every store adds to every row, or one a store in `stores` reserves (None:
-    nothing)."""
+    like one every store adds to every row, or one a store in `stores` reserves, or
+    columns a store in `stores` cannot keep side by side (None: nothing)."""
     declarations = declared()
     for column in columns:
         name = column if column.isprintable() else json.dumps(column)  # one line, always
@@ -357,6 +360,11 @@ def reserved_problem(columns: list[str], stores: Collection[str] = ()) -> str | 
                     f"its column {name} {why}; rename the column, or leave the table out "
                     "(pipeline.exclude_tables)"
                 )
+    for store in stores:
+        declaration = declarations.get(store)
+        why = declaration.clashes(columns) if declaration and declaration.clashes else None
+        if why:
+            return f"{why}; rename one, or leave the table out (pipeline.exclude_tables)"
     return None
 
 

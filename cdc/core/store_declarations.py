@@ -56,6 +56,9 @@ class StoreDeclaration:
     posture: Callable[[Any], str | None] | None = None
     # why a column of this name cannot be kept beside the store's own, or None
     reserved: Callable[[str], str | None] | None = None
+    # why a table's columns of these names cannot be kept side by side in the store (two
+    # names it would take for one field), or None
+    clashes: Callable[[list[str]], str | None] | None = None
     abilities: frozenset[Ability] = field(default_factory=frozenset)
 
     def factory(self) -> Callable[[Any, Any], Any]:

@@ -108,3 +108,23 @@ def test_a_stores_own_settings_are_validated_masked_and_kept_from_other_stores(
         load_settings(stores={"notes": {"typo": 1}})
     with pytest.raises(ConfigError, match=r"invalid setting stores.*no settings of its own"):
         load_settings(stores={"cache": {}})
+
+
+def test_names_opensearch_takes_for_one_field_are_refused_for_the_index() -> None:
+    """A dot in a field name is a path in OpenSearch: `a` and `a.b` would be a field and
+    an object at once, `x.` is `x`, `.x` and `a..b` no field; each is refused in one line
+    for the search index only. Other dotted names are fields like any other."""
+    from cdc.core.catalog import reserved_problem
+
+    for columns, found in [
+        (["id", "a.b", "a"], "its columns a and a.b are a field and a field of it"),
+        (["id", "a", "a.b.c"], "its columns a and a.b.c are a field and a field of it"),
+        (["id", "x."], "its column x. is no field OpenSearch can map"),
+        (["id", ".x"], "its column .x is no field OpenSearch can map"),
+        (["id", "a..b"], "its column a..b is no field OpenSearch can map"),
+        (["id", "_id.x"], "its column _id.x is one of OpenSearch's metadata fields"),
+    ]:
+        problem = reserved_problem(columns, ["search"]) or ""
+        assert found in problem and "\n" not in problem, (columns, problem)
+        assert reserved_problem(columns, ["cache", "warehouse"]) is None
+    assert reserved_problem(["id", "dot.ted", "a.b.c", "a.bc", "a.b c"], ["search"]) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from cdc.core.store_declarations import StoreDeclaration
@@ -37,8 +38,28 @@ def _posture(settings: Settings) -> str | None:
 
 
 def _reserved(column: str) -> str | None:
-    if column in METADATA_FIELDS:
+    """A field name is a path in OpenSearch (`a.b` is field b of object a)."""
+    path = column.split(".")
+    if path[0] in METADATA_FIELDS:
         return "is one of OpenSearch's metadata fields, which no document may hold"
+    if "" in path:
+        return "is no field OpenSearch can map (a dot at either end, or two dots in a row)"
+    return None
+
+
+def _clashes(columns: list[str]) -> str | None:
+    """Two columns OpenSearch would take for a field and an object holding another (`a`
+    and `a.b`): its mapping cannot hold both."""
+    names = set(columns)
+    for column in sorted(columns):
+        path = column.split(".")
+        for end in range(1, len(path)):
+            if (head := ".".join(path[:end])) in names:
+                shown = [c if c.isprintable() else json.dumps(c) for c in (head, column)]
+                return (
+                    f"its columns {shown[0]} and {shown[1]} are a field and a field of it "
+                    "in OpenSearch (a dot in a name is a path)"
+                )
     return None
 
 
@@ -50,4 +71,5 @@ DECLARATION = StoreDeclaration(
     section="opensearch",
     posture=_posture,
     reserved=_reserved,
+    clashes=_clashes,
 )
