@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["SPARK_RETRIES", "retried"]
+__all__ = ["SPARK_RETRIES", "lost_conflict", "retried"]
 
 log = logging.getLogger(__name__)
 
@@ -26,17 +26,30 @@ SPARK_RETRIES = 5
 
 T = TypeVar("T")
 
+# the error classes of Delta's commit conflicts (Spark carries them as text: PySpark does
+# not always raise delta.exceptions' classes for them)
+_CONFLICTS = ("[DELTA_CONCURRENT_", "[DELTA_METADATA_CHANGED", "[DELTA_PROTOCOL_CHANGED")
+
+
+def lost_conflict(exc: BaseException) -> bool:
+    """Whether `exc` is a Delta commit that lost to another writer's (nothing committed)."""
+    from delta.exceptions import DeltaConcurrentModificationException
+
+    if isinstance(exc, DeltaConcurrentModificationException):
+        return True
+    text = str(exc)
+    return any(c in text for c in _CONFLICTS) or "io.delta.exceptions.Concurrent" in text
+
+
 
 def retried(what: str, write: Callable[[], T]) -> T:
     """`write()`, run again while it loses a commit conflict to another writer (at most
     SPARK_RETRIES times, a growing pause between); `what` names it in the log."""
-    from delta.exceptions import DeltaConcurrentModificationException
-
     for attempt in range(SPARK_RETRIES + 1):
         try:
             return write()
-        except DeltaConcurrentModificationException as exc:
-            if attempt == SPARK_RETRIES:
+        except Exception as exc:
+            if attempt == SPARK_RETRIES or not lost_conflict(exc):
                 raise
             said = str(exc).splitlines()[0][:200]
             log.warning(

@@ -28,6 +28,7 @@ written when it was not.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from typing import Any
@@ -250,6 +251,8 @@ class NativeWriter:
                         attempt + 1,
                         CONFLICT_RETRIES,
                     )
+                    # a pause, so that two writers that keep meeting fall out of step
+                    time.sleep(random.uniform(0.05, 0.2) * (attempt + 1))
                     table = latest
                     continue
                 self.refused[path] = said

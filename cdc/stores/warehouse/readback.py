@@ -12,6 +12,7 @@ from cdc.core.catalog import Table
 from cdc.stores.base import Entry, Rows, StoreReader
 from cdc.stores.warehouse.conflicts import retried
 from cdc.stores.warehouse.history import TRUNCATE_OP, derived_history
+from cdc.stores.warehouse.native import NativeWriter, null_safe_match
 from cdc.stores.warehouse.tables import current_path, history_path, view_path
 from cdc.types.decode import decode_value
 from cdc.types.keys import key_text
@@ -29,6 +30,7 @@ class WarehouseReader(StoreReader):
 
     spark: Any
     root: str
+    native: NativeWriter
 
     @abstractmethod
     def _ensure(self, table: Table) -> Any:
@@ -91,8 +93,6 @@ class WarehouseReader(StoreReader):
 
     def remove(self, table: Table, keys: list[str]) -> None:
         """The rows go from the current state (the history keeps what it recorded)."""
-        from pyspark.sql import functions as F
-
         target = self._ensure(table)
         # the Delta values of the keys to remove (a key's text is not its Delta value)
         wanted = set(keys)
@@ -104,21 +104,16 @@ class WarehouseReader(StoreReader):
         ]
         if not values:
             return
+        path = current_path(self.root, table.qualified)
         what = f"the repair's removal from {table.qualified}"
-        column = table.key[0]
-        if len(table.key) == 1 and all(v[column] is not None for v in values):
-            # one IN list (Spark makes it a hash set)
-            wanted_values = [v[column] for v in values]
-            retried(what, lambda: target.delete(F.col(q(column)).isin(wanted_values)))
-            return
-        for at in range(0, len(values), _REMOVE_BATCH):
-            matches = []
-            for value in values[at : at + _REMOVE_BATCH]:
-                match = F.lit(True)
-                for column in table.key:  # a key column may hold NULL (pipeline.key_columns)
-                    match = match & F.col(q(column)).eqNullSafe(F.lit(value[column]))
-                matches.append(match)
-            retried(what, functools.partial(target.delete, any_of(matches)))
+        for condition in _conditions(table, values):
+            # by delta-rs where it writes the table: a commit in a tenth of a second, where
+            # Spark's DELETE takes seconds and loses every commit conflict to a table
+            # written as often as the apply writes it
+            source = live.where(condition).select(*[_as_source_key(k) for k in table.key])
+            on = null_safe_match([(k, f"_cdc_k_{k}") for k in table.key])
+            if not self.native.merge(path, source, on, [("delete", None, None)]):
+                retried(what, functools.partial(target.delete, condition))
 
     def get(self, table: Table, key: str) -> Entry | None:
         """The key's live row; for a deleted key, its delete as the history holds it."""
@@ -145,6 +140,41 @@ class WarehouseReader(StoreReader):
         if newest and newest[0]["_cdc_op"] == "d":
             return Entry(newest[0].asDict(), True)
         return None
+
+
+def _conditions(table: Table, values: list[dict[str, Any]]) -> list[Any]:
+    """Spark conditions that together match the rows of the keys `values`: one IN list
+    (Spark makes it a hash set), or a condition per _REMOVE_BATCH keys."""
+    from pyspark.sql import functions as F
+
+    column = table.key[0]
+    if len(table.key) == 1 and all(v[column] is not None for v in values):
+        return [F.col(q(column)).isin([v[column] for v in values])]
+    return [
+        _matching(table, values[at : at + _REMOVE_BATCH])
+        for at in range(0, len(values), _REMOVE_BATCH)
+    ]
+
+
+def _as_source_key(column: str) -> Any:
+    """The key column `column` under the name a MERGE's source gives it (`_cdc_k_<column>`)."""
+    from pyspark.sql import functions as F
+
+    return F.col(q(column)).alias(f"_cdc_k_{column}")
+
+
+def _matching(table: Table, values: list[dict[str, Any]]) -> Any:
+    """A Spark condition: the row's key is one of `values` (NULL matching NULL: a key
+    column may hold NULL, pipeline.key_columns)."""
+    from pyspark.sql import functions as F
+
+    matches = []
+    for value in values:
+        match = F.lit(True)
+        for column in table.key:
+            match = match & F.col(q(column)).eqNullSafe(F.lit(value[column]))
+        matches.append(match)
+    return any_of(matches)
 
 
 def any_of(conditions: list[Any]) -> Any:
