@@ -41,7 +41,6 @@ def lost_conflict(exc: BaseException) -> bool:
     return any(c in text for c in _CONFLICTS) or "io.delta.exceptions.Concurrent" in text
 
 
-
 def retried(what: str, write: Callable[[], T]) -> T:
     """`write()`, run again while it loses a commit conflict to another writer (at most
     SPARK_RETRIES times, a growing pause between); `what` names it in the log."""
