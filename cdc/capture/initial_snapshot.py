@@ -11,15 +11,25 @@
    whatever offset an earlier generation left under the connector's name.
 
 The ranges are written a few at a time, and each group, once in Kafka, is recorded
-(cdc.snapshot_ranges) with the consistent point and the snapshot's xmin. A run that
-stops before 4 leaves state `running`. The next run resumes it when it had recorded
-ranges: the exported snapshot died with its session, so it starts the connector at
-the slot's consistent point and backfills (Debezium's watermarked incremental
-snapshot) only the rows the interrupted run had not written: those outside the
-recorded ranges, and every row version written after the snapshot (an UPDATE may
-have moved a row into a recorded range). A table rewritten meanwhile (VACUUM FULL)
-is backfilled whole. Otherwise the run drops the unused slot, removes what the
+(cdc.snapshot_ranges) with its table's identity (relation, partitions and files, as
+they were before the slot was made) beside the consistent point and the snapshot's
+xmin. A run that stops before 4 leaves state `running`. The next run resumes it when
+it had recorded ranges: the exported snapshot died with its session, so it starts the
+connector at the slot's consistent point and backfills (Debezium's watermarked
+incremental snapshot) only the rows the interrupted run had not written: those
+outside the recorded ranges, and every row version written after the snapshot (an
+UPDATE may have moved a row into a recorded range). A table whose files changed
+meanwhile (VACUUM FULL) is backfilled whole; one whose rows the first run wrote may
+belong to another relation now (dropped and created again, a partition detached or
+dropped, truncated while its trigger was missing) is cut first, in every store,
+before its backfill. Otherwise the run drops the unused slot, removes what the
 interrupted run wrote and starts again.
+
+Between two groups the snapshot holds no lock: a rewrite (VACUUM FULL, CLUSTER, pg_repack,
+ALTER TABLE … TYPE) may run there and move rows the copy has not read into pages it has
+read. After each group the identity of its tables is read again; the copy of a table
+whose identity changed stops, and the run ends as a resumed one does, so that table is
+backfilled whole (and cut first if its relation changed).
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from cdc.capture import pending
 from cdc.capture.backfill import start_backfill, watch_backfill
 from cdc.capture.connect import connect_client
 from cdc.capture.connector import register_connector
@@ -71,8 +82,13 @@ from cdc.capture.snapshots import (
     record_ranges,
     resume_point,
 )
-from cdc.capture.source import prepare_source, replication_dsn, sync_truncate_triggers
-from cdc.core.catalog import Table
+from cdc.capture.source import (
+    TRUNCATE_TRIGGER,
+    prepare_source,
+    replication_dsn,
+    sync_truncate_triggers,
+)
+from cdc.core.catalog import TRUNCATIONS_TABLE, Table
 from cdc.core.errors import ConnectorError, SnapshotError
 from cdc.core.postgres import admin_connection
 from cdc.core.say import Say, quiet
@@ -85,10 +101,18 @@ from cdc.core.topics import (
     end_offsets,
     ensure_topics,
     pipeline_topic_specs,
+    read_topic,
     truncate_topics,
 )
 
-__all__ = ["SnapshotResult", "ctid_clause", "page_ranges", "run_snapshot", "unread_rows"]
+__all__ = [
+    "SnapshotResult",
+    "ctid_clause",
+    "page_ranges",
+    "relation_kept",
+    "run_snapshot",
+    "unread_rows",
+]
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +173,35 @@ def unread_rows(read: list[tuple[int, int | None]], xmin: int) -> str | None:
     done = " OR ".join(f"({ctid_clause(first, end)})" for first, end in merged)
     newer = f"((xmin::text::bigint - {xmin % 2**32} + 4294967296) % 4294967296) < 2147483648"
     return f"(NOT ({done}) OR {newer})"
+
+
+def _partitions(files: str) -> set[int] | None:
+    """The relations a table's files (_identity) name, or None for files recorded before
+    they named them (one number per relation: which ones is unknown)."""
+    if ":" not in files:
+        return None
+    return {int(part.split(":", 1)[0]) for part in files.split(",")}
+
+
+def relation_kept(recorded: list[ReadRange], files: str, truncate_logged: bool) -> bool:
+    """Whether every row an interrupted snapshot wrote of a table is still one of its rows
+    or left it through the log, so that its backfill needs no cut first. `recorded` are
+    its ranges under the relation the table is now, `files` its files now (_identity),
+    `truncate_logged` whether a TRUNCATE of it since the snapshot is in the log.
+
+    Not kept: no range names its relation (created again: the rows written were another
+    relation's; or none recorded, yet a group may be in Kafka unrecorded); a partition
+    recorded with its ranges is no longer one of its partitions (PostgreSQL publishes no
+    delete for a detached or dropped partition's rows); its files changed, which a
+    TRUNCATE also does, and a TRUNCATE would not be in the log."""
+    if not recorded:
+        return False
+    now = _partitions(files)
+    for read in recorded:
+        then = _partitions(read.files)
+        if now is None or then is None or not then <= now:
+            return False
+    return truncate_logged or all(r.files == files for r in recorded)
 
 
 def run_snapshot(
@@ -225,6 +278,10 @@ def run_snapshot(
             "to end: " + "; ".join(str(b) for b in blockers[:3])
         )
 
+    # each table's identity before the snapshot exists: a rewrite from here on is found
+    # after the copy's next group of its ranges (_copy_tables)
+    with admin_connection(settings) as conn:
+        identities = {t.qualified: _identity(conn, t) for t in tables}
     say(f"creating slot {pipe.slot} with an exported snapshot")
     spark = spark_session(settings, f"cdc-snapshot-{pipe.name}")
     with exported_snapshot(
@@ -235,7 +292,19 @@ def run_snapshot(
             conn.autocommit = True
             mark_point(conn, pipe.name, lsn, point.ts_ms, _snapshot_xmin(settings, point))
         say(f"snapshot {point.snapshot_name} at LSN {lsn}: reading {len(tables)} table(s)")
-        rows = _copy_tables(settings, spark, tables, point, console)
+        rows, changed = _copy_tables(settings, spark, tables, point, console, identities)
+    if changed:
+        say(
+            f"changed during the copy: {', '.join(changed)} (rewritten by VACUUM FULL, "
+            "CLUSTER, pg_repack or ALTER TABLE, truncated, or partitions attached or detached); "
+            "the copy of each stopped there: streaming starts, and each is backfilled whole as "
+            "a resumed snapshot does"
+        )
+        with admin_connection(settings) as conn:
+            ranges = read_ranges(conn, pipe.name)
+            resumed = resume_point(conn, pipe.name)
+        assert resumed is not None  # mark_point recorded it
+        return _resume(settings, tables, point, ranges, resumed[0], console, say, started)
     # a generation: stores that hold it whole drop what they hold from before it
     record_generation(
         settings, point.lsn, point.ts_ms, [change_topic(pipe, t.qualified) for t in tables]
@@ -292,16 +361,39 @@ def _snapshot_xmin(settings: Settings, point: SnapshotPoint) -> int:
 
 
 def _identity(conn: Any, table: Table) -> tuple[int, str]:
-    """The table's relation and its files (a partitioned table's: each partition's): a
-    rewrite (VACUUM FULL, CLUSTER, ALTER TABLE … TYPE) gives it new files."""
+    """The table's relation and its files: `relid:filenode` of each relation in its
+    partition tree (the table alone when it has no partitions), by relid. A rewrite
+    (VACUUM FULL, CLUSTER, pg_repack, ALTER TABLE … TYPE, TRUNCATE) gives a relation new
+    files; a partition attached, detached or dropped changes the list."""
+    # (pg_partition_tree has no row for a table that is not partitioned)
     row = conn.execute(
-        "SELECT c.oid, (SELECT string_agg(coalesce(pg_relation_filenode(t.relid), 0)::text, "
-        "',' ORDER BY t.relid) FROM pg_partition_tree(c.oid) t) "
-        "FROM pg_class c WHERE c.oid = %s::regclass",
+        "SELECT c.oid, (SELECT string_agg(t.relid::oid::text || ':' || "
+        "coalesce(pg_relation_filenode(t.relid), 0)::text, ',' ORDER BY t.relid) "
+        "FROM (SELECT c.oid::regclass AS relid "
+        "UNION SELECT relid FROM pg_partition_tree(c.oid)) t) "
+        "FROM pg_class c WHERE c.oid = to_regclass(%s)",
         (table.regclass,),
     ).fetchone()
-    assert row is not None
+    if row is None:
+        raise SnapshotError(
+            f"table {table.qualified} was dropped while the snapshot read it: run `cdc "
+            "snapshot` again (it resumes; take the table out of pipeline.tables if it names it)"
+        )
     return int(row[0]), str(row[1])
+
+
+def _truncate_logged(conn: Any, relid: int, xmin: int) -> bool:
+    """Whether any TRUNCATE of relation `relid` since the snapshot (whose xmin, an xid8, is
+    `xmin`) is in the log: its trigger (cdc_record_truncate) was made by a transaction
+    older than any the snapshot saw in progress, so before the snapshot (a TRUNCATE and
+    CREATE TRIGGER wait for each other's lock: none since slipped past it). A trigger
+    frozen over 2^31 transactions ago counts as not logged (a needless cut)."""
+    row = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = %s AND tgname = %s "
+        "AND ((%s - xmin::text::bigint + 4294967296) %% 4294967296) BETWEEN 1 AND 2147483647)",
+        (relid, TRUNCATE_TRIGGER, xmin % 2**32),
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def _resume(
@@ -316,24 +408,40 @@ def _resume(
 ) -> SnapshotResult:
     """Finish an interrupted snapshot: stream from its slot's consistent point, and
     backfill (Debezium's watermarked incremental snapshot) the rows it had not written
-    (unread_rows); then mark it done, as a run that was not interrupted does."""
+    (unread_rows); then mark it done, as a run that was not interrupted does.
+
+    A table whose written rows may not all be its own rows now (relation_kept: created
+    again, a partition gone) is cut first, as `cdc setup` cuts one (every store drops
+    what it held of it), and backfilled whole. The cut commits before the backfill's
+    signal, so it sits in the log before every row the backfill writes; a run stopped
+    after it cuts again (a second cut before a whole backfill changes nothing)."""
     pipe = settings.pipeline
     lsn = int_to_lsn(point.lsn)
     topics = [change_topic(pipe, t.qualified) for t in tables]
     written = {t: sum(p.values()) for t, p in end_offsets(settings.kafka, topics).items()}
     plans: dict[str, str] = {}
+    cuts: list[str] = []
     with admin_connection(settings) as conn:
+        conn.autocommit = True
         for table in tables:
             relid, files = _identity(conn, table)
-            read = [(r.first, r.end) for r in ranges if r.relid == relid and r.files == files]
-            where = unread_rows(read, xmin)
+            mine = [r for r in ranges if r.relid == relid]
+            where = unread_rows([(r.first, r.end) for r in mine if r.files == files], xmin)
+            if not relation_kept(mine, files, _truncate_logged(conn, relid, xmin)):
+                cuts.append(table.qualified)
+                where = "true"  # a cut is followed by the whole table
             if where is not None:
                 plans[table.qualified] = where
+        with conn.transaction():
+            cut_ids = [pending.cut(conn, name) for name in cuts]
     say(
         f"resuming the snapshot at LSN {lsn}: {len(ranges)} range(s) were written whole; "
         f"streaming from slot {pipe.slot} and backfilling the rest of {len(plans)} table(s)"
+        + (f"; cut first in every store: {', '.join(cuts)}" if cuts else "")
     )
     register_connector(settings, tables, start_lsn=point.lsn, start_ts_ms=point.ts_ms)
+    if cut_ids:
+        _await_cuts(settings, cut_ids, say)
     rows = {change_topic(pipe, t.qualified): 0 for t in tables}
     with Progress(
         TextColumn("{task.description}", markup=False),  # names, not markup
@@ -370,14 +478,45 @@ def _resume(
     return SnapshotResult(lsn=lsn, rows=total, seconds=time.monotonic() - started, continued=True)
 
 
+def _await_cuts(settings: Settings, ids: list[int], say: Say) -> None:
+    """Return once the connector has written the cuts `ids` (rows of cdc.truncations) to
+    the log, having streamed every change committed before them. A backfill signal sent
+    earlier could be taken while the connector still reads the WAL before the cut, and
+    a read-only backfill's chunk window (every event processed after the chunk's read:
+    sql/pipeline_schema.sql) would drop from the chunk the keys changed there; the cut
+    would then remove those keys from every store. A failed connector task raises."""
+    pipe = settings.pipeline
+    topic = change_topic(pipe, TRUNCATIONS_TABLE)
+    client = connect_client(settings)
+    wanted, told = set(ids), time.monotonic()
+    say("waiting for the connector to stream the WAL since the snapshot's point to the cut")
+    while True:
+        seen = {
+            ((r.value or {}).get("after") or {}).get("id")
+            for r in read_topic(settings.kafka, topic)
+        }
+        if wanted <= seen:
+            return
+        client.wait_running(pipe.connector, timeout=300)  # a failed task raises
+        if time.monotonic() - told > 60:
+            say("still waiting for the connector to stream the WAL up to the cut")
+            told = time.monotonic()
+        time.sleep(1.0)
+
+
 def _copy_tables(
     settings: Settings,
     spark: Any,
     tables: list[Table],
     point: SnapshotPoint,
     console: Console,
-) -> dict[str, int]:
-    """Write every table's snapshot events to its change topic; returns rows per table."""
+    identities: dict[str, tuple[int, str]],
+) -> tuple[dict[str, int], list[str]]:
+    """Write every table's snapshot events to its change topic; returns rows per table,
+    and the tables whose identity (`identities`: as it was before the snapshot) changed
+    before the last of their ranges was read: their copy stopped there, and what was read
+    of them may miss rows (a rewrite moved them into pages read before, or out of the
+    snapshot's sight), so they are to be backfilled whole."""
     from pyspark.sql import functions as F
 
     pipe, pg = settings.pipeline, settings.postgres
@@ -395,14 +534,14 @@ def _copy_tables(
         **pg.jdbc_ssl_params(),
     }
     now_ms = int(time.time() * 1000)
-    pieces: list[tuple[ReadRange, Any, int]] = []  # each CTID range, its events, its pages
+    pieces: list[tuple[Table, ReadRange, Any, int]] = []  # each CTID range: its events, pages
     with admin_connection(settings) as conn:
         for table in tables:
             query = event_query(table).as_string(conn)
             head, tail = envelope(table, point, pipe.topic_prefix, pg.database, now_ms)
             topic = change_topic(pipe, table.qualified)
             rows = f" AND ({table.row_filter})" if table.row_filter else ""
-            relid, files = _identity(conn, table)
+            relid, files = identities[table.qualified]
             for first, end in page_ranges(table.pages, pipe.snapshot_pages_per_reader):
                 subquery = f"({query} WHERE {ctid_clause(first, end)}{rows}) AS snapshot_rows"
                 frame = spark.read.jdbc(url, subquery, properties=props).select(
@@ -411,19 +550,19 @@ def _copy_tables(
                     F.lit(topic).alias("topic"),
                 )
                 pages = (end if end is not None else max(table.pages, first + 1)) - first
-                pieces.append((ReadRange(relid, files, first, end), frame, pages))
+                pieces.append((table, ReadRange(relid, files, first, end), frame, pages))
     # a few ranges per Spark job (one range per task slot: one wave of tasks; small
     # tables share one), each group recorded once in Kafka: a run after a crash reads
     # only the rest
     slots = max(1, int(spark.sparkContext.defaultParallelism))
     group_pages = slots * pipe.snapshot_pages_per_reader
-    groups: list[list[tuple[ReadRange, Any]]] = [[]]
+    groups: list[list[tuple[Table, ReadRange, Any]]] = [[]]
     held = 0
-    for read, frame, pages in pieces:
+    for table, read, frame, pages in pieces:
         if held >= group_pages:
             groups.append([])
             held = 0
-        groups[-1].append((read, frame))
+        groups[-1].append((table, read, frame))
         held += max(1, pages)
     topics = {change_topic(pipe, t.qualified): t for t in tables}
     start = {t: sum(p.values()) for t, p in end_offsets(settings.kafka, list(topics)).items()}
@@ -451,15 +590,28 @@ def _copy_tables(
 
         poller = threading.Thread(target=poll, daemon=True)
         poller.start()
+        changed: list[str] = []
         for chunk in groups:
-            _write(settings, reduce(lambda a, b: a.unionAll(b), [f for _, f in chunk]))
+            chunk = [(t, r, f) for t, r, f in chunk if t.qualified not in changed]
+            if not chunk:
+                continue
+            _write(settings, reduce(lambda a, b: a.unionAll(b), [f for _, _, f in chunk]))
             with admin_connection(settings) as conn:
                 conn.autocommit = True
-                record_ranges(conn, pipe.name, [r for r, _ in chunk])
+                record_ranges(conn, pipe.name, [r for _, r, _ in chunk])
+                # no lock is held between two groups: a rewrite there (VACUUM FULL,
+                # CLUSTER, pg_repack) moves unread rows into pages read, or out of the
+                # snapshot's sight. A table whose identity, read after the group, is still
+                # the one from before the snapshot was not rewritten before the group's
+                # reads ended (a rewrite waits for the readers' locks): every row of the
+                # ranges read so far was read.
+                for table in {t.qualified: t for t, _, _ in chunk}.values():
+                    if _identity(conn, table) != identities[table.qualified]:
+                        changed.append(table.qualified)
         done.set()
         poller.join()
         written = _update(progress, tasks, start, settings, began, final=True)
-    return {topics[t].qualified: n for t, n in written.items()}
+    return {topics[t].qualified: n for t, n in written.items()}, changed
 
 
 def _write(settings: Settings, events: Any) -> None:

@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
+from cdc.core.catalog import TRUNCATIONS_TABLE
 from cdc.core.identity import reused
 
-__all__ = ["BACKFILL", "CUT", "Owed", "clear", "done", "owed", "pending", "record"]
+__all__ = ["BACKFILL", "CUT", "Owed", "clear", "cut", "done", "owed", "pending", "record"]
 
 CUT, BACKFILL = "cut", "backfill"
 
@@ -105,6 +107,21 @@ def done(conn: psycopg.Connection[Any], pipeline: str, table: str, work: str) ->
         "DELETE FROM cdc.pending WHERE pipeline = %s AND table_name = %s AND work = %s",
         (pipeline, table, work),
     )
+
+
+def cut(conn: psycopg.Connection[Any], table: str) -> int:
+    """A cut of `table` in the log, read by every store as a TRUNCATE of it: a row of
+    cdc.truncations, in the caller's transaction (uncommitted); returns its id. Once
+    committed it sits in the log after every change committed before it: every store
+    drops the rows it held of `table` until then."""
+    row = conn.execute(
+        sql.SQL("INSERT INTO {} (table_name) VALUES (%s) RETURNING id").format(
+            sql.Identifier(*TRUNCATIONS_TABLE.split("."))
+        ),
+        (table,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def clear(conn: psycopg.Connection[Any], pipeline: str) -> None:

@@ -8,8 +8,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from psycopg import sql
-
 from cdc.capture import pending
 from cdc.capture.connect import connect_client
 from cdc.capture.role import drop_role, other_pipelines, sync_grants
@@ -88,7 +86,7 @@ def sync_pipeline(settings: Settings) -> SyncResult:
             # the old table's rows leave every store at this point, before the backfill:
             # the cut and its record's removal commit together, so it is made once
             if table in names:
-                _cut(conn, table)
+                pending.cut(conn, table)
             pending.done(conn, pipe.name, table, pending.CUT)
             conn.commit()
     # its tables, or another setting (kafka.max_message_bytes…): the same configuration
@@ -125,18 +123,6 @@ def _connector_masks(settings: Settings) -> dict[str, Any]:
         return {}
     masks = json.loads(config.get("transforms.mask.masks") or "{}").get("topics") or {}
     return {topic: columns for topic, columns in masks.items() if columns}
-
-
-def _cut(conn: Any, table: str) -> None:
-    """A cut of `table` in the log, read by every store as a TRUNCATE of it (uncommitted)."""
-    from cdc.core.catalog import TRUNCATIONS_TABLE
-
-    conn.execute(
-        sql.SQL("INSERT INTO {} (table_name) VALUES (%s)").format(
-            sql.Identifier(*TRUNCATIONS_TABLE.split("."))
-        ),
-        (table,),
-    )
 
 
 def pipe_streams(settings: Settings) -> bool:

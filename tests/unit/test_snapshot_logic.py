@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from cdc.capture.backfill import BackfillProgress, _apply
-from cdc.capture.initial_snapshot import ctid_clause, page_ranges, unread_rows
+from cdc.capture.initial_snapshot import ctid_clause, page_ranges, relation_kept, unread_rows
 from cdc.capture.slot import int_to_lsn, lsn_to_int
+from cdc.capture.snapshots import ReadRange
 from cdc.core.catalog import Column, Table
 from cdc.types.decode import UNAVAILABLE, Interval, decode_row, decode_value, parse_interval
 
@@ -42,6 +43,28 @@ def test_an_interrupted_snapshot_reads_only_the_ranges_it_had_not_written() -> N
     assert rest is not None and rest.startswith("(NOT ((ctid < '(200,0)'::tid)) OR ")
     gaps = unread_rows([(0, 100), (200, 300)], 7) or ""
     assert "(ctid < '(100,0)'::tid) OR (ctid >= '(200,0)'::tid AND ctid < '(300,0)'::tid)" in gaps
+
+
+def test_a_resumed_table_is_cut_unless_every_row_written_is_still_its_own() -> None:
+    """relation_kept: a table backfilled after a crash needs a cut first when the rows
+    the first run wrote may be another relation's (a partition gone, the table created
+    again, none recorded) or a TRUNCATE of it since may be missing from the log."""
+    files = "100:0,101:5001,102:5002"  # a partitioned table (files 0) and two partitions
+
+    def ranges(files: str) -> list[ReadRange]:
+        return [ReadRange(100, files, 0, 60), ReadRange(100, files, 60, None)]
+
+    assert relation_kept(ranges(files), files, truncate_logged=False)  # nothing changed
+    assert not relation_kept([], files, truncate_logged=True)  # another relation, or none
+    # rewritten (VACUUM FULL): kept when a TRUNCATE, which also gives new files, is logged
+    rewritten = "100:0,101:6001,102:5002"
+    assert relation_kept(ranges(files), rewritten, truncate_logged=True)
+    assert not relation_kept(ranges(files), rewritten, truncate_logged=False)
+    # a partition attached: kept (its rows are read whole); one detached or dropped: cut
+    assert relation_kept(ranges(files), files + ",103:5003", truncate_logged=True)
+    assert not relation_kept(ranges(files), "100:0,101:5001", truncate_logged=True)
+    # files recorded before they named their relations: which is unknown, so cut
+    assert not relation_kept(ranges("0,5001,5002"), files, truncate_logged=True)
 
 
 def test_a_row_version_written_after_the_snapshot_is_read_again() -> None:
