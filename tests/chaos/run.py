@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cdc.stores.warehouse.tables import current_path, warehouse_root
 from tests.chaos.compare import HistoryReport, TableDiff, balance, check_history, diff_rows
 from tests.chaos.faults import FaultKind, FaultRecord, inject, plan
 from tests.chaos.load import ACCOUNTS, EVENTS, SHELVES, TRANSFERS, Load, create_bank
@@ -38,6 +39,7 @@ from tests.chaos.readers import (
     source_rows,
 )
 from tests.chaos.stack import ChaosError, ChaosStack
+from tests.other_writer import OtherWriter
 from tests.stores import opensearch_http
 
 __all__ = ["LONG", "SHORT", "ChaosOptions", "ChaosReport", "main", "run_chaos"]
@@ -103,6 +105,8 @@ class ChaosReport:
     caught_up_s: float | None = None  # from the load's end until every store equalled
     load_s: float = 0.0
     elapsed_s: float = 0.0
+    # another engine's writes of the warehouse's tables under the load, per kind
+    other_writes: dict[str, int] = field(default_factory=dict)
     error: str | None = None
     logs: str | None = None  # where the logs were kept (a failed run, or unplanned recoveries)
 
@@ -140,6 +144,7 @@ class ChaosReport:
             "not_caught_up": self.behind,
             **self.load,
             "faults": dict(Counter(str(f.kind) for f in self.faults)),
+            "other_writes": self.other_writes,
             "fault_log": [f.as_dict() for f in self.faults],
             "unplanned_recoveries": self.unplanned,
             "logs": self.logs,
@@ -186,6 +191,7 @@ class ChaosReport:
             f"{f['accounts_opened']} accounts opened, {f['accounts_closed']} closed; "
             f"{f['ambiguous_commits']} ambiguous commits, {f['errors']} failed statements)",
             f"  faults {f['faults']}",
+            f"  another engine's writes of the warehouse {f['other_writes']}",
             f"  dead letters {f['dead_letters']} {f['dead_letter_kinds'] or ''}",
             f"  rows compared {f['rows_compared']}",
             f"  balances {f['balances']} (expected {f['balance_expected']})",
@@ -217,6 +223,7 @@ class _Run:
         # it from its root, or the load's UPDATEs of its rows fail (review F3)
         self.stack = ChaosStack([ACCOUNTS, TRANSFERS, *SHELVES, EVENTS], identity={EVENTS: "full"})
         self.load: Load | None = None
+        self.other: OtherWriter | None = None
         self.reader: WarehouseReader | None = None
 
     def say(self, message: str) -> None:
@@ -241,9 +248,17 @@ class _Run:
             self.say(f"starting the load: {options.rate:g} transactions/s")
             self.load = Load(dsn, options.accounts, options.rate, report.seed, options.workers)
             self.load.start()
+            # another engine on the warehouse's tables meanwhile (docs/stores.md)
+            root = warehouse_root(stack.settings)
+            self.other = OtherWriter(
+                [(current_path(root, ACCOUNTS), "aid"), (current_path(root, TRANSFERS), "tid")],
+                pause=1.0,
+            )
+            self.other.start()
             self.load_began = time.monotonic()
             self.faults()
             self.load.stop()
+            self.stop_other()
             report.load_s = time.monotonic() - self.load_began
             report.load = self.load.stats.figures()
             self.say(f"load stopped: {report.load}")
@@ -261,8 +276,19 @@ class _Run:
                 out.write(json.dumps(report.figures()) + "\n")
         return report
 
+    def stop_other(self) -> None:
+        """Stop the other writer; what ended it early is the run's error."""
+        if self.other is None:
+            return
+        self.other.stop()
+        self.report.other_writes = dict(self.other.done)
+        if self.other.error is not None:
+            raise ChaosError(f"the other writer of the warehouse failed: {self.other.error!r}")
+
     def finish(self) -> None:
         report = self.report
+        if self.other is not None and self.other.is_alive():
+            self.other.stop()
         if self.load is not None:
             self.load.stop()
             report.load = report.load or self.load.stats.figures()

@@ -2,7 +2,9 @@
 at a time the apply job, Kafka Connect, Redis and Kafka killed (SIGKILL), PostgreSQL
 restarted (fast shutdown), OpenSearch frozen for 60 s (SIGSTOP), a backfill with Kafka
 Connect killed while it runs, and a captured table renamed and back with a change made
-under the passing name, each followed by the recovery a user would make; then every
+under the passing name, each followed by the recovery a user would make, while another
+engine DELETEs, UPDATEs, OPTIMIZEs and VACUUMs the warehouse's tables (tests/
+other_writer.py); then every
 store equals PostgreSQL, read by the harness's own readers, the sum of balances is the
 same in each, the warehouse history keeps its rules, and no dead letter was written. An
 apply job that ends by itself is started again and reported (not failed). Select it with

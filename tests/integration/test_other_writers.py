@@ -11,24 +11,21 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections import Counter
-from typing import Any
 
 import psycopg
-import pyarrow as pa
 import pytest
 
 from cdc.stores.warehouse.tables import current_path, warehouse_root
 from tests.conftest import Capture
 from tests.helpers import apply_process, run_cdc
 from tests.logcheck import poll
+from tests.other_writer import KINDS, OtherWriter, committed, foreign_rows
 
 pytestmark = pytest.mark.integration
 
 ROWS = 2000
 LOAD_S = 40
-# the keys the other writer adds: none of them is PostgreSQL's
-FOREIGN = -1
+# the keys the repair removes: none of them is PostgreSQL's
 EXTRA = 10_000_000
 
 
@@ -56,21 +53,6 @@ def source_rows(dsn: str, name: str) -> dict[int, tuple[int, str]]:
     return {i: (n, body) for i, n, body in found}
 
 
-def foreign_rows(path: str, ids: list[int]) -> Any:
-    """Rows of `current`'s columns for `ids`, every other column NULL but `n` and `body`."""
-    from deltalake import DeltaTable
-
-    schema = pa.schema(DeltaTable(path).schema().to_arrow())
-    columns = {
-        "id": pa.array(ids, schema.field("id").type),
-        "n": pa.array([0] * len(ids), schema.field("n").type),
-        "body": pa.array(["foreign"] * len(ids), schema.field("body").type),
-    }
-    return pa.Table.from_arrays(
-        [columns.get(f.name, pa.nulls(len(ids), f.type)) for f in schema], schema=schema
-    )
-
-
 def load(dsn: str, name: str, stop: threading.Event, paused: threading.Event) -> None:
     """About 40 transactions a second: updates, and a delete with its key inserted again;
     none while `paused` is set."""
@@ -93,47 +75,6 @@ def load(dsn: str, name: str, stop: threading.Event, paused: threading.Event) ->
                 )
 
 
-def committed(step: Any) -> None:
-    """Run `step` (a commit of the other writer) until it wins its commit: it loses some to
-    the apply, as the apply loses some to it."""
-    from deltalake.exceptions import CommitFailedError
-
-    for _ in range(100):
-        try:
-            step()
-            return
-        except CommitFailedError:
-            time.sleep(random.uniform(0.05, 0.3))
-    raise AssertionError("the other writer lost 100 commits in a row")
-
-
-def other_writer(path: str, stop: threading.Event, done: Counter[str]) -> None:
-    """Another engine on `current`, in turn: a DELETE (of a row it appended, as a GDPR
-    erasure removes one), an UPDATE, an OPTIMIZE and a VACUUM."""
-    from deltalake import DeltaTable, write_deltalake
-
-    kinds = ["delete", "update", "optimize", "vacuum"]
-    turn = 0
-    while not stop.wait(0.3):
-        kind = kinds[turn % len(kinds)]
-        turn += 1
-        if kind in ("delete", "update"):
-            committed(lambda: write_deltalake(path, foreign_rows(path, [FOREIGN]), mode="append"))
-        if kind == "update":
-            committed(
-                lambda: DeltaTable(path).update(predicate=f"id = {FOREIGN}", updates={"n": "n + 1"})
-            )
-        if kind in ("delete", "update"):
-            committed(lambda: DeltaTable(path).delete(f"id = {FOREIGN}"))
-        elif kind == "optimize":
-            committed(lambda: DeltaTable(path).optimize.compact())
-        else:
-            # as people run it: the default retention (7 days). A shorter one removes
-            # files that readers of older versions still read (docs/stores.md)
-            committed(lambda: DeltaTable(path).vacuum(dry_run=False))
-        done[kind] += 1
-
-
 def test_other_writers_and_a_repair_under_load_leave_the_warehouse_exact(
     captured: Capture,
 ) -> None:
@@ -144,16 +85,13 @@ def test_other_writers_and_a_repair_under_load_leave_the_warehouse_exact(
     )
     path = current_path(warehouse_root(t.settings), t.table)
     stop, paused = threading.Event(), threading.Event()
-    done: Counter[str] = Counter()
-    threads = [
-        threading.Thread(target=load, args=(t.dsn, t.name, stop, paused), daemon=True),
-        threading.Thread(target=other_writer, args=(path, stop, done), daemon=True),
-    ]
+    loader = threading.Thread(target=load, args=(t.dsn, t.name, stop, paused), daemon=True)
+    other = OtherWriter([(path, "id")])
     with apply_process(t.env, ["warehouse"]) as apply:
         poll(lambda: holds(path) == ROWS, 240, "the warehouse to hold the snapshot")
         try:
-            for thread in threads:
-                thread.start()
+            loader.start()
+            other.start()
             time.sleep(LOAD_S / 2)
             # keys only the warehouse holds, which the repair removes while apply runs and
             # the other writer writes. The load pauses: verify compares a table only
@@ -161,7 +99,8 @@ def test_other_writers_and_a_repair_under_load_leave_the_warehouse_exact(
             from deltalake import write_deltalake
 
             extra = list(range(EXTRA, EXTRA + 50))
-            committed(lambda: write_deltalake(path, foreign_rows(path, extra), mode="append"))
+            rows = foreign_rows(path, "id", extra)
+            committed(lambda: write_deltalake(path, rows, mode="append"))
             paused.set()
             repaired = run_cdc(
                 "verify", "--table", t.table, "--store", "warehouse", "--repair", env=t.env
@@ -174,9 +113,10 @@ def test_other_writers_and_a_repair_under_load_leave_the_warehouse_exact(
             time.sleep(LOAD_S / 2)
         finally:
             stop.set()
-            for thread in threads:
-                thread.join(timeout=60)
-        assert set(done) == {"delete", "update", "optimize", "vacuum"}, done
+            loader.join(timeout=60)
+            other.stop()
+        assert other.error is None, repr(other.error)
+        assert set(other.done) == set(KINDS), other.done
         assert apply.poll() is None, "cdc apply stopped"
 
         expected = source_rows(t.dsn, t.name)
@@ -192,7 +132,7 @@ def test_other_writers_and_a_repair_under_load_leave_the_warehouse_exact(
             extra_keys = [k for k in held if k not in expected]
             raise AssertionError(
                 f"{len(stale)} keys stale or missing in the warehouse (e.g. {stale[:5]}), "
-                f"{len(extra_keys)} extra (e.g. {extra_keys[:5]}); the other writer did {done}"
+                f"{len(extra_keys)} extra (e.g. {extra_keys[:5]}); other writes: {other.done}"
             ) from None
         verified = run_cdc("verify", "--table", t.table, "--store", "warehouse", env=t.env)
         assert verified.returncode == 0, verified.stdout[-2000:] + verified.stderr[-2000:]
