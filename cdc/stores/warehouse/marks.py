@@ -207,11 +207,11 @@ def newest_held(table: Table, history: Any, changes: Any, lowest: int) -> Any:
     batch goes back over, not the history."""
     from pyspark.sql import functions as F
 
-    keys = changes.select(*[F.col(q(f"_cdc_k_{k}")).alias(k) for k in table.key]).distinct()
+    keys = changes.select(*[F.col(q(f"_cdc_k_{k}")).alias(f"_cdc_w_{k}") for k in table.key])
     held = (
         history.toDF()
         .where((F.col("_cdc_op") != TRUNCATE_OP) & (F.col("_cdc_commit_lsn") >= lowest))
-        .join(keys, list(table.key), "left_semi")
+        .join(keys.distinct(), same_key(table, "_cdc_w_"), "left_semi")
         .groupBy(*[F.col(q(k)).alias(f"_cdc_h_{k}") for k in table.key])
         .agg(F.max(F.struct("_cdc_commit_lsn", "_cdc_lsn")).alias("_cdc_held"))
         .select(
@@ -243,6 +243,18 @@ def holds_any(table: Table, target: Any, changes: Any) -> bool:
     """Whether the current state holds a key of the batch's changes (one small job)."""
     from pyspark.sql import functions as F
 
-    keys = changes.select(*[F.col(q(f"_cdc_k_{k}")).alias(k) for k in table.key])
+    keys = changes.select(*[F.col(q(f"_cdc_k_{k}")).alias(f"_cdc_w_{k}") for k in table.key])
     held = target.toDF().select(*[q(k) for k in table.key])
-    return bool(held.join(keys, list(table.key), "left_semi").limit(1).count())
+    return bool(held.join(keys, same_key(table, "_cdc_w_"), "left_semi").limit(1).count())
+
+
+def same_key(table: Table, prefix: str) -> Any:
+    """A join's condition: the row's key equals the other side's (its columns named
+    `<prefix><column>`), NULL equal to NULL (a key column may hold NULL:
+    pipeline.key_columns; a USING join on the names would never match it)."""
+    from pyspark.sql import functions as F
+
+    condition = F.lit(True)
+    for k in table.key:
+        condition = condition & F.col(q(k)).eqNullSafe(F.col(q(prefix + k)))
+    return condition
