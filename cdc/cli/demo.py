@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -26,9 +27,10 @@ from rich.table import Table
 from cdc.capture.pipeline import pipe_streams, sync_pipeline
 from cdc.check.status import pipeline_status
 from cdc.cli.workload import Workload
+from cdc.core.config_file import add_settings, config_path
 from cdc.core.pipeline_settings import ReplicaIdentity, TableChoice
 from cdc.core.say import Say
-from cdc.core.settings import PROJECT_ROOT, Settings, local_admin_password
+from cdc.core.settings import PROJECT_ROOT, Settings, load_settings, local_admin_password
 from cdc.core.store_declarations import able
 from cdc.core.topics import change_topic, end_offsets
 from cdc.core.view_settings import (
@@ -51,6 +53,8 @@ __all__ = [
     "DEMO_SLIDING",
     "DEMO_WINDOW",
     "DemoResult",
+    "demo_settings",
+    "keep_demo_settings",
     "run_demo",
     "with_demo_choice",
     "with_demo_views",
@@ -117,17 +121,16 @@ DEMO_SESSIONS = SessionWindow(
 )
 
 
+DEMO_JOINS = [DEMO_JOIN, DEMO_ENRICHMENT, DEMO_SHIPPING]
+DEMO_WINDOWS = [DEMO_WINDOW, DEMO_HOPPING, DEMO_SLIDING, DEMO_SESSIONS]
+
+
 def with_demo_views(settings: Settings) -> Settings:
     """The settings with the demo's join view and window aggregate, unless views are set."""
     apply = settings.apply
     if apply.joins or apply.windows:
         return settings
-    views = apply.model_copy(
-        update={
-            "joins": [DEMO_JOIN, DEMO_ENRICHMENT, DEMO_SHIPPING],
-            "windows": [DEMO_WINDOW, DEMO_HOPPING, DEMO_SLIDING, DEMO_SESSIONS],
-        }
-    )
+    views = apply.model_copy(update={"joins": DEMO_JOINS, "windows": DEMO_WINDOWS})
     return settings.model_copy(update={"apply": views})
 
 
@@ -154,6 +157,63 @@ def with_demo_choice(settings: Settings) -> Settings:
         }
     )
     return settings.model_copy(update={"pipeline": chosen})
+
+
+def demo_settings(settings: Settings) -> dict[str, Any]:
+    """What the demo adds to these settings (with_demo_views, with_demo_choice), as the
+    settings file writes it: empty when they have views and a choice of their own."""
+    added: dict[str, Any] = {}
+    if not (settings.apply.joins or settings.apply.windows):
+        added["apply"] = {
+            "joins": [_view_entry(v) for v in DEMO_JOINS],
+            "windows": [_view_entry(v) for v in DEMO_WINDOWS],
+        }
+    pipe = settings.pipeline
+    if not pipe.table:
+        chosen = {
+            name: choice.model_dump(mode="json", exclude_unset=True)
+            for name, choice in DEMO_CHOICE.items()
+        }
+        identity = {k: v for k, v in DEMO_IDENTITY.items() if k not in pipe.replica_identity}
+        added["pipeline"] = {"table": chosen} | ({"replica_identity": identity} if identity else {})
+    return added
+
+
+def _view_entry(view: Any) -> dict[str, Any]:
+    """A view's settings as its `[[apply.joins]]` or `[[apply.windows]]` entry: what the
+    demo set, and its kind."""
+    entry = view.model_dump(mode="json", exclude_unset=True)
+    return {"name": entry.pop("name"), "kind": view.kind, **entry}
+
+
+def keep_demo_settings(settings: Settings, say: Say) -> Path | None:
+    """Write what the demo adds to the settings into the settings file (CDC_CONFIG, else
+    ./cdc.toml; what it says already is kept), so that the commands run after the demo
+    (`cdc apply`, `cdc verify`, `cdc query`, `cdc status`) capture, mask, filter and
+    derive as the demo did, and find nothing changed. Returns the settings file, if there
+    is one."""
+    wanted = demo_settings(settings)
+    if not wanted:  # views and a choice of the user's own: the file is theirs
+        return config_path() if config_path().exists() else None
+    path, added = add_settings(wanted)
+    if added:
+        say(
+            f"the demo's settings are in {path} ({', '.join(added)}): `cdc` run with it "
+            "reads them, so the next commands agree with the demo (edit or remove them there)"
+        )
+    if _chosen(load_settings()) != _chosen(with_demo_choice(with_demo_views(settings))):
+        say(  # the environment gives its own: said, not hidden
+            f"warning: {path} has the demo's views and choice of columns and rows, but the "
+            "CDC_* environment overrides them: the commands run after the demo may find them "
+            "changed (unset CDC_APPLY__JOINS, CDC_APPLY__WINDOWS, CDC_PIPELINE__TABLE)"
+        )
+    return path
+
+
+def _chosen(settings: Settings) -> tuple[Any, ...]:
+    """What of the settings the demo chooses."""
+    pipe, apply = settings.pipeline, settings.apply
+    return pipe.table, pipe.replica_identity, apply.joins, apply.windows
 
 
 class DemoResult:
@@ -185,6 +245,7 @@ def run_demo(
     stack.up(say)
     settings = local_admin_password(settings)  # generated as the cluster was made
     create_shop(settings, say)
+    kept = keep_demo_settings(settings, say)
     settings = with_demo_choice(with_demo_views(settings))
     if pipe_streams(settings):
         say(f"pipeline {settings.pipeline.name} already streams; checking its tables")
@@ -257,6 +318,7 @@ def run_demo(
             '\nnext: `cdc status`, `cdc query "SELECT * FROM orders_enriched LIMIT 5"`, '
             '`cdc search products "walnut"`, `cdc get customers 1`, `cdc verify`, '
             "`cdc apply` to keep applying, `cdc metrics` for Prometheus, `cdc down` to stop"
+            + (f" (they read the demo's settings in {kept})" if kept else "")
         )
     return result
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -22,13 +23,17 @@ from tests.stores import cache, column_mapped, delta_tables, readers_differ, sea
 pytestmark = pytest.mark.integration
 
 
-def demo_pipeline(stack: RunningStack) -> tuple[Any, dict[str, str]]:
+def demo_pipeline(stack: RunningStack, folder: Path) -> tuple[Any, dict[str, str]]:
     """A pipeline of the demo's tables on the shared stack, and the environment that
-    names it to `cdc`."""
+    names it to `cdc`, with a settings file of its own in `folder` (the demo writes its
+    settings there, not into the cdc.toml of the folder every test runs `cdc` in)."""
     settings = pipeline_for(stack.settings, TABLES)
+    config = folder / "cdc.toml"
+    config.write_text("# the test's own settings file\n")
     return settings, {
         **stack.env,
         "CI": "true",
+        "CDC_CONFIG": str(config),
         "CDC_PIPELINE__NAME": settings.pipeline.name,
         "CDC_PIPELINE__TOPIC_PREFIX": settings.pipeline.topic_prefix,
         "CDC_PIPELINE__TABLES": json.dumps(TABLES),
@@ -42,12 +47,25 @@ def drop_demo(settings: Any) -> None:
         conn.execute("DROP TYPE IF EXISTS order_status")
 
 
-def test_the_demo_runs_non_interactively_and_verifies(stack: RunningStack) -> None:
-    settings, env = demo_pipeline(stack)
+def test_the_demo_runs_non_interactively_and_verifies(stack: RunningStack, tmp_path: Path) -> None:
+    settings, env = demo_pipeline(stack, tmp_path)
     try:
         # the demo's own run without a terminal: 30 s of its workload at 50 TPS
         result = run_cdc("demo", "--duration", "30", "--rate", "50", env=env, timeout=1800)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        # the commands the demo suggests run on its settings (its views, columns, masks and
+        # row filter, kept in the settings file): `cdc apply` finds nothing changed and
+        # starts no backfill, and `cdc verify` finds no drift
+        applied = run_cdc("apply", "--once", env=env, timeout=1800)
+        assert applied.returncode == 0, applied.stdout[-3000:] + applied.stderr[-3000:]
+        told = " ".join((applied.stdout + applied.stderr).split())
+        assert "changed" not in told and "backfill started" not in told, told[-3000:]
+        verified = run_cdc("verify", env=env, timeout=1800)
+        assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]
+        # the demo said where (its file kept the user's lines)
+        assert env["CDC_CONFIG"] in " ".join(result.stderr.split()), result.stderr[-3000:]
+        config = Path(env["CDC_CONFIG"]).read_text()
+        assert config.startswith("# the test's own settings file"), config
         out = result.stdout
         assert "cdc demo:" in out  # the dashboard, printed without a terminal
         # every store held the snapshot before the workload began, and shows its lag
@@ -111,13 +129,13 @@ def test_the_demo_runs_non_interactively_and_verifies(stack: RunningStack) -> No
 
 
 @pytest.mark.long
-def test_the_demo_meets_every_freshness_slo(stack: RunningStack) -> None:
+def test_the_demo_meets_every_freshness_slo(stack: RunningStack, tmp_path: Path) -> None:
     """The demo's 30 s at 50 TPS on two cores: no store breaches its freshness SLO at any
     refresh of the dashboard (the warehouse's 30 s with the demo's seven views, the
     cache's and the search index's 5 s), and `cdc status` exits 0 afterwards. A figure of
     the machine as much as of the code: run alone (`make test-long`), not beside the
     other tests."""
-    settings, env = demo_pipeline(stack)
+    settings, env = demo_pipeline(stack, tmp_path)
     try:
         result = run_cdc("demo", "--duration", "30", "--rate", "50", env=env, timeout=1800)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
