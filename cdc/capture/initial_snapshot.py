@@ -28,8 +28,9 @@ interrupted run wrote and starts again.
 Between two groups the snapshot holds no lock: a rewrite (VACUUM FULL, CLUSTER, pg_repack,
 ALTER TABLE … TYPE) may run there and move rows the copy has not read into pages it has
 read. After each group the identity of its tables is read again; the copy of a table
-whose identity changed stops, and the run ends as a resumed one does, so that table is
-backfilled whole (and cut first if its relation changed).
+whose files changed stops, and the run ends as a resumed one does, so that table is
+backfilled whole. A table dropped meanwhile (and created again) stops the run with an
+error: the rerun resumes, with the publication set up for the new relation, and cuts it.
 """
 
 from __future__ import annotations
@@ -513,10 +514,12 @@ def _copy_tables(
     identities: dict[str, tuple[int, str]],
 ) -> tuple[dict[str, int], list[str]]:
     """Write every table's snapshot events to its change topic; returns rows per table,
-    and the tables whose identity (`identities`: as it was before the snapshot) changed
+    and the tables whose files (`identities`: as they were before the snapshot) changed
     before the last of their ranges was read: their copy stopped there, and what was read
     of them may miss rows (a rewrite moved them into pages read before, or out of the
-    snapshot's sight), so they are to be backfilled whole."""
+    snapshot's sight), so they are to be backfilled whole. A table dropped (and created
+    again) meanwhile stops the run: the one after it resumes with the relation as the
+    publication and the capture set hold it then."""
     from pyspark.sql import functions as F
 
     pipe, pg = settings.pipeline, settings.postgres
@@ -606,7 +609,14 @@ def _copy_tables(
                 # reads ended (a rewrite waits for the readers' locks): every row of the
                 # ranges read so far was read.
                 for table in {t.qualified: t for t, _, _ in chunk}.values():
-                    if _identity(conn, table) != identities[table.qualified]:
+                    relid, files = _identity(conn, table)
+                    if relid != identities[table.qualified][0]:
+                        raise SnapshotError(
+                            f"table {table.qualified} was dropped and created again while the "
+                            "snapshot read it: run `cdc snapshot` again (it resumes, and cuts the "
+                            "table in every store before it backfills it)"
+                        )
+                    if files != identities[table.qualified][1]:
                         changed.append(table.qualified)
         done.set()
         poller.join()
