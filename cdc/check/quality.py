@@ -12,6 +12,7 @@ every live row's version is open (its position's), no version ends before it beg
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -42,26 +43,35 @@ class Check:
 _SUM_ALIAS = "_cdc_verify_sum_{}"
 
 
-def _suite(table: Table, frame: Any, source_count: int, sums: int) -> Any:
-    """The table's expectations over its live rows, and the observed aggregates (row
-    count, `sums` column sums) that the aggregate check compares with PostgreSQL's."""
+# the suite names each column of the table by this and its place: GE names a column in
+# Spark SQL without escaping it (a backquote in a name broke its expectation), and a
+# name of the pipeline's own meets no column (cdc.core.catalog.reserved_problem)
+_COLUMN_ALIAS = "_cdc_verify_c{}"
+
+
+def _suite(table: Table, frame: Any, source_count: int, sums: int, alias: dict[str, str]) -> Any:
+    """The table's expectations over its live rows (`frame`: each column under its
+    `alias`), and the observed aggregates (row count, `sums` column sums) that the
+    aggregate check compares with PostgreSQL's."""
     import great_expectations as gx
     import great_expectations.expectations as gxe
     from pyspark.sql import types as T
 
     suite = gx.ExpectationSuite(name=table.qualified)
     if len(table.key) == 1:
-        suite.add_expectation(gxe.ExpectColumnValuesToBeUnique(column=table.key[0]))
+        suite.add_expectation(gxe.ExpectColumnValuesToBeUnique(column=alias[table.key[0]]))
     else:
-        suite.add_expectation(gxe.ExpectCompoundColumnsToBeUnique(column_list=list(table.key)))
+        suite.add_expectation(
+            gxe.ExpectCompoundColumnsToBeUnique(column_list=[alias[k] for k in table.key])
+        )
     for key in table.key:
-        suite.add_expectation(gxe.ExpectColumnValuesToNotBeNull(column=key))
+        suite.add_expectation(gxe.ExpectColumnValuesToNotBeNull(column=alias[key]))
     strings = {f.name for f in frame.schema.fields if isinstance(f.dataType, T.StringType)}
     for column in table.columns:
-        if column.name in strings:
+        if alias.get(column.name) in strings:
             suite.add_expectation(
                 gxe.ExpectColumnValuesToNotBeInSet(
-                    column=column.name, value_set=[table.placeholder]
+                    column=alias[column.name], value_set=[table.placeholder]
                 )
             )
     suite.add_expectation(gxe.ExpectTableRowCountToEqual(value=source_count))
@@ -91,20 +101,29 @@ class _Live:
 def _live_suite(
     context: Any, frame: Any, table: Table, source_count: int, summed: list[Any]
 ) -> _Live:
-    """Run the table's suite over `frame` (its live rows, the sums' columns added)."""
+    """Run the table's suite over `frame` (its live rows, the sums' columns added), each
+    column under a name of the suite's own (_COLUMN_ALIAS), reported under its own."""
+    from pyspark.sql import functions as F
+
+    held = set(frame.columns)
+    alias = {c.name: _COLUMN_ALIAS.format(i) for i, c in enumerate(table.columns) if c.name in held}
+    named = {a: c for c, a in alias.items()}
+    sum_names = [_SUM_ALIAS.format(i) for i in range(len(summed))]
+    frame = frame.select(*[F.col(q(c)).alias(a) for c, a in alias.items()], *sum_names)
     asset = context.data_sources.add_or_update_spark(name="warehouse").add_dataframe_asset(
         name=table.qualified
     )
     batch = asset.add_batch_definition_whole_dataframe("live rows").get_batch(
         batch_parameters={"dataframe": frame}
     )
-    result = batch.validate(_suite(table, frame, source_count, len(summed)))
-    aliases = {_SUM_ALIAS.format(i): i for i in range(len(summed))}
+    result = batch.validate(_suite(table, frame, source_count, len(summed), alias))
+    aliases = {name: i for i, name in enumerate(sum_names)}
     checks, rows, sums = [], None, {}
     failed = ""
     for r in result.results:
         kwargs = r.expectation_config.kwargs
-        column = kwargs.get("column") or ", ".join(kwargs.get("column_list") or []) or None
+        listed = [named.get(c, c) for c in kwargs.get("column_list") or []]
+        column = named.get(kwargs.get("column"), kwargs.get("column")) or ", ".join(listed) or None
         found = r.result or {}
         info = r.exception_info or {}
         if column in aliases:
@@ -155,31 +174,62 @@ def _aggregate_suite(columns: int) -> Any:
     return suite
 
 
+# what GE's SQL datasource takes for a parameter: `%`, and `:x` as SQLAlchemy's text()
+# finds it (not a `::` cast, not after a letter or digit)
+_UNRUNNABLE = re.compile(r"%|(?<![:\w\\]):\w")
+
+
+def _identifier(*names: str) -> Any:
+    """A (qualified) name in SQL whose text holds no `%` and no `:`: GE hands its query
+    to SQLAlchemy's text(), which takes `:x` for a parameter, and to a driver that takes
+    `%` for one (either made GE answer nothing). Such a name is written with those, and
+    a backslash, as Unicode escapes (U&"…"), which PostgreSQL reads as the name."""
+    from psycopg import sql
+
+    parts: list[sql.Composable] = []
+    for name in names:
+        if "%" not in name and ":" not in name:
+            parts.append(sql.Identifier(name))
+            continue
+        quoted = name.replace('"', '""')
+        parts.append(
+            sql.SQL('U&"{}"').format(
+                sql.SQL("".join(f"\\{ord(ch):04X}" if ch in "%:\\" else ch for ch in quoted))
+            )
+        )
+    return sql.SQL(".").join(parts)
+
+
 def _source_aggregates(
     settings: Settings, context: Any, table: Table, summed: list[Any]
 ) -> list[Any]:
     """The aggregates of `table` in PostgreSQL, by the suite on GE's SQL datasource."""
     from psycopg import sql
 
+    source: Any = _identifier(table.schema, table.name)
+    if table.row_filter is not None:  # table.source(), its names as _identifier writes them
+        source = sql.SQL("(SELECT * FROM {} WHERE ({})) AS {}").format(
+            source, sql.SQL(table.row_filter), _identifier(table.name)
+        )
     query = sql.SQL("SELECT {} FROM {}").format(
         sql.SQL(", ").join(
             [sql.SQL("1 AS one")]
             + [
-                sql.SQL("{}::numeric AS {}").format(sql.Identifier(c.name), sql.Identifier(f"c{i}"))
+                sql.SQL("{}::numeric AS {}").format(_identifier(c.name), sql.Identifier(f"c{i}"))
                 for i, c in enumerate(summed)
             ]
         ),
-        table.source(),
+        source,
     )
     try:
-        source = context.data_sources.get("source")
+        datasource = context.data_sources.get("source")
     except KeyError:
         # SQLAlchemy percent-encodes every reserved character of the password but a
         # space, which GE's URL check refuses: encoded here too
         url = settings.postgres.sqlalchemy_url().render_as_string(hide_password=False)
         url = url.replace(" ", "%20")
-        source = context.data_sources.add_postgres(name="source", connection_string=url)
-    asset = source.add_query_asset(name=table.qualified, query=query.as_string(None))
+        datasource = context.data_sources.add_postgres(name="source", connection_string=url)
+    asset = datasource.add_query_asset(name=table.qualified, query=query.as_string(None))
     try:
         result = (
             asset.add_batch_definition_whole_table("now")
@@ -187,7 +237,7 @@ def _source_aggregates(
             .validate(_aggregate_suite(len(summed)))
         )
     finally:
-        source.delete_asset(table.qualified)
+        datasource.delete_asset(table.qualified)
     observed = []
     for r in result.results:
         info = r.exception_info or {}
@@ -258,10 +308,11 @@ def expectations(
         )
         compared[table.qualified] = Check(table.qualified, what, None, False, "no Delta table")
     for table in present:
-        if any("%" in n for n in (table.schema, table.name, *(c.name for c in _summed(table)))):
-            # GE's SQL datasource answers nothing for a query naming one
+        if _UNRUNNABLE.search(table.row_filter or ""):
+            # GE's SQL datasource answers nothing for a query holding one (a name holding
+            # one is written without it: _identifier)
             compared[table.qualified] = Check(
-                table.qualified, what, None, True, "not compared: a name holds %"
+                table.qualified, what, None, True, "not compared: its row filter holds % or :x"
             )
     pending = list(present)  # each round: the tables still to look at
     for round_ in range(rounds):
@@ -343,24 +394,26 @@ def history_checks(warehouse: WarehouseStore, table: Table, live: Any) -> list[C
         return [Check(table.qualified, "history exists", None, False, "no Delta table")]
     keys = [q(k) for k in table.key]
     position = "struct(coalesce(_cdc_commit_lsn, -1), coalesce(_cdc_lsn, -1))"
+    # the query's own columns are named `_cdc_*`, which no column of a table can be
+    # (cdc.core.catalog.reserved_problem): a table's key beside them never collides
     history.createOrReplaceTempView("cdc_verify_history")
     live.createOrReplaceTempView("cdc_verify_live")
     (several, not_open, backwards, doubled) = spark.sql(
         f"""
         WITH per_key AS (
             SELECT {", ".join(keys)},
-                   count_if(valid_to IS NULL) AS opened,
-                   count_if(valid_to < valid_from) AS backwards,
-                   collect_list(CASE WHEN valid_to IS NULL THEN {position} END) AS opens,
-                   count(*) - count(DISTINCT {position}) AS doubled
+                   count_if(valid_to IS NULL) AS _cdc_opened,
+                   count_if(valid_to < valid_from) AS _cdc_backwards,
+                   collect_list(CASE WHEN valid_to IS NULL THEN {position} END) AS _cdc_opens,
+                   count(*) - count(DISTINCT {position}) AS _cdc_doubled
             FROM cdc_verify_history GROUP BY {", ".join(keys)}
         ),
-        live AS (SELECT {", ".join(keys)}, {position} AS at FROM cdc_verify_live)
-        SELECT count_if(h.opened > 1),
-               count_if(l.at IS NOT NULL
-                        AND (h.opens IS NULL OR NOT array_contains(h.opens, l.at))),
-               coalesce(sum(h.backwards), 0),
-               coalesce(sum(h.doubled), 0)
+        live AS (SELECT {", ".join(keys)}, {position} AS _cdc_at FROM cdc_verify_live)
+        SELECT count_if(h._cdc_opened > 1),
+               count_if(l._cdc_at IS NOT NULL
+                        AND (h._cdc_opens IS NULL OR NOT array_contains(h._cdc_opens, l._cdc_at))),
+               coalesce(sum(h._cdc_backwards), 0),
+               coalesce(sum(h._cdc_doubled), 0)
         FROM per_key h FULL OUTER JOIN live l ON {" AND ".join(f"h.{k} <=> l.{k}" for k in keys)}
         """
     ).collect()[0]
