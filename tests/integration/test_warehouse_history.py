@@ -638,3 +638,55 @@ def test_a_large_batch_is_written_by_spark(stack: RunningStack, tmp_path: Path) 
     write([event(1, 1, "u", "b", (200, 1), 2000)], 100)
     assert engines(current)[-1] == engines(history)[-1] == "delta-rs"
     assert _current(spark, root) == [(1, "b", 200, 1)]
+
+
+# a table without a primary key, keyed by (a, b) with pipeline.key_columns: b may be NULL
+NULL_KEYED = Table(
+    "public",
+    "t",
+    (
+        Column("a", "integer", "int4", "N", False, None, True),
+        Column("b", "integer", "int4", "N", False, None, False),
+        Column("body", "text", "text", "S", False, None, False),
+    ),
+    ("a", "b"),
+    "f",
+    1,
+    1,
+)
+
+
+def null_keyed(a: int, offset: int, op: str, body: str | None, at: tuple[int, int]) -> dict:  # type: ignore[type-arg]
+    row = event(a, offset, op, body, at, at[0] * 10)
+    row["key"] = json.dumps({"a": a, "b": None})
+    row["after"] = None if op == "d" else json.dumps({"a": a, "b": None, "body": body})
+    return row
+
+
+@pytest.mark.parametrize("writer", ["delta-rs", "spark"])
+def test_a_key_holding_null_is_one_live_row_and_its_older_change_is_refused(
+    stack: RunningStack, tmp_path: Path, writer: str
+) -> None:
+    """Finding B of the 2026-12-01 review: Spark's path looked keys up with `=`, which
+    never matches NULL. A backfill's reads of keys the current state held were taken
+    for inserts and appended (a second live row per key), and a change delivered again
+    after the key's delete was not refused (the key came back)."""
+    from cdc.core.spark import spark_session
+
+    spark = spark_session(stack.settings, "test-history")
+    root = str(tmp_path / "warehouse")
+    store = WarehouseStore(spark, root, writer=writer)
+    store.prepare([NULL_KEYED])
+    tables = {"public.t": NULL_KEYED}
+
+    def write(rows: list[dict]) -> None:  # type: ignore[type-arg]
+        store.write_frame(tables, spark.createDataFrame(rows, EVENTS), {"public.t"})
+
+    write([null_keyed(a, a, "r", "v0", (100, 0)) for a in (1, 2, 3)])  # the snapshot
+    write([null_keyed(a, 10 + a, "r", "v1", (200, 0)) for a in (1, 2, 3)])  # a backfill
+    write([null_keyed(3, 20, "d", None, (300, 1))])
+    # key 3's backfilled row delivered again, after its delete (a restart of Connect)
+    write([null_keyed(3, 21, "r", "v1", (200, 0))])
+    current = spark.read.format("delta").load(current_path(root, "public.t"))
+    rows = sorted((r["a"], r["b"], r["body"]) for r in current.collect())
+    assert rows == [(1, None, "v1"), (2, None, "v1")], rows
