@@ -38,9 +38,23 @@ class RunningStack:
     env: dict[str, str]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """No test reads the cdc.toml of the folder it runs in (`make demo` and `cdc tables
+    add` write one there): `cdc` and Settings() read an empty one unless a test names
+    its own (CDC_CONFIG)."""
+    if "CDC_CONFIG" not in os.environ:
+        empty = Path(tempfile.mkdtemp(prefix="cdc-test-config-")) / "cdc.toml"
+        empty.write_text("# the tests' settings file (tests/conftest.py): empty\n")
+        os.environ["CDC_CONFIG"] = str(empty)
+
+
 def stack_env(data_dir: Path) -> dict[str, str]:
     ports = free_ports(8)
+    # the stack's settings file, empty: not the cdc.toml of the folder `cdc` runs in
+    config = data_dir / "cdc.toml"
+    config.write_text("# the test stack's settings file (tests/conftest.py): empty\n")
     return {
+        "CDC_CONFIG": str(config),
         "CDC_DATA_DIR": str(data_dir),
         # a password with a space and a quote: every connection string must quote it
         "CDC_POSTGRES__PASSWORD": f"pg {uuid.uuid4().hex[:12]} 'pw",

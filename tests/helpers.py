@@ -43,6 +43,8 @@ def run_cdc(
 ) -> subprocess.CompletedProcess[str]:
     """Run `cdc ARGS` as a user would, in a clean environment plus env."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
+    if "CDC_CONFIG" in os.environ:  # the tests' empty settings file (tests/conftest.py)
+        base["CDC_CONFIG"] = os.environ["CDC_CONFIG"]
     return subprocess.run(
         [sys.executable, "-m", "cdc", *args],
         env={**base, **(env or {})},
