@@ -36,7 +36,7 @@ import re
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from cdc.core.catalog import Column, Table
+from cdc.core.catalog import RESERVED_PREFIX, Column, Table
 from cdc.types.decode import (
     DATE_INFINITY,
     INFINITY,
@@ -55,7 +55,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PG_MIN_US",
+    "PLACEHOLDER_FLAG",
     "decimal_of",
+    "flagged",
     "json_type",
     "may_hold_placeholder",
     "quoted",
@@ -74,6 +76,15 @@ _LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
 # before it (or Long.MAX) is Debezium's overflow of a value after 294247-01-10T04:00:54Z
 PG_MIN_US = -210866803200000000
 _DAY_US = 86_400_000_000
+# the name of a column's TOAST placeholder flag (typed_image) is this and the column's:
+# a prefix no column of a table can take (cdc.core.catalog.reserved_problem), so a flag
+# never meets a column, whatever the columns are named (a column `__ph_x` is a column)
+PLACEHOLDER_FLAG = RESERVED_PREFIX + "ph_"
+
+
+def flagged(flag: str) -> str:
+    """The column a placeholder flag (PLACEHOLDER_FLAG and the column's name) is of."""
+    return flag[len(PLACEHOLDER_FLAG) :]
 
 
 def decimal_of(column: Column) -> tuple[int, int] | None:
@@ -320,7 +331,8 @@ def typed_image(
 ) -> list[Any]:
     """Columns decoding a JSON image (text) into the table's typed columns, plus, per column
     that can hold a TOAST placeholder (unless `placeholders` is false: a key never holds
-    one), a `__ph_<name>` flag: the value is the table's connector's placeholder."""
+    one), a flag (PLACEHOLDER_FLAG and its name): the value is the table's connector's
+    placeholder."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -333,7 +345,7 @@ def typed_image(
         columns.append(typed_column(column, raw).alias(prefix + column.name))
         flag = is_placeholder(column, raw, forms) if placeholders else None
         if flag is not None:
-            columns.append(flag.alias(f"__ph_{column.name}"))
+            columns.append(flag.alias(PLACEHOLDER_FLAG + column.name))
     return columns
 
 

@@ -23,6 +23,7 @@ import json
 from typing import Any
 
 from cdc.core.catalog import Table
+from cdc.types.spark_types import PLACEHOLDER_FLAG
 from cdc.types.spark_types import quoted as q
 
 __all__ = [
@@ -52,9 +53,10 @@ def version_rows(table: Table, changes: Any, placeholders: set[str], stored: Any
     """The history rows of a batch's new changes (`changes`: decoded events with a
     position, each (key, position) once).
 
-    An unchanged TOASTed value (`placeholders`: the flag columns `__ph_<column>`) is
-    taken from the key's previous change in the batch that carried it, else from
-    `stored`: the current state as it was before the batch (None when it holds no row)."""
+    An unchanged TOASTed value (`placeholders`: the flag columns, each PLACEHOLDER_FLAG
+    and its column's name) is taken from the key's previous change in the batch that
+    carried it, else from `stored`: the current state as it was before the batch (None
+    when it holds no row)."""
     from pyspark.sql import functions as F
 
     if placeholders and stored is not None:
@@ -67,12 +69,12 @@ def version_rows(table: Table, changes: Any, placeholders: set[str], stored: Any
             columns.append(F.col(q(f"_cdc_k_{c}")).alias(c))
             continue
         value = F.col(q(c))
-        if f"__ph_{c}" in placeholders:
-            known = F.coalesce(F.col(q(f"__carried_{c}") + ".known"), F.lit(False))
+        if PLACEHOLDER_FLAG + c in placeholders:
+            known = F.coalesce(F.col(q(f"_cdc_carried_{c}") + ".known"), F.lit(False))
             held = F.col(q(f"_cdc_cur_{c}")) if stored is not None else F.lit(None)
             value = (
-                F.when(~F.col(q(f"__ph_{c}")), value)
-                .when(known, F.col(q(f"__carried_{c}") + ".v"))
+                F.when(~F.col(q(PLACEHOLDER_FLAG + c)), value)
+                .when(known, F.col(q(f"_cdc_carried_{c}") + ".v"))
                 .otherwise(held)
             )
         columns.append(F.when(F.col("_cdc_op") == "d", None).otherwise(value).alias(c))

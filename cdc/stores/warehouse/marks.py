@@ -19,6 +19,7 @@ from typing import Any
 
 from cdc.core.catalog import Table
 from cdc.stores.warehouse.history import TRUNCATE_OP
+from cdc.types.spark_types import flagged
 from cdc.types.spark_types import quoted as q
 
 __all__ = [
@@ -159,7 +160,7 @@ def stored_values(
     from pyspark.sql import functions as F
 
     keys = decoded.select(*[F.col(q(f"_cdc_k_{k}")) for k in table.key]).distinct()
-    columns = [f[5:] for f in placeholders]
+    columns = [flagged(f) for f in placeholders]
 
     def held(frame: Any) -> Any:
         return frame.select(

@@ -9,7 +9,7 @@ from typing import Any
 
 from cdc.core.catalog import Table
 from cdc.log.position import ORDER, older_sql
-from cdc.types.spark_types import typed_image
+from cdc.types.spark_types import PLACEHOLDER_FLAG, typed_image
 
 __all__ = ["POSITION", "current_clauses", "current_values", "key_image"]
 
@@ -55,8 +55,8 @@ def current_values(
         c = column.name
         if c in table.key:
             updated[c] = inserted[c] = f"s.{quote('_cdc_k_' + c)}"
-        elif f"__ph_{c}" in placeholders:  # an unchanged TOASTed value: the stored one
-            flag = f"s.{quote('__ph_' + c)}"
+        elif PLACEHOLDER_FLAG + c in placeholders:  # an unchanged TOASTed value: the stored one
+            flag = f"s.{quote(PLACEHOLDER_FLAG + c)}"
             updated[c] = f"CASE WHEN {flag} THEN t.{quote(c)} ELSE s.{quote(c)} END"
             inserted[c] = f"CASE WHEN {flag} THEN NULL ELSE s.{quote(c)} END"
         else:

@@ -71,8 +71,8 @@ from cdc.stores.warehouse.tables import (
     is_empty,
     warehouse_root,
 )
+from cdc.types.spark_types import PLACEHOLDER_FLAG, flagged, spark_type, typed_image
 from cdc.types.spark_types import quoted as q
-from cdc.types.spark_types import spark_type, typed_image
 
 __all__ = ["BatchStep", "WarehouseStore"]
 
@@ -348,7 +348,7 @@ class WarehouseStore(WarehouseReader, FrameStore):
         them), and the flag columns of the values an unchanged TOASTed column left out
         (`toasted` false: no event of the batch carries a placeholder). Each event's
         placeholders are filled from the key's latest earlier event of the batch that
-        carried the value (`__carried_<column>`)."""
+        carried the value (`_cdc_carried_<column>`)."""
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
@@ -361,14 +361,16 @@ class WarehouseStore(WarehouseReader, FrameStore):
         )
         # a key column's value comes from the event's key, never a placeholder
         placeholders = {
-            c for c in decoded.columns if c.startswith("__ph_") and c[5:] not in table.key
+            c
+            for c in decoded.columns
+            if c.startswith(PLACEHOLDER_FLAG) and flagged(c) not in table.key
         }
         for flag in placeholders:
             # a create carrying a placeholder is a key change (an INSERT carries every
             # value): the value kept under this key belongs to another row, so it is
             # not known (NULL), never kept. A read (the snapshot, a backfill) carries
             # every value: one that looks like a placeholder is real (the value stays)
-            c = flag[len("__ph_") :]
+            c = flagged(flag)
             created = F.col(q(flag)) & (F.col("_cdc_op") == "c")
             read = F.col("_cdc_op") == "r"
             decoded = decoded.withColumn(
@@ -383,7 +385,7 @@ class WarehouseStore(WarehouseReader, FrameStore):
         so_far = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
         types = {c.name: spark_type(c) for c in table.columns}
         for flag in placeholders:
-            c = flag[len("__ph_") :]
+            c = flagged(flag)
             # the key's latest known value of c in the batch up to this event: a real
             # value is known, a placeholder tells nothing, a delete forgets
             value = F.when(
@@ -391,7 +393,7 @@ class WarehouseStore(WarehouseReader, FrameStore):
                 F.struct(F.lit(None).cast(types[c]).alias("v"), F.lit(False).alias("known")),
             ).when(~F.col(q(flag)), F.struct(F.col(q(c)).alias("v"), F.lit(True).alias("known")))
             decoded = decoded.withColumn(
-                f"__carried_{c}", F.last(value, ignorenulls=True).over(so_far)
+                f"_cdc_carried_{c}", F.last(value, ignorenulls=True).over(so_far)
             )
         # read by the summary, the history and the current state: computed once, and the
         # plans that read it start from its rows, not from the decoding of the Kafka
@@ -479,14 +481,14 @@ class WarehouseStore(WarehouseReader, FrameStore):
         source = (
             changes.where("_cdc_cut_ms IS NULL")  # what a later TRUNCATE emptied is history only
             .unionByName(tombstones)
-            .withColumn("__rank", F.row_number().over(newest))
-            .where("__rank = 1")
+            .withColumn("_cdc_rank", F.row_number().over(newest))
+            .where("_cdc_rank = 1")
         )
         for flag in placeholders:
-            c = flag[len("__ph_") :]
-            known = F.coalesce(F.col(q(f"__carried_{c}") + ".known"), F.lit(False))
+            c = flagged(flag)
+            known = F.coalesce(F.col(q(f"_cdc_carried_{c}") + ".known"), F.lit(False))
             source = source.withColumn(
-                c, F.when(known, F.col(q(f"__carried_{c}") + ".v")).otherwise(F.col(q(c)))
+                c, F.when(known, F.col(q(f"_cdc_carried_{c}") + ".v")).otherwise(F.col(q(c)))
             ).withColumn(flag, F.col(q(flag)) & ~known)
         source = source.withColumn("_cdc_commit_ts", F.timestamp_millis("_cdc_commit_ms")).select(
             *[q(f"_cdc_k_{k}") for k in table.key],
