@@ -242,6 +242,8 @@ class NativeWriter:
                     return True
                 said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 if latest.version() != before:  # another writer committed meanwhile
+                    if attempt == CONFLICT_RETRIES:
+                        break
                     log.warning(
                         "warehouse: %s: another writer committed version %d while delta-rs "
                         "wrote (%s); writing the batch again on it (attempt %d of %d)",
