@@ -111,7 +111,7 @@ _JAVA = [
 _PROGRAMS = {"postgres": "postgres", "redis-server": "redis", "pgbench": "pgbench"}
 
 
-WAREHOUSE_PROCESS = "cdc.apply.warehouse_main"  # the warehouse's own apply process
+WAREHOUSE_PROCESS = "cdc.apply.own_process_main"  # the warehouse's own apply process
 
 
 def _component(pid: str) -> str | None:
@@ -345,10 +345,10 @@ class WarehousePhases:
             self._wrap(owner, name, name.lstrip("_"))
         self._wrap(store.WarehouseStore, "write_frame", "whole batch")
         # before it, a batch decoded in Arrow: its records collected, then decoded
-        from cdc.apply import batch
+        from cdc.stores.warehouse import routes
 
-        self._wrap(batch.BatchWriter, "collect_records", "collect records")
-        self._wrap(batch, "decode_records", "decode in Arrow")
+        self._wrap(routes.WarehouseBatches, "collect_records", "collect records")
+        self._wrap(routes, "decode_records", "decode in Arrow")
         # what of a delta-rs write is its own (the rest: Spark computing the rows)
         self._wrap(native.NativeWriter, "_commit", "delta-rs commit")
         for module in (table_join, enrichment):

@@ -1,6 +1,8 @@
 """The apply job: its streaming queries and their restarts (job), a store's side of each
-micro-batch in named steps (batch), the position guard each batch passes first
-(guards), the cache's and search index's rows of a batch (writer), dead letters
-(dead_letters), and the warehouse in a process of its own (warehouse_process,
-warehouse_main). Imports log, stores, views and check (a dead letter's replay is a
-repair)."""
+micro-batch in named steps (batch: store-agnostic; a frame store writes its batch by
+its own route, FrameStore.write_batch), the position guard each batch passes first
+(guards), the row stores' rows of a batch (writer), dead letters (dead_letters), and a
+store in a process of its own (own_process, own_process_main). It names no store: each
+is found through the registry, by what it can do (its declaration's abilities). Imports
+log, stores, views, check (a dead letter's replay is a repair) and capture (each batch
+reads the source's catalog and position)."""

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from cdc.apply.batch import BatchWriter, apply_say, wait_for
-from cdc.apply.warehouse_process import WarehouseProcess
+from cdc.apply.own_process import StoreProcess
 from cdc.capture.rewrites import check_rewrites
 from cdc.capture.source import captured_tables
 from cdc.core.catalog import Table
@@ -34,7 +34,7 @@ from cdc.core.errors import (
 )
 from cdc.core.settings import Settings
 from cdc.core.spark import kafka_options, spark_session, views_session
-from cdc.core.store_declarations import able
+from cdc.core.store_declarations import Publisher, able, declared
 from cdc.core.topics import change_topic_pattern
 from cdc.log.progress import (
     checkpoint_dir,
@@ -42,11 +42,8 @@ from cdc.log.progress import (
     forget_other_view_queries,
     note_late,
 )
-from cdc.stores.base import FrameStore, StoreWriter
+from cdc.stores.base import StoreWriter
 from cdc.stores.registry import make_writer
-from cdc.stores.warehouse.iceberg import IcebergPublisher
-from cdc.stores.warehouse.store import WarehouseStore
-from cdc.stores.warehouse.tables import warehouse_base, warehouse_root
 from cdc.views.queries import ViewQuery
 from cdc.views.registry import after_batch, check_views, queries_of
 
@@ -66,18 +63,19 @@ def run_apply(
     tables = captured_tables(settings)
     check_rewrites(settings, tables.values(), apply_say)  # DDL while the job was down
     selected = stores or list(settings.apply.stores)
-    apart = None  # the warehouse, in a process of its own (cdc/apply/warehouse_process)
-    own = able(selected, "apart")  # beside other stores, in a process of its own
+    # beside other stores, each store that asks for one runs in a process of its own
+    apart: list[StoreProcess] = []
+    own = able(selected, "own_process")
     if not once and settings.apply.warehouse_apart and own and len(own) < len(selected):
         selected = [s for s in selected if s not in own]
-        apart = WarehouseProcess(settings)
+        apart = [StoreProcess(settings, s, settings.apply.warehouse_nice) for s in own]
     runs_views = bool(able(selected, "views"))  # this process runs the derived views
     views = check_views(settings, tables) if runs_views else []
     starters: dict[str, Callable[[], Any]] = {}
     for name in selected:
         store = make_writer(settings, name, spark)
-        if isinstance(store, WarehouseStore):  # its views refreshed after each batch
-            store.after_batch = list(after_batch(views))
+        if able([name], "views"):  # its views refreshed after each batch
+            store.take_steps(after_batch(views))
         _prepare(settings, store, tables)
         starters[name] = functools.partial(_start_store_query, spark, settings, store, once)
     queries = queries_of(views)  # the streaming views, in queries with a watermark
@@ -99,40 +97,46 @@ def run_apply(
 
 @contextlib.contextmanager
 def _publishing(settings: Settings, selected: list[str], once: bool) -> Iterator[None]:
-    """apply.iceberg: the warehouse's tables published as Iceberg tables while the job
-    runs (every trigger interval, in a thread of their own), and once more at the end of
-    a run `once` (whose failure is the run's)."""
-    if not (settings.apply.iceberg and "warehouse" in selected):
-        yield
-        return
-    publisher = IcebergPublisher(warehouse_base(settings), warehouse_root(settings))
+    """Each selected store's publisher (its declaration's `publisher`, when its settings
+    ask for one: the warehouse's tables as Iceberg tables, apply.iceberg) publishes while
+    the job runs (every trigger interval, in a thread of its own), and once more at the
+    end of a run `once` (whose failure is the run's)."""
+    publishers: list[Publisher] = []
+    for name in selected:
+        made = declared()[name].publisher_of(settings)
+        if made is not None:
+            publishers.append(made)
     done = threading.Event()
 
-    def publish() -> None:
+    def publish(publisher: Publisher) -> None:
         while not done.is_set():
             try:
                 publisher.publish_all(apply_say)
             except Exception as exc:  # e.g. the catalog unreachable: said, tried again
-                apply_say(f"iceberg: not published ({failure_line(exc)}); trying again")
+                apply_say(f"{publisher.name}: not published ({failure_line(exc)}); trying again")
             done.wait(max(settings.apply.trigger_interval_s, 1.0))
 
-    thread = None if once else threading.Thread(target=publish, name="iceberg", daemon=True)
-    if thread is not None:
+    threads = [
+        threading.Thread(target=publish, args=(p,), name=p.name, daemon=True)
+        for p in ([] if once else publishers)
+    ]
+    for thread in threads:
         thread.start()
     try:
         yield
     finally:
         done.set()
-        if thread is not None:
+        for thread in threads:
             thread.join(60)
     if once:
-        publisher.publish_all(apply_say, strict=True)
+        for publisher in publishers:
+            publisher.publish_all(apply_say, strict=True)
 
 
 def _run_queries(
     settings: Settings,
     starters: dict[str, Callable[[], Any]],
-    apart: WarehouseProcess | None,
+    apart: list[StoreProcess],
     late: _LateNotes,
     once: bool,
     stop: threading.Event | None,
@@ -141,10 +145,11 @@ def _run_queries(
     `stop`, starting a failed one again."""
     queries = {name: start() for name, start in starters.items()}
     windows = {n: q for n, q in queries.items() if n in late.queries}
-    if apart is not None:
-        apart.start()
-        nice = settings.apply.warehouse_nice
-        apply_say(f"warehouse: in a process of its own (pid {apart.pid}, nice {nice})")
+    for process in apart:
+        process.start()
+        apply_say(
+            f"{process.name}: in a process of its own (pid {process.pid}, nice {process.nice})"
+        )
     if once:
         try:
             for query in queries.values():
@@ -188,8 +193,8 @@ def _run_queries(
                     continue
                 if name in late.queries:
                     windows[name] = queries[name]
-            if apart is not None:
-                _watch_apart(apart, failures, stop)
+            for process in apart:
+                _watch_apart(process, failures, stop)
             late.note_recent(windows)
             # (never a query's awaitTermination here: it raises the query's failure,
             # which the loop above restarts the query for)
@@ -201,31 +206,31 @@ def _run_queries(
         for query in queries.values():
             query.stop()
         late.ended(list(windows.values()))
-        if apart is not None:
-            apart.stop()
+        for process in apart:
+            process.stop()
 
 
-# what the warehouse's process exits with when starting it again cannot help: a setting,
+# what a store's own process exits with when starting it again cannot help: a setting,
 # an install, or a log or source that went back
 _FATAL_EXITS = {e.exit_code: e for e in (ConfigError, NotInstalledError, LogRewoundError)}
 
 
 def _watch_apart(
-    apart: WarehouseProcess, failures: dict[str, int], stop: threading.Event | None
+    apart: StoreProcess, failures: dict[str, int], stop: threading.Event | None
 ) -> None:
-    """Start the warehouse's process again when it has stopped (after a pause that grows
+    """Start a store's own process again when it has stopped (after a pause that grows
     with its failures), as a failed query is; raise its error when that cannot help."""
     code = apart.exit_code()
     if code is None:
         return
-    said = apart.last_said
+    said, name = apart.last_said, apart.name
     if code in _FATAL_EXITS:
-        raise _FATAL_EXITS[code](f"the warehouse's apply process stopped: {said}")
-    failures["warehouse"] = failures.get("warehouse", 0) + 1
-    pause = min(2 ** failures["warehouse"], 60)
+        raise _FATAL_EXITS[code](f"the {name}'s apply process stopped: {said}")
+    failures[name] = failures.get(name, 0) + 1
+    pause = min(2 ** failures[name], 60)
     how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
     apply_say(
-        f"warehouse: its process exited ({how}{'; ' + said if said else ''}); "
+        f"{name}: its process exited ({how}{'; ' + said if said else ''}); "
         f"starting it again in {pause} s"
     )
     if stop is not None and stop.wait(pause):
@@ -356,9 +361,7 @@ def _prepare(settings: Settings, store: StoreWriter, tables: dict[str, Table]) -
 
 
 def _start_store_query(spark: Any, settings: Settings, store: StoreWriter, once: bool) -> Any:
-    limit = settings.apply.max_offsets_per_trigger
-    if isinstance(store, FrameStore):  # Delta: fewer, larger commits when catching up
-        limit = settings.apply.warehouse_max_offsets_per_trigger
+    limit = store.max_offsets(settings.apply.max_offsets_per_trigger)
     source = (
         spark.readStream.format("kafka")
         .options(**kafka_options(settings))

@@ -20,8 +20,8 @@ from typing import Any
 from cdc.core.catalog import Table
 from cdc.core.errors import StoreError
 from cdc.core.settings import Settings
-from cdc.stores.registry import make_reader
-from cdc.stores.warehouse.store import WarehouseStore
+from cdc.stores.base import FrameReader
+from cdc.stores.registry import reader_with
 from cdc.types.spark_types import quoted as q
 from cdc.types.spark_types import spark_type
 from cdc.types.store_forms import SUMMED_TYPES
@@ -110,7 +110,7 @@ def _live_suite(
     named = {a: c for c, a in alias.items()}
     sum_names = [_SUM_ALIAS.format(i) for i in range(len(summed))]
     frame = frame.select(*[F.col(q(c)).alias(a) for c, a in alias.items()], *sum_names)
-    asset = context.data_sources.add_or_update_spark(name="warehouse").add_dataframe_asset(
+    asset = context.data_sources.add_or_update_spark(name="live_rows").add_dataframe_asset(
         name=table.qualified
     )
     batch = asset.add_batch_definition_whole_dataframe("live rows").get_batch(
@@ -253,7 +253,7 @@ def _source_aggregates(
     return observed
 
 
-def _live_frame(warehouse: WarehouseStore, table: Table, summed: list[Any]) -> Any:
+def _live_frame(warehouse: FrameReader, table: Table, summed: list[Any]) -> Any:
     """The table's live rows in the warehouse, kept in memory for the checks' passes,
     with each summed column as decimal(38, scale) (PostgreSQL sums them as numeric)."""
     from pyspark.sql import functions as F
@@ -293,8 +293,8 @@ def expectations(
     from cdc.check.verify import consistent_cut
 
     what = "row count and sums equal PostgreSQL's"
-    warehouse = make_reader(settings, "warehouse")
-    assert isinstance(warehouse, WarehouseStore)
+    warehouse = reader_with(settings, "expectations")
+    assert isinstance(warehouse, FrameReader)
     context = _context()
     found: dict[str, list[Check]] = {t.qualified: [] for t in tables}
     compared: dict[str, Check] = {}
@@ -304,7 +304,7 @@ def expectations(
             present.append(table)
             continue
         found[table.qualified].append(
-            Check(table.qualified, "warehouse table exists", None, False, "no Delta table")
+            Check(table.qualified, f"{warehouse.name} table exists", None, False, "no Delta table")
         )
         compared[table.qualified] = Check(table.qualified, what, None, False, "no Delta table")
     for table in present:
@@ -328,7 +328,7 @@ def expectations(
                 compared[table.qualified] = Check(table.qualified, what, None, False, str(exc))
         if before:
             consistent_cut(
-                settings, [t for t in pending if t.qualified in before], ["warehouse"], timeout
+                settings, [t for t in pending if t.qualified in before], [warehouse.name], timeout
             )
         moved = []
         for table in pending:
@@ -383,7 +383,7 @@ def _aggregates_compared(
     return Check(table.qualified, what, None, not differ, "; ".join(differ) if differ else shown)
 
 
-def history_checks(warehouse: WarehouseStore, table: Table, live: Any) -> list[Check]:
+def history_checks(warehouse: FrameReader, table: Table, live: Any) -> list[Check]:
     """The invariants of the table's history (SCD type 2) against its `live` rows, in
     one pass: no two versions of a key at one position (a change taken twice); at most
     one version per key is open; every live row's version is open; no version ends

@@ -1,12 +1,12 @@
-"""Reading the derived stores: Spark SQL over the warehouse, text search over the index,
-and a row from any store (the cache by default).
+"""Reading the derived stores: Spark SQL over the store with the "sql" ability (the
+warehouse), text search over the one with "search" (the index), and a row from any
+store (the cache by default).
 
-Warehouse tables are registered for SQL by name: `<table>` (its live rows),
-`<table>_history` (its versions, each with the `valid_from` and `valid_to` derived as
-it is read: cdc/stores/warehouse/history.py), and each join view and window
-aggregate by its name. A table name that two schemas share is registered as
-`<schema>_<table>` instead. A name that is not a plain SQL identifier (a dot, a space)
-is queried in backquotes: SELECT * FROM `we.ird`.
+The SQL store registers its tables by name (the warehouse: `<table>` for its live rows,
+`<table>_history` for its versions with `valid_from` and `valid_to`, each join view and
+window aggregate by its name; a table name two schemas share as `<schema>_<table>`). A
+name that is not a plain SQL identifier (a dot, a space) is queried in backquotes:
+SELECT * FROM `we.ird`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from typing import Any
 from cdc.core.catalog import Table
 from cdc.core.errors import QueryError, StoreUnavailableError
 from cdc.core.settings import Settings
-from cdc.stores.base import StoreReader
-from cdc.stores.registry import make_reader
-from cdc.stores.warehouse.history import derived_history, history_key
+from cdc.stores.base import SqlReader, StoreReader, TextSearcher
+from cdc.stores.registry import make_reader, reader_with
 from cdc.types.store_forms import INTEGER_TYPES
 
 __all__ = [
@@ -30,7 +29,6 @@ __all__ = [
     "run_query",
     "search_table",
     "store_entry",
-    "warehouse_names",
 ]
 
 
@@ -40,69 +38,26 @@ class QueryResult:
     rows: list[tuple[Any, ...]]
 
 
-def warehouse_names(settings: Settings, tables: list[str]) -> dict[str, str]:
-    """SQL name -> Delta path, for the tables and views the warehouse holds now."""
-    from delta.tables import DeltaTable
-
-    from cdc.core.spark import spark_session
-    from cdc.stores.warehouse.tables import (
-        current_path,
-        history_path,
-        view_path,
-        warehouse_root,
-    )
-
-    spark = spark_session(settings, "cdc-query")
-    root = warehouse_root(settings)
-    short = [t.split(".", 1)[1] for t in tables]
-    names: dict[str, str] = {}
-    for qualified in tables:
-        schema, table = qualified.split(".", 1)
-        name = table if short.count(table) == 1 else f"{schema}_{table}"
-        names[name] = current_path(root, qualified)
-        names[f"{name}_history"] = history_path(root, qualified)
-    for view in [*settings.apply.joins, *settings.apply.windows]:
-        names[view.name] = view_path(root, view.name)
-    return {n: p for n, p in names.items() if DeltaTable.isDeltaTable(spark, p)}
-
-
 def run_query(
     settings: Settings, sql: str, tables: list[str], as_of: str | None = None
 ) -> QueryResult:
-    """Run Spark SQL over the warehouse; `as_of` a Delta version (digits) or a timestamp."""
+    """Run Spark SQL over the SQL store's tables; `as_of` a version (digits) or a time."""
     from pyspark.errors import AnalysisException, ParseException
 
     from cdc.core.spark import spark_session
 
     spark = spark_session(settings, "cdc-query")
-    names = warehouse_names(settings, tables)
-    for name, path in names.items():
-        reader = spark.read.format("delta")
-        if as_of is not None:
-            option = "versionAsOf" if as_of.isdigit() else "timestampAsOf"
-            reader = reader.option(option, as_of)
-        try:
-            frame = reader.load(path)
-        except Exception as exc:  # a version or time the table does not have
-            raise QueryError(f"{name} has no state as of {as_of}: {_first_line(exc)}") from None
-        if name.endswith("_history") and path.endswith("/history"):
-            # versions with their ends, derived as they are read
-            key = history_key(spark, path)
-            if not key:
-                raise QueryError(
-                    f"{name} is of the warehouse's earlier layout: run "
-                    "`cdc rebuild --store warehouse`"
-                )
-            frame = derived_history(spark, frame, key)
-        # one identifier, whatever it holds: a table named `we.ird` is not two parts
-        frame.createOrReplaceTempView("`" + name.replace("`", "``") + "`")
+    store = reader_with(settings, "sql", spark)
+    assert isinstance(store, SqlReader)
+    views = [v.name for v in [*settings.apply.joins, *settings.apply.windows]]
+    names = store.register_for_sql(tables, views, as_of)
     try:
         result = spark.sql(sql)
         rows = [tuple(r) for r in result.collect()]
     except ParseException as exc:
         raise QueryError(f"the SQL does not parse: {_first_line(exc)}") from None
     except AnalysisException as exc:
-        raise QueryError(_explain(exc, names, spark)) from None
+        raise QueryError(_explain(exc, names, store.name)) from None
     return QueryResult(result.columns, rows)
 
 
@@ -111,13 +66,13 @@ def _first_line(exc: Exception) -> str:
     return re.sub(r"\s+", " ", text)[:300]
 
 
-def _explain(exc: Any, names: dict[str, str], spark: Any) -> str:
+def _explain(exc: Any, names: dict[str, str], store: str) -> str:
     """One line for an analysis error: what is missing, and what there is."""
     condition = (exc.getCondition() or "") if hasattr(exc, "getCondition") else ""
     parameters = exc.getMessageParameters() or {}
     if condition.startswith("TABLE_OR_VIEW_NOT_FOUND"):
         wanted = parameters.get("relationName", "?").replace("`", "")
-        return f"no table {wanted} in the warehouse; tables: {', '.join(sorted(names)) or 'none'}"
+        return f"no table {wanted} in the {store}; tables: {', '.join(sorted(names)) or 'none'}"
     if condition.startswith("UNRESOLVED_COLUMN"):
         wanted = parameters.get("objectName", "?").replace("`", "")
         proposal = parameters.get("proposal", "").replace("`", "")
@@ -128,17 +83,15 @@ def _explain(exc: Any, names: dict[str, str], spark: Any) -> str:
 
 def search_table(settings: Settings, table: Table, text: str, limit: int = 10) -> QueryResult:
     """Documents of `table` matching `text` (simple query string over every field)."""
-    from cdc.stores.search.store import SearchStore
-
-    store = make_reader(settings, "search")
-    assert isinstance(store, SearchStore)
+    store = reader_with(settings, "text_search")
+    assert isinstance(store, TextSearcher) and isinstance(store, StoreReader)
     try:
         _reach(store)
         found = store.find(table, text, limit)
     finally:
         store.close()
     if found is None:
-        raise QueryError(f"no search index for {table.qualified} yet: run `cdc apply`")
+        raise QueryError(f"no {store.name} index for {table.qualified} yet: run `cdc apply`")
     columns = ["_score", *(c.name for c in table.columns)]
     rows = [
         (round(score, 3), *(document.get(c.name) for c in table.columns))

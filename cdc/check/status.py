@@ -21,6 +21,7 @@ from cdc.core.errors import CdcError, SourceError
 from cdc.core.identity import acknowledged, recorded_since, table_changes
 from cdc.core.postgres import admin_connection
 from cdc.core.settings import Settings
+from cdc.core.store_declarations import declared
 from cdc.core.topics import (
     change_times,
     change_topic,
@@ -55,9 +56,10 @@ class PipelineStatus:
     late_events: dict[str, int] = field(default_factory=dict)  # per window aggregate
     # a running snapshot's CTID ranges already in Kafka (what a rerun does not read again)
     snapshot_ranges: int | None = None
-    # apply.iceberg: the warehouse's tables, and those whose Iceberg table lags its Delta
-    # table: {"tables": n, "behind": {folder: [Delta version, Iceberg's or None]}}
-    iceberg: dict[str, Any] | None = None
+    # per publisher of a store (the warehouse's Iceberg tables, apply.iceberg): its
+    # tables, and those it lags: {"tables": n, "behind": {folder: [the store's version,
+    # the one published or None]}}, or {"error": why it could not be read}
+    published: dict[str, dict[str, Any]] = field(default_factory=dict)
     # a captured table renamed, dropped, or selected and not captured: what to run
     tables_drift: list[str] = field(default_factory=list)
     error: str | None = None
@@ -166,8 +168,10 @@ def pipeline_status(
             status.topics = {t: sum(parts.values()) for t, parts in ends.items()}
             status.stores = _store_progress(settings, ends, capture)
             status.late_events = _late_events(settings)
-        if settings.apply.iceberg:
-            status.iceberg = _iceberg_status(settings)
+        for store in settings.apply.stores:
+            publisher = declared()[store].publisher_of(settings)
+            if publisher is not None:
+                status.published[publisher.name] = publisher.status()
     except CdcError as exc:
         status.error = str(exc)
     return status
@@ -191,24 +195,6 @@ def _capture_lag(settings: Settings, connector: dict[str, Any] | None) -> Captur
         state,
         heartbeat_rows_topic(pipe),
     )
-
-
-def _iceberg_status(settings: Settings) -> dict[str, Any]:
-    """apply.iceberg: how many warehouse tables there are, and which Iceberg lags."""
-    from cdc.stores.warehouse.iceberg import IcebergPublisher
-    from cdc.stores.warehouse.tables import warehouse_base, warehouse_root
-
-    root = warehouse_root(settings)
-    try:
-        publisher = IcebergPublisher(warehouse_base(settings), root)
-        behind = {
-            path.removeprefix(root).lstrip("/"): list(versions)
-            for path, versions in publisher.behind().items()
-        }
-    except Exception as exc:  # the catalog unreadable (locked, corrupt): said, not raised
-        line = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
-        return {"tables": 0, "behind": {}, "error": line}
-    return {"tables": len(publisher.tables()), "behind": behind}
 
 
 def _choice_problems(settings: Settings, published: list[str]) -> list[str]:
@@ -283,6 +269,9 @@ def _store_progress(
             "running": _running(progress.pid),
             # tables its faster writer cannot write (Spark writes them): path -> why
             "written_by_spark": progress.written_by_spark or {},
+            # how its last batch was written, and how many batches took each route
+            "route": progress.route,
+            "routes": dict(progress.routes),
         }
         freshness = Freshness.from_json(progress.freshness)
         judged = judge(

@@ -34,9 +34,8 @@ from cdc.core.settings import Settings
 from cdc.core.topics import CUT_MESSAGE_PREFIX, change_topic
 from cdc.core.view_settings import TableJoin
 from cdc.log.progress import Progress, read_progress
-from cdc.stores.base import Rows, StoreReader
-from cdc.stores.registry import make_reader
-from cdc.stores.warehouse.store import WarehouseStore
+from cdc.stores.base import Rows, StoreReader, ViewReader
+from cdc.stores.registry import make_reader, reader_with
 from cdc.types.decode import parse_interval
 from cdc.types.keys import key_text
 from cdc.types.store_forms import read_as_interval, read_as_text
@@ -313,21 +312,19 @@ def _view_query(join: TableJoin, tables: dict[str, Table]) -> sql.Composed:
 def verify_join(
     settings: Settings, join: TableJoin, tables: dict[str, Table], rounds: int = 3
 ) -> Drift:
-    """The join view in the warehouse against the same join computed by PostgreSQL, after
-    a cut on both tables (a row that differs is looked at again after a fresh cut)."""
-    from cdc.stores.warehouse.tables import view_path
-
-    warehouse = make_reader(settings, "warehouse")
-    assert isinstance(warehouse, WarehouseStore)
+    """The join view in the store that keeps the views against the same join computed by
+    PostgreSQL, after a cut on both tables (a row that differs is looked at again after a
+    fresh cut)."""
+    store = reader_with(settings, "views")
+    assert isinstance(store, ViewReader)
     view = view_table(join, tables)
     sides = [tables[join.table], tables[join.references]]
-    path = view_path(warehouse.root, join.name)
-    drift = Drift("warehouse", f"view {join.name}", 0, 0)
+    drift = Drift(store.name, f"view {join.name}", 0, 0)
     for _ in range(rounds):
-        consistent_cut(settings, sides, ["warehouse"], 120.0)
+        consistent_cut(settings, sides, [store.name], 120.0)
         source = source_rows(settings, view, query=_view_query(join, tables))
-        held = warehouse.rows_at(view, path)
-        drift = _compare("warehouse", warehouse.form, view, source, held)
+        held = store.view_rows(view, join.name)
+        drift = _compare(store.name, store.form, view, source, held)
         drift.table = f"view {join.name}"
         if drift.ok:
             break

@@ -29,9 +29,8 @@ from cdc.core.catalog import TRUNCATIONS_TABLE, Table
 from cdc.core.settings import Settings
 from cdc.core.topics import ChangeRecord, change_topic, read_topic, thinned
 from cdc.log.progress import checkpoint_dir, last_committed_batch, late_events
-from cdc.stores.base import StoreReader
-from cdc.stores.registry import make_reader
-from cdc.stores.warehouse.store import WarehouseStore
+from cdc.stores.base import StoreReader, ViewReader
+from cdc.stores.registry import reader_with
 from cdc.types.store_forms import warehouse_value
 from cdc.views.base import Expected, StreamingView, View
 from cdc.views.enrichment import EnrichmentView
@@ -59,7 +58,7 @@ class ViewChecks:
         self.tables = tables
         self.timeout = timeout
         self._logs: dict[str, list[ChangeRecord]] = {}
-        self._warehouse: StoreReader | None = None  # read when a view's rows are
+        self._store: StoreReader | None = None  # the views' store, read when a view's rows are
 
     def against_source(self, view: TableJoinView) -> Check:
         from cdc.check.verify import verify_join
@@ -79,7 +78,7 @@ class ViewChecks:
         from cdc.check.verify import consistent_cut
 
         consistent_cut(
-            self.settings, [self.tables[t] for t in view.sides], ["warehouse"], self.timeout
+            self.settings, [self.tables[t] for t in view.sides], [self._views().name], self.timeout
         )
         logs = self._read(view)
         if isinstance(logs, str):
@@ -159,11 +158,15 @@ class ViewChecks:
                 return f"not recomputed: compaction removed records of {table}"
         return logs
 
+    def _views(self) -> ViewReader:
+        """The store that keeps the views ("views" ability), opened once."""
+        if self._store is None:
+            self._store = reader_with(self.settings, "views")
+        assert isinstance(self._store, ViewReader)
+        return self._store
+
     def _held(self, view: View) -> dict[Any, Any]:
-        if self._warehouse is None:
-            self._warehouse = make_reader(self.settings, "warehouse")
-        assert isinstance(self._warehouse, WarehouseStore)
-        frame = self._warehouse.view_frame(view.name)
+        frame = self._views().view_frame(view.name)
         return {} if frame is None else view.held(frame, self.tables, warehouse_value)
 
     def _caught_up(self, view: StreamingView, logs: dict[str, list[ChangeRecord]]) -> int | None:

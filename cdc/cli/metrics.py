@@ -126,6 +126,12 @@ def families(components: Sequence[ComponentStatus], pipeline: PipelineStatus) ->
         "1 while the store does not answer and its batch waits, uncommitted",
         labels=["pipeline", "store"],
     )
+    batches = CounterMetricFamily(
+        "cdc_store_batches",
+        "micro-batches the store wrote, by the route each took (its own names: the "
+        "warehouse's arrow, spark-decoded or spark; a row store's driver, workers or bulk)",
+        labels=["pipeline", "store", "route"],
+    )
     freshness = HistogramMetricFamily(
         "cdc_store_freshness_seconds",
         "commit to visible: how long after its commit each change became visible in the store",
@@ -169,6 +175,8 @@ def families(components: Sequence[ComponentStatus], pipeline: PipelineStatus) ->
         if figures.get("lag_s") is not None:
             lag.add_metric([pipeline.name, store], float(figures["lag_s"]))
         waiting.add_metric([pipeline.name, store], 1.0 if figures.get("waiting") else 0.0)
+        for route, count in (figures.get("routes") or {}).items():
+            batches.add_metric([pipeline.name, store, route], float(count))
     dead = CounterMetricFamily(
         "cdc_dead_letters", "events in the dead-letter topic", labels=["pipeline"]
     )
@@ -197,6 +205,7 @@ def families(components: Sequence[ComponentStatus], pipeline: PipelineStatus) ->
         backlog,
         lag,
         waiting,
+        batches,
         freshness,
         p50,
         p99,

@@ -112,23 +112,23 @@ def pipeline_table(p: PipelineStatus) -> Table:
         table.add_row("[red]tables[/red]", f"[red]{escape(problem)}[/red]")
     for topic, end in p.topics.items():
         table.add_row(f"topic {topic}", f"end offset {end}")
-    if p.iceberg is not None:
-        behind = p.iceberg["behind"]
-        if p.iceberg.get("error"):
-            text = f"[red]the Iceberg catalog could not be read: {escape(p.iceberg['error'])}[/red]"
+    for name, published in p.published.items():
+        behind = published["behind"]
+        if published.get("error"):
+            text = f"[red]the {name} catalog could not be read: {escape(published['error'])}[/red]"
         elif behind:
             listed = ", ".join(
                 f"{name} (Delta {delta}, Iceberg {'none' if ice is None else ice})"
                 for name, (delta, ice) in sorted(behind.items())[:5]
             )
             text = (
-                f"[yellow]{len(behind)} of {p.iceberg['tables']} tables behind Delta "
+                f"[yellow]{len(behind)} of {published['tables']} tables behind Delta "
                 f"(published within a trigger interval while `cdc apply` runs): "
                 f"{escape(listed)}[/yellow]"
             )
         else:
-            text = f"[green]{p.iceberg['tables']} tables published[/green] (as Delta has them)"
-        table.add_row("iceberg", text)
+            text = f"[green]{published['tables']} tables published[/green] (as Delta has them)"
+        table.add_row(name, text)
     for store, s in p.stores.items():
         if s["backlog_events"]:
             lag = "?" if s["lag_s"] is None else f"{s['lag_s']:.1f}s"

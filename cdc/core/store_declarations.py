@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import import_module
 from importlib.metadata import entry_points
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from cdc.core.errors import ConfigError
 
 __all__ = [
     "Ability",
+    "Publisher",
     "StoreDeclaration",
     "able",
     "check_store_names",
@@ -35,10 +36,29 @@ GROUP = "cdc.stores"
 
 # what a store can do beyond being written and read back:
 # - views: it keeps the derived views (`apply.joins`, `apply.windows`), written from its
-#   batches (so the apply job that runs it runs theirs);
-# - apart: beside other stores, `cdc apply` may run it in a process of its own;
-# - expectations: `cdc verify` also runs its data-quality expectations
-Ability = Literal["views", "apart", "expectations"]
+#   batches (so the apply job that runs it runs theirs: StoreWriter.take_steps), and
+#   verify compares them (its reader is a ViewReader, cdc/stores/base.py);
+# - own_process: beside other stores, `cdc apply` may run it in a process of its own;
+# - expectations: `cdc verify` also runs its data-quality expectations over its live
+#   rows (its reader is a FrameReader, cdc/stores/base.py);
+# - sql: `cdc query` runs Spark SQL over its tables (its reader is a SqlReader)
+# - text_search: `cdc search` searches its documents by text (its reader is a TextSearcher)
+Ability = Literal["views", "own_process", "expectations", "sql", "text_search"]
+
+
+class Publisher(Protocol):
+    """What a store publishes its tables as, besides (the warehouse's Iceberg tables):
+    the apply job publishes while it runs, `cdc status` shows how far it lags."""
+
+    name: str
+
+    def publish_all(self, say: Callable[[str], None] | None = None, strict: bool = False) -> Any:
+        """Publish every table that changed since it was last published."""
+        ...
+
+    def status(self) -> dict[str, Any]:
+        """How many tables there are and which lag (`tables`, `behind`), or `error`."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -60,12 +80,26 @@ class StoreDeclaration:
     # names it would take for one field), or None
     clashes: Callable[[list[str]], str | None] | None = None
     abilities: frozenset[Ability] = field(default_factory=frozenset)
+    # "module:function", function(settings) -> its Publisher, or None when its settings
+    # ask for none; imported when asked
+    publisher: str | None = None
 
     def factory(self) -> Callable[[Any, Any], Any]:
         """function(settings, spark) -> the store."""
-        module, _, function = self.make.partition(":")
-        made: Callable[[Any, Any], Any] = getattr(import_module(module), function)
+        made: Callable[[Any, Any], Any] = _imported(self.make)
         return made
+
+    def publisher_of(self, settings: Any) -> Publisher | None:
+        """The store's publisher under `settings`, or None."""
+        if self.publisher is None:
+            return None
+        made: Publisher | None = _imported(self.publisher)(settings)
+        return made
+
+
+def _imported(where: str) -> Any:
+    module, _, name = where.partition(":")
+    return getattr(import_module(module), name)
 
 
 _REGISTERED: dict[str, StoreDeclaration] = {}

@@ -125,6 +125,8 @@ class Progress:
     freshness: dict[str, Any] | None = None  # commit to visible (cdc/log/freshness.py)
     # tables its faster writer cannot write, and why (FrameStore.written_by_spark)
     written_by_spark: dict[str, str] | None = None
+    route: str | None = None  # how its last batch was written (a store's own name for it)
+    routes: dict[str, int] = field(default_factory=dict)  # batches written by each route
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Progress:

@@ -11,20 +11,27 @@ the dead-letter topic."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from cdc.core.catalog import Table
 from cdc.log.position import Event
 
 __all__ = [
+    "BatchContext",
+    "BatchOutcome",
+    "BatchStep",
     "Entry",
+    "FrameReader",
     "FrameStore",
     "RowStore",
     "Rows",
+    "SqlReader",
     "StoreReader",
     "StoreWriter",
+    "TextSearcher",
+    "ViewReader",
     "WriteResult",
 ]
 
@@ -50,6 +57,66 @@ class Entry:
     deleted: bool = False
 
 
+@dataclass
+class BatchContext:
+    """What the apply job hands a store with each micro-batch (cdc/apply/batch.py), once
+    the source and the log are still the ones it applied from."""
+
+    batch_id: int
+    started_ms: int  # when the batch started: its events' ages are counted from here
+    topics: dict[str, str]  # change topic -> captured table (and the TRUNCATEs' topic)
+    tables: dict[str, Table]  # the captured tables, as the source's catalog has them now
+    behind: int  # records of the log the store was behind at the batch's start
+    # table -> its last TRUNCATE's position; the store adds the batch's TRUNCATEs
+    cutoffs: dict[str, tuple[int, int]]
+    # table -> its TRUNCATEs, [commit_lsn, lsn, commit time], oldest first (Progress)
+    cuts: dict[str, list[list[int]]]
+    # the captured table a TRUNCATE recorded under a name (and relation id) emptied
+    truncated: Callable[[str, int | None], str | None]
+    # a poison event (a row with its topic, partition, offset, key, value and error),
+    # for the dead-letter topic
+    dead_letter: Callable[[Any], None]
+
+
+@dataclass
+class BatchOutcome:
+    """What a store wrote of a batch, for its progress record (cdc/log/progress.py)."""
+
+    n: int = 0  # the changes of captured tables in it
+    commit_ms: int | None = None  # the newest commit time among them
+    commit_lsn: int = 0  # the newest source position among them
+    offsets: dict[str, int] = field(default_factory=dict)  # "topic:partition" -> last offset
+    ages: dict[int, int] = field(default_factory=dict)  # age bucket -> changes (freshness)
+    counts: dict[str, int] | None = None  # written and stale, where the store counts them
+    dead: int = 0  # events sent to the dead-letter topic
+    route: str = ""  # how the batch was written (a store's own names: its log, metrics)
+    written_by_spark: dict[str, str] | None = None  # FrameStore.written_by_spark
+
+
+class BatchStep(Protocol):
+    """Work after each batch over the tables it wrote (a derived view: cdc/views/)."""
+
+    def keeps(self) -> dict[str, set[str]]:
+        """What of each table's batch it reads: "keys" (a join view's sides), "created"
+        (the stream of a stream-table join), "versions" (the table it references); it
+        runs after the batch's writes of those tables."""
+        ...
+
+    def refresh(
+        self,
+        spark: Any,
+        root: str,
+        tables: dict[str, Table],
+        kept: dict[str, dict[str, Any]],
+        truncated: set[str],
+        native: Any = None,
+    ) -> None:
+        """Run after the batch (`kept`: per table, what it kept, each a Spark frame or an
+        Arrow table; `truncated`: the tables a TRUNCATE or a reset emptied since the last
+        batch; `native`: the store's delta-rs writer)."""
+        ...
+
+
 class StoreWriter(ABC):
     """What the apply job writes: a store of one of two kinds. A RowStore takes Python
     events (written by Spark's Python workers, each with its own connection), a
@@ -72,6 +139,16 @@ class StoreWriter(ABC):
         """A batch of a backlog (catch-up) is about to be written (`on`), or has been
         (not `on`): the store may trade what its readers see during that batch for
         throughput, and must give it back when the batch ends."""
+
+    def max_offsets(self, default: int) -> int:
+        """The most records one micro-batch of its query takes (apply.max_offsets_per_trigger
+        by default)."""
+        return default
+
+    def take_steps(self, steps: Sequence[BatchStep]) -> None:
+        """Run these steps after each batch (a store declaring the "views" ability)."""
+        if steps:
+            raise TypeError(f"store {self.name} keeps no views")
 
     def close(self) -> None:  # noqa: B027 - optional
         """Release connections."""
@@ -120,30 +197,85 @@ class RowStore(StoreWriter):
 
 
 class FrameStore(StoreWriter):
-    """A store written from Spark frames (the warehouse)."""
+    """A store written from Spark frames (the warehouse): it takes each micro-batch whole,
+    chooses how to write it, and says what it wrote."""
 
     def written_by_spark(self) -> dict[str, str]:
         """The tables its faster writer cannot write in this process, each with why
         (Spark writes them, slower): `cdc status` shows them."""
         return {}
 
-    def decodes_arrow(self) -> bool:
-        """Whether it takes a batch decoded in Arrow (write_frame's `decoded`)."""
-        return False
-
     @abstractmethod
-    def write_frame(
-        self,
-        tables: dict[str, Table],
-        events: Any,
-        present: set[str],
-        toasted: set[str] | None = None,
-        sizes: dict[str, int] | None = None,
-        decoded: dict[str, Any] | None = None,
-    ) -> None:
-        """Write a batch's parsed events (cdc/log/envelope.py, with `cut_ms`) of the
-        tables in `present`, each key's newest change by the write rule (`toasted`: the
-        tables whose events may carry a TOAST placeholder, None: any of them; `sizes`:
-        per table, the characters of its events' row images, None: not known; `decoded`:
-        the batch decoded in Arrow, cdc/log/arrow_events.py, per table, and then
-        `events` a function that makes the frame, called only if the store needs it)."""
+    def write_batch(self, raw: Any, ctx: BatchContext) -> BatchOutcome:
+        """Write the micro-batch `raw` (the Kafka source's frame: key, value, topic,
+        partition, offset; generated columns computed) of the tables in `ctx`: each key's
+        newest change by the write rule, its TRUNCATEs (added to `ctx.cutoffs` and
+        `ctx.cuts`), its poison events to `ctx.dead_letter`."""
+
+
+# What a store's reader can do beyond StoreReader, by the abilities its declaration names
+# (cdc/core/store_declarations.py); cdc/stores/registry.py `reader_with` finds the store.
+
+
+@runtime_checkable
+class ViewReader(Protocol):
+    """The "views" ability: the derived views a store keeps, read back."""
+
+    name: str
+
+    def view_rows(self, view: Table, name: str) -> Rows:
+        """The rows of the view `name` (`view`: its columns and key, as a table), by key
+        text, in the store's comparison form (`form`)."""
+        ...
+
+    def view_frame(self, name: str) -> Any | None:
+        """The view `name` as a Spark frame, or None while it has none."""
+        ...
+
+    def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class FrameReader(Protocol):
+    """The "expectations" ability: a table's live rows and history as Spark frames."""
+
+    name: str
+    spark: Any
+
+    def holds(self, table: Table) -> bool:
+        """Whether the store has the table at all."""
+        ...
+
+    def live_frame(self, table: Table) -> Any | None: ...
+
+    def history_frame(self, table: Table) -> Any | None: ...
+
+
+@runtime_checkable
+class SqlReader(Protocol):
+    """The "sql" ability: its tables registered for Spark SQL (`cdc query`)."""
+
+    name: str
+    spark: Any
+
+    def register_for_sql(
+        self, tables: list[str], views: list[str], as_of: str | None = None
+    ) -> dict[str, str]:
+        """Register, in its Spark session, each of `tables` (qualified) and `views` it
+        holds under its SQL name (as of a version, digits, or a time); SQL name -> where
+        it lives. Raises QueryError for a state it does not have."""
+        ...
+
+
+@runtime_checkable
+class TextSearcher(Protocol):
+    """The "text_search" ability: a table's rows found by text (`cdc search`)."""
+
+    name: str
+
+    def find(
+        self, table: Table, text: str, limit: int
+    ) -> list[tuple[float, dict[str, Any]]] | None:
+        """The best `limit` rows matching `text`, each with its score; None when the store
+        has no index for the table yet."""
+        ...

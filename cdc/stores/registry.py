@@ -12,7 +12,7 @@ from pydantic import BaseModel, SecretStr
 
 from cdc.core.errors import ConfigError
 from cdc.core.settings import Settings
-from cdc.core.store_declarations import check_store_names, declared
+from cdc.core.store_declarations import Ability, able, check_store_names, declared
 from cdc.stores.base import RowStore, StoreReader, StoreWriter
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "make_reader",
     "make_row_store",
     "make_writer",
+    "reader_with",
 ]
 
 
@@ -43,6 +44,15 @@ def make_reader(settings: Settings, name: str, spark: Any = None) -> StoreReader
     """The store `name` as verify, repair, rebuild and `cdc get` read it back."""
     reader: StoreReader = _make(settings, name, spark, StoreReader)
     return reader
+
+
+def reader_with(settings: Settings, ability: Ability, spark: Any = None) -> StoreReader:
+    """The reader of the store that has `ability`: the first of apply.stores that does,
+    else the first store installed that does."""
+    names = able(settings.apply.stores, ability) or able(declared(), ability)
+    if not names:
+        raise ConfigError(f"no store installed has the ability {ability!r}: install one that does")
+    return make_reader(settings, names[0], spark)
 
 
 def executor_settings(settings: Settings, name: str) -> Settings:

@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import json
 import math
-import types
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from cdc.apply.batch import BatchWriter, _partitions, _unheld_as_errors
 from cdc.core.catalog import TRUNCATIONS_TABLE, Column, Table
 from cdc.log.arrow_events import decode_records
 from cdc.log.envelope import parse_events
+from cdc.stores.warehouse.routes import cut_column, partitions, unheld_as_errors
 from cdc.stores.warehouse.store import WarehouseStore
 from cdc.types.arrow_types import decodable
 from cdc.types.decode import DATE_INFINITY, MICROS_INFINITY, MILLIS_INFINITY
@@ -199,18 +198,17 @@ def plain(table: pa.Table) -> list[dict[str, Any]]:
 def spark_decoded(
     spark: Any, store: WarehouseStore, records: pa.Table, cuts: dict[str, list[list[int]]]
 ) -> tuple[pa.Table, list[dict[str, Any]], dict[int, int]]:
-    """What the Spark path decodes of the records: the store's table, and `_partitions`."""
+    """What the Spark path decodes of the records: the store's table, and `partitions`."""
     from pyspark.sql import functions as F
 
     frame = spark.createDataFrame(records)
-    parsed = _unheld_as_errors(
+    parsed = unheld_as_errors(
         parse_events(frame, TOPICS).where("table IS NOT NULL"), {TABLE.qualified: TABLE}
     ).cache()
-    writer = types.SimpleNamespace(cuts=cuts)
-    cut_ms = BatchWriter.truncations(writer, parsed, {}, {}, False)  # type: ignore[arg-type]
+    cut_ms = cut_column(cuts)
     events = parsed.where(F.col("error").isNull()).withColumn("cut_ms", cut_ms)
     table = store._decode_batch(events, {TABLE.qualified: TABLE})[TABLE.qualified]
-    parts, ages = _partitions(parsed, {TABLE.qualified: TABLE}, 10_000)
+    parts, ages = partitions(parsed, {TABLE.qualified: TABLE}, 10_000)
     return table, parts, ages
 
 

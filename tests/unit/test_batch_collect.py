@@ -1,19 +1,20 @@
-"""Which warehouse batches are collected to the driver to be decoded in Arrow
-(BatchWriter.collect_records): those whose every captured table Arrow decodes, that fit
-the driver's heap as the last batch's records (or a sample) tell, while the last collect
-was not over Spark's limit on what the driver takes."""
+"""Which warehouse batches take the `arrow` route, collected to the driver to be decoded
+in Arrow (cdc/stores/warehouse/routes.py: `route`, WarehouseBatches.collect_records):
+those whose every captured table Arrow decodes, that fit the driver's heap as the last
+batch's records (or a sample) tell, while the last collect was not over Spark's limit on
+what the driver takes."""
 
 from __future__ import annotations
 
-import types
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from cdc.apply.batch import BatchWriter
 from cdc.core.catalog import Column, Table
+from cdc.stores.base import BatchContext
+from cdc.stores.warehouse.routes import Route, WarehouseBatches, route
 from cdc.stores.warehouse.store import WarehouseStore
 
 RECORDS = pa.table({"key": [b"{}", b"{}"], "value": [b"{}", None]})  # 3 bytes a record
@@ -52,27 +53,37 @@ class Batch:
 
 
 def writer(tmp_path: Path, engine: str = "delta-rs", each: float | None = 3.0) -> Any:
-    settings = types.SimpleNamespace(
-        apply=types.SimpleNamespace(warehouse_max_offsets_per_trigger=500_000),
-        spark=types.SimpleNamespace(driver_memory="2g"),
+    store = WarehouseStore(None, str(tmp_path), writer=engine, max_records=500_000, heap="2g")
+    batches = store.batches
+    batches.record_bytes = each
+    batches.sampled_bytes = lambda records: records.sample()  # type: ignore[method-assign]
+    return batches
+
+
+def collect(batches: WarehouseBatches, batch: Batch, tables: dict[str, Table], behind: int) -> Any:
+    ctx = BatchContext(
+        batch_id=1,
+        started_ms=0,
+        topics={},
+        tables=tables,
+        behind=behind,
+        cutoffs={},
+        cuts={},
+        truncated=lambda name, relid: None,
+        dead_letter=lambda row: None,
     )
-    store = WarehouseStore(None, str(tmp_path), writer=engine)
-    state = types.SimpleNamespace(
-        store=store, settings=settings, collect_refused=False, record_bytes=each
-    )
-    state.sampled_bytes = lambda records: records.sample()  # Spark's job, stood in for
-    return state
+    return batches.collect_records(batch, ctx)
 
 
 def test_a_batch_is_collected_when_arrow_decodes_every_table(tmp_path: Path) -> None:
     batch = Batch()
-    assert BatchWriter.collect_records(writer(tmp_path), batch, TABLES, 10) is RECORDS
+    assert collect(writer(tmp_path), batch, TABLES, 10) is RECORDS
     # a table Arrow does not decode, or the Spark writer: Spark decodes, nothing collected
     for tables, engine in (
         ({"t": table("text"), "u": table("bytea")}, "delta-rs"),
         (TABLES, "spark"),
     ):
-        assert BatchWriter.collect_records(writer(tmp_path, engine), batch, tables, 10) is None
+        assert collect(writer(tmp_path, engine), batch, tables, 10) is None
     assert batch.collected == 1
 
 
@@ -82,15 +93,15 @@ def test_a_batch_too_large_for_the_drivers_heap_is_not_collected(tmp_path: Path)
     what they were."""
     state = writer(tmp_path, each=1000.0)
     batch = Batch()
-    assert BatchWriter.collect_records(state, batch, TABLES, 10**7) is None
-    assert BatchWriter.collect_records(state, batch, TABLES, 1000) is RECORDS
+    assert collect(state, batch, TABLES, 10**7) is None
+    assert collect(state, batch, TABLES, 1000) is RECORDS
     assert state.record_bytes == 3.0
     # no batch collected before: the first records' sizes are the sample
     fresh, wide = writer(tmp_path, each=None), Batch(sampled=1000)
-    assert BatchWriter.collect_records(fresh, wide, TABLES, 10**7) is None
+    assert collect(fresh, wide, TABLES, 10**7) is None
     assert (wide.samples, wide.collected) == (1, 0)
     narrow = Batch(sampled=600)
-    assert BatchWriter.collect_records(fresh, narrow, TABLES, 10**7) is RECORDS
+    assert collect(fresh, narrow, TABLES, 10**7) is RECORDS
 
 
 def test_a_batch_over_the_drivers_limit_leaves_the_next_ones_to_spark(tmp_path: Path) -> None:
@@ -99,10 +110,33 @@ def test_a_batch_over_the_drivers_limit_leaves_the_next_ones_to_spark(tmp_path: 
         "Total size of serialized results of 3 tasks (1025.0 MiB) is bigger "
         "than spark.driver.maxResultSize (1024.0 MiB)"
     )
-    assert BatchWriter.collect_records(state, too_large, TABLES, 10) is None
+    assert collect(state, too_large, TABLES, 10) is None
     assert state.collect_refused
     after = Batch()
-    assert BatchWriter.collect_records(state, after, TABLES, 10) is None
+    assert collect(state, after, TABLES, 10) is None
     assert after.collected == 0
     with pytest.raises(RuntimeError, match="broker"):  # any other failure is the batch's
-        BatchWriter.collect_records(writer(tmp_path), Batch("broker gone"), TABLES, 10)
+        collect(writer(tmp_path), Batch("broker gone"), TABLES, 10)
+
+
+def test_each_batch_has_one_named_route_and_why() -> None:
+    """`route` names the route of a batch, and why, from what is known before it is read."""
+    wide = [table("text"), table("bytea")]
+    given = {
+        "native": True,
+        "tables": [table("text")],
+        "collect_refused": False,
+        "most_records": 1000,
+        "record_bytes": 100.0,
+        "heap_bytes": 2 * 1024**3,
+    }
+    assert route(**given)[0] is Route.ARROW  # type: ignore[arg-type]
+    for change, taken in (
+        ({"native": False}, Route.SPARK),
+        ({"tables": wide}, Route.SPARK_DECODED),
+        ({"collect_refused": True}, Route.SPARK_DECODED),
+        ({"most_records": 10**7}, Route.SPARK_DECODED),
+        ({"tables": []}, Route.SPARK_DECODED),
+    ):
+        chosen, why = route(**{**given, **change})  # type: ignore[arg-type]
+        assert (chosen, bool(why)) == (taken, True), change

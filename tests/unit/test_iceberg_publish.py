@@ -213,7 +213,7 @@ def test_status_says_which_iceberg_tables_lag_their_delta_table() -> None:
 
     def line(iceberg: dict[str, Any]) -> str:
         console = Console(record=True, width=300)
-        status = PipelineStatus("cdc", "done", None, None, None, iceberg=iceberg)
+        status = PipelineStatus("cdc", "done", None, None, None, published={"iceberg": iceberg})
         console.print(pipeline_table(status))
         return next(x for x in console.export_text().splitlines() if "iceberg" in x)
 

@@ -107,3 +107,43 @@ def test_no_test_module_imports_another() -> None:
             if module and module.rpartition(".")[2].startswith("test_"):
                 borrowed.append(f"{path.relative_to(ROOT)}: {module}")
     assert not borrowed
+
+
+# the modules outside a store's package that still name a store, each with why; every
+# other module asks the registry for a store by what it can do (its abilities)
+NAMES_A_STORE = {
+    "cdc.cli.cli": "`cdc get --store` defaults to the cache",
+    "cdc.cli.demo": "the demo shows each store by name",
+    "cdc.core.state_folders": "the warehouse's default folder (apply.warehouse_path unset)",
+    "cdc.views": "the warehouse's wing: its derived views, which it writes after each batch",
+}
+
+
+def test_no_module_outside_a_stores_package_names_it() -> None:
+    """Neither an import of a store's package nor its name as a string, outside it: the
+    apply job, the checks and the queries reach each store through the registry."""
+    from cdc.core.store_declarations import declared
+
+    stores = set(declared())
+    found = []
+    for name, path in _modules().items():
+        parts = name.split(".")
+        if parts[:2] == ["cdc", "stores"] and len(parts) > 2 and parts[2] in stores:
+            continue  # the store's own package
+        if any(name == m or name.startswith(f"{m}.") for m in NAMES_A_STORE):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.Constant) and node.value in stores:
+                found.append(f"{name}:{node.lineno} names {node.value!r}")
+                continue
+            else:
+                continue
+            for target in targets:
+                bits = target.split(".")
+                if bits[:2] == ["cdc", "stores"] and len(bits) > 2 and bits[2] in stores:
+                    found.append(f"{name}:{node.lineno} imports {target}")
+    assert not found

@@ -47,7 +47,7 @@ def look() -> tuple[list[ComponentStatus], PipelineStatus]:
                     },
                 },
             },
-            "warehouse": {"backlog_events": 0, "lag_s": None},
+            "warehouse": {"backlog_events": 0, "lag_s": None, "routes": {"arrow": 7, "spark": 1}},
         },
         dead_letters=2,
         late_events={"orders_per_minute": 7},
@@ -75,6 +75,9 @@ def test_the_endpoint_serves_the_status_figures() -> None:
     assert 'cdc_store_backlog_events{pipeline="cdc",store="cache"} 3.0' in lines
     assert 'cdc_store_waiting{pipeline="cdc",store="cache"} 1.0' in lines
     assert 'cdc_store_waiting{pipeline="cdc",store="warehouse"} 0.0' in lines
+    # the batches by the route each took (cdc/stores/warehouse/routes.py)
+    assert 'cdc_store_batches_total{pipeline="cdc",route="arrow",store="warehouse"} 7.0' in lines
+    assert 'cdc_store_batches_total{pipeline="cdc",route="spark",store="warehouse"} 1.0' in lines
     assert 'cdc_store_lag_seconds{pipeline="cdc",store="cache"} 1.5' in lines
     assert not any(
         line.startswith('cdc_store_lag_seconds{pipeline="cdc",store="warehouse"') for line in lines

@@ -12,7 +12,15 @@ from cdc.core import store_declarations
 from cdc.core.errors import ConfigError
 from cdc.core.settings import Settings, load_settings
 from cdc.core.store_declarations import StoreDeclaration, declared, register, store_help
-from cdc.stores.base import FrameStore, RowStore, StoreReader
+from cdc.stores.base import (
+    FrameReader,
+    FrameStore,
+    RowStore,
+    SqlReader,
+    StoreReader,
+    TextSearcher,
+    ViewReader,
+)
 from cdc.stores.registry import check_store_names, executor_settings, make_reader, make_writer
 from tests.helpers import run_cdc
 
@@ -31,9 +39,38 @@ def test_every_installed_store_is_declared_and_made_as_both_halves() -> None:
 
     assert issubclass(WarehouseStore, FrameStore) and not issubclass(WarehouseStore, RowStore)
     assert issubclass(WarehouseStore, StoreReader)
-    assert stores["warehouse"].abilities == {"views", "apart", "expectations"}
+    assert stores["warehouse"].abilities == {"views", "own_process", "expectations", "sql"}
+    assert stores["search"].abilities == {"text_search"}
     assert settings.apply.slo_s("cache") == 5.0 and settings.apply.slo_s("warehouse") == 30.0
     assert "cache: Redis" in store_help() and "warehouse: Delta Lake" in store_help()
+
+
+def test_a_store_with_an_ability_reads_as_that_ability_asks() -> None:
+    """Each ability a store declares is a reader of its kind (cdc/stores/base.py), which
+    is all that verify, the quality checks and the queries ask of it."""
+    readers = {
+        "views": ViewReader,
+        "expectations": FrameReader,
+        "sql": SqlReader,
+        "text_search": TextSearcher,
+    }
+    checked = 0
+    for declaration in declared().values():
+        made = declaration.factory()
+        store_class = made.__annotations__.get("return")
+        module = __import__(made.__module__, fromlist=["_"])
+        kind = getattr(module, store_class) if isinstance(store_class, str) else store_class
+        for ability in declaration.abilities & set(readers):
+            wanted = readers[ability]
+            missing = [
+                m
+                for m in dir(wanted)
+                if not m.startswith("_") and callable(getattr(wanted, m, None))
+                if not callable(getattr(kind, m, None))
+            ]
+            assert not missing, (declaration.name, ability, missing)
+            checked += 1
+    assert checked >= 4
 
 
 def test_a_name_that_is_no_store_is_refused_in_one_line() -> None:

@@ -72,4 +72,5 @@ DECLARATION = StoreDeclaration(
     posture=_posture,
     reserved=_reserved,
     clashes=_clashes,
+    abilities=frozenset({"text_search"}),
 )

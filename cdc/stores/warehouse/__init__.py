@@ -1,12 +1,18 @@
 """The warehouse: Delta Lake tables per captured table, in modules of their own.
 
+routes       each micro-batch's route (arrow, spark-decoded, spark), its decode, its
+             TRUNCATEs and dead letters, and what it wrote (routes.py)
+store        the current state, kept by MERGE with a position guard (store.py:
+             WarehouseStore)
+readback     what verify, repair, `cdc get` and `cdc query` read of it (readback.py)
 tables       where each table lives, how it is created and widened (tables.py)
-store        the current state, kept by MERGE with a position guard, and what verify,
-             repair and `cdc get` read of it (store.py: WarehouseStore)
 history      every change as a version (SCD type 2) (history.py)
 marks        which of a batch's changes are new to a table (marks.py)
 arrow_batch  a batch's versions and each key's newest, told in Arrow on the driver
-native       the writes by delta-rs (native.py)
+merge        the current state's MERGE clauses, for Spark and delta-rs (merge.py)
+native       the writes by delta-rs (native.py), conflicts the other writers' (conflicts.py)
+delta_log    a Delta table's log read directly (delta_log.py)
+iceberg      its tables published as Iceberg tables (iceberg.py, apply.iceberg)
 (the join views and window aggregates derived from them: cdc/views/)
 """
 
@@ -29,5 +35,6 @@ DECLARATION = StoreDeclaration(
     make="cdc.stores.warehouse.store:make",
     slo_s=30.0,
     reserved=_reserved,
-    abilities=frozenset({"views", "apart", "expectations"}),
+    abilities=frozenset({"views", "own_process", "expectations", "sql"}),
+    publisher="cdc.stores.warehouse.iceberg:publisher",
 )

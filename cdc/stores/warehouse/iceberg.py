@@ -29,7 +29,7 @@ from cdc.core.errors import ConfigError, StoreError
 from cdc.core.say import Say
 from cdc.stores.warehouse.delta_log import DeltaSnapshot, newest_version, read_delta
 
-__all__ = ["IcebergPublisher", "catalog_uri", "iceberg_identifier"]
+__all__ = ["IcebergPublisher", "catalog_uri", "iceberg_identifier", "publisher"]
 
 log = logging.getLogger(__name__)
 
@@ -236,8 +236,20 @@ def _partition_value(text: str | None, kind: Any) -> Any:
     raise StoreError(f"a Delta partition column of Iceberg type {kind}, which is not published")
 
 
+def publisher(settings: Any) -> IcebergPublisher | None:
+    """The warehouse's publisher under `settings` (apply.iceberg), or None (the
+    declaration's `publisher`, cdc/core/store_declarations.py)."""
+    if not settings.apply.iceberg:
+        return None
+    from cdc.stores.warehouse.tables import warehouse_base, warehouse_root
+
+    return IcebergPublisher(warehouse_base(settings), warehouse_root(settings))
+
+
 class IcebergPublisher:
     """Publishes the Delta tables under a warehouse folder as Iceberg tables."""
+
+    name = "iceberg"
 
     def __init__(self, base: str, root: str) -> None:
         if "://" in base and not base.startswith("file://"):
@@ -269,6 +281,20 @@ class IcebergPublisher:
         root = Path(self.root)
         found = [*root.glob("*/*/current"), *root.glob("*/*/history"), *root.glob("_views/*")]
         return sorted(str(p) for p in found if (p / "_delta_log").is_dir())
+
+    def status(self) -> dict[str, Any]:
+        """`cdc status`: how many tables there are, which of them Iceberg lags (by folder
+        under the pipeline's root: Delta's version and the one published), or the one
+        line of why the catalog could not be read."""
+        try:
+            behind = {
+                path.removeprefix(self.root).lstrip("/"): list(versions)
+                for path, versions in self.behind().items()
+            }
+        except Exception as exc:  # the catalog unreadable (locked, corrupt): said, not raised
+            line = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+            return {"tables": 0, "behind": {}, "error": line}
+        return {"tables": len(self.tables()), "behind": behind}
 
     def behind(self) -> dict[str, tuple[int, int | None]]:
         """The tables whose newest Delta version Iceberg lacks: (Delta's version, the

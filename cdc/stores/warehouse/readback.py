@@ -9,9 +9,10 @@ from abc import abstractmethod
 from typing import Any
 
 from cdc.core.catalog import Table
+from cdc.core.errors import QueryError
 from cdc.stores.base import Entry, Rows, StoreReader
 from cdc.stores.warehouse.conflicts import retried
-from cdc.stores.warehouse.history import TRUNCATE_OP, derived_history
+from cdc.stores.warehouse.history import TRUNCATE_OP, derived_history, history_key
 from cdc.stores.warehouse.native import NativeWriter, null_safe_match
 from cdc.stores.warehouse.tables import current_path, history_path, view_path
 from cdc.types.decode import decode_value
@@ -58,6 +59,56 @@ class WarehouseReader(StoreReader):
     def view_frame(self, name: str) -> Any | None:
         """A derived view's Delta table as a DataFrame; None while it has none."""
         return self._frame(view_path(self.root, name))
+
+    def view_rows(self, view: Table, name: str) -> Rows:
+        """The rows of the derived view `name` (`view`: its columns and key)."""
+        return self.rows_at(view, view_path(self.root, name))
+
+    def sql_names(self, tables: list[str], views: list[str]) -> dict[str, str]:
+        """SQL name -> Delta path, for the tables and views the warehouse holds now:
+        `<table>` (its live rows), `<table>_history` (its versions), each view by its
+        name; a table name that two schemas share as `<schema>_<table>`."""
+        from delta.tables import DeltaTable
+
+        short = [t.split(".", 1)[1] for t in tables]
+        names: dict[str, str] = {}
+        for qualified in tables:
+            schema, table = qualified.split(".", 1)
+            name = table if short.count(table) == 1 else f"{schema}_{table}"
+            names[name] = current_path(self.root, qualified)
+            names[f"{name}_history"] = history_path(self.root, qualified)
+        for view in views:
+            names[view] = view_path(self.root, view)
+        return {n: p for n, p in names.items() if DeltaTable.isDeltaTable(self.spark, p)}
+
+    def register_for_sql(
+        self, tables: list[str], views: list[str], as_of: str | None = None
+    ) -> dict[str, str]:
+        """Each table and view (sql_names) as a temporary view of its SQL name, as of a
+        Delta version (digits) or a timestamp; a history with each version's
+        `valid_from` and `valid_to` derived as it is read (history.derived_history)."""
+        names = self.sql_names(tables, views)
+        for name, path in names.items():
+            reader = self.spark.read.format("delta")
+            if as_of is not None:
+                option = "versionAsOf" if as_of.isdigit() else "timestampAsOf"
+                reader = reader.option(option, as_of)
+            try:
+                frame = reader.load(path)
+            except Exception as exc:  # a version or time the table does not have
+                line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+                raise QueryError(f"{name} has no state as of {as_of}: {line}") from None
+            if name.endswith("_history") and path.endswith("/history"):
+                key = history_key(self.spark, path)
+                if not key:
+                    raise QueryError(
+                        f"{name} is of the warehouse's earlier layout: run "
+                        "`cdc rebuild --store warehouse`"
+                    )
+                frame = derived_history(self.spark, frame, key)
+            # one identifier, whatever it holds: a table named `we.ird` is not two parts
+            frame.createOrReplaceTempView("`" + name.replace("`", "``") + "`")
+        return names
 
     def _frame(self, path: str) -> Any | None:
         """The Delta table at `path` as a DataFrame; None while there is none."""

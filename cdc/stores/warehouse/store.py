@@ -29,13 +29,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Any, Protocol
+from typing import Any
 
 from cdc.core.catalog import Table, reserved_problem
 from cdc.core.errors import ConfigError, StoreError
 from cdc.core.settings import Settings
 from cdc.log.position import older_sql
-from cdc.stores.base import FrameStore
+from cdc.stores.base import BatchContext, BatchOutcome, BatchStep, FrameStore
 from cdc.stores.warehouse import arrow_batch
 from cdc.stores.warehouse.conflicts import retried
 from cdc.stores.warehouse.history import (
@@ -60,6 +60,7 @@ from cdc.stores.warehouse.native import (
     null_safe_match,
 )
 from cdc.stores.warehouse.readback import WarehouseReader
+from cdc.stores.warehouse.routes import WarehouseBatches
 from cdc.stores.warehouse.tables import (
     aligned_rows,
     append_rows,
@@ -74,7 +75,7 @@ from cdc.stores.warehouse.tables import (
 from cdc.types.spark_types import PLACEHOLDER_FLAG, flagged, spark_type, typed_image
 from cdc.types.spark_types import quoted as q
 
-__all__ = ["BatchStep", "WarehouseStore"]
+__all__ = ["WarehouseStore"]
 
 log = logging.getLogger(__name__)
 
@@ -90,31 +91,6 @@ _EVENT_META = ("key", "op", "offset", "partition", "commit_lsn", "lsn", "commit_
 NATIVE_MAX_CHARS = 64 * 1024 * 1024  # keys per UPDATE of a many-column key
 
 
-class BatchStep(Protocol):
-    """Work after each batch over the tables it wrote (a derived view: cdc/
-    views/)."""
-
-    def keeps(self) -> dict[str, set[str]]:
-        """What of each table's batch it reads (frames_to_keep): every table it reads,
-        whose write of the batch it runs after."""
-        ...
-
-    def refresh(
-        self,
-        spark: Any,
-        root: str,
-        tables: dict[str, Table],
-        kept: dict[str, dict[str, Any]],
-        truncated: set[str],
-        native: NativeWriter | None = None,
-    ) -> None:
-        """Run after the batch (`kept`: per table, what it kept, each a Spark frame or an
-        Arrow table: views.base.as_frame; `truncated`: the tables
-        a TRUNCATE or a reset emptied since the last batch; `native`: the store's delta-rs
-        writer)."""
-        ...
-
-
 class WarehouseStore(WarehouseReader, FrameStore):
     name = "warehouse"
 
@@ -124,9 +100,14 @@ class WarehouseStore(WarehouseReader, FrameStore):
         root: str,
         after_batch: Sequence[BatchStep] = (),
         writer: str = "delta-rs",
+        max_records: int = 500_000,
+        heap: str = "2g",
     ) -> None:
         self.spark = spark
         self.root = root
+        # a batch's route and its decode (routes.py); `max_records` a batch's most records
+        # (apply.warehouse_max_offsets_per_trigger), `heap` the driver's (spark.driver_memory)
+        self.batches = WarehouseBatches(self, max_records, heap)
         # the current state's and the history's batches: delta-rs where it can (native.py)
         self.native = NativeWriter(enabled=writer == "delta-rs")
         self.after_batch = list(after_batch)
@@ -142,6 +123,15 @@ class WarehouseStore(WarehouseReader, FrameStore):
 
     def written_by_spark(self) -> dict[str, str]:
         return dict(self.native.refused)
+
+    def write_batch(self, raw: Any, ctx: BatchContext) -> BatchOutcome:
+        return self.batches.write(raw, ctx)
+
+    def max_offsets(self, default: int) -> int:
+        return self.batches.max_records  # fewer, larger Delta commits when catching up
+
+    def take_steps(self, steps: Sequence[BatchStep]) -> None:
+        self.after_batch = list(steps)
 
     def prepare(self, tables: Iterable[Table]) -> None:
         for table in tables:
@@ -654,9 +644,6 @@ class WarehouseStore(WarehouseReader, FrameStore):
             total += size
         return chosen
 
-    def decodes_arrow(self) -> bool:
-        return self.native.enabled
-
     def _refused(self, name: str) -> bool:
         """Whether delta-rs refused one of the table's Delta tables in this process."""
         paths = (current_path(self.root, name), history_path(self.root, name))
@@ -781,4 +768,10 @@ def make(settings: Settings, spark: Any = None) -> WarehouseStore:
         from cdc.core.spark import spark_session
 
         spark = spark_session(settings, f"cdc-{settings.pipeline.name}")
-    return WarehouseStore(spark, warehouse_root(settings), writer=settings.apply.warehouse_writer)
+    return WarehouseStore(
+        spark,
+        warehouse_root(settings),
+        writer=settings.apply.warehouse_writer,
+        max_records=settings.apply.warehouse_max_offsets_per_trigger,
+        heap=settings.spark.driver_memory,
+    )

@@ -1,11 +1,12 @@
-"""The warehouse's apply in a process of its own, at a lower CPU priority.
+"""A store's apply in a process of its own, at a lower CPU priority (a store that
+declares the "own_process" ability: the warehouse).
 
 On a small machine the warehouse's Spark jobs (MERGEs, window and join queries) take the
 cores the cache's and the search index's micro-batches need to stay seconds behind the
 source (contract point 9). In a process of its own, with a Spark JVM of its own, at
-`apply.warehouse_nice` (the OS gives the fast stores' process the cores first), the
-warehouse uses what they leave; a warehouse that is slow, down or failing holds no other
-store back.
+`apply.warehouse_nice` (the OS gives the fast stores' process the cores first), such a
+store uses what they leave; a store that is slow, down or failing holds no other store
+back.
 
 The parent hands the child its settings (pickled, on the child's standard input: they
 hold secrets, so never on a command line or in the environment) and keeps that pipe
@@ -25,15 +26,17 @@ from typing import IO
 
 from cdc.core.settings import PROJECT_ROOT, Settings
 
-__all__ = ["WarehouseProcess"]
+__all__ = ["StoreProcess"]
 
 
-class WarehouseProcess:
-    """`python -m cdc.apply.warehouse_main`: `cdc apply --store warehouse`, started,
-    watched and stopped by the apply job of the other stores."""
+class StoreProcess:
+    """`python -m cdc.apply.own_process_main`: `cdc apply --store <name>`, started,
+    watched and stopped by the apply job of the other stores, at CPU priority `nice`."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, name: str, nice: int) -> None:
         self.settings = settings
+        self.name = name
+        self.nice = nice
         self._process: subprocess.Popen[bytes] | None = None
         self.last_said = ""  # the last line it said as `cdc apply: ...`: why it stopped
 
@@ -49,7 +52,7 @@ class WarehouseProcess:
             filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")])
         )
         process = subprocess.Popen(
-            [sys.executable, "-m", "cdc.apply.warehouse_main"],
+            [sys.executable, "-m", "cdc.apply.own_process_main"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -58,12 +61,12 @@ class WarehouseProcess:
             cwd=PROJECT_ROOT,
         )
         assert process.stdin is not None and process.stdout is not None
-        payload = pickle.dumps(self.settings)
+        payload = pickle.dumps((self.settings, self.name, self.nice))
         process.stdin.write(len(payload).to_bytes(8, "big") + payload)
         process.stdin.flush()
         self._process = process
         threading.Thread(
-            target=self._forward, args=(process.stdout,), name="warehouse-output", daemon=True
+            target=self._forward, args=(process.stdout,), name=f"{self.name}-output", daemon=True
         ).start()
 
     def _forward(self, stream: IO[bytes]) -> None:

@@ -17,9 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
     not Path("/proc/self/autogroup").exists(), reason="this kernel has no autogroups"
 )
 def test_a_process_in_a_session_of_its_own_lowers_its_sessions_priority() -> None:
-    # as warehouse_process.py starts it: a session of its own
+    # as own_process.py starts it: a session of its own
     code = (
-        "import os; from cdc.apply.warehouse_main import lower_priority; "
+        "import os; from cdc.apply.own_process_main import lower_priority; "
         "lower_priority(19); "
         "print(os.getpriority(os.PRIO_PROCESS, 0), open('/proc/self/autogroup').read())"
     )
@@ -40,7 +40,7 @@ def test_without_autogroups_the_nice_alone_is_set(tmp_path: Path) -> None:
     missing = tmp_path / "autogroup"  # a kernel without them: nothing to write, no error
     code = (
         "import os, sys; from pathlib import Path; "
-        "from cdc.apply.warehouse_main import lower_priority; "
+        "from cdc.apply.own_process_main import lower_priority; "
         "lower_priority(5, Path(sys.argv[1])); print(os.getpriority(os.PRIO_PROCESS, 0))"
     )
     out = subprocess.run(

@@ -1,11 +1,11 @@
-"""The child process of cdc/apply/warehouse_process.py: the warehouse's apply job.
+"""The child process of cdc/apply/own_process.py: one store's apply job.
 
-Reads its settings from standard input (8 bytes of length, then the pickled Settings),
-lowers its CPU priority to `apply.warehouse_nice` (its Spark JVM inherits it; see
-`lower_priority`), runs the
-warehouse's queries until standard input closes or SIGTERM comes, and exits with the
-exit code of the error that stopped it (its one line on standard error). Killed with
-its parent (Linux's parent-death signal); its Spark JVM exits when it does."""
+Reads from standard input 8 bytes of length, then the pickled (Settings, store name,
+nice); lowers its CPU priority by that nice (its Spark JVM inherits it; see
+`lower_priority`), runs the store's queries until standard input closes or SIGTERM
+comes, and exits with the exit code of the error that stopped it (its one line on
+standard error). Killed with its parent (Linux's parent-death signal); its Spark JVM
+exits when it does."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def lower_priority(nice: int, autogroup: Path = Path("/proc/self/autogroup")) ->
     Where Linux groups processes by session (autogroups, on by default:
     /proc/sys/kernel/sched_autogroup_enabled), a process's nice weighs only against its
     own session's processes, and each session gets an equal share of the cores. This
-    process is a session of its own (warehouse_process.py), so its nice alone would weigh
+    process is a session of its own (own_process.py), so its nice alone would weigh
     against nothing: its session's own nice (the autogroup's) is lowered as well."""
     os.nice(nice)
     if nice <= 0:
@@ -55,11 +55,12 @@ def main() -> int:
     _die_with_parent()
     stdin = sys.stdin.buffer
     size = int.from_bytes(stdin.read(8), "big")
-    settings = pickle.loads(stdin.read(size))
+    given = pickle.loads(stdin.read(size))
+    settings, name, nice = given if isinstance(given, tuple) else (None, "", 0)
     if not isinstance(settings, Settings):
-        print("cdc apply: the warehouse process got no settings", file=sys.stderr)
+        print("cdc apply: the store's own process got no settings", file=sys.stderr)
         return 2
-    lower_priority(settings.apply.warehouse_nice)
+    lower_priority(nice)
     stop = threading.Event()
 
     def watch_parent() -> None:
@@ -69,7 +70,7 @@ def main() -> int:
     threading.Thread(target=watch_parent, name="parent", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        run_apply(settings, ["warehouse"], stop=stop)
+        run_apply(settings, [name], stop=stop)
     except CdcError as exc:
         print(f"cdc apply: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code

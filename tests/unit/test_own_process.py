@@ -11,14 +11,14 @@ import time
 
 from tests.helpers import ROOT, ended
 
-# a parent that starts a child as WarehouseProcess does (a session of its own), the child
-# asking for its parent's death as warehouse_main does, then ignoring everything else
+# a parent that starts a child as StoreProcess does (a session of its own), the child
+# asking for its parent's death as own_process_main does, then ignoring everything else
 PARENT = """
 import subprocess, sys, time
 child = subprocess.Popen(
     [sys.executable, "-c",
      "import signal, time\\n"
-     "from cdc.apply.warehouse_main import _die_with_parent\\n"
+     "from cdc.apply.own_process_main import _die_with_parent\\n"
      "_die_with_parent()\\n"
      "signal.signal(signal.SIGTERM, signal.SIG_IGN)\\n"
      "print('ready', flush=True)\\n"
