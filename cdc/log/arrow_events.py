@@ -1,22 +1,23 @@
 """Change events of a micro-batch decoded in Arrow on the driver, for the warehouse: what
-events.py parses and typed.py converts in Spark, computed from the batch's Kafka records
-collected once (one Spark job reads them), with no JSON parse in the JVM.
+envelope.py parses and spark_types.py converts in Spark, computed from the batch's Kafka
+records collected once (one Spark job reads them), with no JSON parse in the JVM.
 
 pyarrow's JSON reader is strict where Spark's `from_json` is permissive: a value that is
 not of the type the column's Debezium JSON has fails the read instead of becoming NULL.
 So a batch takes this path only when its every event decodes here exactly as Spark
 decodes it; otherwise `decode_records` answers None and the batch is decoded by Spark
-(cdc/apply/batch.py), as before:
+(cdc/stores/warehouse/routes.py), as before:
 
 - a record that is not a Debezium change event (a dead letter), or not read whole;
 - a table with a column whose type is not one `decodable` lists (arrays, bytea, time,
   bit strings, float4, hstore: Spark's);
-- a value the warehouse cannot hold (typed.py: a dead letter), or one equal to the
+- a value the warehouse cannot hold (spark_types.py: a dead letter), or one equal to the
   table's TOAST placeholder (the Spark path fills it);
 - a row of cdc.truncations (the batch applies a TRUNCATE).
 
 The result has, per table, the columns and Arrow types of the warehouse's `_decode_batch`
-(store.py) and, for the whole batch, what `_partitions` (batch.py) reports of it.
+(store.py) and, for the whole batch, what `partitions` (cdc/stores/warehouse/routes.py)
+reports of it.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ __all__ = ["ArrowBatch", "decode_records"]
 @dataclass(frozen=True)
 class ArrowBatch:
     """A batch decoded in Arrow: per table its events (`tables`), and per (table, topic,
-    partition) and per age bucket what batch.py's `_partitions` reports."""
+    partition) and per age bucket what routes.py's `partitions` reports."""
 
     tables: dict[str, pa.Table]
     parts: list[dict[str, Any]]
@@ -70,7 +71,7 @@ def _typed(table: Table, parsed: pa.StructArray, columns: tuple[Column, ...]) ->
 
 
 def _may_be_placeholder(raw: pa.Array, text: str) -> bool:
-    """Whether a value may be the TOAST placeholder `text` in one of the forms typed.py's
+    """Whether a value may be the TOAST placeholder `text` in one of the forms spark_types.py's
     is_placeholder knows: the text itself, or an array of one element (the text, its
     base64 or uuid form) or of its codes (as integers)."""
     if pa.types.is_string(raw.type):
@@ -115,8 +116,8 @@ def _struct_type(columns: tuple[Column, ...]) -> pa.DataType:
 
 
 def _cut_ms(commit_lsn: pa.Array, lsn: pa.Array, cuts: list[list[int]] | None) -> pa.Array:
-    """The commit time of the first TRUNCATE (of `cuts`, batch.py's) an event came before,
-    NULL for none (and for a tombstone)."""
+    """The commit time of the first TRUNCATE (of `cuts`, the progress record's) an event
+    came before, NULL for none (and for a tombstone)."""
     result = pa.nulls(len(commit_lsn), pa.int64())
     for commit, at, ms in reversed(cuts or []):  # the first listed wins
         before = pc.or_(
@@ -202,7 +203,7 @@ def decode_records(
     for topic in found:
         name = topics.get(topic)
         if name is None:
-            continue  # not a captured table's: events.py drops it too
+            continue  # not a captured table's: envelope.py drops it too
         if name == TRUNCATIONS_TABLE or name not in tables or not decodable(tables[name]):
             return None
         mine = records if len(found) == 1 else records.filter(pc.equal(names, topic))
@@ -219,7 +220,7 @@ def decode_records(
 
 
 def _summary(name: str, topic: str, table: pa.Table, records: pa.Table) -> list[dict[str, Any]]:
-    """Per partition of the table's records, what `_partitions` (batch.py) reports."""
+    """Per partition of the table's records, what `partitions` (routes.py) reports."""
     sizes = pc.binary_length(pc.fill_null(records.column("value"), b""))
     grouped = (
         pa.table(
@@ -227,7 +228,7 @@ def _summary(name: str, topic: str, table: pa.Table, records: pa.Table) -> list[
                 "partition": table.column("_cdc_partition"),
                 "offset": table.column("_cdc_offset"),
                 "commit_ms": table.column("_cdc_commit_ms"),
-                # the newest source position taken, as `_partitions`: an event's own
+                # the newest source position taken, as `partitions`: an event's own
                 # position too, not only its sequence[0] (the commit before it)
                 "commit_lsn": pc.max_element_wise(
                     table.column("_cdc_commit_lsn"), table.column("_cdc_lsn")
@@ -264,7 +265,7 @@ def _summary(name: str, topic: str, table: pa.Table, records: pa.Table) -> list[
 
 
 def _count_ages(table: pa.Table, started_ms: int, ages: dict[int, int]) -> None:
-    """The changes' (not the reads') age buckets, as `_partitions` counts them."""
+    """The changes' (not the reads') age buckets, as `partitions` counts them."""
     changed = pc.and_(
         pc.is_valid(table.column("_cdc_commit_ms")),
         pc.not_equal(table.column("_cdc_op"), "r"),

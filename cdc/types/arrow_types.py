@@ -31,7 +31,7 @@ TIMESTAMP_TZ = pa.timestamp("us", tz="UTC")  # Spark's TimestampType (session zo
 
 
 def json_type(column: Column) -> pa.DataType | None:
-    """The Arrow type the column's Debezium JSON value is read as (typed.py's json_type),
+    """The Arrow type the column's Debezium JSON value is read as (spark_types.py's json_type),
     None for a column decoded by Spark alone. An array's elements are kept as they are
     read: arrays of integers, float8, booleans and the text family."""
     if column.is_array:
@@ -67,7 +67,7 @@ def decodable(table: Table) -> bool:
 
 
 def convert(column: Column, raw: pa.Array) -> pa.Array | None:
-    """The column's JSON values as the warehouse holds them (typed.py's _convert), None
+    """The column's JSON values as the warehouse holds them (spark_types.py's _convert), None
     where one converts to NULL in Spark (a value the warehouse cannot hold)."""
     base = column.base
     if base == "date":

@@ -23,7 +23,7 @@ from cdc.types.store_forms import warehouse_value
 __all__ = ["WarehouseReader", "any_of"]
 
 
-_REMOVE_BATCH = 1000
+_REMOVE_BATCH = 1000  # keys per removal (a MERGE) of a many-column key
 
 
 class WarehouseReader(StoreReader):

@@ -88,7 +88,7 @@ _EVENT_META = ("key", "op", "offset", "partition", "commit_lsn", "lsn", "commit_
 # a table's batch whose events' row images hold more characters than this is written by
 # Spark, whose tasks stream it, rather than collected into the driver for delta-rs (its
 # heap, spark.driver_memory, is 2 GiB by default, and tables are written side by side)
-NATIVE_MAX_CHARS = 64 * 1024 * 1024  # keys per UPDATE of a many-column key
+NATIVE_MAX_CHARS = 64 * 1024 * 1024
 
 
 class WarehouseStore(WarehouseReader, FrameStore):
