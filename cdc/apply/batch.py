@@ -34,10 +34,8 @@ from cdc.apply.guards import (
     check_source_not_rewound,
 )
 from cdc.apply.writer import RESULT_DDL, partition_writer, result_schema
-from cdc.capture.generation import read_generation
-from cdc.capture.rewrites import check_rewrites
-from cdc.capture.source import SourceReader
-from cdc.capture.timeline import timeline_forks
+from cdc.capture.rewrites import Rewrite
+from cdc.capture.source_view import SourceView
 from cdc.core.catalog import TRUNCATIONS_TABLE, Table
 from cdc.core.errors import (
     CdcError,
@@ -67,13 +65,22 @@ BULK_EVENTS = 20_000
 class BatchWriter:
     """One store's batch writer (module doc): called with each micro-batch and its id."""
 
-    def __init__(self, settings: Settings, store: StoreWriter, chunk: int = 5000) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: StoreWriter,
+        chunk: int = 5000,
+        rewritten: Callable[[list[Rewrite]], None] | None = None,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.chunk = chunk
         self.dead = DeadLetters(settings, store.name)
         self.ends = EndOffsets(settings)
-        self.source = SourceReader(settings)
+        self.source = SourceView(settings)  # every read of the source side, one door
+        # where the tables DDL rewrote go: intents the job acts on (job.py); a batch
+        # never starts a backfill itself
+        self.rewritten = rewritten or (lambda found: None)
         self.cuts: dict[str, list[list[int]]] = {}  # table -> its TRUNCATEs (Progress.truncations)
         self.topic_ids: dict[str, str] = {}  # topic -> its id, as the batch's guard found it
 
@@ -113,7 +120,8 @@ class BatchWriter:
         started_ms = int(time.time() * 1000)  # events' ages are counted from here
         tables, wal = self.source.read()
         self.check_relations(read=False)
-        check_rewrites(self.settings, tables.values(), apply_say)
+        if found := self.source.rewrites(tables.values()):
+            self.rewritten(found)
         topics = {change_topic(self.settings.pipeline, t): t for t in [*tables, TRUNCATIONS_TABLE]}
         batch = self.generated_columns(batch, topics, tables)
         progress, behind = self.guard(topics, wal)
@@ -167,8 +175,7 @@ class BatchWriter:
         name = self.store.name
         progress = read_progress(self.settings, name) or Progress()
         check_source_not_rewound(name, wal, progress)
-        forks = functools.partial(timeline_forks, self.settings)
-        check_source_lineage(name, self.source.lineage, forks, progress)
+        check_source_lineage(name, self.source.lineage, self.source.forks, progress)
         ends = self.ends.check_not_rewound(name, topics, progress)
         self.topic_ids.update(self.ends.ids)
         return progress, backlog(ends, progress.applied_of(topics))
@@ -297,7 +304,7 @@ class BatchWriter:
         """Once the store holds a new snapshot generation whole, remove what it still
         holds from before it (cdc/capture/generation.py)."""
         store = self.store
-        generation = read_generation(self.settings)
+        generation = self.source.generation()
         progress = read_progress(self.settings, store.name) or Progress()
         if generation is None or progress.generation >= generation.lsn:
             return

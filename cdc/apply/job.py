@@ -20,7 +20,7 @@ from typing import Any
 
 from cdc.apply.batch import BatchWriter, apply_say, wait_for
 from cdc.apply.own_process import StoreProcess
-from cdc.capture.rewrites import check_rewrites
+from cdc.capture.rewrites import Rewrite, act_on_rewrites, check_rewrites
 from cdc.capture.source import captured_tables
 from cdc.core.catalog import Table
 from cdc.core.errors import (
@@ -71,13 +71,16 @@ def run_apply(
         apart = [StoreProcess(settings, s, settings.apply.warehouse_nice) for s in own]
     runs_views = bool(able(selected, "views"))  # this process runs the derived views
     views = check_views(settings, tables) if runs_views else []
+    rewritten = _Rewritten(settings)  # what the batches found DDL rewrote: acted on here
     starters: dict[str, Callable[[], Any]] = {}
     for name in selected:
         store = make_writer(settings, name, spark)
         if able([name], "views"):  # its views refreshed after each batch
             store.take_steps(after_batch(views))
         _prepare(settings, store, tables)
-        starters[name] = functools.partial(_start_store_query, spark, settings, store, once)
+        starters[name] = functools.partial(
+            _start_store_query, spark, settings, store, once, rewritten.add
+        )
     queries = queries_of(views)  # the streaming views, in queries with a watermark
     if runs_views:
         forget_other_view_queries(settings, {q.label for q in queries})
@@ -90,7 +93,7 @@ def run_apply(
         late.listen(views_session(spark, settings))
     try:
         with _publishing(settings, selected, once):
-            _run_queries(settings, starters, apart, late, once, stop)
+            _run_queries(settings, starters, apart, late, rewritten, once, stop)
     finally:
         late.stop(views_session(spark, settings))
 
@@ -138,6 +141,7 @@ def _run_queries(
     starters: dict[str, Callable[[], Any]],
     apart: list[StoreProcess],
     late: _LateNotes,
+    rewritten: _Rewritten,
     once: bool,
     stop: threading.Event | None,
 ) -> None:
@@ -164,6 +168,7 @@ def _run_queries(
                 query.stop()
             late.ended(list(windows.values()))
         late.catch_up(windows)
+        rewritten.act()
         return
     failures: dict[str, int] = {}
     try:
@@ -196,6 +201,7 @@ def _run_queries(
             for process in apart:
                 _watch_apart(process, failures, stop)
             late.note_recent(windows)
+            rewritten.act()
             # (never a query's awaitTermination here: it raises the query's failure,
             # which the loop above restarts the query for)
             if stop is None:
@@ -360,7 +366,35 @@ def _prepare(settings: Settings, store: StoreWriter, tables: dict[str, Table]) -
             wait_for(settings, store.name, str(exc), -1, store.ping)
 
 
-def _start_store_query(spark: Any, settings: Settings, store: StoreWriter, once: bool) -> Any:
+class _Rewritten:
+    """The tables the batches found DDL rewrote (intents: cdc/capture/rewrites.py),
+    acted on by the job once a second and at the end of a run: a backfill started, or
+    what to run said. One whose backfill cannot start yet is found again by the next
+    batch."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._found: dict[str, Rewrite] = {}
+
+    def add(self, found: list[Rewrite]) -> None:
+        with self._lock:
+            self._found.update({r.table.qualified: r for r in found})
+
+    def act(self) -> None:
+        with self._lock:
+            found, self._found = list(self._found.values()), {}
+        if found:
+            act_on_rewrites(self.settings, found, apply_say)
+
+
+def _start_store_query(
+    spark: Any,
+    settings: Settings,
+    store: StoreWriter,
+    once: bool,
+    rewritten: Callable[[list[Rewrite]], None] | None = None,
+) -> Any:
     limit = store.max_offsets(settings.apply.max_offsets_per_trigger)
     source = (
         spark.readStream.format("kafka")
@@ -381,7 +415,7 @@ def _start_store_query(spark: Any, settings: Settings, store: StoreWriter, once:
     writer = (
         source.writeStream.queryName(f"cdc-{settings.pipeline.name}-{store.name}")
         .option("checkpointLocation", str(checkpoint_dir(settings, store.name)))
-        .foreachBatch(BatchWriter(settings, store))
+        .foreachBatch(BatchWriter(settings, store, rewritten=rewritten))
     )
     return _triggered(settings, writer, once).start()
 

@@ -20,6 +20,7 @@ import logging
 import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,16 @@ from cdc.core.say import Say
 from cdc.core.settings import Settings
 from cdc.core.state_folders import make_state_dir
 
-__all__ = ["check_rewrites", "record_schemas", "rewrites", "schema_of", "schemas_file"]
+__all__ = [
+    "Rewrite",
+    "act_on_rewrites",
+    "check_rewrites",
+    "find_rewrites",
+    "record_schemas",
+    "rewrites",
+    "schema_of",
+    "schemas_file",
+]
 
 log = logging.getLogger(__name__)
 
@@ -153,21 +163,55 @@ def record_schemas(settings: Settings, tables: Iterable[Table]) -> None:
             recorded[table.qualified] = schema_of(table)
 
 
-def check_rewrites(settings: Settings, tables: Iterable[Table], say: Say) -> list[str]:
-    """Compare the tables' columns with those recorded; backfill (once) each table whose
-    values changed without events. Returns the tables found so."""
+@dataclass(frozen=True)
+class Rewrite:
+    """A table whose stored values changed without change events (DDL), and how: what
+    the apply job acts on (act_on_rewrites), never a micro-batch itself."""
+
+    table: Table
+    why: str
+
+
+def find_rewrites(settings: Settings, tables: Iterable[Table]) -> list[Rewrite]:
+    """The tables whose columns differ from those recorded in a way that changed their
+    stored values; a table seen for the first time is recorded as it is."""
     found = []
     with _locked(settings) as recorded:
         for table in tables:
             now = schema_of(table)
             before = recorded.get(table.qualified)
-            changes = rewrites(before, table) if before not in (None, now) else []
-            if changes and not _backfill(settings, table, "; ".join(changes), say):
-                continue  # the next micro-batch tries again
-            recorded[table.qualified] = now
+            if before is None:
+                recorded[table.qualified] = now
+                continue
+            changes = rewrites(before, table) if before != now else []
             if changes:
-                found.append(table.qualified)
+                found.append(Rewrite(table, "; ".join(changes)))
+            elif before != now:
+                recorded[table.qualified] = now  # changed, and no stored value with it
     return found
+
+
+def act_on_rewrites(settings: Settings, found: Iterable[Rewrite], say: Say) -> list[str]:
+    """Backfill (once) each table of `found` that still differs from what is recorded
+    (another process may have acted on it meanwhile), then record it; the tables acted on.
+    A backfill that cannot start yet leaves it to be found and acted on again."""
+    acted = []
+    with _locked(settings) as recorded:
+        for rewrite in found:
+            table = rewrite.table
+            if recorded.get(table.qualified) == schema_of(table):
+                continue  # acted on already
+            if not _backfill(settings, table, rewrite.why, say):
+                continue
+            recorded[table.qualified] = schema_of(table)
+            acted.append(table.qualified)
+    return acted
+
+
+def check_rewrites(settings: Settings, tables: Iterable[Table], say: Say) -> list[str]:
+    """find_rewrites, then act on them at once (the apply job's start): the tables
+    backfilled (or told to be)."""
+    return act_on_rewrites(settings, find_rewrites(settings, tables), say)
 
 
 _told: dict[str, str] = {}  # table -> the last line said about it (not said again)

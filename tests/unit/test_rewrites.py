@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from cdc.capture.rewrites import rewrites, schema_of
+from pathlib import Path
+
+from cdc.capture.rewrites import act_on_rewrites, find_rewrites, rewrites, schema_of
 from cdc.core.catalog import Column, Table
+from cdc.core.settings import Settings
 
 
 def table(*columns: tuple[str, str, bool]) -> Table:
@@ -70,3 +73,27 @@ def test_an_enum_value_renamed_rewrites_and_one_added_does_not() -> None:
     ]
     # a schema recorded before labels were: nothing to compare
     assert rewrites({"m": ["mood", False]}, mood("unhappy", "ok")) == []
+
+
+def test_a_batch_finds_a_rewrite_as_an_intent_and_the_job_acts_on_it(tmp_path: Path) -> None:
+    """A batch's source view only finds a rewrite (nothing recorded, nothing started);
+    the job acts on it, after which it is found no more (cdc/capture/source_view.py)."""
+    settings = Settings(  # type: ignore[call-arg]
+        data_dir=tmp_path, apply={"backfill_rewritten_tables": False}
+    )
+    before = table(("id", "integer", False), ("n", "numeric(8,2)", False))
+    after = table(("id", "integer", False), ("n", "numeric(8,2)", False), ("f", "integer", True))
+    assert find_rewrites(settings, [before]) == []  # seen first: recorded as it is
+    found = find_rewrites(settings, [after])
+    assert [(r.table.qualified, r.why) for r in found] == [
+        ("public.t", "column f was added with a default")
+    ]
+    assert find_rewrites(settings, [after]) == found  # found again: not acted on yet
+    said: list[str] = []
+    assert act_on_rewrites(settings, found, said.append) == ["public.t"]
+    assert said == [
+        "public.t: column f was added with a default, which emits no change events: "
+        "run `cdc backfill public.t`"
+    ]
+    assert find_rewrites(settings, [after]) == []
+    assert act_on_rewrites(settings, found, said.append) == []  # acted on once only

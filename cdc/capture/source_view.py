@@ -1,0 +1,67 @@
+"""The one door through which the apply job's micro-batches read the source side: the
+captured tables and the WAL position (source.py's SourceReader, one connection kept),
+the source's lineage and timeline forks (timeline.py), the snapshot generation
+(generation.py), and the tables DDL rewrote (rewrites.py). A batch only reads through
+it: a rewrite comes back as an intent (rewrites.Rewrite) that the job acts on, never a
+backfill started from inside a batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cdc.capture.generation import Generation, read_generation
+from cdc.capture.rewrites import Rewrite, find_rewrites
+from cdc.capture.source import SourceReader
+from cdc.capture.timeline import timeline_forks
+from cdc.core.catalog import Table
+from cdc.core.settings import Settings
+
+__all__ = ["SourceView"]
+
+
+class SourceView:
+    """What a store's batches read of the source (module doc)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.reader = SourceReader(settings)
+
+    def read(self) -> tuple[dict[str, Table], int]:
+        """The captured tables (under the names they are captured under) and the WAL
+        position, read now."""
+        return self.reader.read()
+
+    @property
+    def lineage(self) -> tuple[str, int | None] | None:
+        """The source's system identifier and timeline, as the last read found them."""
+        return self.reader.lineage
+
+    @property
+    def reused(self) -> list[str]:
+        """Captured names another captured relation has now (tables swapped)."""
+        return self.reader.reused
+
+    @property
+    def relations(self) -> dict[int, str]:
+        """The published tables' relations: OID -> name now."""
+        return self.reader.relations
+
+    @property
+    def renamed(self) -> dict[str, str]:
+        """Tables renamed since `cdc setup`: name now -> the name captured under."""
+        return self.reader.renamed
+
+    def forks(self, timeline: int) -> dict[int, int]:
+        """Per timeline the current one descends from, where it left it."""
+        return timeline_forks(self.settings, timeline)
+
+    def generation(self) -> Generation | None:
+        """The newest snapshot generation, or None before the first."""
+        return read_generation(self.settings)
+
+    def rewrites(self, tables: Any) -> list[Rewrite]:
+        """The tables DDL rewrote since they were recorded: intents for the job."""
+        return find_rewrites(self.settings, tables)
+
+    def close(self) -> None:
+        self.reader.close()
