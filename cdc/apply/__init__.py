@@ -4,5 +4,5 @@ its own route, FrameStore.write_batch), the position guard each batch passes fir
 (guards), the row stores' rows of a batch (writer), dead letters (dead_letters), and a
 store in a process of its own (own_process, own_process_main). It names no store: each
 is found through the registry, by what it can do (its declaration's abilities). Imports
-log, stores, views, check (a dead letter's replay is a repair) and capture (each batch
-reads the source's catalog and position)."""
+log, stores, views and capture (each batch reads the source side through one door,
+capture/source_view.py); never check, which comes after it."""

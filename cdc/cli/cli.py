@@ -514,7 +514,7 @@ def _reconcile(
 ) -> None:
     """`cdc verify` of `table` (every captured one if None) in `stores`; exit 1 on drift.
     `quality`: also the expectations over the warehouse and its views' checks."""
-    from cdc.apply.dead_letters import held_back
+    from cdc.check.dead_letters import held_back
     from cdc.check.reconcile import reconcile
     from cdc.check.repair import repair as mend
     from cdc.core.catalog import published_tables
@@ -658,7 +658,7 @@ def dlq_list(
     output: OutputOption = OutputForm.text,
 ) -> None:
     """The dead letters: store, error, and where each change came from."""
-    from cdc.apply.dead_letters import read_dead_letters
+    from cdc.check.dead_letters import read_dead_letters
 
     _check_stores([store] if store else [])
     letters = read_dead_letters(settings(), store)
@@ -682,7 +682,7 @@ def dlq_replay(store: StoreOption = None) -> None:
     """Apply the dead letters again once their cause is fixed: their keys are backfilled
     through the log, so every store takes the source's rows through its guarded writes.
     Each dead letter is replayed once (a replay takes those that came after the last)."""
-    from cdc.apply.dead_letters import replay_dead_letters
+    from cdc.check.dead_letters import replay_dead_letters
 
     _check_stores([store] if store else [])
     s = settings()

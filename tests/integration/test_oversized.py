@@ -15,11 +15,11 @@ import psycopg
 import pytest
 from rich.console import Console
 
-from cdc.apply.dead_letters import replay_dead_letters
 from cdc.apply.job import run_apply
 from cdc.capture.connect import connect_client
 from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.pipeline import sync_pipeline
+from cdc.check.dead_letters import replay_dead_letters
 from cdc.check.status import pipeline_status
 from cdc.core.settings import Settings
 from cdc.core.topics import change_topic, dead_letter_topic, end_offsets, read_topic

@@ -17,8 +17,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from cdc.apply.dead_letters import DeadLetter, _is_key, _letter
 from cdc.capture.backfill import BackfillProgress, _check_filter_size, _follow, filter_problem
+from cdc.check.dead_letters import DeadLetter, _is_key, _letter
 from cdc.check.query import key_json
 from cdc.cli.output import Output, OutputForm, console, shown
 from cdc.core.catalog import Column, Table, reserved_problem, resolve_tables

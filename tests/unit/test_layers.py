@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("cdc",)
 # cdc's folders, the stages of the flow from the ground floor up: each imports only
 # itself and the folders before it, except the local stack, which sits beside the engines
-# (log to apply) and imports what makes the log and nothing above
-FLOORS = ("core", "types", "capture", "log", "stores", "views", "check", "apply", "stack", "cli")
+# (log to check) and imports what makes the log and nothing above
+FLOORS = ("core", "types", "capture", "log", "stores", "views", "apply", "check", "stack", "cli")
 MAY_IMPORT = {f: set(FLOORS[: i + 1]) for i, f in enumerate(FLOORS)}
 MAY_IMPORT["stack"] = {"core", "types", "capture", "stack"}
 
