@@ -43,6 +43,7 @@ from bench.common import ResourceSampler, bench_settings, cleanup, record, trigg
 from cdc.capture.initial_snapshot import run_snapshot
 from cdc.core.settings import Settings, load_settings
 from cdc.core.spark import views_session
+from cdc.stores.warehouse.settings import with_warehouse
 
 TABLE = "public.batch_cost"
 ROWS = 1000
@@ -228,8 +229,7 @@ def main() -> None:
     load(source, args.generated)
     bench = bench_settings(source, [TABLE])
     if args.iceberg:
-        apply_settings = bench.apply.model_copy(update={"iceberg": True})
-        bench = bench.model_copy(update={"apply": apply_settings})
+        bench = with_warehouse(bench, iceberg=True)
     clock = Clock()
     instrument(clock)
     publications = Publications()

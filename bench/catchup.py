@@ -38,6 +38,7 @@ from cdc.core.settings import load_settings
 from cdc.core.spark import spark_session
 from cdc.core.topics import change_topic, end_offsets
 from cdc.stores.search.store import index_name
+from cdc.stores.warehouse.settings import warehouse_settings
 
 STORES = ("cache", "search", "warehouse")
 
@@ -170,7 +171,7 @@ def main() -> None:
         "slowest_store_changes_per_s": slowest,
         "apply_keeps_up_with_capture": slowest >= int(figures["capture_changes_per_s"]),  # type: ignore[call-overload]
         "max_offsets_per_trigger": bench.apply.max_offsets_per_trigger,
-        "warehouse_max_offsets_per_trigger": bench.apply.warehouse_max_offsets_per_trigger,
+        "warehouse_max_offsets_per_trigger": warehouse_settings(bench).max_offsets_per_trigger,
         "partitions": bench.pipeline.partitions,
     }
     record(figures, "catchup", settings)

@@ -14,6 +14,7 @@ from typing import Any
 
 from cdc.core.pipeline_settings import PipelineSettings
 from cdc.core.settings import Settings
+from cdc.stores.warehouse.settings import warehouse_settings
 
 __all__ = [
     "CpuMark",
@@ -91,9 +92,13 @@ def bench_settings(settings: Settings, tables: list[str], **pipeline: object) ->
     return settings.model_copy(
         update={
             "pipeline": PipelineSettings(name=name, topic_prefix=name, tables=tables, **pipeline),  # type: ignore[arg-type]
-            "apply": settings.apply.model_copy(
-                update={"warehouse_path": str(warehouse), "joins": [], "windows": []}
-            ),
+            "apply": settings.apply.model_copy(update={"joins": [], "windows": []}),
+            "stores": {
+                **settings.stores,
+                "warehouse": warehouse_settings(settings).model_copy(
+                    update={"path": str(warehouse)}
+                ),
+            },
         }
     )
 

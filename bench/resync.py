@@ -41,6 +41,7 @@ from cdc.check.status import pipeline_status
 from cdc.core.settings import Settings, load_settings
 from cdc.core.topics import change_topic, end_offsets
 from cdc.stack.components.postgres import Postgres
+from cdc.stores.warehouse.settings import warehouse_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,7 +57,7 @@ def environment(settings: Settings) -> dict[str, str]:
         "CDC_PIPELINE__NAME": pipe.name,
         "CDC_PIPELINE__TOPIC_PREFIX": pipe.topic_prefix,
         "CDC_PIPELINE__TABLES": json.dumps(pipe.tables),
-        "CDC_APPLY__WAREHOUSE_PATH": str(settings.apply.warehouse_path),
+        "CDC_STORES__WAREHOUSE__PATH": str(warehouse_settings(settings).path),
         "CDC_APPLY__JOINS": "[]",
         "CDC_APPLY__WINDOWS": "[]",
     }

@@ -45,6 +45,7 @@ from cdc.core.settings import Settings, load_settings
 from cdc.core.spark import spark_session
 from cdc.core.topics import change_topic, end_offsets
 from cdc.stack.components.postgres import postgres_bin_dir
+from cdc.stores.warehouse.settings import warehouse_settings
 
 TABLE = "public.pgbench_accounts"
 
@@ -110,7 +111,7 @@ def warehouse_floor(settings: Settings) -> dict[str, float]:
     topic = change_topic(settings.pipeline, TABLE)
     # one batch of the apply's (its first records, each partition's share)
     ends = end_offsets(settings.kafka, [topic])[topic]
-    share = settings.apply.warehouse_max_offsets_per_trigger // len(ends)
+    share = warehouse_settings(settings).max_offsets_per_trigger // len(ends)
     until = {str(p): min(end, share) for p, end in ends.items()}
     records = (
         spark.read.format("kafka")

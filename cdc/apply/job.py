@@ -66,9 +66,9 @@ def run_apply(
     # beside other stores, each store that asks for one runs in a process of its own
     apart: list[StoreProcess] = []
     own = able(selected, "own_process")
-    if not once and settings.apply.warehouse_apart and own and len(own) < len(selected):
+    if not once and settings.apply.own_process and own and len(own) < len(selected):
         selected = [s for s in selected if s not in own]
-        apart = [StoreProcess(settings, s, settings.apply.warehouse_nice) for s in own]
+        apart = [StoreProcess(settings, s, settings.apply.own_process_nice) for s in own]
     runs_views = bool(able(selected, "views"))  # this process runs the derived views
     views = check_views(settings, tables) if runs_views else []
     rewritten = _Rewritten(settings)  # what the batches found DDL rewrote: acted on here
@@ -101,7 +101,7 @@ def run_apply(
 @contextlib.contextmanager
 def _publishing(settings: Settings, selected: list[str], once: bool) -> Iterator[None]:
     """Each selected store's publisher (its declaration's `publisher`, when its settings
-    ask for one: the warehouse's tables as Iceberg tables, apply.iceberg) publishes while
+    ask for one: the warehouse's tables as Iceberg tables) publishes while
     the job runs (every trigger interval, in a thread of its own), and once more at the
     end of a run `once` (whose failure is the run's)."""
     publishers: list[Publisher] = []

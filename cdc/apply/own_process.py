@@ -4,7 +4,7 @@ declares the "own_process" ability: the warehouse).
 On a small machine the warehouse's Spark jobs (MERGEs, window and join queries) take the
 cores the cache's and the search index's micro-batches need to stay seconds behind the
 source (contract point 9). In a process of its own, with a Spark JVM of its own, at
-`apply.warehouse_nice` (the OS gives the fast stores' process the cores first), such a
+`apply.own_process_nice` (the OS gives the fast stores' process the cores first), such a
 store uses what they leave; a store that is slow, down or failing holds no other store
 back.
 

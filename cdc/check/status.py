@@ -56,7 +56,7 @@ class PipelineStatus:
     late_events: dict[str, int] = field(default_factory=dict)  # per window aggregate
     # a running snapshot's CTID ranges already in Kafka (what a rerun does not read again)
     snapshot_ranges: int | None = None
-    # per publisher of a store (the warehouse's Iceberg tables, apply.iceberg): its
+    # per publisher of a store (the warehouse's Iceberg tables): its
     # tables, and those it lags: {"tables": n, "behind": {folder: [the store's version,
     # the one published or None]}}, or {"error": why it could not be read}
     published: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -128,8 +128,8 @@ def status(output: OutputOption = OutputForm.text) -> None:
     then the pipeline: the capture's lag behind PostgreSQL (from the heartbeats), and per
     store its backlog, lag (from the commit in PostgreSQL: the capture's at least),
     freshness (commit to visible, p50 and p99 over apply.freshness_window_s) against its
-    SLO, and the process applying it
-    (with apply.iceberg, the warehouse tables whose Iceberg table lags its Delta table).
+    SLO, and the process applying it (with [stores.warehouse] iceberg, the warehouse
+    tables whose Iceberg table lags its Delta table).
     With Kafka Connect not answering, the pipeline is still shown, and why it stalls.
     Exits 1 if a component is down, the slot is lost, the connector or a task failed, a
     captured table was renamed or dropped (or one selected is not captured: `cdc setup`),
@@ -392,7 +392,7 @@ def apply_(
     One streaming query per store, each with its own checkpoint. Each micro-batch keeps
     every key's last event and writes it only where it is newer than what the store
     holds, so replays and restarts converge. Beside other stores, the warehouse runs in
-    a process of its own at a lower CPU priority (apply.warehouse_apart), so its work
+    a process of its own at a lower CPU priority (apply.own_process), so its work
     never holds the cache and the search index back. Runs until Ctrl-C (or, with
     --once, until it has applied what the topics hold).
     """

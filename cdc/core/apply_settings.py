@@ -1,9 +1,9 @@
 """The apply job's settings (`[apply]`): the stores it keeps, its cadence, its freshness
-SLO, the warehouse's place, and the derived views."""
+SLO, and the derived views. A store's own settings are its section, `[stores.<name>]`."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import (
     BaseModel,
@@ -24,6 +24,10 @@ def _known(names: list[str]) -> list[str]:
     if problem := unknown_stores(names):
         raise ValueError(problem)
     return names
+
+
+# keys of `[apply]` renamed: old -> new, read as the new one for one release
+APPLY_RENAMED = {"warehouse_apart": "own_process", "warehouse_nice": "own_process_nice"}
 
 
 class ApplySettings(BaseModel):
@@ -58,12 +62,6 @@ class ApplySettings(BaseModel):
         "(a query keeps the number its checkpoint began with)",
     )
     max_offsets_per_trigger: int = Field(200_000, ge=1, description="events per micro-batch")
-    warehouse_max_offsets_per_trigger: int = Field(
-        500_000,
-        ge=1,
-        description="events per warehouse micro-batch: a catch-up in fewer, larger Delta "
-        "commits, each MERGE's fixed cost spread over more events",
-    )
     freshness_slo_s: dict[StoreName, PositiveFloat] | None = Field(
         None,
         description="per store, the commit-to-visible latency its p99 over "
@@ -74,17 +72,18 @@ class ApplySettings(BaseModel):
     freshness_window_s: float = Field(
         300.0, gt=0, description="the window `cdc status` gives freshness percentiles over"
     )
-    warehouse_apart: bool = Field(
+    own_process: bool = Field(
         True,
-        description="`cdc apply` of the warehouse beside other stores runs the warehouse "
-        "(and its views) in a process of its own, at warehouse_nice, so that its Spark "
-        "jobs never take the cores the other stores' batches need",
+        description="`cdc apply` of a store that asks for a process of its own (the "
+        "warehouse, with its views) beside other stores runs it in one, at "
+        "own_process_nice, so that its Spark jobs never take the cores the other stores' "
+        "batches need",
     )
-    warehouse_nice: int = Field(
+    own_process_nice: int = Field(
         5,
         ge=0,
         le=19,
-        description="the CPU priority (nice) of the warehouse's own process, and of its "
+        description="the CPU priority (nice) of a store's own process, and of its "
         "session where Linux shares the cores by session (autogroups): 5 gives it about a "
         "third of what the other stores' process gets when both want the cores; 19 leaves "
         "it only what the others leave",
@@ -104,24 +103,6 @@ class ApplySettings(BaseModel):
         gt=0,
         description="how long a write to a store that does not answer is retried before its "
         "batch waits, uncommitted, for the store to answer again",
-    )
-    warehouse_path: str | None = Field(
-        None,
-        description="Delta tables' root (any Spark filesystem), default data_dir/warehouse; "
-        "a pipeline's tables are under <root>/<topic prefix>",
-    )
-    warehouse_writer: Literal["delta-rs", "spark"] = Field(
-        "delta-rs",
-        description="what writes a batch into the warehouse's current state and history: "
-        "delta-rs (a MERGE of a batch in a tenth of Spark's time, beside the JVM) or Spark; "
-        "a table delta-rs cannot write (a remote path, a column-mapped table, a value its "
-        "statistics cannot hold) is written by Spark either way",
-    )
-    iceberg: bool = Field(
-        False,
-        description="also publish every warehouse table as an Apache Iceberg table over "
-        "the same Parquet files (a SQLite catalog, <root>/_iceberg_catalog.db), for "
-        "Iceberg readers: PyIceberg, Trino, Snowflake, DuckDB; a local warehouse only",
     )
     backfill_rewritten_tables: bool = Field(
         True,

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
+    BaseModel,
     Field,
     SecretStr,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import (
     BaseSettings,
@@ -26,7 +29,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from cdc.core.apply_settings import ApplySettings
+from cdc.core.apply_settings import APPLY_RENAMED, ApplySettings
 from cdc.core.connection_settings import (
     SECRET_KEY,
     ConnectSettings,
@@ -99,6 +102,45 @@ class Settings(BaseSettings):
         "(the built-in stores' are the sections above)",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        """Keys a store kept elsewhere before its own section (its declaration's
+        `renamed`), and the apply job's renamed ones, read under their new names, each
+        noted for one deprecation line (`deprecations`)."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        moves: list[tuple[str, tuple[str, ...]]] = [
+            (f"apply.{old}", ("apply", new)) for old, new in APPLY_RENAMED.items()
+        ]
+        for declaration in declared().values():
+            moves += [
+                (old, ("stores", declaration.name, new)) for old, new in declaration.renamed.items()
+            ]
+        for old, new in moves:
+            top, _, key = old.partition(".")
+            section = data.get(top)
+            if not isinstance(section, dict) or key not in section:
+                continue
+            section = dict(section)
+            value = section.pop(key)
+            data[top] = section
+            where = f"[{'.'.join(new[:-1])}] {new[-1]}"
+            _DEPRECATED.setdefault(
+                old, f"{old} is deprecated: set {where} instead (read as it for this release)"
+            )
+            target = data
+            for part in new[:-1]:
+                held = target.get(part)
+                if isinstance(held, BaseModel):
+                    held = held.model_dump(exclude_unset=True)
+                held = dict(held) if isinstance(held, dict) else {}
+                target[part] = held
+                target = held
+            target.setdefault(new[-1], value)
+        return data
+
     @field_validator("stores")
     @classmethod
     def _own_sections(cls, sections: dict[str, Any]) -> dict[str, Any]:
@@ -153,6 +195,16 @@ class Settings(BaseSettings):
     @cached_property
     def jvm_dir(self) -> Path:
         return self.cache_dir / "jvm"
+
+
+# a renamed key read (Settings._renamed_keys) -> its deprecation line; the lines said
+_DEPRECATED: dict[str, str] = {}
+_SAID: set[str] = set()
+
+
+def deprecations() -> list[str]:
+    """The deprecation lines of the renamed keys the settings read, in this process."""
+    return list(_DEPRECATED.values())
 
 
 def admin_password_file(settings: Settings) -> Path:
@@ -240,4 +292,8 @@ def load_settings(**overrides: Any) -> Settings:
             "posture = production needs " + "; ".join(problems) + ": set them in cdc.toml "
             "(or CDC_* variables), or posture = local for a machine of your own"
         )
+    for line in deprecations():  # each once per process
+        if line not in _SAID:
+            _SAID.add(line)
+            print(f"cdc: {line}", file=sys.stderr)
     return settings

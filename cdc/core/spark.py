@@ -228,7 +228,8 @@ def spark_session(settings: Settings, app_name: str) -> SparkSession:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         # timestamps in Parquet as INT64 microseconds (Spark's default, INT96, is
-        # deprecated in Parquet and outside Iceberg's spec: apply.iceberg shares the files)
+        # deprecated in Parquet and outside Iceberg's spec: the warehouse's Iceberg
+        # tables share the files)
         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         .config("spark.local.dir", str(settings.data_dir / "spark" / "tmp"))
         # each micro-batch writes two checkpoint files (its offsets, then its commit);

@@ -21,6 +21,7 @@ __all__ = [
     "local_warehouse",
     "make_state_dir",
     "prepare_job_state",
+    "warehouse_path",
 ]
 
 MARKER = ".cdc-state"
@@ -61,10 +62,17 @@ def make_state_dir(settings: Settings, path: Path, mode: int = 0o700) -> Path:
     return path
 
 
+def warehouse_path(settings: Settings) -> str | None:
+    """The warehouse's root as configured ([stores.warehouse] path), or None: under
+    data_dir."""
+    path: str | None = settings.store_section("warehouse").path
+    return path
+
+
 def local_warehouse(settings: Settings) -> Path | None:
     """The warehouse's root as a local folder, or None when it is not on this machine's
     filesystem (s3://, hdfs://, …)."""
-    configured = settings.apply.warehouse_path
+    configured = warehouse_path(settings)
     if not configured:
         return settings.data_dir / "warehouse"
     url = urlparse(configured)

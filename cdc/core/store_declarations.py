@@ -11,7 +11,7 @@ the settings validate store names with them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import import_module
@@ -83,6 +83,9 @@ class StoreDeclaration:
     # "module:function", function(settings) -> its Publisher, or None when its settings
     # ask for none; imported when asked
     publisher: str | None = None
+    # settings it kept elsewhere before its own section: old dotted key -> its key in
+    # `[stores.<name>]`, read as it for one release with a deprecation line
+    renamed: Mapping[str, str] = field(default_factory=dict)
 
     def factory(self) -> Callable[[Any, Any], Any]:
         """function(settings, spark) -> the store."""

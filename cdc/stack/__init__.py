@@ -24,7 +24,14 @@ from pathlib import Path
 from cdc.core.errors import ComponentError
 from cdc.core.say import Say, quiet
 from cdc.core.settings import Settings
-from cdc.core.state_folders import MARKER, PIPELINE_STATE, inside, is_marked, local_warehouse
+from cdc.core.state_folders import (
+    MARKER,
+    PIPELINE_STATE,
+    inside,
+    is_marked,
+    local_warehouse,
+    warehouse_path,
+)
 from cdc.stack.components import (
     Component,
     ComponentStatus,
@@ -135,7 +142,7 @@ class Stack:
         candidates += [data_dir / name for name in PIPELINE_STATE]
         warehouse = local_warehouse(self.settings)
         if warehouse is None or not warehouse.is_relative_to(data_dir) or warehouse == data_dir:
-            where = self.settings.apply.warehouse_path
+            where = warehouse_path(self.settings)
             plan.left.append(
                 f"left the warehouse at {where}: not under {data_dir}, a purge never removes "
                 "it (remove its tables there yourself if the pipeline is gone)"

@@ -256,7 +256,7 @@ class WarehouseReader:
     """The Delta tables as Spark reads them (the latest committed version each time)."""
 
     def __init__(self, settings: Settings) -> None:
-        base = Path(settings.apply.warehouse_path or settings.data_dir / "warehouse")
+        base = Path(settings.store_section("warehouse").path or settings.data_dir / "warehouse")
         self.root = base / settings.pipeline.topic_prefix
         self.spark = chaos_spark(settings)
 

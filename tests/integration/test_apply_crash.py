@@ -80,7 +80,7 @@ def test_apply_killed_mid_batch_and_restarted_converges(captured: Capture) -> No
         **t.env,
         # many small batches in every store: one is cut short
         "CDC_APPLY__MAX_OFFSETS_PER_TRIGGER": "1500",
-        "CDC_APPLY__WAREHOUSE_MAX_OFFSETS_PER_TRIGGER": "1500",
+        "CDC_STORES__WAREHOUSE__MAX_OFFSETS_PER_TRIGGER": "1500",
         "CDC_APPLY__JOINS": json.dumps([enrichment.model_dump(), updated.model_dump()]),
         "CDC_APPLY__WINDOWS": json.dumps([sessions.model_dump(), sliding.model_dump()]),
     }

@@ -17,6 +17,7 @@ from cdc.apply.job import run_apply
 from cdc.core.topics import change_topic, end_offsets
 from cdc.log.progress import read_progress
 from cdc.stores.search.store import SearchStore, index_name
+from cdc.stores.warehouse.settings import with_warehouse
 from cdc.stores.warehouse.tables import current_path, warehouse_root
 from tests.conftest import Capture, Captured
 from tests.stores import opensearch_reader, warehouse_rows
@@ -93,7 +94,7 @@ def test_refresh_left_off_by_a_stopped_job_is_undone_at_its_start(captured: Capt
 
 
 def test_the_warehouse_takes_a_backlog_in_larger_batches(captured: Capture) -> None:
-    """apply.warehouse_max_offsets_per_trigger, not the fast stores' limit, sizes the
+    """[stores.warehouse] max_offsets_per_trigger, not the fast stores' limit, sizes the
     warehouse's batches: a backlog of 1,000 events is one Delta commit per table, where
     the cache takes ten batches (read from the Delta log and the cache's progress)."""
     t = captured(
@@ -101,10 +102,9 @@ def test_the_warehouse_takes_a_backlog_in_larger_batches(captured: Capture) -> N
         "INSERT INTO {name} SELECT g, 0 FROM generate_series(1, 1000) g",
         prefix="bulk",
     )
-    apply = t.settings.apply.model_copy(
-        update={"max_offsets_per_trigger": 100, "warehouse_max_offsets_per_trigger": 100_000}
-    )
+    apply = t.settings.apply.model_copy(update={"max_offsets_per_trigger": 100})
     settings = t.settings.model_copy(update={"apply": apply})
+    settings = with_warehouse(settings, max_offsets_per_trigger=100_000)
     run_apply(settings, ["cache", "warehouse"], once=True)
     path = current_path(warehouse_root(settings), t.table)
     written = [

@@ -1,6 +1,6 @@
 """The warehouse's Delta tables read the same with delta-rs (the `deltalake` package,
 what Polars and DuckDB's delta extension build on) and, published as Iceberg tables
-(apply.iceberg), with PyIceberg as with Spark: every current-state, history and view
+([stores.warehouse] iceberg), with PyIceberg as with Spark: every current-state, history and view
 table of a pipeline with a table of many types, a stream-table join and a window
 aggregate, before and after changes that rewrite, remove and add files and a column.
 Only a table whose column names Parquet cannot hold uses Delta's column mapping (which
@@ -18,6 +18,7 @@ import pytest
 from cdc.apply.job import run_apply
 from cdc.check.status import pipeline_status
 from cdc.core.view_settings import StreamTableJoin, TableJoin, TumblingWindow
+from cdc.stores.warehouse.settings import with_warehouse
 from cdc.stores.warehouse.tables import current_path, warehouse_root
 from tests.conftest import Capture
 from tests.logcheck import table_info, wait_until_equal
@@ -73,8 +74,8 @@ def test_every_warehouse_table_reads_the_same_with_delta_rs_pyiceberg_and_spark(
         ],
         "windows": [TumblingWindow(name=f"per_minute_{t.name}", table=orders, sum="price")],
     }
-    views["iceberg"] = True
     settings = t.settings.model_copy(update={"apply": t.settings.apply.model_copy(update=views)})
+    settings = with_warehouse(settings, iceberg=True)
     with psycopg.connect(t.dsn, autocommit=True) as conn:
         conn.execute(f"INSERT INTO {orders} SELECT g + 100, 1, 'new' FROM generate_series(1, 5) g")
         conn.execute(f"UPDATE {orders} SET note = 'changed', price = price + 1 WHERE id <= 10")

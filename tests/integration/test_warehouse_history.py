@@ -337,7 +337,7 @@ def test_a_batch_is_one_append_to_the_history_and_one_commit_to_the_current_stat
     deletes, a plain append for a batch of inserts of new keys; a delete removes the
     key's row. The product's reading of the history (`history_frame`, the SQL other
     engines get) gives the ends the test computes itself. Both writers
-    (`apply.warehouse_writer`) write the same tables."""
+    (`[stores.warehouse] writer`) write the same tables."""
     from cdc.core.spark import spark_session
 
     spark = spark_session(stack.settings, "test-history")

@@ -114,7 +114,7 @@ def test_no_test_module_imports_another() -> None:
 NAMES_A_STORE = {
     "cdc.cli.cli": "`cdc get --store` defaults to the cache",
     "cdc.cli.demo": "the demo shows each store by name",
-    "cdc.core.state_folders": "the warehouse's default folder (apply.warehouse_path unset)",
+    "cdc.core.state_folders": "the warehouse's default folder ([stores.warehouse] path unset)",
     "cdc.views": "the warehouse's wing: its derived views, which it writes after each batch",
 }
 

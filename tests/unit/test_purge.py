@@ -15,12 +15,13 @@ import pytest
 from cdc.core.settings import Settings
 from cdc.core.state_folders import MARKER, make_state_dir, prepare_job_state
 from cdc.stack import Stack
+from cdc.stores.warehouse.settings import with_warehouse
 from tests.helpers import ROOT, run_cdc
 
 
-def settings_in(data_dir: Path, **apply: str) -> Settings:
+def settings_in(data_dir: Path, warehouse_path: str | None = None) -> Settings:
     settings = Settings(data_dir=data_dir)  # type: ignore[call-arg]
-    return settings.model_copy(update={"apply": settings.apply.model_copy(update=apply)})
+    return with_warehouse(settings, path=warehouse_path)
 
 
 def made_by_cdc(settings: Settings, relative: str) -> Path:

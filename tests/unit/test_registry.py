@@ -165,3 +165,27 @@ def test_names_opensearch_takes_for_one_field_are_refused_for_the_index() -> Non
         assert found in problem and "\n" not in problem, (columns, problem)
         assert reserved_problem(columns, ["cache", "warehouse"]) is None
     assert reserved_problem(["id", "dot.ted", "a.b.c", "a.bc", "a.b c"], ["search"]) is None
+
+
+def test_the_warehouses_old_keys_are_read_as_its_section_with_a_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The keys the warehouse kept in `[apply]` before `[stores.warehouse]` are read as its
+    section's for one release, each with one line saying what to set instead."""
+    from cdc.core import settings as settings_module
+    from cdc.stores.warehouse.settings import warehouse_settings
+
+    monkeypatch.setattr(settings_module, "_SAID", set())  # said once per process
+    monkeypatch.setenv("CDC_APPLY__WAREHOUSE_WRITER", "spark")
+    monkeypatch.setenv("CDC_APPLY__WAREHOUSE_NICE", "9")
+    monkeypatch.setenv("CDC_STORES__WAREHOUSE__MAX_OFFSETS_PER_TRIGGER", "1500")
+    settings = load_settings()
+    own = warehouse_settings(settings)
+    assert (own.writer, own.max_offsets_per_trigger, own.iceberg) == ("spark", 1500, False)
+    assert settings.apply.own_process_nice == 9
+    said = capsys.readouterr().err
+    assert "apply.warehouse_writer is deprecated: set [stores.warehouse] writer" in said
+    assert "apply.warehouse_nice is deprecated: set [apply] own_process_nice" in said
+    # the new key wins over the old one
+    monkeypatch.setenv("CDC_STORES__WAREHOUSE__WRITER", "delta-rs")
+    assert warehouse_settings(load_settings()).writer == "delta-rs"

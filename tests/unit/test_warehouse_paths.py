@@ -10,14 +10,14 @@ import pytest
 from cdc.core.catalog import reserved_problem
 from cdc.core.pipeline_settings import PipelineSettings
 from cdc.core.settings import Settings
+from cdc.stores.warehouse.settings import with_warehouse
 from cdc.stores.warehouse.tables import current_path, view_path, warehouse_root
 
 
 def settings_for(prefix: str, warehouse_path: str | None = None) -> Settings:
     settings = Settings(data_dir=Path("/srv/cdc"))  # type: ignore[call-arg]
     pipe = PipelineSettings(name=prefix, topic_prefix=prefix, tables=["public.orders"])
-    apply = settings.apply.model_copy(update={"warehouse_path": warehouse_path})
-    return settings.model_copy(update={"pipeline": pipe, "apply": apply})
+    return with_warehouse(settings.model_copy(update={"pipeline": pipe}), path=warehouse_path)
 
 
 def test_two_pipelines_never_share_a_delta_table() -> None:

@@ -12,13 +12,15 @@ arrow_batch  a batch's versions and each key's newest, told in Arrow on the driv
 merge        the current state's MERGE clauses, for Spark and delta-rs (merge.py)
 native       the writes by delta-rs (native.py), conflicts the other writers' (conflicts.py)
 delta_log    a Delta table's log read directly (delta_log.py)
-iceberg      its tables published as Iceberg tables (iceberg.py, apply.iceberg)
+iceberg      its tables published as Iceberg tables (iceberg.py, [stores.warehouse] iceberg)
+settings     its section, [stores.warehouse] (settings.py)
 (the join views and window aggregates derived from them: cdc/views/)
 """
 
 from __future__ import annotations
 
 from cdc.core.store_declarations import StoreDeclaration
+from cdc.stores.warehouse.settings import RENAMED, WarehouseSettings
 
 HISTORY_COLUMNS = frozenset({"valid_from", "valid_to"})  # the history's own, on every version
 
@@ -34,6 +36,8 @@ DECLARATION = StoreDeclaration(
     summary="Delta Lake tables, the live rows and every version",
     make="cdc.stores.warehouse.store:make",
     slo_s=30.0,
+    settings=WarehouseSettings,
+    renamed=RENAMED,
     reserved=_reserved,
     abilities=frozenset({"views", "own_process", "expectations", "sql"}),
     publisher="cdc.stores.warehouse.iceberg:publisher",

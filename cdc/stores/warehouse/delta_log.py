@@ -52,7 +52,8 @@ def _checkpoint(log: Path) -> tuple[int, list[Path]] | None:
         if last and "v2Checkpoint" in last:
             raise StoreError(
                 f"{log.parent}: a Delta v2 checkpoint, which the Iceberg publisher does not "
-                "read; unset delta.checkpointPolicy on the table, or turn off apply.iceberg"
+                "read; unset delta.checkpointPolicy on the table, or turn off "
+                "[stores.warehouse] iceberg"
             )
         if last:
             version, parts = int(last["version"]), last.get("parts")
@@ -92,7 +93,7 @@ def _apply(snapshot: DeltaSnapshot, action: dict[str, Any]) -> None:
             raise StoreError(
                 f"{snapshot.path}: a Delta deletion vector, which an Iceberg table cannot "
                 "share; turn off delta.enableDeletionVectors on the table (and run REORG "
-                "TABLE ... APPLY (PURGE)), or turn off apply.iceberg"
+                "TABLE ... APPLY (PURGE)), or turn off [stores.warehouse] iceberg"
             )
         snapshot.files[_file_path(snapshot.path, add["path"])] = dict(
             add.get("partitionValues") or {}

@@ -1,4 +1,4 @@
-"""The warehouse's Delta tables published as Apache Iceberg tables (`apply.iceberg`).
+"""The warehouse's Delta tables published as Apache Iceberg tables (`[stores.warehouse] iceberg`).
 
 Each Delta table (current state, history, view) gets an Iceberg table over the same
 Parquet files, as Delta UniForm does: Iceberg metadata beside Delta's log (`<table>/
@@ -237,9 +237,9 @@ def _partition_value(text: str | None, kind: Any) -> Any:
 
 
 def publisher(settings: Any) -> IcebergPublisher | None:
-    """The warehouse's publisher under `settings` (apply.iceberg), or None (the
-    declaration's `publisher`, cdc/core/store_declarations.py)."""
-    if not settings.apply.iceberg:
+    """The warehouse's publisher under `settings` ([stores.warehouse] iceberg), or None
+    (the declaration's `publisher`, cdc/core/store_declarations.py)."""
+    if not settings.store_section("warehouse").iceberg:
         return None
     from cdc.stores.warehouse.tables import warehouse_base, warehouse_root
 
@@ -254,8 +254,8 @@ class IcebergPublisher:
     def __init__(self, base: str, root: str) -> None:
         if "://" in base and not base.startswith("file://"):
             raise ConfigError(
-                f"apply.iceberg publishes a local warehouse only, not {base}; turn off "
-                "apply.iceberg, or set apply.warehouse_path to a local folder"
+                f"[stores.warehouse] iceberg publishes a local warehouse only, not {base}; "
+                "turn it off, or set [stores.warehouse] path to a local folder"
             )
         self.base = base.removeprefix("file://")
         self.root = root.removeprefix("file://")

@@ -1,6 +1,6 @@
 """The warehouse's batch writes (current state, history, views) through delta-rs.
 
-`apply.warehouse_writer` chooses it (the default) or Spark alone.
+`[stores.warehouse] writer` chooses it (the default) or Spark alone.
 
 A Delta MERGE run by Spark costs about 1.3 s here whatever its size (planning, several
 jobs, the commit); delta-rs runs the same MERGE of a batch's changes in well under a

@@ -9,7 +9,7 @@
 - `spark-decoded`: Spark decodes the batch (cdc/log/envelope.py) and tells what it
   holds; a table whose events are small and hold no TOAST placeholder is collected and
   committed by delta-rs, the others are written by Spark's jobs (store.py).
-- `spark`: Spark decodes and writes every table (apply.warehouse_writer = "spark").
+- `spark`: Spark decodes and writes every table ([stores.warehouse] writer = "spark").
 
 A route that cannot go on falls back to the next, never to nothing: a collect over
 spark.driver.maxResultSize, or records Arrow does not decode, are decoded by Spark; the
@@ -68,7 +68,7 @@ def route(
     collected if three times its bytes (Spark's tasks copy their rows into Arrow batches,
     the driver then holds them) fit in half of the heap."""
     if not native:
-        return Route.SPARK, "apply.warehouse_writer is spark"
+        return Route.SPARK, "[stores.warehouse] writer is spark"
     if not tables:
         return Route.SPARK_DECODED, "no captured table yet"
     if collect_refused:

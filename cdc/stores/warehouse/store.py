@@ -61,6 +61,7 @@ from cdc.stores.warehouse.native import (
 )
 from cdc.stores.warehouse.readback import WarehouseReader
 from cdc.stores.warehouse.routes import WarehouseBatches
+from cdc.stores.warehouse.settings import warehouse_settings
 from cdc.stores.warehouse.tables import (
     aligned_rows,
     append_rows,
@@ -106,7 +107,7 @@ class WarehouseStore(WarehouseReader, FrameStore):
         self.spark = spark
         self.root = root
         # a batch's route and its decode (routes.py); `max_records` a batch's most records
-        # (apply.warehouse_max_offsets_per_trigger), `heap` the driver's (spark.driver_memory)
+        # ([stores.warehouse] max_offsets_per_trigger), `heap` the driver's (spark.driver_memory)
         self.batches = WarehouseBatches(self, max_records, heap)
         # the current state's and the history's batches: delta-rs where it can (native.py)
         self.native = NativeWriter(enabled=writer == "delta-rs")
@@ -768,10 +769,11 @@ def make(settings: Settings, spark: Any = None) -> WarehouseStore:
         from cdc.core.spark import spark_session
 
         spark = spark_session(settings, f"cdc-{settings.pipeline.name}")
+    own = warehouse_settings(settings)
     return WarehouseStore(
         spark,
         warehouse_root(settings),
-        writer=settings.apply.warehouse_writer,
-        max_records=settings.apply.warehouse_max_offsets_per_trigger,
+        writer=own.writer,
+        max_records=own.max_offsets_per_trigger,
         heap=settings.spark.driver_memory,
     )

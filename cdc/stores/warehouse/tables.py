@@ -35,8 +35,9 @@ __all__ = [
 
 
 def warehouse_base(settings: Settings) -> str:
-    """The warehouse's folder (apply.warehouse_path, else data_dir's): every pipeline's."""
-    return (settings.apply.warehouse_path or str(settings.data_dir / "warehouse")).rstrip("/")
+    """The warehouse's folder ([stores.warehouse] path, else data_dir's): every pipeline's."""
+    configured = settings.store_section("warehouse").path
+    return (configured or str(settings.data_dir / "warehouse")).rstrip("/")
 
 
 def warehouse_root(settings: Settings) -> str:

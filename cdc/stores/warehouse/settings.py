@@ -1,0 +1,64 @@
+"""The warehouse's own settings: `[stores.warehouse]` (CDC_STORES__WAREHOUSE__<KEY>).
+
+Before this section they were keys of `[apply]`; those are read for one release, each
+with one deprecation line (the declaration's `renamed`, cdc/core/settings.py)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["RENAMED", "WarehouseSettings", "warehouse_settings", "with_warehouse"]
+
+
+class WarehouseSettings(BaseModel):
+    """Where the warehouse's Delta tables live and how a batch is written into them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str | None = Field(
+        None,
+        description="Delta tables' root (any Spark filesystem), default data_dir/warehouse; "
+        "a pipeline's tables are under <root>/<topic prefix>",
+    )
+    writer: Literal["delta-rs", "spark"] = Field(
+        "delta-rs",
+        description="what writes a batch into the warehouse's current state and history: "
+        "delta-rs (a MERGE of a batch in a tenth of Spark's time, beside the JVM) or Spark; "
+        "a table delta-rs cannot write (a remote path, a column-mapped table, a value its "
+        "statistics cannot hold) is written by Spark either way",
+    )
+    max_offsets_per_trigger: int = Field(
+        500_000,
+        ge=1,
+        description="events per warehouse micro-batch: a catch-up in fewer, larger Delta "
+        "commits, each MERGE's fixed cost spread over more events",
+    )
+    iceberg: bool = Field(
+        False,
+        description="also publish every warehouse table as an Apache Iceberg table over "
+        "the same Parquet files (a SQLite catalog, <root>/_iceberg_catalog.db), for "
+        "Iceberg readers: PyIceberg, Trino, Snowflake, DuckDB; a local warehouse only",
+    )
+
+
+# the keys of `[apply]` these were before: read as them for one release, with a line
+RENAMED = {
+    "apply.warehouse_path": "path",
+    "apply.warehouse_writer": "writer",
+    "apply.warehouse_max_offsets_per_trigger": "max_offsets_per_trigger",
+    "apply.iceberg": "iceberg",
+}
+
+
+def warehouse_settings(settings: Any) -> WarehouseSettings:
+    """The warehouse's section of `settings` (its defaults when not given)."""
+    section: WarehouseSettings = settings.store_section("warehouse")
+    return section
+
+
+def with_warehouse(settings: Any, **changes: Any) -> Any:
+    """`settings` with these keys of the warehouse's section changed."""
+    section = warehouse_settings(settings).model_copy(update=changes)
+    return settings.model_copy(update={"stores": {**settings.stores, "warehouse": section}})
