@@ -105,7 +105,7 @@ def warehouse_floor(settings: Settings) -> dict[str, float]:
 
     from cdc.capture.source import SourceReader
     from cdc.core.spark import kafka_options
-    from cdc.log.arrow_events import decode_records
+    from cdc.stores.warehouse.arrow_events import decode_records
 
     spark = spark_session(settings, "bench-snapshot-warehouse")
     topic = change_topic(settings.pipeline, TABLE)

@@ -2,6 +2,7 @@
 
 routes       each micro-batch's route (arrow, spark-decoded, spark), its decode, its
              TRUNCATEs and dead letters, and what it wrote (routes.py)
+arrow_events a batch's records decoded in Arrow on the driver (arrow_events.py)
 store        the current state, kept by MERGE with a position guard (store.py:
              WarehouseStore)
 readback     what verify, repair, `cdc get` and `cdc query` read of it (readback.py)

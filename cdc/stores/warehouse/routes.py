@@ -3,7 +3,7 @@
 (`cdc_store_batches_total{route=...}`).
 
 - `arrow`: the batch's Kafka records are collected to the driver, decoded in Arrow
-  (cdc/log/arrow_events.py) and committed by delta-rs, table by table. The fastest on
+  (cdc/stores/warehouse/arrow_events.py) and committed by delta-rs, table by table. The fastest on
   one machine; chosen when delta-rs writes, every captured table's types decode in
   Arrow and the batch fits half the driver's heap.
 - `spark-decoded`: Spark decodes the batch (cdc/log/envelope.py) and tells what it
@@ -26,11 +26,11 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from cdc.core.catalog import TRUNCATIONS_TABLE, Table
-from cdc.log.arrow_events import ArrowBatch, decode_records
 from cdc.log.envelope import parse_events
 from cdc.log.freshness import RATIO
 from cdc.log.progress import add_cut
 from cdc.stores.base import BatchContext, BatchOutcome
+from cdc.stores.warehouse.arrow_events import ArrowBatch, decode_records
 from cdc.types.arrow_types import decodable
 from cdc.types.spark_types import may_hold_placeholder, unheld_columns
 
