@@ -10,7 +10,7 @@ index of the benchmark's own, one stream of bulk requests of 5,000 each:
 
 - **raw**: the documents our writer sends, as ready-made bulk bodies (an external
   version each): OpenSearch's own work per change;
-- **writer**: cdc/apply/writer.py's `partition_writer` over the records as Arrow
+- **writer**: cdc/apply/row_batches.py's `partition_writer` over the records as Arrow
   batches, as a Spark Python worker runs it (parsing, each key's newest per chunk, the
   documents, the store's bulk): the Python side's work per change, and OpenSearch's.
 
@@ -39,7 +39,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ResourceSampler, record
-from cdc.apply.writer import partition_writer
+from cdc.apply.row_batches import partition_writer
 from cdc.core.catalog import Column, Table
 from cdc.core.clients import opensearch_client
 from cdc.core.settings import load_settings

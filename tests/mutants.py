@@ -110,7 +110,7 @@ MUTANTS = (
         "cdc/log/position.py",
         "    return seen is None or position > seen",
         "    return True",
-        ("tests/unit/test_writer.py", "tests/unit/test_write_rule.py"),
+        ("tests/unit/test_row_batches.py", "tests/unit/test_write_rule.py"),
     ),
     Mutant(
         "the write rule takes an equal or older position",

@@ -6,7 +6,7 @@ in named steps, each a method of its own:
 3. position guard (guards.py): the log and the source are still the ones the store
    applied from;
 4. decode and write: a row store's batch (the cache, the search index) through
-   writer.py, on the driver or in Spark's workers; a frame store's (the warehouse)
+   row_batches.py, on the driver or in Spark's workers; a frame store's (the warehouse)
    whole, by `FrameStore.write_batch`, which chooses its own route; either way the
    batch's TRUNCATEs, and poison events to the dead-letter topic (dead_letters.py),
    and a BatchOutcome (cdc/stores/base.py) back;
@@ -33,7 +33,7 @@ from cdc.apply.guards import (
     check_source_lineage,
     check_source_not_rewound,
 )
-from cdc.apply.writer import RESULT_DDL, partition_writer, result_schema
+from cdc.apply.row_batches import RESULT_DDL, partition_writer, result_schema
 from cdc.capture.rewrites import Rewrite
 from cdc.capture.source_view import SourceView
 from cdc.core.catalog import TRUNCATIONS_TABLE, Table
@@ -81,7 +81,9 @@ class BatchWriter:
         # where the tables DDL rewrote go: intents the job acts on (job.py); a batch
         # never starts a backfill itself
         self.rewritten = rewritten or (lambda found: None)
-        self.cuts: dict[str, list[list[int]]] = {}  # table -> its TRUNCATEs (Progress.truncations)
+        self.truncate_log: dict[
+            str, list[list[int]]
+        ] = {}  # table -> its TRUNCATEs (Progress.truncations)
         self.topic_ids: dict[str, str] = {}  # topic -> its id, as the batch's guard found it
 
     def __call__(self, batch: Any, batch_id: int) -> None:
@@ -125,12 +127,14 @@ class BatchWriter:
         topics = {change_topic(self.settings.pipeline, t): t for t in [*tables, TRUNCATIONS_TABLE]}
         batch = self.generated_columns(batch, topics, tables)
         progress, behind = self.guard(topics, wal)
-        cutoffs = dict(progress.truncated)
-        self.cuts.clear()
-        self.cuts.update(progress.truncations)
+        last_truncate = dict(progress.truncated)
+        self.truncate_log.clear()
+        self.truncate_log.update(progress.truncations)
         if isinstance(self.store, RowStore):
             mode = self.mode(behind)
-            outcome = self.write_rows(batch, topics, tables, batch_id, cutoffs, mode, started_ms)
+            outcome = self.write_rows(
+                batch, topics, tables, batch_id, last_truncate, mode, started_ms
+            )
         else:
             assert isinstance(self.store, FrameStore)
             ctx = BatchContext(
@@ -139,14 +143,14 @@ class BatchWriter:
                 topics=topics,
                 tables=tables,
                 behind=behind,
-                cutoffs=cutoffs,
-                cuts=self.cuts,
-                truncated=functools.partial(self.truncated, tables=tables),
+                last_truncate=last_truncate,
+                truncate_log=self.truncate_log,
+                emptied_by=functools.partial(self.emptied_by, tables=tables),
                 dead_letter=self.dead.send_row,
             )
             outcome = self.store.write_batch(batch, ctx)
             self.dead.flush()
-        self.record(batch_id, outcome, cutoffs, started_ms)
+        self.record(batch_id, outcome, last_truncate, started_ms)
         self.sweep_generation(tables)
 
     def check_relations(self, read: bool = True) -> None:
@@ -192,11 +196,11 @@ class BatchWriter:
         topics: dict[str, str],
         tables: dict[str, Table],
         batch_id: int,
-        cutoffs: dict[str, tuple[int, int]],
+        last_truncate: dict[str, tuple[int, int]],
         mode: str,
         started_ms: int,
     ) -> BatchOutcome:
-        """A Python store's batch goes through cdc/apply/writer.py: a small one
+        """A Python store's batch goes through cdc/apply/row_batches.py: a small one
         (`mode` "driver") here, collected in partition order and written through the
         driver's own connection, as cheap as a micro-batch gets (no Python worker, no
         connection per task, no per-task imports: bench/results/streaming.jsonl); a
@@ -231,7 +235,7 @@ class BatchWriter:
                 tables,
                 topic_of,
                 TRUNCATIONS_TABLE,
-                cutoffs,
+                last_truncate,
                 self.chunk,
                 close=False,
                 started_ms=started_ms,
@@ -248,7 +252,7 @@ class BatchWriter:
                 tables,
                 topic_of,
                 TRUNCATIONS_TABLE,
-                cutoffs,
+                last_truncate,
                 self.chunk,
                 started_ms=started_ms,
             )
@@ -281,16 +285,16 @@ class BatchWriter:
             counts["stale"] += row["stale"] or 0
         self.dead.flush()
         for row in sorted(truncations, key=lambda r: (r["commit_lsn"], r["lsn"])):
-            name = self.truncated(row["table"], row["relid"], tables=tables)
+            name = self.emptied_by(row["table"], row["relid"], tables=tables)
             if name is not None:
                 at = (row["commit_lsn"], row["lsn"])
                 store.truncate(tables[name], at, row["commit_ms"])
-                cutoffs[name] = max(at, cutoffs.get(name, (0, 0)))
+                last_truncate[name] = max(at, last_truncate.get(name, (0, 0)))
         outcome.ages = ages
         log.info("%s batch %d: %s (%s)", store.name, batch_id, counts, mode)
         return outcome
 
-    def truncated(self, name: str, relid: int | None, *, tables: dict[str, Table]) -> str | None:
+    def emptied_by(self, name: str, relid: int | None, *, tables: dict[str, Table]) -> str | None:
         """The captured table a TRUNCATE recorded under `name` emptied: that name's, or
         under a name the table only passed through (renamed and back in one transaction)
         the one its relation has now; None for a table not captured."""
@@ -322,7 +326,7 @@ class BatchWriter:
         self,
         batch_id: int,
         outcome: BatchOutcome,
-        cutoffs: dict[str, tuple[int, int]],
+        last_truncate: dict[str, tuple[int, int]],
         started_ms: int,
     ) -> None:
         """The store's progress record after the batch (cdc/log/progress.py)."""
@@ -335,7 +339,7 @@ class BatchWriter:
         )
         commit_ms = outcome.commit_ms if outcome.n else previous.commit_ms
         newest = [outcome.commit_lsn, previous.commit_lsn]
-        newest += [commit for commit, _ in cutoffs.values()]
+        newest += [commit for commit, _ in last_truncate.values()]
         offsets = outcome.offsets
         routes = dict(previous.routes)
         routes[outcome.route] = routes.get(outcome.route, 0) + 1
@@ -355,8 +359,8 @@ class BatchWriter:
             commit_ms=commit_ms,
             applied_ms=applied_ms,
             last_batch=outcome.counts,
-            truncated=dict(cutoffs),
-            truncations=dict(self.cuts),
+            truncated=dict(last_truncate),
+            truncations=dict(self.truncate_log),
             generation=previous.generation,  # the last one swept
             source=list(self.source.lineage) if self.source.lineage else previous.source,
             pid=os.getpid(),

@@ -5,5 +5,6 @@ REST client), backfills through Debezium's incremental snapshots (backfill), sna
 generations (generation) and each pipeline's snapshot record (snapshots), DDL that
 rewrote stored values (rewrites), a whole pipeline set up and dropped (pipeline), the
 initial snapshot at the slot's consistent point (initial_snapshot) and its rows as
-Debezium's events (snapshot_events), and a lost slot's restart (resync). Imports core
-and types."""
+Debezium's events (snapshot_events), a lost slot's restart (resync), the capture's lag
+(lag), and the one door through which the apply job's batches read the source side
+(source_view). Imports core and types."""

@@ -156,7 +156,7 @@ def pipeline_connector_config(
     # changes go to the new name's topic. Only the signal table there is not wanted in
     # the log: the TRUNCATE records are data, and the heartbeat table's rows (written
     # every heartbeat interval, to a topic of their own) tell how far the capture has
-    # come in PostgreSQL's time (cdc/capture/freshness.py).
+    # come in PostgreSQL's time (cdc/capture/lag.py).
     del config["table.include.list"]
     config.update(
         {

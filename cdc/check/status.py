@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cdc.capture.connect import connect_client
-from cdc.capture.freshness import CaptureLag, capture_lag
+from cdc.capture.lag import CaptureLag, capture_lag
 from cdc.capture.replica_identity import identity_problems
 from cdc.capture.slot import slot_row, standby_slots
 from cdc.capture.snapshots import read_ranges, read_state
@@ -48,7 +48,7 @@ class PipelineStatus:
     slot: dict[str, Any] | None
     connector: dict[str, Any] | None  # state, tasks, trace of a failed task
     # commit → in Kafka: lag_s, heartbeat_ms, latency_s, interval_s, stalled, why
-    # (cdc/capture/freshness.py); None when Kafka was not read
+    # (cdc/capture/lag.py); None when Kafka was not read
     capture: dict[str, Any] | None = None
     topics: dict[str, int] = field(default_factory=dict)  # end offset summed over partitions
     stores: dict[str, dict[str, Any]] = field(default_factory=dict)  # per store: backlog, lag

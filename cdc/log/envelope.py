@@ -4,7 +4,7 @@ cdc/log/position.py), in the three engines that read the change topics, side by 
 so that they stay one decoder:
 
 - plain Python (`parse_value`), in the cache's and the search index's workers
-  (cdc/apply/writer.py);
+  (cdc/apply/row_batches.py);
 - Spark SQL (`parse_events`), for the warehouse's Spark path and the streaming views;
 - Arrow (`SOURCE_ARROW`, `arrow_positions`), for the warehouse's batch decoded on the
   driver (cdc/stores/warehouse/arrow_events.py).

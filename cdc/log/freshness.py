@@ -175,7 +175,7 @@ def judge(
     """The p50 and p99 of the last `window_s`, and whether they, or the store's lag now
     (the changes it has not applied yet: a store that is down applies none, a capture
     that stalls delivers none), exceed `slo_s`. `capture`: the capture's lag and what
-    it is made of (cdc/capture/freshness.py), named first when it alone exceeds the
+    it is made of (cdc/capture/lag.py), named first when it alone exceeds the
     SLO: every store is that far behind PostgreSQL."""
     recent = freshness.window(now_ms, window_s)
     p50, p99 = quantile(recent, 0.5), quantile(recent, 0.99)

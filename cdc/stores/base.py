@@ -67,12 +67,14 @@ class BatchContext:
     topics: dict[str, str]  # change topic -> captured table (and the TRUNCATEs' topic)
     tables: dict[str, Table]  # the captured tables, as the source's catalog has them now
     behind: int  # records of the log the store was behind at the batch's start
-    # table -> its last TRUNCATE's position; the store adds the batch's TRUNCATEs
-    cutoffs: dict[str, tuple[int, int]]
-    # table -> its TRUNCATEs, [commit_lsn, lsn, commit time], oldest first (Progress)
-    cuts: dict[str, list[list[int]]]
+    # table -> its last TRUNCATE's position (Progress.truncated); the store adds the
+    # batch's TRUNCATEs
+    last_truncate: dict[str, tuple[int, int]]
+    # table -> its TRUNCATEs, [commit_lsn, lsn, commit time], oldest first
+    # (Progress.truncations)
+    truncate_log: dict[str, list[list[int]]]
     # the captured table a TRUNCATE recorded under a name (and relation id) emptied
-    truncated: Callable[[str, int | None], str | None]
+    emptied_by: Callable[[str, int | None], str | None]
     # a poison event (a row with its topic, partition, offset, key, value and error),
     # for the dead-letter topic
     dead_letter: Callable[[Any], None]
@@ -209,8 +211,8 @@ class FrameStore(StoreWriter):
     def write_batch(self, raw: Any, ctx: BatchContext) -> BatchOutcome:
         """Write the micro-batch `raw` (the Kafka source's frame: key, value, topic,
         partition, offset; generated columns computed) of the tables in `ctx`: each key's
-        newest change by the write rule, its TRUNCATEs (added to `ctx.cutoffs` and
-        `ctx.cuts`), its poison events to `ctx.dead_letter`."""
+        newest change by the write rule, its TRUNCATEs (added to `ctx.last_truncate` and
+        `ctx.truncate_log`), its poison events to `ctx.dead_letter`."""
 
 
 # What a store's reader can do beyond StoreReader, by the abilities its declaration names

@@ -21,6 +21,7 @@ from tests.conftest import Capture
 from tests.contents import expected_cache, expected_search, source_tuples
 from tests.helpers import ROOT, ended, run_cdc
 from tests.logcheck import table_info, wait_until_equal
+from tests.source_load import Writer
 from tests.stores import (
     cache_contents,
     history_rows,
@@ -28,7 +29,6 @@ from tests.stores import (
     search_contents,
     warehouse_rows,
 )
-from tests.writer import Writer
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ from cdc.core.errors import BackfillError
 from cdc.core.topics import change_topic, read_topic
 from tests.conftest import Capture
 from tests.logcheck import events_by_key, poll, table_info, wait_until_equal
-from tests.writer import Writer
+from tests.source_load import Writer
 
 pytestmark = pytest.mark.integration
 

@@ -15,6 +15,7 @@ from tests.conftest import Capture, RunningStack
 from tests.contents import expected_cache, expected_search, source_tuples
 from tests.helpers import run_cdc
 from tests.logcheck import events_by_key, table_info, wait_until_equal
+from tests.source_load import Writer
 from tests.stores import (
     cache_contents,
     history_rows,
@@ -22,7 +23,6 @@ from tests.stores import (
     search_contents,
     warehouse_rows,
 )
-from tests.writer import Writer
 
 pytestmark = pytest.mark.integration
 

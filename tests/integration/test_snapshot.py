@@ -14,7 +14,7 @@ from cdc.capture.initial_snapshot import run_snapshot
 from cdc.core.settings import Settings
 from tests.conftest import Capture
 from tests.logcheck import events_by_key, poll, table_info, wait_until_equal
-from tests.writer import Writer
+from tests.source_load import Writer
 
 pytestmark = [pytest.mark.integration, pytest.mark.pg_matrix]
 

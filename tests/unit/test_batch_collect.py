@@ -67,9 +67,9 @@ def collect(batches: WarehouseBatches, batch: Batch, tables: dict[str, Table], b
         topics={},
         tables=tables,
         behind=behind,
-        cutoffs={},
-        cuts={},
-        truncated=lambda name, relid: None,
+        last_truncate={},
+        truncate_log={},
+        emptied_by=lambda name, relid: None,
         dead_letter=lambda row: None,
     )
     return batches.collect_records(batch, ctx)

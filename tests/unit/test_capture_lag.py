@@ -1,9 +1,9 @@
 """The capture's lag behind PostgreSQL, read from the heartbeat rows in the log, and the
-stores' SLOs judged on it (pure logic: cdc/capture/freshness.py, judge)."""
+stores' SLOs judged on it (pure logic: cdc/capture/lag.py, judge)."""
 
 from __future__ import annotations
 
-from cdc.capture.freshness import capture_lag
+from cdc.capture.lag import capture_lag
 from cdc.core.topics import HeartbeatMark
 from cdc.log.freshness import Freshness, judge
 

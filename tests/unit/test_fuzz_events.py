@@ -1,6 +1,6 @@
 """Fuzz: change events from Kafka, any bytes as a record's key and value, any JSON, and
 Debezium-like envelopes with wrong types, reach the Python stores' per-record parsing
-(cdc/apply/writer.py, run by Spark's Python workers) and the decoding every store
+(cdc/apply/row_batches.py, run by Spark's Python workers) and the decoding every store
 does (cdc/types/decode.py, the cache's and the search index's forms, PostgreSQL's input text
 for generated columns). Each record either becomes a dead letter with a readable error
 or is applied; nothing raises out of a partition, which would fail the whole batch again
@@ -22,7 +22,7 @@ import pyarrow as pa
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from cdc.apply.writer import partition_writer
+from cdc.apply.row_batches import partition_writer
 from cdc.core.catalog import Column, Table
 from cdc.core.errors import ValueDecodeError
 from cdc.log.position import Event

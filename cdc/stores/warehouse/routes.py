@@ -123,7 +123,9 @@ class WarehouseBatches:
         """Write the batch by its route (module doc)."""
         records = self.collect_records(raw, ctx)
         if records is not None:
-            decoded = decode_records(records, ctx.topics, ctx.tables, ctx.cuts, ctx.started_ms)
+            decoded = decode_records(
+                records, ctx.topics, ctx.tables, ctx.truncate_log, ctx.started_ms
+            )
             if decoded is not None:
                 return self.write_decoded(decoded, records, ctx)
             log.info("warehouse: records Arrow does not decode: decoded by Spark")
@@ -265,8 +267,8 @@ class WarehouseBatches:
 
     def truncations(self, parsed: Any, ctx: BatchContext, found: bool) -> Any:
         """Apply the batch's TRUNCATEs (rows of cdc.truncations; `found`: the batch has
-        some) to the store, in position order, adding them to `ctx.cutoffs` (and to
-        `ctx.cuts`, with their commit times). Returns, per event, the commit time of the
+        some) to the store, in position order, adding them to `ctx.last_truncate` (and to
+        `ctx.truncate_log`, with their commit times). Returns, per event, the commit time of the
         first TRUNCATE after it (NULL for the events after their table's last TRUNCATE).
         The cut-offs are kept in the progress file, so an event from before a TRUNCATE
         that comes in a later batch (another topic, read further behind) is known as
@@ -289,13 +291,15 @@ class WarehouseBatches:
             else []
         )
         for row in rows:
-            name = ctx.truncated(row["name"], row["relid"])
+            name = ctx.emptied_by(row["name"], row["relid"])
             if name is not None:
                 at = (row["commit_lsn"], row["lsn"])
                 self.store.truncate(ctx.tables[name], at, row["commit_ms"])
-                ctx.cutoffs[name] = max(at, ctx.cutoffs.get(name, (0, 0)))
-                ctx.cuts[name] = add_cut(ctx.cuts.get(name, []), at, row["commit_ms"])
-        return cut_column(ctx.cuts)
+                ctx.last_truncate[name] = max(at, ctx.last_truncate.get(name, (0, 0)))
+                ctx.truncate_log[name] = add_cut(
+                    ctx.truncate_log.get(name, []), at, row["commit_ms"]
+                )
+        return cut_column(ctx.truncate_log)
 
 
 def cut_column(cuts: dict[str, list[list[int]]]) -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from cdc.apply.writer import partition_writer
+from cdc.apply.row_batches import partition_writer
 from cdc.core.catalog import Column, Table
 from cdc.log.freshness import age_bucket, ages
 from cdc.log.position import Event
