@@ -103,7 +103,7 @@ def warehouse_floor(settings: Settings) -> dict[str, float]:
 
     from deltalake import write_deltalake
 
-    from cdc.capture.source import SourceReader
+    from cdc.capture.source_reader import SourceReader
     from cdc.core.spark import kafka_options
     from cdc.stores.warehouse.arrow_events import decode_records
 

@@ -21,7 +21,7 @@ from typing import Any
 from cdc.apply.batch import BatchWriter, apply_say, wait_for
 from cdc.apply.own_process import StoreProcess
 from cdc.capture.rewrites import Rewrite, act_on_rewrites, check_rewrites
-from cdc.capture.source import captured_tables
+from cdc.capture.source_reader import captured_tables
 from cdc.core.catalog import Table
 from cdc.core.errors import (
     CdcError,

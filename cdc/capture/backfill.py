@@ -24,7 +24,7 @@ from kafka.errors import KafkaError
 from psycopg import sql
 
 from cdc.capture.connect import connect_client
-from cdc.capture.source import (
+from cdc.capture.source_setup import (
     SIGNAL_LOCK_TIMEOUT,
     SIGNAL_TABLE,
     replication_dsn,
@@ -86,7 +86,7 @@ def send_signal(settings: Settings, kind: str, data: dict[str, Any] | None) -> s
     to its signal topic; returns its id.
 
     A signal table from before, whose data column is too short for this signal, is
-    widened to text first (cdc.capture.source.widen_signal_table).
+    widened to text first (cdc.capture.source_setup.widen_signal_table).
     """
     signal_id = str(uuid.uuid4())
     if settings.pipeline.read_only_backfills:

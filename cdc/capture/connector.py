@@ -13,7 +13,7 @@ import psycopg
 from cdc.capture.connect import ConnectClient, connect_client
 from cdc.capture.masks import MASK_TRANSFORM, read_salt, transform_masks
 from cdc.capture.role import replication_password, write_secret
-from cdc.capture.source import SIGNAL_TABLE
+from cdc.capture.source_setup import SIGNAL_TABLE
 from cdc.core.catalog import (
     DEBEZIUM_PLACEHOLDER,
     HEARTBEAT_TABLE,
@@ -464,7 +464,7 @@ def check_log_within_fork(settings: Settings, client: ConnectClient) -> None:
     server never had, and the connector would skip the server's own changes up to its
     stored position. Refuse (SourceRewoundError) instead of streaming on."""
     from cdc.capture.slot import int_to_lsn
-    from cdc.capture.source import source_lineage
+    from cdc.capture.source_reader import source_lineage
     from cdc.capture.timeline import timeline_forks
     from cdc.core.errors import SourceRewoundError
 

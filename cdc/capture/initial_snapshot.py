@@ -83,7 +83,7 @@ from cdc.capture.snapshots import (
     record_ranges,
     resume_point,
 )
-from cdc.capture.source import (
+from cdc.capture.source_setup import (
     TRUNCATE_TRIGGER,
     prepare_source,
     replication_dsn,

@@ -13,7 +13,7 @@ from cdc.capture.connect import connect_client
 from cdc.capture.role import drop_role, other_pipelines, sync_grants
 from cdc.capture.slot import drop_slot
 from cdc.capture.snapshots import forget
-from cdc.capture.source import drop_publication
+from cdc.capture.source_setup import drop_publication
 from cdc.core.catalog import published_tables
 from cdc.core.errors import ConnectorError
 from cdc.core.identity import current_relations, recorded
@@ -61,7 +61,7 @@ def sync_pipeline(settings: Settings) -> SyncResult:
     """
     from cdc.capture.backfill import start_backfill
     from cdc.capture.connector import register_connector
-    from cdc.capture.source import prepare_source
+    from cdc.capture.source_setup import prepare_source
     from cdc.core.topics import ensure_topics
 
     pipe = settings.pipeline

@@ -25,7 +25,8 @@ from cdc.capture.connect import connect_client
 from cdc.capture.connector import register_connector
 from cdc.capture.slot import drop_slot, exported_snapshot, int_to_lsn, slot_lost, slot_state
 from cdc.capture.snapshots import read_state
-from cdc.capture.source import captured_tables, replication_dsn
+from cdc.capture.source_reader import captured_tables
+from cdc.capture.source_setup import replication_dsn
 from cdc.core.errors import SnapshotError
 from cdc.core.postgres import admin_connection
 from cdc.core.say import Say, quiet

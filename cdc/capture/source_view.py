@@ -1,5 +1,5 @@
 """The one door through which the apply job's micro-batches read the source side: the
-captured tables and the WAL position (source.py's SourceReader, one connection kept),
+captured tables and the WAL position (source_reader.py's SourceReader: one connection),
 the source's lineage and timeline forks (timeline.py), the snapshot generation
 (generation.py), and the tables DDL rewrote (rewrites.py). A batch only reads through
 it: a rewrite comes back as an intent (rewrites.Rewrite) that the job acts on, never a
@@ -11,7 +11,7 @@ from typing import Any
 
 from cdc.capture.generation import Generation, read_generation
 from cdc.capture.rewrites import Rewrite, find_rewrites
-from cdc.capture.source import SourceReader
+from cdc.capture.source_reader import SourceReader
 from cdc.capture.timeline import timeline_forks
 from cdc.core.catalog import Table
 from cdc.core.settings import Settings

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import psycopg
 
-from cdc.capture.source import replication_dsn
+from cdc.capture.source_setup import replication_dsn
 from cdc.core.errors import SourceError, SourceUnavailableError
 from cdc.core.settings import Settings
 

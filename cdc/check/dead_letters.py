@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cdc.capture.source import captured_tables
+from cdc.capture.source_reader import captured_tables
 from cdc.check.repair import backfill_keys, key_filters
 from cdc.core.clients import kafka_client_kwargs
 from cdc.core.say import Say

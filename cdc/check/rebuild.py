@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shutil
 
-from cdc.capture.source import read_source
+from cdc.capture.source_reader import read_source
 from cdc.core.errors import ConfigError
 from cdc.core.say import Say
 from cdc.core.settings import Settings

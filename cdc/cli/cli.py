@@ -247,7 +247,7 @@ def setup(
 
     s = settings()
     if print_sql:
-        from cdc.capture.source import setup_sql
+        from cdc.capture.source_setup import setup_sql
 
         sys.stdout.write(setup_sql(s))
         return
@@ -630,7 +630,7 @@ def tables_remove(names: Annotated[list[str], typer.Argument(help="schema.table 
 
 
 def _edit_tables(add: list[str], remove: list[str]) -> None:
-    from cdc.capture.source import setup_sql
+    from cdc.capture.source_setup import setup_sql
     from cdc.core.config_file import edit_tables
 
     def check(tables: list[str]) -> None:

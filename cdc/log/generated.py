@@ -1,7 +1,7 @@
 """Generated columns, computed as the apply job reads the log.
 
 PostgreSQL publishes no value for a `GENERATED ALWAYS AS (…) STORED` column (18 can,
-but Debezium 3.6 drops generated columns from what it decodes: cdc/capture/source.py),
+but Debezium 3.6 drops generated columns from what it decodes: cdc/capture/source_setup.py),
 so Debezium's events lack it (its backfills too: the connector's column filter makes them
 select its schema's columns). The snapshot reads it like any other column. Every other
 event whose `after` image lacks a generated column gets it here, before any store
@@ -34,7 +34,7 @@ import psycopg
 from psycopg import sql
 
 from cdc.capture.role import EXPRESSIONS_FUNCTION
-from cdc.capture.source import replication_dsn
+from cdc.capture.source_setup import replication_dsn
 from cdc.core.catalog import Column, Table
 from cdc.core.errors import ConfigError, SourceUnavailableError, ValueDecodeError
 from cdc.core.settings import Settings

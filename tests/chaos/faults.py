@@ -45,7 +45,7 @@ from typing import Any
 import psycopg
 
 from cdc.capture.connect import connect_client
-from cdc.capture.source import SIGNAL_TABLE
+from cdc.capture.source_setup import SIGNAL_TABLE
 from cdc.core.errors import CdcError
 from tests.chaos.load import EVENTS, PARTITION_SPAN, SHELVES, Load
 from tests.chaos.stack import ChaosError, ChaosStack

@@ -10,7 +10,7 @@ import redis
 
 from cdc.apply.job import run_apply
 from cdc.capture.pipeline import drop_pipeline
-from cdc.capture.source import TRUNCATE_TRIGGER, TRUNCATIONS_TABLE
+from cdc.capture.source_setup import TRUNCATE_TRIGGER, TRUNCATIONS_TABLE
 from cdc.check.rebuild import reset_store
 from cdc.core.clients import kafka_client_kwargs
 from cdc.core.topics import change_topic, read_topic

@@ -23,7 +23,8 @@ from cdc.apply.job import run_apply
 from cdc.capture.backfill import start_backfill, watch_backfill
 from cdc.capture.pipeline import sync_pipeline
 from cdc.capture.role import replication_password
-from cdc.capture.source import captured_tables, prepare_source, setup_sql
+from cdc.capture.source_reader import captured_tables
+from cdc.capture.source_setup import prepare_source, setup_sql
 from cdc.check.verify import verify
 from cdc.core.catalog import describe_table
 from cdc.core.clients import kafka_client_kwargs

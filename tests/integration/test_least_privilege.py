@@ -11,7 +11,7 @@ from psycopg import sql
 from pydantic import SecretStr
 
 from cdc.capture.role import password_file
-from cdc.capture.source import prepare_source, replication_dsn
+from cdc.capture.source_setup import prepare_source, replication_dsn
 from tests.conftest import Capture
 from tests.helpers import run_cdc
 

@@ -20,7 +20,7 @@ import redis
 import requests
 
 from cdc.capture.replica_identity import IDENTITY_TRIGGER
-from cdc.capture.source import prepare_source
+from cdc.capture.source_setup import prepare_source
 from cdc.check.status import pipeline_status
 from cdc.core.clients import kafka_admin
 from cdc.core.topics import change_topic

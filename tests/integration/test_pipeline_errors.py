@@ -17,7 +17,7 @@ from rich.console import Console
 
 from cdc.capture.connector import register_connector
 from cdc.capture.initial_snapshot import run_snapshot
-from cdc.capture.source import prepare_source
+from cdc.capture.source_setup import prepare_source
 from cdc.check.status import pipeline_status
 from cdc.core.errors import ConnectorError, SnapshotError, SourceError
 from cdc.stack.components.postgres import Postgres, postgres_bin_dir

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 import redis
 
-from cdc.capture.source import signal_data_width, widen_signal_table
+from cdc.capture.source_setup import signal_data_width, widen_signal_table
 from cdc.core.settings import Settings
 from cdc.core.topics import change_topic, read_topic
 from tests.conftest import Capture, Captured, RunningStack

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from cdc.apply.job import run_apply
-from cdc.capture.source import captured_tables
+from cdc.capture.source_reader import captured_tables
 from cdc.check.verify import verify
 from tests.conftest import Capture
 from tests.stores import stores

@@ -17,7 +17,7 @@ from rich.console import Console
 from cdc.capture.connect import connect_client
 from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.pipeline import drop_pipeline
-from cdc.capture.source import replication_dsn
+from cdc.capture.source_setup import replication_dsn
 from cdc.core.settings import Settings
 from cdc.core.topics import change_topic, wait_for_records
 from cdc.stack.components.postgres import Postgres

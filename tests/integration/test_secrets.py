@@ -12,7 +12,7 @@ import pytest
 
 from cdc.capture.connect import connect_client
 from cdc.capture.role import replication_password
-from cdc.capture.source import prepare_source
+from cdc.capture.source_setup import prepare_source
 from tests.conftest import Capture
 from tests.helpers import run_cdc
 

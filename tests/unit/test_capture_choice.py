@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from cdc.capture.connector import _java_regex_literal, pipeline_connector_config
 from cdc.capture.masks import masked_value, transform_masks
 from cdc.capture.rewrites import rewrites, schema_of
-from cdc.capture.source import _member
+from cdc.capture.source_setup import _member
 from cdc.core.catalog import Column, Table
 from cdc.core.errors import ConfigError
 from cdc.core.settings import Settings, load_settings
