@@ -1,3 +1,3 @@
-from cdc.cli.cli import main
+from cdc.cli.app import main
 
 main()

@@ -142,7 +142,7 @@ _unknown_key = st.text(min_size=1, max_size=12).filter(lambda k: k not in Settin
 def test_cdc_says_a_settings_error_in_one_line_whatever_the_key(key: str) -> None:
     """What `cdc` prints for a settings file holding an unknown key: the ConfigError, as
     it is, on one line, and exit code 2."""
-    from cdc.cli.cli import main
+    from cdc.cli.app import main
 
     text = tomlkit.dumps({key: 1})
     with settings_file(text):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 from typer.testing import CliRunner
 
-from cdc.cli.cli import app
+from cdc.cli.app import app
 
 
 def _commands(typer_app: typer.Typer, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

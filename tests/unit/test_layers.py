@@ -112,7 +112,7 @@ def test_no_test_module_imports_another() -> None:
 # the modules outside a store's package that still name a store, each with why; every
 # other module asks the registry for a store by what it can do (its abilities)
 NAMES_A_STORE = {
-    "cdc.cli.cli": "`cdc get --store` defaults to the cache",
+    "cdc.cli.commands.check": "`cdc get --store` defaults to the cache",
     "cdc.cli.demo": "the demo shows each store by name",
     "cdc.core.state_folders": "the warehouse's default folder ([stores.warehouse] path unset)",
     "cdc.views": "the warehouse's wing: its derived views, which it writes after each batch",
