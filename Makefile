@@ -145,7 +145,7 @@ compose-pin:
 		echo "$$ref@$$digest"; \
 	done
 
-# the fuzz tests of everything that parses outside input (tests/unit/test_fuzz_*.py), each
+# the fuzz tests of everything that parses outside input (tests/unit/*/test_fuzz_*.py), each
 # with FUZZ_EXAMPLES examples instead of the fast tier's few hundred
 fuzz:
-	HYPOTHESIS_PROFILE=fuzz $(PYTEST) tests/unit/test_fuzz_*.py -q
+	HYPOTHESIS_PROFILE=fuzz $(PYTEST) tests/unit/*/test_fuzz_*.py -q

@@ -1,6 +1,6 @@
 """pg-cdc: PostgreSQL changes through Debezium and Kafka into a cache, a search index and
 a warehouse. One package whose folders are the stages of the flow, each a floor that
-imports only the floors below it (tests/unit/test_layers.py; docs/layout.md):
+imports only the floors below it (tests/unit/project/test_layers.py; docs/layout.md):
 
 - core: settings, errors, clients, the catalog of captured tables, topics, files;
 - types: PostgreSQL's types, each value's text, Spark, JSON, document and key forms;

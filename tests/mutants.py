@@ -51,7 +51,7 @@ MUTANTS = (
         '    terms = ["true"]',
         (
             f"{EXACT}::test_redelivered_and_older_changes_change_nothing",
-            "tests/unit/test_write_rule.py",
+            "tests/unit/log/test_write_rule.py",
         ),
     ),
     Mutant(
@@ -110,14 +110,14 @@ MUTANTS = (
         "cdc/log/position.py",
         "    return seen is None or position > seen",
         "    return True",
-        ("tests/unit/test_row_batches.py", "tests/unit/test_write_rule.py"),
+        ("tests/unit/apply/test_row_batches.py", "tests/unit/log/test_write_rule.py"),
     ),
     Mutant(
         "the write rule takes an equal or older position",
         "cdc/log/position.py",
         "return stored is None or position > stored.position",
         "return True",
-        ("tests/unit/test_write_rule.py",),
+        ("tests/unit/log/test_write_rule.py",),
     ),
     Mutant(
         "snapshot readers do not read under the exported snapshot",

@@ -5,7 +5,7 @@ cdc's kafka-python clients (admin, producer, consumer), the Connect worker and S
 Kafka source and sink work through the settings; plain-text, TLS-without-login,
 wrong-password and wrong-CA clients are refused; the password is in no file under the
 data dir but the 0600 secrets files, and on no `ps` line. A Debezium run over SASL_SSL is
-not started here (it needs PostgreSQL too): tests/unit/test_kafka_security.py checks that
+not started here (it needs PostgreSQL too): tests/unit/core/test_kafka_security.py checks that
 the worker hands the same login to its connectors' producer, consumer and admin clients.
 """
 

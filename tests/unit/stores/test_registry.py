@@ -94,7 +94,7 @@ def test_a_store_registered_in_a_process_is_a_store_like_the_others(
         StoreDeclaration(
             name="notes",
             summary="a test's store",
-            make="tests.unit.test_registry:_make_notes",
+            make="tests.unit.stores.test_registry:_make_notes",
             slo_s=7.0,
             section="redis",
             posture=lambda s: "notes.tls" if not s.redis.tls else None,

@@ -8,7 +8,7 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = ("cdc",)
 # cdc's folders, the stages of the flow from the ground floor up: each imports only
 # itself and the folders before it, except the local stack, which sits beside the engines

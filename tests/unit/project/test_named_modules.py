@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # a file name ending in .py, alone or as a path, not part of a longer word or path
 NAMED = re.compile(r"(?<![\w/.-])((?:\w+/)*\w+\.py)\b")
 

@@ -15,7 +15,7 @@ from cdc.check.status import PipelineStatus
 from cdc.cli.metrics import families
 from cdc.stack.components.base import ComponentStatus
 
-MONITORING = Path(__file__).resolve().parents[2] / "monitoring"
+MONITORING = Path(__file__).resolve().parents[3] / "monitoring"
 RULES = MONITORING / "prometheus" / "cdc-alerts.yml"
 DASHBOARD = MONITORING / "grafana" / "cdc-dashboard.json"
 _METRIC = re.compile(r"\bcdc_[a-z0-9_]+")

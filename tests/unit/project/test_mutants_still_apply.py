@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tests.mutants import MUTANTS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_every_mutant_finds_its_line_and_its_tests() -> None:

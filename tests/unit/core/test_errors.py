@@ -11,7 +11,7 @@ from pathlib import Path
 from cdc.core import errors
 from cdc.core.errors import CdcError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _subclasses(cls: type) -> list[type]:
