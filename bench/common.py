@@ -12,8 +12,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from cdc.core.pipeline_settings import PipelineSettings
 from cdc.core.settings import Settings
+from cdc.core.settings.pipeline import PipelineSettings
 from cdc.stores.warehouse.settings import warehouse_settings
 
 __all__ = [

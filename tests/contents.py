@@ -9,7 +9,7 @@ import psycopg
 from kafka import KafkaConsumer, TopicPartition
 
 from cdc.core.clients import kafka_client_kwargs
-from cdc.core.connection_settings import KafkaSettings
+from cdc.core.settings.connections import KafkaSettings
 from cdc.types.store_forms import cache_text, plain_value
 from tests.logcheck import source_rows, table_info
 

@@ -13,8 +13,8 @@ import psycopg
 
 from cdc.check.verify import source_rows as verify_source_rows
 from cdc.core.catalog import Table, describe_table
-from cdc.core.pipeline_settings import PipelineSettings
 from cdc.core.settings import Settings
+from cdc.core.settings.pipeline import PipelineSettings
 from cdc.core.topics import ChangeRecord, change_topic, read_topic
 from cdc.types.decode import decode_row
 

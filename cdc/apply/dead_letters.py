@@ -9,9 +9,9 @@ import json
 from typing import Any
 
 from cdc.core.clients import kafka_client_kwargs
-from cdc.core.connection_settings import KafkaSettings
 from cdc.core.errors import StoreUnavailableError
 from cdc.core.settings import Settings
+from cdc.core.settings.connections import KafkaSettings
 from cdc.core.topics import dead_letter_topic
 
 __all__ = ["DeadLetters", "producer_config"]

@@ -18,7 +18,7 @@ from psycopg import sql
 
 from cdc.core.catalog import Table
 from cdc.core.errors import SourceError
-from cdc.core.pipeline_settings import PipelineSettings
+from cdc.core.settings.pipeline import PipelineSettings
 
 __all__ = [
     "MASK_TRANSFORM",

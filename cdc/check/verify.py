@@ -31,8 +31,8 @@ from cdc.core.errors import VerifyError
 from cdc.core.postgres import admin_connection
 from cdc.core.say import Say, quiet
 from cdc.core.settings import Settings
+from cdc.core.settings.views import TableJoin
 from cdc.core.topics import CUT_MESSAGE_PREFIX, change_topic
-from cdc.core.view_settings import TableJoin
 from cdc.log.progress import Progress, read_progress
 from cdc.stores.base import Rows, StoreReader, ViewReader
 from cdc.stores.registry import make_reader, reader_with

@@ -27,13 +27,11 @@ from rich.table import Table
 from cdc.capture.pipeline import pipe_streams, sync_pipeline
 from cdc.check.status import pipeline_status
 from cdc.cli.workload import Workload
-from cdc.core.config_file import add_settings, config_path
-from cdc.core.pipeline_settings import ReplicaIdentity, TableChoice
 from cdc.core.say import Say
 from cdc.core.settings import PROJECT_ROOT, Settings, load_settings, local_admin_password
-from cdc.core.store_declarations import able
-from cdc.core.topics import change_topic, end_offsets
-from cdc.core.view_settings import (
+from cdc.core.settings.file import add_settings, config_path
+from cdc.core.settings.pipeline import ReplicaIdentity, TableChoice
+from cdc.core.settings.views import (
     HoppingWindow,
     SessionWindow,
     SlidingWindow,
@@ -42,6 +40,8 @@ from cdc.core.view_settings import (
     TableJoin,
     TumblingWindow,
 )
+from cdc.core.store_declarations import able
+from cdc.core.topics import change_topic, end_offsets
 from cdc.stack import Stack
 
 __all__ = [

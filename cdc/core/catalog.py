@@ -12,8 +12,8 @@ import psycopg
 from psycopg import sql
 
 from cdc.core.errors import ConfigError, SourceError
-from cdc.core.pipeline_settings import PipelineSettings
 from cdc.core.postgres import admin_connection
+from cdc.core.settings.pipeline import PipelineSettings
 from cdc.core.store_declarations import declared
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cdc.core.connection_settings import KafkaSettings, OpenSearchSettings, RedisSettings
+from cdc.core.settings.connections import KafkaSettings, OpenSearchSettings, RedisSettings
 
 __all__ = [
     "kafka_admin",

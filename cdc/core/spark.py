@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from cdc.core.clients import kafka_jaas_config, kafka_java_config
-from cdc.core.connection_settings import SECRET_KEY
 from cdc.core.errors import INSTALL_HINT, NotInstalledError
 from cdc.core.files import write_file
 from cdc.core.settings import Settings
+from cdc.core.settings.connections import SECRET_KEY
 from cdc.core.state_folders import prepare_job_state
 
 if TYPE_CHECKING:

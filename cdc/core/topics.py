@@ -20,9 +20,9 @@ from kafka.errors import KafkaError
 
 from cdc.core.catalog import HEARTBEAT_TABLE, TRUNCATIONS_TABLE
 from cdc.core.clients import kafka_admin, kafka_client_kwargs
-from cdc.core.connection_settings import KafkaSettings
 from cdc.core.errors import SourceError, TopicError
-from cdc.core.pipeline_settings import PipelineSettings
+from cdc.core.settings.connections import KafkaSettings
+from cdc.core.settings.pipeline import PipelineSettings
 
 __all__ = [
     "CUT_MESSAGE_PREFIX",

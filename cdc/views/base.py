@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from cdc.core.catalog import RESERVED_PREFIX, Column, Table
 from cdc.core.errors import ConfigError
-from cdc.core.topics import ChangeRecord
-from cdc.core.view_settings import (
+from cdc.core.settings.views import (
     JoinSettings,
     StreamStreamJoin,
     ViewSettings,
     WindowSettings,
     duration_ms,
 )
+from cdc.core.topics import ChangeRecord
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

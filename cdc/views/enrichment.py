@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from cdc.core.catalog import TRUNCATIONS_TABLE, Table
+from cdc.core.settings.views import StreamTableJoin
 from cdc.core.topics import ChangeRecord
-from cdc.core.view_settings import StreamTableJoin
 from cdc.log.envelope import event_position
 from cdc.log.position import Position
 from cdc.stores.warehouse.conflicts import retried

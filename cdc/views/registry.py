@@ -5,7 +5,7 @@ from __future__ import annotations
 from cdc.core.catalog import Table
 from cdc.core.errors import ConfigError
 from cdc.core.settings import Settings
-from cdc.core.view_settings import (
+from cdc.core.settings.views import (
     HoppingWindow,
     SessionWindow,
     SlidingWindow,

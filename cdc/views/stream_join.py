@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from cdc.core.catalog import Table
 from cdc.core.settings import Settings
+from cdc.core.settings.views import StreamStreamJoin, duration_ms
 from cdc.core.topics import ChangeRecord
-from cdc.core.view_settings import StreamStreamJoin, duration_ms
 from cdc.stores.warehouse.native import NativeWriter
 from cdc.stores.warehouse.settings import warehouse_settings
 from cdc.stores.warehouse.tables import view_path

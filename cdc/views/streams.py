@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 from cdc.core.catalog import Table
 from cdc.core.settings import Settings
+from cdc.core.settings.views import ViewSettings
 from cdc.core.spark import kafka_options
 from cdc.core.topics import ChangeRecord, change_topic
-from cdc.core.view_settings import ViewSettings
 from cdc.log.envelope import event_position, parse_events
 from cdc.log.generated import expressions_dsn, with_generated
 from cdc.log.position import Position

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from cdc.core.catalog import Table
-from cdc.core.view_settings import TableJoin
+from cdc.core.settings.views import TableJoin
 from cdc.stores.warehouse.conflicts import retried
 from cdc.stores.warehouse.native import NativeWriter, null_safe_match
 from cdc.stores.warehouse.native import datafusion_quoted as dq

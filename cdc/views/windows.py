@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any
 from cdc.core.catalog import Table
 from cdc.core.errors import ConfigError
 from cdc.core.settings import Settings
-from cdc.core.topics import ChangeRecord
-from cdc.core.view_settings import (
+from cdc.core.settings.views import (
     HoppingWindow,
     SessionWindow,
     SlidingWindow,
@@ -27,6 +26,7 @@ from cdc.core.view_settings import (
     WindowSettings,
     duration_ms,
 )
+from cdc.core.topics import ChangeRecord
 from cdc.stores.warehouse.native import NativeWriter
 from cdc.stores.warehouse.settings import warehouse_settings
 from cdc.stores.warehouse.tables import view_path

@@ -28,8 +28,8 @@ import requests
 from kafka import KafkaConsumer, TopicPartition
 
 from cdc.core.clients import kafka_client_kwargs
-from cdc.core.connection_settings import KafkaSettings
 from cdc.core.settings import Settings
+from cdc.core.settings.connections import KafkaSettings
 from tests.stores import with_ends
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ import pytest
 
 from cdc.check.status import pipeline_status
 from cdc.check.view_checks import view_checks
-from cdc.core.view_settings import SessionWindow, SlidingWindow, StreamStreamJoin, StreamTableJoin
+from cdc.core.settings.views import SessionWindow, SlidingWindow, StreamStreamJoin, StreamTableJoin
 from cdc.log.progress import read_progress
 from cdc.stores.warehouse.tables import view_path, warehouse_root
 from tests.conftest import Capture

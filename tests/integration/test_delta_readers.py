@@ -17,7 +17,7 @@ import pytest
 
 from cdc.apply.job import run_apply
 from cdc.check.status import pipeline_status
-from cdc.core.view_settings import StreamTableJoin, TableJoin, TumblingWindow
+from cdc.core.settings.views import StreamTableJoin, TableJoin, TumblingWindow
 from cdc.stores.warehouse.settings import with_warehouse
 from cdc.stores.warehouse.tables import current_path, warehouse_root
 from tests.conftest import Capture

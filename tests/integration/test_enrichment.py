@@ -17,7 +17,7 @@ import pytest
 from cdc.apply.job import run_apply
 from cdc.check.view_checks import view_checks
 from cdc.core.catalog import Column, Table
-from cdc.core.view_settings import StreamTableJoin
+from cdc.core.settings.views import StreamTableJoin
 from cdc.log.progress import checkpoint_dir
 from cdc.stores.warehouse.store import WarehouseStore
 from cdc.stores.warehouse.tables import view_path, warehouse_root

@@ -17,7 +17,7 @@ from kafka import KafkaProducer
 
 from cdc.apply.job import run_apply
 from cdc.core.clients import kafka_client_kwargs
-from cdc.core.connection_settings import KafkaSettings
+from cdc.core.settings.connections import KafkaSettings
 from cdc.core.topics import change_topic
 from tests.conftest import Capture
 from tests.contents import topic_records

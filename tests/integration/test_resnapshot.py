@@ -22,8 +22,8 @@ from cdc.capture.connect import connect_client
 from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.pipeline import drop_pipeline
 from cdc.core.clients import kafka_client_kwargs
-from cdc.core.connection_settings import KafkaSettings
 from cdc.core.settings import Settings
+from cdc.core.settings.connections import KafkaSettings
 from cdc.core.topics import change_topic
 from tests.conftest import Capture, RunningStack
 from tests.helpers import run_cdc

@@ -20,7 +20,7 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from cdc.core.clients import kafka_client_kwargs
-from cdc.core.connection_settings import KafkaSettings
+from cdc.core.settings.connections import KafkaSettings
 from cdc.stack import Stack
 from tests.conftest import Capture, RunningStack
 from tests.helpers import ROOT, run_cdc

@@ -21,8 +21,8 @@ from cdc.check.status import pipeline_status
 from cdc.check.view_checks import view_checks
 from cdc.core.clients import kafka_client_kwargs
 from cdc.core.settings import Settings
+from cdc.core.settings.views import SessionWindow, SlidingWindow, StreamStreamJoin
 from cdc.core.topics import change_topic, read_topic
-from cdc.core.view_settings import SessionWindow, SlidingWindow, StreamStreamJoin
 from cdc.stores.warehouse.tables import view_path, warehouse_root
 from tests.conftest import Capture
 from tests.helpers import query_checkpoint

@@ -14,7 +14,7 @@ from cdc.apply.job import run_apply
 from cdc.check.status import pipeline_status
 from cdc.check.view_checks import view_checks
 from cdc.core.settings import Settings
-from cdc.core.view_settings import HoppingWindow, TableJoin, TumblingWindow
+from cdc.core.settings.views import HoppingWindow, TableJoin, TumblingWindow
 from cdc.stores.warehouse.tables import view_path, warehouse_root
 from tests.conftest import Capture
 from tests.helpers import query_checkpoint

@@ -20,8 +20,8 @@ from cdc.check.status import pipeline_status
 from cdc.check.view_checks import view_checks
 from cdc.core.clients import kafka_client_kwargs
 from cdc.core.settings import Settings
+from cdc.core.settings.views import HoppingWindow, SessionWindow, TumblingWindow, WindowSettings
 from cdc.core.topics import ChangeRecord, change_topic, read_topic, wait_for_records
-from cdc.core.view_settings import HoppingWindow, SessionWindow, TumblingWindow, WindowSettings
 from cdc.log.progress import checkpoint_dir
 from cdc.stores.warehouse.tables import view_path, warehouse_root
 from cdc.views.windows import FillingWindowView

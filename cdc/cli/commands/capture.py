@@ -229,7 +229,7 @@ def tables_remove(names: Annotated[list[str], typer.Argument(help="schema.table 
 
 def _edit_tables(add: list[str], remove: list[str]) -> None:
     from cdc.capture.source_setup import setup_sql
-    from cdc.core.config_file import edit_tables
+    from cdc.core.settings.file import edit_tables
 
     def check(tables: list[str]) -> None:
         # what `cdc setup` would refuse (a table that is missing or cannot be captured,

@@ -9,9 +9,9 @@ from cdc.capture.connect import REST_USER, ConnectClient, connect_client, rest_p
 from cdc.capture.connector import DEBEZIUM_POSTGRES
 from cdc.capture.role import generated_secret
 from cdc.core.clients import kafka_jaas_config, kafka_java_config
-from cdc.core.connection_settings import ConnectSettings
 from cdc.core.errors import INSTALL_HINT, ComponentError, NotInstalledError
 from cdc.core.files import private_folder, write_file
+from cdc.core.settings.connections import ConnectSettings
 from cdc.stack.components._jvm import (
     LOG4J2_PROPERTIES,
     heap_flags,

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdc.core.clients import kafka_admin, kafka_jaas_config
-from cdc.core.connection_settings import KafkaSettings
 from cdc.core.errors import ComponentError
+from cdc.core.settings.connections import KafkaSettings
 from cdc.stack.components._jvm import (
     LOG4J2_PROPERTIES,
     heap_flags,

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from cdc.core.clients import opensearch_client
-from cdc.core.connection_settings import OpenSearchSettings
 from cdc.core.errors import INSTALL_HINT, ComponentError, NotInstalledError
 from cdc.core.files import chmod_tree, read_plain, write_file
 from cdc.core.settings import Settings
+from cdc.core.settings.connections import OpenSearchSettings
 from cdc.stack.components._jvm import heap_flags, java
 from cdc.stack.components.base import Component
 

@@ -15,10 +15,10 @@ import psycopg
 from psycopg import sql
 
 from cdc.capture.role import REPLICATION_GROUP, generated_secret
-from cdc.core.connection_settings import PostgresSettings
 from cdc.core.errors import INSTALL_HINT, ComponentError, NotInstalledError
 from cdc.core.files import private_folder, read_own, write_file
 from cdc.core.settings import admin_password_file, local_admin_password
+from cdc.core.settings.connections import PostgresSettings
 from cdc.core.state_folders import make_state_dir
 from cdc.stack.components.base import Component
 from cdc.stack.process import inherited_env

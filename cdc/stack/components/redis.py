@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from cdc.core.clients import redis_client
-from cdc.core.connection_settings import RedisSettings
 from cdc.core.errors import INSTALL_HINT, ComponentError, NotInstalledError
+from cdc.core.settings.connections import RedisSettings
 from cdc.stack.components.base import Component
 
 __all__ = ["Redis"]

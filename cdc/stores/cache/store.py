@@ -23,9 +23,9 @@ import redis
 
 from cdc.core.catalog import Table
 from cdc.core.clients import redis_client
-from cdc.core.connection_settings import RedisSettings
 from cdc.core.errors import StoreUnavailableError, ValueDecodeError
 from cdc.core.settings import Settings
+from cdc.core.settings.connections import RedisSettings
 from cdc.log.position import Event, older_lua
 from cdc.stores.base import Entry, Rows, RowStore, StoreReader, WriteResult
 from cdc.types.decode import UNAVAILABLE

@@ -22,9 +22,9 @@ from opensearchpy import ConnectionError, JSONSerializer, TransportError, helper
 
 from cdc.core.catalog import Column, Table, reserved_problem
 from cdc.core.clients import opensearch_client
-from cdc.core.connection_settings import OpenSearchSettings
 from cdc.core.errors import ConfigError, StoreError, StoreUnavailableError, ValueDecodeError
 from cdc.core.settings import Settings
+from cdc.core.settings.connections import OpenSearchSettings
 from cdc.core.topics import topic_name
 from cdc.log.position import Event
 from cdc.stores.base import Entry, Rows, RowStore, StoreReader, WriteResult

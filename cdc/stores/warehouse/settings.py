@@ -1,7 +1,7 @@
 """The warehouse's own settings: `[stores.warehouse]` (CDC_STORES__WAREHOUSE__<KEY>).
 
 Before this section they were keys of `[apply]`; those are read for one release, each
-with one deprecation line (the declaration's `renamed`, cdc/core/settings.py)."""
+with one deprecation line (the declaration's `renamed`, cdc/core/settings/__init__.py)."""
 
 from __future__ import annotations
 

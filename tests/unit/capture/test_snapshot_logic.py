@@ -175,8 +175,8 @@ def test_tables_add_and_remove_edit_the_settings_file(
 ) -> None:
     import os
 
-    from cdc.core.config_file import edit_tables
     from cdc.core.errors import ConfigError
+    from cdc.core.settings.file import edit_tables
 
     for key in list(os.environ):
         if key.startswith("CDC_"):

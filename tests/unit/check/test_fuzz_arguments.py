@@ -23,8 +23,8 @@ from cdc.check.query import key_json
 from cdc.cli.output import Output, OutputForm, console, shown
 from cdc.core.catalog import Column, Table, reserved_problem, resolve_tables
 from cdc.core.errors import BackfillError, CdcError, QueryError
-from cdc.core.pipeline_settings import PipelineSettings
-from cdc.core.view_settings import TumblingWindow, duration_ms
+from cdc.core.settings.pipeline import PipelineSettings
+from cdc.core.settings.views import TumblingWindow, duration_ms
 from cdc.stores.registry import check_store_names
 from tests.unit.fuzzing import bounded, json_values
 

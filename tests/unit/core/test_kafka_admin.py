@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from cdc.core.clients import kafka_admin
-from cdc.core.connection_settings import KafkaSettings
+from cdc.core.settings.connections import KafkaSettings
 
 
 def _free_port() -> int:

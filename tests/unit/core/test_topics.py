@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from cdc.core.catalog import TRUNCATIONS_TABLE
 from cdc.core.errors import ConfigError, SourceError
-from cdc.core.pipeline_settings import PipelineSettings
+from cdc.core.settings.pipeline import PipelineSettings
 from cdc.core.topics import (
     ChangeRecord,
     change_topic,

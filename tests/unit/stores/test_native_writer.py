@@ -116,7 +116,7 @@ def test_keys_are_looked_up_in_the_table_and_a_missing_column_appended_as_null(
 def test_a_join_view_refreshed_in_arrow_follows_both_sides(tmp_path: Path) -> None:
     """refresh_join_arrow: the rows of the keys touched on either side, joined again
     from the current states as delta-rs reads them; a row gone from the left leaves."""
-    from cdc.core.view_settings import TableJoin
+    from cdc.core.settings.views import TableJoin
     from cdc.stores.warehouse.tables import current_path, view_path
     from cdc.views.table_join import refresh_join_arrow
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from cdc.core.catalog import reserved_problem
-from cdc.core.pipeline_settings import PipelineSettings
 from cdc.core.settings import Settings
+from cdc.core.settings.pipeline import PipelineSettings
 from cdc.stores.warehouse.settings import with_warehouse
 from cdc.stores.warehouse.tables import current_path, view_path, warehouse_root
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from cdc.cli.demo import with_demo_views
-from cdc.core.apply_settings import ApplySettings
 from cdc.core.settings import Settings
-from cdc.core.view_settings import SlidingWindow, TumblingWindow
+from cdc.core.settings.apply import ApplySettings
+from cdc.core.settings.views import SlidingWindow, TumblingWindow
 from cdc.log.progress import checkpoint_dir, forget_other_view_queries
 from cdc.views.registry import queries_of, views_of
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from cdc.core.apply_settings import ApplySettings
 from cdc.core.catalog import Column, Table
 from cdc.core.errors import ConfigError
 from cdc.core.settings import Settings
-from cdc.core.view_settings import (
+from cdc.core.settings.apply import ApplySettings
+from cdc.core.settings.views import (
     HoppingWindow,
     JoinSettings,
     JoinView,
@@ -105,7 +105,7 @@ def test_window_settings_are_checked() -> None:
 
 
 def test_window_durations_in_milliseconds() -> None:
-    from cdc.core.view_settings import duration_ms
+    from cdc.core.settings.views import duration_ms
 
     assert duration_ms("1 minute") == 60_000
     assert duration_ms("10 minutes") == 600_000

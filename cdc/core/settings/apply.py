@@ -13,8 +13,8 @@ from pydantic import (
     field_validator,
 )
 
+from cdc.core.settings.views import JoinView, WindowAggregate
 from cdc.core.store_declarations import declared, unknown_stores
-from cdc.core.view_settings import JoinView, WindowAggregate
 
 # a store's name: one the stores declare (cdc/core/store_declarations.py)
 StoreName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,62}$")]

@@ -13,7 +13,7 @@ from pydantic import (
 )
 
 from cdc.core.filters import filter_problem
-from cdc.core.view_settings import QualifiedTable
+from cdc.core.settings.views import QualifiedTable
 
 
 class TableChoice(BaseModel):

@@ -1,4 +1,6 @@
-"""Typed, frozen settings from `cdc.toml` and the `CDC_*` environment.
+"""Typed, frozen settings from `cdc.toml` and the `CDC_*` environment: the root, with
+its sections in the modules beside it (connections, pipeline, apply, views) and the
+settings file edited (file).
 
 Precedence, highest first: explicit overrides, environment (`CDC_KAFKA__PORT=…`,
 nested keys joined by `__`), the TOML file (`CDC_CONFIG`, else `./cdc.toml`),
@@ -29,8 +31,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from cdc.core.apply_settings import APPLY_RENAMED, ApplySettings
-from cdc.core.connection_settings import (
+from cdc.core.errors import ConfigError
+from cdc.core.settings.apply import APPLY_RENAMED, ApplySettings
+from cdc.core.settings.connections import (
     SECRET_KEY,
     ConnectSettings,
     KafkaSettings,
@@ -39,13 +42,12 @@ from cdc.core.connection_settings import (
     RedisSettings,
     SparkSettings,
 )
-from cdc.core.errors import ConfigError
-from cdc.core.pipeline_settings import PipelineSettings
+from cdc.core.settings.pipeline import PipelineSettings
 from cdc.core.store_declarations import declared
 
 __all__ = ["PROJECT_ROOT", "Settings", "load_settings"]
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
 
 def _default_java_home() -> Path:
