@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import CpuMark, ResourceSampler, bench_settings, cleanup, record
 from cdc.apply.job import run_apply
-from cdc.capture.connect import connect_client
+from cdc.capture.connect_client import connect_client
 from cdc.capture.initial_snapshot import run_snapshot
 from cdc.core.clients import opensearch_client
 from cdc.core.settings import load_settings

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import bench_settings, cleanup, record
 from bench.snapshot_throughput import pgbench_init
-from cdc.capture.connect import connect_client
+from cdc.capture.connect_client import connect_client
 from cdc.check.status import pipeline_status
 from cdc.core.settings import Settings, load_settings
 from cdc.core.topics import change_topic, end_offsets

@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import CpuMark, ResourceSampler, bench_settings, cleanup, record
 from cdc.apply.job import run_apply
-from cdc.capture.connect import connect_client
-from cdc.capture.connector import connector_config, secret_reference
+from cdc.capture.connect_client import connect_client
+from cdc.capture.connector_config import connector_config, secret_reference
 from cdc.capture.initial_snapshot import run_snapshot
 from cdc.core.clients import kafka_admin
 from cdc.core.settings import Settings, load_settings

@@ -23,7 +23,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 from psycopg import sql
 
-from cdc.capture.connect import connect_client
+from cdc.capture.connect_client import connect_client
 from cdc.capture.source_setup import (
     SIGNAL_LOCK_TIMEOUT,
     SIGNAL_TABLE,

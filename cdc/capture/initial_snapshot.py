@@ -56,8 +56,8 @@ from rich.progress import (
 
 from cdc.capture import pending
 from cdc.capture.backfill import start_backfill, watch_backfill
-from cdc.capture.connect import connect_client
-from cdc.capture.connector import register_connector
+from cdc.capture.connect_client import connect_client
+from cdc.capture.connector_config import register_connector
 from cdc.capture.generation import record_generation
 from cdc.capture.rewrites import record_schemas
 from cdc.capture.role import replication_password

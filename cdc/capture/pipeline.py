@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdc.capture import pending
-from cdc.capture.connect import connect_client
+from cdc.capture.connect_client import connect_client
 from cdc.capture.role import drop_role, other_pipelines, sync_grants
 from cdc.capture.slot import drop_slot
 from cdc.capture.snapshots import forget
@@ -60,7 +60,7 @@ def sync_pipeline(settings: Settings) -> SyncResult:
     setup that stopped before it was done is finished by this one.
     """
     from cdc.capture.backfill import start_backfill
-    from cdc.capture.connector import register_connector
+    from cdc.capture.connector_config import register_connector
     from cdc.capture.source_setup import prepare_source
     from cdc.core.topics import ensure_topics
 
@@ -73,7 +73,7 @@ def sync_pipeline(settings: Settings) -> SyncResult:
     created = ensure_topics(settings.kafka, pipeline_topic_specs(pipe, names))
     changed = pending.owed(before, now, names)
     removed = [t for t in before.values() if t not in names]
-    # a renamed table's topic, made by Kafka Connect uncompacted (cdc/capture/connector.py)
+    # a renamed table's topic, made by Kafka Connect uncompacted (cdc/capture/connector_config.py)
     set_topic_configs(settings.kafka, [change_topic_spec(pipe, n) for _, n in changed.renamed])
     streams = pipe_streams(settings)
     with admin_connection(settings) as conn:

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cdc.capture.connect import connect_client
-from cdc.capture.connector import register_connector
+from cdc.capture.connect_client import connect_client
+from cdc.capture.connector_config import register_connector
 from cdc.capture.slot import drop_slot, exported_snapshot, int_to_lsn, slot_lost, slot_state
 from cdc.capture.snapshots import read_state
 from cdc.capture.source_reader import captured_tables

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cdc.capture.connect import connect_client
+from cdc.capture.connect_client import connect_client
 from cdc.capture.lag import CaptureLag, capture_lag
 from cdc.capture.replica_identity import identity_problems
 from cdc.capture.slot import slot_row, standby_slots
@@ -152,7 +152,7 @@ def pipeline_status(
                 status.connector["backfills"] = backfill_channel(config)
             failed = [t for t in entry.get("tasks", []) if t.get("state") == "FAILED"]
             if failed:
-                from cdc.capture.connect import summarize_trace, too_large
+                from cdc.capture.connect_client import summarize_trace, too_large
 
                 trace = failed[0].get("trace", "")
                 status.connector["error"] = too_large(

@@ -44,7 +44,7 @@ from typing import Any
 
 import psycopg
 
-from cdc.capture.connect import connect_client
+from cdc.capture.connect_client import connect_client
 from cdc.capture.source_setup import SIGNAL_TABLE
 from cdc.core.errors import CdcError
 from tests.chaos.load import EVENTS, PARTITION_SPAN, SHELVES, Load

@@ -8,7 +8,7 @@ import uuid
 import psycopg
 import pytest
 
-from cdc.capture.connector import connector_config, secret_reference, wait_slot_active
+from cdc.capture.connector_config import connector_config, secret_reference, wait_slot_active
 from cdc.core.topics import wait_for_records
 from cdc.stack.components.connect import Connect
 from tests.conftest import RunningStack

@@ -31,8 +31,8 @@ import psycopg
 import pytest
 from rich.console import Console
 
-from cdc.capture.connect import connect_client
-from cdc.capture.connector import logged_position
+from cdc.capture.connect_client import connect_client
+from cdc.capture.connector_config import logged_position
 from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.pipeline import drop_pipeline
 from cdc.capture.slot import lsn_to_int

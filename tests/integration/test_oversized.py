@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 
 from cdc.apply.job import run_apply
-from cdc.capture.connect import connect_client
+from cdc.capture.connect_client import connect_client
 from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.pipeline import sync_pipeline
 from cdc.check.dead_letters import replay_dead_letters

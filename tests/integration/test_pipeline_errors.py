@@ -15,7 +15,7 @@ import pytest
 from pydantic import SecretStr
 from rich.console import Console
 
-from cdc.capture.connector import register_connector
+from cdc.capture.connector_config import register_connector
 from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.source_setup import prepare_source
 from cdc.check.status import pipeline_status

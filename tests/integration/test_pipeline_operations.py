@@ -15,7 +15,7 @@ import pytest
 from pydantic import SecretStr
 
 from cdc.capture.backfill import send_signal, start_backfill, watch_backfill
-from cdc.capture.connect import connect_client
+from cdc.capture.connect_client import connect_client
 from cdc.capture.pipeline import sync_pipeline
 from cdc.check.status import pipeline_status
 from cdc.core.topics import change_topic, end_offsets

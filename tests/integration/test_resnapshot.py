@@ -18,7 +18,7 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from rich.console import Console
 
-from cdc.capture.connect import connect_client
+from cdc.capture.connect_client import connect_client
 from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.pipeline import drop_pipeline
 from cdc.core.clients import kafka_client_kwargs

@@ -14,7 +14,7 @@ import pytest
 from psycopg import sql
 from rich.console import Console
 
-from cdc.capture.connect import connect_client
+from cdc.capture.connect_client import connect_client
 from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.pipeline import drop_pipeline
 from cdc.capture.source_setup import replication_dsn

@@ -10,7 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from cdc.capture.connect import connect_client
+from cdc.capture.connect_client import connect_client
 from cdc.capture.role import replication_password
 from cdc.capture.source_setup import prepare_source
 from tests.conftest import Capture

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from cdc.capture.connect import REST_USER, connect_client, rest_password_file
+from cdc.capture.connect_client import REST_USER, connect_client, rest_password_file
 from cdc.stack import Stack
 from cdc.stack.process import alive, port_free, read_pid
 from tests.conftest import RunningStack, stack_env

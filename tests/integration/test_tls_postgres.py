@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from cdc.capture.connector import connector_config
+from cdc.capture.connector_config import connector_config
 from cdc.capture.source_setup import prepare_source, replication_dsn
 from cdc.core.postgres import admin_connection
 from cdc.core.settings import Settings, load_settings

@@ -183,7 +183,7 @@ def test_a_pipeline_set_up_before_keeps_the_placeholder_its_topics_hold(
     """A pipeline whose relations were recorded before it had a placeholder of its own
     gets Debezium's default from `cdc setup` (its connector wrote that); and a running
     connector's placeholder is the one the record follows, as its events hold it."""
-    from cdc.capture.connector import register_connector
+    from cdc.capture.connector_config import register_connector
     from cdc.capture.source_setup import prepare_source
 
     t = captured("CREATE TABLE {name} (id int PRIMARY KEY, body text)", prefix="older")

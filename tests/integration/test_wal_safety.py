@@ -25,7 +25,7 @@ import psycopg
 import pytest
 from rich.console import Console
 
-from cdc.capture.connect import connect_client
+from cdc.capture.connect_client import connect_client
 from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.pipeline import drop_pipeline
 from cdc.core.settings import Settings

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from cdc.capture.connect import REST_USER, ConnectClient, connect_client, rest_password_file
-from cdc.capture.connector import DEBEZIUM_POSTGRES
+from cdc.capture.connect_client import REST_USER, ConnectClient, connect_client, rest_password_file
+from cdc.capture.connector_config import DEBEZIUM_POSTGRES
 from cdc.capture.role import generated_secret
 from cdc.core.clients import kafka_jaas_config, kafka_java_config
 from cdc.core.errors import INSTALL_HINT, ComponentError, NotInstalledError
@@ -106,7 +106,7 @@ class Connect(Component):
                 ),
                 # Debezium writes only to topics the project creates with the right settings
                 "topic.creation.enable": "true",
-                # basic authentication on the REST API: its one user is cdc (cdc.capture.connect)
+                # basic authentication on the REST API, one user: cdc (capture/connect_client.py)
                 "rest.extension.classes": (
                     "org.apache.kafka.connect.rest.basic.auth.extension."
                     "BasicAuthSecurityRestExtension"

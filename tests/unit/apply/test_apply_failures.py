@@ -110,7 +110,7 @@ def test_a_source_on_a_timeline_that_left_before_what_a_store_applied_stops_it()
 def test_a_log_past_where_a_promoted_server_left_the_old_timeline_is_found() -> None:
     """Review F7: before the connector streams from a promoted standby, the position it
     already delivered is compared with where the standby's timeline left its parent."""
-    from cdc.capture.connector import log_past_fork
+    from cdc.capture.connector_config import log_past_fork
 
     forks = {1: 0x3000000, 2: 0x5000000}  # timeline 3 left 2 at 0/5000000
     assert log_past_fork(forks, 0x5000010) == (2, 0x5000010)

@@ -13,7 +13,7 @@ import tomlkit
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc.capture.connector import _java_regex_literal, pipeline_connector_config
+from cdc.capture.connector_config import _java_regex_literal, pipeline_connector_config
 from cdc.capture.masks import masked_value, transform_masks
 from cdc.capture.rewrites import rewrites, schema_of
 from cdc.capture.source_setup import _member

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import re
 
-from cdc.capture.connect import refusal, summarize_trace
-from cdc.capture.connector import (
+from cdc.capture.connect_client import refusal, summarize_trace
+from cdc.capture.connector_config import (
     connector_config,
     offset_reaches,
     pipeline_connector_config,
@@ -134,7 +134,7 @@ def test_debezium_s_producer_and_the_topics_it_makes_take_kafka_max_message_byte
 
 
 def test_a_task_stopped_by_an_event_too_large_says_what_to_raise() -> None:
-    from cdc.capture.connect import too_large
+    from cdc.capture.connect_client import too_large
 
     trace = (
         "org.apache.kafka.connect.errors.ConnectException: Unrecoverable exception from "

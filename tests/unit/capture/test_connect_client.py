@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import pytest
 
-from cdc.capture.connect import ConnectClient
+from cdc.capture.connect_client import ConnectClient
 from cdc.core.errors import ConnectorError
 
 BUSY = (

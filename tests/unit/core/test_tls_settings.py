@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from cdc.capture.connector import connector_config
+from cdc.capture.connector_config import connector_config
 from cdc.core.errors import ConfigError
 from cdc.core.settings import load_settings
 

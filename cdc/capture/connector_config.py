@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 
-from cdc.capture.connect import ConnectClient, connect_client
+from cdc.capture.connect_client import ConnectClient, connect_client
 from cdc.capture.masks import MASK_TRANSFORM, read_salt, transform_masks
 from cdc.capture.role import replication_password, write_secret
 from cdc.capture.source_setup import SIGNAL_TABLE
