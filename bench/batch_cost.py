@@ -13,7 +13,7 @@ all: what a pipeline costs at rest), then with --rate single-row updates per sec
 Prints per store and phase the mean wall time per batch, and the cores each component
 kept busy; appends the figures to bench/results/batch_cost.jsonl. With --generated the
 table has a stored generated column, which change events lack: `with_generated` is then
-the cost of computing it in PostgreSQL (cdc/log/generated.py), batch by batch.
+the cost of computing it in PostgreSQL (cdc/log/generated_columns.py), batch by batch.
 With --iceberg the warehouse's tables are also published as Iceberg tables
 (apply.iceberg): the figures add each publication's wall and CPU time (a thread of the
 warehouse's process, beside its batches) and the Iceberg snapshots committed.

@@ -36,7 +36,7 @@ from cdc.capture.initial_snapshot import run_snapshot
 from cdc.cli.demo import TABLES as DEMO_TABLES
 from cdc.cli.demo import create_shop, with_demo_views
 from cdc.core.catalog import describe_table
-from cdc.core.postgres import admin_connection
+from cdc.core.postgres_client import admin_connection
 from cdc.core.settings import Settings, load_settings
 
 PGBENCH = [f"public.pgbench_{t}" for t in ("accounts", "branches", "tellers", "history")]

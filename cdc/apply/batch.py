@@ -43,12 +43,12 @@ from cdc.core.errors import (
     SourceUnavailableError,
     StoreUnavailableError,
 )
-from cdc.core.postgres import ping_source
+from cdc.core.postgres_client import ping_source
 from cdc.core.say import on_stderr
 from cdc.core.settings import Settings
 from cdc.core.topics import change_topic
 from cdc.log.freshness import Freshness
-from cdc.log.generated import expressions_dsn, with_generated
+from cdc.log.generated_columns import expressions_dsn, with_generated
 from cdc.log.progress import Progress, read_progress, set_waiting, write_progress
 from cdc.stores.base import BatchContext, BatchOutcome, FrameStore, RowStore, StoreWriter
 from cdc.stores.registry import executor_settings, make_row_store
@@ -170,7 +170,7 @@ class BatchWriter:
     def generated_columns(
         self, batch: Any, topics: dict[str, str], tables: dict[str, Table]
     ) -> Any:
-        """The batch with each generated column's value computed (generated.py)."""
+        """The batch with each generated column's value computed (generated_columns.py)."""
         return with_generated(batch, expressions_dsn(self.settings), topics, tables)
 
     def guard(self, topics: dict[str, str], wal: int) -> tuple[Progress, int]:

@@ -35,7 +35,7 @@ from cdc.core.clients import kafka_client_kwargs
 from cdc.core.errors import BackfillError
 from cdc.core.filters import filter_problem
 from cdc.core.identity import acknowledge_all
-from cdc.core.postgres import admin_connection
+from cdc.core.postgres_client import admin_connection
 from cdc.core.settings import Settings
 from cdc.core.topics import notification_topic, signal_topic
 

@@ -24,7 +24,7 @@ from cdc.core.catalog import (
 )
 from cdc.core.clients import kafka_jaas_config, kafka_java_config
 from cdc.core.errors import ConnectorError
-from cdc.core.postgres import admin_connection
+from cdc.core.postgres_client import admin_connection
 from cdc.core.settings import Settings
 from cdc.core.topics import (
     CUT_MESSAGE_PREFIX,

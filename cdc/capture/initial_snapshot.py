@@ -91,7 +91,7 @@ from cdc.capture.source_setup import (
 )
 from cdc.core.catalog import TRUNCATIONS_TABLE, Table
 from cdc.core.errors import ConnectorError, SnapshotError
-from cdc.core.postgres import admin_connection
+from cdc.core.postgres_client import admin_connection
 from cdc.core.say import Say, quiet
 from cdc.core.settings import Settings
 from cdc.core.spark import kafka_options, spark_session

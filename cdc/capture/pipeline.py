@@ -17,7 +17,7 @@ from cdc.capture.source_setup import drop_publication
 from cdc.core.catalog import published_tables
 from cdc.core.errors import ConnectorError
 from cdc.core.identity import current_relations, recorded
-from cdc.core.postgres import admin_connection
+from cdc.core.postgres_client import admin_connection
 from cdc.core.settings import Settings
 from cdc.core.topics import change_topic, change_topic_spec, pipeline_topic_specs, set_topic_configs
 

@@ -28,7 +28,7 @@ from cdc.capture.snapshots import read_state
 from cdc.capture.source_reader import captured_tables
 from cdc.capture.source_setup import replication_dsn
 from cdc.core.errors import SnapshotError
-from cdc.core.postgres import admin_connection
+from cdc.core.postgres_client import admin_connection
 from cdc.core.say import Say, quiet
 from cdc.core.settings import Settings
 

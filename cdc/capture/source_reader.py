@@ -15,7 +15,7 @@ import psycopg
 from cdc.core.catalog import Table, describe_table, published_tables
 from cdc.core.errors import SourceUnavailableError
 from cdc.core.identity import recorded, reused
-from cdc.core.postgres import admin_connection
+from cdc.core.postgres_client import admin_connection
 from cdc.core.settings import Settings
 
 __all__ = ["SourceReader", "captured_tables", "read_source", "source_lineage"]

@@ -60,7 +60,7 @@ from cdc.core.identity import (
     placeholder_statement,
     record_captured,
 )
-from cdc.core.postgres import admin_connection
+from cdc.core.postgres_client import admin_connection
 from cdc.core.settings import PROJECT_ROOT, Settings
 from cdc.core.topics import change_topic, check_names_apart, ever_written
 
@@ -266,7 +266,7 @@ def _member(table: Table) -> sql.Composable:
 # under each partition's name. PostgreSQL 18's `publish_generated_columns` stays off:
 # Debezium 3.6 removes generated columns from the tables it decodes (PostgresSchema), so
 # their published values would not reach the events; the apply job computes them on
-# every major (cdc/log/generated.py).
+# every major (cdc/log/generated_columns.py).
 _OPTIONS = sql.SQL("publish_via_partition_root = true")
 
 

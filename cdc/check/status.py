@@ -19,7 +19,7 @@ from cdc.capture.snapshots import read_ranges, read_state
 from cdc.core.catalog import describe_table, published_tables, selected_tables
 from cdc.core.errors import CdcError, SourceError
 from cdc.core.identity import acknowledged, recorded_since, table_changes
-from cdc.core.postgres import admin_connection
+from cdc.core.postgres_client import admin_connection
 from cdc.core.settings import Settings
 from cdc.core.store_declarations import declared
 from cdc.core.topics import (

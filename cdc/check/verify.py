@@ -28,7 +28,7 @@ from psycopg import sql
 from cdc.capture.masks import masked_value
 from cdc.core.catalog import TRUNCATIONS_TABLE, Table
 from cdc.core.errors import VerifyError
-from cdc.core.postgres import admin_connection
+from cdc.core.postgres_client import admin_connection
 from cdc.core.say import Say, quiet
 from cdc.core.settings import Settings
 from cdc.core.settings.views import TableJoin

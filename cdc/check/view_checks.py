@@ -216,7 +216,7 @@ def _with_generated(settings: Settings, table: Table, records: list[ChangeRecord
     ]
     if not afters:
         return
-    from cdc.log.generated import compute, expressions_connection, expressions_dsn
+    from cdc.log.generated_columns import compute, expressions_connection, expressions_dsn
 
     with expressions_connection(expressions_dsn(settings)) as conn:
         compute(conn, table, afters)

@@ -555,7 +555,7 @@ def _show_and_verify(settings: Settings, out: Console, say: Say) -> bool:
     from cdc.check.reconcile import reconcile
     from cdc.cli.render import verify_tables
     from cdc.core.catalog import describe_table
-    from cdc.core.postgres import admin_connection
+    from cdc.core.postgres_client import admin_connection
 
     with admin_connection(settings) as conn:
         tables = [describe_table(conn, name, settings.pipeline) for name in TABLES]

@@ -12,7 +12,7 @@ import psycopg
 from psycopg import sql
 
 from cdc.core.errors import ConfigError, SourceError
-from cdc.core.postgres import admin_connection
+from cdc.core.postgres_client import admin_connection
 from cdc.core.settings.pipeline import PipelineSettings
 from cdc.core.store_declarations import declared
 
@@ -60,7 +60,7 @@ class Column:
     not_null: bool
     has_default: bool = False  # a DEFAULT, or a value rows from before ADD COLUMN read
     # GENERATED ALWAYS AS (expression) STORED: the expression (pg_get_expr) and the
-    # columns it reads; PostgreSQL 15 publishes no value for it (cdc/log/generated.py)
+    # columns it reads; PostgreSQL 15 publishes no value for it (cdc/log/generated_columns.py)
     generated: str | None = None
     inputs: tuple[str, ...] = ()
     # an enum's labels in their order: `ALTER TYPE … RENAME VALUE` changes every value

@@ -3,7 +3,7 @@
 What `%s::<the column's type>` reads as the value the source holds, for a value of a
 change event's JSON `after` image (Debezium's encoding, cdc/types/decode.py). The apply job
 hands a row's values back to PostgreSQL this way to compute its generated columns
-(cdc/log/generated.py).
+(cdc/log/generated_columns.py).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from cdc.core.settings.views import ViewSettings
 from cdc.core.spark import kafka_options
 from cdc.core.topics import ChangeRecord, change_topic
 from cdc.log.envelope import event_position, parse_events
-from cdc.log.generated import expressions_dsn, with_generated
+from cdc.log.generated_columns import expressions_dsn, with_generated
 from cdc.log.position import Position
 from cdc.log.progress import forget_late, last_committed_batch
 from cdc.stores.warehouse.conflicts import retried

@@ -29,7 +29,7 @@ from cdc.check.verify import verify
 from cdc.core.catalog import describe_table
 from cdc.core.clients import kafka_client_kwargs
 from cdc.core.errors import SourceError
-from cdc.core.postgres import admin_connection
+from cdc.core.postgres_client import admin_connection
 from cdc.core.settings import Settings
 from cdc.core.settings.pipeline import PipelineSettings
 from cdc.core.topics import change_topic

@@ -1,5 +1,5 @@
 """Generated columns reach every store: PostgreSQL 15 publishes no value for them, so the
-apply job computes them from each event's values (cdc/log/generated.py).
+apply job computes them from each event's values (cdc/log/generated_columns.py).
 
 The stores are read with the test's own readers and compared with PostgreSQL's stored
 values after a snapshot, inserts, updates of the inputs, an update that leaves a

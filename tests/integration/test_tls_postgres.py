@@ -22,7 +22,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from cdc.capture.connector_config import connector_config
 from cdc.capture.source_setup import prepare_source, replication_dsn
-from cdc.core.postgres import admin_connection
+from cdc.core.postgres_client import admin_connection
 from cdc.core.settings import Settings, load_settings
 from cdc.stack.components.postgres import Postgres
 from tests import tls

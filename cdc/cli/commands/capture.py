@@ -201,7 +201,7 @@ app.add_typer(tables_app, name="tables")
 def tables_list(output: OutputOption = OutputForm.text) -> None:
     """The tables the settings select, with their keys and topics."""
     from cdc.core.catalog import resolve_tables
-    from cdc.core.postgres import admin_connection
+    from cdc.core.postgres_client import admin_connection
 
     s = settings()
     with admin_connection(s) as conn:

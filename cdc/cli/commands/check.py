@@ -39,7 +39,7 @@ def query(
     """
     from cdc.check.query import run_query
     from cdc.core.catalog import published_tables
-    from cdc.core.postgres import admin_connection
+    from cdc.core.postgres_client import admin_connection
 
     s = settings()
     with admin_connection(s) as conn:
@@ -133,7 +133,7 @@ def reconcile(
     from cdc.check.reconcile import reconcile
     from cdc.check.repair import repair as mend
     from cdc.core.catalog import published_tables
-    from cdc.core.postgres import admin_connection
+    from cdc.core.postgres_client import admin_connection
 
     with admin_connection(s) as conn:
         names = table or published_tables(conn, s.pipeline.publication)

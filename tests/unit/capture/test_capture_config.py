@@ -163,7 +163,7 @@ def test_the_dead_letter_producer_takes_only_what_kafka_python_knows() -> None:
 
 def test_a_database_pg_hba_does_not_admit_is_said_with_what_admits_it() -> None:
     from cdc.core.errors import SourceError
-    from cdc.core.postgres import connect_error
+    from cdc.core.postgres_client import connect_error
 
     settings = Settings.model_validate({"postgres": {"database": "h9"}})
     refused = Exception(

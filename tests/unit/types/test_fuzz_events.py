@@ -445,7 +445,7 @@ def test_any_record_of_the_truncations_topic_is_a_truncate_or_a_dead_letter(
 def test_a_generated_column_whose_input_is_malformed_is_read_back_not_a_failed_batch() -> None:
     """postgres_text raised (JSONDecodeError for an hstore that is not JSON, a
     TypeError for bits that are not base64) out of the batch's generated columns."""
-    from cdc.log.generated import compute
+    from cdc.log.generated_columns import compute
 
     tags, bits = COLUMNS[23], COLUMNS[20]
     generated = Column(
