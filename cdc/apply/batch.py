@@ -81,9 +81,8 @@ class BatchWriter:
         # where the tables DDL rewrote go: intents the job acts on (job.py); a batch
         # never starts a backfill itself
         self.rewritten = rewritten or (lambda found: None)
-        self.truncate_log: dict[
-            str, list[list[int]]
-        ] = {}  # table -> its TRUNCATEs (Progress.truncations)
+        # table -> its TRUNCATEs with their commit times (Progress.truncations)
+        self.truncate_log: dict[str, list[list[int]]] = {}
         self.topic_ids: dict[str, str] = {}  # topic -> its id, as the batch's guard found it
 
     def __call__(self, batch: Any, batch_id: int) -> None:
