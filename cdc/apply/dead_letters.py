@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc.capture.source import captured_tables
-from cdc.core.clients import kafka_client_kwargs
+from cdc.core.clients import kafka_client_kwargs, kafka_producer_kwargs
 from cdc.core.connection_settings import KafkaSettings
 from cdc.core.errors import StoreUnavailableError
 from cdc.core.say import Say
@@ -39,8 +39,7 @@ def producer_config(kafka: KafkaSettings) -> dict[str, Any]:
     """The dead-letter producer's configuration: a letter carries the event, as large as
     kafka.max_message_bytes."""
     return {
-        **kafka_client_kwargs(kafka),
-        "acks": "all",
+        **kafka_producer_kwargs(kafka),
         "max_request_size": kafka.max_message_bytes,
     }
 
