@@ -271,6 +271,8 @@ def setup(
     ):
         if items:
             console_say(f"{label}: {', '.join(items)}")
+    for line in result.stores:
+        console_say(line)
 
 
 @app.command()

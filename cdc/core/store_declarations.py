@@ -60,6 +60,10 @@ class StoreDeclaration:
     # names it would take for one field), or None
     clashes: Callable[[list[str]], str | None] | None = None
     abilities: frozenset[Ability] = field(default_factory=frozenset)
+    # what `cdc setup` checks or keeps in it, given the Settings and the tables the
+    # pipeline selects ("schema.table"), before it changes anything: the lines it says;
+    # a CdcError refuses the setup, in one line
+    setup: Callable[[Any, list[str]], list[str]] | None = None
 
     def factory(self) -> Callable[[Any, Any], Any]:
         """function(settings, spark) -> the store."""
