@@ -136,4 +136,4 @@ def opensearch_client(
             kwargs["ca_certs"] = str(section.ca_file)
     if section.username is not None and section.password is not None:
         kwargs["http_auth"] = (section.username, section.password.get_secret_value())
-    return OpenSearch(hosts=[section.url], **kwargs)
+    return OpenSearch(hosts=list(section.urls), **kwargs)

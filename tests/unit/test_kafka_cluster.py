@@ -68,7 +68,7 @@ def test_the_environment_takes_a_comma_list(monkeypatch: pytest.MonkeyPatch) -> 
     [
         ({"managed": False, "bootstrap_servers": "k1"}, "'k1' is not host:port"),
         ({"managed": False, "bootstrap_servers": "k1:0"}, "'k1:0' is not host:port"),
-        ({"managed": False, "bootstrap_servers": "a:1,a:1"}, "names a broker twice"),
+        ({"managed": False, "bootstrap_servers": "a:1,a:1"}, "names an address twice"),
         ({"managed": False, "bootstrap_servers": '["a:1"'}, "not a JSON list"),
         ({"bootstrap_servers": "k1:9092"}, "set managed = false"),
         ({"replication_factor": 3}, "the local stack runs one"),
