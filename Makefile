@@ -70,9 +70,12 @@ test-long: install
 	done
 
 # the services run as clusters (issue 69; outside CI's time budget, and in test-long):
-# three KRaft brokers started by the test, the Spark standalone cluster
+# three KRaft brokers started by the test, the Spark standalone cluster; a pytest run
+# per module, so one stack runs at a time (the broker-loss test runs its own)
 test-cluster: install
-	$(PYTEST) tests -m cluster --durations=10
+	for module in $$(grep -l "mark.cluster" tests/integration/test_*.py); do \
+	  $(PYTEST) $$module -m cluster --durations=5 || exit 1; \
+	done
 
 test-fast:
 	$(PYTEST) tests/unit -q
