@@ -16,12 +16,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kafka import TopicPartition
 
 from cdc.apply.job import run_apply
 from cdc.core.clients import kafka_admin
-from cdc.core.settings import load_settings
+from cdc.core.settings import Settings, load_settings
 from cdc.core.topics import (
     connect_topics,
+    dead_letter_topic,
     pipeline_topic_specs,
     replication_factors,
     under_replicated,
@@ -140,3 +142,44 @@ def test_a_broker_lost_under_load_loses_nothing(
     status = run_cdc("status", "--output", "json", env=t.env)
     pipeline = json.loads(status.stdout)["pipeline"]
     assert names[0] in pipeline["topics"] and pipeline["replication"] is None, pipeline
+
+    # a topic of the pipeline down to one replica (as one made before the setting):
+    # `cdc status` names it and writes the plan its command runs; the plan raises it
+    dlq = dead_letter_topic(settings.pipeline)
+    _reassign(settings, {TopicPartition(dlq, 0): [brokers.brokers[1].node_id]})
+    deadline = time.monotonic() + 120
+    while True:
+        status = run_cdc("status", "--output", "json", env=t.env)
+        said = json.loads(status.stdout)["pipeline"]["replication"]
+        if said is not None:
+            break
+        assert time.monotonic() < deadline, "the topic kept its replicas"
+        time.sleep(2)
+    plan = settings.data_dir / "kafka-replicas.json"
+    assert said.startswith(f"1 pipeline topic(s) ({dlq}) have fewer replicas than "), said
+    assert (
+        f"`kafka-reassign-partitions.sh --bootstrap-server {settings.kafka.bootstrap} "
+        f"--reassignment-json-file {plan} --execute`, then `cdc setup`"
+    ) in said
+    text = run_cdc("status", env=t.env)
+    assert "replicas" in text.stdout, text.stdout + text.stderr
+    moves = json.loads(plan.read_text())["partitions"]
+    assert [(m["topic"], m["partition"], len(m["replicas"])) for m in moves] == [(dlq, 0, 3)]
+    _reassign(settings, {TopicPartition(m["topic"], m["partition"]): m["replicas"] for m in moves})
+    deadline = time.monotonic() + 120
+    while json.loads(run_cdc("status", "--output", "json", env=t.env).stdout)["pipeline"][
+        "replication"
+    ]:
+        assert time.monotonic() < deadline, "the plan did not raise the topic's replicas"
+        time.sleep(2)
+
+
+def _reassign(settings: Settings, replicas: dict[TopicPartition, list[int]]) -> None:
+    """What kafka-reassign-partitions.sh --execute asks of Kafka (the project installs
+    Kafka's server, not its tools)."""
+    admin = kafka_admin(settings.kafka, 30000)
+    try:
+        refused = admin.alter_partition_reassignments(replicas)
+    finally:
+        admin.close()
+    assert not [e for e in refused.values() if e is not None], refused
