@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import psycopg
 
@@ -11,9 +12,12 @@ import psycopg
 class Writer(threading.Thread):
     """Committed inserts, updates (version + 1) and deletes, one per transaction, until stopped."""
 
-    def __init__(self, dsn: str, table: str, first_new_id: int, max_id: int) -> None:
+    def __init__(
+        self, dsn: str, table: str, first_new_id: int, max_id: int, rate: float | None = None
+    ) -> None:
+        """`rate`: at most that many transactions a second (none: as fast as it can)."""
         super().__init__(daemon=True)
-        self.dsn, self.table = dsn, table
+        self.dsn, self.table, self.rate = dsn, table, rate
         self.next_id, self.max_id = first_new_id, max_id
         self.stop = threading.Event()
         self.commits = 0
@@ -22,8 +26,14 @@ class Writer(threading.Thread):
     def run(self) -> None:
         rng = random.Random(7)
         try:
+            started = time.monotonic()
             with psycopg.connect(self.dsn, autocommit=True) as conn:
                 while not self.stop.is_set():
+                    if self.rate is not None:  # the next commit's moment, at `rate` a second
+                        wait = started + self.commits / self.rate - time.monotonic()
+                        if wait > 0:
+                            self.stop.wait(wait)
+                            continue
                     roll = rng.random()
                     if roll < 0.6:
                         conn.execute(

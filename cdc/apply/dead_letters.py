@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cdc.core.clients import kafka_client_kwargs
+from cdc.core.clients import kafka_producer_kwargs
 from cdc.core.errors import StoreUnavailableError
 from cdc.core.settings import Settings
 from cdc.core.settings.connections import KafkaSettings
@@ -21,8 +21,7 @@ def producer_config(kafka: KafkaSettings) -> dict[str, Any]:
     """The dead-letter producer's configuration: a letter carries the event, as large as
     kafka.max_message_bytes."""
     return {
-        **kafka_client_kwargs(kafka),
-        "acks": "all",
+        **kafka_producer_kwargs(kafka),
         "max_request_size": kafka.max_message_bytes,
     }
 

@@ -31,7 +31,7 @@ from cdc.capture.source_setup import (
     signal_data_width,
     widen_signal_table,
 )
-from cdc.core.clients import kafka_client_kwargs
+from cdc.core.clients import kafka_client_kwargs, kafka_producer_kwargs
 from cdc.core.errors import BackfillError
 from cdc.core.filters import filter_problem
 from cdc.core.identity import acknowledge_all
@@ -123,13 +123,11 @@ def _send_to_topic(settings: Settings, signal: dict[str, Any]) -> None:
     topic prefix) whose value is the signal as JSON."""
     topic = signal_topic(settings.pipeline)
     try:
-        producer = KafkaProducer(
-            **kafka_client_kwargs(settings.kafka), acks="all", request_timeout_ms=10_000
-        )
+        producer = KafkaProducer(**kafka_producer_kwargs(settings.kafka), request_timeout_ms=10_000)
     except KafkaError:
         raise BackfillError(
-            f"Kafka at {settings.kafka.bootstrap_servers} does not answer: start it (`cdc up`) "
-            "or fix kafka.host/port"
+            f"Kafka at {settings.kafka.bootstrap} does not answer: start it (`cdc up`) "
+            "or fix kafka.bootstrap_servers (or host and port)"
         ) from None
     try:
         key = settings.pipeline.topic_prefix.encode()
@@ -264,8 +262,8 @@ def _consumer(settings: Settings) -> KafkaConsumer:
         return KafkaConsumer(**kafka_client_kwargs(settings.kafka))
     except KafkaError:
         raise BackfillError(
-            f"Kafka at {settings.kafka.bootstrap_servers} does not answer: start it (`cdc up`) "
-            "or fix kafka.host/port"
+            f"Kafka at {settings.kafka.bootstrap} does not answer: start it (`cdc up`) "
+            "or fix kafka.bootstrap_servers (or host and port)"
         ) from None
 
 

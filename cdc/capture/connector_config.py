@@ -94,15 +94,28 @@ def connector_config(
         "poll.interval.ms": "100",
         "max.batch.size": "8192",
         "max.queue.size": "32768",
-        "topic.creation.default.replication.factor": "1",
+        # a topic Debezium makes itself (the pipeline makes its own first) has the
+        # replicas of every topic of the pipeline
+        "topic.creation.default.replication.factor": str(settings.kafka.replication_factor),
+        "topic.creation.default.min.insync.replicas": str(settings.kafka.min_insync_replicas),
         "topic.creation.default.partitions": "1",
         "topic.creation.default.cleanup.policy": "compact",
         # a change event as large as kafka.max_message_bytes goes through (the topics and
         # the local broker take it too); the producer's buffer holds two of them
         **_sized(settings.kafka.max_message_bytes),
+        # a change is acknowledged once every in-sync replica has it, and a retried send
+        # is not written twice (Connect makes its producers without idempotence)
+        **PRODUCER_DURABILITY,
         # retry retriable errors (PostgreSQL restarting, Kafka unavailable) for ever
         "errors.max.retries": "-1",
     }
+
+
+# what every producer of the pipeline sets, here as the connector's overrides
+PRODUCER_DURABILITY = {
+    "producer.override.acks": "all",
+    "producer.override.enable.idempotence": "true",
+}
 
 
 def _sized(limit: int) -> dict[str, str]:
@@ -443,7 +456,7 @@ def _signals(settings: Settings) -> dict[str, str]:
         ),
         "signal.enabled.channels": "kafka",
         "signal.kafka.topic": signal_topic(pipe),
-        "signal.kafka.bootstrap.servers": kafka.bootstrap_servers,
+        "signal.kafka.bootstrap.servers": kafka.bootstrap,
         # the consumer commits what it has taken: a restarted task does not take a
         # signal again (one taken mid-backfill is in the connector's offsets)
         "signal.kafka.groupId": f"{pipe.connector}-signals",

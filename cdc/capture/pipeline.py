@@ -14,11 +14,12 @@ from cdc.capture.role import drop_role, other_pipelines, sync_grants
 from cdc.capture.slot import drop_slot
 from cdc.capture.snapshots import forget
 from cdc.capture.source_setup import drop_publication
-from cdc.core.catalog import published_tables
+from cdc.core.catalog import published_tables, selected_tables
 from cdc.core.errors import ConnectorError
 from cdc.core.identity import current_relations, recorded
 from cdc.core.postgres_client import admin_connection
 from cdc.core.settings import Settings
+from cdc.core.store_declarations import declared
 from cdc.core.topics import change_topic, change_topic_spec, pipeline_topic_specs, set_topic_configs
 
 __all__ = ["SyncResult", "drop_pipeline", "drop_replication_role", "pipe_streams", "sync_pipeline"]
@@ -33,6 +34,7 @@ class SyncResult:
     backfills: list[str]  # tables whose backfill was requested
     renamed: list[tuple[str, str]] = field(default_factory=list)  # (captured as, now)
     recreated: list[str] = field(default_factory=list)  # cut before its backfill (pending.py)
+    stores: list[str] = field(default_factory=list)  # what the stores' setup said
 
 
 def _captured_before(settings: Settings) -> dict[int, str]:
@@ -65,6 +67,9 @@ def sync_pipeline(settings: Settings) -> SyncResult:
     from cdc.core.topics import ensure_topics
 
     pipe = settings.pipeline
+    # the stores first: one that cannot keep the pipeline refuses before anything changes
+    with admin_connection(settings) as conn:
+        said = setup_stores(settings, selected_tables(conn, pipe))
     before = _captured_before(settings)
     tables = prepare_source(settings, before)
     names = [t.qualified for t in tables]
@@ -80,7 +85,9 @@ def sync_pipeline(settings: Settings) -> SyncResult:
         if not streams:  # its snapshot reads every table
             pending.clear(conn, pipe.name)
             conn.commit()
-            return SyncResult(names, changed.added, removed, created, [], changed.renamed)
+            return SyncResult(
+                names, changed.added, removed, created, [], changed.renamed, stores=said
+            )
         owed = pending.pending(conn, pipe.name)
         for table in [t for t, work in owed if work == pending.CUT]:
             # the old table's rows leave every store at this point, before the backfill:
@@ -111,7 +118,21 @@ def sync_pipeline(settings: Settings) -> SyncResult:
             start_backfill(settings, table, acknowledge=False)
             backfills.append(table)
     recreated = [t for t, work in owed if work == pending.CUT and t in names]
-    return SyncResult(names, backfills, removed, created, backfills, changed.renamed, recreated)
+    return SyncResult(
+        names, backfills, removed, created, backfills, changed.renamed, recreated, said
+    )
+
+
+def setup_stores(settings: Settings, tables: list[str]) -> list[str]:
+    """Each store of apply.stores checks or keeps what it needs for `tables` (its
+    declaration's `setup`); what they say. A store that cannot keep them raises."""
+    known = declared()
+    said: list[str] = []
+    for name in settings.apply.stores:
+        hook = known[name].setup if name in known else None
+        if hook is not None:
+            said += hook(settings, tables)
+    return said
 
 
 def _connector_masks(settings: Settings) -> dict[str, Any]:

@@ -25,10 +25,13 @@ from cdc.core.store_declarations import declared
 from cdc.core.topics import (
     change_times,
     change_topic,
+    connect_topics,
     dead_letter_topic,
     end_offsets,
     heartbeat_rows_topic,
     last_heartbeat,
+    pipeline_topic_specs,
+    under_replicated,
     written_since,
 )
 from cdc.log.freshness import Freshness, judge
@@ -62,6 +65,9 @@ class PipelineStatus:
     published: dict[str, dict[str, Any]] = field(default_factory=dict)
     # a captured table renamed, dropped, or selected and not captured: what to run
     tables_drift: list[str] = field(default_factory=list)
+    # pipeline topics with fewer replicas than kafka.replication_factor, and the command
+    # that raises them (a warning: nothing is lost until a broker is)
+    replication: str | None = None
     error: str | None = None
 
     @property
@@ -166,6 +172,7 @@ def pipeline_status(
             dlq = ends.pop(dead_letter_topic(pipe), {})
             status.dead_letters = sum(dlq.values())
             status.topics = {t: sum(parts.values()) for t, parts in ends.items()}
+            status.replication = _replication(settings, tables)
             status.stores = _store_progress(settings, ends, capture)
             status.late_events = _late_events(settings)
         for store in settings.apply.stores:
@@ -175,6 +182,16 @@ def pipeline_status(
     except CdcError as exc:
         status.error = str(exc)
     return status
+
+
+def _replication(settings: Settings, tables: list[str]) -> str | None:
+    """The pipeline's topics (and the local Connect worker's) that have fewer replicas
+    than kafka.replication_factor, and what raises them (cdc/core/topics.py)."""
+    names = [s.name for s in pipeline_topic_specs(settings.pipeline, tables)]
+    if settings.connect.managed:
+        names += connect_topics(settings.connect.group_id).values()
+    plan = settings.data_dir / "kafka-replicas.json"
+    return under_replicated(settings.kafka, names, plan)
 
 
 def _capture_lag(settings: Settings, connector: dict[str, Any] | None) -> CaptureLag:

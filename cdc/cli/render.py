@@ -112,6 +112,8 @@ def pipeline_table(p: PipelineStatus) -> Table:
         table.add_row("[red]tables[/red]", f"[red]{escape(problem)}[/red]")
     for topic, end in p.topics.items():
         table.add_row(f"topic {topic}", f"end offset {end}")
+    if p.replication:
+        table.add_row("[yellow]replicas[/yellow]", f"[yellow]{escape(p.replication)}[/yellow]")
     for name, published in p.published.items():
         behind = published["behind"]
         if published.get("error"):

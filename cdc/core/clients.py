@@ -12,6 +12,7 @@ __all__ = [
     "kafka_client_kwargs",
     "kafka_jaas_config",
     "kafka_java_config",
+    "kafka_producer_kwargs",
     "opensearch_client",
     "redis_client",
 ]
@@ -23,7 +24,7 @@ def kafka_client_kwargs(section: KafkaSettings) -> dict[str, Any]:
     hold the password: never print them). TLS checks the broker's certificate and host
     name against ca_file, else the system's trust store."""
     kwargs: dict[str, Any] = {
-        "bootstrap_servers": section.bootstrap_servers,
+        "bootstrap_servers": section.bootstrap,
         "security_protocol": section.security_protocol,
     }
     if section.sasl and section.password is not None:
@@ -37,6 +38,13 @@ def kafka_client_kwargs(section: KafkaSettings) -> dict[str, Any]:
         if section.ca_file is not None:
             kwargs["ssl_cafile"] = str(section.ca_file)
     return kwargs
+
+
+def kafka_producer_kwargs(section: KafkaSettings) -> dict[str, Any]:
+    """kafka_client_kwargs for a KafkaProducer: every producer of the project waits for
+    every in-sync replica (acks=all; kafka.min_insync_replicas of them at least) and is
+    idempotent, so a retried send is not written twice."""
+    return {**kafka_client_kwargs(section), "acks": "all", "enable_idempotence": True}
 
 
 def kafka_admin(section: KafkaSettings, timeout_ms: int = 5000) -> Any:
@@ -128,4 +136,4 @@ def opensearch_client(
             kwargs["ca_certs"] = str(section.ca_file)
     if section.username is not None and section.password is not None:
         kwargs["http_auth"] = (section.username, section.password.get_secret_value())
-    return OpenSearch(hosts=[section.url], **kwargs)
+    return OpenSearch(hosts=list(section.urls), **kwargs)

@@ -52,7 +52,7 @@ def kafka_options(settings: Settings) -> dict[str, str]:
     section = settings.kafka
     config = kafka_java_config(section, kafka_jaas_config(section))
     return {
-        "kafka.bootstrap.servers": section.bootstrap_servers,
+        "kafka.bootstrap.servers": section.bootstrap,
         **{f"kafka.{key}": value for key, value in config.items()},
     }
 

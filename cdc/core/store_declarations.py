@@ -86,6 +86,10 @@ class StoreDeclaration:
     # settings it kept elsewhere before its own section: old dotted key -> its key in
     # `[stores.<name>]`, read as it for one release with a deprecation line
     renamed: Mapping[str, str] = field(default_factory=dict)
+    # what `cdc setup` checks or keeps in it, given the Settings and the tables the
+    # pipeline selects ("schema.table"), before it changes anything: the lines it says;
+    # a CdcError refuses the setup, in one line
+    setup: Callable[[Any, list[str]], list[str]] | None = None
 
     def factory(self) -> Callable[[Any, Any], Any]:
         """function(settings, spark) -> the store."""

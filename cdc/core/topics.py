@@ -12,6 +12,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
@@ -34,6 +35,7 @@ __all__ = [
     "change_topic_pattern",
     "change_topic_spec",
     "check_names_apart",
+    "connect_topics",
     "dead_letter_topic",
     "end_offsets",
     "ensure_topics",
@@ -42,14 +44,21 @@ __all__ = [
     "heartbeat_rows_topic",
     "heartbeat_topic",
     "last_heartbeat",
+    "live_brokers",
     "notification_topic",
     "pipeline_topic_specs",
     "read_topic",
+    "reassignment_plan",
+    "replication_factors",
+    "replication_problem",
     "set_topic_configs",
     "thinned",
+    "too_few_brokers",
+    "topic_kafka_configs",
     "topic_name",
     "transaction_topic",
     "truncate_topics",
+    "under_replicated",
     "wait_for_records",
     "written_since",
 ]
@@ -151,6 +160,16 @@ def dead_letter_topic(pipeline: PipelineSettings) -> str:
     return f"{pipeline.topic_prefix}.dlq"
 
 
+def connect_topics(group: str) -> dict[str, str]:
+    """The topics of the local Connect worker's group (connect.group_id): its connectors'
+    configs, offsets and status."""
+    return {
+        "config": f"_{group}-configs",
+        "offset": f"_{group}-offsets",
+        "status": f"_{group}-status",
+    }
+
+
 def change_topic_pattern(pipeline: PipelineSettings) -> str:
     """`<prefix>.<schema>.<table>` (a name may hold more dots): not the transaction,
     notification, signal, dead-letter or logical decoding message topics, nor the
@@ -213,11 +232,11 @@ def ensure_topics(kafka: KafkaSettings, specs: list[TopicSpec]) -> list[str]:
     """
     admin = kafka_admin(kafka, 15000)
     try:
-        existing = {
-            t["name"]: len(t["partitions"])
-            for t in admin.describe_topics([s.name for s in specs])
-            if t["error_code"] == 0
-        }
+        described = [
+            t for t in admin.describe_topics([s.name for s in specs]) if not t["error_code"]
+        ]
+        existing = {t["name"]: len(t["partitions"]) for t in described}
+        copies = replication_factors(described)
         for spec in specs:
             have = existing.get(spec.name)
             if have is not None and have != spec.partitions:
@@ -228,12 +247,18 @@ def ensure_topics(kafka: KafkaSettings, specs: list[TopicSpec]) -> list[str]:
                     "rebuild every store"
                 )
         missing = [s for s in specs if s.name not in existing]
-        # the largest event the pipeline's producers send (kafka.max_message_bytes)
-        sized = {"max.message.bytes": str(kafka.max_message_bytes)}
         if missing:
+            brokers = len(live_brokers(admin.describe_cluster()))
+            if brokers < kafka.replication_factor:
+                raise TopicError(too_few_brokers(kafka, brokers))
             admin.create_topics(
                 [
-                    NewTopic(s.name, s.partitions, 1, topic_configs={**s.config, **sized})
+                    NewTopic(
+                        s.name,
+                        s.partitions,
+                        kafka.replication_factor,
+                        topic_configs={**s.config, **topic_kafka_configs(kafka)},
+                    )
                     for s in missing
                 ],
                 timeout_ms=30000,
@@ -241,11 +266,146 @@ def ensure_topics(kafka: KafkaSettings, specs: list[TopicSpec]) -> list[str]:
         present = [s.name for s in specs if s.name in existing]
         if present:  # made before, or with another limit: set it (incrementally)
             admin.alter_configs(
-                [ConfigResource(ConfigResourceType.TOPIC, name, sized) for name in present]
+                [
+                    ConfigResource(
+                        ConfigResourceType.TOPIC,
+                        name,
+                        topic_kafka_configs(kafka, copies.get(name, kafka.replication_factor)),
+                    )
+                    for name in present
+                ]
             )
         return [s.name for s in missing]
     finally:
         admin.close()
+
+
+def topic_kafka_configs(kafka: KafkaSettings, copies: int | None = None) -> dict[str, str]:
+    """The configuration every topic of the pipeline gets from `kafka`: the largest event
+    its producers send, and the copies a write must reach (kafka.min_insync_replicas; on
+    a topic of `copies` replicas, fewer than that, at most `copies`: more would refuse
+    every write until its replicas are raised)."""
+    copies = kafka.replication_factor if copies is None else copies
+    return {
+        "max.message.bytes": str(kafka.max_message_bytes),
+        "min.insync.replicas": str(max(1, min(kafka.min_insync_replicas, copies))),
+    }
+
+
+def too_few_brokers(kafka: KafkaSettings, brokers: int) -> str:
+    return (
+        f"kafka.replication_factor is {kafka.replication_factor} but the Kafka cluster at "
+        f"{kafka.bootstrap} has {brokers} broker(s): add brokers, or lower it"
+    )
+
+
+def live_brokers(cluster: dict[str, Any]) -> list[int]:
+    """The ids of the brokers of an admin client's describe_cluster that are not fenced."""
+    return sorted(
+        b.get("broker_id", b.get("node_id"))
+        for b in cluster.get("brokers") or ()
+        if not b.get("is_fenced")
+    )
+
+
+def replication_factors(described: list[dict[str, Any]]) -> dict[str, int]:
+    """Per topic of an admin client's describe_topics, its replication factor: the fewest
+    replicas of any of its partitions."""
+    return {
+        t["name"]: min(len(p["replica_nodes"]) for p in t["partitions"])
+        for t in described
+        if not t.get("error_code") and t["partitions"]
+    }
+
+
+def reassignment_plan(
+    described: list[dict[str, Any]], brokers: list[int], copies: int
+) -> dict[str, Any]:
+    """The `kafka-reassign-partitions.sh --reassignment-json-file` plan that gives every
+    partition of the described topics with fewer than `copies` replicas that many: its
+    replicas kept first (its leader stays), then the brokers holding the fewest replicas
+    of the plan and of the topics' other partitions (ties: the lowest id)."""
+    load = dict.fromkeys(brokers, 0)
+    for topic in described:
+        for partition in topic["partitions"]:
+            for broker in partition["replica_nodes"]:
+                if broker in load:
+                    load[broker] += 1
+    moves = []
+    for topic in sorted(described, key=lambda t: t["name"]):
+        for partition in sorted(topic["partitions"], key=lambda p: p["partition_index"]):
+            replicas = list(partition["replica_nodes"])
+            if len(replicas) >= copies:
+                continue
+            for broker in sorted(load, key=lambda b: (load[b], b)):
+                if len(replicas) >= copies:
+                    break
+                if broker not in replicas:
+                    replicas.append(broker)
+                    load[broker] += 1
+            moves.append(
+                {
+                    "topic": topic["name"],
+                    "partition": partition["partition_index"],
+                    "replicas": replicas,
+                }
+            )
+    return {"version": 1, "partitions": moves}
+
+
+def replication_problem(
+    kafka: KafkaSettings, topics: list[str], plan_file: Path | None, brokers: int
+) -> str:
+    """One line: `topics` (pipeline topics) have fewer replicas than kafka.replication_factor,
+    and the command that raises them in place (their records kept: a topic made again
+    would lose them, and a new topic id means rebuilding every store)."""
+    named = ", ".join(topics[:3]) + (f" and {len(topics) - 3} more" if len(topics) > 3 else "")
+    head = (
+        f"{len(topics)} pipeline topic(s) ({named}) have fewer replicas than "
+        f"kafka.replication_factor {kafka.replication_factor} (a broker lost loses their records)"
+    )
+    if brokers < kafka.replication_factor or plan_file is None:
+        return f"{head}: {too_few_brokers(kafka, brokers)}, then run `cdc status` again"
+    login = " --command-config <your client properties>" if kafka.sasl or kafka.tls else ""
+    return (
+        f"{head}: add replicas in place (never recreate a topic: its records would be lost) "
+        f"with `kafka-reassign-partitions.sh --bootstrap-server {kafka.bootstrap}{login} "
+        f"--reassignment-json-file {plan_file} --execute`, then `cdc setup`"
+    )
+
+
+def under_replicated(kafka: KafkaSettings, topics: list[str], plan_file: Path) -> str | None:
+    """`topics` that exist with fewer replicas than kafka.replication_factor, as one line
+    (replication_problem), the plan that raises them written to `plan_file`; None when
+    every one has enough (or Kafka does not answer: other lines of `cdc status` say so)."""
+    try:
+        admin = kafka_admin(kafka, 5000)
+    except Exception as exc:
+        log.info("topic replicas: Kafka does not answer (%s)", type(exc).__name__)
+        return None
+    try:
+        described = [t for t in admin.describe_topics(topics) if not t["error_code"]]
+        low = {
+            name
+            for name, copies in replication_factors(described).items()
+            if copies < kafka.replication_factor
+        }
+        if not low:
+            return None
+        brokers = live_brokers(admin.describe_cluster())
+    except Exception as exc:
+        log.info("topic replicas: Kafka does not answer (%s)", type(exc).__name__)
+        return None
+    finally:
+        admin.close()
+    short = [t for t in described if t["name"] in low]
+    written = None
+    if len(brokers) >= kafka.replication_factor:
+        plan = reassignment_plan(short, brokers, kafka.replication_factor)
+        plan_file.parent.mkdir(parents=True, exist_ok=True)
+        plan_file.write_text(json.dumps(plan, indent=1) + "\n")
+        written = plan_file
+    return replication_problem(kafka, sorted(low), written, len(brokers))
 
 
 def set_topic_configs(kafka: KafkaSettings, specs: list[TopicSpec]) -> None:

@@ -68,6 +68,8 @@ def setup(
     ):
         if items:
             console_say(f"{label}: {', '.join(items)}")
+    for line in result.stores:
+        console_say(line)
 
 
 @app.command()

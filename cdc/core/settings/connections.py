@@ -3,9 +3,10 @@ a section of the settings (`[postgres]`, `[kafka]`, ...), its secrets `SecretStr
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -15,6 +16,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_settings import NoDecode
 
 if TYPE_CHECKING:
     from sqlalchemy import URL
@@ -186,6 +188,35 @@ class PostgresSettings(_Section):
         )
 
 
+def _addresses(value: Any) -> Any:
+    """host:port addresses from a list, or one string: an address, several with commas
+    between, or a JSON list (as the environment gives them: CDC_KAFKA__BOOTSTRAP_SERVERS)."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:  # a JSON list, else addresses ("[::1]:9092" is one, not JSON)
+            value = json.loads(text) if text.startswith('["') else None
+        except ValueError:
+            raise ValueError("is not a JSON list of host:port") from None
+        if value is None:
+            value = [part for part in text.split(",") if part.strip()]
+    if not isinstance(value, list | tuple):
+        return value  # pydantic says what it is not
+    addresses = []
+    for address in value:
+        if not isinstance(address, str):
+            raise ValueError(f"{address!r} is not host:port")
+        address = address.strip()
+        host, _, port = address.rpartition(":")
+        if not _HOST.fullmatch(host) or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{address!r} is not host:port")
+        addresses.append(address)
+    if len(set(addresses)) != len(addresses):
+        raise ValueError("names an address twice")
+    return tuple(addresses)
+
+
+# a host name, an IPv4 address or an IPv6 one in brackets
+_HOST = re.compile(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]")
 KafkaProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 KafkaSaslMechanism = Literal["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"]
 
@@ -197,6 +228,31 @@ class KafkaSettings(_Section):
     port: Port = 59092
     controller_port: Port = 59093
     heap: Heap = "768m"
+    bootstrap_servers: Annotated[tuple[str, ...], NoDecode] = Field(
+        (),
+        description=(
+            "your own cluster (managed = false): host:port of some of its brokers, a list "
+            "or one string (commas between); none: host:port"
+        ),
+    )
+    replication_factor: int = Field(
+        1,
+        ge=1,
+        le=32,
+        description=(
+            "copies of every topic the pipeline makes (change topics, truncations, "
+            "signals, dead letters, Connect's own, Debezium's); the local broker: 1"
+        ),
+    )
+    min_insync_replicas: int = Field(
+        1,
+        ge=1,
+        le=32,
+        description=(
+            "copies a write must reach before Kafka acknowledges it (every producer of "
+            "the pipeline waits for acks=all), at most replication_factor"
+        ),
+    )
     max_message_bytes: int = Field(
         16 * 1024 * 1024,
         ge=1024 * 1024,
@@ -234,8 +290,14 @@ class KafkaSettings(_Section):
     )
 
     @property
-    def bootstrap_servers(self) -> str:
-        return f"{self.host}:{self.port}"
+    def brokers(self) -> tuple[str, ...]:
+        """The addresses (host:port) clients first reach: bootstrap_servers, else host:port."""
+        return self.bootstrap_servers or (f"{self.host}:{self.port}",)
+
+    @property
+    def bootstrap(self) -> str:
+        """`bootstrap.servers` as every Kafka client takes it: the brokers, commas between."""
+        return ",".join(self.brokers)
 
     @property
     def tls(self) -> bool:
@@ -244,6 +306,11 @@ class KafkaSettings(_Section):
     @property
     def sasl(self) -> bool:
         return self.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+
+    @field_validator("bootstrap_servers", mode="before")
+    @classmethod
+    def _servers(cls, value: Any) -> Any:
+        return _addresses(value)
 
     @field_validator("ca_file", "cert_file", "key_file")
     @classmethod
@@ -258,6 +325,21 @@ class KafkaSettings(_Section):
     @model_validator(mode="after")
     def _consistent(self) -> KafkaSettings:
         protocol = self.security_protocol
+        if self.min_insync_replicas > self.replication_factor:
+            raise ValueError(
+                f"kafka min_insync_replicas {self.min_insync_replicas} is above "
+                f"replication_factor {self.replication_factor}: no write could be acknowledged"
+            )
+        if self.managed and self.replication_factor != 1:
+            raise ValueError(
+                f"kafka replication_factor {self.replication_factor} needs that many brokers; "
+                "the local stack runs one: set it to 1, or managed = false for your cluster"
+            )
+        if self.managed and self.bootstrap_servers not in ((), (f"{self.host}:{self.port}",)):
+            raise ValueError(
+                "kafka bootstrap_servers names brokers of your own cluster: set managed = false "
+                "(the local broker is at host:port)"
+            )
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("kafka cert_file and key_file go together: set both or neither")
         if self.sasl and (not self.username or self.password is None):
@@ -341,10 +423,42 @@ class OpenSearchSettings(_Section):
         None, description="basic-auth user (the local TLS node's only user, with all access)"
     )
     password: SecretStr | None = Field(None, description="basic-auth password")
+    hosts: Annotated[tuple[str, ...], NoDecode] = Field(
+        (),
+        description=(
+            "your own cluster (managed = false): host:port of its nodes, a list or one "
+            "string (commas between); none: host:port"
+        ),
+    )
+    number_of_shards: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="primary shards of an index the pipeline makes (fixed once it is made)",
+    )
+    number_of_replicas: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="copies of each shard on other nodes, kept by `cdc setup` on every "
+        "index of the pipeline; the local node: 0",
+    )
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every node clients may reach: hosts, else host:port."""
+        scheme = "https" if self.tls else "http"
+        return tuple(f"{scheme}://{a}" for a in self.hosts or (f"{self.host}:{self.port}",))
 
     @property
     def url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
+        """The first of them."""
+        return self.urls[0]
+
+    @field_validator("hosts", mode="before")
+    @classmethod
+    def _hosts(cls, value: Any) -> Any:
+        return _addresses(value)
 
     @property
     def secured(self) -> bool:
@@ -358,6 +472,17 @@ class OpenSearchSettings(_Section):
 
     @model_validator(mode="after")
     def _check_tls(self) -> OpenSearchSettings:
+        if self.managed and self.hosts not in ((), (f"{self.host}:{self.port}",)):
+            raise ValueError(
+                "opensearch hosts names nodes of your own cluster: set managed = false "
+                "(the local node is at host:port)"
+            )
+        if self.managed and self.number_of_replicas:
+            raise ValueError(
+                f"opensearch number_of_replicas {self.number_of_replicas} needs that many "
+                "more nodes; the local stack runs one (a replica would never be placed): "
+                "set it to 0, or managed = false for your cluster"
+            )
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("set both cert_file and key_file (the local node's), or neither")
         if (self.username is None) != (self.password is None):

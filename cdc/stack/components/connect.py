@@ -12,6 +12,7 @@ from cdc.core.clients import kafka_jaas_config, kafka_java_config
 from cdc.core.errors import INSTALL_HINT, ComponentError, NotInstalledError
 from cdc.core.files import private_folder, write_file
 from cdc.core.settings.connections import ConnectSettings
+from cdc.core.topics import connect_topics
 from cdc.stack.components._jvm import (
     LOG4J2_PROPERTIES,
     heap_flags,
@@ -80,16 +81,15 @@ class Connect(Component):
         write_properties(
             self.state_dir / "worker.properties",
             {
-                "bootstrap.servers": self.settings.kafka.bootstrap_servers,
+                "bootstrap.servers": self.settings.kafka.bootstrap,
                 **self._kafka_security(),
                 "group.id": group,
                 **CONVERTERS,
-                "config.storage.topic": f"_{group}-configs",
-                "offset.storage.topic": f"_{group}-offsets",
-                "status.storage.topic": f"_{group}-status",
-                "config.storage.replication.factor": 1,
-                "offset.storage.replication.factor": 1,
-                "status.storage.replication.factor": 1,
+                **self._internal_topics(group),
+                # the connectors' producers: acknowledged by every in-sync replica, and
+                # idempotent (Connect turns idempotence off unless told)
+                "producer.acks": "all",
+                "producer.enable.idempotence": "true",
                 "offset.flush.interval.ms": 1000,
                 # the REST API has no authentication: loopback only (prepare refuses more)
                 "listeners": f"http://127.0.0.1:{self.section.port}",
@@ -115,6 +115,17 @@ class Connect(Component):
         )
         self._write_rest_login()
         write_file(self.state_dir / "log4j2.properties", LOG4J2_PROPERTIES)
+
+    def _internal_topics(self, group: str) -> dict[str, object]:
+        """Connect's own topics (configs, offsets, status): their names, and the replicas
+        of every topic of the pipeline (kafka.replication_factor, min_insync_replicas)."""
+        kafka = self.settings.kafka
+        config: dict[str, object] = {}
+        for kind in ("config", "offset", "status"):
+            config[f"{kind}.storage.topic"] = connect_topics(group)[kind]
+            config[f"{kind}.storage.replication.factor"] = kafka.replication_factor
+            config[f"{kind}.storage.min.insync.replicas"] = kafka.min_insync_replicas
+        return config
 
     def _write_rest_login(self) -> None:
         """The REST API's one user and its password (generated once, kept for cdc in

@@ -56,7 +56,7 @@ class Kafka(Component):
 
     @property
     def address(self) -> str:
-        return self.section.bootstrap_servers
+        return self.section.bootstrap
 
     def ports(self) -> list[int]:
         return [self.section.port, self.section.controller_port]

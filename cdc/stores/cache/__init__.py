@@ -15,6 +15,12 @@ def _posture(settings: Settings) -> str | None:
     return None if redis.tls and redis.password is not None else "redis.tls and redis.password"
 
 
+def _setup(settings: Settings, tables: list[str]) -> list[str]:
+    from cdc.stores.cache.store import check_standalone
+
+    return check_standalone(settings.redis)
+
+
 DECLARATION = StoreDeclaration(
     name="cache",
     summary="Redis, a hash per row",
@@ -22,4 +28,5 @@ DECLARATION = StoreDeclaration(
     slo_s=5.0,
     section="redis",
     posture=_posture,
+    setup=_setup,
 )

@@ -23,7 +23,7 @@ import redis
 
 from cdc.core.catalog import Table
 from cdc.core.clients import redis_client
-from cdc.core.errors import StoreUnavailableError, ValueDecodeError
+from cdc.core.errors import StoreError, StoreUnavailableError, ValueDecodeError
 from cdc.core.settings import Settings
 from cdc.core.settings.connections import RedisSettings
 from cdc.log.position import Event, older_lua
@@ -32,7 +32,14 @@ from cdc.types.decode import UNAVAILABLE
 from cdc.types.keys import store_key_text
 from cdc.types.store_forms import cache_field_text, cache_form
 
-__all__ = ["CacheStore", "cache_key", "column_fields", "field_name"]
+__all__ = [
+    "CacheStore",
+    "cache_key",
+    "check_standalone",
+    "cluster_problem",
+    "column_fields",
+    "field_name",
+]
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +150,44 @@ def column_fields(entry: dict[str, str]) -> dict[str, str]:
     }
 
 
+def cluster_problem(client: Any, url: str) -> str | None:
+    """Why the cache cannot be kept in the Redis `client` reaches, or None. Redis Cluster
+    (`INFO cluster`: cluster_enabled:1) cannot: a write is one Lua script over up to
+    _ROWS_PER_CALL rows' keys, which a cluster refuses when they lie in several hash
+    slots (CROSSSLOT), and the rows' keys are spread over every slot."""
+    try:
+        enabled = client.info("cluster").get("cluster_enabled")
+    except redis.ResponseError as exc:  # INFO refused to an ACL user: writes will say
+        log.info("Redis at %s: INFO cluster refused (%s)", url, exc)
+        return None
+    if str(enabled) != "1":
+        return None
+    return (
+        f"Redis at {url} runs Redis Cluster, which the cache cannot use: each write is one "
+        f"Lua script over up to {_ROWS_PER_CALL} rows' keys, and a cluster refuses a script "
+        "whose keys lie in several hash slots; point redis.host/port at a standalone Redis "
+        "or a Sentinel-managed primary"
+    )
+
+
+def check_standalone(section: RedisSettings) -> list[str]:
+    """`cdc setup`'s check of the cache: raises StoreError for Redis Cluster; a Redis that
+    does not answer is said (and checked again when `cdc apply` starts)."""
+    client = redis_client(section)
+    try:
+        problem = cluster_problem(client, section.url)
+    except _DOWN as exc:
+        return [
+            f"cache: Redis at {section.url} does not answer ({type(exc).__name__}): not "
+            "checked now (`cdc apply` checks it is not Redis Cluster when it starts)"
+        ]
+    finally:
+        client.close()
+    if problem:
+        raise StoreError(problem)
+    return []
+
+
 class CacheStore(RowStore, StoreReader):
     name = "cache"
 
@@ -163,6 +208,8 @@ class CacheStore(RowStore, StoreReader):
 
     def prepare(self, tables: Iterable[Table]) -> None:
         self.ping()
+        if problem := cluster_problem(self.client, self.url):
+            raise StoreError(problem)
 
     def ping(self) -> None:
         try:

@@ -63,6 +63,12 @@ def _clashes(columns: list[str]) -> str | None:
     return None
 
 
+def _setup(settings: Settings, tables: list[str]) -> list[str]:
+    from cdc.stores.search.store import keep_index_settings
+
+    return keep_index_settings(settings.opensearch, settings.pipeline.topic_prefix, tables)
+
+
 DECLARATION = StoreDeclaration(
     name="search",
     summary="OpenSearch, a document per row",
@@ -73,4 +79,5 @@ DECLARATION = StoreDeclaration(
     reserved=_reserved,
     clashes=_clashes,
     abilities=frozenset({"text_search"}),
+    setup=_setup,
 )

@@ -32,7 +32,13 @@ from cdc.types.decode import UNAVAILABLE
 from cdc.types.keys import store_key_text
 from cdc.types.store_forms import document_form, document_value, field_mapping
 
-__all__ = ["SearchStore", "index_name", "search_version"]
+__all__ = [
+    "SearchStore",
+    "index_name",
+    "index_settings_lines",
+    "keep_index_settings",
+    "search_version",
+]
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +116,8 @@ class SearchStore(RowStore, StoreReader):
     name = "search"
 
     def __init__(self, section: OpenSearchSettings, prefix: str, retry_s: float = 30.0) -> None:
-        self.url = section.url
+        self.url = ",".join(section.urls)
+        self.shards, self.replicas = section.number_of_shards, section.number_of_replicas
         self.client = opensearch_client(section, 30, FastJSON())
         self.prefix = prefix
         self.retry_s = retry_s
@@ -199,7 +206,13 @@ class SearchStore(RowStore, StoreReader):
             self.client.indices.create(
                 index=index,
                 body={
-                    "settings": {"index": {"number_of_replicas": 0, "gc_deletes": "1d"}},
+                    "settings": {
+                        "index": {
+                            "number_of_shards": self.shards,
+                            "number_of_replicas": self.replicas,
+                            "gc_deletes": "1d",
+                        }
+                    },
                     "mappings": {"properties": properties},
                 },
             )
@@ -494,6 +507,72 @@ class SearchStore(RowStore, StoreReader):
 
     def close(self) -> None:
         self.client.close()
+
+
+def keep_index_settings(section: OpenSearchSettings, prefix: str, tables: list[str]) -> list[str]:
+    """`cdc setup`'s part in the search store: each existing index of `tables` gets
+    opensearch.number_of_replicas (OpenSearch changes it in place); one whose shard count
+    is not opensearch.number_of_shards is said, with what makes it again (a shard count
+    is fixed when an index is made). What it did and found, a line each; an OpenSearch
+    that does not answer is said (the apply job makes missing indexes when it starts)."""
+    client = opensearch_client(section, 30)
+    where = ",".join(section.urls)
+    names = sorted({index_name(prefix, t) for t in tables})
+    found: dict[str, Any] = {}
+    try:
+        for at in range(0, len(names), 50):  # a URL names at most 50 of them
+            found |= client.indices.get_settings(
+                index=",".join(names[at : at + 50]),
+                name="index.number_of_*",
+                ignore_unavailable=True,
+            )
+        said = index_settings_lines(found, section.number_of_shards, section.number_of_replicas)
+        short = sorted(
+            i
+            for i, (_, replicas) in _shape(found).items()
+            if replicas != section.number_of_replicas
+        )
+        for at in range(0, len(short), 50):
+            client.indices.put_settings(
+                index=",".join(short[at : at + 50]),
+                body={"index": {"number_of_replicas": section.number_of_replicas}},
+            )
+    except (ConnectionError, TransportError) as exc:
+        return [
+            f"search: OpenSearch at {where} does not answer ({type(exc).__name__}): its "
+            "indexes' shards and replicas not checked now"
+        ]
+    finally:
+        client.close()
+    return said
+
+
+def _shape(found: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Per index of a get_settings answer: its shards and replicas."""
+    shape = {}
+    for index, body in found.items():
+        settings = body.get("settings", {}).get("index", {})
+        shape[index] = (int(settings["number_of_shards"]), int(settings["number_of_replicas"]))
+    return shape
+
+
+def index_settings_lines(found: dict[str, Any], shards: int, replicas: int) -> list[str]:
+    """What `cdc setup` says of the indexes of a get_settings answer against the settings:
+    the replicas it sets, and the shard counts it cannot change."""
+    lines = []
+    for index, (has_shards, has_replicas) in sorted(_shape(found).items()):
+        if has_replicas != replicas:
+            lines.append(
+                f"search: index {index} replicas {has_replicas} -> {replicas} "
+                "(opensearch.number_of_replicas)"
+            )
+        if has_shards != shards:
+            lines.append(
+                f"search: index {index} has {has_shards} shard(s), not "
+                f"opensearch.number_of_shards {shards}: an index keeps the shards it was made "
+                "with; `cdc rebuild --store search` makes it again with them"
+            )
+    return lines
 
 
 def make(settings: Settings, spark: Any = None) -> SearchStore:

@@ -102,11 +102,11 @@ def test_an_external_broker_with_sasl_ssl_and_the_system_trust_store() -> None:
 def test_plaintext_by_default() -> None:
     settings = load_settings()
     assert kafka_client_kwargs(settings.kafka) == {
-        "bootstrap_servers": settings.kafka.bootstrap_servers,
+        "bootstrap_servers": settings.kafka.bootstrap,
         "security_protocol": "PLAINTEXT",
     }
     assert kafka_options(settings) == {
-        "kafka.bootstrap.servers": settings.kafka.bootstrap_servers,
+        "kafka.bootstrap.servers": settings.kafka.bootstrap,
         "kafka.security.protocol": "PLAINTEXT",
     }
 

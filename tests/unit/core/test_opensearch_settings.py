@@ -59,3 +59,51 @@ def test_the_client_checks_the_certificate_and_sends_the_user(tmp_path: Path) ->
 def test_bad_combinations_fail_at_settings_time(section: dict[str, Any], says: str) -> None:
     with pytest.raises(ConfigError, match=says):
         _opensearch(**section)
+
+
+@pytest.mark.parametrize("hosts", [["a:9200", "b:9201"], "a:9200,b:9201", '["a:9200","b:9201"]'])
+def test_a_list_of_hosts_reaches_every_node(hosts: object) -> None:
+    section = _opensearch(managed=False, hosts=hosts)
+    assert section.urls == ("http://a:9200", "http://b:9201")
+    assert section.url == "http://a:9200"
+    client = opensearch_client(section)
+    assert sorted(c.host for c in client.transport.connection_pool.connections) == [
+        "http://a:9200",
+        "http://b:9201",
+    ]
+    assert _opensearch(host="n", port=1).urls == ("http://n:1",)
+
+
+@pytest.mark.parametrize(
+    ("section", "says"),
+    [
+        ({"hosts": "a:9200"}, "set managed = false"),
+        ({"number_of_replicas": 1}, "the local stack runs one"),
+        ({"managed": False, "number_of_shards": 0}, "number_of_shards"),
+        ({"managed": False, "number_of_replicas": -1}, "number_of_replicas"),
+        ({"managed": False, "hosts": "a"}, "'a' is not host:port"),
+    ],
+)
+def test_bad_cluster_settings_are_one_line(section: dict[str, Any], says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _opensearch(**section)
+    assert "\n" not in str(info.value) and says in str(info.value), str(info.value)
+
+
+def _found(**indexes: tuple[int, int]) -> dict[str, Any]:
+    return {
+        name: {"settings": {"index": {"number_of_shards": str(s), "number_of_replicas": str(r)}}}
+        for name, (s, r) in indexes.items()
+    }
+
+
+def test_setup_says_the_replicas_it_sets_and_the_shards_it_cannot_change() -> None:
+    from cdc.stores.search.store import index_settings_lines
+
+    assert index_settings_lines(_found(a=(2, 1)), 2, 1) == []
+    lines = index_settings_lines(_found(a=(1, 0), b=(2, 1)), 2, 1)
+    assert lines == [
+        "search: index a replicas 0 -> 1 (opensearch.number_of_replicas)",
+        "search: index a has 1 shard(s), not opensearch.number_of_shards 2: an index keeps "
+        "the shards it was made with; `cdc rebuild --store search` makes it again with them",
+    ]

@@ -32,7 +32,7 @@ def test_environment_overrides_nested_values(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("CDC_POSTGRES__MANAGED", "false")
     s = load_settings()
     assert s.kafka.port == 19092
-    assert s.kafka.bootstrap_servers == "127.0.0.1:19092"
+    assert s.kafka.bootstrap == "127.0.0.1:19092"
     assert s.postgres.managed is False
 
 
