@@ -16,9 +16,11 @@ CREATE TABLE IF NOT EXISTS cdc.debezium_signal (
 -- before the watermark yet missing from the chunk's read, and the chunk's older row
 -- would land in the log after its change. This waits until the client transactions
 -- that were running (or waiting for a standby) have ended or gone idle, at most 2 s (a
--- long statement is not waited for longer). It runs as the watermark commits (the
--- trigger below), or, for read-only backfills, as Debezium takes its watermark
--- (cdc_watermarks.pg_current_snapshot below).
+-- long statement is not waited for longer). A COMMIT PREPARED commits a transaction
+-- that is not its session's (the session holds no xid): a session running one, or
+-- waiting for a standby with no xid of its own, is waited for too. It runs as the
+-- watermark commits (the trigger below), or, for read-only backfills, as Debezium
+-- takes its watermark (cdc_watermarks.pg_current_snapshot below).
 -- SECURITY DEFINER: it reads other roles' sessions in pg_stat_activity.
 CREATE OR REPLACE FUNCTION cdc.await_commits_in_flight() RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
@@ -26,14 +28,20 @@ DECLARE
     deadline timestamptz := clock_timestamp() + interval '2 seconds';
     pids int[];
     xids xid[];
+    starts timestamptz[];
 BEGIN
-    SELECT array_agg(pid), array_agg(backend_xid) INTO pids, xids
+    SELECT array_agg(pid), array_agg(backend_xid), array_agg(xact_start)
+    INTO pids, xids, starts
     FROM pg_stat_activity
     WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'
-      AND backend_xid IS NOT NULL AND (state = 'active' OR wait_event = 'SyncRep');
+      AND (backend_xid IS NOT NULL AND state = 'active' OR wait_event = 'SyncRep'
+           OR state = 'active' AND query ~* '^\s*commit\s+prepared');
+    -- the same transaction of each (a session with no xid: the same statement's)
     WHILE pids IS NOT NULL AND clock_timestamp() < deadline AND EXISTS (
         SELECT 1 FROM pg_stat_activity AS a
-        JOIN unnest(pids, xids) AS w(pid, xid) ON a.pid = w.pid AND a.backend_xid = w.xid
+        JOIN unnest(pids, xids, starts) AS w(pid, xid, started)
+          ON a.pid = w.pid AND a.backend_xid IS NOT DISTINCT FROM w.xid
+         AND a.xact_start IS NOT DISTINCT FROM w.started
         WHERE a.state = 'active' OR a.wait_event = 'SyncRep'
     ) LOOP
         PERFORM pg_sleep(0.002);
