@@ -38,7 +38,7 @@ from cdc.core.topics import change_topic, end_offsets, notification_topic, read_
 from tests.conftest import Capture
 from tests.stores import stores
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]  # a 100,000-transaction backlog
 
 ROWS = 2000  # the added table: one chunk (incremental.snapshot.chunk.size 2048)
 BACKLOG = 100_000  # transactions of the first table the connector is behind by
