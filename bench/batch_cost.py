@@ -115,8 +115,10 @@ def instrument(clock: Clock) -> None:
     batch_module.EndOffsets.check_not_rewound = clock.wrap("log end offsets", ends)  # type: ignore[method-assign]
     make_writer = batch_module.BatchWriter
 
-    def batch_writer(settings: Settings, store: Any, *args: Any) -> Callable[[Any, int], None]:
-        write = make_writer(settings, store, *args)
+    def batch_writer(
+        settings: Settings, store: Any, *args: Any, **kwargs: Any
+    ) -> Callable[[Any, int], None]:
+        write = make_writer(settings, store, *args, **kwargs)
 
         def timed(batch: Any, batch_id: int) -> None:
             clock.local.store = store.name
