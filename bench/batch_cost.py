@@ -109,8 +109,10 @@ def instrument(clock: Clock) -> None:
     view = batch_module.SourceView
     for method, phase in SOURCE_PHASES.items():
         setattr(view, method, clock.wrap(phase, getattr(view, method)))
-    source = view.read
-    view.read = clock.wrap("read_source", source)  # type: ignore[method-assign]
+    if hasattr(view, "read_batch"):  # the catalog, WAL position, rewrites, generation at once
+        view.read_batch = clock.wrap("read_source", view.read_batch)  # type: ignore[method-assign]
+    else:
+        view.read = clock.wrap("read_source", view.read)  # type: ignore[method-assign]
     ends = batch_module.EndOffsets.check_not_rewound
     batch_module.EndOffsets.check_not_rewound = clock.wrap("log end offsets", ends)  # type: ignore[method-assign]
     make_writer = batch_module.BatchWriter

@@ -35,7 +35,7 @@ from cdc.apply.guards import (
 )
 from cdc.apply.row_batches import RESULT_DDL, partition_writer, result_schema
 from cdc.capture.rewrites import Rewrite
-from cdc.capture.source_view import SourceView
+from cdc.capture.source_view import SourceBatch, SourceView
 from cdc.core.catalog import TRUNCATIONS_TABLE, Table
 from cdc.core.errors import (
     CdcError,
@@ -78,6 +78,7 @@ class BatchWriter:
         self.dead = DeadLetters(settings, store.name)
         self.ends = EndOffsets(settings)
         self.source = SourceView(settings)  # every read of the source side, one door
+        self.seen: SourceBatch | None = None  # what the batch read of it, at its start
         # where the tables DDL rewrote go: intents the job acts on (job.py); a batch
         # never starts a backfill itself
         self.rewritten = rewritten or (lambda found: None)
@@ -119,10 +120,11 @@ class BatchWriter:
     def write_once(self, batch: Any, batch_id: int) -> None:
         """The steps of one batch (module doc), once."""
         started_ms = int(time.time() * 1000)  # events' ages are counted from here
-        tables, wal = self.source.read()
+        self.seen = seen = self.source.read_batch()
+        tables, wal = seen.tables, seen.wal
         self.check_relations(read=False)
-        if found := self.source.rewrites(tables.values()):
-            self.rewritten(found)
+        if seen.rewrites:
+            self.rewritten(seen.rewrites)
         topics = {change_topic(self.settings.pipeline, t): t for t in [*tables, TRUNCATIONS_TABLE]}
         batch = self.generated_columns(batch, topics, tables)
         progress, behind = self.guard(topics, wal)
@@ -156,11 +158,11 @@ class BatchWriter:
         """Refuse a batch while a captured name belongs to another captured relation
         (two tables swapped: identity.reused), as the source's last read (`read`: a new
         one) found it."""
-        if read:
-            self.source.read()
-        if self.source.reused:
+        if read or self.seen is None:
+            self.seen = self.source.read_batch()
+        if self.seen.reused:
             raise RelationReusedError(
-                f"{', '.join(self.source.reused)}: another captured table than the one "
+                f"{', '.join(self.seen.reused)}: another captured table than the one "
                 "captured under this name has it now (tables swapped, or one renamed onto a "
                 "dropped one's name), and its changes would land on the other's rows: run "
                 "`cdc setup`, which cuts and backfills it"
@@ -178,7 +180,8 @@ class BatchWriter:
         name = self.store.name
         progress = read_progress(self.settings, name) or Progress()
         check_source_not_rewound(name, wal, progress)
-        check_source_lineage(name, self.source.lineage, self.source.forks, progress)
+        lineage = self.seen.lineage if self.seen else None
+        check_source_lineage(name, lineage, self.source.forks, progress)
         ends = self.ends.check_not_rewound(name, topics, progress)
         self.topic_ids.update(self.ends.ids)
         return progress, backlog(ends, progress.applied_of(topics))
@@ -299,15 +302,16 @@ class BatchWriter:
         the one its relation has now; None for a table not captured."""
         if name in tables:
             return name
-        now = self.source.relations.get(relid) if relid is not None else None
-        now = self.source.renamed.get(now or "", now)  # renamed since setup: its old name
+        seen = self.seen or self.source.read_batch()
+        now = seen.relations.get(relid) if relid is not None else None
+        now = seen.renamed.get(now or "", now)  # renamed since setup: its old name
         return now if now in tables else None
 
     def sweep_generation(self, tables: dict[str, Table]) -> None:
         """Once the store holds a new snapshot generation whole, remove what it still
         holds from before it (cdc/capture/generation.py)."""
         store = self.store
-        generation = self.source.generation()
+        generation = self.seen.generation if self.seen else self.source.generation()
         progress = read_progress(self.settings, store.name) or Progress()
         if generation is None or progress.generation >= generation.lsn:
             return
@@ -361,7 +365,7 @@ class BatchWriter:
             truncated=dict(last_truncate),
             truncations=dict(self.truncate_log),
             generation=previous.generation,  # the last one swept
-            source=list(self.source.lineage) if self.source.lineage else previous.source,
+            source=list(self.seen.lineage) if self.seen and self.seen.lineage else previous.source,
             pid=os.getpid(),
             freshness=freshness.to_json(),
             written_by_spark=outcome.written_by_spark,

@@ -7,6 +7,7 @@ backfill started from inside a batch."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from cdc.capture.generation import Generation, read_generation
@@ -16,7 +17,21 @@ from cdc.capture.timeline import timeline_forks
 from cdc.core.catalog import Table
 from cdc.core.settings import Settings
 
-__all__ = ["SourceView"]
+__all__ = ["SourceBatch", "SourceView"]
+
+
+@dataclass(frozen=True)
+class SourceBatch:
+    """What one micro-batch knows of the source side, read once at its start."""
+
+    tables: dict[str, Table]  # the captured tables, under the names captured under
+    wal: int  # the source's WAL position
+    lineage: tuple[str, int | None] | None  # system identifier and timeline
+    reused: list[str] = field(default_factory=list)  # names another relation has now
+    relations: dict[int, str] = field(default_factory=dict)  # OID -> name now
+    renamed: dict[str, str] = field(default_factory=dict)  # name now -> captured under
+    rewrites: list[Rewrite] = field(default_factory=list)  # intents for the job
+    generation: Generation | None = None  # the newest snapshot generation
 
 
 class SourceView:
@@ -25,6 +40,20 @@ class SourceView:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.reader = SourceReader(settings)
+
+    def read_batch(self) -> SourceBatch:
+        """Everything a batch reads of the source side, at once (module doc)."""
+        tables, wal = self.reader.read()
+        return SourceBatch(
+            tables=tables,
+            wal=wal,
+            lineage=self.reader.lineage,
+            reused=list(self.reader.reused),
+            relations=dict(self.reader.relations),
+            renamed=dict(self.reader.renamed),
+            rewrites=find_rewrites(self.settings, tables.values()),
+            generation=read_generation(self.settings),
+        )
 
     def read(self) -> tuple[dict[str, Table], int]:
         """The captured tables (under the names they are captured under) and the WAL
