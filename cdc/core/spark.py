@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECKPOINT_FILE_MANAGER",
+    "driver_address",
+    "jars_conf",
     "kafka_options",
     "spark_jars",
     "spark_master",
@@ -138,6 +140,25 @@ def spark_master(master: str, cores: int | None = None) -> str:
     return f"local[{2 * (cores or os.cpu_count() or 1)}]"
 
 
+def driver_address(master: str, conf: dict[str, str]) -> str | None:
+    """The address the driver binds to by default (SPARK_LOCAL_IP): loopback for a local
+    master, where nothing else need reach it; none for a cluster, whose executors connect
+    back to the driver (Spark then takes the host's address; `spark.driver.host` and
+    `spark.driver.bindAddress` in spark.conf choose another)."""
+    if not master.startswith("local"):
+        return None
+    if "spark.driver.bindAddress" in conf or "spark.driver.host" in conf:
+        return None
+    return "127.0.0.1"
+
+
+def jars_conf(project: list[Path], conf: dict[str, str]) -> str:
+    """`spark.jars`: the project's jars, then the user's own (spark.conf's `spark.jars`:
+    an object store's connector, a JDBC driver), which add to them, never replace them."""
+    own = [j.strip() for j in conf.get("spark.jars", "").split(",") if j.strip()]
+    return ",".join([*(str(j) for j in project), *own])
+
+
 def _with_secrets(builder: Any, settings: Settings, secret: dict[str, str]) -> SparkSession:
     """The session, its secret confs given through a properties file (0600, gone once
     the JVM has read it) rather than the `--conf` arguments PySpark puts on the Spark
@@ -188,7 +209,9 @@ def spark_session(settings: Settings, app_name: str) -> SparkSession:
     """A Spark session with the Kafka source, Delta Lake and the PostgreSQL JDBC driver."""
     os.environ.setdefault("JAVA_HOME", str(settings.java_home))
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    local_ip = driver_address(settings.spark.master, settings.spark.conf)
+    if local_ip is not None:
+        os.environ.setdefault("SPARK_LOCAL_IP", local_ip)
     log_config = settings.data_dir / "spark" / "log4j2.properties"
     prepare_job_state(settings)  # its folders, marked for `cdc down --purge`
     log_file = settings.data_dir / "spark" / "spark.log"
@@ -202,7 +225,7 @@ def spark_session(settings: Settings, app_name: str) -> SparkSession:
     builder = (
         SparkSession.builder.appName(app_name)
         .master(spark_master(spark.master))
-        .config("spark.jars", ",".join(str(j) for j in spark_jars(settings)))
+        .config("spark.jars", jars_conf(spark_jars(settings), spark.conf))
         .config("spark.driver.memory", spark.driver_memory)
         # a query stopped while its foreachBatch runs in Python checks the Python error's
         # text for an interruption with a regular expression, which overflows the default
@@ -245,7 +268,7 @@ def spark_session(settings: Settings, app_name: str) -> SparkSession:
         )
     secret = {k: v for k, v in spark.conf.items() if SECRET_KEY.search(k)}
     for key, value in spark.conf.items():
-        if key not in secret:
+        if key not in secret and key != "spark.jars":  # added to the project's (jars_conf)
             builder = builder.config(key, value)
     session = _with_secrets(builder, settings, secret)
     session.sparkContext.setLogLevel(spark.log_level)
