@@ -9,7 +9,9 @@
 - `spark-decoded`: Spark decodes the batch (cdc/log/envelope.py) and tells what it
   holds; a table whose events are small and hold no TOAST placeholder is collected and
   committed by delta-rs, the others are written by Spark's jobs (store.py).
-- `spark`: Spark decodes and writes every table ([stores.warehouse] writer = "spark").
+- `spark`: Spark decodes and writes every table on the executors, nothing collected
+  ([stores.warehouse] writer = "spark", or a remote path: s3a://, hdfs://, which
+  delta-rs does not write here).
 
 A route that cannot go on falls back to the next, never to nothing: a collect over
 spark.driver.maxResultSize, or records Arrow does not decode, are decoded by Spark; the
@@ -68,7 +70,7 @@ def route(
     collected if three times its bytes (Spark's tasks copy their rows into Arrow batches,
     the driver then holds them) fit in half of the heap."""
     if not native:
-        return Route.SPARK, "[stores.warehouse] writer is spark"
+        return Route.SPARK, "[stores.warehouse] writer is spark, or its path is remote"
     if not tables:
         return Route.SPARK_DECODED, "no captured table yet"
     if collect_refused:
@@ -88,6 +90,7 @@ class _Tables(Protocol):
 
     spark: Any
     native: Any  # its delta-rs writer (native.py)
+    local: bool  # the warehouse is on this machine's filesystem (delta-rs writes it)
 
     def write_frame(
         self,
@@ -132,7 +135,7 @@ class WarehouseBatches:
             raw = raw.sparkSession.createDataFrame(records)
         parsed = self.decode(raw, ctx.topics, ctx.tables).cache()
         try:
-            spark_only = not self.store.native.enabled
+            spark_only = not (self.store.native.enabled and self.store.local)
             return self.write_frame(parsed, ctx, Route.SPARK if spark_only else Route.SPARK_DECODED)
         finally:
             parsed.unpersist()
@@ -151,7 +154,7 @@ class WarehouseBatches:
         most = min(ctx.behind, self.max_records)
         records = raw.select("key", "value", "topic", "partition", "offset")
         chosen, why = route(
-            native=self.store.native.enabled,
+            native=self.store.native.enabled and self.store.local,
             tables=tables,
             collect_refused=self.collect_refused,
             most_records=most,

@@ -109,7 +109,9 @@ class WarehouseStore(WarehouseReader, FrameStore):
         # a batch's route and its decode (routes.py); `max_records` a batch's most records
         # ([stores.warehouse] max_offsets_per_trigger), `heap` the driver's (spark.driver_memory)
         self.batches = WarehouseBatches(self, max_records, heap)
-        # the current state's and the history's batches: delta-rs where it can (native.py)
+        # the current state's and the history's batches: delta-rs where it can (native.py),
+        # which writes a local warehouse only: a remote one (s3a://, hdfs://) is Spark's
+        self.local = "://" not in root or root.startswith("file:")
         self.native = NativeWriter(enabled=writer == "delta-rs")
         self.after_batch = list(after_batch)
         self._truncated: set[str] = set()
@@ -632,7 +634,7 @@ class WarehouseStore(WarehouseReader, FrameStore):
         """The tables of a batch shaped on the driver (`_write_arrow`): those delta-rs
         writes, with no event that may hold a TOAST placeholder, whose events' row images
         add up to at most NATIVE_MAX_CHARS."""
-        if not self.native.enabled or toasted is None:
+        if not self.native.enabled or not self.local or toasted is None:
             return []
         chosen, total = [], 0
         for name in names:
@@ -695,7 +697,9 @@ class WarehouseStore(WarehouseReader, FrameStore):
                 keep.get(name, set()),
                 toasted is None or name in toasted,
                 # a batch delta-rs writes is collected into the driver: a small one
-                self.native if (sizes or {}).get(name, 0) <= NATIVE_MAX_CHARS else None,
+                self.native
+                if self.local and (sizes or {}).get(name, 0) <= NATIVE_MAX_CHARS
+                else None,
             )
 
         with (

@@ -140,3 +140,18 @@ def test_each_batch_has_one_named_route_and_why() -> None:
     ):
         chosen, why = route(**{**given, **change})  # type: ignore[arg-type]
         assert (chosen, bool(why)) == (taken, True), change
+
+
+def test_a_remote_warehouse_is_never_collected() -> None:
+    """delta-rs writes a local warehouse only: a batch for one on object storage takes the
+    `spark` route and is not collected to the driver first (it was, then refused, then
+    made a Spark frame again from the driver's copy: issue 68)."""
+    store = WarehouseStore(None, "s3a://lake/cdc", max_records=500_000, heap="2g")
+    batches = store.batches
+    batches.record_bytes = 3.0
+    batch = Batch()
+    assert collect(batches, batch, TABLES, 10) is None
+    assert batch.collected == 0
+    local = WarehouseStore(None, "file:///srv/lake", max_records=500_000, heap="2g").batches
+    local.record_bytes = 3.0
+    assert collect(local, Batch(), TABLES, 10) is RECORDS
