@@ -46,6 +46,7 @@ from cdc.core.errors import (
 from cdc.core.postgres_client import ping_source
 from cdc.core.say import on_stderr
 from cdc.core.settings import Settings
+from cdc.core.spark import execution_profile
 from cdc.core.topics import change_topic
 from cdc.log.freshness import Freshness
 from cdc.log.generated_columns import expressions_dsn, with_generated
@@ -77,6 +78,7 @@ class BatchWriter:
         self.chunk = chunk
         self.dead = DeadLetters(settings, store.name)
         self.ends = EndOffsets(settings)
+        self.profile, _ = execution_profile(settings)  # local or cluster (apply.profile)
         self.source = SourceView(settings)  # every read of the source side, one door
         self.seen: SourceBatch | None = None  # what the batch read of it, at its start
         # where the tables DDL rewrote go: intents the job acts on (job.py); a batch
@@ -187,9 +189,12 @@ class BatchWriter:
         return progress, backlog(ends, progress.applied_of(topics))
 
     def mode(self, behind: int) -> str:
-        """Where a row store's batch is written (write_rows), by how far behind it is."""
+        """Where a row store's batch is written (write_rows), by how far behind it is; the
+        cluster profile (apply.profile) never writes one through the driver."""
         if behind >= BULK_EVENTS:
             return "bulk"
+        if self.profile == "cluster":
+            return "workers"
         return "driver" if behind <= self.settings.apply.driver_batch_events else "workers"
 
     def write_rows(

@@ -21,6 +21,7 @@ from cdc.core.errors import CdcError, SourceError
 from cdc.core.identity import acknowledged, recorded_since, table_changes
 from cdc.core.postgres_client import admin_connection
 from cdc.core.settings import Settings
+from cdc.core.spark import execution_profile
 from cdc.core.store_declarations import declared
 from cdc.core.topics import (
     change_times,
@@ -68,6 +69,8 @@ class PipelineStatus:
     # pipeline topics with fewer replicas than kafka.replication_factor, and the command
     # that raises them (a warning: nothing is lost until a broker is)
     replication: str | None = None
+    # the apply job's profile (apply.profile, resolved) and why: {"name", "why"}
+    profile: dict[str, str] = field(default_factory=dict)
     error: str | None = None
 
     @property
@@ -109,6 +112,8 @@ def pipeline_status(
     show less."""
     pipe = settings.pipeline
     status = PipelineStatus(pipe.name, "none", None, None, None)
+    profile, why = execution_profile(settings)
+    status.profile = {"name": profile, "why": why}
     try:
         with admin_connection(settings) as conn:
             has_state = conn.execute("SELECT to_regclass('cdc.snapshots') IS NOT NULL").fetchone()

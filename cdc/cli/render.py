@@ -106,6 +106,8 @@ def pipeline_table(p: PipelineStatus) -> Table:
         table.add_row(f"connector {c['name']}", text)
     else:
         table.add_row("connector", "none")
+    if p.profile:
+        table.add_row("profile", f"{p.profile['name']} ({escape(p.profile['why'])})")
     if p.capture is not None:
         table.add_row("capture", _capture_line(p.capture))
     for problem in p.tables_drift:

@@ -22,7 +22,7 @@ from cdc.core.errors import INSTALL_HINT, NotInstalledError
 from cdc.core.files import write_file
 from cdc.core.settings import Settings
 from cdc.core.settings.connections import SECRET_KEY
-from cdc.core.state_folders import prepare_job_state
+from cdc.core.state_folders import local_warehouse, prepare_job_state
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CHECKPOINT_FILE_MANAGER",
     "driver_address",
+    "execution_profile",
     "jars_conf",
     "kafka_options",
     "spark_jars",
@@ -138,6 +139,19 @@ def spark_master(master: str, cores: int | None = None) -> str:
     if master != "local[*]":
         return master
     return f"local[{2 * (cores or os.cpu_count() or 1)}]"
+
+
+def execution_profile(settings: Settings) -> tuple[str, str]:
+    """The apply job's profile (apply.profile), resolved, and why: `cluster` when asked,
+    or (auto) when spark.master is not local or the warehouse is on a remote path."""
+    chosen = settings.apply.profile
+    if chosen != "auto":
+        return chosen, f"apply.profile = {chosen}"
+    if not settings.spark.master.startswith("local"):
+        return "cluster", f"spark.master is {settings.spark.master}"
+    if local_warehouse(settings) is None:
+        return "cluster", "the warehouse is on a remote path"
+    return "local", "spark.master is local and the warehouse on this machine"
 
 
 def driver_address(master: str, conf: dict[str, str]) -> str | None:

@@ -19,6 +19,7 @@ from cdc.cli.base import (
 from cdc.cli.output import Output, OutputForm
 from cdc.cli.render import pipeline_table, status_table
 from cdc.core.settings import local_admin_password
+from cdc.core.spark import execution_profile
 from cdc.stack import Stack
 from cdc.stack.components import ComponentStatus
 
@@ -129,16 +130,19 @@ def connect_down(statuses: list[ComponentStatus]) -> str | None:
 
 @app.command("config")
 def show_config(output: OutputOption = OutputForm.text) -> None:
-    """Show the settings in force (secrets masked) and where they come from."""
-    masked = settings().masked()
-    lines: list[str | Text] = []
+    """Show the settings in force (secrets masked) and where they come from, and the
+    apply job's profile in use (apply.profile resolved) and why."""
+    given = settings()
+    masked = given.masked()
+    profile, why = execution_profile(given)
+    lines: list[str | Text] = [Text(f"profile in use: {profile} ({why})", style="bold")]
     for key, value in masked.items():
         if isinstance(value, dict):
             lines.append(Text(f"[{key}]", style="bold"))
             lines += [f"  {sub} = {sub_value}" for sub, sub_value in value.items()]
         else:
             lines.append(f"{key} = {value}")
-    Output(output).emit(masked, *lines)
+    Output(output).emit({**masked, "profile_in_use": {"name": profile, "why": why}}, *lines)
 
 
 @app.command()

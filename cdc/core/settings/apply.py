@@ -3,7 +3,7 @@ SLO, and the derived views. A store's own settings are its section, `[stores.<na
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
@@ -71,6 +71,15 @@ class ApplySettings(BaseModel):
     )
     freshness_window_s: float = Field(
         300.0, gt=0, description="the window `cdc status` gives freshness percentiles over"
+    )
+    profile: Literal["auto", "local", "cluster"] = Field(
+        "auto",
+        description="how the apply job spreads its work: local (batches collected to the "
+        "driver where that is fastest on one machine: the warehouse decoded in Arrow and "
+        "written by delta-rs, a small row batch written by the driver) or cluster (no "
+        "batch collected to the driver: the warehouse, its history and its views written "
+        "by Spark on the executors, every row batch by the executors); auto: cluster when "
+        "spark.master is not local or the warehouse is on a remote path",
     )
     own_process: bool = Field(
         True,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cdc.core.spark import driver_address, jars_conf, spark_master
+from cdc.core.spark import driver_address, execution_profile, jars_conf, spark_master
 
 
 def test_local_star_is_twice_the_cores_in_task_slots() -> None:
@@ -35,3 +35,23 @@ def test_a_users_spark_jars_add_to_the_projects() -> None:
     assert (
         jars_conf(project, own) == "/j/delta.jar,/j/kafka.jar,/opt/hadoop-aws.jar,/opt/aws-sdk.jar"
     )
+
+
+def test_the_profile_is_cluster_on_a_cluster_or_a_remote_warehouse(tmp_path: Path) -> None:
+    """apply.profile = auto picks cluster when spark.master is not local or the warehouse
+    is remote, and says why; a profile set is the one used (issue 68)."""
+    from cdc.core.settings import Settings
+    from cdc.stores.warehouse.settings import with_warehouse
+
+    local = Settings(data_dir=tmp_path)  # type: ignore[call-arg]
+    assert execution_profile(local)[0] == "local"
+    cluster = local.model_copy(
+        update={"spark": local.spark.model_copy(update={"master": "spark://h:7077"})}
+    )
+    assert execution_profile(cluster) == ("cluster", "spark.master is spark://h:7077")
+    remote = with_warehouse(local, path="s3a://lake/cdc")
+    assert execution_profile(remote) == ("cluster", "the warehouse is on a remote path")
+    chosen = local.model_copy(
+        update={"apply": local.apply.model_copy(update={"profile": "cluster"})}
+    )
+    assert execution_profile(chosen) == ("cluster", "apply.profile = cluster")
