@@ -401,9 +401,17 @@ def under_replicated(kafka: KafkaSettings, topics: list[str], plan_file: Path) -
     short = [t for t in described if t["name"] in low]
     written = None
     if len(brokers) >= kafka.replication_factor:
-        plan = reassignment_plan(short, brokers, kafka.replication_factor)
-        plan_file.parent.mkdir(parents=True, exist_ok=True)
-        plan_file.write_text(json.dumps(plan, indent=1) + "\n")
+        text = json.dumps(reassignment_plan(short, brokers, kafka.replication_factor), indent=1)
+        try:
+            plan_file.parent.mkdir(parents=True, exist_ok=True)
+            plan_file.write_text(text + "\n")
+        except OSError:  # data_dir not writable here (`cdc status` as another user)
+            import tempfile
+
+            handle, name = tempfile.mkstemp(prefix="cdc-kafka-replicas-", suffix=".json")
+            with open(handle, "w") as out:
+                out.write(text + "\n")
+            plan_file = Path(name)
         written = plan_file
     return replication_problem(kafka, sorted(low), written, len(brokers))
 

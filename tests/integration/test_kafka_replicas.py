@@ -81,6 +81,15 @@ def test_topics_get_the_replicas_and_a_short_one_is_raised_in_place(tmp_path: Pa
             str(plan),
             "--execute",
         ]
+        # a data_dir this user cannot write (`cdc status` as another user): the plan is
+        # written to a file of its own in the temporary folder, and the line names that
+        elsewhere = under_replicated(new, names, Path("/proc/cdc-none/kafka-replicas.json"))
+        assert elsewhere is not None and "/proc/" not in elsewhere, elsewhere
+        other_plan = re.search(r"--reassignment-json-file (\S+) --execute", elsewhere)
+        assert other_plan is not None and Path(other_plan.group(1)).is_file(), elsewhere
+        assert json.loads(Path(other_plan.group(1)).read_text()) == json.loads(plan.read_text())
+        Path(other_plan.group(1)).unlink()
+
         # the plan as the command hands it to Kafka: kafka-reassign-partitions.sh reads the
         # file and asks for each partition's replicas (Admin.alterPartitionReassignments);
         # the project installs Kafka's server jars, not its tools, so the same call is made
