@@ -13,7 +13,7 @@ from cdc.core.settings import Settings
 from cdc.core.settings.views import StreamStreamJoin, duration_ms
 from cdc.core.topics import ChangeRecord
 from cdc.stores.warehouse.native import NativeWriter
-from cdc.stores.warehouse.settings import warehouse_settings
+from cdc.stores.warehouse.settings import writer_in_use
 from cdc.stores.warehouse.tables import view_path
 from cdc.types.spark_types import quoted as q
 from cdc.types.spark_types import spark_type
@@ -135,7 +135,7 @@ class StreamJoinView(StreamingView):
             "OR s._cdc_end_commit_lsn < t._cdc_end_commit_lsn "
             "OR (s._cdc_end_commit_lsn = t._cdc_end_commit_lsn "
             "AND s._cdc_end_lsn < t._cdc_end_lsn))",
-            native=NativeWriter(warehouse_settings(settings).writer == "delta-rs"),
+            native=NativeWriter(writer_in_use(settings) == "delta-rs"),
         )
 
         def write(batch: DataFrame, batch_id: int) -> None:

@@ -28,7 +28,7 @@ from cdc.core.settings.views import (
 )
 from cdc.core.topics import ChangeRecord
 from cdc.stores.warehouse.native import NativeWriter
-from cdc.stores.warehouse.settings import warehouse_settings
+from cdc.stores.warehouse.settings import writer_in_use
 from cdc.stores.warehouse.tables import view_path
 from cdc.types.spark_types import quoted as q
 from cdc.types.spark_types import spark_type
@@ -120,7 +120,7 @@ class WindowView(StreamingView):
         ]
         path = view_path(warehouse_root(settings), window.name)
         start_afresh(spark, settings, window.name, checkpoint)
-        native = NativeWriter(warehouse_settings(settings).writer == "delta-rs")
+        native = NativeWriter(writer_in_use(settings) == "delta-rs")
         write = (
             merged_into(spark, path, fields, list(window.key), native=native)
             if self.mode == "update"  # a window written again as it fills

@@ -9,7 +9,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["RENAMED", "WarehouseSettings", "warehouse_settings", "with_warehouse"]
+__all__ = [
+    "RENAMED",
+    "WarehouseSettings",
+    "warehouse_settings",
+    "with_warehouse",
+    "writer_in_use",
+]
 
 
 class WarehouseSettings(BaseModel):
@@ -56,6 +62,17 @@ def warehouse_settings(settings: Any) -> WarehouseSettings:
     """The warehouse's section of `settings` (its defaults when not given)."""
     section: WarehouseSettings = settings.store_section("warehouse")
     return section
+
+
+def writer_in_use(settings: Any) -> str:
+    """What writes the warehouse's tables and views under `settings`: its `writer`, or
+    Spark alone under the cluster profile (apply.profile), which collects nothing to the
+    driver."""
+    from cdc.core.spark import execution_profile
+
+    if execution_profile(settings)[0] == "cluster":
+        return "spark"
+    return warehouse_settings(settings).writer
 
 
 def with_warehouse(settings: Any, **changes: Any) -> Any:

@@ -34,7 +34,6 @@ from typing import Any
 from cdc.core.catalog import Table, reserved_problem
 from cdc.core.errors import ConfigError, StoreError
 from cdc.core.settings import Settings
-from cdc.core.spark import execution_profile
 from cdc.log.position import older_sql
 from cdc.stores.base import BatchContext, BatchOutcome, BatchStep, FrameStore
 from cdc.stores.warehouse import arrow_batch
@@ -62,7 +61,7 @@ from cdc.stores.warehouse.native import (
 )
 from cdc.stores.warehouse.readback import WarehouseReader
 from cdc.stores.warehouse.routes import WarehouseBatches
-from cdc.stores.warehouse.settings import warehouse_settings
+from cdc.stores.warehouse.settings import warehouse_settings, writer_in_use
 from cdc.stores.warehouse.tables import (
     aligned_rows,
     append_rows,
@@ -775,12 +774,10 @@ def make(settings: Settings, spark: Any = None) -> WarehouseStore:
 
         spark = spark_session(settings, f"cdc-{settings.pipeline.name}")
     own = warehouse_settings(settings)
-    # the cluster profile collects nothing to the driver: Spark writes on the executors
-    cluster = execution_profile(settings)[0] == "cluster"
     return WarehouseStore(
         spark,
         warehouse_root(settings),
-        writer="spark" if cluster else own.writer,
+        writer=writer_in_use(settings),
         max_records=own.max_offsets_per_trigger,
         heap=settings.spark.driver_memory,
     )

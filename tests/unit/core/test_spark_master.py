@@ -55,3 +55,20 @@ def test_the_profile_is_cluster_on_a_cluster_or_a_remote_warehouse(tmp_path: Pat
         update={"apply": local.apply.model_copy(update={"profile": "cluster"})}
     )
     assert execution_profile(chosen) == ("cluster", "apply.profile = cluster")
+
+
+def test_the_cluster_profile_writes_the_warehouse_and_its_views_with_spark(
+    tmp_path: Path,
+) -> None:
+    """Under the cluster profile neither the warehouse's tables nor its views' are
+    written by delta-rs in the driver, whatever `[stores.warehouse] writer` says."""
+    from cdc.core.settings import Settings
+    from cdc.stores.warehouse.settings import with_warehouse, writer_in_use
+
+    local = Settings(data_dir=tmp_path)  # type: ignore[call-arg]
+    assert writer_in_use(local) == "delta-rs"
+    assert writer_in_use(with_warehouse(local, path="s3a://lake/cdc")) == "spark"
+    chosen = local.model_copy(
+        update={"apply": local.apply.model_copy(update={"profile": "cluster"})}
+    )
+    assert writer_in_use(chosen) == "spark"
