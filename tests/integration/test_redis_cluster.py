@@ -6,7 +6,9 @@ apply job's cache refuses it too; a standalone redis-server is not refused."""
 
 from __future__ import annotations
 
+import random
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -63,11 +65,26 @@ def _redis_server(folder: Path, port: int, *options: str) -> subprocess.Popen[by
             time.sleep(0.2)
 
 
+def _cluster_port() -> int:
+    """A free port for a cluster-mode redis-server: at most 55535 (its cluster bus listens
+    10,000 above, which must be free too); the system's free ports run higher."""
+    for _ in range(200):
+        port = random.randint(20_000, 55_535)
+        try:
+            with socket.socket() as one, socket.socket() as bus:
+                one.bind(("127.0.0.1", port))
+                bus.bind(("127.0.0.1", port + 10_000))
+            return port
+        except OSError:
+            continue
+    raise AssertionError("no free port for a cluster-mode redis-server")
+
+
 @pytest.fixture(scope="module")
 def redis_servers() -> Iterator[tuple[int, int]]:
     """A redis-server in cluster mode and a standalone one: their ports."""
     root = Path(tempfile.mkdtemp(prefix="cdc-redis-cluster-"))
-    cluster_port, standalone_port = free_ports(2)
+    cluster_port, (standalone_port,) = _cluster_port(), free_ports(1)
     (root / "cluster").mkdir()
     (root / "standalone").mkdir()
     processes = []
