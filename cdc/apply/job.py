@@ -34,7 +34,7 @@ from cdc.core.errors import (
 )
 from cdc.core.settings import Settings
 from cdc.core.spark import kafka_options, spark_session, views_session
-from cdc.core.store_declarations import Publisher, able, declared
+from cdc.core.store_declarations import Publisher, declared, with_ability
 from cdc.core.topics import change_topic_pattern
 from cdc.log.progress import (
     checkpoint_dir,
@@ -65,17 +65,17 @@ def run_apply(
     selected = stores or list(settings.apply.stores)
     # beside other stores, each store that asks for one runs in a process of its own
     apart: list[StoreProcess] = []
-    own = able(selected, "own_process")
+    own = with_ability(selected, "own_process")
     if not once and settings.apply.own_process and own and len(own) < len(selected):
         selected = [s for s in selected if s not in own]
         apart = [StoreProcess(settings, s, settings.apply.own_process_nice) for s in own]
-    runs_views = bool(able(selected, "views"))  # this process runs the derived views
+    runs_views = bool(with_ability(selected, "views"))  # this process runs the derived views
     views = check_views(settings, tables) if runs_views else []
     rewritten = _Rewritten(settings)  # what the batches found DDL rewrote: acted on here
     starters: dict[str, Callable[[], Any]] = {}
     for name in selected:
         store = make_writer(settings, name, spark)
-        if able([name], "views"):  # its views refreshed after each batch
+        if with_ability([name], "views"):  # its views refreshed after each batch
             store.take_steps(after_batch(views))
         _prepare(settings, store, tables)
         starters[name] = functools.partial(

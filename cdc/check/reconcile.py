@@ -17,7 +17,7 @@ from cdc.check.view_checks import view_checks
 from cdc.core.catalog import Table
 from cdc.core.say import Say, quiet
 from cdc.core.settings import Settings
-from cdc.core.store_declarations import able
+from cdc.core.store_declarations import with_ability
 
 __all__ = ["Mend", "VerifyReport", "reconcile"]
 
@@ -75,7 +75,7 @@ def reconcile(
             say(line)
         say("verifying again once the stores have applied the repair")
         report.drifts = verify(settings, tables, stores, timeout, say=say)
-    if quality and (expected := able(stores, "expectations")):
+    if quality and (expected := with_ability(stores, "expectations")):
         say("running the expectations over the warehouse")
         counts = {d.table: d.source_rows for d in report.drifts if d.store in expected}
         report.checks += expectations(settings, tables, counts, timeout=timeout)

@@ -40,7 +40,7 @@ from cdc.core.settings.views import (
     TableJoin,
     TumblingWindow,
 )
-from cdc.core.store_declarations import able
+from cdc.core.store_declarations import with_ability
 from cdc.core.topics import change_topic, end_offsets
 from cdc.stack import Stack
 
@@ -349,7 +349,9 @@ def _wait_for_first_batches(
     started = time.monotonic()
     said: set[str] = set()
     wanted = list(settings.apply.stores)
-    queries = [q.label for q in queries_of(views_of(settings))] if able(wanted, "views") else []
+    queries = (
+        [q.label for q in queries_of(views_of(settings))] if with_ability(wanted, "views") else []
+    )
     while time.monotonic() - started < timeout and not failure:
         stores = pipeline_status(settings, TABLES).stores
         done = {s for s in wanted if s in stores and not stores[s].get("nothing_applied")}
@@ -383,7 +385,7 @@ def _warm_up(
     topics = [change_topic(settings.pipeline, t) for t in TABLES]
     queries = (
         [checkpoint_dir(settings, q.label) for q in queries_of(views_of(settings))]
-        if able(settings.apply.stores, "views")
+        if with_ability(settings.apply.stores, "views")
         else []
     )
 

@@ -24,12 +24,12 @@ __all__ = [
     "Ability",
     "Publisher",
     "StoreDeclaration",
-    "able",
     "check_store_names",
     "declared",
     "register",
     "store_help",
     "unknown_stores",
+    "with_ability",
 ]
 
 GROUP = "cdc.stores"
@@ -157,7 +157,7 @@ def check_store_names(names: Iterable[str]) -> None:
         raise ConfigError(problem)
 
 
-def able(stores: Iterable[str], ability: Ability) -> list[str]:
+def with_ability(stores: Iterable[str], ability: Ability) -> list[str]:
     """Those of `stores` that declare `ability`."""
     known = declared()
     return [s for s in stores if s in known and ability in known[s].abilities]

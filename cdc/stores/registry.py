@@ -12,7 +12,7 @@ from pydantic import BaseModel, SecretStr
 
 from cdc.core.errors import ConfigError
 from cdc.core.settings import Settings
-from cdc.core.store_declarations import Ability, able, check_store_names, declared
+from cdc.core.store_declarations import Ability, check_store_names, declared, with_ability
 from cdc.stores.base import RowStore, StoreReader, StoreWriter
 
 __all__ = [
@@ -49,7 +49,7 @@ def make_reader(settings: Settings, name: str, spark: Any = None) -> StoreReader
 def reader_with(settings: Settings, ability: Ability, spark: Any = None) -> StoreReader:
     """The reader of the store that has `ability`: the first of apply.stores that does,
     else the first store installed that does."""
-    names = able(settings.apply.stores, ability) or able(declared(), ability)
+    names = with_ability(settings.apply.stores, ability) or with_ability(declared(), ability)
     if not names:
         raise ConfigError(f"no store installed has the ability {ability!r}: install one that does")
     return make_reader(settings, names[0], spark)
