@@ -180,10 +180,7 @@ def pipeline_status(
             status.replication = _replication(settings, tables)
             status.stores = _store_progress(settings, ends, capture)
             status.late_events = _late_events(settings)
-        for store in settings.apply.stores:
-            publisher = declared()[store].publisher_of(settings)
-            if publisher is not None:
-                status.published[publisher.name] = publisher.status()
+        status.published = _published(settings)
     except CdcError as exc:
         status.error = str(exc)
     return status
@@ -217,6 +214,21 @@ def _capture_lag(settings: Settings, connector: dict[str, Any] | None) -> Captur
         state,
         heartbeat_rows_topic(pipe),
     )
+
+
+def _published(settings: Settings) -> dict[str, dict[str, Any]]:
+    """Each publisher's figures (its store's declaration's `publisher`); one that cannot
+    be made or read is said in one line under its store's name, not raised."""
+    found: dict[str, dict[str, Any]] = {}
+    for store in settings.apply.stores:
+        try:
+            publisher = declared()[store].publisher_of(settings)
+            if publisher is not None:
+                found[publisher.name] = publisher.status()
+        except Exception as exc:  # e.g. a remote warehouse: Iceberg publishes a local one
+            line = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+            found[store] = {"tables": 0, "behind": {}, "error": line}
+    return found
 
 
 def _choice_problems(settings: Settings, published: list[str]) -> list[str]:

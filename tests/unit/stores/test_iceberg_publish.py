@@ -291,3 +291,20 @@ def test_a_type_change_iceberg_cannot_promote_is_not_published(tmp_path: Path) -
     _commit(table, 3, _meta([*FIELDS, as_double]), *gone, d)
     assert publisher.publish_all(strict=True)
     assert [r["qty"] for r in _iceberg_rows(base, name)] == [5.0, 6.0, 7.5]
+
+
+def test_status_says_in_one_line_a_publisher_it_cannot_make(tmp_path: Path) -> None:
+    """A warehouse on object storage with iceberg on: `cdc status` says why under the
+    store's name, and the rest of the pipeline's figures stand."""
+    from cdc.check.status import _published
+    from cdc.core.settings import Settings
+    from cdc.stores.warehouse.settings import with_warehouse
+
+    settings = with_warehouse(
+        Settings(data_dir=tmp_path),  # type: ignore[call-arg]
+        path="s3a://lake/cdc",
+        iceberg=True,
+    )
+    found = _published(settings)
+    assert "local warehouse only" in found["warehouse"]["error"]
+    assert _published(Settings(data_dir=tmp_path)) == {}  # type: ignore[call-arg]
