@@ -47,6 +47,8 @@ def drop_demo(settings: Any) -> None:
         conn.execute("DROP TYPE IF EXISTS order_status")
 
 
+# 5 min: `make demo`'s own run (its settings file: tests/unit/cli/test_demo_settings.py)
+@pytest.mark.long
 def test_the_demo_runs_non_interactively_and_verifies(stack: RunningStack, tmp_path: Path) -> None:
     settings, env = demo_pipeline(stack, tmp_path)
     try:
