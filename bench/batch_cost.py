@@ -49,8 +49,6 @@ TABLE = "public.batch_cost"
 ROWS = 1000
 # the driver-side functions one micro-batch calls (cdc/apply/batch.py's names)
 PHASES = ("with_generated", "read_progress", "write_progress")
-# the source view's reads, under the names the earlier figures have them
-SOURCE_PHASES = {"rewrites": "check_rewrites", "generation": "read_generation"}
 
 
 class Clock:
@@ -106,13 +104,9 @@ def instrument(clock: Clock) -> None:
     """Wrap the apply job's driver-side calls with the clock (before it starts)."""
     for phase in PHASES:
         setattr(batch_module, phase, clock.wrap(phase, getattr(batch_module, phase)))
+    # the catalog, the WAL position, the rewrites and the generation, read at once
     view = batch_module.SourceView
-    for method, phase in SOURCE_PHASES.items():
-        setattr(view, method, clock.wrap(phase, getattr(view, method)))
-    if hasattr(view, "read_batch"):  # the catalog, WAL position, rewrites, generation at once
-        view.read_batch = clock.wrap("read_source", view.read_batch)  # type: ignore[method-assign]
-    else:
-        view.read = clock.wrap("read_source", view.read)  # type: ignore[method-assign]
+    view.read_batch = clock.wrap("read_source", view.read_batch)  # type: ignore[method-assign]
     ends = batch_module.EndOffsets.check_not_rewound
     batch_module.EndOffsets.check_not_rewound = clock.wrap("log end offsets", ends)  # type: ignore[method-assign]
     make_writer = batch_module.BatchWriter

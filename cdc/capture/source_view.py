@@ -8,7 +8,6 @@ backfill started from inside a batch."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from cdc.capture.generation import Generation, read_generation
 from cdc.capture.rewrites import Rewrite, find_rewrites
@@ -55,31 +54,6 @@ class SourceView:
             generation=read_generation(self.settings),
         )
 
-    def read(self) -> tuple[dict[str, Table], int]:
-        """The captured tables (under the names they are captured under) and the WAL
-        position, read now."""
-        return self.reader.read()
-
-    @property
-    def lineage(self) -> tuple[str, int | None] | None:
-        """The source's system identifier and timeline, as the last read found them."""
-        return self.reader.lineage
-
-    @property
-    def reused(self) -> list[str]:
-        """Captured names another captured relation has now (tables swapped)."""
-        return self.reader.reused
-
-    @property
-    def relations(self) -> dict[int, str]:
-        """The published tables' relations: OID -> name now."""
-        return self.reader.relations
-
-    @property
-    def renamed(self) -> dict[str, str]:
-        """Tables renamed since `cdc setup`: name now -> the name captured under."""
-        return self.reader.renamed
-
     def forks(self, timeline: int) -> dict[int, int]:
         """Per timeline the current one descends from, where it left it."""
         return timeline_forks(self.settings, timeline)
@@ -87,10 +61,6 @@ class SourceView:
     def generation(self) -> Generation | None:
         """The newest snapshot generation, or None before the first."""
         return read_generation(self.settings)
-
-    def rewrites(self, tables: Any) -> list[Rewrite]:
-        """The tables DDL rewrote since they were recorded: intents for the job."""
-        return find_rewrites(self.settings, tables)
 
     def close(self) -> None:
         self.reader.close()
