@@ -6,7 +6,7 @@
 #      hashes), then this project
 #   4. the JVM artifacts (Kafka, Kafka Connect, Debezium, OpenSearch, Spark jars),
 #      resolved by Maven from jvm/pom.xml into .cache/jvm, and the pipeline's own Connect
-#      transform (jvm/transforms) built there
+#      transform (jvm/transforms) and signal actions (jvm/signals) built there
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$(pwd)
@@ -84,7 +84,7 @@ fi
 
 step 4 "JVM artifacts ($CACHE/jvm)"
 stamp="$CACHE/jvm/.cdc-installed"
-want=$(cat jvm/pom.xml jvm/*/pom.xml $(find jvm/transforms/src -type f | sort) | sha256sum | cut -d' ' -f1)
+want=$(cat jvm/pom.xml jvm/*/pom.xml $(find jvm/transforms/src jvm/signals/src -type f | sort) | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   done_ "up to date"
 else

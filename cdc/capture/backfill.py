@@ -49,6 +49,16 @@ __all__ = [
 ]
 
 
+# A signal from Kafka is run by Debezium's signal thread, beside the streaming thread: its
+# own execute-snapshot and resume-snapshot read a chunk there, racing the changes streamed
+# meanwhile (a key deleted during the read came back after its delete). These actions
+# (jvm/signals, cdc.connect.signals.InStreamSnapshots) are the same, run by the streaming
+# thread.
+IN_STREAM = {
+    "execute-snapshot": "cdc-execute-snapshot",
+    "resume-snapshot": "cdc-resume-snapshot",
+}
+
 # Debezium keeps a running backfill's filter in the connector's offsets, escaped twice
 # (JSON in JSON); Kafka Connect writes them as one record, at most 1 MiB by default.
 MAX_FILTER_CHARS = 512 * 1024
@@ -90,6 +100,7 @@ def send_signal(settings: Settings, kind: str, data: dict[str, Any] | None) -> s
     """
     signal_id = str(uuid.uuid4())
     if settings.pipeline.read_only_backfills:
+        kind = IN_STREAM.get(kind, kind)
         _send_to_topic(settings, {"id": signal_id, "type": kind, "data": data or {}})
         return signal_id
     text = json.dumps(data) if data is not None else None

@@ -66,15 +66,19 @@ def test_state_lives_in_named_volumes(compose: dict[str, Any]) -> None:
         assert {v.split(":", 1)[0] for v in volumes} <= declared, name
 
 
-def test_connect_loads_the_masking_transform_the_install_builds(
+def test_connect_loads_the_transform_and_signal_actions_the_install_builds(
     compose: dict[str, Any],
 ) -> None:
-    (mount,) = compose["services"]["connect"]["volumes"]
-    host, inside, _ = mount.split(":")
+    transforms, signals = compose["services"]["connect"]["volumes"]
+    host, inside, _ = transforms.split(":")
     assert host == "./.cache/jvm/connect-plugins/cdc-transforms"
     assert inside.startswith("/kafka/connect/")  # the image's plugin.path
-    built = ROOT / host / "cdc-transforms-1.jar"
-    assert built.exists(), "run ./install.sh"
+    assert (ROOT / host / "cdc-transforms-1.jar").exists(), "run ./install.sh"
+    # the signal actions go into Debezium's own folder (its class loader finds them)
+    host, inside, _ = signals.split(":")
+    assert host == "./.cache/jvm/connect-plugins/debezium-connector-postgres/cdc-signals-1.jar"
+    assert inside == "/kafka/connect/debezium-connector-postgres/cdc-signals-1.jar"
+    assert (ROOT / host).exists(), "run ./install.sh"
 
 
 def test_published_ports_are_the_ones_cdc_compose_toml_uses(
