@@ -319,9 +319,12 @@ def watch_backfill(
                     on_progress(progress)
             if deadline is not None and time.monotonic() > deadline:
                 waiting = signal_id is not None and not progress.taken
+                untaken = " (Debezium has not taken its signal yet"
+                if settings.pipeline.read_only_backfills:  # an action of the pipeline's own
+                    untaken += "; a Connect of your own needs cdc-signals-1.jar beside Debezium's"
                 raise BackfillError(
                     f"the backfill did not finish within {timeout:.0f}s"
-                    + (" (Debezium has not taken its signal yet)" if waiting else "")
+                    + (untaken + ")" if waiting else "")
                     + f": see `cdc status` and the Connect log {log_file}"
                 )
     except KafkaError as exc:
