@@ -94,7 +94,7 @@ from cdc.core.errors import ConnectorError, SnapshotError
 from cdc.core.postgres_client import admin_connection
 from cdc.core.say import Say, quiet
 from cdc.core.settings import Settings
-from cdc.core.spark import kafka_options, spark_session
+from cdc.core.spark import jdbc_ssl_options, kafka_options, spark_session
 from cdc.core.topics import (
     change_topic,
     change_topic_spec,
@@ -534,7 +534,7 @@ def _copy_tables(
         "driver": "org.postgresql.Driver",
         "sessionInitStatement": init,
         "fetchsize": "10000",
-        **pg.jdbc_ssl_params(),
+        **jdbc_ssl_options(settings),
     }
     now_ms = int(time.time() * 1000)
     pieces: list[tuple[Table, ReadRange, Any, int]] = []  # each CTID range: its events, pages

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from cdc.core.clients import kafka_jaas_config, kafka_java_config
-from cdc.core.errors import INSTALL_HINT, NotInstalledError
+from cdc.core.errors import INSTALL_HINT, ConfigError, NotInstalledError
 from cdc.core.files import write_file
 from cdc.core.settings import Settings
 from cdc.core.settings.connections import SECRET_KEY
@@ -32,6 +32,7 @@ __all__ = [
     "driver_address",
     "execution_profile",
     "jars_conf",
+    "jdbc_ssl_options",
     "kafka_options",
     "spark_jars",
     "spark_master",
@@ -47,17 +48,61 @@ def _artifact(jar: Path) -> str:
     return match.group("name") if match else jar.stem
 
 
-def kafka_options(settings: Settings) -> dict[str, str]:
+def kafka_options(settings: Settings, inline_ca: bool | None = None) -> dict[str, str]:
     """The options of every Spark Kafka source and sink of the project: the brokers and
     the security of `kafka` (protocol, SASL login, the CA as a PEM trust store), each
     prefixed `kafka.` as Spark hands them to its Kafka clients. The SASL login holds the
-    password (Spark redacts it in plans and logs): never print these."""
+    password (Spark redacts it in plans and logs): never print these.
+
+    The Kafka clients run on the executors. With `inline_ca` (by default when
+    spark.master is not local: executors on other machines, without the CA file) the
+    CA travels in the options as its PEM text instead of its path."""
     section = settings.kafka
     config = kafka_java_config(section, kafka_jaas_config(section))
+    if inline_ca is None:
+        inline_ca = not settings.spark.master.startswith("local")
+    location = config.get("ssl.truststore.location")
+    if inline_ca and location is not None:
+        del config["ssl.truststore.location"]
+        config["ssl.truststore.certificates"] = _pem(Path(location), "kafka.ca_file")
     return {
         "kafka.bootstrap.servers": section.bootstrap,
         **{f"kafka.{key}": value for key, value in config.items()},
     }
+
+
+def jdbc_ssl_options(settings: Settings, inline_ca: bool | None = None) -> dict[str, str]:
+    """The PostgreSQL JDBC driver's TLS options for Spark's reads, which run on the
+    executors. With `inline_ca` (by default when spark.master is not local) the CA is
+    given as its PEM text to the driver's SingleCertValidatingFactory, which trusts that
+    one certificate, instead of a path the executors' machines do not have."""
+    params = settings.postgres.jdbc_ssl_params()
+    if inline_ca is None:
+        inline_ca = not settings.spark.master.startswith("local")
+    root = params.get("sslrootcert")
+    if inline_ca and root is not None:
+        pem = _pem(Path(root), "postgres.ca_file")
+        if pem.count("-----BEGIN CERTIFICATE-----") != 1:
+            raise ConfigError(
+                f"postgres.ca_file {root} holds more than one certificate, and executors on "
+                "other machines are given one (PgJDBC's SingleCertValidatingFactory): give "
+                "the CA that signed the server's certificate alone"
+            )
+        del params["sslrootcert"]
+        params["sslfactory"] = "org.postgresql.ssl.SingleCertValidatingFactory"
+        params["sslfactoryarg"] = pem[pem.index("-----BEGIN CERTIFICATE-----") :].strip()
+    return params
+
+
+def _pem(path: Path, setting: str) -> str:
+    """A CA file's text (PEM), or ConfigError in one line."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{setting} {path} cannot be read ({exc}): fix the path") from None
+    if "-----BEGIN CERTIFICATE-----" not in text:
+        raise ConfigError(f"{setting} {path} holds no PEM certificate: give the CA as PEM")
+    return text
 
 
 def spark_jars(settings: Settings) -> list[Path]:

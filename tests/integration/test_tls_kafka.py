@@ -176,6 +176,12 @@ def test_spark_reads_and_writes_over_sasl_ssl(tls_kafka: tuple[Settings, tls.Tes
             .load()
         )
         assert sorted(bytes(r.value) for r in read.collect()) == [b"row 0", b"row 1", b"row 2"]
+        # as executors on other machines read: the CA's text in the options, not its path
+        inline = kafka_options(settings, inline_ca=True)
+        assert "kafka.ssl.truststore.location" not in inline
+        read = spark.read.format("kafka").options(**inline).option("subscribe", TOPIC)
+        rows = read.option("startingOffsets", "earliest").load().collect()
+        assert sorted(bytes(r.value) for r in rows) == [b"row 0", b"row 1", b"row 2"]
         ensure_topics(settings.kafka, [TopicSpec("tls.written", 1, {})])
         (
             spark.createDataFrame([("k", "from spark")], "key string, value string")

@@ -24,6 +24,7 @@ from cdc.capture.connector_config import connector_config
 from cdc.capture.source_setup import prepare_source, replication_dsn
 from cdc.core.postgres_client import admin_connection
 from cdc.core.settings import Settings, load_settings
+from cdc.core.spark import jdbc_ssl_options
 from cdc.stack.components.postgres import Postgres
 from tests import tls
 from tests.helpers import free_ports
@@ -146,7 +147,9 @@ def _jdbc_probe(settings: Settings, ssl: dict[str, str], tmp_path: Path) -> str:
         **ssl,
     }
     stdin = "".join(
-        f"{key}={value.replace(chr(92), chr(92) * 2)}\n".replace(" ", "\\ ")
+        f"{key}={value.replace(chr(92), chr(92) * 2).replace(chr(10), chr(92) + 'n')}\n".replace(
+            " ", "\\ "
+        )
         for key, value in props.items()
     )
     proc = subprocess.run(
@@ -174,6 +177,14 @@ def test_debeziums_driver_verifies_the_server_with_the_connector_settings(
     refused = _jdbc_probe(settings, {**ssl, "sslrootcert": str(other.ca_file)}, tmp_path)
     assert "ssl=true" not in refused
     assert "PKIX" in refused or "certif" in refused.lower(), refused[-2000:]
+    # the form Spark's executors on other machines get: the CA's text, not its path
+    inline = jdbc_ssl_options(settings, inline_ca=True)
+    assert "sslrootcert" not in inline
+    assert "ssl=true" in _jdbc_probe(settings, inline, tmp_path)
+    other_ca = settings.postgres.model_copy(update={"ca_file": other.ca_file})
+    stranger = settings.model_copy(update={"postgres": other_ca})
+    refused = _jdbc_probe(settings, jdbc_ssl_options(stranger, inline_ca=True), tmp_path)
+    assert "ssl=true" not in refused
 
 
 def test_no_password_in_the_server_log(tls_postgres: tuple[Settings, tls.TestCA]) -> None:
