@@ -68,7 +68,9 @@ class ConnectClient:
         self.timeout = timeout
         self._session = requests.Session()
         self._session.auth = auth
-        self._session.verify = verify
+        # given with each request: a session's own `verify` loses to REQUESTS_CA_BUNDLE
+        # or CURL_CA_BUNDLE in the environment (psf/requests#3829)
+        self.verify = verify
 
     @property
     def url(self) -> str:
@@ -81,7 +83,9 @@ class ConnectClient:
         failures = []
         for url in list(self.urls):
             try:
-                resp = self._session.request(method, url + path, timeout=self.timeout, **kwargs)
+                resp = self._session.request(
+                    method, url + path, timeout=self.timeout, verify=self.verify, **kwargs
+                )
             except requests.exceptions.SSLError as exc:
                 failures.append(f"{url}: TLS refused ({_tls_reason(exc)})")
             except requests.ConnectionError as exc:

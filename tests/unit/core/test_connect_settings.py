@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from cdc.capture.connect_client import connect_client
-from cdc.core.errors import ConfigError
+from cdc.core.errors import ComponentError, ConfigError
 from cdc.core.settings import load_settings
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -42,7 +43,7 @@ def test_the_workers_of_a_group_over_https(tmp_path: Path) -> None:
     assert "rest secret" not in repr(section) and "rest secret" not in str(section.urls)
     client = connect_client(load_settings(connect=section.model_dump()))
     assert client.urls == list(section.urls)
-    assert client._session.verify == str(ca)
+    assert client.verify == str(ca)
     assert client._session.auth == ("cdc", "rest secret")
 
 
@@ -75,3 +76,26 @@ def test_a_bad_combination_is_refused_in_one_line(
     with pytest.raises(ConfigError, match="invalid setting connect") as refused:
         load_settings(connect=section)
     assert said in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_the_ca_file_wins_over_a_ca_bundle_in_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """requests lets REQUESTS_CA_BUNDLE replace a session's own `verify` (psf/requests#3829):
+    the client gives connect.ca_file with every request."""
+    ca = tmp_path / "ca.pem"
+    ca.write_text("a CA")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
+    client = connect_client(
+        load_settings(connect={"managed": False, "hosts": "c1:8443", "tls": True, "ca_file": ca})
+    )
+    sent: dict[str, Any] = {}
+
+    def request(method: str, url: str, **kwargs: Any) -> Any:
+        sent.update(kwargs, url=url)
+        raise requests.ConnectionError("no route")
+
+    monkeypatch.setattr(client._session, "request", request)
+    with pytest.raises(ComponentError, match="https://c1:8443: ConnectionError"):
+        client.info()
+    assert sent["verify"] == str(ca) and sent["url"] == "https://c1:8443/"
