@@ -74,8 +74,8 @@ class Connect(Component):
     def prepare(self) -> None:
         if self.section.host not in ("127.0.0.1", "localhost"):
             raise ComponentError(
-                f"connect.host is {self.section.host}: the local Connect worker's REST API has "
-                "no authentication and listens on 127.0.0.1 only; set connect.host = "
+                f"connect.host is {self.section.host}: the local Connect worker's REST API "
+                "listens on 127.0.0.1 only; set connect.host = "
                 '"127.0.0.1", or run your own worker (connect.managed = false)'
             )
         private_folder(self.state_dir / "secrets")
