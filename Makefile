@@ -12,7 +12,7 @@ help:
 	@echo "make demo              install, start the stack, run the demo shop with a live dashboard"
 	@echo "make test              install, lint, then the unit and integration tests on the real stack (CI)"
 	@echo "make test-long         the long forms (the short chaos run, the schema zoo, a 10,000-key repair) and the Spark cluster test"
-	@echo "make test-cluster      the services as clusters: three Kafka brokers (replicas, a broker lost), the Spark cluster"
+	@echo "make test-cluster      the services as clusters: three Kafka brokers (replicas, a broker lost), two Connect workers (a worker lost), the Spark cluster"
 	@echo "make test-fast         unit tests only (pure logic, seconds)"
 	@echo "make test-integration  integration tests against the real stack"
 	@echo "make bench-snapshot    snapshot of 2 M rows: ours, copy-to-null and Debezium's"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,9 @@ def rest_password_file(settings: Settings) -> Path:
 
 
 def connect_client(settings: Settings, timeout: float = 10.0) -> ConnectClient:
-    """A client of the pipeline's Connect worker, logged in as the settings say (the
-    local worker: REST_USER and its generated password)."""
+    """A client of the pipeline's Connect workers (connect.hosts, else host:port; https
+    with connect.tls), logged in as the settings say (the local worker: REST_USER and
+    its generated password)."""
     section = settings.connect
     auth = None
     if section.username is not None and section.password is not None:
@@ -43,30 +45,73 @@ def connect_client(settings: Settings, timeout: float = 10.0) -> ConnectClient:
             auth = (REST_USER, rest_password_file(settings).read_text().strip())
         except OSError:  # a worker started before it asked for one
             auth = None
-    return ConnectClient(section.url, timeout, auth)
+    verify: bool | str = str(section.ca_file) if section.ca_file is not None else True
+    return ConnectClient(section.urls, timeout, auth, verify)
 
 
 class ConnectClient:
+    """Asks the workers of one Connect group, each in turn while one does not answer;
+    the one that last answered is asked first (any worker takes any request: it
+    forwards to the group's leader what only the leader does)."""
+
     def __init__(
-        self, url: str, timeout: float = 10.0, auth: tuple[str, str] | None = None
+        self,
+        urls: str | Sequence[str],
+        timeout: float = 10.0,
+        auth: tuple[str, str] | None = None,
+        verify: bool | str = True,
     ) -> None:
-        self.url = url.rstrip("/")
+        listed = [urls] if isinstance(urls, str) else list(urls)
+        if not listed:
+            raise ValueError("a Connect client needs at least one worker's URL")
+        self.urls = [u.rstrip("/") for u in listed]
         self.timeout = timeout
         self._session = requests.Session()
         self._session.auth = auth
+        # given with each request: a session's own `verify` loses to REQUESTS_CA_BUNDLE
+        # or CURL_CA_BUNDLE in the environment (psf/requests#3829)
+        self.verify = verify
+
+    @property
+    def url(self) -> str:
+        """The worker asked first: the one that last answered."""
+        return self.urls[0]
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        """The answer of the first worker that gives one; a worker that cannot be reached
+        (refused, no route, TLS refused, or no answer to a read) is left for the next."""
+        failures = []
+        for url in list(self.urls):
+            try:
+                resp = self._session.request(
+                    method, url + path, timeout=self.timeout, verify=self.verify, **kwargs
+                )
+            except requests.exceptions.SSLError as exc:
+                failures.append(f"{url}: TLS refused ({_tls_reason(exc)})")
+            except requests.ConnectionError as exc:
+                failures.append(f"{url}: {type(exc).__name__}")
+            except requests.Timeout as exc:
+                failures.append(f"{url}: {type(exc).__name__}")
+                if method != "GET":  # it may have been done: said, not sent to another
+                    break
+            except requests.RequestException as exc:
+                failures.append(f"{url}: {type(exc).__name__}")
+            else:
+                if url != self.urls[0]:
+                    log.info("Kafka Connect: %s answers (%s did not)", url, self.urls[0])
+                    self.urls.remove(url)
+                    self.urls.insert(0, url)
+                return resp
+        workers = "the worker" if len(self.urls) == 1 else f"none of the {len(self.urls)} workers"
+        raise ComponentError(
+            f"Kafka Connect does not answer ({workers}: {'; '.join(failures)}); is the stack "
+            "up? (`cdc up`, then `cdc status`; your own workers: connect.hosts)"
+        )
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         deadline = time.monotonic() + BUSY_RETRY_S
         while True:
-            try:
-                resp = self._session.request(
-                    method, self.url + path, timeout=self.timeout, **kwargs
-                )
-            except requests.RequestException as exc:
-                raise ComponentError(
-                    f"Kafka Connect at {self.url} does not answer ({type(exc).__name__}); "
-                    "is the stack up? (`cdc up`, then `cdc status`)"
-                ) from None
+            resp = self._send(method, path, **kwargs)
             # 409 while the workers rebalance or take a new configuration ("Cannot complete
             # request momentarily due to stale configuration", "… because of a conflicting
             # operation"): asked again once they have; a conflict of another kind is said
@@ -76,7 +121,7 @@ class ConnectClient:
         if resp.status_code == 401:
             raise ConnectorError(
                 f"Kafka Connect at {self.url} refused cdc's login: set connect.username and "
-                "connect.password for your worker (the local one: `cdc down`, then `cdc up`)"
+                "connect.password for your workers (the local one: `cdc down`, then `cdc up`)"
             )
         if resp.status_code >= 400:
             try:
@@ -204,6 +249,16 @@ class ConnectClient:
                     "see the Connect log"
                 )
             time.sleep(0.5)
+
+
+def _tls_reason(exc: Exception) -> str:
+    """Why the TLS handshake failed, in a few words (a certificate not trusted, a name
+    that does not match), not the chain of wrapped exceptions."""
+    text = str(exc)
+    for known in ("certificate verify failed", "hostname mismatch", "wrong version number"):
+        if known in text:
+            return known + (": set connect.ca_file" if "verify" in known else "")
+    return "handshake failed"
 
 
 def summarize_trace(trace: str) -> str:

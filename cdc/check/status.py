@@ -157,6 +157,8 @@ def pipeline_status(
                 "name": pipe.connector,
                 "state": entry["connector"]["state"],
                 "tasks": [t["state"] for t in entry.get("tasks", [])],
+                # the worker (host:port, as it advertises itself) that runs each task
+                "workers": task_workers(entry),
             }
             config = connectors[pipe.connector].get("info", {}).get("config", {})
             if config:
@@ -194,6 +196,12 @@ def _replication(settings: Settings, tables: list[str]) -> str | None:
         names += connect_topics(settings.connect.group_id).values()
     plan = settings.data_dir / "kafka-replicas.json"
     return under_replicated(settings.kafka, names, plan)
+
+
+def task_workers(status: dict[str, Any]) -> list[str | None]:
+    """The worker that runs each task of a connector (its `worker_id`, host:port as the
+    worker advertises itself), in the order of the tasks; None for a task not assigned."""
+    return [t.get("worker_id") or None for t in status.get("tasks", [])]
 
 
 def _capture_lag(settings: Settings, connector: dict[str, Any] | None) -> CaptureLag:

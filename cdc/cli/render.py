@@ -98,7 +98,7 @@ def pipeline_table(p: PipelineStatus) -> Table:
     if p.connector:
         c = p.connector
         color = "green" if c["state"] == "RUNNING" else "red"
-        text = f"[{color}]{c['state']}[/{color}] (tasks {', '.join(c['tasks']) or 'none'})"
+        text = f"[{color}]{c['state']}[/{color}] (tasks {_tasks_line(c)})"
         if c.get("error"):
             text += f": {c['error']}"
         elif c.get("backfills"):
@@ -239,3 +239,13 @@ def _capture_line(capture: dict[str, Any]) -> str:
         f"lag {capture['lag_s']:.1f}s behind PostgreSQL (the last heartbeat reached Kafka "
         f"{capture['latency_s']:.1f}s after its commit; one every {capture['interval_s']:g}s)"
     )
+
+
+def _tasks_line(connector: dict[str, Any]) -> str:
+    """Each task's state and the worker that runs it: `RUNNING on 10.0.0.7:8083`."""
+    workers = connector.get("workers") or []
+    said = []
+    for i, state in enumerate(connector["tasks"]):
+        worker = workers[i] if i < len(workers) else None
+        said.append(f"{state} on {escape(worker)}" if worker else state)
+    return ", ".join(said) or "none"

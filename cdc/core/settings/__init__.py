@@ -259,9 +259,12 @@ def posture_problems(settings: Settings) -> list[str]:
     if connect.inline_secrets:
         problems.append("connect.inline_secrets = false")
     if not connect.managed and connect.password is None:
-        problems.append("connect.username and .password (your worker's REST login)")
-    if not connect.managed and connect.host not in ("127.0.0.1", "localhost", "::1"):
-        problems.append("connect.host on this machine (its REST API is http only)")
+        problems.append("connect.username and .password (your workers' REST login)")
+    if not connect.managed and connect.remote and not connect.tls:
+        problems.append(
+            f"connect.tls = true (https, with ca_file) for the workers on other hosts "
+            f"({', '.join(connect.remote)}): the login crosses the network"
+        )
     declarations = declared()
     for store in settings.apply.stores:
         posture = declarations[store].posture

@@ -393,9 +393,85 @@ class ConnectSettings(_Section):
         "(<data_dir>/secrets/connect-rest.password)",
     )
 
+    hosts: Annotated[tuple[str, ...], NoDecode] = Field(
+        (),
+        description=(
+            "your own Connect group (managed = false): host:port of its workers, a list or "
+            "one string (commas between), each asked in turn when one does not answer; "
+            "none: host:port"
+        ),
+    )
+    tls: bool = Field(
+        False,
+        description="https to the REST API; the worker's certificate is checked (ca_file, "
+        "else the system's trust store)",
+    )
+    ca_file: Path | None = Field(
+        None, description="PEM CA bundle that signed the workers' certificates; none: system trust"
+    )
+    cert_file: Path | None = Field(
+        None,
+        description="local worker: its PEM certificate (chain); with key_file and tls it "
+        "serves https only",
+    )
+    key_file: Path | None = Field(
+        None, description="local worker: the PEM private key (unencrypted) of cert_file"
+    )
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every worker cdc may ask, in the order it asks them: hosts, else host:port."""
+        scheme = "https" if self.tls else "http"
+        return tuple(f"{scheme}://{a}" for a in self.hosts or (f"{self.host}:{self.port}",))
+
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        """The first of them."""
+        return self.urls[0]
+
+    @property
+    def remote(self) -> tuple[str, ...]:
+        """The workers' hosts that are not this machine."""
+        hosts = [a.rpartition(":")[0].strip("[]") for a in self.hosts] or [self.host]
+        return tuple(h for h in hosts if h not in _LOOPBACK)
+
+    @field_validator("hosts", mode="before")
+    @classmethod
+    def _hosts(cls, value: Any) -> Any:
+        return _addresses(value)
+
+    @field_validator("ca_file", "cert_file", "key_file")
+    @classmethod
+    def _a_file(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return None
+        value = value.expanduser().absolute()
+        if not value.is_file():
+            raise ValueError(f"{value} is not a file")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ConnectSettings:
+        if (self.username is None) != (self.password is None):
+            raise ValueError("connect.username and connect.password go together: set both")
+        if self.managed and self.hosts not in ((), (f"{self.host}:{self.port}",)):
+            raise ValueError(
+                "connect.hosts names workers of your own Connect group: set managed = false "
+                "(the local worker is at host:port)"
+            )
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("connect cert_file and key_file go together: set both or neither")
+        if not self.tls and (self.ca_file or self.cert_file):
+            raise ValueError("a connect ca_file/cert_file is set but tls is false: set tls = true")
+        if self.managed and self.tls and self.cert_file is None:
+            raise ValueError(
+                "the local Connect worker serves https only with a certificate: set "
+                "connect.cert_file and key_file, or tls = false"
+            )
+        return self
+
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class OpenSearchSettings(_Section):

@@ -78,7 +78,13 @@ def test_a_deployment_with_tls_and_logins_everywhere_is_accepted(tmp_path: Path)
         ("kafka", {"security_protocol": "SSL", "username": None, "password": None}, "kafka"),
         ("connect", {"inline_secrets": True}, "connect.inline_secrets"),
         ("connect", {"username": None, "password": None}, "connect.username"),
-        ("connect", {"host": "connect.internal"}, "connect.host"),
+        ("connect", {"host": "connect.internal"}, "connect.tls = true"),
+        ("connect", {"hosts": ["127.0.0.1:8083", "c2.internal:8083"]}, "c2.internal"),
+        (
+            "connect",
+            {"hosts": ["c1.internal:8083"], "tls": True, "username": None, "password": None},
+            "connect.username",
+        ),
         ("redis", {"password": None}, "redis.tls and redis.password"),
         ("redis", {"tls": False, "ca_file": None}, "redis.tls and redis.password"),
         ("opensearch", {"tls": False}, "opensearch.tls"),
@@ -116,3 +122,26 @@ def test_the_posture_is_read_from_the_environment(
     monkeypatch.setenv("CDC_POSTURE", "staging")
     with pytest.raises(ConfigError, match="invalid setting posture"):
         load_settings()
+
+
+def test_a_remote_connect_group_over_https_with_a_login_is_accepted(tmp_path: Path) -> None:
+    settings = secure(tmp_path)
+    settings["connect"] = {
+        **settings["connect"],
+        "hosts": "c1.internal:8083,c2.internal:8083",
+        "tls": True,
+        "ca_file": str(tmp_path / "ca.pem"),
+    }
+    connect = load_settings(**settings).connect
+    assert connect.urls == ("https://c1.internal:8083", "https://c2.internal:8083")
+
+
+def test_a_remote_connect_over_http_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    settings = secure(tmp_path)
+    settings["connect"] = {**settings["connect"], "hosts": ["c1.internal:8083"]}
+    with pytest.raises(ConfigError) as refused:
+        load_settings(**settings)
+    message = str(refused.value)
+    assert "\n" not in message and "rest-secret" not in message
+    assert "connect.tls = true (https, with ca_file) for the workers on other hosts" in message
+    assert "(c1.internal)" in message
