@@ -263,6 +263,11 @@ class BatchWriter:
                 self.chunk,
                 started_ms=started_ms,
             )
+            tasks = self.settings.apply.row_store_tasks
+            if tasks:  # more writers than partitions: a key's events in one task, in order
+                frame = frame.repartition(tasks, "table", "key").sortWithinPartitions(
+                    "topic", "partition", "offset"
+                )
             if mode == "bulk":  # a batch of a backlog: written for throughput (StoreWriter.bulk)
                 store.bulk(tables.values(), on=True)
             try:

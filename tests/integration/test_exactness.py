@@ -54,10 +54,15 @@ def source(dsn: str, name: str) -> dict[int, str]:
 
 
 # a small batch of the cache and the search index is written by the driver, a larger one
-# by Spark's Python workers (apply.driver_batch_events): both paths keep every guard
-@pytest.mark.parametrize("driver_batch_events", [10_000, 0], ids=["driver", "workers"])
+# by Spark's Python workers (apply.driver_batch_events), in one task per topic partition
+# or shuffled by key into more (apply.row_store_tasks): every path keeps every guard
+@pytest.mark.parametrize(
+    ("driver_batch_events", "row_store_tasks"),
+    [(10_000, 0), (0, 0), (0, 3)],
+    ids=["driver", "workers", "shuffled"],
+)
 def test_redelivered_and_older_changes_change_nothing(
-    captured: Capture, driver_batch_events: int
+    captured: Capture, driver_batch_events: int, row_store_tasks: int
 ) -> None:
     t = captured(
         "CREATE TABLE {name} (id int PRIMARY KEY, body text)",
@@ -68,7 +73,10 @@ def test_redelivered_and_older_changes_change_nothing(
     settings = t.settings.model_copy(
         update={
             "apply": t.settings.apply.model_copy(
-                update={"driver_batch_events": driver_batch_events}
+                update={
+                    "driver_batch_events": driver_batch_events,
+                    "row_store_tasks": row_store_tasks,
+                }
             )
         }
     )

@@ -104,6 +104,14 @@ class ApplySettings(BaseModel):
         "written by the driver, through the store's connection kept from batch to batch; a "
         "larger one (a catch-up) by Spark's Python workers, one per topic partition (0: always)",
     )
+    row_store_tasks: int = Field(
+        0,
+        ge=0,
+        description="the tasks a cache or search batch written by Spark's workers is "
+        "split into: its events shuffled by key (a key's events stay in one task, in log "
+        "order) into this many, for more writers than the topics have partitions (0: one "
+        "task per topic partition, no shuffle)",
+    )
     deleted_marker_ttl_s: int = Field(
         86_400, ge=1, description="how long the cache keeps a deleted key's position"
     )
