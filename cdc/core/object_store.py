@@ -6,8 +6,8 @@ every engine that touches the warehouse in its own words:
   filesystem (`spark.hadoop.fs.s3a.*`, its jars from the install step in
   .cache/jvm/spark/s3a-jars), `s3://` and `s3a://` both served by it, and Delta's S3 log
   store, which is safe for one writing driver only (docs/operations.md);
-- delta-rs (`storage_options`: the object_store crate's AWS_* keys);
-- a reader of the user's own (DuckDB, Polars, a notebook): the same keys (`cdc config`).
+- delta-rs, a reader of the user's own (Polars, a notebook): `storage_options`, the
+  object_store crate's AWS_* keys, which `cdc config` shows (the secret masked).
 
 A key not set in the settings is taken from the AWS environment (AWS_ENDPOINT_URL,
 AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY). The secret key is never printed:
@@ -111,13 +111,13 @@ def spark_s3_conf(store: ObjectStore) -> dict[str, str]:
 
 
 def delta_rs_options(store: ObjectStore) -> dict[str, str]:
-    """delta-rs's `storage_options` for the store (the object_store crate's AWS keys).
-    Writes without a locking provider (AWS_S3_ALLOW_UNSAFE_RENAME): the pipeline has one
-    writer per warehouse, its apply job's driver (docs/operations.md)."""
+    """delta-rs's `storage_options` for reading the store's tables (the object_store
+    crate's AWS keys), as `cdc config` shows them. No locking provider: the pipeline's
+    one writer on S3 is Spark in its apply job's driver, and a writer of the user's own
+    needs a lock that both share (docs/operations.md, "One writer")."""
     options = {
         "AWS_REGION": store.region,
         "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": str(not store.path_style).lower(),
-        "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
     }
     if store.endpoint:
         options["AWS_ENDPOINT_URL"] = store.endpoint

@@ -85,9 +85,24 @@ def test_snapshot_and_changes_reach_a_warehouse_on_s3_and_delta_rs_reads_them(
             "AWS_SECRET_ACCESS_KEY": s3.secret_access_key,
         }
 
+        def reached(expected: dict[int, tuple[Any, ...]], apply: Any) -> Any:
+            """delta-rs's read of the bucket once it equals `expected` (or the last one)."""
+            deadline = time.monotonic() + 300
+            held = None
+            while time.monotonic() < deadline and apply.poll() is None:
+                held = _delta_rs(current, options)
+                if held == expected:
+                    break
+                time.sleep(2)
+            assert apply.poll() is None, f"cdc apply exited {apply.returncode}"
+            return held
+
         with apply_process(env, ["warehouse"]) as apply:
-            # changes streamed while the apply job runs: inserts, updates, deletes, each
-            # in transactions of their own
+            # the snapshot's rows first
+            held = reached(_source(t.dsn, t.table), apply)
+            assert held == _source(t.dsn, t.table), "the snapshot did not reach the bucket"
+            # then changes streamed while the apply job runs: inserts, updates, deletes,
+            # each in transactions of their own, over a few of its micro-batches
             with psycopg.connect(t.dsn, autocommit=True) as conn:
                 for step in range(5):
                     conn.execute(
@@ -100,16 +115,9 @@ def test_snapshot_and_changes_reach_a_warehouse_on_s3_and_delta_rs_reads_them(
                     low = step * 10 + 1
                     conn.execute(f"DELETE FROM {t.table} WHERE id BETWEEN {low} AND {low + 2}")
                     conn.execute(f"UPDATE {t.table} SET flag = NULL WHERE id = {200 + step}")
-                    time.sleep(1)
+                    time.sleep(1.5)
             expected = _source(t.dsn, t.table)
-            deadline = time.monotonic() + 300
-            held = None
-            while time.monotonic() < deadline and apply.poll() is None:
-                held = _delta_rs(current, options)
-                if held == expected:
-                    break
-                time.sleep(3)
-            assert apply.poll() is None, f"cdc apply exited {apply.returncode}"
+            held = reached(expected, apply)
         assert held is not None, "no Delta table in the bucket"
         missing = sorted(set(expected) - set(held))[:5]
         extra = sorted(set(held) - set(expected))[:5]
@@ -121,6 +129,8 @@ def test_snapshot_and_changes_reach_a_warehouse_on_s3_and_delta_rs_reads_them(
 
         versions = DeltaTable(history, storage_options=options).to_pyarrow_table().num_rows
         assert versions >= 300 + 5 * 20, versions
+        # the snapshot's commit, then the changes' own
+        assert DeltaTable(current, storage_options=options).version() >= 2
         # the Delta tables are in the bucket, none in a local folder
         logs = list(s3.folder.glob(f"lake/cdc/{prefix}/{schema}/{name}/*/_delta_log"))
         assert len(logs) == 2, logs

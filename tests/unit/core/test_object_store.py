@@ -121,7 +121,7 @@ def test_spark_reads_s3_and_s3a_through_s3a_with_the_secret_among_the_secret_con
     assert all(SECRET_KEY.search(k) for k in held)
 
 
-def test_delta_rs_gets_the_object_store_crates_keys(
+def test_delta_rs_readers_get_the_object_store_crates_keys(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     settings = _settings(
@@ -140,7 +140,6 @@ def test_delta_rs_gets_the_object_store_crates_keys(
         "AWS_ALLOW_HTTP": "true",
         "AWS_REGION": "us-east-1",
         "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false",
-        "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
         "AWS_ACCESS_KEY_ID": "AKIDENV",
         "AWS_SECRET_ACCESS_KEY": SECRET,
     }
