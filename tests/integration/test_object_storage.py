@@ -157,3 +157,41 @@ def test_snapshot_and_changes_reach_a_warehouse_on_s3_and_delta_rs_reads_them(
         )
         line = _one_line_error(absent, s3.secret_access_key)
         assert "s3://nolake" in line and "does not exist" in line, line
+
+
+def test_the_bucket_check_says_each_failure_in_one_line_without_the_secret() -> None:
+    """check_bucket against the real server: a bucket there passes; one not there, a
+    wrong secret, an unknown key and an endpoint nothing answers on are one line each."""
+    from cdc.core.errors import ConfigError, StoreUnavailableError
+    from cdc.core.object_store import ObjectStore, check_bucket
+    from tests.helpers import free_ports
+
+    with s3_server() as s3:
+        s3.make_bucket("lake")
+
+        def store(bucket: str, key: str, secret: str, endpoint: str = s3.endpoint) -> ObjectStore:
+            return ObjectStore(bucket, "cdc", endpoint, "us-east-1", True, key, secret)
+
+        check_bucket(store("lake", s3.access_key_id, s3.secret_access_key))
+        wrong = "not-" + s3.secret_access_key
+        (closed,) = free_ports(1)
+        cases = [
+            (
+                store("nolake", s3.access_key_id, s3.secret_access_key),
+                ConfigError,
+                "does not exist",
+            ),
+            (store("lake", s3.access_key_id, wrong), ConfigError, "refused the credentials"),
+            (store("lake", "nobody", wrong), ConfigError, "refused the credentials"),
+            (
+                store("lake", s3.access_key_id, wrong, f"http://127.0.0.1:{closed}"),
+                StoreUnavailableError,
+                "does not answer",
+            ),
+        ]
+        for case, error, said in cases:
+            with pytest.raises(error) as raised:
+                check_bucket(case)
+            line = str(raised.value)
+            assert said in line and "\n" not in line, line
+            assert wrong not in line and s3.secret_access_key not in line, line
