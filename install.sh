@@ -6,7 +6,12 @@
 #      hashes), then this project
 #   4. the JVM artifacts (Kafka, Kafka Connect, Debezium, OpenSearch, Spark jars),
 #      resolved by Maven from jvm/pom.xml into .cache/jvm, and the pipeline's own Connect
-#      transform (jvm/transforms) and signal actions (jvm/signals) built there
+#      transform (jvm/transforms) and signal actions (jvm/signals) built there; Spark's S3
+#      connector (hadoop-aws and the AWS SDK, about 690 MB, for a warehouse on object
+#      storage) and the tests' S3 server (S3Proxy), jvm/s3
+#
+# CDC_INSTALL_S3=0 ./install.sh leaves Spark's S3 connector out (an s3:// warehouse then
+# says to install it).
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$(pwd)
@@ -14,6 +19,7 @@ CACHE=${CDC_CACHE_DIR:-$ROOT/.cache}
 VENV=${CDC_VENV:-$ROOT/.venv}
 SERVICE_USER=${CDC_SERVICE_USER:-cdc}
 PYTHON=${PYTHON:-python3}
+INSTALL_S3=${CDC_INSTALL_S3:-1}
 started=$(date +%s)
 
 step() { printf '\033[1m[%s/4] %s\033[0m\n' "$1" "$2"; }
@@ -84,18 +90,20 @@ fi
 
 step 4 "JVM artifacts ($CACHE/jvm)"
 stamp="$CACHE/jvm/.cdc-installed"
-want=$(cat jvm/pom.xml jvm/*/pom.xml $(find jvm/transforms/src jvm/signals/src -type f | sort) | sha256sum | cut -d' ' -f1)
+want=$( (cat jvm/pom.xml jvm/*/pom.xml $(find jvm/transforms/src jvm/signals/src -type f | sort); echo "s3=$INSTALL_S3") | sha256sum | cut -d' ' -f1)
+s3_option=()
+[ "$INSTALL_S3" = 0 ] && s3_option=(-Dcdc.without-s3)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   done_ "up to date"
 else
-  done_ "resolving Kafka, Kafka Connect, Debezium, OpenSearch and the Spark jars with Maven (about 300 MB), and building the pipeline's Connect transform..."
+  done_ "resolving Kafka, Kafka Connect, Debezium, OpenSearch, the Spark jars and its S3 connector with Maven (about 1 GB; CDC_INSTALL_S3=0: 300 MB), and building the pipeline's Connect transform..."
   mkdir -p "$CACHE/jvm"
-  rm -rf "$CACHE/jvm/kafka" "$CACHE/jvm/spark" "$CACHE/jvm/connect-plugins" "$CACHE/jvm/opensearch" "$CACHE/jvm/opensearch-plugins" "$CACHE/jvm/postgres" "$CACHE/jvm/.markers"
+  rm -rf "$CACHE/jvm/kafka" "$CACHE/jvm/spark" "$CACHE/jvm/connect-plugins" "$CACHE/jvm/opensearch" "$CACHE/jvm/opensearch-plugins" "$CACHE/jvm/postgres" "$CACHE/jvm/s3proxy" "$CACHE/jvm/.markers"
   # progress: one line per component as Maven reaches it; the whole log goes to maven.log
   # -C: a download whose checksum does not match the repository's fails the install
-  if ! mvn -B -C -ntp -f jvm/pom.xml -Dcdc.cache="$CACHE/jvm" package 2>&1 \
+  if ! mvn -B -C -ntp -f jvm/pom.xml -Dcdc.cache="$CACHE/jvm" "${s3_option[@]}" package 2>&1 \
       | tee "$CACHE/jvm/maven.log" \
-      | sed -un 's/^\[INFO\] Building cdc-\([a-z]*\).*\(\[[0-9]\/[0-9]\]\)/      \2 \1/p'; then
+      | sed -un 's/^\[INFO\] Building cdc-\([a-z0-9]*\).*\(\[[0-9]\/[0-9]\]\)/      \2 \1/p'; then
     grep -E '^\[ERROR\]' "$CACHE/jvm/maven.log" | head -3 >&2
     die "Maven could not resolve the JVM artifacts; full log: $CACHE/jvm/maven.log"
   fi

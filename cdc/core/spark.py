@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any, cast
 from cdc.core.clients import kafka_jaas_config, kafka_java_config
 from cdc.core.errors import INSTALL_HINT, ConfigError, NotInstalledError
 from cdc.core.files import write_file
+from cdc.core.object_store import check_bucket, s3a_jars, spark_s3_conf
 from cdc.core.settings import Settings
 from cdc.core.settings.connections import SECRET_KEY
-from cdc.core.state_folders import local_warehouse, prepare_job_state
+from cdc.core.state_folders import local_warehouse, prepare_job_state, warehouse_store
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -281,10 +282,19 @@ def spark_session(settings: Settings, app_name: str) -> SparkSession:
     from pyspark.sql import SparkSession
 
     spark = settings.spark
+    # the warehouse on object storage: its bucket checked (one line if it is not there or
+    # refuses the credentials), Hadoop's S3A and its settings (cdc.core.object_store)
+    store = warehouse_store(settings)
+    store_jars: list[Path] = []
+    store_conf: dict[str, str] = {}
+    if store is not None:
+        store_jars = s3a_jars(settings.jvm_dir)
+        check_bucket(store)
+        store_conf = spark_s3_conf(store)
     builder = (
         SparkSession.builder.appName(app_name)
         .master(spark_master(spark.master))
-        .config("spark.jars", jars_conf(spark_jars(settings), spark.conf))
+        .config("spark.jars", jars_conf([*spark_jars(settings), *store_jars], spark.conf))
         .config("spark.driver.memory", spark.driver_memory)
         # a query stopped while its foreachBatch runs in Python checks the Python error's
         # text for an interruption with a regular expression, which overflows the default
@@ -325,8 +335,10 @@ def spark_session(settings: Settings, app_name: str) -> SparkSession:
         builder = builder.config(
             "spark.databricks.delta.snapshotPartitions", str(max(os.cpu_count() or 1, 2))
         )
-    secret = {k: v for k, v in spark.conf.items() if SECRET_KEY.search(k)}
-    for key, value in spark.conf.items():
+    # the user's spark.conf over the object store's settings
+    confs = {**store_conf, **spark.conf}
+    secret = {k: v for k, v in confs.items() if SECRET_KEY.search(k)}
+    for key, value in confs.items():
         if key not in secret and key != "spark.jars":  # added to the project's (jars_conf)
             builder = builder.config(key, value)
     session = _with_secrets(builder, settings, secret)

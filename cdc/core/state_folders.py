@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from urllib.parse import urlparse
 
+from cdc.core.object_store import ObjectStore, object_store
 from cdc.core.settings import Settings
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "make_state_dir",
     "prepare_job_state",
     "warehouse_path",
+    "warehouse_store",
 ]
 
 MARKER = ".cdc-state"
@@ -67,6 +69,12 @@ def warehouse_path(settings: Settings) -> str | None:
     data_dir."""
     path: str | None = settings.store_section("warehouse").path
     return path
+
+
+def warehouse_store(settings: Settings) -> ObjectStore | None:
+    """The object store the warehouse is on ([stores.warehouse] path s3://…, and its
+    [stores.warehouse.s3]), or None: a local folder or another filesystem."""
+    return object_store(settings.store_section("warehouse"))
 
 
 def local_warehouse(settings: Settings) -> Path | None:

@@ -18,8 +18,10 @@ from cdc.cli.base import (
 )
 from cdc.cli.output import Output, OutputForm
 from cdc.cli.render import pipeline_table, status_table
+from cdc.core.object_store import delta_rs_options
 from cdc.core.settings import local_admin_password
 from cdc.core.spark import execution_profile
+from cdc.core.state_folders import warehouse_store
 from cdc.stack import Stack
 from cdc.stack.components import ComponentStatus
 
@@ -142,7 +144,16 @@ def show_config(output: OutputOption = OutputForm.text) -> None:
             lines += [f"  {sub} = {sub_value}" for sub, sub_value in value.items()]
         else:
             lines.append(f"{key} = {value}")
-    Output(output).emit({**masked, "profile_in_use": {"name": profile, "why": why}}, *lines)
+    document = {**masked, "profile_in_use": {"name": profile, "why": why}}
+    store = warehouse_store(given)
+    if store is not None:  # the warehouse on object storage: how a reader of yours reaches it
+        options = {
+            k: "**********" if "SECRET" in k else v for k, v in delta_rs_options(store).items()
+        }
+        document["warehouse_storage_options"] = options
+        lines.append(Text("delta-rs storage_options of the warehouse", style="bold"))
+        lines += [f"  {k} = {v}" for k, v in options.items()]
+    Output(output).emit(document, *lines)
 
 
 @app.command()

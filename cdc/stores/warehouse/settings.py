@@ -7,15 +7,43 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 __all__ = [
     "RENAMED",
+    "S3Settings",
     "WarehouseSettings",
     "warehouse_settings",
     "with_warehouse",
     "writer_in_use",
 ]
+
+
+class S3Settings(BaseModel):
+    """How the warehouse on object storage (`path = "s3://bucket/prefix"`) is reached: by
+    Spark (S3A, spark.hadoop.fs.s3a.*) and delta-rs alike (cdc.core.object_store). A key
+    not set here is taken from the AWS environment variables (AWS_ENDPOINT_URL,
+    AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), else the SDKs' own chain."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    endpoint: str | None = Field(
+        None,
+        description="an S3-compatible server's URL (http://host:port or https://…); "
+        "default AWS_ENDPOINT_URL, else AWS S3 itself",
+    )
+    region: str | None = Field(
+        None, description="the bucket's region; default AWS_REGION, else us-east-1"
+    )
+    path_style: bool = Field(
+        False,
+        description="path-style requests (http://endpoint/bucket/key), as most S3-compatible "
+        "servers want, rather than virtual-hosted ones (http://bucket.endpoint/key)",
+    )
+    access_key_id: str | None = Field(None, description="default AWS_ACCESS_KEY_ID")
+    secret_access_key: SecretStr | None = Field(
+        None, description="default AWS_SECRET_ACCESS_KEY (never printed)"
+    )
 
 
 class WarehouseSettings(BaseModel):
@@ -25,8 +53,14 @@ class WarehouseSettings(BaseModel):
 
     path: str | None = Field(
         None,
-        description="Delta tables' root (any Spark filesystem), default data_dir/warehouse; "
+        description="Delta tables' root (any Spark filesystem; s3://bucket/prefix for object "
+        "storage, reached as [stores.warehouse.s3] says), default data_dir/warehouse; "
         "a pipeline's tables are under <root>/<topic prefix>",
+    )
+    s3: S3Settings = Field(
+        default_factory=S3Settings,
+        description="the object store of an s3:// (or s3a://) path: endpoint, region, "
+        "path-style requests, credentials",
     )
     writer: Literal["delta-rs", "spark"] = Field(
         "delta-rs",

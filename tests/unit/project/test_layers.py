@@ -114,7 +114,8 @@ def test_no_test_module_imports_another() -> None:
 NAMES_A_STORE = {
     "cdc.cli.commands.check": "`cdc get --store` defaults to the cache",
     "cdc.cli.demo": "the demo shows each store by name",
-    "cdc.core.state_folders": "the warehouse's default folder ([stores.warehouse] path unset)",
+    "cdc.core.state_folders": "the warehouse's default folder ([stores.warehouse] path unset), "
+    "and the object store its path names (cdc.core.object_store)",
     "cdc.views": "the warehouse's wing: its derived views, which it writes after each batch",
 }
 

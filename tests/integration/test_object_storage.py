@@ -1,0 +1,197 @@
+"""The warehouse on object storage (issue 68 item 3; docs/operations.md, "The warehouse on
+object storage"): a local S3-compatible server (S3Proxy, tests/s3_server.py) holds the
+Delta tables. The initial snapshot and the changes streamed after it reach them through
+`cdc apply` (Spark's S3A and Delta's S3 log store); delta-rs, given only the storage
+options a user would give it, reads every row as PostgreSQL holds it; `cdc verify` and
+`cdc query` read them too; a bucket that is not there and refused credentials are each
+one line, without the secret."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.conftest import Capture
+from tests.helpers import apply_process, run_cdc
+from tests.s3_server import s3_server
+
+pytestmark = pytest.mark.integration
+
+COLUMNS = "id int PRIMARY KEY, note text, n bigint, flag boolean"
+
+
+def _source(dsn: str, table: str) -> dict[int, tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(f"SELECT id, note, n, flag FROM {table}").fetchall()
+    return {r[0]: tuple(r) for r in rows}
+
+
+def _delta_rs(path: str, options: dict[str, str]) -> dict[int, tuple[Any, ...]] | None:
+    """The table as delta-rs reads it from the bucket (None while it is not there)."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(path, storage_options=options)
+    except TableNotFoundError:
+        return None
+    rows = table.to_pyarrow_table(columns=["id", "note", "n", "flag"]).to_pylist()
+    return {r["id"]: (r["id"], r["note"], r["n"], r["flag"]) for r in rows}
+
+
+def _one_line_error(result: Any, secret: str) -> str:
+    out = result.stdout + result.stderr
+    assert result.returncode != 0, out[-2000:]
+    assert "Traceback" not in out, out[-4000:]
+    assert secret not in out
+    said = [line for line in result.stderr.splitlines() if line.strip()]
+    return said[-1] if said else ""
+
+
+def test_snapshot_and_changes_reach_a_warehouse_on_s3_and_delta_rs_reads_them(
+    captured: Capture,
+) -> None:
+    with s3_server() as s3:
+        s3.make_bucket("lake")
+        t = captured(
+            f"CREATE TABLE {{name}} ({COLUMNS})",
+            "INSERT INTO {name} SELECT g, 'row ' || g, g * 10, g % 2 = 0 "
+            "FROM generate_series(1, 300) g",
+            prefix="s3",
+        )
+        prefix = t.settings.pipeline.topic_prefix
+        schema, name = t.table.split(".", 1)
+        current = f"s3://lake/cdc/{prefix}/{schema}/{name}/current"
+        history = f"s3://lake/cdc/{prefix}/{schema}/{name}/history"
+        env = {
+            **t.env,
+            "CDC_STORES__WAREHOUSE__PATH": "s3://lake/cdc",
+            "CDC_STORES__WAREHOUSE__S3__ENDPOINT": s3.endpoint,
+            "CDC_STORES__WAREHOUSE__S3__PATH_STYLE": "true",
+            # the credentials from the AWS environment, as the SDKs take them
+            "AWS_ACCESS_KEY_ID": s3.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": s3.secret_access_key,
+        }
+        # what a user gives delta-rs (the object_store crate's keys), not the pipeline's code
+        options = {
+            "AWS_ENDPOINT_URL": s3.endpoint,
+            "AWS_ALLOW_HTTP": "true",
+            "AWS_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": s3.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": s3.secret_access_key,
+        }
+
+        def reached(expected: dict[int, tuple[Any, ...]], apply: Any) -> Any:
+            """delta-rs's read of the bucket once it equals `expected` (or the last one)."""
+            deadline = time.monotonic() + 300
+            held = None
+            while time.monotonic() < deadline and apply.poll() is None:
+                held = _delta_rs(current, options)
+                if held == expected:
+                    break
+                time.sleep(2)
+            assert apply.poll() is None, f"cdc apply exited {apply.returncode}"
+            return held
+
+        with apply_process(env, ["warehouse"]) as apply:
+            # the snapshot's rows first
+            held = reached(_source(t.dsn, t.table), apply)
+            assert held == _source(t.dsn, t.table), "the snapshot did not reach the bucket"
+            # then changes streamed while the apply job runs: inserts, updates, deletes,
+            # each in transactions of their own, over a few of its micro-batches
+            with psycopg.connect(t.dsn, autocommit=True) as conn:
+                for step in range(5):
+                    conn.execute(
+                        f"INSERT INTO {t.table} SELECT g, 'new ' || g, g, true "
+                        f"FROM generate_series({1000 + step * 20}, {1019 + step * 20}) g"
+                    )
+                    conn.execute(
+                        f"UPDATE {t.table} SET n = n + 1, note = 'changed' WHERE id % 7 = {step}"
+                    )
+                    low = step * 10 + 1
+                    conn.execute(f"DELETE FROM {t.table} WHERE id BETWEEN {low} AND {low + 2}")
+                    conn.execute(f"UPDATE {t.table} SET flag = NULL WHERE id = {200 + step}")
+                    time.sleep(1.5)
+            expected = _source(t.dsn, t.table)
+            held = reached(expected, apply)
+        assert held is not None, "no Delta table in the bucket"
+        missing = sorted(set(expected) - set(held))[:5]
+        extra = sorted(set(held) - set(expected))[:5]
+        different = [k for k in expected if k in held and held[k] != expected[k]][:5]
+        assert held == expected, f"missing {missing}, extra {extra}, different {different}"
+
+        # the history holds every version: the snapshot's rows and each change since
+        from deltalake import DeltaTable
+
+        versions = DeltaTable(history, storage_options=options).to_pyarrow_table().num_rows
+        assert versions >= 300 + 5 * 20, versions
+        # the snapshot's commit, then the changes' own
+        assert DeltaTable(current, storage_options=options).version() >= 2
+        # the Delta tables are in the bucket, none in a local folder
+        logs = list(s3.folder.glob(f"lake/cdc/{prefix}/{schema}/{name}/*/_delta_log"))
+        assert len(logs) == 2, logs
+        assert not (t.settings.data_dir / "warehouse" / prefix).exists()
+
+        # `cdc verify` and `cdc query` read the bucket through Spark
+        verified = run_cdc("verify", "--store", "warehouse", "-o", "json", env=env)
+        out = verified.stdout + verified.stderr
+        assert verified.returncode == 0, out[-4000:]
+        document = json.loads(verified.stdout)
+        assert document["ok"], verified.stdout[-4000:]
+        queried = run_cdc("query", f"SELECT count(*) AS n FROM {name}", "-o", "json", env=env)
+        assert queried.returncode == 0, (queried.stdout + queried.stderr)[-4000:]
+        assert json.loads(queried.stdout) == [{"n": len(expected)}]
+
+        # a wrong secret and a bucket that is not there: one line each, no secret printed
+        wrong = "wrong" + s3.secret_access_key[5:]
+        refused = run_cdc("query", "SELECT 1", env={**env, "AWS_SECRET_ACCESS_KEY": wrong})
+        line = _one_line_error(refused, wrong)
+        assert "refused the credentials" in line and s3.access_key_id in line, line
+        assert s3.secret_access_key not in refused.stdout + refused.stderr
+        absent = run_cdc(
+            "query", "SELECT 1", env={**env, "CDC_STORES__WAREHOUSE__PATH": "s3://nolake/cdc"}
+        )
+        line = _one_line_error(absent, s3.secret_access_key)
+        assert "s3://nolake" in line and "does not exist" in line, line
+
+
+def test_the_bucket_check_says_each_failure_in_one_line_without_the_secret() -> None:
+    """check_bucket against the real server: a bucket there passes; one not there, a
+    wrong secret, an unknown key and an endpoint nothing answers on are one line each."""
+    from cdc.core.errors import ConfigError, StoreUnavailableError
+    from cdc.core.object_store import ObjectStore, check_bucket
+    from tests.helpers import free_ports
+
+    with s3_server() as s3:
+        s3.make_bucket("lake")
+
+        def store(bucket: str, key: str, secret: str, endpoint: str = s3.endpoint) -> ObjectStore:
+            return ObjectStore(bucket, "cdc", endpoint, "us-east-1", True, key, secret)
+
+        check_bucket(store("lake", s3.access_key_id, s3.secret_access_key))
+        wrong = "not-" + s3.secret_access_key
+        (closed,) = free_ports(1)
+        cases = [
+            (
+                store("nolake", s3.access_key_id, s3.secret_access_key),
+                ConfigError,
+                "does not exist",
+            ),
+            (store("lake", s3.access_key_id, wrong), ConfigError, "refused the credentials"),
+            (store("lake", "nobody", wrong), ConfigError, "refused the credentials"),
+            (
+                store("lake", s3.access_key_id, wrong, f"http://127.0.0.1:{closed}"),
+                StoreUnavailableError,
+                "does not answer",
+            ),
+        ]
+        for case, error, said in cases:
+            with pytest.raises(error) as raised:
+                check_bucket(case)
+            line = str(raised.value)
+            assert said in line and "\n" not in line, line
+            assert wrong not in line and s3.secret_access_key not in line, line
