@@ -5,7 +5,7 @@ CDC := $(VENV)/bin/cdc
 PYTEST := $(VENV)/bin/pytest
 RUFF := $(VENV)/bin/ruff
 
-.PHONY: help install demo up down status test test-long test-cluster test-fast test-integration lint format \
+.PHONY: help install install-s3 demo up down status test test-long test-cluster test-fast test-integration lint format \
 	bench-snapshot bench-catchup bench-streaming bench-floor bench-batch-cost bench-derived bench-resync bench-snapshot-resume bench-verify bench-report chaos mutants lock compose-pin fuzz
 
 help:
@@ -35,6 +35,11 @@ help:
 install:
 	./install.sh
 
+# and Spark's S3 connector (hadoop-aws and the AWS SDK, about 690 MB): a warehouse on
+# object storage, and its test in test-long
+install-s3:
+	CDC_INSTALL_S3=1 ./install.sh
+
 demo: install
 	$(CDC) demo
 
@@ -62,7 +67,7 @@ test: install lint
 	$(PYTEST) tests -m "not long and not chaos and not cluster" --durations=40
 
 # the long forms, then the core tests on each other PostgreSQL major (14, 16, 17, 18)
-test-long: install
+test-long: install-s3
 	$(PYTEST) tests -m "long or chaos or cluster" --durations=10
 	for major in 14 16 17 18; do \
 	  CDC_TEST_POSTGRES_VERSION=$$major $(PYTEST) tests -m "pg_matrix and not long" || exit 1; \

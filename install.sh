@@ -10,8 +10,9 @@
 #      connector (hadoop-aws and the AWS SDK, about 690 MB, for a warehouse on object
 #      storage) and the tests' S3 server (S3Proxy), jvm/s3
 #
-# CDC_INSTALL_S3=0 ./install.sh leaves Spark's S3 connector out (an s3:// warehouse then
-# says to install it).
+# CDC_INSTALL_S3=1 ./install.sh (`make install-s3`) adds Spark's S3 connector, kept by the
+# installs after it (CDC_INSTALL_S3=0 removes it); without it an s3:// warehouse says to
+# install it.
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$(pwd)
@@ -19,7 +20,8 @@ CACHE=${CDC_CACHE_DIR:-$ROOT/.cache}
 VENV=${CDC_VENV:-$ROOT/.venv}
 SERVICE_USER=${CDC_SERVICE_USER:-cdc}
 PYTHON=${PYTHON:-python3}
-INSTALL_S3=${CDC_INSTALL_S3:-1}
+# Spark's S3 connector: asked for (CDC_INSTALL_S3=1, `make install-s3`), or kept once there
+if [ -d "$CACHE/jvm/spark/s3a-jars" ]; then INSTALL_S3=${CDC_INSTALL_S3:-1}; else INSTALL_S3=${CDC_INSTALL_S3:-0}; fi
 started=$(date +%s)
 
 step() { printf '\033[1m[%s/4] %s\033[0m\n' "$1" "$2"; }
@@ -96,7 +98,7 @@ s3_option=()
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   done_ "up to date"
 else
-  done_ "resolving Kafka, Kafka Connect, Debezium, OpenSearch, the Spark jars and its S3 connector with Maven (about 1 GB; CDC_INSTALL_S3=0: 300 MB), and building the pipeline's Connect transform..."
+  done_ "resolving Kafka, Kafka Connect, Debezium, OpenSearch, the Spark jars and its S3 connector with Maven (about 300 MB; with CDC_INSTALL_S3=1, 1 GB), and building the pipeline's Connect transform..."
   mkdir -p "$CACHE/jvm"
   rm -rf "$CACHE/jvm/kafka" "$CACHE/jvm/spark" "$CACHE/jvm/connect-plugins" "$CACHE/jvm/opensearch" "$CACHE/jvm/opensearch-plugins" "$CACHE/jvm/postgres" "$CACHE/jvm/s3proxy" "$CACHE/jvm/.markers"
   # progress: one line per component as Maven reaches it; the whole log goes to maven.log

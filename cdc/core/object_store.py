@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from cdc.core.errors import INSTALL_HINT, ConfigError, NotInstalledError, StoreUnavailableError
+from cdc.core.errors import ConfigError, NotInstalledError, StoreUnavailableError
 
 __all__ = [
     "S3_SCHEMES",
@@ -136,7 +136,7 @@ def s3a_jars(jvm_dir: Path) -> list[Path]:
     if not any(j.name.startswith("hadoop-aws-") for j in jars):
         raise NotInstalledError(
             f"the warehouse is on object storage but Spark's S3 connector is not installed "
-            f"(no hadoop-aws in {folder}): {INSTALL_HINT}"
+            f"(no hadoop-aws in {folder}): run `make install-s3` (CDC_INSTALL_S3=1 ./install.sh)"
         )
     return jars
 

@@ -52,6 +52,8 @@ def _one_line_error(result: Any, secret: str) -> str:
     return said[-1] if said else ""
 
 
+# 6 to 7 minutes on two cores, and Spark's S3 connector (`make install-s3`): in test-long
+@pytest.mark.long
 def test_snapshot_and_changes_reach_a_warehouse_on_s3_and_delta_rs_reads_them(
     captured: Capture,
 ) -> None:
