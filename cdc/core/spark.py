@@ -13,6 +13,7 @@ import logging.handlers
 import os
 import re
 import secrets
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -201,15 +202,34 @@ def execution_profile(settings: Settings) -> tuple[str, str]:
 
 
 def driver_address(master: str, conf: dict[str, str]) -> str | None:
-    """The address the driver binds to by default (SPARK_LOCAL_IP): loopback for a local
-    master, where nothing else need reach it; none for a cluster, whose executors connect
-    back to the driver (Spark then takes the host's address; `spark.driver.host` and
-    `spark.driver.bindAddress` in spark.conf choose another)."""
-    if not master.startswith("local"):
-        return None
+    """The address the driver binds to and gives its executors (SPARK_LOCAL_IP): loopback
+    for a local master, where nothing else need reach it; for a standalone master
+    (`spark://host:port`), this machine's address on the route to the master, which its
+    workers reach (Spark's own choice is the host name's address, or the first interface
+    that is not loopback: on a machine with several networks, often not the cluster's);
+    none otherwise, and none when `spark.driver.host` or `spark.driver.bindAddress` in
+    spark.conf choose it."""
     if "spark.driver.bindAddress" in conf or "spark.driver.host" in conf:
         return None
-    return "127.0.0.1"
+    if master.startswith("local"):
+        return "127.0.0.1"
+    if not master.startswith("spark://"):
+        return None  # YARN, Kubernetes: their own way of reaching the driver
+    first = master.removeprefix("spark://").split(",")[0]  # the first of an HA list
+    host, _, port = first.rpartition(":")
+    return _route_source(host.strip("[]"), int(port) if port.isdigit() else 7077)
+
+
+def _route_source(host: str, port: int) -> str | None:
+    """This machine's address on its route to host:port (a UDP socket's connect sends
+    nothing), or None when the host is not resolved or not routed."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.connect(address)
+            return str(probe.getsockname()[0])
+    except OSError:
+        return None
 
 
 def jars_conf(project: list[Path], conf: dict[str, str]) -> str:

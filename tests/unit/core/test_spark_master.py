@@ -17,13 +17,19 @@ def test_any_other_master_is_spark_s_as_given() -> None:
         assert spark_master(master, cores=2) == master
 
 
-def test_the_driver_binds_to_loopback_only_for_a_local_master() -> None:
-    """A cluster's executors connect back to the driver: it is not bound to 127.0.0.1
-    there (issue 68), and a driver address in spark.conf is the user's."""
+def test_the_driver_binds_where_its_executors_reach_it() -> None:
+    """A cluster's executors connect back to the driver: for a standalone master it
+    binds to this machine's address on the route to the master (issue 68; the route to
+    an address of this machine is loopback's), never to 127.0.0.1 for a master
+    elsewhere; YARN and Kubernetes choose their own; a driver address in spark.conf is
+    the user's."""
     assert driver_address("local[*]", {}) == "127.0.0.1"
-    assert driver_address("spark://10.0.0.1:7077", {}) is None
+    assert driver_address("spark://127.0.0.1:7077", {}) == "127.0.0.1"
+    assert driver_address("spark://127.0.0.1:7077,10.0.0.9:7077", {}) == "127.0.0.1"
     assert driver_address("yarn", {}) is None
+    assert driver_address("k8s://https://10.0.0.1:6443", {}) is None
     assert driver_address("local[2]", {"spark.driver.bindAddress": "0.0.0.0"}) is None
+    assert driver_address("spark://127.0.0.1:7077", {"spark.driver.host": "10.0.0.2"}) is None
 
 
 def test_a_users_spark_jars_add_to_the_projects() -> None:
