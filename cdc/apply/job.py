@@ -32,6 +32,7 @@ from cdc.core.errors import (
     StoreError,
     StoreUnavailableError,
 )
+from cdc.core.one_writer import one_writer
 from cdc.core.settings import Settings
 from cdc.core.spark import kafka_options, spark_session, views_session
 from cdc.core.store_declarations import Publisher, declared, with_ability
@@ -59,16 +60,32 @@ def run_apply(
     stop: threading.Event | None = None,
 ) -> None:
     """Run the apply job. once: apply what the topics hold now, then return."""
+    selected = stores or list(settings.apply.stores)
+    # beside other stores, each store that asks for one runs in a process of its own
+    own = with_ability(selected, "own_process")
+    if once or not settings.apply.own_process or not own or len(own) == len(selected):
+        own = []
+    with contextlib.ExitStack() as writers:
+        # a store that takes one writer (the warehouse on S3): its lock, before anything
+        # (a store in a process of its own takes it there)
+        for name in selected:
+            if name not in own:
+                writers.enter_context(one_writer(settings, name, "cdc apply"))
+        _run_apply(settings, selected, own, once, stop)
+
+
+def _run_apply(
+    settings: Settings,
+    selected: list[str],
+    own: list[str],
+    once: bool,
+    stop: threading.Event | None,
+) -> None:
     spark = spark_session(settings, f"cdc-apply-{settings.pipeline.name}")
     tables = captured_tables(settings)
     check_rewrites(settings, tables.values(), apply_say)  # DDL while the job was down
-    selected = stores or list(settings.apply.stores)
-    # beside other stores, each store that asks for one runs in a process of its own
-    apart: list[StoreProcess] = []
-    own = with_ability(selected, "own_process")
-    if not once and settings.apply.own_process and own and len(own) < len(selected):
-        selected = [s for s in selected if s not in own]
-        apart = [StoreProcess(settings, s, settings.apply.own_process_nice) for s in own]
+    selected = [s for s in selected if s not in own]
+    apart = [StoreProcess(settings, s, settings.apply.own_process_nice) for s in own]
     runs_views = bool(with_ability(selected, "views"))  # this process runs the derived views
     views = check_views(settings, tables) if runs_views else []
     rewritten = _Rewritten(settings)  # what the batches found DDL rewrote: acted on here

@@ -12,6 +12,7 @@ from cdc.capture.backfill import start_backfill, watch_backfill
 from cdc.check.verify import Drift, source_rows
 from cdc.core.catalog import Table
 from cdc.core.errors import BackfillError, CdcError, VerifyError
+from cdc.core.one_writer import one_writer
 from cdc.core.say import Say
 from cdc.core.settings import Settings
 from cdc.stores.registry import make_reader
@@ -52,7 +53,8 @@ def repair(
         for drift in mine:
             gone = [k for k in drift.extra if k not in real]
             if gone:
-                _remove(settings, drift.store, table, gone)
+                with one_writer(settings, drift.store, "cdc verify --repair"):
+                    _remove(settings, drift.store, table, gone)
                 done.append(f"{name}: removed {len(gone)} keys only {drift.store} had")
         stale = sorted({k for d in mine for k in d.missing + d.different} | real)
         if stale:

@@ -23,6 +23,7 @@ __all__ = [
     "SourceError",
     "SourceRewoundError",
     "SourceUnavailableError",
+    "StoreBusyError",
     "StoreError",
     "StoreUnavailableError",
     "TopicError",
@@ -105,6 +106,13 @@ class StoreError(CdcError):
 class StoreUnavailableError(StoreError):
     """A store does not answer (refused, timed out, 5xx, 429): its apply waits and retries;
     nothing is committed or dropped meanwhile."""
+
+    exit_code = 8
+
+
+class StoreBusyError(StoreUnavailableError):
+    """A store that takes one writing process at a time (the warehouse on S3) is being
+    written by another (cdc.core.one_writer): said when a writer starts, not waited for."""
 
     exit_code = 8
 

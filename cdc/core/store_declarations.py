@@ -83,6 +83,9 @@ class StoreDeclaration:
     # "module:function", function(settings) -> its Publisher, or None when its settings
     # ask for none; imported when asked
     publisher: str | None = None
+    # why it takes one writing process at a time under the Settings, or None: its writers
+    # (the apply job, a repair's removals) then hold a lock (cdc.core.one_writer)
+    one_writer: Callable[[Any], str | None] | None = None
     # settings it kept elsewhere before its own section: old dotted key -> its key in
     # `[stores.<name>]`, read as it for one release with a deprecation line
     renamed: Mapping[str, str] = field(default_factory=dict)

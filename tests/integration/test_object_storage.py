@@ -15,7 +15,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.conftest import Capture
+from cdc.core.errors import StoreBusyError
+from cdc.core.one_writer import one_writer
+from tests.conftest import Capture, settings_for
 from tests.helpers import apply_process, run_cdc
 from tests.s3_server import s3_server
 
@@ -197,3 +199,38 @@ def test_the_bucket_check_says_each_failure_in_one_line_without_the_secret() -> 
             line = str(raised.value)
             assert said in line and "\n" not in line, line
             assert wrong not in line and s3.secret_access_key not in line, line
+
+
+def test_a_warehouse_on_s3_is_written_by_one_process_at_a_time(captured: Capture) -> None:
+    """Delta on S3 commits safely from one Spark driver only: while one process holds the
+    warehouse's writer lock (here the test, as an apply job would), a second `cdc apply`
+    of it, and `cdc verify --repair`'s removal of keys only the warehouse has, are each
+    refused in one line naming the holder, before Spark starts. The same pipeline on a
+    local warehouse takes no lock."""
+    t = captured("CREATE TABLE {name} (id int PRIMARY KEY)", prefix="one")
+    env = {
+        **t.env,
+        "CDC_STORES__WAREHOUSE__PATH": "s3://lake/cdc",
+        "CDC_STORES__WAREHOUSE__S3__ENDPOINT": "http://127.0.0.1:9",  # never reached
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "not-a-secret-of-anyone",
+    }
+    on_s3 = settings_for(env)
+    with one_writer(on_s3, "warehouse", "the test's writer"):
+        result = run_cdc("apply", "--once", "--store", "warehouse", env=env, timeout=300)
+        line = _one_line_error(result, "not-a-secret-of-anyone")
+        assert "being written by the test's writer (warehouse)" in line, line
+        assert "one writer" in line, line
+        with (
+            pytest.raises(StoreBusyError, match="the test's writer"),
+            one_writer(on_s3, "warehouse", "cdc verify --repair"),
+        ):
+            pass
+    # released with its connection: the next writer takes it
+    with one_writer(on_s3, "warehouse", "the next writer"):
+        pass
+    with (  # no lock on a local warehouse
+        one_writer(t.settings, "warehouse", "a local warehouse's writer"),
+        one_writer(t.settings, "warehouse", "another"),
+    ):
+        pass

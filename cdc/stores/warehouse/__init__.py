@@ -20,6 +20,8 @@ settings     its section, [stores.warehouse] (settings.py)
 
 from __future__ import annotations
 
+from typing import Any
+
 from cdc.core.store_declarations import StoreDeclaration
 from cdc.stores.warehouse.settings import RENAMED, WarehouseSettings
 
@@ -32,6 +34,15 @@ def _reserved(column: str) -> str | None:
     return None
 
 
+def _one_writer(settings: Any) -> str | None:
+    """On S3, Delta's log store makes commits safe from one Spark driver only."""
+    from cdc.core.state_folders import warehouse_store
+
+    if warehouse_store(settings) is None:
+        return None
+    return "Delta on S3 commits safely from one Spark driver only"
+
+
 DECLARATION = StoreDeclaration(
     name="warehouse",
     summary="Delta Lake tables, the live rows and every version",
@@ -42,4 +53,5 @@ DECLARATION = StoreDeclaration(
     reserved=_reserved,
     abilities=frozenset({"views", "own_process", "expectations", "sql"}),
     publisher="cdc.stores.warehouse.iceberg:publisher",
+    one_writer=_one_writer,
 )
