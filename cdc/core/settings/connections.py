@@ -33,6 +33,16 @@ Heap = Annotated[
 SslMode = Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"]
 
 
+def _existing_file(value: Path | None) -> Path | None:
+    """A file setting made absolute; one that is not a file is refused."""
+    if value is None:
+        return None
+    value = value.expanduser().absolute()
+    if not value.is_file():
+        raise ValueError(f"{value} is not a file")
+    return value
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -315,12 +325,7 @@ class KafkaSettings(_Section):
     @field_validator("ca_file", "cert_file", "key_file")
     @classmethod
     def _a_file(cls, value: Path | None) -> Path | None:
-        if value is None:
-            return None
-        value = value.expanduser().absolute()
-        if not value.is_file():
-            raise ValueError(f"{value} is not a file")
-        return value
+        return _existing_file(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> KafkaSettings:
@@ -443,12 +448,7 @@ class ConnectSettings(_Section):
     @field_validator("ca_file", "cert_file", "key_file")
     @classmethod
     def _a_file(cls, value: Path | None) -> Path | None:
-        if value is None:
-            return None
-        value = value.expanduser().absolute()
-        if not value.is_file():
-            raise ValueError(f"{value} is not a file")
-        return value
+        return _existing_file(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> ConnectSettings:
