@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 
-from cdc.apply.job import run_apply
 from cdc.capture.connect_client import ConnectClient, connect_client
 from cdc.core.settings import Settings
 from cdc.core.settings.connections import ConnectSettings
@@ -31,17 +30,9 @@ from cdc.stack.components.connect import Connect
 from cdc.stack.components.kafka import Kafka
 from cdc.stack.process import ServiceUser
 from tests.conftest import Capture, RunningStack, settings_for, stack_env
-from tests.contents import expected_cache, expected_search, source_tuples
 from tests.helpers import free_ports, run_cdc
-from tests.logcheck import events_by_key, table_info, wait_until_equal
 from tests.source_load import Writer
-from tests.stores import (
-    cache_contents,
-    history_rows,
-    open_and_live,
-    search_contents,
-    warehouse_rows,
-)
+from tests.survival import assert_nothing_lost_or_doubled
 from tests.tls import make_ca
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -212,28 +203,4 @@ def test_the_task_moves_to_the_other_worker_and_nothing_is_lost(
     assert status["pipeline"]["connector"]["workers"] == [other.worker_id], status["pipeline"]
     assert status["pipeline"]["connector"]["tasks"] == ["RUNNING"]
 
-    table = table_info(settings, qualified)
-    _, records = wait_until_equal(settings, table, timeout=300)
-    for key, events in events_by_key(records).items():
-        versions = [e.value["after"]["version"] for e in events if e.op in ("r", "c", "u")]
-        # every version of a key is in the log (a change sent again after the kill, from
-        # the last committed offset, is there twice: the stores keep it once)
-        assert sorted(set(versions)) == list(range(versions[0], max(versions) + 1)), key
-        assert versions[-1] == max(versions), key
-    changes = {
-        (r.key_bytes, r.value["source"].get("sequence"), r.value["source"]["lsn"])
-        for r in records
-        if r.value is not None
-    }
-
-    run_apply(settings, ["cache", "search", "warehouse"], once=True)
-    assert cache_contents(settings, qualified) == expected_cache(settings, qualified)
-    assert search_contents(settings, qualified) == expected_search(settings, qualified)
-    columns = ["version", "note"]
-    assert warehouse_rows(settings, qualified, columns) == source_tuples(
-        settings, qualified, columns
-    )
-    # one version per change in the history: none lost, none doubled
-    assert history_rows(settings, qualified).count() == len(changes)
-    opened, live = open_and_live(settings, qualified, ["id", "version", "note"])
-    assert opened == live
+    assert_nothing_lost_or_doubled(settings, qualified)

@@ -29,18 +29,10 @@ from cdc.core.topics import (
     under_replicated,
 )
 from tests.conftest import Capture, RunningStack, settings_for, stack_env
-from tests.contents import expected_cache, expected_search, source_tuples
 from tests.helpers import run_cdc
 from tests.kafka_brokers import Brokers, kafka_brokers
-from tests.logcheck import events_by_key, table_info, wait_until_equal
 from tests.source_load import Writer
-from tests.stores import (
-    cache_contents,
-    history_rows,
-    open_and_live,
-    search_contents,
-    warehouse_rows,
-)
+from tests.survival import assert_nothing_lost_or_doubled
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -104,30 +96,7 @@ def test_a_broker_lost_under_load_loses_nothing(
     assert writer.error is None, writer.error
     print(f"{writer.commits} transactions, broker {lost.node_id} lost after {at_kill}")
 
-    table = table_info(settings, qualified)
-    _, records = wait_until_equal(settings, table, timeout=300)
-    for key, events in events_by_key(records).items():
-        versions = [e.value["after"]["version"] for e in events if e.op in ("r", "c", "u")]
-        # every version of a key is in the log, the newest last (a change the lost broker
-        # acknowledged is on another broker too: min.insync.replicas 2)
-        assert sorted(set(versions)) == list(range(versions[0], max(versions) + 1)), key
-        assert versions[-1] == max(versions), key
-    changes = {
-        (r.key_bytes, r.value["source"].get("sequence"), r.value["source"]["lsn"])
-        for r in records
-        if r.value is not None
-    }
-
-    run_apply(settings, ["cache", "search", "warehouse"], once=True)
-    assert cache_contents(settings, qualified) == expected_cache(settings, qualified)
-    assert search_contents(settings, qualified) == expected_search(settings, qualified)
-    columns = ["version", "note"]
-    assert warehouse_rows(settings, qualified, columns) == source_tuples(
-        settings, qualified, columns
-    )
-    assert history_rows(settings, qualified).count() == len(changes)
-    opened, live = open_and_live(settings, qualified, ["id", "version", "note"])
-    assert opened == live
+    assert_nothing_lost_or_doubled(settings, qualified)
 
     # every topic of the pipeline, and the Connect worker's own, has its 3 replicas
     names = [s.name for s in pipeline_topic_specs(settings.pipeline, [qualified])]
