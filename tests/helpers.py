@@ -101,19 +101,23 @@ def steady_updates(dsn: str, table: str, rows: int, stop: Any) -> None:
 
 
 @contextlib.contextmanager
-def apply_process(env: Mapping[str, str], stores: list[str]) -> Iterator[subprocess.Popen[bytes]]:
+def apply_process(
+    env: Mapping[str, str], stores: list[str], log: Path | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     """`cdc apply` of `stores` in a process of its own (session leader), with the CDC_*
-    environment `env`; interrupted (Ctrl-C) at the end, killed if it does not stop."""
+    environment `env` (its output into `log`, if given); interrupted (Ctrl-C) at the end,
+    killed if it does not stop."""
     import signal
 
+    out = log.open("ab") if log is not None else subprocess.DEVNULL
     apply = subprocess.Popen(
         [sys.executable, "-m", "cdc", "apply", *(f"--store={s}" for s in stores)],
         env={**os.environ, **env},
         cwd=ROOT,
         start_new_session=True,
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=out,
+        stderr=subprocess.STDOUT if log is not None else subprocess.DEVNULL,
     )
     try:
         yield apply
@@ -123,3 +127,5 @@ def apply_process(env: Mapping[str, str], stores: list[str]) -> Iterator[subproc
             apply.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(apply.pid, signal.SIGKILL)
+        if log is not None:
+            out.close()
