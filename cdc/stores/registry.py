@@ -6,6 +6,7 @@ package under cdc/stores/ (or anywhere), a RowStore or a FrameStore with a Store
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, SecretStr
@@ -13,10 +14,11 @@ from pydantic import BaseModel, SecretStr
 from cdc.core.errors import ConfigError
 from cdc.core.settings import Settings
 from cdc.core.store_declarations import Ability, check_store_names, declared, with_ability
-from cdc.stores.base import RowStore, StoreReader, StoreWriter
+from cdc.stores.base import DerivedViews, RowStore, StoreReader, StoreWriter
 
 __all__ = [
     "check_store_names",
+    "derived_views",
     "executor_settings",
     "make_reader",
     "make_row_store",
@@ -53,6 +55,23 @@ def reader_with(settings: Settings, ability: Ability, spark: Any = None) -> Stor
     if not names:
         raise ConfigError(f"no store installed has the ability {ability!r}: install one that does")
     return make_reader(settings, names[0], spark)
+
+
+def derived_views(settings: Settings, among: Iterable[str] | None = None) -> DerivedViews | None:
+    """The door to the derived views (cdc/stores/base.py DerivedViews) of the store that
+    keeps them: the first of `among` with the "views" ability (by default the first of
+    apply.stores that has it, else the first store installed that does); None when none
+    of them has it."""
+    if among is None:
+        names = with_ability(settings.apply.stores, "views") or with_ability(declared(), "views")
+    else:
+        names = with_ability(among, "views")
+    if not names:
+        return None
+    door = declared()[names[0]].views_door()
+    if not isinstance(door, DerivedViews):
+        raise ConfigError(f"store {names[0]} declares the ability 'views' but no views door")
+    return door
 
 
 def executor_settings(settings: Settings, name: str) -> Settings:
