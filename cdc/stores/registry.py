@@ -2,7 +2,9 @@
 made from the settings by what it declares (cdc/core/store_declarations.py: its
 package's `DECLARATION`, found through the `cdc.stores` entry points). A store is one
 package under cdc/stores/ (or anywhere), a RowStore or a FrameStore with a StoreReader
-(cdc/stores/base.py), and one line in pyproject.toml's entry points."""
+(cdc/stores/base.py), and one line in pyproject.toml's entry points. The derived views
+are reached the same way, by ability: `derived_views`, the views door the store that
+keeps them declares."""
 
 from __future__ import annotations
 
