@@ -343,7 +343,7 @@ class WarehousePhases:
 
     def __enter__(self) -> WarehousePhases:
         from cdc.stores.warehouse import native, store
-        from cdc.views import enrichment, table_join
+        from cdc.stores.warehouse.views import enrichment, table_join
 
         for name in self.STEPS:
             owner = store.WarehouseStore if name.startswith("_") else store

@@ -50,7 +50,7 @@ from cdc.core.spark import views_session
 from cdc.core.topics import change_topic, end_offsets
 from cdc.log.progress import checkpoint_dir, last_committed_batch
 from cdc.stores.warehouse.tables import view_path, warehouse_root
-from cdc.views.registry import queries_of, views_of
+from cdc.stores.warehouse.views.registry import queries_of, views_of
 
 
 def _bytes(path: Path) -> int:

@@ -6,8 +6,8 @@ imports only the floors below it (tests/unit/project/test_layers.py; docs/layout
 - types: PostgreSQL's types, each value's text, Spark, JSON, document and key forms;
 - capture: what makes the log (source, slot, connector, backfills, the snapshot);
 - log: what the change topics hold, read (events, positions, progress, freshness);
-- stores: the cache, the search index and the warehouse;
-- views: the warehouse's derived views, one class per kind;
+- stores: the cache, the search index and the warehouse (with its derived views, one
+  class per kind: stores/warehouse/views/);
 - check: reading the stores back (verify, repair, rebuild, query, status);
 - apply: the apply job;
 - stack: the local stack (imports core, types and capture only);

@@ -80,9 +80,9 @@ def recorded_placeholder(dsn: str, pipeline: str) -> str:
 
 def query_checkpoint(settings: Any, view: str) -> Path:
     """The checkpoint of the streaming query that keeps `view` (its own, or one it shares
-    with other views: cdc/views/queries.py)."""
+    with other views: cdc/stores/warehouse/views/queries.py)."""
     from cdc.log.progress import checkpoint_dir
-    from cdc.views.registry import streaming, views_of
+    from cdc.stores.warehouse.views.registry import streaming, views_of
 
     (found,) = [v for v in streaming(views_of(settings)) if v.name == view]
     return checkpoint_dir(settings, found.checkpoint_label)

@@ -43,10 +43,8 @@ from cdc.log.progress import (
     forget_other_view_queries,
     note_late,
 )
-from cdc.stores.base import StoreWriter
-from cdc.stores.registry import make_writer
-from cdc.views.queries import ViewQuery
-from cdc.views.registry import after_batch, check_views, queries_of
+from cdc.stores.base import DerivedQuery, StoreWriter
+from cdc.stores.registry import derived_views, make_writer
 
 __all__ = ["failure_line", "run_apply"]
 
@@ -86,20 +84,21 @@ def _run_apply(
     check_rewrites(settings, tables.values(), apply_say)  # DDL while the job was down
     selected = [s for s in selected if s not in own]
     apart = [StoreProcess(settings, s, settings.apply.own_process_nice) for s in own]
-    runs_views = bool(with_ability(selected, "views"))  # this process runs the derived views
-    views = check_views(settings, tables) if runs_views else []
+    door = derived_views(settings, selected)  # this process runs the derived views
+    views = door.checked(settings, tables) if door is not None else []
     rewritten = _Rewritten(settings)  # what the batches found DDL rewrote: acted on here
     starters: dict[str, Callable[[], Any]] = {}
     for name in selected:
         store = make_writer(settings, name, spark)
         if with_ability([name], "views"):  # its views refreshed after each batch
-            store.take_steps(after_batch(views))
+            store.take_views(views)
         _prepare(settings, store, tables)
         starters[name] = functools.partial(
             _start_store_query, spark, settings, store, once, rewritten.add
         )
-    queries = queries_of(views)  # the streaming views, in queries with a watermark
-    if runs_views:
+    # the streaming views, in queries with a watermark
+    queries = list(door.queries(views)) if door is not None else []
+    if door is not None:
         forget_other_view_queries(settings, {q.label for q in queries})
     for query in queries:
         starters[query.label] = functools.partial(
@@ -274,7 +273,7 @@ class _LateNotes:
     Spark keeps in memory (`recentProgress`, the last 100) loses one; the reports
     still in memory are noted too, once a second (a report is noted once: by batch id)."""
 
-    def __init__(self, settings: Settings, queries: list[ViewQuery]) -> None:
+    def __init__(self, settings: Settings, queries: list[DerivedQuery]) -> None:
         self.settings = settings
         self.queries = {q.label: q for q in queries}
         self.names = {q.name(settings): q.label for q in queries}
@@ -285,7 +284,7 @@ class _LateNotes:
 
     def note(self, label: str, reports: list[dict[str, Any]]) -> None:
         """Note each view's late events in its query's reports (a view's own stateful
-        steps: ViewQuery.steps)."""
+        steps: DerivedQuery.steps)."""
         query = self.queries[label]
         with self._lock:
             for view, steps in zip(query.members, query.steps, strict=False):
@@ -438,9 +437,9 @@ def _start_store_query(
 
 
 def _start_view_query(
-    spark: Any, settings: Settings, query: ViewQuery, tables: dict[str, Table], once: bool
+    spark: Any, settings: Settings, query: DerivedQuery, tables: dict[str, Table], once: bool
 ) -> Any:
-    """The query of window aggregates and stream-stream joins (cdc/views/)."""
+    """The query of window aggregates and stream-stream joins (the derived views')."""
     checkpoint = checkpoint_dir(settings, query.label)
     forget_other_definition(checkpoint, query.definition())
     # a pool of its own (the query's thread inherits it from this one)

@@ -37,7 +37,7 @@ from cdc.core.topics import (
 )
 from cdc.log.freshness import Freshness, judge
 from cdc.log.progress import late_events, read_progress
-from cdc.views.registry import streaming, views_of
+from cdc.stores.registry import derived_views
 
 __all__ = ["PipelineStatus", "pipeline_status"]
 
@@ -353,8 +353,11 @@ def _running(pid: int | None) -> bool | None:
 def _late_events(settings: Settings) -> dict[str, int]:
     """Per window aggregate and stream-stream join: the events that came after its
     watermark (not counted)."""
-    late = {}
-    for name in [v.name for v in streaming(views_of(settings))]:
+    late: dict[str, int] = {}
+    door = derived_views(settings)
+    if door is None:
+        return late
+    for name in [v.name for q in door.queries(door.of(settings)) for v in q.members]:
         counted = late_events(settings, name)
         if counted is not None:
             late[name] = counted

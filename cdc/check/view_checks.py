@@ -1,5 +1,6 @@
-"""`cdc verify` of the derived views (cdc/views/): each view says which
-comparison is its own (`View.verify`), and `ViewChecks` runs it:
+"""`cdc verify` of the derived views (those of the store that keeps them, found through
+its declaration's views door): each view says which comparison is its own
+(`DerivedView.verify`, cdc/stores/base.py), and `ViewChecks` runs it:
 
 - against the source: a table join against the same join computed by PostgreSQL,
   after a cut on both tables (verify.verify_join);
@@ -27,16 +28,18 @@ from typing import Any
 from cdc.check.quality import Check
 from cdc.core.catalog import TRUNCATIONS_TABLE, Table
 from cdc.core.settings import Settings
+from cdc.core.settings.views import TableJoin
 from cdc.core.topics import ChangeRecord, change_topic, read_topic, thinned
 from cdc.log.progress import checkpoint_dir, last_committed_batch, late_events
-from cdc.stores.base import StoreReader, ViewReader
-from cdc.stores.registry import reader_with
+from cdc.stores.base import (
+    DerivedView,
+    Expected,
+    StoreReader,
+    StreamingDerivedView,
+    ViewReader,
+)
+from cdc.stores.registry import derived_views, reader_with
 from cdc.types.store_forms import warehouse_value
-from cdc.views.base import Expected, StreamingView, View
-from cdc.views.enrichment import EnrichmentView
-from cdc.views.registry import views_of
-from cdc.views.table_join import TableJoinView
-from cdc.views.windows import FillingWindowView
 
 __all__ = ["ViewChecks", "compare_due", "view_checks"]
 
@@ -45,13 +48,16 @@ def view_checks(
     settings: Settings, tables: dict[str, Table], timeout: float = 120.0
 ) -> list[Check]:
     """A check of each view over the verified `tables` (module doc)."""
+    door = derived_views(settings)
+    if door is None:
+        return []
     checks = ViewChecks(settings, tables, timeout)
-    views = [v for v in views_of(settings) if set(v.sides) <= set(tables)]
+    views = [v for v in door.of(settings) if set(v.sides) <= set(tables)]
     return [v.verify(checks) for v in views]
 
 
 class ViewChecks:
-    """The comparisons of cdc/views/base.Verifier."""
+    """The comparisons of a Verifier (cdc/stores/base.py)."""
 
     def __init__(self, settings: Settings, tables: dict[str, Table], timeout: float) -> None:
         self.settings = settings
@@ -60,10 +66,12 @@ class ViewChecks:
         self._logs: dict[str, list[ChangeRecord]] = {}
         self._store: StoreReader | None = None  # the views' store, read when a view's rows are
 
-    def against_source(self, view: TableJoinView) -> Check:
+    def against_source(self, view: DerivedView) -> Check:
         from cdc.check.verify import verify_join
 
-        drift = verify_join(self.settings, view.settings, self.tables)
+        join = view.settings
+        assert isinstance(join, TableJoin)  # a table join's comparison
+        drift = verify_join(self.settings, join, self.tables)
         found = drift.missing + drift.extra + drift.different
         return Check(
             drift.table,
@@ -74,7 +82,7 @@ class ViewChecks:
             f"{len(drift.different)} different" + (f" (e.g. {found[0]})" if found else ""),
         )
 
-    def against_log(self, view: EnrichmentView) -> Check:
+    def against_log(self, view: DerivedView) -> Check:
         from cdc.check.verify import consistent_cut
 
         consistent_cut(
@@ -88,7 +96,7 @@ class ViewChecks:
         ok, detail = compare_due(expected, self._held(view), rows="events")
         return self._check(view, ok, detail)
 
-    def at_watermark(self, view: StreamingView) -> Check:
+    def at_watermark(self, view: StreamingDerivedView) -> Check:
         logs = self._read(view)
         if isinstance(logs, str):
             return self._check(view, True, logs)
@@ -106,7 +114,7 @@ class ViewChecks:
         ok, detail = compare_due(expected, self._held(view), watermark)
         return self._check(view, ok, detail)
 
-    def as_filled(self, view: FillingWindowView) -> Check:
+    def as_filled(self, view: StreamingDerivedView) -> Check:
         logs = self._read(view)
         if isinstance(logs, str):
             return self._check(view, True, logs)
@@ -136,7 +144,7 @@ class ViewChecks:
             + (f" (e.g. the one from {differ[0]} ms)" if differ else ""),
         )
 
-    def _check(self, view: View, ok: bool, detail: str) -> Check:
+    def _check(self, view: DerivedView, ok: bool, detail: str) -> Check:
         return Check(f"view {view.name}", view.verified_as, None, ok, detail)
 
     def _log(self, table: str) -> list[ChangeRecord]:
@@ -150,7 +158,7 @@ class ViewChecks:
             self._logs[table] = records
         return self._logs[table]
 
-    def _read(self, view: View) -> dict[str, list[ChangeRecord]] | str:
+    def _read(self, view: DerivedView) -> dict[str, list[ChangeRecord]] | str:
         """The logs of the view's tables, or why it cannot be recomputed from them."""
         logs = {t: self._log(t) for t in view.sides}
         for table, records in logs.items():
@@ -165,11 +173,13 @@ class ViewChecks:
         assert isinstance(self._store, ViewReader)
         return self._store
 
-    def _held(self, view: View) -> dict[Any, Any]:
+    def _held(self, view: DerivedView) -> dict[Any, Any]:
         frame = self._views().view_frame(view.name)
         return {} if frame is None else view.held(frame, self.tables, warehouse_value)
 
-    def _caught_up(self, view: StreamingView, logs: dict[str, list[ChangeRecord]]) -> int | None:
+    def _caught_up(
+        self, view: StreamingDerivedView, logs: dict[str, list[ChangeRecord]]
+    ) -> int | None:
         """The watermark (ms) of the last batch the view's query committed, once that
         batch read every topic of `logs` up to their ends; None after the timeout (its
         Structured Streaming checkpoint: commits/<id>, offsets/<id>: a version line,

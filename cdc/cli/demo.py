@@ -40,7 +40,6 @@ from cdc.core.settings.views import (
     TableJoin,
     TumblingWindow,
 )
-from cdc.core.store_declarations import with_ability
 from cdc.core.topics import change_topic, end_offsets
 from cdc.stack import Stack
 
@@ -344,14 +343,13 @@ def _wait_for_first_batches(
     each view kept by a query of its own its first, saying which have, for at most
     `timeout` seconds: the workload then meets warm queries, not their first plans."""
     from cdc.log.progress import checkpoint_dir, last_committed_batch
-    from cdc.views.registry import queries_of, views_of
+    from cdc.stores.registry import derived_views
 
     started = time.monotonic()
     said: set[str] = set()
     wanted = list(settings.apply.stores)
-    queries = (
-        [q.label for q in queries_of(views_of(settings))] if with_ability(wanted, "views") else []
-    )
+    door = derived_views(settings, wanted)
+    queries = [q.label for q in door.queries(door.of(settings))] if door is not None else []
     while time.monotonic() - started < timeout and not failure:
         stores = pipeline_status(settings, TABLES).stores
         done = {s for s in wanted if s in stores and not stores[s].get("nothing_applied")}
@@ -379,13 +377,14 @@ def _warm_up(
     its snapshot's did not need, and on 2 cores that takes the warehouse half a minute;
     the workload then meets stores that have done it once."""
     from cdc.log.progress import checkpoint_dir, last_committed_batch
-    from cdc.views.registry import queries_of, views_of
+    from cdc.stores.registry import derived_views
 
     started = time.monotonic()
     topics = [change_topic(settings.pipeline, t) for t in TABLES]
+    door = derived_views(settings, settings.apply.stores)
     queries = (
-        [checkpoint_dir(settings, q.label) for q in queries_of(views_of(settings))]
-        if with_ability(settings.apply.stores, "views")
+        [checkpoint_dir(settings, q.label) for q in door.queries(door.of(settings))]
+        if door is not None
         else []
     )
 

@@ -35,9 +35,10 @@ __all__ = [
 GROUP = "cdc.stores"
 
 # what a store can do beyond being written and read back:
-# - views: it keeps the derived views (`apply.joins`, `apply.windows`), written from its
-#   batches (so the apply job that runs it runs theirs: StoreWriter.take_steps), and
-#   verify compares them (its reader is a ViewReader, cdc/stores/base.py);
+# - views: it keeps the derived views (`apply.joins`, `apply.windows`), found through its
+#   declaration's `views` door, written from its batches (so the apply job that runs it
+#   runs theirs: StoreWriter.take_views), and verify compares them (its reader is a
+#   ViewReader, cdc/stores/base.py);
 # - own_process: beside other stores, `cdc apply` may run it in a process of its own;
 # - expectations: `cdc verify` also runs its data-quality expectations over its live
 #   rows (its reader is a FrameReader, cdc/stores/base.py);
@@ -83,6 +84,10 @@ class StoreDeclaration:
     # "module:function", function(settings) -> its Publisher, or None when its settings
     # ask for none; imported when asked
     publisher: str | None = None
+    # "module:name", its derived views (the "views" ability): a DerivedViews
+    # (cdc/stores/base.py), through which the apply job and the checks reach them;
+    # imported when asked
+    views: str | None = None
     # why it takes one writing process at a time under the Settings, or None: its writers
     # (the apply job, a repair's removals) then hold a lock (cdc.core.one_writer)
     one_writer: Callable[[Any], str | None] | None = None
@@ -105,6 +110,10 @@ class StoreDeclaration:
             return None
         made: Publisher | None = _imported(self.publisher)(settings)
         return made
+
+    def views_door(self) -> Any:
+        """Its derived views' door (a DerivedViews, cdc/stores/base.py), or None."""
+        return None if self.views is None else _imported(self.views)
 
 
 def _imported(where: str) -> Any:

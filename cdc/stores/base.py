@@ -15,14 +15,20 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from cdc.core.catalog import Table
+from cdc.core.catalog import Column, Table
+from cdc.core.settings import Settings
+from cdc.core.settings.views import ViewSettings
+from cdc.core.topics import ChangeRecord
 from cdc.log.position import Event
 
 __all__ = [
     "BatchContext",
     "BatchOutcome",
-    "BatchStep",
+    "DerivedQuery",
+    "DerivedView",
+    "DerivedViews",
     "Entry",
+    "Expected",
     "FrameReader",
     "FrameStore",
     "RowStore",
@@ -30,7 +36,10 @@ __all__ = [
     "SqlReader",
     "StoreReader",
     "StoreWriter",
+    "StreamingDerivedView",
     "TextSearcher",
+    "ValueForm",
+    "Verifier",
     "ViewReader",
     "WriteResult",
 ]
@@ -95,30 +104,6 @@ class BatchOutcome:
     written_by_spark: dict[str, str] | None = None  # FrameStore.written_by_spark
 
 
-class BatchStep(Protocol):
-    """Work after each batch over the tables it wrote (a derived view: cdc/views/)."""
-
-    def keeps(self) -> dict[str, set[str]]:
-        """What of each table's batch it reads: "keys" (a join view's sides), "created"
-        (the stream of a stream-table join), "versions" (the table it references); it
-        runs after the batch's writes of those tables."""
-        ...
-
-    def refresh(
-        self,
-        spark: Any,
-        root: str,
-        tables: dict[str, Table],
-        kept: dict[str, dict[str, Any]],
-        truncated: set[str],
-        native: Any = None,
-    ) -> None:
-        """Run after the batch (`kept`: per table, what it kept, each a Spark frame or an
-        Arrow table; `truncated`: the tables a TRUNCATE or a reset emptied since the last
-        batch; `native`: the store's delta-rs writer)."""
-        ...
-
-
 class StoreWriter(ABC):
     """What the apply job writes: a store of one of two kinds. A RowStore takes Python
     events (written by Spark's Python workers, each with its own connection), a
@@ -147,9 +132,10 @@ class StoreWriter(ABC):
         by default)."""
         return default
 
-    def take_steps(self, steps: Sequence[BatchStep]) -> None:
-        """Run these steps after each batch (a store declaring the "views" ability)."""
-        if steps:
+    def take_views(self, views: Sequence[DerivedView]) -> None:
+        """Keep these derived views (a store declaring the "views" ability): those it
+        refreshes from its batches, it refreshes after each."""
+        if views:
             raise TypeError(f"store {self.name} keeps no views")
 
     def close(self) -> None:  # noqa: B027 - optional
@@ -281,3 +267,123 @@ class TextSearcher(Protocol):
         """The best `limit` rows matching `text`, each with its score; None when the store
         has no index for the table yet."""
         ...
+
+
+# The "views" ability: the derived views (`apply.joins`, `apply.windows`) as the apply job
+# and the checks see them, whatever store keeps them (its declaration's `views` door,
+# cdc/stores/registry.py `derived_views`; the warehouse's: cdc/stores/warehouse/views/).
+
+# a value of either side in one comparable form (the warehouse's, warehouse_value)
+ValueForm = Callable[[Column, Any], Any]
+# a view's rows computed from the log: per row's key, its values and when it is due (ms)
+Expected = dict[Any, tuple[Any, int]]
+
+
+class Verifier(Protocol):
+    """The comparisons `cdc verify` runs (cdc/check/view_checks.py); each view says which
+    is its own (`DerivedView.verify`)."""
+
+    def against_source(self, view: Any) -> Any:
+        """The view against the same view computed by PostgreSQL, at a consistent cut."""
+
+    def against_log(self, view: Any) -> Any:
+        """The view against its rows from the log, once the store applied it all."""
+
+    def at_watermark(self, view: Any) -> Any:
+        """The view against its rows from the log due at its query's watermark."""
+
+    def as_filled(self, view: Any) -> Any:
+        """The view against its windows from the log, counting what came too late."""
+
+
+class DerivedView(Protocol):
+    """One derived view: its name, its settings, the captured tables it reads (`sides`),
+    and how `cdc verify` compares it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def settings(self) -> ViewSettings: ...
+
+    @property
+    def sides(self) -> tuple[str, ...]: ...
+
+    @property
+    def verified_as(self) -> str:
+        """What `cdc verify` says it compares."""
+        ...
+
+    def verify(self, by: Verifier) -> Any:
+        """Its comparison: one of `by`'s."""
+        ...
+
+    def expected(
+        self, tables: dict[str, Table], logs: dict[str, list[ChangeRecord]], form: ValueForm
+    ) -> Expected:
+        """Its rows computed again from the change logs (`logs`: per table), each with
+        when it is due, every value in `form`."""
+        ...
+
+    def held(self, frame: Any, tables: dict[str, Table], form: ValueForm) -> dict[Any, Any]:
+        """Its rows in the store (`frame`, ViewReader.view_frame), keyed and valued as
+        `expected`."""
+        ...
+
+
+class StreamingDerivedView(DerivedView, Protocol):
+    """A derived view kept by a streaming query (alone or shared with other views)."""
+
+    @property
+    def checkpoint_label(self) -> str:
+        """The name of its query's checkpoint folder (and scheduler pool)."""
+        ...
+
+    @property
+    def late_readers(self) -> int:
+        """How many of its query's readers drop each late event."""
+        ...
+
+
+class DerivedQuery(Protocol):
+    """A streaming query that keeps one or more streaming views (`members`)."""
+
+    @property
+    def label(self) -> str:
+        """Its checkpoint folder's name (and scheduler pool)."""
+        ...
+
+    @property
+    def members(self) -> Sequence[StreamingDerivedView]: ...
+
+    @property
+    def steps(self) -> Sequence[slice]:
+        """Per member, which of the query's stateful steps (as its progress reports list
+        them) are its own; known once the query is made."""
+        ...
+
+    def name(self, settings: Settings) -> str:
+        """The streaming query's name."""
+        ...
+
+    def definition(self) -> str:
+        """What its checkpoint was written for: another starts it afresh."""
+        ...
+
+    def query(
+        self, spark: Any, settings: Settings, tables: dict[str, Table], checkpoint: str
+    ) -> Any:
+        """The streaming query, ready for a trigger and start()."""
+        ...
+
+
+@dataclass(frozen=True)
+class DerivedViews:
+    """The door to the derived views of the store that keeps them (its declaration's
+    `views`): `of` every view of the pipeline; `checked` the same, once each names
+    captured tables and columns (ConfigError, in one line, else); `queries` the streaming
+    queries that keep the streaming ones among the views given."""
+
+    of: Callable[[Settings], Sequence[DerivedView]]
+    checked: Callable[[Settings, dict[str, Table]], Sequence[DerivedView]]
+    queries: Callable[[Sequence[DerivedView]], Sequence[DerivedQuery]]

@@ -2,10 +2,13 @@
 made from the settings by what it declares (cdc/core/store_declarations.py: its
 package's `DECLARATION`, found through the `cdc.stores` entry points). A store is one
 package under cdc/stores/ (or anywhere), a RowStore or a FrameStore with a StoreReader
-(cdc/stores/base.py), and one line in pyproject.toml's entry points."""
+(cdc/stores/base.py), and one line in pyproject.toml's entry points. The derived views
+are reached the same way, by ability: `derived_views`, the views door the store that
+keeps them declares."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, SecretStr
@@ -13,10 +16,11 @@ from pydantic import BaseModel, SecretStr
 from cdc.core.errors import ConfigError
 from cdc.core.settings import Settings
 from cdc.core.store_declarations import Ability, check_store_names, declared, with_ability
-from cdc.stores.base import RowStore, StoreReader, StoreWriter
+from cdc.stores.base import DerivedViews, RowStore, StoreReader, StoreWriter
 
 __all__ = [
     "check_store_names",
+    "derived_views",
     "executor_settings",
     "make_reader",
     "make_row_store",
@@ -53,6 +57,23 @@ def reader_with(settings: Settings, ability: Ability, spark: Any = None) -> Stor
     if not names:
         raise ConfigError(f"no store installed has the ability {ability!r}: install one that does")
     return make_reader(settings, names[0], spark)
+
+
+def derived_views(settings: Settings, among: Iterable[str] | None = None) -> DerivedViews | None:
+    """The door to the derived views (cdc/stores/base.py DerivedViews) of the store that
+    keeps them: the first of `among` with the "views" ability (by default the first of
+    apply.stores that has it, else the first store installed that does); None when none
+    of them has it."""
+    if among is None:
+        names = with_ability(settings.apply.stores, "views") or with_ability(declared(), "views")
+    else:
+        names = with_ability(among, "views")
+    if not names:
+        return None
+    door = declared()[names[0]].views_door()
+    if not isinstance(door, DerivedViews):
+        raise ConfigError(f"store {names[0]} declares the ability 'views' but no views door")
+    return door
 
 
 def executor_settings(settings: Settings, name: str) -> Settings:

@@ -21,8 +21,8 @@ from cdc.core.settings.views import StreamTableJoin
 from cdc.log.progress import checkpoint_dir
 from cdc.stores.warehouse.store import WarehouseStore
 from cdc.stores.warehouse.tables import view_path, warehouse_root
-from cdc.views import enrichment
-from cdc.views.enrichment import EnrichmentView
+from cdc.stores.warehouse.views import enrichment
+from cdc.stores.warehouse.views.enrichment import EnrichmentView
 from tests.conftest import Capture, RunningStack
 from tests.helpers import EVENTS
 from tests.logcheck import table_info, wait_until_equal

@@ -525,7 +525,7 @@ def test_a_view_batch_appended_again_is_written_once(
 
     from cdc.core.spark import spark_session
     from cdc.stores.warehouse.native import NativeWriter
-    from cdc.views.streams import appended_to
+    from cdc.stores.warehouse.views.streams import appended_to
     from tests.stores import delta_rs_read
 
     spark = spark_session(stack.settings, "test-view-append")

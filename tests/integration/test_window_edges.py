@@ -24,7 +24,7 @@ from cdc.core.settings.views import HoppingWindow, SessionWindow, TumblingWindow
 from cdc.core.topics import ChangeRecord, change_topic, read_topic, wait_for_records
 from cdc.log.progress import checkpoint_dir
 from cdc.stores.warehouse.tables import view_path, warehouse_root
-from cdc.views.windows import FillingWindowView
+from cdc.stores.warehouse.views.windows import FillingWindowView
 from tests.conftest import Capture
 from tests.logcheck import table_info, wait_until_equal
 

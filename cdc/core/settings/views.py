@@ -1,5 +1,5 @@
 """The derived views' settings (`[[apply.joins]]`, `[[apply.windows]]`): one class per
-kind, selected by its `kind`; their behaviour is cdc/views/."""
+kind, selected by its `kind`; their behaviour is cdc/stores/warehouse/views/."""
 
 from __future__ import annotations
 

@@ -15,7 +15,11 @@ native       the writes by delta-rs (native.py), conflicts the other writers' (c
 delta_log    a Delta table's log read directly (delta_log.py)
 iceberg      its tables published as Iceberg tables (iceberg.py, [stores.warehouse] iceberg)
 settings     its section, [stores.warehouse] (settings.py)
-(the join views and window aggregates derived from them: cdc/views/)
+steps        the steps after each batch (its join views) and what a batch keeps for
+             them (steps.py: BatchStep, Kept)
+views/       the views derived from its tables, one class per kind (join views, window
+             aggregates), reached by the apply job and the checks through its
+             declaration's `views` door (views/registry.py VIEWS)
 """
 
 from __future__ import annotations
@@ -53,5 +57,6 @@ DECLARATION = StoreDeclaration(
     reserved=_reserved,
     abilities=frozenset({"views", "own_process", "expectations", "sql"}),
     publisher="cdc.stores.warehouse.iceberg:publisher",
+    views="cdc.stores.warehouse.views.registry:VIEWS",
     one_writer=_one_writer,
 )

@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from cdc.core.catalog import Table
 from cdc.stores.warehouse.history import HISTORY_META
+from cdc.stores.warehouse.steps import Keep, Kept
 
 __all__ = [
     "canonical",
@@ -245,31 +246,30 @@ def _firsts(rows: Any) -> list[int]:
     return keep
 
 
-def kept(table: Table, events: pa.Table, wanted: set[str]) -> dict[str, pa.Table]:
-    """What the steps after the batch read of it (store.py, `_write_table`): its keys
-    ("keys"), its creation events ("created"), the positions of its changes per key
-    ("versions", a table of one key column)."""
-    out: dict[str, pa.Table] = {}
+def kept(table: Table, events: pa.Table, wanted: set[Keep]) -> Kept:
+    """What the steps after the batch read of it (`wanted`), in Arrow: as store.py's
+    `_write_table` keeps it in Spark (steps.py Kept)."""
+    keys = created = versions = None
     if "keys" in wanted:
         columns = [events.column(f"_cdc_k_{k}") for k in table.key]
         every = pa.Table.from_arrays(columns, names=list(table.key))
-        out["keys"] = every.take(
+        keys = every.take(
             pa.array(_firsts(zip(*[c.to_pylist() for c in columns], strict=True)), pa.int64())
         )
     found = events.filter(pc.is_valid(events.column("_cdc_commit_lsn")))
     if "created" in wanted:
-        created = found.filter(pc.equal(found.column("_cdc_op"), "c"))
+        inserts = found.filter(pc.equal(found.column("_cdc_op"), "c"))
         positions = zip(
-            *[created.column(k).to_pylist() for k in table.key],
-            created.column("_cdc_commit_lsn").to_pylist(),
-            created.column("_cdc_lsn").to_pylist(),
+            *[inserts.column(k).to_pylist() for k in table.key],
+            inserts.column("_cdc_commit_lsn").to_pylist(),
+            inserts.column("_cdc_lsn").to_pylist(),
             strict=True,
         )
         keep = _firsts(positions)
         names = [c.name for c in table.columns] + ["_cdc_commit_lsn", "_cdc_lsn", "_cdc_commit_ms"]
-        out["created"] = created.take(pa.array(keep, pa.int64())).select(names)
+        created = inserts.take(pa.array(keep, pa.int64())).select(names)
     if "versions" in wanted and len(table.key) == 1:
-        out["versions"] = pa.Table.from_arrays(
+        versions = pa.Table.from_arrays(
             [
                 found.column(f"_cdc_k_{table.key[0]}"),
                 found.column("_cdc_commit_lsn"),
@@ -277,4 +277,4 @@ def kept(table: Table, events: pa.Table, wanted: set[str]) -> dict[str, pa.Table
             ],
             names=["_cdc_ref", "_cdc_commit_lsn", "_cdc_lsn"],
         )
-    return out
+    return Kept(keys, created, versions)

@@ -35,7 +35,7 @@ from cdc.core.catalog import Table, reserved_problem
 from cdc.core.errors import ConfigError, StoreError
 from cdc.core.settings import Settings
 from cdc.log.position import older_sql
-from cdc.stores.base import BatchContext, BatchOutcome, BatchStep, FrameStore
+from cdc.stores.base import BatchContext, BatchOutcome, DerivedView, FrameStore
 from cdc.stores.warehouse import arrow_batch
 from cdc.stores.warehouse.conflicts import retried
 from cdc.stores.warehouse.history import (
@@ -62,6 +62,7 @@ from cdc.stores.warehouse.native import (
 from cdc.stores.warehouse.readback import WarehouseReader
 from cdc.stores.warehouse.routes import WarehouseBatches
 from cdc.stores.warehouse.settings import warehouse_settings, writer_in_use
+from cdc.stores.warehouse.steps import BatchStep, Keep, Kept, frames_to_keep, steps_of
 from cdc.stores.warehouse.tables import (
     aligned_rows,
     append_rows,
@@ -133,8 +134,8 @@ class WarehouseStore(WarehouseReader, FrameStore):
     def max_offsets(self, default: int) -> int:
         return self.batches.max_records  # fewer, larger Delta commits when catching up
 
-    def take_steps(self, steps: Sequence[BatchStep]) -> None:
-        self.after_batch = list(steps)
+    def take_views(self, views: Sequence[DerivedView]) -> None:
+        self.after_batch = steps_of(views)  # its join views (steps.py)
 
     def prepare(self, tables: Iterable[Table]) -> None:
         for table in tables:
@@ -291,31 +292,28 @@ class WarehouseStore(WarehouseReader, FrameStore):
         self,
         table: Table,
         events: Callable[[], Any],
-        keep: set[str],
+        keep: set[Keep],
         toasted: bool,
         native: NativeWriter | None,
-    ) -> tuple[float, float, dict[str, Any]]:
+    ) -> tuple[float, float, Kept]:
         """A table's events of the batch into its history, then its current state; their
-        seconds, and what the views want kept of the batch (`keep`): its keys of the
-        table ("keys", for the join views), its creation events ("created", for the
-        enrichments it streams) and the positions of its changes per key ("versions",
-        for the enrichments it is referenced by)."""
+        seconds, and what the steps after the batch read of it (`keep`; steps.py Kept)."""
         from pyspark.sql import functions as F
 
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.name)
         decoded, placeholders = self._decode(table, events(), toasted)
         try:
             history_s, current_s = self._write(table, decoded, placeholders, native)
-            kept: dict[str, Any] = {}
+            keys = created = versions = None
             if "keys" in keep:
-                kept["keys"] = (
+                keys = (
                     decoded.select(*[F.col(q(f"_cdc_k_{k}")).alias(k) for k in table.key])
                     .distinct()
                     .localCheckpoint()
                 )
             changes = decoded.where("_cdc_commit_lsn IS NOT NULL")  # tombstones are not changes
             if "created" in keep:  # an INSERT carries every value: no placeholder
-                kept["created"] = (
+                created = (
                     changes.where("_cdc_op = 'c'")
                     .select(
                         *[q(c.name) for c in table.columns],
@@ -327,12 +325,12 @@ class WarehouseStore(WarehouseReader, FrameStore):
                     .localCheckpoint()
                 )
             if "versions" in keep and len(table.key) == 1:
-                kept["versions"] = changes.select(
+                versions = changes.select(
                     F.col(q(f"_cdc_k_{table.key[0]}")).alias("_cdc_ref"),
                     "_cdc_commit_lsn",
                     "_cdc_lsn",
                 ).localCheckpoint()
-            return history_s, current_s, kept
+            return history_s, current_s, Kept(keys, created, versions)
         finally:
             decoded.unpersist()
 
@@ -532,8 +530,8 @@ class WarehouseStore(WarehouseReader, FrameStore):
             aligned.write.format("delta").mode("append").save(path)
 
     def _write_arrow(
-        self, table: Table, events: Any, keep: set[str], spark_path: Any
-    ) -> tuple[float, float, dict[str, Any]]:
+        self, table: Table, events: Any, keep: set[Keep], spark_path: Any
+    ) -> tuple[float, float, Kept]:
         """A table's batch shaped on the driver in Arrow (`events`: its decoded events,
         `_decode_batch`; arrow_batch.py) into its history, then its current state, each
         in one delta-rs commit; what `_write_table` returns. A batch with a change the
@@ -573,8 +571,8 @@ class WarehouseStore(WarehouseReader, FrameStore):
         else:
             self._merge_arrow(table, target, current_at, arrow_batch.merge_source(table, latest))
         current_s = time.monotonic() - started
-        # as Arrow tables: a step that needs a Spark frame makes one (views.base.as_frame)
-        return history_s, current_s, dict(arrow_batch.kept(table, events, keep))
+        # as Arrow tables: a step that needs a Spark frame makes one (steps.as_frame)
+        return history_s, current_s, arrow_batch.kept(table, events, keep)
 
     def _append_arrow(self, target: Any, path: str, rows: Any) -> None:
         """`rows` (Arrow) appended to the table at `path`: by delta-rs, else by Spark."""
@@ -732,7 +730,7 @@ class WarehouseStore(WarehouseReader, FrameStore):
         self,
         step: BatchStep,
         tables: dict[str, Table],
-        writes: dict[str, Future[tuple[float, float, dict[str, Any]]]],
+        writes: dict[str, Future[tuple[float, float, Kept]]],
         truncated: set[str],
     ) -> None:
         """A step after the batch, once the batch's writes of the tables it reads (those
@@ -754,17 +752,6 @@ def _made_once(make: Callable[[], Any]) -> Callable[[], Any]:
             return made[0]
 
     return once
-
-
-def frames_to_keep(steps: Sequence[BatchStep]) -> dict[str, set[str]]:
-    """What of each table's batch the steps after it read: its keys ("keys": a join
-    view's sides), its creation events ("created": the stream of a stream-table join),
-    its changes per key ("versions": the table a stream-table join references)."""
-    keep: dict[str, set[str]] = {}
-    for step in steps:
-        for table, frames in step.keeps().items():
-            keep.setdefault(table, set()).update(frames)
-    return keep
 
 
 def make(settings: Settings, spark: Any = None) -> WarehouseStore:

@@ -13,7 +13,7 @@ PACKAGES = ("cdc",)
 # cdc's folders, the stages of the flow from the ground floor up: each imports only
 # itself and the folders before it, except the local stack, which sits beside the engines
 # (log to check) and imports what makes the log and nothing above
-FLOORS = ("core", "types", "capture", "log", "stores", "views", "apply", "check", "stack", "cli")
+FLOORS = ("core", "types", "capture", "log", "stores", "apply", "check", "stack", "cli")
 MAY_IMPORT = {f: set(FLOORS[: i + 1]) for i, f in enumerate(FLOORS)}
 MAY_IMPORT["stack"] = {"core", "types", "capture", "stack"}
 
@@ -116,7 +116,6 @@ NAMES_A_STORE = {
     "cdc.cli.demo": "the demo shows each store by name",
     "cdc.core.state_folders": "the warehouse's default folder ([stores.warehouse] path unset), "
     "and the object store its path names (cdc.core.object_store)",
-    "cdc.views": "the warehouse's wing: its derived views, which it writes after each batch",
 }
 
 

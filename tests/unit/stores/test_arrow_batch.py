@@ -146,9 +146,9 @@ def test_what_the_views_keep_each_key_and_creation_once() -> None:
         (1, "u", 0, 3, 110, 1, "b", None),
     )
     kept = arrow_batch.kept(TABLE, batch, {"keys", "created", "versions"})
-    assert kept["keys"].to_pylist() == [{"id": 1}]
-    assert kept["created"].column("_cdc_commit_lsn").to_pylist() == [100]
-    assert kept["versions"].column_names == ["_cdc_ref", "_cdc_commit_lsn", "_cdc_lsn"]
+    assert kept.keys.to_pylist() == [{"id": 1}]
+    assert kept.created.column("_cdc_commit_lsn").to_pylist() == [100]
+    assert kept.versions.column_names == ["_cdc_ref", "_cdc_commit_lsn", "_cdc_lsn"]
 
 
 def test_a_column_named_like_a_helper_column_is_a_column() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from cdc.stores.warehouse.steps import Keep, Kept
 from cdc.stores.warehouse.store import WarehouseStore
 
 WAIT_S = 30.0  # far above any run: a step that waited for every write would time out
@@ -29,7 +30,7 @@ class _Step:
         self.reads, self.store, self.then = reads, store, then
         self.seen: tuple[set[str], set[str], set[str]] | None = None
 
-    def keeps(self) -> dict[str, set[str]]:
+    def keeps(self) -> dict[str, set[Keep]]:
         return {t: {"keys"} for t in self.reads}
 
     def refresh(self, spark: Any, root: str, tables: Any, kept: Any, truncated: Any, native: Any):
@@ -52,7 +53,7 @@ class _Store(WarehouseStore):
         if table == self.failing:
             raise RuntimeError(f"{table}: its write failed")
         self.written.append(table)
-        return 0.0, 0.0, {"keys": f"{table} keys"}
+        return 0.0, 0.0, Kept(keys=f"{table} keys")
 
 
 TABLES = {"a": "a", "b": "b", "c": "c"}

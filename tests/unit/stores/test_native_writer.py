@@ -118,7 +118,7 @@ def test_a_join_view_refreshed_in_arrow_follows_both_sides(tmp_path: Path) -> No
     from the current states as delta-rs reads them; a row gone from the left leaves."""
     from cdc.core.settings.views import TableJoin
     from cdc.stores.warehouse.tables import current_path, view_path
-    from cdc.views.table_join import refresh_join_arrow
+    from cdc.stores.warehouse.views.table_join import refresh_join_arrow
 
     def column(name: str) -> Column:
         return Column(name, "int8", "int8", "N", False, None, False)

@@ -13,6 +13,7 @@ from cdc.core.errors import ConfigError
 from cdc.core.settings import Settings, load_settings
 from cdc.core.store_declarations import StoreDeclaration, declared, register, store_help
 from cdc.stores.base import (
+    DerivedViews,
     FrameReader,
     FrameStore,
     RowStore,
@@ -21,7 +22,13 @@ from cdc.stores.base import (
     TextSearcher,
     ViewReader,
 )
-from cdc.stores.registry import check_store_names, executor_settings, make_reader, make_writer
+from cdc.stores.registry import (
+    check_store_names,
+    derived_views,
+    executor_settings,
+    make_reader,
+    make_writer,
+)
 from tests.helpers import run_cdc
 
 
@@ -71,6 +78,19 @@ def test_a_store_with_an_ability_reads_as_that_ability_asks() -> None:
             assert not missing, (declaration.name, ability, missing)
             checked += 1
     assert checked >= 4
+
+
+def test_a_store_that_keeps_the_views_declares_their_door() -> None:
+    """The apply job and the checks reach the derived views through the door of the store
+    that keeps them (its declaration's `views`), never by its name."""
+    keepers = [d for d in declared().values() if "views" in d.abilities]
+    assert keepers
+    for declaration in keepers:
+        assert isinstance(declaration.views_door(), DerivedViews), declaration.name
+    settings = Settings()
+    door = derived_views(settings)
+    assert door is not None and door.of(settings) == []  # no view declared
+    assert derived_views(settings, ["cache", "search"]) is None
 
 
 def test_a_name_that_is_no_store_is_refused_in_one_line() -> None:

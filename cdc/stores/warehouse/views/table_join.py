@@ -17,13 +17,15 @@ import pyarrow as pa
 
 from cdc.core.catalog import Table
 from cdc.core.settings.views import TableJoin
+from cdc.stores.base import Verifier
 from cdc.stores.warehouse.conflicts import retried
 from cdc.stores.warehouse.native import NativeWriter, null_safe_match
 from cdc.stores.warehouse.native import datafusion_quoted as dq
+from cdc.stores.warehouse.steps import Keep, Kept, as_frame
 from cdc.stores.warehouse.tables import view_path
+from cdc.stores.warehouse.views.base import ReferencingJoin
 from cdc.types.spark_types import quoted as q
 from cdc.types.spark_types import spark_type
-from cdc.views.base import ReferencingJoin, Verifier, as_frame
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -45,7 +47,7 @@ class TableJoinView(ReferencingJoin):
     def verify(self, by: Verifier) -> Any:
         return by.against_source(self)
 
-    def keeps(self) -> dict[str, set[str]]:
+    def keeps(self) -> dict[str, set[Keep]]:
         return {self.settings.table: {"keys"}, self.settings.references: {"keys"}}
 
     def refresh(
@@ -53,17 +55,17 @@ class TableJoinView(ReferencingJoin):
         spark: Any,
         root: str,
         tables: dict[str, Table],
-        kept: dict[str, dict[str, Any]],
+        kept: dict[str, Kept],
         truncated: set[str],
         native: NativeWriter | None = None,
     ) -> None:
         """Its rows for the keys the batch touched on either side, or all its rows after
         a TRUNCATE (or a reset) of either."""
         sides = set(self.sides)
-        touched = {t for t in sides if "keys" in kept.get(t, {})}
+        touched = {t for t in sides if t in kept and kept[t].keys is not None}
         if not sides & (touched | truncated) or not sides <= set(tables):
             return
-        keys = {} if sides & truncated else {t: kept[t]["keys"] for t in touched}
+        keys = {} if sides & truncated else {t: kept[t].keys for t in touched}
         # the batch was shaped on the driver: its keys are Arrow, and so is the join
         shaped = bool(keys) and all(isinstance(k, pa.Table) for k in keys.values())
         if (

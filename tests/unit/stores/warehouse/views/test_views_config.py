@@ -21,8 +21,8 @@ from cdc.core.settings.views import (
     WindowAggregate,
     WindowSettings,
 )
-from cdc.views.registry import after_batch, check_views, view_of
-from cdc.views.windows import FillingWindowView
+from cdc.stores.warehouse.views.registry import check_views, view_of
+from cdc.stores.warehouse.views.windows import FillingWindowView
 
 # a view's settings as a settings file gives them: its kind selects the class
 JOIN: TypeAdapter[JoinSettings] = TypeAdapter(JoinView)
@@ -281,7 +281,7 @@ def test_a_carried_column_named_like_the_pipelines_own_is_refused(kind: str) -> 
 
 
 def test_only_the_joins_a_batch_refreshes_keep_its_frames() -> None:
-    from cdc.stores.warehouse.store import frames_to_keep
+    from cdc.stores.warehouse.steps import frames_to_keep, steps_of
 
     joins = [
         TableJoin(name="a", table="public.o", references="public.c", on="c_id", columns=["n"]),
@@ -304,7 +304,7 @@ def test_only_the_joins_a_batch_refreshes_keep_its_frames() -> None:
             columns=["n"],
         ),
     ]
-    assert frames_to_keep(after_batch([view_of(j) for j in joins])) == {
+    assert frames_to_keep(steps_of([view_of(j) for j in joins])) == {
         "public.o": {"keys"},
         "public.c": {"keys"},
         "public.i": {"created"},
@@ -315,7 +315,7 @@ def test_only_the_joins_a_batch_refreshes_keep_its_frames() -> None:
 def test_a_streaming_views_definition_is_its_settings_and_its_plan() -> None:
     """Another setting is another definition (its checkpoint starts afresh); a default
     given or left out is one definition."""
-    from cdc.views.streams import PLAN
+    from cdc.stores.warehouse.views.streams import PLAN
 
     session = SessionWindow(name="w", table="public.a", kind="session", gap="5 minutes")
     defined = view_of(session).definition()  # type: ignore[attr-defined]
@@ -329,7 +329,7 @@ def test_a_streaming_views_definition_is_its_settings_and_its_plan() -> None:
 
 
 def test_a_stream_table_join_of_a_table_with_itself_keeps_both_frames() -> None:
-    from cdc.stores.warehouse.store import frames_to_keep
+    from cdc.stores.warehouse.steps import frames_to_keep, steps_of
 
     itself = StreamTableJoin(
         name="e",
@@ -339,4 +339,4 @@ def test_a_stream_table_join_of_a_table_with_itself_keeps_both_frames() -> None:
         on="id",
         columns=["n"],
     )
-    assert frames_to_keep(after_batch([view_of(itself)])) == {"public.o": {"created", "versions"}}
+    assert frames_to_keep(steps_of([view_of(itself)])) == {"public.o": {"created", "versions"}}

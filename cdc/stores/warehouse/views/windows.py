@@ -27,13 +27,12 @@ from cdc.core.settings.views import (
     duration_ms,
 )
 from cdc.core.topics import ChangeRecord
+from cdc.stores.base import Expected, ValueForm, Verifier
 from cdc.stores.warehouse.native import NativeWriter
 from cdc.stores.warehouse.settings import writer_in_use
 from cdc.stores.warehouse.tables import view_path
-from cdc.types.spark_types import quoted as q
-from cdc.types.spark_types import spark_type
-from cdc.views.base import NOW, Branch, Expected, StreamingView, ValueForm, Verifier
-from cdc.views.streams import (
+from cdc.stores.warehouse.views.base import NOW, Branch, StreamingView
+from cdc.stores.warehouse.views.streams import (
     LoggedChange,
     appended_to,
     definition_of,
@@ -44,6 +43,8 @@ from cdc.views.streams import (
     total,
     wide,
 )
+from cdc.types.spark_types import quoted as q
+from cdc.types.spark_types import spark_type
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -2,18 +2,20 @@
 of its settings against the catalog, and how `cdc verify` compares it (`verify`: the
 view picks the comparison, the checker runs it).
 
+Each is a DerivedView (cdc/stores/base.py), as the apply job and the checks see it.
 Two families: a view refreshed by the warehouse after each of its batches, from the
-tables it has just written (`AfterBatchView`: table joins, stream-table joins), and a
-view kept by a Structured Streaming query of its own over the change topics, with a
-watermark (`StreamingView`: window aggregates, stream-stream joins)."""
+tables it has just written (`AfterBatchView`, a BatchStep of steps.py: table joins,
+stream-table joins), and a view kept by a Structured Streaming query of its own over
+the change topics, with a watermark (`StreamingView`: window aggregates, stream-stream
+joins)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from cdc.core.catalog import RESERVED_PREFIX, Column, Table
+from cdc.core.catalog import RESERVED_PREFIX, Table
 from cdc.core.errors import ConfigError
 from cdc.core.settings.views import (
     JoinSettings,
@@ -23,55 +25,15 @@ from cdc.core.settings.views import (
     duration_ms,
 )
 from cdc.core.topics import ChangeRecord
+from cdc.stores.base import Expected, ValueForm, Verifier
+from cdc.stores.warehouse.steps import BatchStep
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = [
-    "NOW",
-    "AfterBatchView",
-    "Branch",
-    "Expected",
-    "ReferencingJoin",
-    "StreamingView",
-    "ValueForm",
-    "Verifier",
-    "View",
-    "as_frame",
-]
-
-
-def as_frame(spark: Any, rows: Any) -> Any:
-    """What a warehouse batch kept of a table (a Spark frame, or an Arrow table when the
-    batch was shaped on the driver) as a Spark frame; None stays None."""
-    import pyarrow as pa
-
-    return spark.createDataFrame(rows) if isinstance(rows, pa.Table) else rows
-
+__all__ = ["NOW", "AfterBatchView", "Branch", "ReferencingJoin", "StreamingView", "View"]
 
 NOW = -(2**62)  # a row due at once: written as soon as what makes it is read
-
-# a value of either side in one comparable form (the warehouse's, warehouse_value)
-ValueForm = Callable[[Column, Any], Any]
-# a view's rows computed from the log: per row's key, its values and when it is due (ms)
-Expected = dict[Any, tuple[Any, int]]
-
-
-class Verifier(Protocol):
-    """The comparisons `cdc verify` runs (cdc/check/view_checks.py); each view
-    says which is its own."""
-
-    def against_source(self, view: Any) -> Any:
-        """The view against the same view computed by PostgreSQL, at a consistent cut."""
-
-    def against_log(self, view: Any) -> Any:
-        """The view against its rows from the log, once the warehouse applied it all."""
-
-    def at_watermark(self, view: Any) -> Any:
-        """The view against its rows from the log due at its query's watermark."""
-
-    def as_filled(self, view: Any) -> Any:
-        """The view against its windows from the log, counting what came too late."""
 
 
 class View:
@@ -165,28 +127,9 @@ class View:
         raise NotImplementedError
 
 
-class AfterBatchView(View):
-    """A view the warehouse refreshes after each batch from the tables it wrote."""
-
-    def keeps(self) -> dict[str, set[str]]:
-        """What of each table's batch it refreshes from (cdc/stores/warehouse/
-        store.py: "keys", "created", "versions")."""
-        raise NotImplementedError
-
-    def refresh(
-        self,
-        spark: Any,
-        root: str,
-        tables: dict[str, Table],
-        kept: dict[str, dict[str, Any]],
-        truncated: set[str],
-        native: Any = None,
-    ) -> None:
-        """After a warehouse batch: `kept` what it kept of each table (as_frame),
-        `truncated` the
-        tables a TRUNCATE (or a reset) emptied, `native` the store's delta-rs writer
-        (cdc/stores/warehouse/native.py)."""
-        raise NotImplementedError
+class AfterBatchView(View, BatchStep):
+    """A view the warehouse refreshes after each batch from the tables it wrote: its
+    `keeps` and `refresh` are a BatchStep's (steps.py)."""
 
 
 class ReferencingJoin(AfterBatchView):
@@ -220,7 +163,7 @@ class Branch:
 
 class StreamingView(View):
     """A view kept by a streaming query, alone or with the views it shares one with
-    (cdc/views/streams.py, queries.py)."""
+    (streams.py, queries.py)."""
 
     settings: StreamStreamJoin | WindowSettings
     # the query's name after `cdc-<pipeline>-`: <label>-<view name>

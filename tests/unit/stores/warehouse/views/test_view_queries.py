@@ -1,4 +1,4 @@
-"""Which streaming views share a query (cdc/views/queries.py), and the
+"""Which streaming views share a query (cdc/stores/warehouse/views/queries.py), and the
 checkpoints of queries the views no longer run in (progress.forget_other_view_queries)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from cdc.core.settings import Settings
 from cdc.core.settings.apply import ApplySettings
 from cdc.core.settings.views import SlidingWindow, TumblingWindow
 from cdc.log.progress import checkpoint_dir, forget_other_view_queries
-from cdc.views.registry import queries_of, views_of
+from cdc.stores.warehouse.views.registry import queries_of, views_of
 
 
 def test_the_demos_five_streaming_views_run_in_two_queries(clean_env: None) -> None:

@@ -1,4 +1,4 @@
-"""Which change of a referenced row enriches an event (cdc/views/enrichment.py,
+"""Which change of a referenced row enriches an event (cdc/stores/warehouse/views/enrichment.py,
 the log-side reference `cdc verify` compares the stream-table join with)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pyarrow as pa
 
-from cdc.views.enrichment import Version, enrich, latest_at_or_before
+from cdc.stores.warehouse.views.enrichment import Version, enrich, latest_at_or_before
 
 SNAPSHOT = Version((100, 0), "r", {"id": 1, "price": 10}, 1_000)
 RAISED = Version((200, 5), "u", {"id": 1, "price": 15}, 2_000)

@@ -37,14 +37,16 @@ from cdc.core.settings.views import StreamTableJoin
 from cdc.core.topics import ChangeRecord
 from cdc.log.envelope import event_position
 from cdc.log.position import Position
+from cdc.stores.base import Expected, ValueForm, Verifier
 from cdc.stores.warehouse.conflicts import retried
 from cdc.stores.warehouse.native import NativeWriter, null_safe_match
 from cdc.stores.warehouse.native import datafusion_quoted as dq
+from cdc.stores.warehouse.steps import Keep, Kept, as_frame
+from cdc.stores.warehouse.views.base import NOW, ReferencingJoin
+from cdc.stores.warehouse.views.streams import logged_changes
 from cdc.types.decode import decode_value
 from cdc.types.spark_types import quoted as q
 from cdc.types.spark_types import spark_type
-from cdc.views.base import NOW, Expected, ReferencingJoin, ValueForm, Verifier, as_frame
-from cdc.views.streams import logged_changes
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -81,8 +83,8 @@ class EnrichmentView(ReferencingJoin):
     def verify(self, by: Verifier) -> Any:
         return by.against_log(self)
 
-    def keeps(self) -> dict[str, set[str]]:
-        keep = {self.settings.table: {"created"}}
+    def keeps(self) -> dict[str, set[Keep]]:
+        keep: dict[str, set[Keep]] = {self.settings.table: {"created"}}
         keep.setdefault(self.settings.references, set()).add("versions")  # (may be the same)
         return keep
 
@@ -91,7 +93,7 @@ class EnrichmentView(ReferencingJoin):
         spark: Any,
         root: str,
         tables: dict[str, Table],
-        kept: dict[str, dict[str, Any]],
+        kept: dict[str, Kept],
         truncated: set[str],
         native: NativeWriter | None = None,
     ) -> None:
@@ -101,8 +103,8 @@ class EnrichmentView(ReferencingJoin):
         join = self.settings
         if not set(self.sides) <= set(tables):
             return
-        created = kept.get(join.table, {}).get("created")
-        versions = kept.get(join.references, {}).get("versions")
+        created = kept.get(join.table, Kept()).created
+        versions = kept.get(join.references, Kept()).versions
         again = join.references in truncated
         if created is None and versions is None and not again:
             return

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from cdc.core.catalog import Table
 from cdc.core.settings import Settings
+from cdc.stores.warehouse.views.base import StreamingView
 from cdc.types.spark_types import quoted as q
-from cdc.views.base import StreamingView
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -141,7 +141,7 @@ class ViewQuery:
         its sum's type)."""
         from pyspark.sql import functions as F
 
-        from cdc.views.windows import FillingWindowView
+        from cdc.stores.warehouse.views.windows import FillingWindowView
 
         members = [m for m in self.members if isinstance(m, FillingWindowView)]
         made = [m.parts(spark, settings, tables, checkpoint) for m in members]

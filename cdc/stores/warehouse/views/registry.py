@@ -1,6 +1,10 @@
-"""The one place a view's kind is looked at: its settings' class selects its view class."""
+"""The one place a view's kind is looked at: its settings' class selects its view class.
+`VIEWS` is the warehouse's views door (its declaration's `views`): how the apply job and
+the checks reach the views (cdc/stores/base.py DerivedViews)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
 
 from cdc.core.catalog import Table
 from cdc.core.errors import ConfigError
@@ -15,16 +19,17 @@ from cdc.core.settings.views import (
     TumblingWindow,
     ViewSettings,
 )
-from cdc.views.base import AfterBatchView, StreamingView, View
-from cdc.views.enrichment import EnrichmentView
-from cdc.views.queries import ViewQuery, view_queries
-from cdc.views.stream_join import StreamJoinView
-from cdc.views.table_join import TableJoinView
-from cdc.views.windows import FillingWindowView, SessionView, SlidingView
+from cdc.stores.base import DerivedView, DerivedViews
+from cdc.stores.warehouse.views.base import StreamingView, View
+from cdc.stores.warehouse.views.enrichment import EnrichmentView
+from cdc.stores.warehouse.views.queries import ViewQuery, view_queries
+from cdc.stores.warehouse.views.stream_join import StreamJoinView
+from cdc.stores.warehouse.views.table_join import TableJoinView
+from cdc.stores.warehouse.views.windows import FillingWindowView, SessionView, SlidingView
 
 __all__ = [
+    "VIEWS",
     "VIEW_CLASSES",
-    "after_batch",
     "check_views",
     "queries_of",
     "streaming",
@@ -56,17 +61,12 @@ def views_of(settings: Settings) -> list[View]:
     return views
 
 
-def after_batch(views: list[View]) -> list[AfterBatchView]:
-    """The views the warehouse refreshes after each of its batches."""
-    return [v for v in views if isinstance(v, AfterBatchView)]
-
-
-def streaming(views: list[View]) -> list[StreamingView]:
+def streaming(views: Iterable[object]) -> list[StreamingView]:
     """The views kept by a streaming query of their own."""
     return [v for v in views if isinstance(v, StreamingView)]
 
 
-def queries_of(views: list[View]) -> list[ViewQuery]:
+def queries_of(views: Sequence[DerivedView]) -> list[ViewQuery]:
     """The streaming queries that keep the streaming views among `views` (as views_of
     placed them: by their checkpoint)."""
     queries: dict[str, list[StreamingView]] = {}
@@ -85,3 +85,6 @@ def check_views(settings: Settings, tables: dict[str, Table]) -> list[View]:
     for view in views:
         view.check_settings(tables, settings.pipeline.name)
     return views
+
+
+VIEWS = DerivedViews(of=views_of, checked=check_views, queries=queries_of)

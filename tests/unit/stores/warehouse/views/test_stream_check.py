@@ -5,9 +5,9 @@ from __future__ import annotations
 from decimal import Decimal
 
 from cdc.check.view_checks import compare_due
-from cdc.views.stream_join import first_ends
-from cdc.views.streams import LoggedChange
-from cdc.views.windows import session_windows, sliding_windows
+from cdc.stores.warehouse.views.stream_join import first_ends
+from cdc.stores.warehouse.views.streams import LoggedChange
+from cdc.stores.warehouse.views.windows import session_windows, sliding_windows
 
 
 def event(ms: int, at: int, **values: object) -> LoggedChange:
