@@ -23,7 +23,10 @@ from tests.helpers import apply_process, run_cdc
 from tests.logcheck import poll, wait_until_captured
 from tests.stores import cache_hashes, redis_reader, search_documents, warehouse_frame
 
-pytestmark = pytest.mark.integration
+# every command, each a process of its own with its Spark session (5 minutes on two
+# cores): a long form; in CI, the names the stores add are refused
+# (test_pipeline_errors.py) and taken (test_names.py)
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 # every column: its name and PostgreSQL type; the key is (at, key)
 COLUMNS = {

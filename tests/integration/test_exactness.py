@@ -55,11 +55,15 @@ def source(dsn: str, name: str) -> dict[int, str]:
 
 # a small batch of the cache and the search index is written by the driver, a larger one
 # by Spark's Python workers (apply.driver_batch_events), in one task per topic partition
-# or shuffled by key into more (apply.row_store_tasks): every path keeps every guard
+# or shuffled by key into more (apply.row_store_tasks, off unless set: in test-long, and
+# under load in the cluster profile in test-scale): every path keeps every guard
 @pytest.mark.parametrize(
     ("driver_batch_events", "row_store_tasks"),
-    [(10_000, 0), (0, 0), (0, 3)],
-    ids=["driver", "workers", "shuffled"],
+    [
+        pytest.param(10_000, 0, id="driver"),
+        pytest.param(0, 0, id="workers"),
+        pytest.param(0, 3, id="shuffled", marks=pytest.mark.long),
+    ],
 )
 def test_redelivered_and_older_changes_change_nothing(
     captured: Capture, driver_batch_events: int, row_store_tasks: int
