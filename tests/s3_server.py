@@ -36,6 +36,28 @@ class S3Server:
         """A bucket, made through the S3 API (PUT Bucket)."""
         self.client(allow_bucket_creation=True).create_dir(name)
 
+    def warehouse_env(self, bucket: str) -> dict[str, str]:
+        """The CDC_* settings (and the AWS environment, as the SDKs take it) that put a
+        pipeline's warehouse in `bucket` of this server."""
+        return {
+            "CDC_STORES__WAREHOUSE__PATH": f"s3://{bucket}/cdc",
+            "CDC_STORES__WAREHOUSE__S3__ENDPOINT": self.endpoint,
+            "CDC_STORES__WAREHOUSE__S3__PATH_STYLE": "true",
+            "AWS_ACCESS_KEY_ID": self.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
+        }
+
+    def delta_rs_options(self) -> dict[str, str]:
+        """What a user gives delta-rs to read this server (the object_store crate's keys),
+        not the pipeline's code."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ALLOW_HTTP": "true",
+            "AWS_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": self.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
+        }
+
     def client(self, **options: Any) -> Any:
         """A pyarrow S3 client of the server (path-style requests)."""
         from pyarrow import fs

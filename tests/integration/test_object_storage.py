@@ -71,23 +71,8 @@ def test_snapshot_and_changes_reach_a_warehouse_on_s3_and_delta_rs_reads_them(
         schema, name = t.table.split(".", 1)
         current = f"s3://lake/cdc/{prefix}/{schema}/{name}/current"
         history = f"s3://lake/cdc/{prefix}/{schema}/{name}/history"
-        env = {
-            **t.env,
-            "CDC_STORES__WAREHOUSE__PATH": "s3://lake/cdc",
-            "CDC_STORES__WAREHOUSE__S3__ENDPOINT": s3.endpoint,
-            "CDC_STORES__WAREHOUSE__S3__PATH_STYLE": "true",
-            # the credentials from the AWS environment, as the SDKs take them
-            "AWS_ACCESS_KEY_ID": s3.access_key_id,
-            "AWS_SECRET_ACCESS_KEY": s3.secret_access_key,
-        }
-        # what a user gives delta-rs (the object_store crate's keys), not the pipeline's code
-        options = {
-            "AWS_ENDPOINT_URL": s3.endpoint,
-            "AWS_ALLOW_HTTP": "true",
-            "AWS_REGION": "us-east-1",
-            "AWS_ACCESS_KEY_ID": s3.access_key_id,
-            "AWS_SECRET_ACCESS_KEY": s3.secret_access_key,
-        }
+        env = {**t.env, **s3.warehouse_env("lake")}
+        options = s3.delta_rs_options()
 
         def reached(expected: dict[int, tuple[Any, ...]], apply: Any) -> Any:
             """delta-rs's read of the bucket once it equals `expected` (or the last one)."""

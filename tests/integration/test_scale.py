@@ -199,23 +199,9 @@ def test_on_object_storage_snapshot_apply_verify_and_repair(
         prefix = t.settings.pipeline.topic_prefix
         schema, name = t.table.split(".", 1)
         current = f"s3://lake/cdc/{prefix}/{schema}/{name}/current"
-        env = {
-            **t.env,
-            **cluster.conf(),
-            "CDC_STORES__WAREHOUSE__PATH": "s3://lake/cdc",
-            "CDC_STORES__WAREHOUSE__S3__ENDPOINT": s3.endpoint,
-            "CDC_STORES__WAREHOUSE__S3__PATH_STYLE": "true",
-            "AWS_ACCESS_KEY_ID": s3.access_key_id,
-            "AWS_SECRET_ACCESS_KEY": s3.secret_access_key,
-        }
-        options = {
-            "AWS_ENDPOINT_URL": s3.endpoint,
-            "AWS_ALLOW_HTTP": "true",
-            "AWS_REGION": "us-east-1",
-            "AWS_ACCESS_KEY_ID": s3.access_key_id,
-            "AWS_SECRET_ACCESS_KEY": s3.secret_access_key,
-            "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
-        }
+        env = {**t.env, **cluster.conf(), **s3.warehouse_env("lake")}
+        # delta-rs writes here as another writer would: no lock of S3's
+        options = {**s3.delta_rs_options(), "AWS_S3_ALLOW_UNSAFE_RENAME": "true"}
         config = json.loads(run_cdc("config", "--output", "json", env=env).stdout)
         assert config["profile_in_use"]["name"] == "cluster", config["profile_in_use"]
         _ok(run_cdc("snapshot", env=env, timeout=900))
