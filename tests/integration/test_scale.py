@@ -234,7 +234,7 @@ def _source(dsn: str, table: str) -> dict[int, tuple[Any, ...]]:
 def _delta_rs(path: str, options: dict[str, str]) -> dict[int, tuple[Any, ...]]:
     from deltalake import DeltaTable
 
-    rows = DeltaTable(path, storage_options=options).to_pyarrow_table(["id", "note", "n"])
+    rows = DeltaTable(path, storage_options=options).to_pyarrow_table(columns=["id", "note", "n"])
     return {r["id"]: (r["id"], r["note"], r["n"]) for r in rows.to_pylist()}
 
 
