@@ -156,16 +156,15 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--change", help="what this run measures (recorded with it)")
     parser.add_argument(
-        "--engine", choices=("auto", "spark", "python"), help="verify.engine (default: as set)"
+        "--engine",
+        help="verify.engine, or several comma-separated (auto, spark, python), each run "
+        "once per run over the same data (default: as set)",
     )
     parser.add_argument("--stores-only", action="store_true", help="no expectations or view checks")
     args = parser.parse_args()
     source = load_settings()
     bench, names = prepare(source, args.dataset, args.scale)
-    if args.engine is not None and hasattr(bench, "verify"):
-        bench = bench.model_copy(
-            update={"verify": bench.verify.model_copy(update={"engine": args.engine})}
-        )
+    engines = args.engine.split(",") if args.engine else [None]
     stores: list[str] = list(bench.apply.stores)
     runs = []
     try:
@@ -178,7 +177,12 @@ def main() -> None:
                 conn.execute(f"SELECT count(*) FROM {t.qualified}").fetchone()[0]  # type: ignore[index]
                 for t in tables
             )
-        for run in range(args.runs):
+        for run, engine in [(r, e) for r in range(args.runs) for e in engines]:
+            settings = bench
+            if engine is not None:
+                settings = bench.model_copy(
+                    update={"verify": bench.verify.model_copy(update={"engine": engine})}
+                )
             seconds: dict[str, float] = {}
             originals = {phase: getattr(reconcile, phase) for phase in PHASES}
             for phase, function in originals.items():
@@ -186,7 +190,7 @@ def main() -> None:
             try:
                 started = time.perf_counter()
                 report = reconcile.reconcile(
-                    bench, tables, stores, 900, quality=not args.stores_only
+                    settings, tables, stores, 900, quality=not args.stores_only
                 )
                 total = time.perf_counter() - started
             finally:
@@ -194,6 +198,7 @@ def main() -> None:
                     setattr(reconcile, phase, function)
             figures = {
                 "run": run + 1,
+                "engine": settings.verify.engine,
                 "ok": report.ok,
                 "total_s": round(total, 1),
                 "phases_s": {p: round(s, 1) for p, s in seconds.items()},
@@ -214,7 +219,6 @@ def main() -> None:
             "tables": len(names),
             "rows": rows,
             "views": len(bench.apply.joins) + len(bench.apply.windows),
-            "engine": bench.verify.engine if hasattr(bench, "verify") else "python",
             "stores_only": args.stores_only,
             "runs": runs,
         },

@@ -134,17 +134,19 @@ def test_spark_verify_looks_again_after_a_fresh_cut(
     assert name
 
 
-# awkward values: PostgreSQL's infinities, BC dates and years after 9999, NaN, 24:00,
-# json text with spaces and a repeated key, jsonb's digits, reals, bytea, arrays,
-# intervals, uuid, inet, NULLs, non-ASCII text
+# awkward values verify reads (psycopg's types hold no infinite, BC or after-9999 times,
+# nor 24:00, so verify leaves those out whichever engine runs): NaN and infinities of
+# numeric, real and double, the first and last years, json text with spaces and a
+# repeated key, jsonb's digits, reals, bytea, arrays with NULLs, intervals, uuid, inet,
+# non-ASCII text, NULLs
 AWKWARD = """INSERT INTO {name} VALUES
- (1, 'infinity', '-infinity', 'infinity', 'NaN', 'NaN', 'NaN', '24:00:00', NULL, NULL, NULL,
-  NULL, NULL, NULL, NULL, NULL, NULL),
- (2, '0044-03-15 12:34:56.123456 BC', '0044-03-15 12:34:56+00 BC', '0044-03-15 BC',
-  'Infinity', '-Infinity', '-Infinity', '00:00:00', '{"b":1,  "a" : [1,2], "b": 3}',
-  '{"x": 0.12345678901234567890}', 1.1, '\\x00ff10', ARRAY[1, NULL, 3], ARRAY['a b', '', 'ü'],
-  'P1Y2M3DT4H5M6.789S', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '10.0.0.1/8'),
- (3, '12345-06-07 01:02:03.456789', '12345-06-07 01:02:03.456+00', '12345-06-07',
+ (1, NULL, NULL, NULL, 'NaN', 'NaN', 'NaN', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+  NULL, NULL),
+ (2, '0001-01-01 00:00:00', '0001-01-01 12:00:00+00', '0001-01-01', 'Infinity', '-Infinity',
+  '-Infinity', '00:00:00', '{"b":1,  "a" : [1,2], "b": 3}', '{"x": 0.12345678901234567890}',
+  1.1, '\\x00ff10', ARRAY[1, NULL, 3], ARRAY['a b', '', 'ü 🙂 "q"'], 'P1Y2M3DT4H5M6.789S',
+  'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '10.0.0.1/8'),
+ (3, '9999-12-30 23:59:59.999999', '9999-12-30 23:59:59.999999+00', '9999-12-31',
   3.14159265358979323846, 1.5, 2.5, '12:34:56.789', '[1, {"z": null}]', '{"x": 1}',
   3.4028235e38, '', '{}', '{}', '-1 days +02:03:04', NULL, '::1'),
  (4, '2024-02-29 12:34:56.123456', '2024-02-29 12:34:56.123456+05:30', '2024-02-29', 0, 0.5,
