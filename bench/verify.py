@@ -1,15 +1,19 @@
 """`cdc verify`, phase by phase: what a verification of every store costs, and where.
 
-    .venv/bin/python bench/verify.py [--dataset demo|pgbench|small] [--scale 2] [--runs 2]
+    .venv/bin/python bench/verify.py [--dataset demo|pgbench|accounts|small] [--scale 2]
+        [--runs 2] [--engine auto|spark|python] [--stores-only]
 
 Needs the local stack (`cdc up`). Takes a pipeline of its own over the dataset (the demo
-shop's four tables with the demo's seven views, pgbench's four tables at --scale, or 14
-small tables of 3,362 rows in all),
+shop's four tables with the demo's seven views, pgbench's four tables at --scale,
+pgbench_accounts alone (--scale 10: one table of 1M rows), or 14 small tables of 3,362
+rows in all),
 snapshots it, applies it to every store (`cdc apply --once`), then runs verify as `cdc
 verify` does (cdc/check/reconcile.py) --runs times, timing each phase: the stores
 against the source at a consistent cut, then the warehouse's expectations (current
-state, history, aggregates) and its views. Prints the seconds per phase and appends
-them to bench/results/verify.jsonl.
+state, history, aggregates) and its views (not with --stores-only). `--engine` is
+verify.engine: where the stores are compared (cdc/check/spark_verify.py). Prints the
+seconds per phase, and the rows per second of the comparison (the `verify` phase, the
+cut included), and appends them to bench/results/verify.jsonl.
 """
 
 from __future__ import annotations
@@ -128,6 +132,9 @@ def prepare(source: Settings, dataset: str, scale: int) -> tuple[Settings, list[
     if dataset == "small":
         names = small_tables(source)
         return bench_settings(source, names), names
+    if dataset == "accounts":
+        pgbench_init(source, scale)
+        return bench_settings(source, PGBENCH[:1]), PGBENCH[:1]
     if dataset == "demo":
         create_shop(source, lambda line: print(line, flush=True))
         return with_demo_views(bench_settings(source, DEMO_TABLES)), DEMO_TABLES
@@ -142,13 +149,22 @@ def prepare(source: Settings, dataset: str, scale: int) -> tuple[Settings, list[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dataset", choices=("demo", "pgbench", "small"), default="demo")
+    parser.add_argument(
+        "--dataset", choices=("demo", "pgbench", "accounts", "small"), default="demo"
+    )
     parser.add_argument("--scale", type=int, default=2, help="pgbench's scale")
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--change", help="what this run measures (recorded with it)")
+    parser.add_argument(
+        "--engine",
+        help="verify.engine, or several comma-separated (auto, spark, python), each run "
+        "once per run over the same data (default: as set)",
+    )
+    parser.add_argument("--stores-only", action="store_true", help="no expectations or view checks")
     args = parser.parse_args()
     source = load_settings()
     bench, names = prepare(source, args.dataset, args.scale)
+    engines = args.engine.split(",") if args.engine else [None]
     stores: list[str] = list(bench.apply.stores)
     runs = []
     try:
@@ -161,23 +177,34 @@ def main() -> None:
                 conn.execute(f"SELECT count(*) FROM {t.qualified}").fetchone()[0]  # type: ignore[index]
                 for t in tables
             )
-        for run in range(args.runs):
+        for run, engine in [(r, e) for r in range(args.runs) for e in engines]:
+            settings = bench
+            if engine is not None:
+                settings = bench.model_copy(
+                    update={"verify": bench.verify.model_copy(update={"engine": engine})}
+                )
             seconds: dict[str, float] = {}
             originals = {phase: getattr(reconcile, phase) for phase in PHASES}
             for phase, function in originals.items():
                 setattr(reconcile, phase, timed(seconds, phase, function))
             try:
                 started = time.perf_counter()
-                report = reconcile.reconcile(bench, tables, stores, 900)
+                report = reconcile.reconcile(
+                    settings, tables, stores, 900, quality=not args.stores_only
+                )
                 total = time.perf_counter() - started
             finally:
                 for phase, function in originals.items():
                     setattr(reconcile, phase, function)
             figures = {
                 "run": run + 1,
+                "engine": settings.verify.engine,
                 "ok": report.ok,
                 "total_s": round(total, 1),
                 "phases_s": {p: round(s, 1) for p, s in seconds.items()},
+                "verify_rows_per_s": round(rows / seconds["verify"])
+                if seconds.get("verify")
+                else None,
                 "checks": len(report.checks),
             }
             print(f"verify run {run + 1}: {figures}", flush=True)
@@ -192,6 +219,7 @@ def main() -> None:
             "tables": len(names),
             "rows": rows,
             "views": len(bench.apply.joins) + len(bench.apply.windows),
+            "stores_only": args.stores_only,
             "runs": runs,
         },
         "verify",

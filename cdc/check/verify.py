@@ -12,20 +12,15 @@ it was read); only what still differs is drift.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
-from ipaddress import IPv4Address, IPv6Address
 from typing import Any
-from uuid import UUID
 
 import psycopg
 from psycopg import sql
 
-from cdc.capture.masks import masked_value
+from cdc.check.source_read import normalize, read_rows, selected_columns
+from cdc.check.spark_verify import compare_in_spark, heap_pages
 from cdc.core.catalog import TRUNCATIONS_TABLE, Table
 from cdc.core.errors import VerifyError
 from cdc.core.postgres_client import admin_connection
@@ -34,11 +29,10 @@ from cdc.core.settings import Settings
 from cdc.core.settings.views import TableJoin
 from cdc.core.topics import CUT_MESSAGE_PREFIX, change_topic
 from cdc.log.progress import Progress, read_progress
-from cdc.stores.base import Rows, StoreReader, ViewReader
+from cdc.stores.base import DigestReader, RowForm, Rows, StoreReader, ViewReader, row_digest
 from cdc.stores.registry import make_reader, reader_with
-from cdc.types.decode import parse_interval
 from cdc.types.keys import key_text
-from cdc.types.store_forms import read_as_interval, read_as_text
+from cdc.types.store_forms import read_as_text
 
 __all__ = [
     "Drift",
@@ -68,33 +62,12 @@ class Drift:
         return not (self.missing or self.extra or self.different)
 
 
-def normalize(value: Any) -> Any:
-    """psycopg's value of a column in the decoder's terms (cdc.types.decode)."""
-    if isinstance(value, list):
-        return [normalize(v) for v in value]
-    if isinstance(value, UUID | IPv4Address | IPv6Address):
-        return str(value)
-    if isinstance(value, datetime) and value.tzinfo is not None:
-        return value.astimezone(UTC)
-    if isinstance(value, memoryview):
-        return bytes(value)
-    return value
-
-
-def _selected(table: Table, name: str) -> sql.Composable:
-    """A column as the stores hold it: its value, or the masked text (cdc/capture/masks.py)."""
-    masked = masked_value(table, name)
-    if masked is None:
-        return sql.Identifier(name)
-    return sql.SQL("{} AS {}").format(masked, sql.Identifier(name))
-
-
 def _stored_source(table: Table, alias: str) -> sql.Composable:
     """The table in a FROM clause as the stores hold it: its filtered rows, masked."""
     if not table.masks:
         return table.source(alias)
     return sql.SQL("(SELECT {} FROM {}) AS {}").format(
-        sql.SQL(", ").join(_selected(table, c.name) for c in table.columns),
+        selected_columns(table),
         table.source(),
         sql.Identifier(alias),
     )
@@ -111,26 +84,10 @@ def source_rows(
     with psycopg.connect(settings.postgres.dsn()) as conn:
         read_as_text(conn)
         query = query or sql.SQL("SELECT {} FROM {}").format(
-            sql.SQL(", ").join(_selected(table, c.name) for c in table.columns),
+            selected_columns(table),
             table.source(),  # the rows the pipeline captures (its row filter)
         )
-        intervals = {c.name for c in table.columns if read_as_interval(c)}
-        result = {}
-        with conn.cursor(name="verify") as cursor:
-            cursor.itersize = 5000
-            cursor.execute(query)
-            names = [d.name for d in cursor.description or []]
-            for record in cursor:
-                values = {}
-                for name, value in zip(names, record, strict=True):
-                    if name in intervals and value is not None:
-                        value = (
-                            [parse_interval(v) for v in value]
-                            if isinstance(value, list)
-                            else parse_interval(value)
-                        )
-                    values[name] = normalize(value)
-                result[key_text(table, values)] = values
+        result = {key_text(table, values): values for values in read_rows(conn, table, query)}
     if keys is not None:
         wanted = set(keys)
         result = {k: v for k, v in result.items() if k in wanted}
@@ -203,12 +160,7 @@ def _mark_cut(conn: psycopg.Connection[Any]) -> None:
         conn.execute("SELECT pg_logical_emit_message(false, %s, '')", (CUT_MESSAGE_PREFIX,))
 
 
-def _digest(form: dict[str, Any]) -> bytes:
-    text = json.dumps(form, sort_keys=True, default=str, ensure_ascii=False)
-    return hashlib.sha1(text.encode()).digest()
-
-
-RowForm = Callable[[Table, dict[str, Any]], dict[str, Any]]
+_digest = row_digest
 
 
 def _compare(store: str, form: RowForm, table: Table, source: Rows, held: Rows) -> Drift:
@@ -253,11 +205,28 @@ def _verify(
 ) -> list[Drift]:
     consistent_cut(settings, tables, list(stores), timeout)
     results = []
+    spark = _SparkRun(settings, stores)
+    in_spark: set[str] = set()  # the tables compared on Spark's executors
     for table in tables:
-        source = source_rows(settings, table)
+        compared = {}
+        if spark.readers and spark.wanted(table):
+            in_spark.add(table.qualified)
+            compared = spark.compare(table)
+        rest = [name for name in stores if name not in compared]
+        source = source_rows(settings, table) if rest else {}
         for name, store in stores.items():
-            results.append(_compare(name, store.form, table, source, store.rows(table)))
-        say(f"{table.qualified}: {len(source):,} rows compared with {', '.join(stores)}")
+            if name in compared:
+                c = compared[name]
+                results.append(
+                    Drift(
+                        name, table.qualified, c.source_rows, c.store_rows, c.missing, c.extra,
+                        c.different,
+                    )
+                )  # fmt: skip
+            else:
+                results.append(_compare(name, store.form, table, source, store.rows(table)))
+        rows = next(d.source_rows for d in results if d.table == table.qualified)
+        say(f"{table.qualified}: {rows:,} rows compared with {', '.join(stores)}")
     for _ in range(rounds - 1):  # what differs may have changed since: look again
         suspects = [d for d in results if not d.ok]
         if not suspects:
@@ -265,21 +234,70 @@ def _verify(
         say(f"{len(suspects)} (store, table) pairs differ; looking at them again")
         time.sleep(1)
         consistent_cut(settings, tables, list(stores), timeout)
+        again: dict[tuple[str, str], tuple[list[str], list[str], list[str]]] = {}
+        for table in tables:
+            mine = [d for d in suspects if d.table == table.qualified]
+            if table.qualified in in_spark:
+                only = {
+                    d.store: d.missing + d.extra + d.different
+                    for d in mine
+                    if d.store in spark.readers
+                }
+                for name, c in (spark.compare(table, only) if only else {}).items():
+                    again[(name, table.qualified)] = (c.missing, c.extra, c.different)
+            for drift in mine:
+                if (drift.store, drift.table) in again:
+                    continue
+                store = stores[drift.store]
+                keys = drift.missing + drift.extra + drift.different
+                source = source_rows(settings, table, keys)
+                held = store.rows(table)
+                d = _compare(
+                    drift.store, store.form, table, source, {k: held[k] for k in keys if k in held}
+                )
+                again[(drift.store, drift.table)] = (d.missing, d.extra, d.different)
         for drift in suspects:
-            table = next(t for t in tables if t.qualified == drift.table)
-            store = stores[drift.store]
-            keys = drift.missing + drift.extra + drift.different
-            source = source_rows(settings, table, keys)
-            held = store.rows(table)
-            again = _compare(
-                drift.store, store.form, table, source, {k: held[k] for k in keys if k in held}
-            )
-            drift.missing, drift.extra, drift.different = (
-                again.missing,
-                again.extra,
-                again.different,
-            )
+            drift.missing, drift.extra, drift.different = again[(drift.store, drift.table)]
     return results
+
+
+class _SparkRun:
+    """Verify's Spark side (cdc/check/spark_verify.py): the stores it reads on the
+    executors, which tables it compares there (verify.engine), and its session, started
+    the first time a table needs it (the warehouse's, when it is one of the stores)."""
+
+    def __init__(self, settings: Settings, stores: dict[str, StoreReader]) -> None:
+        self.settings = settings
+        engine = settings.verify.engine
+        self.readers: dict[str, DigestReader] = (
+            {}
+            if engine == "python"
+            else {n: s for n, s in stores.items() if isinstance(s, DigestReader)}
+        )
+        self.stores = stores
+        self._spark: Any = None
+
+    def wanted(self, table: Table) -> bool:
+        """Whether `table` is compared in Spark: verify.engine spark, or auto and a heap
+        larger than verify.python_max_bytes."""
+        if self.settings.verify.engine == "spark":
+            return True
+        with psycopg.connect(self.settings.postgres.dsn()) as conn:
+            size, _ = heap_pages(conn, table)
+        return size > self.settings.verify.python_max_bytes
+
+    def compare(self, table: Table, only: dict[str, list[str]] | None = None) -> Any:
+        if self._spark is None:
+            found = [getattr(s, "spark", None) for s in self.stores.values()]
+            self._spark = next((s for s in found if s is not None), None)
+            if self._spark is None:
+                from cdc.core.spark import spark_session
+
+                self._spark = spark_session(
+                    self.settings, f"cdc-verify-{self.settings.pipeline.name}"
+                )
+        parts = self.settings.verify.partitions or int(self._spark.sparkContext.defaultParallelism)
+        return compare_in_spark(self.settings, self._spark, table, self.readers, parts, only)
 
 
 def view_table(join: TableJoin, tables: dict[str, Table]) -> Table:

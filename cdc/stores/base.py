@@ -10,6 +10,8 @@ the dead-letter topic."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -27,10 +29,12 @@ __all__ = [
     "DerivedQuery",
     "DerivedView",
     "DerivedViews",
+    "DigestReader",
     "Entry",
     "Expected",
     "FrameReader",
     "FrameStore",
+    "RowForm",
     "RowStore",
     "Rows",
     "SqlReader",
@@ -42,11 +46,22 @@ __all__ = [
     "Verifier",
     "ViewReader",
     "WriteResult",
+    "row_digest",
 ]
 
 # a table's rows as verify compares them: by key text (cdc/types/keys.py), each row
 # in its store's comparison form
 Rows = dict[str, dict[str, Any]]
+
+# a source row (values as verify reads them from PostgreSQL) in a store's comparison form
+RowForm = Callable[[Table, dict[str, Any]], dict[str, Any]]
+
+
+def row_digest(form: dict[str, Any]) -> bytes:
+    """The content hash verify compares a row by: its comparison form (a source row
+    brought to a store's form, or the store's row) as sorted JSON, SHA-1."""
+    text = json.dumps(form, sort_keys=True, default=str, ensure_ascii=False)
+    return hashlib.sha1(text.encode()).digest()
 
 
 @dataclass
@@ -221,6 +236,27 @@ class ViewReader(Protocol):
         ...
 
     def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class DigestReader(Protocol):
+    """A store verify reads on Spark's executors (cdc/check/spark_verify.py): each key's
+    content hash of its live row, computed where the rows are read, so that only the
+    keys that differ reach the `cdc` process."""
+
+    name: str
+
+    def source_form(self) -> RowForm:
+        """`form` as a function of the row alone (a module's function, which Spark ships
+        to the executors), bringing the source's rows to the store's form there."""
+        ...
+
+    def digest_frame(self, spark: Any, table: Table, parts: int, shipped: Any) -> Any:
+        """A Spark frame (`key` string, `digest` binary) of the live rows of `table`: each
+        key's text and row_digest of the row as `rows` gives it, computed on the executors
+        in about `parts` tasks. `shipped`: the settings the executors open the store with
+        (every secret but the store's blanked)."""
+        ...
 
 
 @runtime_checkable

@@ -76,9 +76,10 @@ def derived_views(settings: Settings, among: Iterable[str] | None = None) -> Der
     return door
 
 
-def executor_settings(settings: Settings, name: str) -> Settings:
-    """The settings Spark's Python workers get to open store `name`: every secret but
-    that store's own is blanked (the settings travel pickled with each task)."""
+def executor_settings(settings: Settings, name: str | None, keep: tuple[str, ...] = ()) -> Settings:
+    """The settings Spark's Python workers get to open store `name` (None: no store), or
+    the sections `keep` (e.g. "postgres"): every secret but theirs is blanked (the
+    settings travel pickled with each task)."""
 
     def blanked(section: BaseModel) -> BaseModel:
         secret = {
@@ -88,11 +89,11 @@ def executor_settings(settings: Settings, name: str) -> Settings:
         }
         return section.model_copy(update=secret)
 
-    keep = declared()[name].section
+    kept = {*keep, *([declared()[name].section] if name is not None else [])}
     update: dict[str, Any] = {
         field: blanked(getattr(settings, field))
         for field, info in type(settings).model_fields.items()
-        if field != keep and isinstance(getattr(settings, field), BaseModel)
+        if field not in kept and isinstance(getattr(settings, field), BaseModel)
     }
     update["stores"] = {
         store: section if store == name else blanked(section)

@@ -108,7 +108,8 @@ def verify(
 
     Notes the source's current LSN, waits until every store has applied past it,
     then compares row counts and per-key content hashes, narrowing to the keys that
-    differ, and reports them with examples. With --repair, drifted keys are
+    differ, and reports them with examples. A large table is compared on Spark's
+    executors, a small one in this process (verify.engine). With --repair, drifted keys are
     backfilled through the log (keys only a store has are removed from it) and the
     stores verified again once the running apply job has taken the backfill.
     """

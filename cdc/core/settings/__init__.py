@@ -43,6 +43,7 @@ from cdc.core.settings.connections import (
     SparkSettings,
 )
 from cdc.core.settings.pipeline import PipelineSettings
+from cdc.core.settings.verify import VerifySettings
 from cdc.core.store_declarations import declared
 
 __all__ = ["PROJECT_ROOT", "Settings", "load_settings"]
@@ -97,6 +98,7 @@ class Settings(BaseSettings):
     spark: SparkSettings = SparkSettings()
     pipeline: PipelineSettings = PipelineSettings()
     apply: ApplySettings = ApplySettings()
+    verify: VerifySettings = VerifySettings()
     # a store's own section (`[stores.<name>]`), of the settings class it declares
     stores: dict[str, Any] = Field(
         default_factory=dict,

@@ -13,10 +13,11 @@ for `retry_s`, then StoreUnavailableError.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time as clock
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import redis
@@ -27,7 +28,7 @@ from cdc.core.errors import StoreError, StoreUnavailableError, ValueDecodeError
 from cdc.core.settings import Settings
 from cdc.core.settings.connections import RedisSettings
 from cdc.log.position import Event, older_lua
-from cdc.stores.base import Entry, Rows, RowStore, StoreReader, WriteResult
+from cdc.stores.base import Entry, RowForm, Rows, RowStore, StoreReader, WriteResult, row_digest
 from cdc.types.decode import UNAVAILABLE
 from cdc.types.keys import store_key_text
 from cdc.types.store_forms import cache_field_text, cache_form
@@ -314,24 +315,42 @@ class CacheStore(RowStore, StoreReader):
 
     def _keys(self, table: Table) -> list[bytes]:
         """The hashes of `table` (the pattern characters in its name escaped)."""
+        return list(self.client.scan_iter(match=self._match(table), count=10_000))
+
+    def _match(self, table: Table) -> str:
+        """The SCAN pattern of the table's hashes (the pattern characters escaped)."""
         prefix = re.sub(r"([\\\[\]*?])", r"\\\1", cache_key(self.prefix, table.qualified, ""))
-        return list(self.client.scan_iter(match=prefix + "*", count=10_000))
+        return prefix + "*"
 
     def rows(self, table: Table) -> Rows:
+        return dict(self._held(table, self._keys(table)))
+
+    def _held(self, table: Table, keys: list[bytes]) -> Iterator[tuple[str, dict[str, str]]]:
+        """The live rows of `keys` (hashes of `table`): key text and column fields."""
         prefix = len(cache_key(self.prefix, table.qualified, ""))
-        keys = self._keys(table)
         pipe = self.client.pipeline(transaction=False)
         for key in keys:
             pipe.hgetall(key)
-        rows = {}
         for key, entry in zip(keys, pipe.execute(), strict=True):
             fields = {k.decode(): v.decode() for k, v in entry.items()}
             if fields and "_deleted" not in fields:
-                rows[store_key_text(table, key.decode()[prefix:])] = column_fields(fields)
-        return rows
+                yield store_key_text(table, key.decode()[prefix:]), column_fields(fields)
 
     def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
         return cache_form(table, row)
+
+    def source_form(self) -> RowForm:
+        return cache_form
+
+    def digest_frame(self, spark: Any, table: Table, parts: int, shipped: Any) -> Any:
+        """One task SCANs the table's hashes (their names only), which are spread over
+        `parts` tasks that read them, pipelined, and hash each live row."""
+        names = spark.range(0, 1, 1, numPartitions=1).mapInArrow(
+            functools.partial(_scan_names, shipped, table), "name binary"
+        )
+        return names.repartition(max(1, parts)).mapInArrow(
+            functools.partial(_digest_names, shipped, table), "key string, digest binary"
+        )
 
     def remove(self, table: Table, keys: list[str]) -> None:
         prefix = len(cache_key(self.prefix, table.qualified, ""))
@@ -351,6 +370,46 @@ class CacheStore(RowStore, StoreReader):
 
     def close(self) -> None:
         self.client.close()
+
+
+_SCAN_BATCH = 10_000  # hash names per Arrow batch of verify's scan
+
+
+def _scan_names(shipped: Settings, table: Table, batches: Iterator[Any]) -> Iterator[Any]:
+    """On an executor: the names of the table's hashes, in Arrow batches."""
+    import pyarrow as pa
+
+    for _ in batches:
+        pass
+    store = make(shipped)
+    try:
+        names: list[bytes] = []
+        for name in store.client.scan_iter(match=store._match(table), count=10_000):
+            names.append(name)
+            if len(names) >= _SCAN_BATCH:
+                yield pa.RecordBatch.from_arrays([pa.array(names, pa.binary())], ["name"])
+                names = []
+        yield pa.RecordBatch.from_arrays([pa.array(names, pa.binary())], ["name"])
+    finally:
+        store.close()
+
+
+def _digest_names(shipped: Settings, table: Table, batches: Iterator[Any]) -> Iterator[Any]:
+    """On an executor: each hash's key text and content hash (row_digest), live rows only."""
+    import pyarrow as pa
+
+    store = make(shipped)
+    try:
+        for batch in batches:
+            keys, digests = [], []
+            for key, row in store._held(table, batch.column(0).to_pylist()):
+                keys.append(key)
+                digests.append(row_digest(row))
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(keys, pa.string()), pa.array(digests, pa.binary())], ["key", "digest"]
+            )
+    finally:
+        store.close()
 
 
 def make(settings: Settings, spark: Any = None) -> CacheStore:

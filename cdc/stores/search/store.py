@@ -12,6 +12,7 @@ document is read and merged before the write).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Iterable, Iterator
@@ -27,7 +28,7 @@ from cdc.core.settings import Settings
 from cdc.core.settings.connections import OpenSearchSettings
 from cdc.core.topics import topic_name
 from cdc.log.position import Event
-from cdc.stores.base import Entry, Rows, RowStore, StoreReader, WriteResult
+from cdc.stores.base import Entry, RowForm, Rows, RowStore, StoreReader, WriteResult, row_digest
 from cdc.types.decode import UNAVAILABLE
 from cdc.types.keys import store_key_text
 from cdc.types.store_forms import document_form, document_value, field_mapping
@@ -447,10 +448,19 @@ class SearchStore(RowStore, StoreReader):
         if not self.client.indices.exists(index=index):
             return {}
         self.client.indices.refresh(index=index)
+        return dict(self._held(table, index))
+
+    def _held(
+        self, table: Table, index: str, part: tuple[int, int] | None = None
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """The documents of `index` (of `table`): key text and fields; `part` (i, n): the
+        i-th of n slices of the scroll."""
         names = [c.name for c in table.columns]
-        rows = {}
+        query: dict[str, Any] = {"query": {"match_all": {}}}
+        if part is not None and part[1] > 1:
+            query["slice"] = {"id": part[0], "max": part[1]}
         for hit in helpers.scan(
-            self.client, index=index, query={"query": {"match_all": {}}}, request_timeout=60
+            self.client, index=index, query=query, request_timeout=60, size=_SCROLL_PAGE
         ):
             source = hit["_source"]
             row = {name: source.get(name) for name in names}
@@ -458,11 +468,27 @@ class SearchStore(RowStore, StoreReader):
             row.update(
                 {k: v for k, v in source.items() if k not in row and not k.startswith("_cdc")}
             )
-            rows[store_key_text(table, hit["_id"])] = row
-        return rows
+            yield store_key_text(table, hit["_id"]), row
 
     def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
-        return {c.name: document_form(c, row.get(c.name)) for c in table.columns}
+        return search_form(table, row)
+
+    def source_form(self) -> RowForm:
+        return search_form
+
+    def digest_frame(self, spark: Any, table: Table, parts: int, shipped: Any) -> Any:
+        """A sliced scroll of the table's index: `parts` slices, one task each."""
+        index = index_name(self.prefix, table.qualified)
+        parts = max(1, parts)
+        if self.client.indices.exists(index=index):
+            self.client.indices.refresh(index=index)
+            work = spark.range(0, parts, 1, numPartitions=parts)
+        else:
+            work = spark.range(0, 0, 1, numPartitions=1)
+        return work.mapInArrow(
+            functools.partial(_digest_slices, shipped, table, index, parts),
+            "key string, digest binary",
+        )
 
     def remove(self, table: Table, keys: list[str]) -> None:
         index = index_name(self.prefix, table.qualified)
@@ -573,6 +599,45 @@ def index_settings_lines(found: dict[str, Any], shards: int, replicas: int) -> l
                 "with; `cdc rebuild --store search` makes it again with them"
             )
     return lines
+
+
+_SCROLL_PAGE = 5000  # documents per page of verify's scroll
+
+
+def search_form(table: Table, row: dict[str, Any]) -> dict[str, Any]:
+    """A source row as the index's document holds it (SearchStore.form)."""
+    return {c.name: document_form(c, row.get(c.name)) for c in table.columns}
+
+
+def _digest_slices(
+    shipped: Settings, table: Table, index: str, parts: int, batches: Iterator[Any]
+) -> Iterator[Any]:
+    """On an executor: for each slice number, its documents' key texts and content
+    hashes (row_digest)."""
+    slices = [n for batch in batches for n in batch.column(0).to_pylist()]
+    if not slices:
+        return
+    store = make(shipped)
+    try:
+        for part in slices:
+            keys, digests = [], []
+            for key, row in store._held(table, index, (part, parts)):
+                keys.append(key)
+                digests.append(row_digest(row))
+                if len(keys) >= _SCROLL_PAGE * 2:
+                    yield _digest_batch(keys, digests)
+                    keys, digests = [], []
+            yield _digest_batch(keys, digests)
+    finally:
+        store.close()
+
+
+def _digest_batch(keys: list[str], digests: list[bytes]) -> Any:
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_arrays(
+        [pa.array(keys, pa.string()), pa.array(digests, pa.binary())], ["key", "digest"]
+    )
 
 
 def make(settings: Settings, spark: Any = None) -> SearchStore:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import functools
 import json
 from abc import abstractmethod
+from collections.abc import Iterator
 from typing import Any
 
 from cdc.core.catalog import Table
 from cdc.core.errors import QueryError
-from cdc.stores.base import Entry, Rows, StoreReader
+from cdc.stores.base import Entry, RowForm, Rows, StoreReader, row_digest
 from cdc.stores.warehouse.conflicts import retried
 from cdc.stores.warehouse.history import TRUNCATE_OP, derived_history, history_key
 from cdc.stores.warehouse.native import NativeWriter, null_safe_match
@@ -125,22 +126,28 @@ class WarehouseReader(StoreReader):
         frame = self._frame(path)
         if frame is None:
             return {}
-        names = [c.name for c in table.columns]
-        # a current state's column that PostgreSQL dropped: a value left in it is drift,
-        # as a field left in the cache or the index is
-        gone = [n for n in frame.columns if live and n not in names and not n.startswith("_cdc")]
-        rows = {}
+        names, gone = _read_columns(table, frame, live)
         # as Arrow: one job, no Row objects (timestamps come with their UTC zone)
-        for batch in frame.select(*[q(n) for n in names + gone]).toArrow().to_batches():
-            for record in batch.to_pylist():
-                values = dict(zip(names + gone, record.values(), strict=True))
-                row = self.form(table, values)
-                row.update({n: values[n] for n in gone if values[n] is not None})
-                rows[key_text(table, values)] = row
-        return rows
+        arrow = frame.select(*[q(n) for n in names + gone]).toArrow()
+        return dict(_held(table, names, gone, arrow.to_batches()))
 
     def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
-        return {c.name: warehouse_value(c, row.get(c.name)) for c in table.columns}
+        return warehouse_form(table, row)
+
+    def source_form(self) -> RowForm:
+        return warehouse_form
+
+    def digest_frame(self, spark: Any, table: Table, parts: int, shipped: Any) -> Any:
+        """The table's current state read by Spark (spread over `parts` tasks at least),
+        each row hashed on the executors."""
+        frame = self._frame(current_path(self.root, table.qualified))
+        if frame is None:
+            return spark.createDataFrame([], _DIGESTS)
+        names, gone = _read_columns(table, frame, live=True)
+        frame = frame.select(*[q(n) for n in names + gone])
+        if frame.rdd.getNumPartitions() < parts:
+            frame = frame.repartition(parts)
+        return frame.mapInArrow(functools.partial(_digests, table, names, gone), _DIGESTS)
 
     def remove(self, table: Table, keys: list[str]) -> None:
         """The rows go from the current state (the history keeps what it recorded)."""
@@ -191,6 +198,52 @@ class WarehouseReader(StoreReader):
         if newest and newest[0]["_cdc_op"] == "d":
             return Entry(newest[0].asDict(), True)
         return None
+
+
+_DIGESTS = "key string, digest binary"
+
+
+def warehouse_form(table: Table, row: dict[str, Any]) -> dict[str, Any]:
+    """A source row in the warehouse's comparison form (WarehouseReader.form)."""
+    return {c.name: warehouse_value(c, row.get(c.name)) for c in table.columns}
+
+
+def _read_columns(table: Table, frame: Any, live: bool) -> tuple[list[str], list[str]]:
+    """The table's columns, and the Delta table's columns PostgreSQL dropped (of a
+    current state, `live`: a value left in one is drift, as a field left in the cache or
+    the index is)."""
+    names = [c.name for c in table.columns]
+    gone = [n for n in frame.columns if live and n not in names and not n.startswith("_cdc")]
+    return names, gone
+
+
+def _held(
+    table: Table, names: list[str], gone: list[str], batches: Iterator[Any]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each row of the Arrow `batches` (columns `names`, then `gone`): its key text and
+    its comparison form, with a value left in a dropped column."""
+    for batch in batches:
+        for record in batch.to_pylist():
+            values = dict(zip(names + gone, record.values(), strict=True))
+            row = warehouse_form(table, values)
+            row.update({n: values[n] for n in gone if values[n] is not None})
+            yield key_text(table, values), row
+
+
+def _digests(
+    table: Table, names: list[str], gone: list[str], batches: Iterator[Any]
+) -> Iterator[Any]:
+    """On an executor: each row's key text and content hash (row_digest)."""
+    import pyarrow as pa
+
+    for batch in batches:
+        keys, digests = [], []
+        for key, row in _held(table, names, gone, iter([batch])):
+            keys.append(key)
+            digests.append(row_digest(row))
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(keys, pa.string()), pa.array(digests, pa.binary())], ["key", "digest"]
+        )
 
 
 def _conditions(table: Table, values: list[dict[str, Any]]) -> list[Any]:

@@ -1,0 +1,70 @@
+"""The source's rows as verify reads them: its columns as the stores hold them (masked
+where masked), each value normalized to the decoder's terms (cdc.types.decode). Read by
+verify in the `cdc` process and by its tasks on Spark's executors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from ipaddress import IPv4Address, IPv6Address
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg import sql
+
+from cdc.capture.masks import masked_value
+from cdc.core.catalog import Table
+from cdc.types.decode import parse_interval
+from cdc.types.store_forms import read_as_interval
+
+__all__ = ["normalize", "read_rows", "selected", "selected_columns"]
+
+
+def normalize(value: Any) -> Any:
+    """psycopg's value of a column in the decoder's terms (cdc.types.decode)."""
+    if isinstance(value, list):
+        return [normalize(v) for v in value]
+    if isinstance(value, UUID | IPv4Address | IPv6Address):
+        return str(value)
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value.astimezone(UTC)
+    if isinstance(value, memoryview):
+        return bytes(value)
+    return value
+
+
+def selected(table: Table, name: str) -> sql.Composable:
+    """A column as the stores hold it: its value, or the masked text (cdc/capture/masks.py)."""
+    masked = masked_value(table, name)
+    if masked is None:
+        return sql.Identifier(name)
+    return sql.SQL("{} AS {}").format(masked, sql.Identifier(name))
+
+
+def selected_columns(table: Table) -> sql.Composable:
+    """The table's columns in a SELECT, as the stores hold them (masked where masked)."""
+    return sql.SQL(", ").join(selected(table, c.name) for c in table.columns)
+
+
+def read_rows(
+    conn: psycopg.Connection[Any], table: Table, query: sql.Composed
+) -> Iterator[dict[str, Any]]:
+    """The rows `query` reads (`table`'s columns, on a connection set up by read_as_text),
+    each value normalized as verify compares it."""
+    intervals = {c.name for c in table.columns if read_as_interval(c)}
+    with conn.cursor(name="verify") as cursor:
+        cursor.itersize = 5000
+        cursor.execute(query)
+        names = [d.name for d in cursor.description or []]
+        for record in cursor:
+            values = {}
+            for name, value in zip(names, record, strict=True):
+                if name in intervals and value is not None:
+                    value = (
+                        [parse_interval(v) for v in value]
+                        if isinstance(value, list)
+                        else parse_interval(value)
+                    )
+                values[name] = normalize(value)
+            yield values
