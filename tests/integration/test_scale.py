@@ -214,6 +214,10 @@ def test_on_object_storage_snapshot_apply_verify_and_repair(
         lake = DeltaTable(current, storage_options=options)
         lake.delete("id IN (1, 2, 4, 5, 7)")
         lake.update({"note": "'tampered'"}, predicate="id IN (10, 11, 12)")
+        # the running apply job and verify are two applications of the cluster: each
+        # takes one worker's core (Spark's standalone master gives an application every
+        # core it may take, and the other would wait for executors)
+        env = {**env, **cluster.conf(**{"spark.cores.max": "1"})}
         log = tmp_path / "apply.log"
         with apply_process(env, ["warehouse"], log=log) as apply:
             found = run_cdc("verify", "--store", "warehouse", "--output", "json", env=env)
