@@ -4,6 +4,7 @@ row. Verify compares rows by it; a store reports and removes keys by it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
 from datetime import UTC, date, datetime
@@ -53,11 +54,15 @@ def shortest_real(value: float) -> float:
     if value != value or value in (float("inf"), float("-inf")):
         return value
     packed = struct.pack("<f", value)
-    for digits in range(6, 10):
-        short = float(f"{value:.{digits}g}")
-        if struct.pack("<f", short) == packed:
-            return short
-    return value
+    # from the real's own binary value, so that the form depends on its bits alone: a
+    # subnormal read as text (1e-45) and from Delta (1.401298464324817e-45) are one real
+    (exact,) = struct.unpack("<f", packed)
+    for digits in range(1, 10):
+        short = float(f"{exact:.{digits}g}")
+        with contextlib.suppress(OverflowError):  # rounded up past the largest real
+            if struct.pack("<f", short) == packed:
+                return short
+    return exact
 
 
 def store_key_text(table: Table, key: str) -> str:

@@ -127,3 +127,23 @@ def test_a_window_query_reads_each_column_as_its_widest_widening() -> None:
     # exact text and other types stay as they are
     assert spark_type(widest(column("numeric", "numeric"))) == T.StringType()
     assert widest(column("text", "text")) == column("text", "text")
+
+
+@pytest.mark.parametrize(
+    "real",
+    [1e-45, 3e-45, 1.1754942e-38, 0.1, 1 / 3, 3.4028235e38, 16777217.0, -2.5e-40],
+    ids=["least subnormal", "subnormal", "largest subnormal", "0.1", "1/3", "max", "2^24+1",
+         "negative subnormal"],
+)  # fmt: skip
+def test_a_real_has_one_form_however_it_was_read(real: float) -> None:
+    """verify reads a real from PostgreSQL's text (a double of its shortest digits) and
+    from Delta (a float's exact binary value): the same bits give the same form, and the
+    form is the real again."""
+    import struct
+
+    from cdc.types.keys import shortest_real
+
+    (stored,) = struct.unpack("<f", struct.pack("<f", real))  # the float Delta holds
+    text = float(repr(stored))  # the digits PostgreSQL prints, read back as a double
+    assert shortest_real(real) == shortest_real(stored) == shortest_real(text)
+    assert struct.pack("<f", shortest_real(stored)) == struct.pack("<f", real)
