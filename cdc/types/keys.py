@@ -56,7 +56,7 @@ def shortest_real(value: float) -> float:
     packed = struct.pack("<f", value)
     # from the real's own binary value, so that the form depends on its bits alone: a
     # subnormal read as text (1e-45) and from Delta (1.401298464324817e-45) are one real
-    (exact,) = struct.unpack("<f", packed)
+    exact: float = struct.unpack("<f", packed)[0]
     for digits in range(1, 10):
         short = float(f"{exact:.{digits}g}")
         with contextlib.suppress(OverflowError):  # rounded up past the largest real
