@@ -15,6 +15,7 @@ from psycopg import sql
 
 from cdc.capture.masks import masked_value
 from cdc.core.catalog import Table
+from cdc.core.errors import VerifyError
 from cdc.types.decode import parse_interval
 from cdc.types.store_forms import read_as_interval
 
@@ -57,7 +58,7 @@ def read_rows(
         cursor.itersize = 5000
         cursor.execute(query)
         names = [d.name for d in cursor.description or []]
-        for record in cursor:
+        for record in _records(cursor, table):
             values = {}
             for name, value in zip(names, record, strict=True):
                 if name in intervals and value is not None:
@@ -68,3 +69,16 @@ def read_rows(
                     )
                 values[name] = normalize(value)
             yield values
+
+
+def _records(cursor: Any, table: Table) -> Iterator[Any]:
+    """The cursor's records; a value Python has no form for (an infinite, BC or
+    after-9999 time, 24:00) is one line of VerifyError, not a traceback."""
+    try:
+        yield from cursor
+    except psycopg.DataError as exc:
+        raise VerifyError(
+            f"cannot verify {table.qualified}: it holds a value verify cannot read yet "
+            f"({str(exc).splitlines()[0]}); infinite, BC and after-9999 times and 24:00 "
+            "are not compared yet: name the other tables (cdc verify --table ...)"
+        ) from None

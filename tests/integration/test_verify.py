@@ -368,3 +368,20 @@ def test_a_table_named_with_a_dot_is_queried_in_backquotes_beside_the_others(
     odd = run_cdc("query", f"SELECT id, v FROM `{t.name}.ird`", "-o", "json", env=t.env)
     assert odd.returncode == 0, odd.stderr
     assert json.loads(odd.stdout) == [{"id": 7, "v": "dotted"}]
+
+
+def test_a_value_verify_cannot_read_is_one_line(captured: Capture) -> None:
+    """An infinite timestamp has no Python form: verify says so in one line naming the
+    table (VerifyError, exit 10 at the command line), not with a traceback."""
+    from cdc.core.errors import VerifyError
+
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, at timestamp)",
+        "INSERT INTO {name} VALUES (1, '2026-01-01'), (2, 'infinity')",
+        prefix="unread",
+    )
+    run_apply(t.settings, ["cache"], once=True)
+    with pytest.raises(VerifyError) as raised:
+        verify(t.settings, [table_info(t.settings, t.table)], ["cache"], timeout=60)
+    line = str(raised.value)
+    assert "\n" not in line and t.table in line and "cannot read" in line, line
