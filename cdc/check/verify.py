@@ -160,15 +160,12 @@ def _mark_cut(conn: psycopg.Connection[Any]) -> None:
         conn.execute("SELECT pg_logical_emit_message(false, %s, '')", (CUT_MESSAGE_PREFIX,))
 
 
-_digest = row_digest
-
-
 def _compare(store: str, form: RowForm, table: Table, source: Rows, held: Rows) -> Drift:
     """`store`'s rows `held` (in its comparison form) against the source's rows: each
     row's content hash on either side, compared key by key."""
     drift = Drift(store, table.qualified, len(source), len(held))
-    mine = {k: _digest(form(table, row)) for k, row in source.items()}
-    theirs = {k: _digest(row) for k, row in held.items()}
+    mine = {k: row_digest(form(table, row)) for k, row in source.items()}
+    theirs = {k: row_digest(row) for k, row in held.items()}
     if mine == theirs:
         return drift
     drift.missing = sorted(mine.keys() - theirs.keys())
