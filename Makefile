@@ -6,7 +6,7 @@ PYTEST := $(VENV)/bin/pytest
 RUFF := $(VENV)/bin/ruff
 
 .PHONY: help install install-s3 demo up down status test test-long test-cluster test-scale test-fast test-integration lint format \
-	bench-snapshot bench-catchup bench-streaming bench-floor bench-batch-cost bench-derived bench-resync bench-snapshot-resume bench-verify bench-report chaos mutants lock compose-pin fuzz
+	bench-snapshot bench-catchup bench-streaming bench-floor bench-batch-cost bench-derived bench-resync bench-snapshot-resume bench-verify bench-class-archive bench-report chaos mutants lock compose-pin fuzz
 
 help:
 	@echo "make demo              install, start the stack, run the demo shop with a live dashboard"
@@ -21,6 +21,7 @@ help:
 	@echo "make bench-streaming   pgbench at 500 and 1,000 TPS: latency per store, memory, cores"
 	@echo "make bench-floor       the engine's floor: the simplest Kafka -> foreachBatch -> Redis query"
 	@echo "make bench-batch-cost  one micro-batch of the apply job, phase by phase, idle and at 200 changes/s"
+	@echo "make bench-class-archive  a Spark driver's start with its class archive and without (no stack)"
 	@echo "make bench-derived     the demo's derived data at 50 TPS: state and latency per view"
 	@echo "make bench-resync      cdc resync after a lost slot against a full re-snapshot: 1 M rows, pgbench scale 2"
 	@echo "make bench-snapshot-resume  a 2 M-row snapshot killed at half and resumed, against one not interrupted"
@@ -120,6 +121,9 @@ bench-resync: up
 
 bench-snapshot-resume: up
 	$(VENV)/bin/python bench/snapshot_resume.py
+
+bench-class-archive: install
+	$(VENV)/bin/python bench/class_archive.py
 
 bench-verify: up
 	$(VENV)/bin/python bench/verify.py --dataset demo

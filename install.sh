@@ -24,7 +24,7 @@ PYTHON=${PYTHON:-python3}
 if [ -d "$CACHE/jvm/spark/s3a-jars" ]; then INSTALL_S3=${CDC_INSTALL_S3:-1}; else INSTALL_S3=${CDC_INSTALL_S3:-0}; fi
 started=$(date +%s)
 
-step() { printf '\033[1m[%s/4] %s\033[0m\n' "$1" "$2"; }
+step() { printf '\033[1m[%s/5] %s\033[0m\n' "$1" "$2"; }
 done_() { printf '      %s\n' "$*"; }
 die() { printf 'install: %s\n' "$*" >&2; exit 1; }
 
@@ -118,6 +118,17 @@ else
   chmod -R a+rX "$CACHE/jvm/postgres"
   echo "$want" > "$stamp"
   done_ "installed: $(du -sh "$CACHE/jvm" | cut -f1)"
+fi
+
+step 5 "Spark driver's class archive"
+# every command's Spark driver maps the classes it loads at its start from one file (JDK
+# class data sharing, cdc/core/class_archive.py): built once per JDK, pyspark and jars
+stamp="$CACHE/jvm/spark/driver-classes.stamp"
+if [ -f "$stamp" ] && [ "$CACHE/jvm/spark/driver-classes.jsa" -nt "$CACHE/jvm/.cdc-installed" ] \
+    && [ "$(cat "$stamp")" = "$("$VENV/bin/python" -c 'from cdc.core.settings import Settings; from cdc.core.spark import archive_stamp; print(archive_stamp(Settings()))' 2>/dev/null)" ]; then
+  done_ "up to date"
+else
+  done_ "$("$VENV/bin/python" -m cdc.core.class_archive 2>/dev/null | tail -1)"
 fi
 
 printf 'install: done in %ss\n' "$(( $(date +%s) - started ))"

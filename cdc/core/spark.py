@@ -30,7 +30,11 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = [
+    "ARCHIVE_OUT",
     "CHECKPOINT_FILE_MANAGER",
+    "archive_path",
+    "archive_stamp",
+    "class_archive_options",
     "driver_address",
     "execution_profile",
     "jars_conf",
@@ -285,6 +289,43 @@ def views_session(spark: SparkSession, settings: Settings) -> SparkSession:
     return cast("SparkSession", held)
 
 
+# the environment variable naming where a driver writes its class archive as its JVM
+# exits (cdc/core/class_archive.py builds it)
+ARCHIVE_OUT = "CDC_SPARK_CLASS_ARCHIVE_OUT"
+# the JVM's notes about the archive (one it cannot map, a class it skips) stay out of the
+# command's output: the driver shares its standard output, a command's JSON
+_ARCHIVE_QUIET = "-Xlog:cds=off,cds+dynamic=off"
+
+
+def archive_path(settings: Settings) -> Path:
+    """The Spark driver's class archive (cdc/core/class_archive.py)."""
+    return settings.jvm_dir / "spark" / "driver-classes.jsa"
+
+
+def archive_stamp(settings: Settings) -> str:
+    """What a class archive is built for: the JDK, and the pyspark whose jars it loaded."""
+    import pyspark
+
+    return f"{settings.java_home.resolve()} pyspark {pyspark.__version__}"
+
+
+def class_archive_options(settings: Settings) -> str:
+    """The driver's JVM options for its class archive: write one (while install.sh
+    builds it), map the one built for this JDK and pyspark, or none."""
+    out = os.environ.get(ARCHIVE_OUT)
+    if out:
+        return f"-XX:ArchiveClassesAtExit={out} {_ARCHIVE_QUIET}"
+    path = archive_path(settings)
+    try:
+        if not path.is_file() or path.with_suffix(".stamp").read_text().strip() != (
+            archive_stamp(settings)
+        ):
+            return ""
+    except OSError:
+        return ""
+    return f"-XX:SharedArchiveFile={path} {_ARCHIVE_QUIET}"
+
+
 def spark_session(settings: Settings, app_name: str) -> SparkSession:
     """A Spark session with the Kafka source, Delta Lake and the PostgreSQL JDBC driver."""
     os.environ.setdefault("JAVA_HOME", str(settings.java_home))
@@ -322,7 +363,8 @@ def spark_session(settings: Settings, app_name: str) -> SparkSession:
         # printing a thousand-line StackOverflowError to the terminal (2 stops in 5 here)
         .config(
             "spark.driver.extraJavaOptions",
-            f"-Dlog4j2.configurationFile=file:{log_config} -Xss16m",
+            f"-Dlog4j2.configurationFile=file:{log_config} -Xss16m "
+            + class_archive_options(settings),
         )
         .config("spark.sql.shuffle.partitions", str(spark.shuffle_partitions))
         # the stores' queries share the cores: a store's small batch never waits for the
