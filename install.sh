@@ -123,12 +123,6 @@ fi
 step 5 "Spark driver's class archive"
 # every command's Spark driver maps the classes it loads at its start from one file (JDK
 # class data sharing, cdc/core/class_archive.py): built once per JDK, pyspark and jars
-stamp="$CACHE/jvm/spark/driver-classes.stamp"
-if [ -f "$stamp" ] && [ "$CACHE/jvm/spark/driver-classes.jsa" -nt "$CACHE/jvm/.cdc-installed" ] \
-    && [ "$(cat "$stamp")" = "$("$VENV/bin/python" -c 'from cdc.core.settings import Settings; from cdc.core.spark import archive_stamp; print(archive_stamp(Settings()))' 2>/dev/null)" ]; then
-  done_ "up to date"
-else
-  done_ "$("$VENV/bin/python" -m cdc.core.class_archive 2>/dev/null | tail -1)"
-fi
+done_ "$("$VENV/bin/python" -m cdc.core.class_archive 2>/dev/null | tail -1)"
 
 printf 'install: done in %ss\n' "$(( $(date +%s) - started ))"

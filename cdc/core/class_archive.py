@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from cdc.core.settings import Settings
-from cdc.core.spark import ARCHIVE_OUT, archive_path, archive_stamp, spark_session
+from cdc.core.spark import (
+    ARCHIVE_OUT,
+    archive_path,
+    archive_stamp,
+    class_archive_options,
+    spark_session,
+)
 
 __all__ = ["build"]
 
@@ -70,8 +76,12 @@ def _warm(spark: object, table: Path) -> None:
 
 def main() -> int:
     started = time.monotonic()
+    settings = Settings()
+    if class_archive_options(settings):  # one built for this JDK and pyspark
+        print("up to date")
+        return 0
     try:
-        path = build(Settings())
+        path = build(settings)
     except Exception as exc:  # an optimisation: the install goes on without it
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         print(f"no class archive ({first}): each Spark start takes a few seconds longer")
