@@ -24,7 +24,12 @@ pytestmark = pytest.mark.integration
 
 # a backfill's signals and watermarks: rows in the signal table, or (read-only) a Kafka
 # topic and pg_current_snapshot()
-MODES = pytest.mark.parametrize("read_only", [False, True], ids=["signal_table", "read_only"])
+# the read-only path repeats the signal table's guarantee on the other path: make test-long
+MODES = pytest.mark.parametrize(
+    "read_only",
+    [False, pytest.param(True, marks=pytest.mark.long)],
+    ids=["signal_table", "read_only"],
+)
 
 
 @MODES

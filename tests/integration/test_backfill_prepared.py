@@ -35,7 +35,12 @@ from tests.stores import stores
 
 pytestmark = pytest.mark.integration
 
-MODES = pytest.mark.parametrize("read_only", [False, True], ids=["signal_table", "read_only"])
+# the read-only path repeats the signal table's guarantee on the other path: make test-long
+MODES = pytest.mark.parametrize(
+    "read_only",
+    [False, pytest.param(True, marks=pytest.mark.long)],
+    ids=["signal_table", "read_only"],
+)
 STORES = ["cache", "search", "warehouse"]
 
 

@@ -238,6 +238,7 @@ def test_a_choice_that_would_break_the_source_is_refused_in_one_line(
     prepare_source(_with_choice(t.settings, {ident: {"exclude_columns": ["note"]}}))
 
 
+@pytest.mark.long
 def test_a_changed_choice_is_handled_like_a_schema_change(captured: Capture) -> None:
     t = captured(
         "CREATE TABLE {name} (id int PRIMARY KEY, email text, secret text)",

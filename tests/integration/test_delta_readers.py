@@ -40,6 +40,7 @@ ROWS = (
 )
 
 
+@pytest.mark.long
 def test_every_warehouse_table_reads_the_same_with_delta_rs_pyiceberg_and_spark(
     captured: Capture,
 ) -> None:

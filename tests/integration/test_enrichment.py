@@ -187,6 +187,7 @@ def change(table: str, after: dict[str, int], op: str, at: tuple[int, int]) -> d
     }
 
 
+@pytest.mark.long
 def test_a_referenced_change_read_after_the_events_it_precedes_enriches_them_again(
     stack: RunningStack, tmp_path: Path
 ) -> None:

@@ -39,6 +39,7 @@ def env_for(t: Captured) -> dict[str, str]:
     return {**t.env, "CDC_PIPELINE__SNAPSHOT_PAGES_PER_READER": str(pages)}
 
 
+@pytest.mark.long
 def test_an_interrupted_snapshot_is_never_taken_for_complete_and_reruns_cleanly(
     captured: Capture,
 ) -> None:

@@ -90,6 +90,7 @@ def rebuilt(p: Pipeline) -> None:
     assert p.equal()
 
 
+@pytest.mark.long
 def test_a_change_topic_deleted_and_created_again_stops_the_apply(p: Pipeline) -> None:
     p.start()
     assert p.apply().returncode == 0
@@ -125,6 +126,7 @@ def _partition_ends(p: Pipeline) -> dict[int, int]:
         consumer.close()
 
 
+@pytest.mark.long
 def test_a_change_topic_created_again_and_grown_past_what_was_applied_stops_the_apply(
     p: Pipeline,
 ) -> None:
@@ -155,6 +157,7 @@ def test_a_change_topic_created_again_and_grown_past_what_was_applied_stops_the_
     rebuilt(p)
 
 
+@pytest.mark.long
 def test_a_source_of_another_cluster_or_timeline_stops_the_apply(p: Pipeline) -> None:
     """A restore to a point in time writes on a new timeline, with a WAL that may soon pass
     every position the store holds: the store's record of the source's system identifier

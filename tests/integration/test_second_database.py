@@ -25,7 +25,7 @@ from tests.conftest import Capture, RunningStack
 from tests.helpers import run_cdc
 from tests.logcheck import pipeline_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 
 def test_a_pipeline_on_a_second_database_streams_beside_the_first(

@@ -182,6 +182,7 @@ def test_a_killed_snapshot_resumes_and_reads_only_what_it_had_not_written(
     assert got == wanted, sorted(set(got.items()) ^ set(wanted.items()))[:5]
 
 
+@pytest.mark.long
 def test_a_table_created_again_before_the_resume_leaves_no_row_of_the_old_one(
     captured: Capture,
 ) -> None:
@@ -234,6 +235,7 @@ def _source(made: Captured) -> dict[int, str]:
         return {int(i): str(v) for i, v in conn.execute(f"SELECT id, v FROM {made.name}")}
 
 
+@pytest.mark.long
 def test_a_table_rewritten_between_the_crash_and_the_rerun_loses_no_row(
     captured: Capture,
 ) -> None:

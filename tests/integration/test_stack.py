@@ -39,6 +39,7 @@ def test_every_component_answers(stack: RunningStack) -> None:
     assert status["opensearch"]["details"]["health"] in ("green", "yellow")
 
 
+@pytest.mark.long
 def test_down_leaves_nothing_behind_and_up_starts_again(stack: RunningStack) -> None:
     components = Stack(stack.settings).components
     pids = {c.name: c.pid() for c in components}
@@ -109,6 +110,7 @@ def test_connects_rest_api_answers_only_cdcs_login(stack: RunningStack) -> None:
         assert path.stat().st_mode & 0o777 == 0o600, path
 
 
+@pytest.mark.long
 def test_the_first_up_with_a_generated_password_reports_no_refusal() -> None:
     """A fresh data_dir without a configured password: the cluster is made with a
     generated one, and the status `cdc up` prints after the start uses it (it did not:

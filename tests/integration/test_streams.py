@@ -28,7 +28,7 @@ from tests.conftest import Capture
 from tests.helpers import query_checkpoint
 from tests.logcheck import table_info, wait_until_equal
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 GAP, SLIDING, WITHIN, WATERMARK = 2.0, 2.0, 3.0, 1.0  # seconds
 

@@ -348,6 +348,7 @@ def test_verify_compares_json_text_and_reals_exactly(captured: Capture) -> None:
     assert drift["search"].ok
 
 
+@pytest.mark.long
 def test_a_table_named_with_a_dot_is_queried_in_backquotes_beside_the_others(
     captured: Capture,
 ) -> None:

@@ -40,6 +40,7 @@ def found(drifts: list[Drift]) -> list[tuple[Any, ...]]:
     return [(d.store, d.source_rows, d.store_rows, d.missing, d.extra, d.different) for d in drifts]
 
 
+@pytest.mark.long
 def test_spark_verify_finds_exactly_the_drift_planted_in_each_store(captured: Capture) -> None:
     t = captured(
         "CREATE TABLE {name} (id int PRIMARY KEY, name text NOT NULL, secret text, "

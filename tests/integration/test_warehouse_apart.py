@@ -21,7 +21,7 @@ from tests.helpers import ROOT, ended, run_cdc
 from tests.logcheck import poll
 from tests.stores import cache, search
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 
 def source_rows(dsn: str, name: str) -> dict[int, int]:

@@ -169,6 +169,7 @@ def test_a_late_event_is_counted_however_many_batches_a_run_takes(captured: Capt
     assert [c.ok for c in checks] == [True], [c.observed for c in checks]
 
 
+@pytest.mark.long
 def test_a_column_widened_while_the_window_queries_run_is_read_whole(captured: Capture) -> None:
     t = captured(
         "CREATE TABLE {name} (id int PRIMARY KEY, customer int NOT NULL, "
