@@ -42,6 +42,7 @@ from cdc.core.errors import (
     RelationReusedError,
     SourceUnavailableError,
     StoreUnavailableError,
+    carried_message,
 )
 from cdc.core.postgres_client import ping_source
 from cdc.core.say import on_stderr
@@ -391,13 +392,7 @@ def unavailable_reason(
     """The one-line reason when `exc` says a store (`kind`: or PostgreSQL, with
     SourceUnavailableError) does not answer, raised here or in a Python worker and
     carried back by Spark as text; None for any other error."""
-    if isinstance(exc, kind):
-        return str(exc)
-    text = str(exc)
-    marker = f"{kind.__name__}: "
-    if marker not in text:
-        return None
-    return text[text.rindex(marker) + len(marker) :].splitlines()[0].strip()
+    return carried_message(exc, kind)
 
 
 # the lines for the person running `cdc apply` (a store's state changed)

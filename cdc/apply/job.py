@@ -31,6 +31,7 @@ from cdc.core.errors import (
     SourceRewoundError,
     StoreError,
     StoreUnavailableError,
+    carried_message,
 )
 from cdc.core.one_writer import one_writer
 from cdc.core.settings import Settings
@@ -364,11 +365,11 @@ def failure_line(exc: BaseException) -> str:
 
 def _fatal(exc: BaseException) -> CdcError | None:
     """The error that must stop the apply job (not be retried), from a query's failure."""
-    text = str(exc)
+    if isinstance(exc, LogRewoundError):
+        return exc
     for kind in (SourceRewoundError, LogRewoundError):
-        marker = f"{kind.__name__}: "
-        if marker in text:
-            return kind(text[text.rindex(marker) + len(marker) :].splitlines()[0])
+        if (message := carried_message(exc, kind)) is not None:
+            return kind(message)
     return None
 
 

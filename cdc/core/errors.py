@@ -29,6 +29,7 @@ __all__ = [
     "TopicError",
     "ValueDecodeError",
     "VerifyError",
+    "carried_message",
 ]
 
 
@@ -170,3 +171,22 @@ class ValueDecodeError(CdcError):
     def __init__(self, column: str, value: Any, reason: str) -> None:
         self.column, self.value, self.reason = column, value, reason
         super().__init__(f"column {column}: cannot decode {str(value)[:80]!r}: {reason}")
+
+
+def carried_message(exc: BaseException, kind: type[CdcError]) -> str | None:
+    """The message of a `kind` error (or of a subclass's) that `exc` is, or that it
+    carries as text: raised in a Python worker or in foreachBatch, Spark hands the
+    driver the traceback's text, whose last `<Kind>: <message>` line tells it. None when
+    `exc` says nothing of that kind."""
+    if isinstance(exc, kind):
+        return str(exc)
+    text = str(exc)
+    kinds, found = [kind], -1
+    while kinds:
+        one = kinds.pop()
+        kinds.extend(one.__subclasses__())
+        found = max(found, text.rfind(f"{one.__name__}: "))
+    if found < 0:
+        return None
+    rest = text[found:]
+    return rest[rest.index(": ") + 2 :].splitlines()[0].strip()

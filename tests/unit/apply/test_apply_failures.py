@@ -118,3 +118,23 @@ def test_a_log_past_where_a_promoted_server_left_the_old_timeline_is_found() -> 
     assert log_past_fork(forks, 0x4000000) is None  # the standby had all of it
     assert log_past_fork(forks, None) is None  # Connect holds no offset
     assert log_past_fork({}, 0x5000010) is None  # timeline 1: never promoted
+
+
+def test_a_subclass_of_unavailable_carried_back_as_text_is_waited_for_as_in_process() -> None:
+    """A StoreBusyError is a StoreUnavailableError: carried back by Spark as text, it is
+    waited for as it is when raised in the driver (isinstance)."""
+    worker = "Traceback...\ncdc.core.errors.StoreBusyError: another writer holds x\n"
+    assert unavailable_reason(RuntimeError(worker)) == "another writer holds x"
+
+
+def test_a_rewound_source_stops_the_job_raised_here_or_carried_as_text() -> None:
+    from cdc.apply.job import _fatal
+    from cdc.core.errors import LogRewoundError
+
+    here = SourceRewoundError("source behind")
+    assert _fatal(here) is here
+    carried = _fatal(RuntimeError("x\ncdc.core.errors.LogRewoundError: topic made again\n"))
+    assert type(carried) is LogRewoundError and str(carried) == "topic made again"
+    carried = _fatal(RuntimeError("x\ncdc.core.errors.SourceRewoundError: behind\n"))
+    assert type(carried) is SourceRewoundError and str(carried) == "behind"
+    assert _fatal(RuntimeError("ValueError: no")) is None

@@ -47,3 +47,21 @@ def test_exit_codes_are_one_per_kind_and_in_the_readme() -> None:
     assert listed is not None
     codes = {int(n) for n in re.findall(r"(?:^|, )(\d+) ", listed.group(1).replace("\n", " "))}
     assert {c.exit_code for c in classes} == codes
+
+
+def test_a_carried_error_is_read_from_the_last_line_naming_its_kind_or_a_subclass() -> None:
+    from cdc.core.errors import (
+        StoreBusyError,
+        StoreUnavailableError,
+        carried_message,
+    )
+
+    assert carried_message(StoreBusyError("busy"), StoreUnavailableError) == "busy"
+    text = (
+        "Traceback...\ncdc.core.errors.StoreUnavailableError: Redis at a does not answer\n"
+        "During handling...\ncdc.core.errors.StoreBusyError: OpenSearch at b is busy  \nmore"
+    )
+    # the last one raised; a subclass's name tells its kind too
+    assert carried_message(RuntimeError(text), StoreUnavailableError) == "OpenSearch at b is busy"
+    assert carried_message(RuntimeError(text), StoreBusyError) == "OpenSearch at b is busy"
+    assert carried_message(RuntimeError("ValueError: bad"), StoreUnavailableError) is None
