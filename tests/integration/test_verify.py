@@ -199,6 +199,7 @@ def test_verify_reads_every_key_type_as_the_log_keys_it(captured: Capture) -> No
     assert [(d.store, d.ok, d.store_rows) for d in after] == [(s, True, 30) for s in stores]
 
 
+@pytest.mark.long
 def test_verify_checks_the_history(captured: Capture) -> None:
     """A warehouse history broken behind the pipeline's back (with a Delta writer of the
     test's own) fails `cdc verify`, naming each broken invariant of the versions as
