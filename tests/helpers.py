@@ -81,11 +81,11 @@ def recorded_placeholder(dsn: str, pipeline: str) -> str:
 def query_checkpoint(settings: Any, view: str) -> Path:
     """The checkpoint of the streaming query that keeps `view` (its own, or one it shares
     with other views: cdc/stores/warehouse/views/queries.py)."""
-    from cdc.log.progress import checkpoint_dir
+    from cdc.log.checkpoints import checkpoint
     from cdc.stores.warehouse.views.registry import streaming, views_of
 
     (found,) = [v for v in streaming(views_of(settings)) if v.name == view]
-    return checkpoint_dir(settings, found.checkpoint_label)
+    return Path(checkpoint(settings, found.checkpoint_label).path)
 
 
 def steady_updates(dsn: str, table: str, rows: int, stop: Any) -> None:

@@ -38,8 +38,8 @@ from cdc.core.settings import Settings
 from cdc.core.spark import kafka_options, spark_session, views_session
 from cdc.core.store_declarations import Publisher, declared, with_ability
 from cdc.core.topics import change_topic_pattern
+from cdc.log.checkpoints import checkpoint
 from cdc.log.progress import (
-    checkpoint_dir,
     forget_other_definition,
     forget_other_view_queries,
     note_late,
@@ -431,7 +431,7 @@ def _start_store_query(
     )
     writer = (
         source.writeStream.queryName(f"cdc-{settings.pipeline.name}-{store.name}")
-        .option("checkpointLocation", str(checkpoint_dir(settings, store.name)))
+        .option("checkpointLocation", str(checkpoint(settings, store.name)))
         .foreachBatch(BatchWriter(settings, store, rewritten=rewritten))
     )
     return _triggered(settings, writer, once).start()
@@ -441,11 +441,11 @@ def _start_view_query(
     spark: Any, settings: Settings, query: DerivedQuery, tables: dict[str, Table], once: bool
 ) -> Any:
     """The query of window aggregates and stream-stream joins (the derived views')."""
-    checkpoint = checkpoint_dir(settings, query.label)
-    forget_other_definition(checkpoint, query.definition())
+    where = checkpoint(settings, query.label)
+    forget_other_definition(settings, where, query.definition())
     # a pool of its own (the query's thread inherits it from this one)
     spark.sparkContext.setLocalProperty("spark.scheduler.pool", query.label)
-    writer = query.query(views_session(spark, settings), settings, tables, str(checkpoint))
+    writer = query.query(views_session(spark, settings), settings, tables, where)
     return _triggered(settings, writer, once, settings.apply.views_trigger_interval_s).start()
 
 

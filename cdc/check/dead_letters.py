@@ -22,7 +22,7 @@ from cdc.core.say import Say
 from cdc.core.settings import Settings
 from cdc.core.state_folders import make_state_dir
 from cdc.core.topics import change_topic, dead_letter_topic
-from cdc.log.progress import checkpoint_dir
+from cdc.log.progress import records_dir
 
 __all__ = ["DeadLetter", "held_back", "read_dead_letters", "replay_dead_letters"]
 
@@ -83,7 +83,7 @@ def _letter(record: Any) -> DeadLetter | None:
 
 
 def _replayed_file(settings: Settings, store: str) -> Path:
-    return checkpoint_dir(settings, store).parent / f"{store}.dlq-replayed.json"
+    return records_dir(settings) / f"{store}.dlq-replayed.json"
 
 
 def _replayed(settings: Settings, store: str) -> dict[str, int]:

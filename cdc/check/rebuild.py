@@ -5,13 +5,12 @@ created again, or a compacted key left with only a TOAST placeholder)."""
 
 from __future__ import annotations
 
-import shutil
-
 from cdc.capture.source_reader import read_source
 from cdc.core.errors import ConfigError
 from cdc.core.say import Say
 from cdc.core.settings import Settings
-from cdc.log.progress import Progress, checkpoint_dir, read_progress, write_progress
+from cdc.log.checkpoints import checkpoint
+from cdc.log.progress import Progress, read_progress, write_progress
 from cdc.stores.registry import make_reader
 
 __all__ = ["reset_store"]
@@ -38,7 +37,7 @@ def reset_store(settings: Settings, store: str, tables: list[str] | None, say: S
         target.close()
     # the whole log is read again; what the store holds of the other tables refuses
     # every write that is not newer, so only the emptied tables change
-    shutil.rmtree(checkpoint_dir(settings, store), ignore_errors=True)
+    checkpoint(settings, store).remove()
     progress = read_progress(settings, store) or Progress()
     # the TRUNCATEs the source still has (a restored source has lost those past its WAL)
     kept = {t: at for t, at in progress.truncated.items() if not wal or at[0] <= wal}

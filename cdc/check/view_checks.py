@@ -30,7 +30,8 @@ from cdc.core.catalog import TRUNCATIONS_TABLE, Table
 from cdc.core.settings import Settings
 from cdc.core.settings.views import TableJoin
 from cdc.core.topics import ChangeRecord, change_topic, read_topic, thinned
-from cdc.log.progress import checkpoint_dir, last_committed_batch, late_events
+from cdc.log.checkpoints import checkpoint
+from cdc.log.progress import late_events
 from cdc.stores.base import (
     DerivedView,
     Expected,
@@ -188,14 +189,14 @@ class ViewChecks:
             change_topic(self.settings.pipeline, t): {r.partition: r.offset + 1 for r in records}
             for t, records in logs.items()
         }
-        checkpoint = checkpoint_dir(self.settings, view.checkpoint_label)
+        query = checkpoint(self.settings, view.checkpoint_label)
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                batch = last_committed_batch(checkpoint)
+                batch = query.last_committed_batch()
                 if batch is None:
                     raise ValueError("no batch committed yet")
-                lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
+                lines = query.read(f"offsets/{batch}").splitlines()
                 sources = [json.loads(line) for line in lines[2:]]
                 reading = {t: [s[t] for s in sources if t in s] for t in ends}  # per reader
                 if all(

@@ -342,7 +342,7 @@ def _wait_for_first_batches(
     """Wait until every store has finished its first batch (the snapshot's rows), and
     each view kept by a query of its own its first, saying which have, for at most
     `timeout` seconds: the workload then meets warm queries, not their first plans."""
-    from cdc.log.progress import checkpoint_dir, last_committed_batch
+    from cdc.log.checkpoints import checkpoint
     from cdc.stores.registry import derived_views
 
     started = time.monotonic()
@@ -356,7 +356,7 @@ def _wait_for_first_batches(
         for store in sorted(done - said):
             say(f"{store}: holds the snapshot ({time.monotonic() - started:.0f}s)")
         said |= done
-        ran = {n for n in queries if last_committed_batch(checkpoint_dir(settings, n)) is not None}
+        ran = {n for n in queries if checkpoint(settings, n).last_committed_batch() is not None}
         if said >= set(wanted) and ran >= set(queries):
             if queries:
                 say(f"the views' queries ran their first batch ({time.monotonic() - started:.0f}s)")
@@ -376,20 +376,20 @@ def _warm_up(
     own has run a batch since: a store's first batch of changes plans and compiles what
     its snapshot's did not need, and on 2 cores that takes the warehouse half a minute;
     the workload then meets stores that have done it once."""
-    from cdc.log.progress import checkpoint_dir, last_committed_batch
+    from cdc.log.checkpoints import checkpoint
     from cdc.stores.registry import derived_views
 
     started = time.monotonic()
     topics = [change_topic(settings.pipeline, t) for t in TABLES]
     door = derived_views(settings, settings.apply.stores)
     queries = (
-        [checkpoint_dir(settings, q.label) for q in door.queries(door.of(settings))]
+        [checkpoint(settings, q.label) for q in door.queries(door.of(settings))]
         if door is not None
         else []
     )
 
     def newest(query: Any) -> int:
-        found = last_committed_batch(query)
+        found = query.last_committed_batch()
         return -1 if found is None else found
 
     def logged() -> int:

@@ -29,6 +29,8 @@ __all__ = [
     "check_bucket",
     "delta_rs_options",
     "object_store",
+    "object_store_at",
+    "pyarrow_s3",
     "s3a_jars",
     "spark_s3_conf",
 ]
@@ -62,14 +64,17 @@ class ObjectStore:
 def object_store(section: Any) -> ObjectStore | None:
     """The object store of a warehouse's section (its `path` and `s3`:
     cdc.core.state_folders.warehouse_store), or None: its path is not s3://, s3a://, s3n://."""
-    url = urlparse(section.path or "")
+    return object_store_at(section.path, section.s3, "[stores.warehouse] path")
+
+
+def object_store_at(where: str | None, s3: Any, setting: str) -> ObjectStore | None:
+    """The object store of the URL `where` (the setting `setting` names it), reached with
+    the S3 settings `s3` ([stores.warehouse.s3]); None: `where` is not an S3 URL."""
+    url = urlparse(where or "")
     if url.scheme not in S3_SCHEMES:
         return None
     if not url.netloc:
-        raise ConfigError(
-            f"[stores.warehouse] path {section.path!r} names no bucket: write s3://bucket/prefix"
-        )
-    s3 = section.s3
+        raise ConfigError(f"{setting} {where!r} names no bucket: write s3://bucket/prefix")
     secret = s3.secret_access_key.get_secret_value() if s3.secret_access_key else None
     return ObjectStore(
         bucket=url.netloc,
@@ -141,13 +146,19 @@ def s3a_jars(jvm_dir: Path) -> list[Path]:
     return jars
 
 
-def check_bucket(store: ObjectStore) -> None:
-    """Raise one line when the bucket is not there, the credentials are refused, or the
-    endpoint does not answer; return when the bucket can be listed."""
+def pyarrow_s3(store: ObjectStore) -> Any:
+    """Arrow's S3 filesystem for the store: the driver's own reads of what Spark writes
+    there (a streaming query's checkpoint), and the bucket check."""
     from pyarrow import fs
 
+    # the checksums the AWS SDK adds to every request and checks on every response since
+    # 2025 only where S3 requires them: S3-compatible servers (S3Proxy, Ceph, an older
+    # MinIO) refuse or garble them (a read fails "Failed to flush response stream"); the
+    # SDK reads these when the client is made, and a user's own choice stands
+    for checksums in ("AWS_REQUEST_CHECKSUM_CALCULATION", "AWS_RESPONSE_CHECKSUM_VALIDATION"):
+        os.environ.setdefault(checksums, "when_required")
     endpoint = urlparse(store.endpoint) if store.endpoint else None
-    client = fs.S3FileSystem(
+    return fs.S3FileSystem(
         access_key=store.access_key_id,
         secret_key=store.secret_access_key,
         region=store.region,
@@ -158,6 +169,14 @@ def check_bucket(store: ObjectStore) -> None:
         request_timeout=20,
         retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=2),
     )
+
+
+def check_bucket(store: ObjectStore) -> None:
+    """Raise one line when the bucket is not there, the credentials are refused, or the
+    endpoint does not answer; return when the bucket can be listed."""
+    from pyarrow import fs
+
+    client = pyarrow_s3(store)
     try:
         info = client.get_file_info(store.bucket)
     except OSError as exc:

@@ -24,7 +24,12 @@ from cdc.core.files import write_file
 from cdc.core.object_store import check_bucket, s3a_jars, spark_s3_conf
 from cdc.core.settings import Settings
 from cdc.core.settings.connections import SECRET_KEY
-from cdc.core.state_folders import local_warehouse, prepare_job_state, warehouse_store
+from cdc.core.state_folders import (
+    checkpoint_store,
+    local_warehouse,
+    prepare_job_state,
+    warehouse_store,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -345,10 +350,11 @@ def spark_session(settings: Settings, app_name: str) -> SparkSession:
     spark = settings.spark
     # the warehouse on object storage: its bucket checked (one line if it is not there or
     # refuses the credentials), Hadoop's S3A and its settings (cdc.core.object_store)
-    store = warehouse_store(settings)
+    # (and the checkpoints in a bucket: `[apply] checkpoints`, the same S3 settings)
+    stores = [s for s in (warehouse_store(settings), checkpoint_store(settings)) if s]
     store_jars: list[Path] = []
     store_conf: dict[str, str] = {}
-    if store is not None:
+    for store in stores:
         store_jars = s3a_jars(settings.jvm_dir)
         check_bucket(store)
         store_conf = spark_s3_conf(store)

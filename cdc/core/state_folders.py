@@ -11,12 +11,13 @@ import os
 from pathlib import Path
 from urllib.parse import urlparse
 
-from cdc.core.object_store import ObjectStore, object_store
+from cdc.core.object_store import ObjectStore, object_store, object_store_at
 from cdc.core.settings import Settings
 
 __all__ = [
     "MARKER",
     "PIPELINE_STATE",
+    "checkpoint_store",
     "inside",
     "is_marked",
     "local_warehouse",
@@ -75,6 +76,13 @@ def warehouse_store(settings: Settings) -> ObjectStore | None:
     """The object store the warehouse is on ([stores.warehouse] path s3://…, and its
     [stores.warehouse.s3]), or None: a local folder or another filesystem."""
     return object_store(settings.store_section("warehouse"))
+
+
+def checkpoint_store(settings: Settings) -> ObjectStore | None:
+    """The object store the Spark checkpoints are on ([apply] checkpoints s3://…, reached
+    with [stores.warehouse.s3] as the warehouse is), or None: a local folder."""
+    section = settings.store_section("warehouse")
+    return object_store_at(settings.apply.checkpoints, section.s3, "[apply] checkpoints")
 
 
 def local_warehouse(settings: Settings) -> Path | None:

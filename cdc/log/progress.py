@@ -1,6 +1,7 @@
 """What each store has applied: one record per store, written after every micro-batch.
 
-`<checkpoints>/<pipeline>/<store>.progress.json` beside the store's Spark checkpoint.
+`<data_dir>/checkpoints/<pipeline>/<store>.progress.json`, the driver's records (beside
+the store's Spark checkpoint unless `[apply] checkpoints` puts those elsewhere).
 The apply job writes it (and reads it back: the TRUNCATE cut-offs, the generation it
 swept, what it applied of each topic partition); `cdc status`, `cdc verify`'s cut,
 `cdc rebuild` and the benchmarks read it. A window aggregate keeps the events it
@@ -18,42 +19,43 @@ from typing import Any
 
 from cdc.core.settings import Settings
 from cdc.core.state_folders import make_state_dir
+from cdc.log.checkpoints import Checkpoint, checkpoints_of_pipeline
 from cdc.log.position import Position
 
 __all__ = [
     "MAX_CUTS",
     "Progress",
     "add_cut",
-    "checkpoint_dir",
     "forget_other_definition",
     "forget_other_view_queries",
     "late_events",
     "note_late",
     "progress_file",
     "read_progress",
+    "records_dir",
     "set_waiting",
     "write_progress",
 ]
 
 
-def checkpoint_dir(settings: Settings, store: str) -> Path:
-    return settings.data_dir / "checkpoints" / settings.pipeline.name / store
+def records_dir(settings: Settings) -> Path:
+    """The driver's folder of the pipeline's own records (beside its Spark checkpoints
+    when those are local: cdc/log/checkpoints.py)."""
+    return settings.data_dir / "checkpoints" / settings.pipeline.name
 
 
-def forget_other_definition(checkpoint: Path, definition: str) -> None:
+def forget_other_definition(settings: Settings, checkpoint: Checkpoint, definition: str) -> None:
     """Remove a window query's checkpoint when its view was defined otherwise when the
     checkpoint was written (another window, gap, key...): its state and its table would
     mix both definitions. The query then starts afresh from the log's start (it empties
-    its table first). The definition is kept beside the checkpoint."""
-    import shutil
-
-    marker = checkpoint.with_name(f"{checkpoint.name}.definition")
+    its table first). The definition is kept in the pipeline's records."""
+    marker = records_dir(settings) / f"{checkpoint.label}.definition"
     try:
         held = marker.read_text()
     except OSError:
         held = None
     if held is not None and held != definition:
-        shutil.rmtree(checkpoint, ignore_errors=True)
+        checkpoint.remove()
     if held != definition:
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(definition)
@@ -64,25 +66,13 @@ def forget_other_view_queries(settings: Settings, labels: set[str]) -> None:
     is not one of `labels` (the queries the views run in now): a view that ran alone and
     now shares a query, or the reverse, or one removed, must not resume from it later
     (its table has been written by another query since); it starts afresh instead."""
-    import shutil
-
-    for found in (settings.data_dir / "checkpoints" / settings.pipeline.name).glob("*"):
-        if not found.name.startswith(("window-", "views-")) or found.name in labels:
-            continue
-        if found.is_dir():
-            shutil.rmtree(found, ignore_errors=True)
-        elif found.suffix == ".definition" and found.stem not in labels:
-            found.unlink(missing_ok=True)
-
-
-def last_committed_batch(checkpoint: Path) -> int | None:
-    """The newest batch a Structured Streaming query with `checkpoint` has committed
-    (its commits/<id> files), or None before its first."""
-    try:
-        batches = [int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()]
-    except OSError:
-        return None
-    return max(batches, default=None)
+    view_query = ("window-", "views-")
+    for found in checkpoints_of_pipeline(settings):
+        if found.label.startswith(view_query) and found.label not in labels:
+            found.remove()
+    for marker in records_dir(settings).glob("*.definition"):
+        if marker.name.startswith(view_query) and marker.stem not in labels:
+            marker.unlink(missing_ok=True)
 
 
 MAX_CUTS = 20  # the TRUNCATEs kept per table
@@ -97,7 +87,7 @@ def add_cut(cuts: list[list[int]], at: Position, commit_ms: int) -> list[list[in
 
 
 def progress_file(settings: Settings, store: str) -> Path:
-    return settings.data_dir / "checkpoints" / settings.pipeline.name / f"{store}.progress.json"
+    return records_dir(settings) / f"{store}.progress.json"
 
 
 @dataclass

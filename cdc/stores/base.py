@@ -21,6 +21,7 @@ from cdc.core.catalog import Column, Table
 from cdc.core.settings import Settings
 from cdc.core.settings.views import ViewSettings
 from cdc.core.topics import ChangeRecord
+from cdc.log.checkpoints import Checkpoint
 from cdc.log.position import Event
 
 __all__ = [
@@ -407,7 +408,7 @@ class DerivedQuery(Protocol):
         ...
 
     def query(
-        self, spark: Any, settings: Settings, tables: dict[str, Table], checkpoint: str
+        self, spark: Any, settings: Settings, tables: dict[str, Table], checkpoint: Checkpoint
     ) -> Any:
         """The streaming query, ready for a trigger and start()."""
         ...

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from cdc.apply.job import run_apply
-from cdc.log.progress import checkpoint_dir
+from cdc.log.checkpoints import checkpoint
 from cdc.stores.cache.store import cache_key
 from cdc.stores.warehouse.tables import current_path, history_path, warehouse_root
 from tests.conftest import Capture
@@ -132,26 +132,26 @@ def test_every_store_follows_the_source_and_replays_converge(captured: Capture) 
     assert history["closed_at_next"]  # every other one ends where the next begins
 
     # warehouse: checkpoint and tables reset, replayed from offset 0
-    shutil.rmtree(checkpoint_dir(settings, "warehouse"))
+    shutil.rmtree(Path(checkpoint(settings, "warehouse").path))
     shutil.rmtree(Path(warehouse_root(settings)) / "public" / name)
     run_apply(settings, ["warehouse"], once=True)
     assert warehouse_contents(settings, table) == (warehouse, deleted)
     assert history_summary(settings, table) == history
     # and replayed over itself: the position guard refuses every write, and no
     # history version is added twice
-    shutil.rmtree(checkpoint_dir(settings, "warehouse"))
+    shutil.rmtree(Path(checkpoint(settings, "warehouse").path))
     run_apply(settings, ["warehouse"], once=True)
     assert warehouse_contents(settings, table) == (warehouse, deleted)
     assert history_summary(settings, table) == history
 
     # search: a replay with the index kept is refused document by document by
     # OpenSearch's external versions, and changes nothing
-    shutil.rmtree(checkpoint_dir(settings, "search"))
+    shutil.rmtree(Path(checkpoint(settings, "search").path))
     run_apply(settings, ["search"], once=True)
     assert search_contents(settings, table) == searchable
 
     # replay from offset 0: checkpoint and contents reset, same result
-    shutil.rmtree(checkpoint_dir(settings, "cache"))
+    shutil.rmtree(Path(checkpoint(settings, "cache").path))
     client = redis.Redis.from_url(settings.redis.url)
     for key in client.scan_iter(match=cache_key(settings.pipeline.topic_prefix, table, "*")):
         client.delete(key)
@@ -159,6 +159,6 @@ def test_every_store_follows_the_source_and_replays_converge(captured: Capture) 
     assert cache_contents(settings, table) == expected
 
     # a replay over a current cache changes nothing (every write is stale)
-    shutil.rmtree(checkpoint_dir(settings, "cache"))
+    shutil.rmtree(Path(checkpoint(settings, "cache").path))
     run_apply(settings, ["cache"], once=True)
     assert cache_contents(settings, table) == expected

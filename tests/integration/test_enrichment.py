@@ -18,7 +18,7 @@ from cdc.apply.job import run_apply
 from cdc.check.view_checks import view_checks
 from cdc.core.catalog import Column, Table
 from cdc.core.settings.views import StreamTableJoin
-from cdc.log.progress import checkpoint_dir
+from cdc.log.checkpoints import checkpoint
 from cdc.stores.warehouse.store import WarehouseStore
 from cdc.stores.warehouse.tables import view_path, warehouse_root
 from cdc.stores.warehouse.views import enrichment
@@ -132,12 +132,12 @@ def test_each_insert_is_enriched_with_the_referenced_row_as_of_its_commit(
 
     # replayed from offset 0 over itself: the event removed is there again, and the
     # price changed is as of the insert again: every event is there once, as it was
-    shutil.rmtree(checkpoint_dir(settings, "warehouse"))
+    shutil.rmtree(Path(checkpoint(settings, "warehouse").path))
     run_apply(settings, ["warehouse"], once=True)
     assert enriched(spark, root, join.name) == sorted(expected)
 
     # and from the log alone, into an empty warehouse
-    shutil.rmtree(checkpoint_dir(settings, "warehouse"))
+    shutil.rmtree(Path(checkpoint(settings, "warehouse").path))
     shutil.rmtree(root)
     run_apply(settings, ["warehouse"], once=True)
     assert enriched(spark, root, join.name) == sorted(expected)

@@ -1,7 +1,8 @@
 """The warehouse on object storage (issue 68 item 3; docs/operations.md, "The warehouse on
 object storage"): a local S3-compatible server (S3Proxy, tests/s3_server.py) holds the
 Delta tables. The initial snapshot and the changes streamed after it reach them through
-`cdc apply` (Spark's S3A and Delta's S3 log store); delta-rs, given only the storage
+`cdc apply` (Spark's S3A and Delta's S3 log store), its streaming query checkpointed
+in the bucket too (`[apply] checkpoints`); delta-rs, given only the storage
 options a user would give it, reads every row as PostgreSQL holds it; `cdc verify` and
 `cdc query` read them too; a bucket that is not there and refused credentials are each
 one line, without the secret."""
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -71,7 +73,12 @@ def test_snapshot_and_changes_reach_a_warehouse_on_s3_and_delta_rs_reads_them(
         schema, name = t.table.split(".", 1)
         current = f"s3://lake/cdc/{prefix}/{schema}/{name}/current"
         history = f"s3://lake/cdc/{prefix}/{schema}/{name}/history"
-        env = {**t.env, **s3.warehouse_env("lake")}
+        # the streaming query's checkpoint in the bucket too ([apply] checkpoints)
+        env = {
+            **t.env,
+            **s3.warehouse_env("lake"),
+            "CDC_APPLY__CHECKPOINTS": "s3a://lake/checkpoints",
+        }
         options = s3.delta_rs_options()
 
         def reached(expected: dict[int, tuple[Any, ...]], apply: Any) -> Any:
@@ -124,6 +131,13 @@ def test_snapshot_and_changes_reach_a_warehouse_on_s3_and_delta_rs_reads_them(
         logs = list(s3.folder.glob(f"lake/cdc/{prefix}/{schema}/{name}/*/_delta_log"))
         assert len(logs) == 2, logs
         assert not (t.settings.data_dir / "warehouse" / prefix).exists()
+        # Spark's checkpoint of the query is in the bucket; the driver's records stay local
+        pipeline = t.settings.pipeline.name
+        commits = s3.folder / "lake" / "checkpoints" / pipeline / "warehouse" / "commits"
+        assert any(p.name.isdigit() for p in commits.iterdir()), list(commits.iterdir())
+        records = t.settings.data_dir / "checkpoints" / pipeline
+        assert (records / "warehouse.progress.json").exists()
+        assert not (records / "warehouse").exists()
 
         # `cdc verify` and `cdc query` read the bucket through Spark
         verified = run_cdc("verify", "--store", "warehouse", "-o", "json", env=env)
@@ -184,6 +198,57 @@ def test_the_bucket_check_says_each_failure_in_one_line_without_the_secret() -> 
             line = str(raised.value)
             assert said in line and "\n" not in line, line
             assert wrong not in line and s3.secret_access_key not in line, line
+
+
+def test_the_driver_reads_and_removes_a_query_checkpoint_in_a_bucket(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`[apply] checkpoints = "s3a://…"`: what Spark writes there (a query's commits and
+    metadata, in the layout Structured Streaming gives them) the driver reads with the
+    warehouse's S3 settings: the newest committed batch, the query's id, an offsets file;
+    a view query the views left is removed from the bucket, a store's kept; the
+    pipeline's own records stay in data_dir."""
+    from cdc.log.checkpoints import checkpoint, checkpoints_of_pipeline
+    from cdc.log.progress import forget_other_view_queries, progress_file
+
+    with s3_server() as s3:
+        s3.make_bucket("lake")
+        env = {
+            **s3.warehouse_env("lake"),
+            "CDC_DATA_DIR": str(tmp_path),
+            "CDC_APPLY__CHECKPOINTS": "s3a://lake/checkpoints/",
+        }
+        settings = settings_for(env)
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):  # as the SDKs take them
+            monkeypatch.setenv(key, env[key])
+        name = settings.pipeline.name
+        store = checkpoint(settings, "warehouse")
+        assert str(store) == f"s3a://lake/checkpoints/{name}/warehouse"
+        assert store.last_committed_batch() is None  # nothing there yet
+        assert checkpoints_of_pipeline(settings) == []
+
+        def put(key: str, text: bytes) -> None:
+            # into the server's folder: it serves each file as an object
+            placed = s3.folder / "lake" / "checkpoints" / name / key
+            placed.parent.mkdir(parents=True, exist_ok=True)
+            placed.write_bytes(text)
+
+        for label, batches in (("warehouse", (0, 1, 12)), ("window-w", (0,))):
+            for batch in batches:
+                put(f"{label}/commits/{batch}", b'v1\n{"nextBatchWatermarkMs":0}')
+                put(f"{label}/offsets/{batch}", b"v1\n{}\n{}")
+            put(f"{label}/metadata", b'{"id":"4b0e"}')
+        assert store.last_committed_batch() == 12
+        assert store.query_id() == "4b0e"
+        assert store.read("offsets/12").splitlines()[0] == "v1"
+        labels = sorted(c.label for c in checkpoints_of_pipeline(settings))
+        assert labels == ["warehouse", "window-w"]
+        forget_other_view_queries(settings, set())
+        assert [c.label for c in checkpoints_of_pipeline(settings)] == ["warehouse"]
+        assert not list((s3.folder / "lake" / "checkpoints" / name).glob("window-w*"))
+        assert progress_file(settings, "warehouse").is_relative_to(tmp_path)
+        store.remove()
+        assert store.last_committed_batch() is None and checkpoints_of_pipeline(settings) == []
 
 
 def test_a_warehouse_on_s3_is_written_by_one_process_at_a_time(captured: Capture) -> None:

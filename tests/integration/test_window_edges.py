@@ -9,6 +9,7 @@ import threading
 import time
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -22,7 +23,7 @@ from cdc.core.clients import kafka_client_kwargs
 from cdc.core.settings import Settings
 from cdc.core.settings.views import HoppingWindow, SessionWindow, TumblingWindow, WindowSettings
 from cdc.core.topics import ChangeRecord, change_topic, read_topic, wait_for_records
-from cdc.log.progress import checkpoint_dir
+from cdc.log.checkpoints import checkpoint
 from cdc.stores.warehouse.tables import view_path, warehouse_root
 from cdc.stores.warehouse.views.windows import FillingWindowView
 from tests.conftest import Capture
@@ -77,7 +78,7 @@ def test_a_hopping_window_counts_a_late_event_in_the_windows_still_open(
     assert sum(before.values()) == 4 * 5  # each creation in five windows
     # its state in one partition (apply.views_state_partitions): a task and a state store
     # per stateful step and trigger, not four
-    state = checkpoint_dir(settings, FillingWindowView(hopping).checkpoint_label) / "state"
+    state = Path(checkpoint(settings, FillingWindowView(hopping).checkpoint_label).path) / "state"
     kept = {p.name for step in state.iterdir() for p in step.iterdir() if p.name.isdigit()}
     assert kept == {"0"}, kept
 

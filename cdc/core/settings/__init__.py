@@ -41,6 +41,7 @@ from cdc.core.settings.connections import (
     PostgresSettings,
     RedisSettings,
     SparkSettings,
+    whole_path,
 )
 from cdc.core.settings.pipeline import PipelineSettings
 from cdc.core.settings.verify import VerifySettings
@@ -168,7 +169,7 @@ class Settings(BaseSettings):
     @field_validator("data_dir", "cache_dir", "java_home")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
-        return value.expanduser().absolute()
+        return whole_path(value)
 
     @classmethod
     def settings_customise_sources(
@@ -235,7 +236,10 @@ def local_admin_password(settings: Settings) -> Settings:
 def _config_file() -> Path | None:
     named = os.environ.get("CDC_CONFIG")
     if named:
-        path = Path(named).expanduser()
+        try:
+            path = whole_path(Path(named))
+        except ValueError as exc:
+            raise ConfigError(f"CDC_CONFIG: {exc}") from None
         if not path.is_file():
             raise ConfigError(f"CDC_CONFIG names {path}, which is not a file: fix the path")
         return path

@@ -4,6 +4,7 @@ SLO, and the derived views. A store's own settings are its section, `[stores.<na
 from __future__ import annotations
 
 from typing import Annotated, Literal
+from urllib.parse import urlparse
 
 from pydantic import (
     BaseModel,
@@ -62,6 +63,13 @@ class ApplySettings(BaseModel):
         "(a query keeps the number its checkpoint began with)",
     )
     max_offsets_per_trigger: int = Field(200_000, ge=1, description="events per micro-batch")
+    checkpoints: str | None = Field(
+        None,
+        description="where the streaming queries keep their Spark checkpoints (offsets, "
+        "commits, the views' state): a folder, or s3://bucket/prefix (reached with "
+        "[stores.warehouse.s3], as the warehouse is), which a cluster's executors must "
+        "share; the pipeline's own records stay in data_dir (unset: data_dir/checkpoints)",
+    )
     freshness_slo_s: dict[StoreName, PositiveFloat] | None = Field(
         None,
         description="per store, the commit-to-visible latency its p99 over "
@@ -135,6 +143,21 @@ class ApplySettings(BaseModel):
     @classmethod
     def _stores_known(cls, stores: list[str]) -> list[str]:
         return _known(stores)
+
+    @field_validator("checkpoints")
+    @classmethod
+    def _checkpoints_where(cls, where: str | None) -> str | None:
+        if where is None:
+            return None
+        scheme = urlparse(where).scheme
+        if len(scheme) > 1 and scheme not in ("file", "s3", "s3a", "s3n"):
+            raise ValueError(
+                f"{where!r} is on a filesystem the pipeline cannot read ({scheme}://): "
+                "give a folder or s3://bucket/prefix"
+            )
+        if not where.strip("/ "):
+            raise ValueError("give a folder or s3://bucket/prefix")
+        return where
 
     @field_validator("freshness_slo_s")
     @classmethod

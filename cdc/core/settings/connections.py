@@ -33,11 +33,23 @@ Heap = Annotated[
 SslMode = Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"]
 
 
+def whole_path(value: Path) -> Path:
+    """A path setting made absolute (`~` and `~user` expanded); `~user` of a user this
+    machine does not have is refused."""
+    try:
+        return value.expanduser().absolute()
+    except RuntimeError:  # pathlib's word for it
+        raise ValueError(
+            f"{str(value)!r} starts with the home folder of a user this machine does not "
+            "have: give the whole path"
+        ) from None
+
+
 def _existing_file(value: Path | None) -> Path | None:
     """A file setting made absolute; one that is not a file is refused."""
     if value is None:
         return None
-    value = value.expanduser().absolute()
+    value = whole_path(value)
     if not value.is_file():
         raise ValueError(f"{value} is not a file")
     return value
@@ -159,7 +171,7 @@ class PostgresSettings(_Section):
     @field_validator("ca_file", "cert_file", "key_file")
     @classmethod
     def _absolute_path(cls, value: Path | None) -> Path | None:
-        return value.expanduser().absolute() if value is not None else None
+        return whole_path(value) if value is not None else None
 
     @model_validator(mode="after")
     def _check_tls(self) -> PostgresSettings:
@@ -544,7 +556,7 @@ class OpenSearchSettings(_Section):
     @field_validator("ca_file", "cert_file", "key_file")
     @classmethod
     def _absolute_path(cls, value: Path | None) -> Path | None:
-        return value.expanduser().absolute() if value is not None else None
+        return whole_path(value) if value is not None else None
 
     @model_validator(mode="after")
     def _check_tls(self) -> OpenSearchSettings:
@@ -612,7 +624,7 @@ class RedisSettings(_Section):
     @field_validator("ca_file", "cert_file", "key_file")
     @classmethod
     def _absolute_path(cls, value: Path | None) -> Path | None:
-        return value.expanduser().absolute() if value is not None else None
+        return whole_path(value) if value is not None else None
 
     @model_validator(mode="after")
     def _check_tls(self) -> RedisSettings:

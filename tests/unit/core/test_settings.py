@@ -114,3 +114,20 @@ def test_a_bad_setting_stops_the_cli_with_one_line() -> None:
 def test_paths_are_made_absolute(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("CDC_DATA_DIR", "relative/data")
     assert Settings().data_dir == tmp_path / "relative" / "data"
+
+
+def test_a_home_folder_of_a_user_this_machine_lacks_is_one_clear_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # pathlib raises RuntimeError for `~nosuchuser`: a setting says so instead
+    for name, value in (
+        ("CDC_DATA_DIR", "~nosuchuser-cdc/data"),
+        ("CDC_CONNECT__CA_FILE", "~0/ca"),
+    ):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(ValidationError, match="home folder of a user this machine"):
+            Settings()
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("CDC_CONFIG", "~nosuchuser-cdc/cdc.toml")
+    with pytest.raises(ConfigError, match=r"CDC_CONFIG: .* home folder of a user"):
+        load_settings()

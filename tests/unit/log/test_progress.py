@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from cdc.core.settings import Settings
+from cdc.log.checkpoints import checkpoint
 from cdc.log.progress import (
     MAX_CUTS,
     Progress,
     add_cut,
     forget_other_definition,
-    last_committed_batch,
     late_events,
     note_late,
     read_progress,
@@ -102,16 +102,18 @@ def test_a_caught_up_store_has_no_lag_however_old_its_last_change() -> None:
 
 
 def test_a_window_defined_otherwise_starts_afresh(tmp_path: Path) -> None:
-    checkpoint = tmp_path / "window-w"
-    (checkpoint / "commits").mkdir(parents=True)
-    (checkpoint / "commits" / "0").write_text("v1")
-    forget_other_definition(checkpoint, '{"window": "1 minute"}')  # first: kept
-    assert last_committed_batch(checkpoint) == 0
-    forget_other_definition(checkpoint, '{"window": "1 minute"}')  # the same: kept
-    assert last_committed_batch(checkpoint) == 0
-    forget_other_definition(checkpoint, '{"window": "5 minutes"}')  # another: gone
-    assert last_committed_batch(checkpoint) is None
-    assert (tmp_path / "window-w.definition").read_text() == '{"window": "5 minutes"}'
+    settings = _settings(tmp_path)
+    query = checkpoint(settings, "window-w")
+    (Path(query.path) / "commits").mkdir(parents=True)
+    (Path(query.path) / "commits" / "0").write_text("v1")
+    forget_other_definition(settings, query, '{"window": "1 minute"}')  # first: kept
+    assert query.last_committed_batch() == 0
+    forget_other_definition(settings, query, '{"window": "1 minute"}')  # the same: kept
+    assert query.last_committed_batch() == 0
+    forget_other_definition(settings, query, '{"window": "5 minutes"}')  # another: gone
+    assert query.last_committed_batch() is None
+    marker = Path(query.path).with_name("window-w.definition")
+    assert marker.read_text() == '{"window": "5 minutes"}'
 
 
 def test_the_lag_is_the_age_of_the_oldest_change_not_applied() -> None:

@@ -25,6 +25,7 @@ from cdc.core.settings.views import (
     duration_ms,
 )
 from cdc.core.topics import ChangeRecord
+from cdc.log.checkpoints import Checkpoint
 from cdc.stores.base import Expected, ValueForm, Verifier
 from cdc.stores.warehouse.steps import BatchStep
 
@@ -194,7 +195,7 @@ class StreamingView(View):
         raise NotImplementedError
 
     def branch(
-        self, spark: Any, settings: Any, tables: dict[str, Table], checkpoint: str
+        self, spark: Any, settings: Any, tables: dict[str, Table], checkpoint: Checkpoint
     ) -> Branch:
         """Its part of a streaming query (`checkpoint` the query's: a query without a
         committed batch starts its table afresh)."""
@@ -204,12 +205,14 @@ class StreamingView(View):
         """The name of its streaming query alone."""
         return f"cdc-{settings.pipeline.name}-{self.label}-{self.name}"
 
-    def query(self, spark: Any, settings: Any, tables: dict[str, Table], checkpoint: str) -> Any:
+    def query(
+        self, spark: Any, settings: Any, tables: dict[str, Table], checkpoint: Checkpoint
+    ) -> Any:
         """Its streaming query alone, ready for a trigger and start()."""
         branch = self.branch(spark, settings, tables, checkpoint)
         return (
             branch.frame.writeStream.queryName(self.query_name(settings))
             .outputMode(self.mode)
-            .option("checkpointLocation", checkpoint)
+            .option("checkpointLocation", str(checkpoint))
             .foreachBatch(branch.write)
         )

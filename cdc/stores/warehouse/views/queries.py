@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdc.core.catalog import Table
 from cdc.core.settings import Settings
+from cdc.log.checkpoints import Checkpoint
 from cdc.stores.warehouse.views.base import StreamingView
 from cdc.types.spark_types import quoted as q
 
@@ -77,7 +78,7 @@ class ViewQuery:
         return json.dumps([m.definition() for m in self.members]) + f" shared {SHARED_PLAN}"
 
     def query(
-        self, spark: Any, settings: Settings, tables: dict[str, Table], checkpoint: str
+        self, spark: Any, settings: Settings, tables: dict[str, Table], checkpoint: Checkpoint
     ) -> Any:
         """The streaming query, ready for a trigger and start()."""
         if len(self.members) == 1:
@@ -101,12 +102,12 @@ class ViewQuery:
         return (
             frame.writeStream.queryName(self.name(settings))
             .outputMode(self.members[0].mode)
-            .option("checkpointLocation", checkpoint)
+            .option("checkpointLocation", str(checkpoint))
             .foreachBatch(write)
         )
 
     def _side_by_side(
-        self, spark: Any, settings: Settings, tables: dict[str, Table], checkpoint: str
+        self, spark: Any, settings: Settings, tables: dict[str, Table], checkpoint: Checkpoint
     ) -> tuple[DataFrame, list[tuple[list[Any], Any]]]:
         """Each view's steps, their rows one stream: view i's columns as `__v<i>_<j>`,
         NULL in the other views' rows."""
@@ -134,7 +135,7 @@ class ViewQuery:
         return reduce(lambda a, b: a.unionByName(b), parts), writes
 
     def _counted_together(
-        self, spark: Any, settings: Settings, tables: dict[str, Table], checkpoint: str
+        self, spark: Any, settings: Settings, tables: dict[str, Table], checkpoint: Checkpoint
     ) -> tuple[DataFrame, list[tuple[list[Any], Any]]]:
         """Window aggregates written as they fill: each view's (creation, window) pairs,
         then one aggregation by view and window, a total per view (`__total_<i>`, of

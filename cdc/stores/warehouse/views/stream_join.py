@@ -12,6 +12,7 @@ from cdc.core.catalog import Table
 from cdc.core.settings import Settings
 from cdc.core.settings.views import StreamStreamJoin, duration_ms
 from cdc.core.topics import ChangeRecord
+from cdc.log.checkpoints import Checkpoint
 from cdc.stores.base import Expected, ValueForm, Verifier
 from cdc.stores.warehouse.native import NativeWriter
 from cdc.stores.warehouse.settings import writer_in_use
@@ -87,7 +88,7 @@ class StreamJoinView(StreamingView):
         ]
 
     def branch(
-        self, spark: Any, settings: Settings, tables: dict[str, Table], checkpoint: str
+        self, spark: Any, settings: Settings, tables: dict[str, Table], checkpoint: Checkpoint
     ) -> Branch:
         from pyspark.sql import Window
         from pyspark.sql import functions as F

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdc.core.catalog import Table
@@ -38,10 +37,11 @@ from cdc.core.settings import Settings
 from cdc.core.settings.views import ViewSettings
 from cdc.core.spark import kafka_options
 from cdc.core.topics import ChangeRecord, change_topic
+from cdc.log.checkpoints import Checkpoint
 from cdc.log.envelope import event_position, parse_events
 from cdc.log.generated_columns import expressions_dsn, with_generated
 from cdc.log.position import Position
-from cdc.log.progress import forget_late, last_committed_batch
+from cdc.log.progress import forget_late
 from cdc.stores.warehouse.conflicts import retried
 from cdc.stores.warehouse.native import NativeWriter
 from cdc.stores.warehouse.tables import view_path
@@ -138,13 +138,13 @@ def events(
     return found.dropDuplicatesWithinWatermark(["__key", "__lsn"]) if unique else found
 
 
-def start_afresh(spark: Any, settings: Settings, name: str, checkpoint: str) -> None:
+def start_afresh(spark: Any, settings: Settings, name: str, checkpoint: Checkpoint) -> None:
     """A query without a committed batch computes its table again from the log."""
     from delta.tables import DeltaTable
 
     from cdc.stores.warehouse.tables import warehouse_root
 
-    if last_committed_batch(Path(checkpoint)) is not None:
+    if checkpoint.last_committed_batch() is not None:
         return
     forget_late(settings, name)
     path = view_path(warehouse_root(settings), name)
@@ -192,7 +192,11 @@ def merged_into(
 
 
 def appended_to(
-    spark: Any, path: str, fields: list[Any], checkpoint: str, native: NativeWriter | None = None
+    spark: Any,
+    path: str,
+    fields: list[Any],
+    checkpoint: Checkpoint,
+    native: NativeWriter | None = None,
 ) -> Callable[[DataFrame, int], None]:
     """A batch writer for a query in append mode (each row written once, when final):
     each batch appended to the Delta table at `path`, once. Delta keeps the last batch
@@ -208,7 +212,7 @@ def appended_to(
     def write(batch: DataFrame, batch_id: int) -> None:
         ensure_delta(spark, path, fields)
         rows = batch.select(*[F.col(q(f.name)).cast(f.dataType) for f in fields])
-        writer = f"cdc-view-{query_id(checkpoint)}"
+        writer = f"cdc-view-{checkpoint.query_id()}"
         if native is not None and native.append(path, rows, (writer, batch_id)):
             return
         (
@@ -220,11 +224,6 @@ def appended_to(
         )
 
     return write
-
-
-def query_id(checkpoint: str) -> str:
-    """The id Spark gave the query whose checkpoint this is (kept across restarts)."""
-    return str(json.loads((Path(checkpoint) / "metadata").read_text())["id"])
 
 
 @dataclass(frozen=True)

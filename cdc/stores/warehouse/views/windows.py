@@ -27,6 +27,7 @@ from cdc.core.settings.views import (
     duration_ms,
 )
 from cdc.core.topics import ChangeRecord
+from cdc.log.checkpoints import Checkpoint
 from cdc.stores.base import Expected, ValueForm, Verifier
 from cdc.stores.warehouse.native import NativeWriter
 from cdc.stores.warehouse.settings import writer_in_use
@@ -79,13 +80,13 @@ class WindowView(StreamingView):
         return [self.settings.sum] if self.settings.sum else []
 
     def branch(
-        self, spark: Any, settings: Settings, tables: dict[str, Table], checkpoint: str
+        self, spark: Any, settings: Settings, tables: dict[str, Table], checkpoint: Checkpoint
     ) -> Branch:
         created, measures, _, write = self.parts(spark, settings, tables, checkpoint)
         return Branch(self.counted(created, measures), write)
 
     def parts(
-        self, spark: Any, settings: Settings, tables: dict[str, Table], checkpoint: str
+        self, spark: Any, settings: Settings, tables: dict[str, Table], checkpoint: Checkpoint
     ) -> tuple[Callable[..., DataFrame], list[Any], Any, Callable[[DataFrame, int], None]]:
         """What its query is made of: its creation events (`created(unique)`, with
         `__amount`), its measures, the type of `__amount`, and its batch writer (which

@@ -11,7 +11,8 @@ from cdc.cli.demo import with_demo_views
 from cdc.core.settings import Settings
 from cdc.core.settings.apply import ApplySettings
 from cdc.core.settings.views import SlidingWindow, TumblingWindow
-from cdc.log.progress import checkpoint_dir, forget_other_view_queries
+from cdc.log.checkpoints import checkpoint
+from cdc.log.progress import forget_other_view_queries
 from cdc.stores.warehouse.views.registry import queries_of, views_of
 
 
@@ -63,12 +64,12 @@ def test_the_checkpoints_of_queries_the_views_left_are_removed(tmp_path: Path) -
     settings = Settings().model_copy(update={"data_dir": tmp_path})
     kept = {"views-a+b", "window-c"}
     for name in ("views-a+b", "window-c", "window-a", "views-a+b+d", "warehouse", "cache"):
-        (checkpoint_dir(settings, name) / "commits").mkdir(parents=True)
-        checkpoint_dir(settings, name).with_name(f"{name}.definition").write_text("d")
-    late = checkpoint_dir(settings, "window-a.progress.json")
+        (Path(checkpoint(settings, name).path) / "commits").mkdir(parents=True)
+        Path(checkpoint(settings, name).path).with_name(f"{name}.definition").write_text("d")
+    late = Path(checkpoint(settings, "window-a.progress.json").path)
     late.write_text("{}")
     forget_other_view_queries(settings, kept)
-    left = sorted(p.name for p in checkpoint_dir(settings, "x").parent.iterdir())
+    left = sorted(p.name for p in Path(checkpoint(settings, "x").path).parent.iterdir())
     assert left == [
         "cache",
         "cache.definition",
