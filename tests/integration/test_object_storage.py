@@ -59,7 +59,7 @@ def _one_line_error(result: Any, secret: str) -> str:
 # 6 to 7 minutes on two cores, and Spark's S3 connector (`make install-s3`): in test-long
 @pytest.mark.long
 def test_snapshot_and_changes_reach_a_warehouse_on_s3_and_delta_rs_reads_them(
-    captured: Capture,
+    captured: Capture, tmp_path: Path
 ) -> None:
     with s3_server() as s3:
         s3.make_bucket("lake")
@@ -90,10 +90,12 @@ def test_snapshot_and_changes_reach_a_warehouse_on_s3_and_delta_rs_reads_them(
                 if held == expected:
                     break
                 time.sleep(2)
-            assert apply.poll() is None, f"cdc apply exited {apply.returncode}"
+            said = log.read_text()[-3000:] if log.exists() else ""
+            assert apply.poll() is None, f"cdc apply exited {apply.returncode}: {said}"
             return held
 
-        with apply_process(env, ["warehouse"]) as apply:
+        log = tmp_path / "apply.log"
+        with apply_process(env, ["warehouse"], log=log) as apply:
             # the snapshot's rows first
             held = reached(_source(t.dsn, t.table), apply)
             assert held == _source(t.dsn, t.table), "the snapshot did not reach the bucket"

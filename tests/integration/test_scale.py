@@ -182,10 +182,10 @@ def test_a_catch_up_of_300k_changes_takes_no_rows_through_the_driver(
 def test_on_object_storage_snapshot_apply_verify_and_repair(
     captured: Capture, cluster: SparkCluster, tmp_path: Path
 ) -> None:
-    """The warehouse in a bucket of S3Proxy, written by the executors; another writer
-    (delta-rs) deletes and changes rows of `current`; `cdc verify` names them, `cdc
-    verify --repair` mends them through the running apply job; delta-rs reads every row
-    as PostgreSQL holds it."""
+    """The warehouse and the checkpoints in a bucket of S3Proxy, written by the
+    executors; another writer (delta-rs) deletes and changes rows of `current`; `cdc
+    verify` names them, `cdc verify --repair` mends them through the running apply job;
+    delta-rs reads every row as PostgreSQL holds it."""
     from deltalake import DeltaTable
 
     with s3_server() as s3:
@@ -199,7 +199,14 @@ def test_on_object_storage_snapshot_apply_verify_and_repair(
         prefix = t.settings.pipeline.topic_prefix
         schema, name = t.table.split(".", 1)
         current = f"s3://lake/cdc/{prefix}/{schema}/{name}/current"
-        env = {**t.env, **cluster.conf(), **s3.warehouse_env("lake")}
+        # the streaming queries' checkpoints in the bucket too, as on a cluster whose
+        # workers share no folder
+        env = {
+            **t.env,
+            **cluster.conf(),
+            **s3.warehouse_env("lake"),
+            "CDC_APPLY__CHECKPOINTS": "s3://lake/checkpoints",
+        }
         # delta-rs writes here as another writer would: no lock of S3's
         options = {**s3.delta_rs_options(), "AWS_S3_ALLOW_UNSAFE_RENAME": "true"}
         config = json.loads(run_cdc("config", "--output", "json", env=env).stdout)
@@ -210,6 +217,8 @@ def test_on_object_storage_snapshot_apply_verify_and_repair(
             conn.execute(f"DELETE FROM {t.table} WHERE id % 13 = 0")
         _ok(run_cdc("apply", "--once", env=env, timeout=900))
         assert _delta_rs(current, options) == _source(t.dsn, t.table)
+        commits = s3.folder / "lake" / "checkpoints" / t.settings.pipeline.name / "warehouse"
+        assert any(p.name.isdigit() for p in (commits / "commits").iterdir())
         # another writer: 5 rows gone, 3 changed
         lake = DeltaTable(current, storage_options=options)
         lake.delete("id IN (1, 2, 4, 5, 7)")
