@@ -9,14 +9,18 @@ No stack needed (Spark in this process, Delta tables in a temporary folder). For
 --keys: the table's `current` and `history` are made by the warehouse (`prepare`), then
 filled as a snapshot through the pipeline leaves them (files of
 `stores.warehouse.max_offsets_per_trigger` rows, in key order, one commit each, written
-with delta-rs); then --batches micro-batches of --batch updates go through the
-warehouse's own writer (`write_frame`), timed as it logs them (history, current) and
-whole. Their keys are drawn uniformly (the worst case for a copy-on-write table: each
-batch meets nearly every file) or, with --shape recent, from the newest 1%. With
---spark-dv the same batches are also MERGEd by delta-spark into a copy of `current`
-with deletion vectors on (what Spark would write instead of rewriting files; delta-rs
-cannot write or read those tables). Prints and appends the figures to
-bench/results/current_size.jsonl, with the ratio of each size's median to the first's.
+with delta-rs); then --batches micro-batches go through the warehouse's own writer
+(`write_frame`, as the apply job writes a batch of changes shaped on the driver) after
+one not timed, each timed as the warehouse logs it (history, current) and whole. A
+batch of --batch changes updates keys drawn uniformly (the worst case for a
+copy-on-write table: each batch meets nearly every file) or, with --shape recent, from
+the newest 1%; or inserts new keys (--shape inserts: above every key held, as a serial
+key's; scattered-inserts: between them, as a UUID's), which the warehouse appends once
+it knows the table holds none of them. With --spark-dv the same batches are also
+MERGEd by delta-spark into a copy of `current` with deletion vectors on (what Spark
+would write instead of rewriting files; delta-rs cannot write or read those tables).
+Prints and appends the figures to bench/results/current_size.jsonl, with the ratio of
+each size's median to the first's.
 """
 
 from __future__ import annotations
@@ -67,7 +71,8 @@ def _fill(path: str, keys: int, rows_per_file: int, op: str | None) -> None:
 
     schema = pa.schema(DeltaTable(path).schema().to_arrow())
     for start in range(0, keys, rows_per_file):
-        ids = np.arange(start, min(keys, start + rows_per_file))
+        offsets = np.arange(start, min(keys, start + rows_per_file))  # the snapshot's
+        ids = 2 * offsets  # even: the odd ones are new keys
         n = len(ids)
         known = {
             "id": pa.array(ids, pa.int32()),
@@ -75,7 +80,7 @@ def _fill(path: str, keys: int, rows_per_file: int, op: str | None) -> None:
             "filler": pa.array(["x" * 80] * n),
             "_cdc_commit_lsn": pa.array(np.full(n, FIRST_POSITION), pa.int64()),
             "_cdc_lsn": pa.array(np.full(n, FIRST_POSITION), pa.int64()),
-            "_cdc_offset": pa.array(ids, pa.int64()),
+            "_cdc_offset": pa.array(offsets, pa.int64()),
             "_cdc_partition": pa.array(np.zeros(n, dtype=np.int32), pa.int32()),
             "_cdc_op": pa.array([op] * n, pa.string()),
         }
@@ -88,7 +93,9 @@ def _fill(path: str, keys: int, rows_per_file: int, op: str | None) -> None:
         write_deltalake(path, pa.Table.from_arrays(columns, schema=schema), mode="append")
 
 
-def _events(keys: list[int], position: list[int], offset: list[int]) -> list[dict[str, Any]]:
+def _events(
+    keys: list[int], position: list[int], offset: list[int], op: str = "u"
+) -> list[dict[str, Any]]:
     rows = []
     for key in keys:
         position[0] += 10
@@ -100,7 +107,7 @@ def _events(keys: list[int], position: list[int], offset: list[int]) -> list[dic
                 "partition": 0,
                 "offset": offset[0],
                 "key": json.dumps({"id": key}),
-                "op": "u",
+                "op": op,
                 "after": json.dumps(
                     {"id": key, "balance": random.randrange(10**6), "filler": "y" * 80}
                 ),
@@ -113,6 +120,27 @@ def _events(keys: list[int], position: list[int], offset: list[int]) -> list[dic
             }
         )
     return rows
+
+
+def _batches(shape: str, keys: int, size: int, count: int) -> tuple[list[list[int]], str]:
+    """`count` batches of `size` keys of a table holding the even keys below 2 × `keys`,
+    and their events' op."""
+    if shape in ("uniform", "recent"):
+        drawn = range(keys) if shape == "uniform" else range(keys - keys // 100, keys)
+        return [sorted(2 * k for k in random.sample(drawn, size)) for _ in range(count)], "u"
+    if shape == "inserts":
+        return [[2 * keys + 1 + 2 * (b * size + j) for j in range(size)] for b in range(count)], "c"
+    new = random.sample(range(keys), size * count)
+    return [sorted(2 * k + 1 for k in new[b * size : (b + 1) * size]) for b in range(count)], "c"
+
+
+def _write(store: WarehouseStore, frame: Any, rows: list[dict[str, Any]]) -> None:
+    """The batch written as the apply job writes a small batch of changes without a TOAST
+    placeholder: decoded and shaped on the driver, committed by delta-rs (the route
+    `spark-decoded`; `arrow` differs only in who decodes)."""
+    size = sum(len(str(r["after"])) for r in rows)
+    tables = {TABLE.qualified: TABLE}
+    store.write_frame(tables, frame, {TABLE.qualified}, set(), {TABLE.qualified: size})
 
 
 def _spark_dv(spark: Any, source: str, batches: list[list[int]]) -> list[float]:
@@ -150,10 +178,11 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=4)
     parser.add_argument(
         "--shape",
-        choices=["uniform", "recent"],
+        choices=["uniform", "recent", "inserts", "scattered-inserts"],
         default="uniform",
-        help="which keys a batch updates: any, drawn uniformly (pgbench's shape), or the "
-        "newest 1%% (an order's status moving on)",
+        help="what a batch holds: updates of keys drawn uniformly (pgbench's shape) or from "
+        "the newest 1%% (an order's status moving on); or new keys, above every key the "
+        "table holds (a serial key) or between them (a UUID's)",
     )
     parser.add_argument("--spark-dv", action="store_true", help="also delta-spark with DVs")
     parser.add_argument("--label", default="", help="recorded with the figures (e.g. the commit)")
@@ -178,15 +207,18 @@ def main() -> None:
                 _fill(history_path(root, TABLE.qualified), keys, rows_per_file, "r")
                 filled_s = round(time.monotonic() - started, 1)
                 position, offset = [10**9], [keys]
-                tables = {TABLE.qualified: TABLE}
-                drawn = range(keys) if args.shape == "uniform" else range(keys - keys // 100, keys)
-                batches = [sorted(random.sample(drawn, args.batch)) for _ in range(args.batches)]
+                batches, op = _batches(args.shape, keys, args.batch, args.batches + 1)
+                warm, batches = batches[0], batches[1:]
+                # one batch first, not timed: Spark plans and compiles what the rest reuse
+                rows = _events(warm, position, offset, op)
+                _write(store, spark.createDataFrame(rows, EVENTS), rows)
                 times.seen.clear()
                 walls = []
                 for picked in batches:
-                    frame = spark.createDataFrame(_events(picked, position, offset), EVENTS)
+                    rows = _events(picked, position, offset, op)
+                    frame = spark.createDataFrame(rows, EVENTS)
                     started = time.monotonic()
-                    store.write_frame(tables, frame, {TABLE.qualified})
+                    _write(store, frame, rows)
                     walls.append(round(time.monotonic() - started, 2))
                 from deltalake import DeltaTable
 

@@ -33,7 +33,9 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["NativeWriter", "datafusion_quoted", "null_safe_match"]
+from cdc.core.catalog import Table
+
+__all__ = ["NativeWriter", "datafusion_quoted", "key_match", "null_safe_match"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,21 @@ def null_safe_match(pairs: list[tuple[str, str]]) -> str:
         f"(t.{datafusion_quoted(a)} IS NOT DISTINCT FROM s.{datafusion_quoted(b)})"
         for a, b in pairs
     )
+
+
+def key_match(table: Table) -> str:
+    """The condition a MERGE into a table's current state matches a row of the batch by
+    (`t.<key>` against `s._cdc_k_<key>`, null_safe_match's form): a key column PostgreSQL
+    holds NOT NULL (every primary key's) compared with `=`, which delta-rs turns into a
+    range of the batch's keys that prunes the files it reads; a nullable one (keyed by
+    pipeline.key_columns) NULL to NULL, which reads every file. The two agree where the
+    table's column holds no NULL."""
+    pairs = []
+    for name in table.key:
+        target, source = f"t.{datafusion_quoted(name)}", f"s.{datafusion_quoted('_cdc_k_' + name)}"
+        same = "=" if table.column(name).not_null else "IS NOT DISTINCT FROM"
+        pairs.append(f"({target} {same} {source})")
+    return " AND ".join(pairs)
 
 
 def _local(path: str) -> str | None:

@@ -14,7 +14,7 @@ from cdc.core.errors import QueryError
 from cdc.stores.base import Entry, RowForm, Rows, StoreReader, row_digest
 from cdc.stores.warehouse.conflicts import retried
 from cdc.stores.warehouse.history import TRUNCATE_OP, derived_history, history_key
-from cdc.stores.warehouse.native import NativeWriter, null_safe_match
+from cdc.stores.warehouse.native import NativeWriter, key_match
 from cdc.stores.warehouse.tables import current_path, history_path, view_path
 from cdc.types.decode import decode_value
 from cdc.types.keys import key_text
@@ -169,7 +169,7 @@ class WarehouseReader(StoreReader):
             # Spark's DELETE takes seconds and loses every commit conflict to a table
             # written as often as the apply writes it
             source = live.where(condition).select(*[_as_source_key(k) for k in table.key])
-            on = null_safe_match([(k, f"_cdc_k_{k}") for k in table.key])
+            on = key_match(table)
             if not self.native.merge(path, source, on, [("delete", None, None)]):
                 retried(what, functools.partial(target.delete, condition))
 

@@ -57,7 +57,7 @@ from cdc.stores.warehouse.merge import POSITION, current_clauses, current_values
 from cdc.stores.warehouse.native import (
     NativeWriter,
     datafusion_quoted,
-    null_safe_match,
+    key_match,
 )
 from cdc.stores.warehouse.readback import WarehouseReader
 from cdc.stores.warehouse.routes import WarehouseBatches
@@ -495,7 +495,7 @@ class WarehouseStore(WarehouseReader, FrameStore):
             self._append(target, path, rows, native)
             return
         native_clauses = current_clauses(table, placeholders, datafusion_quoted)
-        on = null_safe_match([(k, f"_cdc_k_{k}") for k in table.key])
+        on = key_match(table)
         if native is not None and native.merge(path, source, on, native_clauses):
             return
         self._merge_spark(table, target, source, frozenset(placeholders))
@@ -583,7 +583,7 @@ class WarehouseStore(WarehouseReader, FrameStore):
     def _merge_arrow(self, table: Table, target: Any, path: str, source: Any) -> None:
         """The current state's MERGE of `source` (Arrow, arrow_batch.merge_source): by
         delta-rs, else by Spark."""
-        on = null_safe_match([(k, f"_cdc_k_{k}") for k in table.key])
+        on = key_match(table)
         if not self.native.merge(
             path, source, on, current_clauses(table, set(), datafusion_quoted)
         ):

@@ -12,7 +12,7 @@ from deltalake import DeltaTable, write_deltalake
 from cdc.core.catalog import Column, Table
 from cdc.stores.warehouse import arrow_batch
 from cdc.stores.warehouse.merge import current_clauses
-from cdc.stores.warehouse.native import NativeWriter, datafusion_quoted, null_safe_match
+from cdc.stores.warehouse.native import NativeWriter, datafusion_quoted, key_match, null_safe_match
 
 # the demo's order_items: a key of two columns
 ITEMS = Table(
@@ -207,3 +207,66 @@ def test_a_failed_write_with_no_other_writer_is_handed_to_spark(tmp_path: Path) 
     assert not writer.merge(path, wrong, on, current_clauses(ITEMS, set(), datafusion_quoted))
     assert path in writer.refused
     assert DeltaTable(path).version() == 0
+
+
+def _ranges(path: Path, ids: list[int | None]) -> None:
+    """A current state of four files, each a range of keys (as a snapshot leaves it)."""
+    for part in range(4):
+        chunk = ids[part * len(ids) // 4 : (part + 1) * len(ids) // 4]
+        write_deltalake(
+            str(path),
+            pa.table({"id": pa.array(chunk, pa.int64()), "n": pa.array([0] * len(chunk))}),
+            mode="append",
+        )
+
+
+def _keyed(not_null: bool) -> Table:
+    return Table(
+        "public",
+        "accounts",
+        (
+            Column("id", "bigint", "int8", "N", False, None, not_null),
+            Column("n", "bigint", "int8", "N", False, None, False),
+        ),
+        ("id",),
+        "f" if not not_null else "d",
+        0,
+        0,
+    )
+
+
+def test_a_key_held_not_null_prunes_the_files_a_merge_reads(tmp_path: Path) -> None:
+    """A primary key is NOT NULL: the current state's MERGE compares it with `=`, which
+    delta-rs turns into the batch's key range, so a batch of recent keys reads the one
+    file that holds them, not the whole table (1.5 s against 0.16 s a batch at 10M rows)."""
+    _ranges(tmp_path, list(range(400)))
+    on = key_match(_keyed(not_null=True))
+    assert on == '(t."id" = s."_cdc_k_id")'
+    source = pa.table({"_cdc_k_id": pa.array([390, 391], pa.int64()), "n": pa.array([1, 2])})
+    done = (
+        DeltaTable(str(tmp_path))
+        .merge(source, on, source_alias="s", target_alias="t", streamed_exec=False)
+        .when_matched_update({"n": "s.n"})
+        .execute()
+    )
+    assert done["num_target_files_scanned"] == 1, done
+    assert done["num_target_rows_updated"] == 2, done
+
+
+def test_a_nullable_key_still_matches_null_to_null(tmp_path: Path) -> None:
+    """A table keyed by pipeline.key_columns may hold a NULL key: it is matched NULL to
+    NULL (and every file is read), so its row is updated, not inserted again."""
+    _ranges(tmp_path, [None, *range(1, 8)])
+    on = key_match(_keyed(not_null=False))
+    assert on == '(t."id" IS NOT DISTINCT FROM s."_cdc_k_id")'
+    source = pa.table({"_cdc_k_id": pa.array([None], pa.int64()), "n": pa.array([5])})
+    done = (
+        DeltaTable(str(tmp_path))
+        .merge(source, on, source_alias="s", target_alias="t", streamed_exec=False)
+        .when_matched_update({"n": "s.n"})
+        .when_not_matched_insert({"id": "s._cdc_k_id", "n": "s.n"})
+        .execute()
+    )
+    assert done["num_target_rows_updated"] == 1 and done["num_target_rows_inserted"] == 0
+    rows = DeltaTable(str(tmp_path)).to_pyarrow_table().to_pylist()
+    assert [r["n"] for r in rows if r["id"] is None] == [5]
