@@ -395,7 +395,10 @@ def table() -> str:
             rows += streaming_rows(fewer)
     if floor := latest("floor"):
         rows += floor_rows(floor, every)
-    if batch := latest("batch_cost", lambda r: r.get("stores") == ["cache", "search"]):
+    # (a run with its idle phase: a record kept without it has only its loaded figures)
+    if batch := latest(
+        "batch_cost", lambda r: r.get("stores") == ["cache", "search"] and "idle" in r["runs"]
+    ):
         rows.append(idle_row(batch))
     published = latest("batch_cost", lambda r: bool(r.get("iceberg")))
     alone = latest(

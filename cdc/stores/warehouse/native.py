@@ -231,7 +231,15 @@ class NativeWriter:
             dataset = table.to_pyarrow_dataset()
             first = dataset.schema.field(key[0])
             values = pc.cast(pa.array([k[0] for k in wanted]), first.type)
-            # the files whose statistics may hold a wanted key's first column
+            # only the files whose statistics may hold a wanted key's first column
+            kept = _files_in_range(table, first, values)
+            if kept is not None:
+                fragments = [f for f in dataset.get_fragments() if _relative(f.path) in kept]
+                if not fragments:
+                    return False
+                dataset = ds.FileSystemDataset(
+                    fragments, dataset.schema, dataset.format, dataset.filesystem
+                )
             found = dataset.to_table(columns=key, filter=ds.field(key[0]).isin(values))
         except Exception as exc:  # a type delta-rs or Arrow cannot filter on: MERGE
             log.info("warehouse: delta-rs cannot look up the keys of %s: %s", path, exc)
@@ -304,6 +312,43 @@ def _next_number() -> int:
     with _numbering:
         _last_number = max(_last_number + 1, time.time_ns())
         return _last_number
+
+
+def _relative(path: str) -> str:
+    """A data file's name in its table's folder (a fragment's path ends with it)."""
+    return path.rsplit("/", 1)[-1]
+
+
+def _files_in_range(table: Any, field: Any, values: Any) -> set[str] | None:
+    """The data files of `table` (delta-rs's handle) whose statistics of the column
+    `field` hold a value between some of `values`' (its names, as _relative gives
+    them), or None: they cannot tell (not a number or a date, whose statistics Delta
+    keeps whole; a NULL wanted). A file without statistics of the column is kept. With
+    keys above every key the table holds (a serial key's inserts) no file is read."""
+    import bisect
+    from urllib.parse import unquote
+
+    import pyarrow as pa
+
+    kind = field.type
+    if not (pa.types.is_integer(kind) or pa.types.is_date(kind)) or values.null_count:
+        return None
+    actions = pa.table(table.get_add_actions(flatten=True))
+    low, high = f"min.{field.name}", f"max.{field.name}"
+    if low not in actions.column_names or high not in actions.column_names:
+        return None
+    wanted = sorted(values.to_pylist())
+    kept = set()
+    for path, first, last in zip(
+        actions.column("path").to_pylist(),
+        actions.column(low).to_pylist(),
+        actions.column(high).to_pylist(),
+        strict=True,
+    ):
+        at = bisect.bisect_left(wanted, first) if first is not None else 0
+        if first is None or last is None or (at < len(wanted) and wanted[at] <= last):
+            kept.add(_relative(unquote(path)))
+    return kept
 
 
 def _is_arrow(rows: Any) -> bool:

@@ -270,3 +270,37 @@ def test_a_nullable_key_still_matches_null_to_null(tmp_path: Path) -> None:
     assert done["num_target_rows_updated"] == 1 and done["num_target_rows_inserted"] == 0
     rows = DeltaTable(str(tmp_path)).to_pyarrow_table().to_pylist()
     assert [r["n"] for r in rows if r["id"] is None] == [5]
+
+
+def test_the_key_probe_reads_only_the_files_whose_statistics_may_hold_a_key(
+    tmp_path: Path,
+) -> None:
+    """Before a plain append the warehouse asks whether `current` holds any of the
+    batch's keys: the files' statistics (Delta's min and max of the key) leave out the
+    files that cannot, so keys above every key held (a serial key's inserts) read no
+    file, whatever the table's size."""
+    from cdc.stores.warehouse.native import _files_in_range
+
+    _ranges(tmp_path, [2 * i for i in range(400)])  # even keys: 0-198, ..., 600-798
+    table = DeltaTable(str(tmp_path))
+    field = pa.field("id", pa.int64())
+    actions = pa.table(table.get_add_actions(flatten=True))
+    by_range = {
+        low: path.rsplit("/", 1)[-1]
+        for path, low in zip(
+            actions.column("path").to_pylist(), actions.column("min.id").to_pylist(), strict=True
+        )
+    }
+    assert sorted(by_range) == [0, 200, 400, 600]
+    assert _files_in_range(table, field, pa.array([801, 900, 10**9], pa.int64())) == set()
+    assert _files_in_range(table, field, pa.array([401, 403], pa.int64())) == {by_range[400]}
+    both_ends = _files_in_range(table, field, pa.array([1, 797, 799], pa.int64()))
+    assert both_ends == {by_range[0], by_range[600]}
+    assert _files_in_range(table, field, pa.array([1, None], pa.int64())) is None
+    assert _files_in_range(table, pa.field("id", pa.string()), pa.array(["1"])) is None
+    writer, at = NativeWriter(), str(tmp_path)
+    assert not writer.holds(at, ["id"], {(801,), (900,)})  # no file read
+    assert not writer.holds(at, ["id"], {(401,), (403,)})  # in a file's range, not held
+    assert writer.holds(at, ["id"], {(401,), (404,)})
+    assert writer.holds(at, ["id"], {(0,)})
+    assert writer.holds(at, ["id"], {(798,)})
