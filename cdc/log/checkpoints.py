@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 from cdc.core.settings import Settings
 from cdc.core.state_folders import checkpoint_store
 
-__all__ = ["Checkpoint", "checkpoint", "checkpoints_of_pipeline", "local_checkpoint"]
+__all__ = ["Checkpoint", "checkpoint", "checkpoints_of_pipeline"]
 
 
 @dataclass(frozen=True)
@@ -99,12 +99,6 @@ def _at(settings: Settings, location: str) -> Checkpoint:
 def checkpoint(settings: Settings, label: str) -> Checkpoint:
     """The checkpoint of the pipeline's query `label` (a store's name, a view query's)."""
     return _at(settings, f"{_root(settings)}/{label}")
-
-
-def local_checkpoint(settings: Settings, label: str) -> Path | None:
-    """The checkpoint of `label` as a folder of this machine, or None: it is in a bucket."""
-    found = checkpoint(settings, label)
-    return None if checkpoint_store(settings) is not None else Path(found.path)
 
 
 def checkpoints_of_pipeline(settings: Settings) -> list[Checkpoint]:
