@@ -521,9 +521,11 @@ def test_a_view_batch_appended_again_is_written_once(
     nothing; a query started afresh (another checkpoint, batch ids from 0) writes again.
     Either writer keeps Delta's transaction ids, so a batch Spark wrote is not written
     again by delta-rs (the writer changed between two runs of the job), nor the reverse."""
+    from pyarrow.fs import LocalFileSystem
     from pyspark.sql import types as T
 
     from cdc.core.spark import spark_session
+    from cdc.log.checkpoints import Checkpoint
     from cdc.stores.warehouse.native import NativeWriter
     from cdc.stores.warehouse.views.streams import appended_to
     from tests.stores import delta_rs_read
@@ -534,8 +536,9 @@ def test_a_view_batch_appended_again_is_written_once(
     checkpoint = tmp_path / "checkpoint"
     checkpoint.mkdir()
     (checkpoint / "metadata").write_text(json.dumps({"id": "query-1"}))
-    write = appended_to(spark, path, fields, str(checkpoint), NativeWriter(writer == "delta-rs"))
-    other = appended_to(spark, path, fields, str(checkpoint), NativeWriter(writer != "delta-rs"))
+    query = Checkpoint(str(checkpoint), LocalFileSystem(), str(checkpoint))
+    write = appended_to(spark, path, fields, query, NativeWriter(writer == "delta-rs"))
+    other = appended_to(spark, path, fields, query, NativeWriter(writer != "delta-rs"))
     first = spark.createDataFrame([(1, 10), (2, 20)], "rows long, window_end long")
     write(first, 0)
     write(first, 0)  # the batch run again after a crash before Spark recorded it
