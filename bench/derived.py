@@ -48,7 +48,7 @@ from cdc.cli.workload import Workload
 from cdc.core.settings import Settings, load_settings
 from cdc.core.spark import views_session
 from cdc.core.topics import change_topic, end_offsets
-from cdc.log.progress import checkpoint_dir, last_committed_batch
+from cdc.log.checkpoints import checkpoint as query_checkpoint
 from cdc.stores.warehouse.tables import view_path, warehouse_root
 from cdc.stores.warehouse.views.registry import queries_of, views_of
 
@@ -58,8 +58,10 @@ def _bytes(path: Path) -> int:
 
 
 def query_batches(checkpoint: Path) -> list[tuple[int, dict[str, int]]]:
-    """(finished at ms, offsets read per "topic:partition") of each committed batch."""
-    last = last_committed_batch(checkpoint)
+    """(finished at ms, offsets read per "topic:partition") of each committed batch (the
+    benchmark's checkpoints are local: data_dir's)."""
+    found = [int(p.name) for p in (checkpoint / "commits").glob("*") if p.name.isdigit()]
+    last = max(found, default=None)
     out = []
     for batch in range(last + 1 if last is not None else 0):
         done = checkpoint / "commits" / str(batch)
@@ -85,7 +87,7 @@ def _wait_caught_up(settings: Settings, names: list[str], timeout: float) -> Non
         warehouse = pipeline_status(settings).stores.get("warehouse", {})
         done = warehouse.get("backlog_events") == 0
         for name in names:
-            batches = query_batches(checkpoint_dir(settings, name))
+            batches = query_batches(Path(query_checkpoint(settings, name).path))
             read = batches[-1][1] if batches else {}
             done = (
                 done
@@ -150,7 +152,7 @@ def run(settings: Settings, rate: float, seconds: int, phases: WarehousePhases) 
             if view.name in queries:
                 # a query's state and costs, shared by the views it keeps
                 kept = queries[view.name]
-                checkpoint = checkpoint_dir(settings, kept.label)
+                checkpoint = Path(query_checkpoint(settings, kept.label).path)
                 entry["query"] = kept.label
                 latencies = store_latencies(events, query_batches(checkpoint))
                 entry["latency"] = percentiles([float(ms) for _, ms in latencies])
