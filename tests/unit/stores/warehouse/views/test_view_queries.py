@@ -65,6 +65,7 @@ def test_the_checkpoints_of_queries_the_views_left_are_removed(tmp_path: Path) -
     kept = {"views-a+b", "window-c"}
     for name in ("views-a+b", "window-c", "window-a", "views-a+b+d", "warehouse", "cache"):
         (Path(checkpoint(settings, name).path) / "commits").mkdir(parents=True)
+        (Path(checkpoint(settings, name).path) / "metadata").write_text('{"id": "q"}')
         Path(checkpoint(settings, name).path).with_name(f"{name}.definition").write_text("d")
     late = Path(checkpoint(settings, "window-a.progress.json").path)
     late.write_text("{}")
