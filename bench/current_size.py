@@ -41,7 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import record
-from bench.history_write import EVENTS, TABLE
+from bench.history_write import EVENTS, TABLE, change_events
 from cdc.core.settings import load_settings
 from cdc.core.spark import spark_session
 from cdc.stores.warehouse.store import WarehouseStore
@@ -91,35 +91,6 @@ def _fill(path: str, keys: int, rows_per_file: int, op: str | None) -> None:
             for f in schema
         ]
         write_deltalake(path, pa.Table.from_arrays(columns, schema=schema), mode="append")
-
-
-def _events(
-    keys: list[int], position: list[int], offset: list[int], op: str = "u"
-) -> list[dict[str, Any]]:
-    rows = []
-    for key in keys:
-        position[0] += 10
-        offset[0] += 1
-        rows.append(
-            {
-                "table": TABLE.qualified,
-                "topic": "bench.public.accounts",
-                "partition": 0,
-                "offset": offset[0],
-                "key": json.dumps({"id": key}),
-                "op": op,
-                "after": json.dumps(
-                    {"id": key, "balance": random.randrange(10**6), "filler": "y" * 80}
-                ),
-                "commit_ms": 1_700_000_000_000 + position[0],
-                "commit_lsn": position[0],
-                "lsn": position[0] + 1,
-                "error": None,
-                "value": "{}",
-                "cut_ms": None,
-            }
-        )
-    return rows
 
 
 def _batches(shape: str, keys: int, size: int, count: int) -> tuple[list[list[int]], str]:
@@ -210,12 +181,12 @@ def main() -> None:
                 batches, op = _batches(args.shape, keys, args.batch, args.batches + 1)
                 warm, batches = batches[0], batches[1:]
                 # one batch first, not timed: Spark plans and compiles what the rest reuse
-                rows = _events(warm, position, offset, op)
+                rows = change_events(warm, position, offset, op, "y")
                 _write(store, spark.createDataFrame(rows, EVENTS), rows)
                 times.seen.clear()
                 walls = []
                 for picked in batches:
-                    rows = _events(picked, position, offset, op)
+                    rows = change_events(picked, position, offset, op, "y")
                     frame = spark.createDataFrame(rows, EVENTS)
                     started = time.monotonic()
                     _write(store, frame, rows)

@@ -65,6 +65,37 @@ class _Times(logging.Handler):
             self.seen.append((float(found[1]), float(found[2])))
 
 
+def change_events(
+    keys: list[int], position: list[int], offset: list[int], op: str, filler: str = "x"
+) -> list[dict[str, object]]:
+    """Change events of TABLE's `keys` as the batch writer sees them (EVENTS), each at
+    the next position and offset (`position`, `offset`: counters carried over calls)."""
+    rows: list[dict[str, object]] = []
+    for key in keys:
+        position[0] += 10
+        offset[0] += 1
+        rows.append(
+            {
+                "table": TABLE.qualified,
+                "topic": "bench.public.accounts",
+                "partition": 0,
+                "offset": offset[0],
+                "key": json.dumps({"id": key}),
+                "op": op,
+                "after": json.dumps(
+                    {"id": key, "balance": random.randrange(10**6), "filler": filler * 80}
+                ),
+                "commit_ms": 1_700_000_000_000 + position[0],
+                "commit_lsn": position[0],
+                "lsn": position[0] + 1,
+                "error": None,
+                "value": "{}",
+                "cut_ms": None,
+            }
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=100_000)
@@ -86,47 +117,21 @@ def main() -> None:
     position = [1000]
     offset = [0]
 
-    def events(keys: list[int], op: str) -> list[dict[str, object]]:
-        rows = []
-        for key in keys:
-            position[0] += 10
-            offset[0] += 1
-            rows.append(
-                {
-                    "table": TABLE.qualified,
-                    "topic": "bench.public.accounts",
-                    "partition": 0,
-                    "offset": offset[0],
-                    "key": json.dumps({"id": key}),
-                    "op": op,
-                    "after": json.dumps(
-                        {"id": key, "balance": random.randrange(10**6), "filler": "x" * 80}
-                    ),
-                    "commit_ms": 1_700_000_000_000 + position[0],
-                    "commit_lsn": position[0],
-                    "lsn": position[0] + 1,
-                    "error": None,
-                    "value": "{}",
-                    "cut_ms": None,
-                }
-            )
-        return rows
-
     def write(rows: list[dict[str, object]]) -> None:
         frame = spark.createDataFrame(rows, EVENTS)
         store.write_frame(tables, frame, {TABLE.qualified})
 
     try:
         every = list(range(args.keys))
-        write(events(every, "r"))
+        write(change_events(every, position, offset, "r"))
         first = times.seen[0]  # the snapshot into empty tables
         for _ in range(args.versions - 1):
-            write(events(every, "u"))
+            write(change_events(every, position, offset, "u"))
         times.seen.clear()
         walls = []
         for _ in range(args.batches):
             started = time.monotonic()
-            write(events(random.sample(every, args.batch), "u"))
+            write(change_events(random.sample(every, args.batch), position, offset, "u"))
             walls.append(round(time.monotonic() - started, 2))
         history = [h for h, _ in times.seen]
         current = [c for _, c in times.seen]
