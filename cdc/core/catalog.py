@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -113,7 +114,12 @@ class Table:
         return tuple(c for c in self.columns if c.generated is not None)
 
     def column(self, name: str) -> Column:
-        return next(c for c in self.columns if c.name == name)
+        return self._columns[name]
+
+    @functools.cached_property
+    def _columns(self) -> dict[str, Column]:
+        """The columns by name (made once: verify asks for a key's column every row)."""
+        return {c.name: c for c in self.columns}
 
     def mask(self, name: str) -> tuple[str, str | None] | None:
         """How column `name` leaves PostgreSQL masked: (mode, redacted text), or None."""

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+import orjson
 
 from cdc.core.catalog import Column, Table
 from cdc.core.settings import Settings
@@ -60,9 +63,37 @@ RowForm = Callable[[Table, dict[str, Any]], dict[str, Any]]
 
 def row_digest(form: dict[str, Any]) -> bytes:
     """The content hash verify compares a row by: its comparison form (a source row
-    brought to a store's form, or the store's row) as sorted JSON, SHA-1."""
-    text = json.dumps(form, sort_keys=True, default=str, ensure_ascii=False)
-    return hashlib.sha1(text.encode()).digest()
+    brought to a store's form, or the store's row) as sorted JSON, SHA-1.
+
+    The JSON is orjson's (a tenth of the json module's time: this runs for every row of
+    every side), with json's meaning: what it has no type for is its str(), as for json's
+    `default=str`. Where orjson's text would say less than json's, json's is hashed
+    instead: NaN and infinities (orjson writes null), integers past 64 bits and lone
+    surrogates (orjson refuses them). The two texts never meet: json's separators have
+    spaces, orjson's none."""
+    try:
+        text = orjson.dumps(form, default=str, option=_DIGEST_OPTIONS)
+    except (TypeError, orjson.JSONEncodeError):
+        text = None
+    if text is None or (b"null" in text and _unfinite(form)):
+        json_text = json.dumps(form, sort_keys=True, default=str, ensure_ascii=False)
+        text = json_text.encode("utf-8", "surrogatepass")
+    return hashlib.sha1(text).digest()
+
+
+# datetimes to str() as json's default=str does (orjson writes its own ISO 8601)
+_DIGEST_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATETIME
+
+
+def _unfinite(value: Any) -> bool:
+    """Whether `value` holds a NaN or an infinity (which orjson writes as null)."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_unfinite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_unfinite(v) for v in value)
+    return False
 
 
 @dataclass

@@ -11,6 +11,8 @@ from datetime import UTC, date, datetime
 from datetime import time as clock
 from typing import Any
 
+import orjson
+
 from cdc.core.catalog import Column, Table
 from cdc.core.errors import ValueDecodeError
 from cdc.types.decode import decode_value
@@ -26,6 +28,14 @@ def key_text(table: Table, row: dict[str, Any]) -> str:
     key = {}
     for name in table.key:
         key[name] = _key_value(table.column(name), row[name])
+    if not any(type(v) is float for v in key.values()):
+        # orjson's compact text is json's for strings, integers, booleans and null (and a
+        # tenth of its time); json's is kept for floats (its exponents differ: 1e-07), and
+        # for what orjson refuses (integers past 64 bits, lone surrogates)
+        try:
+            return orjson.dumps(key).decode()
+        except orjson.JSONEncodeError:
+            pass
     return json.dumps(key, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -71,9 +81,18 @@ def store_key_text(table: Table, key: str) -> str:
     pipeline's prefix) stays as it is: no row of the source has it, so verify names it
     as a key only the store holds."""
     try:
-        raw = json.loads(key)
+        raw = _parsed(key)
         if not isinstance(raw, dict):
             return key
         return key_text(table, {c: decode_value(table.column(c), raw.get(c)) for c in table.key})
     except (ValueError, ValueDecodeError, RecursionError):  # not JSON, or not the key's types
         return key
+
+
+def _parsed(text: str) -> Any:
+    """JSON text parsed: by orjson, or by json where orjson refuses it (NaN, integers
+    past 64 bits), raising ValueError where neither reads it."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)

@@ -18,6 +18,7 @@ import logging
 import re
 import time as clock
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis
@@ -206,6 +207,7 @@ class CacheStore(RowStore, StoreReader):
         self.retry_s = retry_s
         self._write_sha: str | None = None
         self.truncate_script = self.client.register_script(_TRUNCATE)
+        self.read_script = self.client.register_script(_READ)
 
     def prepare(self, tables: Iterable[Table]) -> None:
         self.ping()
@@ -328,13 +330,29 @@ class CacheStore(RowStore, StoreReader):
     def _held(self, table: Table, keys: list[bytes]) -> Iterator[tuple[str, dict[str, str]]]:
         """The live rows of `keys` (hashes of `table`): key text and column fields."""
         prefix = len(cache_key(self.prefix, table.qualified, ""))
-        pipe = self.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.hgetall(key)
-        for key, entry in zip(keys, pipe.execute(), strict=True):
-            fields = {k.decode(): v.decode() for k, v in entry.items()}
-            if fields and "_deleted" not in fields:
-                yield store_key_text(table, key.decode()[prefix:]), column_fields(fields)
+        chunks = [keys[at : at + _READ_BATCH] for at in range(0, len(keys), _READ_BATCH)]
+        if not chunks:
+            return
+        # one script reads a chunk's hashes (a pipeline of HGETALLs costs redis-py three
+        # times the time, a reply object per hash), and the next chunk is read while
+        # this one is turned into rows
+        with ThreadPoolExecutor(1, thread_name_prefix="cache-read") as ahead:
+            coming = ahead.submit(self.read_script, keys=chunks[0])
+            for at, chunk in enumerate(chunks):
+                replies = coming.result()
+                if at + 1 < len(chunks):
+                    coming = ahead.submit(self.read_script, keys=chunks[at + 1])
+                for key, flat in zip(chunk, replies, strict=True):
+                    if flat is None:  # not there, or a deleted marker
+                        continue
+                    fields = dict(
+                        zip(
+                            [n.decode() for n in flat[0::2]],
+                            [v.decode() for v in flat[1::2]],
+                            strict=True,
+                        )
+                    )
+                    yield store_key_text(table, key.decode()[prefix:]), fields
 
     def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
         return cache_form(table, row)
@@ -371,6 +389,32 @@ class CacheStore(RowStore, StoreReader):
     def close(self) -> None:
         self.client.close()
 
+
+_READ_BATCH = 1000  # hashes read by one call of _READ
+# The live rows of the hashes KEYS: each one's column fields (column_fields: the
+# metadata left out, a column's name as it is), or false (nil) for a hash that is not
+# there or is a deleted marker.
+_READ = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local flat = redis.call('HGETALL', key)
+  local kept = {}
+  for j = 1, #flat, 2 do
+    local name = flat[j]
+    if name == '_deleted' then kept = false break end
+    if string.sub(name, 1, 2) == '__' then
+      kept[#kept + 1] = string.sub(name, 2)
+      kept[#kept + 1] = flat[j + 1]
+    elseif string.sub(name, 1, 1) ~= '_' then
+      kept[#kept + 1] = name
+      kept[#kept + 1] = flat[j + 1]
+    end
+  end
+  if #flat == 0 then kept = false end
+  out[i] = kept
+end
+return out
+"""
 
 _SCAN_BATCH = 10_000  # hash names per Arrow batch of verify's scan
 

@@ -192,6 +192,17 @@ class NativeWriter:
             return None
         return None if table is None else table.to_pyarrow_dataset()
 
+    def snapshot(self, path: str) -> Any | None:
+        """The latest version of the table at `path` as a pyarrow dataset, for reading
+        it whole; None where delta-rs cannot read it (not made yet, not written here, a
+        feature it lacks: Spark reads it)."""
+        try:
+            table = self._table(path)
+            return None if table is None else table.to_pyarrow_dataset()
+        except Exception as exc:  # a table delta-rs cannot read: Spark reads it
+            log.info("warehouse: delta-rs cannot read %s: %s", path, exc)
+            return None
+
     def files(self, path: str) -> int | None:
         """How many data files the table at `path` has in its latest version; None when
         delta-rs cannot tell (Spark then reads it)."""

@@ -45,6 +45,57 @@ def test_key_text_is_the_change_events_key() -> None:
     assert key_text(TABLE, {"id": 7, "code": 'é"x', "v": None}) == '{"id":7,"code":"é\\"x"}'
 
 
+def test_key_text_is_the_json_modules_text_whatever_the_characters() -> None:
+    """key_text writes with orjson where it can: its text must be the json module's (the
+    form a key had before, in every store's report and repair), character for character."""
+    import json
+
+    key = Table("public", "t", (col("id", "int8"), col("code", "text")), ("id", "code"), "d", 0, 0)
+    texts = ["".join(chr(c) for c in range(at, at + 64)) for at in range(0, 0x10000, 64)]
+    for text in [*texts, "\ud800 lone", "", '"\\/']:
+        for number in (0, -(2**63), 2**63 - 1, 2**70, True, None):
+            row = {"id": number, "code": text}
+            reference = json.dumps(row, separators=(",", ":"), ensure_ascii=False)
+            assert key_text(key, row) == reference
+    reals = Table("public", "t", (col("x", "float8"),), ("x",), "d", 0, 0)
+    for real in (1e-07, 1e16, 0.1, float("nan"), float("inf")):
+        assert key_text(reals, {"x": real}) == json.dumps({"x": real}, separators=(",", ":"))
+
+
+def test_row_digests_tell_apart_what_the_json_text_tells_apart() -> None:
+    """row_digest hashes orjson's text where it says as much as json's: a NaN is not a
+    NULL, an integer past 64 bits and a lone surrogate still hash, and what json's
+    default=str makes one text (a datetime and its str) stays one."""
+    from cdc.stores.base import row_digest
+
+    nan, inf = float("nan"), float("inf")
+    when = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+    same = [
+        ({"a": 1, "b": "x"}, {"b": "x", "a": 1}),
+        ({"a": nan}, {"a": nan}),
+        ({"a": [1, 2]}, {"a": (1, 2)}),
+        ({"a": when}, {"a": str(when)}),
+        ({"a": Decimal("1.50")}, {"a": "1.50"}),
+        ({"a": 2**70}, {"a": 2**70}),
+        ({"a": "\ud800"}, {"a": "\ud800"}),
+    ]
+    for left, right in same:
+        assert row_digest(left) == row_digest(right), (left, right)
+    differ = [
+        ({"a": nan}, {"a": None}),
+        ({"a": [inf]}, {"a": [None]}),
+        ({"a": {"b": -inf}}, {"a": {"b": None}}),
+        ({"a": 1}, {"a": "1"}),
+        ({"a": 1}, {"a": 1.0}),
+        ({"a": True}, {"a": 1}),
+        ({"a": 2**70}, {"a": 2**70 + 1}),
+        ({"a": None}, {}),
+        ({"a": "null"}, {"a": None}),
+    ]
+    for left, right in differ:
+        assert row_digest(left) != row_digest(right), (left, right)
+
+
 def test_a_key_no_change_event_has_is_kept_as_written_not_a_crash() -> None:
     """Someone else's Redis key or document under the pipeline's prefix: verify reads it
     back as a key only the store holds, instead of stopping at it."""
