@@ -38,6 +38,7 @@ __all__ = [
     "Drift",
     "consistent_cut",
     "normalize",
+    "source_digests",
     "source_rows",
     "verify",
     "verify_join",
@@ -160,12 +161,37 @@ def _mark_cut(conn: psycopg.Connection[Any]) -> None:
         conn.execute("SELECT pg_logical_emit_message(false, %s, '')", (CUT_MESSAGE_PREFIX,))
 
 
+def source_digests(
+    settings: Settings, table: Table, forms: dict[str, RowForm]
+) -> dict[str, dict[str, bytes]]:
+    """The table's rows now, read once: for each store of `forms`, each row's content
+    hash in that store's form, by key text (the rows themselves are not kept: a million
+    rows cost their hashes, not the rows)."""
+    digests: dict[str, dict[str, bytes]] = {name: {} for name in forms}
+    with psycopg.connect(settings.postgres.dsn()) as conn:
+        read_as_text(conn)
+        query = sql.SQL("SELECT {} FROM {}").format(selected_columns(table), table.source())
+        for values in read_rows(conn, table, query):
+            key = key_text(table, values)
+            for name, form in forms.items():
+                digests[name][key] = row_digest(form(table, values))
+    return digests
+
+
 def _compare(store: str, form: RowForm, table: Table, source: Rows, held: Rows) -> Drift:
     """`store`'s rows `held` (in its comparison form) against the source's rows: each
     row's content hash on either side, compared key by key."""
-    drift = Drift(store, table.qualified, len(source), len(held))
     mine = {k: row_digest(form(table, row)) for k, row in source.items()}
     theirs = {k: row_digest(row) for k, row in held.items()}
+    return _digest_drift(store, table, len(source), mine, theirs)
+
+
+def _digest_drift(
+    store: str, table: Table, rows: int, mine: dict[str, bytes], theirs: dict[str, bytes]
+) -> Drift:
+    """The drift of `store`'s row hashes `theirs` from the source's `mine` (of `rows`
+    rows), key by key."""
+    drift = Drift(store, table.qualified, rows, len(theirs))
     if mine == theirs:
         return drift
     drift.missing = sorted(mine.keys() - theirs.keys())
@@ -209,8 +235,10 @@ def _verify(
         if spark.readers and spark.wanted(table):
             in_spark.add(table.qualified)
             compared = spark.compare(table)
-        rest = [name for name in stores if name not in compared]
-        source = source_rows(settings, table) if rest else {}
+        rest: dict[str, RowForm] = {
+            name: store.form for name, store in stores.items() if name not in compared
+        }
+        hashed = source_digests(settings, table, rest) if rest else {}
         for name, store in stores.items():
             if name in compared:
                 c = compared[name]
@@ -221,7 +249,9 @@ def _verify(
                     )
                 )  # fmt: skip
             else:
-                results.append(_compare(name, store.form, table, source, store.rows(table)))
+                theirs = {key: row_digest(row) for key, row in store.held(table)}
+                mine = hashed[name]
+                results.append(_digest_drift(name, table, len(mine), mine, theirs))
         rows = next(d.source_rows for d in results if d.table == table.qualified)
         say(f"{table.qualified}: {rows:,} rows compared with {', '.join(stores)}")
     for _ in range(rounds - 1):  # what differs may have changed since: look again
@@ -233,16 +263,16 @@ def _verify(
         consistent_cut(settings, tables, list(stores), timeout)
         again: dict[tuple[str, str], tuple[list[str], list[str], list[str]]] = {}
         for table in tables:
-            mine = [d for d in suspects if d.table == table.qualified]
+            drifts = [d for d in suspects if d.table == table.qualified]
             if table.qualified in in_spark:
                 only = {
                     d.store: d.missing + d.extra + d.different
-                    for d in mine
+                    for d in drifts
                     if d.store in spark.readers
                 }
                 for name, c in (spark.compare(table, only) if only else {}).items():
                     again[(name, table.qualified)] = (c.missing, c.extra, c.different)
-            for drift in mine:
+            for drift in drifts:
                 if (drift.store, drift.table) in again:
                     continue
                 store = stores[drift.store]

@@ -203,6 +203,11 @@ class StoreReader(ABC):
         """The live rows the store holds of `table` (no deleted markers), by key text, in
         the store's comparison form."""
 
+    def held(self, table: Table) -> Iterable[tuple[str, dict[str, Any]]]:
+        """`rows`, one (key text, row) at a time: what verify reads (a store that can
+        read its rows in turn overrides it, so that they are never all in memory)."""
+        return self.rows(table).items()
+
     @abstractmethod
     def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
         """A source row (values as verify reads them from PostgreSQL) in the form `rows`

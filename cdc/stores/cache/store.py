@@ -325,7 +325,10 @@ class CacheStore(RowStore, StoreReader):
         return prefix + "*"
 
     def rows(self, table: Table) -> Rows:
-        return dict(self._held(table, self._keys(table)))
+        return dict(self.held(table))
+
+    def held(self, table: Table) -> Iterator[tuple[str, dict[str, str]]]:
+        return self._held(table, self._keys(table))
 
     def _held(self, table: Table, keys: list[bytes]) -> Iterator[tuple[str, dict[str, str]]]:
         """The live rows of `keys` (hashes of `table`): key text and column fields."""

@@ -444,11 +444,14 @@ class SearchStore(RowStore, StoreReader):
         self.ensure_index(table)
 
     def rows(self, table: Table) -> Rows:
+        return dict(self.held(table))
+
+    def held(self, table: Table) -> Iterator[tuple[str, dict[str, Any]]]:
         index = index_name(self.prefix, table.qualified)
         if not self.client.indices.exists(index=index):
-            return {}
+            return iter(())
         self.client.indices.refresh(index=index)
-        return dict(self._held(table, index))
+        return self._held(table, index)
 
     def _held(
         self, table: Table, index: str, part: tuple[int, int] | None = None

@@ -39,7 +39,10 @@ class WarehouseReader(StoreReader):
         """The table's current state as a DeltaTable, made if it is not there yet."""
 
     def rows(self, table: Table) -> Rows:
-        return self.rows_at(table, current_path(self.root, table.qualified), live=True)
+        return dict(self.held(table))
+
+    def held(self, table: Table) -> Iterator[tuple[str, dict[str, Any]]]:
+        return self.held_at(table, current_path(self.root, table.qualified), live=True)
 
     def holds(self, table: Table) -> bool:
         """Whether the table's current state is a Delta table yet (its log, not its data)."""
@@ -123,17 +126,23 @@ class WarehouseReader(StoreReader):
         """The rows of the Delta table at `path` with `table`'s columns (a current state,
         or a join view's; `live`: a current state, whose columns PostgreSQL dropped must
         hold no value)."""
+        return dict(self.held_at(table, path, live))
+
+    def held_at(
+        self, table: Table, path: str, live: bool = False
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """rows_at, a row at a time (read by delta-rs a file at a time)."""
         held = self.native.snapshot(path)
         if held is not None:  # read by delta-rs, in this process: no Spark job
             names, gone = _read_columns(table, held.schema.names, live)
-            return dict(_held(table, names, gone, held.to_batches(columns=names + gone)))
+            return _held(table, names, gone, held.to_batches(columns=names + gone))
         frame = self._frame(path)
         if frame is None:
-            return {}
+            return iter(())
         names, gone = _read_columns(table, frame.columns, live)
         # as Arrow: one job, no Row objects (timestamps come with their UTC zone)
         arrow = frame.select(*[q(n) for n in names + gone]).toArrow()
-        return dict(_held(table, names, gone, arrow.to_batches()))
+        return _held(table, names, gone, arrow.to_batches())
 
     def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
         return warehouse_form(table, row)
