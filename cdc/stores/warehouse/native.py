@@ -197,8 +197,7 @@ class NativeWriter:
         it whole; None where delta-rs cannot read it (not made yet, not written here, a
         feature it lacks: Spark reads it)."""
         try:
-            table = self._table(path)
-            return None if table is None else table.to_pyarrow_dataset()
+            return self.dataset(path)
         except Exception as exc:  # a table delta-rs cannot read: Spark reads it
             log.info("warehouse: delta-rs cannot read %s: %s", path, exc)
             return None
