@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from datetime import UTC, date, datetime, time
 from datetime import time as clock
 from decimal import Decimal
@@ -32,6 +33,7 @@ __all__ = [
     "plain_value",
     "read_as_interval",
     "read_as_text",
+    "row_form",
     "warehouse_value",
 ]
 
@@ -219,3 +221,25 @@ def warehouse_value(column: Column, value: Any) -> Any:
     if isinstance(value, Decimal):
         return str(value)
     return str(value) if not isinstance(value, bool | int | float) else value
+
+
+_OWN_FORM = frozenset({int, str, bool, type(None)})
+
+
+def row_form(
+    table: Table,
+    row: dict[str, Any],
+    value_form: Callable[[Column, Any], Any],
+    converted: frozenset[str],
+) -> dict[str, Any]:
+    """A source row in a store's comparison form: each column's value by `value_form`
+    (column, value). An int, str, bool or NULL is taken as it is (skipping
+    `value_form`'s tests, as this runs for every value of every row) unless its column's
+    type is one of `converted`, whose such values `value_form` changes."""
+    form = {}
+    for column in table.columns:
+        value = row.get(column.name)
+        if type(value) not in _OWN_FORM or column.base in converted:
+            value = value_form(column, value)
+        form[column.name] = value
+    return form

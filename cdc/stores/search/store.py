@@ -31,7 +31,13 @@ from cdc.log.position import Event
 from cdc.stores.base import Entry, RowForm, Rows, RowStore, StoreReader, WriteResult, row_digest
 from cdc.types.decode import UNAVAILABLE
 from cdc.types.keys import store_key_text
-from cdc.types.store_forms import JSON_TYPES, document_form, document_value, field_mapping
+from cdc.types.store_forms import (
+    JSON_TYPES,
+    document_form,
+    document_value,
+    field_mapping,
+    row_form,
+)
 
 __all__ = [
     "SearchStore",
@@ -609,18 +615,7 @@ _SCROLL_PAGE = 5000  # documents per page of verify's scroll
 
 def search_form(table: Table, row: dict[str, Any]) -> dict[str, Any]:
     """A source row as the index's document holds it (SearchStore.form)."""
-    form = {}
-    for column in table.columns:
-        value = row.get(column.name)
-        # the common values are their own form (document_form returns them as they are):
-        # skip its tests, as this runs for every value of every source row
-        if type(value) not in _OWN_FORM or column.base in JSON_TYPES:
-            value = document_form(column, value)
-        form[column.name] = value
-    return form
-
-
-_OWN_FORM = frozenset({int, str, bool, type(None)})
+    return row_form(table, row, document_form, JSON_TYPES)
 
 
 def _digest_slices(

@@ -19,7 +19,7 @@ from cdc.stores.warehouse.tables import current_path, history_path, view_path
 from cdc.types.decode import decode_value
 from cdc.types.keys import key_text
 from cdc.types.spark_types import quoted as q
-from cdc.types.store_forms import warehouse_value
+from cdc.types.store_forms import row_form, warehouse_value
 
 __all__ = ["WarehouseReader", "any_of"]
 
@@ -218,18 +218,9 @@ _DIGESTS = "key string, digest binary"
 
 def warehouse_form(table: Table, row: dict[str, Any]) -> dict[str, Any]:
     """A source row in the warehouse's comparison form (WarehouseReader.form)."""
-    form = {}
-    for column in table.columns:
-        value = row.get(column.name)
-        # the common values are their own form (warehouse_value returns them as they
-        # are): skip its tests, as this runs for every value of every row on both sides
-        if type(value) not in _OWN_FORM or column.base in _CONVERTED:
-            value = warehouse_value(column, value)
-        form[column.name] = value
-    return form
+    return row_form(table, row, warehouse_value, _CONVERTED)
 
 
-_OWN_FORM = frozenset({int, str, bool, type(None)})
 _CONVERTED = frozenset({"interval", "float4"})  # whose str or int warehouse_value converts
 
 
