@@ -92,7 +92,7 @@ fi
 
 step 4 "JVM artifacts ($CACHE/jvm)"
 stamp="$CACHE/jvm/.cdc-installed"
-want=$( (cat jvm/pom.xml jvm/*/pom.xml $(find jvm/transforms/src jvm/signals/src -type f | sort); echo "s3=$INSTALL_S3") | sha256sum | cut -d' ' -f1)
+want=$( (cat jvm/pom.xml jvm/*/pom.xml $(find jvm/transforms/src jvm/signals/src jvm/functions/src -type f | sort); echo "s3=$INSTALL_S3") | sha256sum | cut -d' ' -f1)
 s3_option=()
 [ "$INSTALL_S3" = 0 ] && s3_option=(-Dcdc.without-s3)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then

@@ -5,6 +5,8 @@ in named steps, each a method of its own:
 2. generated columns: computed by PostgreSQL (the log has none);
 3. position guard (guards.py): the log and the source are still the ones the store
    applied from;
+   Records the snapshot wrote into the store itself are left out (the store holds them:
+   cdc/capture/snapshot_held.py); while a snapshot writes the store, its batch waits;
 4. decode and write: a row store's batch (the cache, the search index) through
    row_batches.py, on the driver or in Spark's workers; a frame store's (the warehouse)
    whole, by `FrameStore.write_batch`, which chooses its own route; either way the
@@ -35,12 +37,14 @@ from cdc.apply.guards import (
 )
 from cdc.apply.row_batches import RESULT_DDL, partition_writer, result_schema
 from cdc.capture.rewrites import Rewrite
+from cdc.capture.snapshot_held import read_held, snapshot_writes
 from cdc.capture.source_view import SourceBatch, SourceView
 from cdc.core.catalog import TRUNCATIONS_TABLE, Table
 from cdc.core.errors import (
     CdcError,
     RelationReusedError,
     SourceUnavailableError,
+    StoreBusyError,
     StoreUnavailableError,
     carried_message,
 )
@@ -103,6 +107,10 @@ class BatchWriter:
                 wait_for(self.settings, name, str(exc), batch_id, self.check_relations)
                 waited = True
                 continue
+            except StoreBusyError as exc:  # the snapshot writes the store itself
+                wait_for(self.settings, name, str(exc), batch_id, self.check_snapshot)
+                waited = True
+                continue
             except Exception as exc:
                 why = unavailable_reason(exc)
                 if why is not None:
@@ -131,6 +139,7 @@ class BatchWriter:
         topics = {change_topic(self.settings.pipeline, t): t for t in [*tables, TRUNCATIONS_TABLE]}
         batch = self.generated_columns(batch, topics, tables)
         progress, behind = self.guard(topics, wal)
+        batch, held = self.without_held(batch, progress)
         last_truncate = dict(progress.truncated)
         self.truncate_log.clear()
         self.truncate_log.update(progress.truncations)
@@ -154,8 +163,53 @@ class BatchWriter:
             )
             outcome = self.store.write_batch(batch, ctx)
             self.dead.flush()
+        for where, offset in held.items():  # applied: the store holds them
+            outcome.offsets[where] = max(offset, outcome.offsets.get(where, -1))
         self.record(batch_id, outcome, last_truncate, started_ms)
         self.sweep_generation(tables)
+
+    def check_snapshot(self) -> None:
+        """StoreBusyError while a snapshot writes the store itself (snapshot_held.py)."""
+        if snapshot_writes(self.settings, self.store.name):
+            raise StoreBusyError(
+                "`cdc snapshot` writes its rows into it itself; its batches wait until that ends"
+            )
+
+    def without_held(self, batch: Any, progress: Progress) -> tuple[Any, dict[str, int]]:
+        """The batch without the records the snapshot wrote into the store itself, and
+        the last offset of those, per "topic:partition" (applied: the store holds them).
+        Waits (StoreBusyError) while a snapshot writes the store. Once the store has
+        applied past what it holds so, nothing is read here but a small file."""
+        from pyspark.sql import functions as F
+
+        held = read_held(self.settings, self.store.name)
+        if held is None or (held.ends and held.covers(progress.applied)):
+            return batch, {}
+        self.check_snapshot()
+        below = F.lit(False)
+        for where, end in sorted(held.ends.items()):
+            topic, _, part = where.rpartition(":")
+            below = below | (
+                (F.col("topic") == topic)
+                & (F.col("partition") == int(part))
+                & (F.col("offset") < end)
+            )
+        if not held.ends:
+            return batch, {}
+        found = (
+            batch.where(below)
+            .groupBy("topic", "partition")
+            .agg(F.max("offset").alias("offset"))
+            .collect()
+        )
+        if not found:
+            return batch, {}
+        log.info(
+            "%s: records the snapshot wrote into it skipped in %d partition(s)",
+            self.store.name,
+            len(found),
+        )
+        return batch.where(~below), {f"{r['topic']}:{r['partition']}": r["offset"] for r in found}
 
     def check_relations(self, read: bool = True) -> None:
         """Refuse a batch while a captured name belongs to another captured relation

@@ -39,8 +39,13 @@ def generation_file(settings: Settings) -> Path:
     return settings.data_dir / "checkpoints" / settings.pipeline.name / "generation.json"
 
 
-def record_generation(settings: Settings, lsn: int, ts_ms: int, topics: list[str]) -> Generation:
-    """Note the generation whose snapshot rows `topics` now end with."""
+def record_generation(
+    settings: Settings, lsn: int, ts_ms: int, topics: list[str], earlier: int | None = None
+) -> Generation:
+    """Note the generation whose snapshot rows `topics` now end with. `earlier`: the point
+    of an attempt that stopped before it and started again from nothing, whose rows the
+    stores may hold: with no generation before, it counts as the one before (its rows
+    are removed once this one is whole)."""
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(**kafka_client_kwargs(settings.kafka))
@@ -54,7 +59,7 @@ def record_generation(settings: Settings, lsn: int, ts_ms: int, topics: list[str
     finally:
         consumer.close()
     before = read_generation(settings)
-    generation = Generation(lsn, ts_ms, ends, before.lsn if before else None)
+    generation = Generation(lsn, ts_ms, ends, before.lsn if before else earlier)
     path = generation_file(settings)
     make_state_dir(settings, path.parent)
     tmp = path.with_suffix(".tmp")

@@ -25,6 +25,12 @@ dropped, truncated while its trigger was missing) is cut first, in every store,
 before its backfill. Otherwise the run drops the unused slot, removes what the
 interrupted run wrote and starts again.
 
+With stores that take the snapshot's rows themselves (`into`: the warehouse, made by the
+command, cdc/apply/snapshot_into.py), each group is cached once read, written to Kafka,
+then handed to them as Kafka records (each row's partition as Kafka's producers pick it,
+an offset no lower than its record's): their apply skips what they hold so
+(cdc/capture/snapshot_held.py).
+
 Between two groups the snapshot holds no lock: a rewrite (VACUUM FULL, CLUSTER, pg_repack,
 ALTER TABLE … TYPE) may run there and move rows the copy has not read into pages it has
 read. After each group the identity of its tables is read again; the copy of a table
@@ -35,13 +41,15 @@ error: the rerun resumes, with the publication set up for the new relation, and 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from rich.console import Console
@@ -73,6 +81,7 @@ from cdc.capture.slot import (
     slot_state,
 )
 from cdc.capture.snapshot_events import envelope, event_query
+from cdc.capture.snapshot_held import forget_held
 from cdc.capture.snapshots import (
     ReadRange,
     mark_done,
@@ -101,12 +110,14 @@ from cdc.core.topics import (
     dead_letter_topic,
     end_offsets,
     ensure_topics,
+    key_partition,
     pipeline_topic_specs,
     read_topic,
     truncate_topics,
 )
 
 __all__ = [
+    "SnapshotInto",
     "SnapshotResult",
     "ctid_clause",
     "page_ranges",
@@ -116,6 +127,24 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+# a group of snapshot events into the stores that take them: the group's Kafka records
+# (key, value, topic, partition, offset), the end offset of each "topic:partition" once
+# the group is in Kafka, and how many records the group wrote
+IntoStores = Callable[[Any, dict[str, int], int], None]
+
+
+class SnapshotInto(Protocol):
+    """The stores a snapshot writes itself beside the change topics (made by the command
+    that runs it: cdc/apply/snapshot_into.py; this floor makes no store)."""
+
+    def writing(
+        self, spark: Any, lsn: int, say: Say
+    ) -> contextlib.AbstractContextManager[IntoStores | None]:
+        """While the copy runs: the function that writes a group into the stores (None:
+        no store takes it now)."""
+        ...
 
 
 @dataclass
@@ -209,8 +238,10 @@ def run_snapshot(
     settings: Settings,
     console: Console,
     say: Say = quiet,
+    into: SnapshotInto | None = None,
 ) -> SnapshotResult:
-    """Take the pipeline's initial snapshot and start streaming after it (idempotent)."""
+    """Take the pipeline's initial snapshot and start streaming after it (idempotent);
+    `into`: stores that take its rows themselves (module doc)."""
     pipe = settings.pipeline
     started = time.monotonic()
     say(f"preparing the source for pipeline {pipe.name}")
@@ -263,6 +294,13 @@ def run_snapshot(
             drop_slot(conn, pipe.slot)
         elif resume is None and state is not None and state.status == "running":
             say(f"the slot of an interrupted snapshot is gone ({pipe.slot}); starting again")
+        # an attempt stopped before it recorded a range: the stores may hold rows it wrote
+        # (at its point), which the new generation removes once it is whole
+        interrupted = (
+            lsn_to_int(state.lsn)
+            if resume is None and state is not None and state.status == "running" and state.lsn
+            else None
+        )
         if resume is None:
             mark_running(conn, pipe.name, pipe.slot)
     if resume is not None:
@@ -271,6 +309,7 @@ def run_snapshot(
         return _resume(settings, tables, point, ranges, xmin, console, say, started)
 
     # what an interrupted run wrote goes; offsets keep growing, so no position is reused
+    forget_held(settings)
     truncate_topics(settings.kafka, [change_topic_spec(pipe, t.qualified) for t in tables])
 
     def waiting(blockers: list[InFlight]) -> None:
@@ -293,7 +332,11 @@ def run_snapshot(
             conn.autocommit = True
             mark_point(conn, pipe.name, lsn, point.ts_ms, _snapshot_xmin(settings, point))
         say(f"snapshot {point.snapshot_name} at LSN {lsn}: reading {len(tables)} table(s)")
-        rows, changed = _copy_tables(settings, spark, tables, point, console, identities)
+        with contextlib.ExitStack() as stack:
+            write_into = stack.enter_context(into.writing(spark, point.lsn, say)) if into else None
+            rows, changed = _copy_tables(
+                settings, spark, tables, point, console, identities, write_into
+            )
     if changed:
         say(
             f"changed during the copy: {', '.join(changed)} (rewritten by VACUUM FULL, "
@@ -305,10 +348,16 @@ def run_snapshot(
             ranges = read_ranges(conn, pipe.name)
             resumed = resume_point(conn, pipe.name)
         assert resumed is not None  # mark_point recorded it
-        return _resume(settings, tables, point, ranges, resumed[0], console, say, started)
+        return _resume(
+            settings, tables, point, ranges, resumed[0], console, say, started, interrupted
+        )
     # a generation: stores that hold it whole drop what they hold from before it
     record_generation(
-        settings, point.lsn, point.ts_ms, [change_topic(pipe, t.qualified) for t in tables]
+        settings,
+        point.lsn,
+        point.ts_ms,
+        [change_topic(pipe, t.qualified) for t in tables],
+        earlier=interrupted,
     )
     # the columns the snapshot's rows hold: DDL after it that changes values unseen is
     # found by the apply job (cdc/capture/rewrites.py)
@@ -406,6 +455,7 @@ def _resume(
     console: Console,
     say: Say,
     started: float,
+    earlier: int | None = None,
 ) -> SnapshotResult:
     """Finish an interrupted snapshot: stream from its slot's consistent point, and
     backfill (Debezium's watermarked incremental snapshot) the rows it had not written
@@ -466,7 +516,7 @@ def _resume(
             done = watch_backfill(settings, offset, show, signal_id=signal)
             bar.update(task, completed=1.0, detail=f"{done.rows_scanned or 0:,} rows read")
             rows[change_topic(pipe, name)] = done.rows_scanned or 0
-    record_generation(settings, point.lsn, point.ts_ms, topics)
+    record_generation(settings, point.lsn, point.ts_ms, topics, earlier=earlier)
     record_schemas(settings, tables)
     total = {t.qualified: written.get(change_topic(pipe, t.qualified), 0) for t in tables}
     for table in tables:
@@ -512,6 +562,7 @@ def _copy_tables(
     point: SnapshotPoint,
     console: Console,
     identities: dict[str, tuple[int, str]],
+    into: IntoStores | None = None,
 ) -> tuple[dict[str, int], list[str]]:
     """Write every table's snapshot events to its change topic; returns rows per table,
     and the tables whose files (`identities`: as they were before the snapshot) changed
@@ -519,7 +570,9 @@ def _copy_tables(
     of them may miss rows (a rewrite moved them into pages read before, or out of the
     snapshot's sight), so they are to be backfilled whole. A table dropped (and created
     again) meanwhile stops the run: the one after it resumes with the relation as the
-    publication and the capture set hold it then."""
+    publication and the capture set hold it then. `into`: each group, once in Kafka,
+    also into the stores that take it (module doc)."""
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     pipe, pg = settings.pipeline, settings.postgres
@@ -598,7 +651,19 @@ def _copy_tables(
             chunk = [(t, r, f) for t, r, f in chunk if t.qualified not in changed]
             if not chunk:
                 continue
-            _write(settings, reduce(lambda a, b: a.unionAll(b), [f for _, _, f in chunk]))
+            events = reduce(lambda a, b: a.unionAll(b), [f for _, _, f in chunk])
+            if into is None:
+                _write(settings, events)
+            else:  # read once: the same rows go to Kafka, then into the stores
+                events = events.persist(StorageLevel.MEMORY_AND_DISK)
+                try:
+                    before = _ends(settings, list(topics))
+                    _write(settings, events)
+                    after = _ends(settings, list(topics))
+                    records = _as_records(settings, events, after)
+                    into(records, after, sum(after.values()) - sum(before.values()))
+                finally:
+                    events.unpersist()
             with admin_connection(settings) as conn:
                 conn.autocommit = True
                 record_ranges(conn, pipe.name, [r for _, r, _ in chunk])
@@ -622,6 +687,44 @@ def _copy_tables(
         poller.join()
         written = _update(progress, tasks, start, settings, began, final=True)
     return {topics[t].qualified: n for t, n in written.items()}, changed
+
+
+def _ends(settings: Settings, topics: list[str]) -> dict[str, int]:
+    """The end offset of each "topic:partition" of `topics`."""
+    ends = end_offsets(settings.kafka, topics)
+    return {f"{t}:{p}": end for t, parts in ends.items() for p, end in parts.items()}
+
+
+def _as_records(settings: Settings, events: Any, ends: dict[str, int]) -> Any:
+    """A group's snapshot events (key, value, topic) as the Kafka records they are now
+    (`ends`: each "topic:partition"'s end offset once the group is in): key and value as
+    bytes, the partition Kafka's producers picked for the key, and as offset the last one
+    of that partition, no lower than the record's own (a store takes a record of that
+    partition at or below it as one it holds). A record held back as oversized
+    (kafka.oversized = dead_letter) is not among them."""
+    from pyspark.sql import functions as F
+
+    counts: dict[str, int] = {}
+    for where in ends:
+        topic = where.rpartition(":")[0]
+        counts[topic] = counts.get(topic, 0) + 1
+    partition = None
+    for topic, n in sorted(counts.items()):
+        mine = F.col("topic") == topic
+        p = key_partition(F.col("key"), n)
+        partition = F.when(mine, p) if partition is None else partition.when(mine, p)
+    last = F.create_map(*[x for w, end in sorted(ends.items()) for x in (F.lit(w), F.lit(end - 1))])
+    records = events if (over := _oversized(settings)) is None else events.where(~over)
+    records = records.withColumn("partition", partition).where(F.col("partition").isNotNull())
+    return records.select(
+        F.col("key").cast("binary").alias("key"),
+        F.col("value").cast("binary").alias("value"),
+        "topic",
+        "partition",
+        F.element_at(
+            last, F.concat(F.col("topic"), F.lit(":"), F.col("partition").cast("string"))
+        ).alias("offset"),
+    )
 
 
 def _write(settings: Settings, events: Any) -> None:
@@ -653,7 +756,7 @@ def _hold_oversized(events: Any, settings: Settings) -> Any:
     from pyspark.sql import functions as F
 
     limit = settings.kafka.max_message_bytes
-    size = F.octet_length("key") + F.octet_length("value") + F.lit(1024)  # with framing
+    size = _size()
     over = size > F.lit(limit)
     error = F.concat(
         F.lit("a change event of "),
@@ -683,6 +786,22 @@ def _hold_oversized(events: Any, settings: Settings) -> Any:
         .otherwise(F.col("topic"))
         .alias("topic"),
     )
+
+
+def _size() -> Any:
+    """A snapshot event's size as Kafka counts it against max.message.bytes, with framing."""
+    from pyspark.sql import functions as F
+
+    return F.octet_length("key") + F.octet_length("value") + F.lit(1024)
+
+
+def _oversized(settings: Settings) -> Any | None:
+    """The snapshot events _hold_oversized sends to the dead-letter topic (None: none)."""
+    from pyspark.sql import functions as F
+
+    if settings.kafka.oversized != "dead_letter":
+        return None
+    return _size() > F.lit(settings.kafka.max_message_bytes)
 
 
 def _update(

@@ -250,9 +250,10 @@ def run_demo(
         say(f"pipeline {settings.pipeline.name} already streams; checking its tables")
         sync_pipeline(settings)
     else:
+        from cdc.apply.snapshot_into import snapshot_into
         from cdc.capture.initial_snapshot import run_snapshot
 
-        snap = run_snapshot(settings, out, say)
+        snap = run_snapshot(settings, out, say, snapshot_into(settings))
         out.print(
             f"initial snapshot at LSN {snap.lsn}: {snap.total_rows} rows in "
             f"{snap.seconds:.1f}s; the connector streams from that point on"

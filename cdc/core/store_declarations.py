@@ -44,7 +44,10 @@ GROUP = "cdc.stores"
 #   rows (its reader is a FrameReader, cdc/stores/base.py);
 # - sql: `cdc query` runs Spark SQL over its tables (its reader is a SqlReader)
 # - text_search: `cdc search` searches its documents by text (its reader is a TextSearcher)
-Ability = Literal["views", "own_process", "expectations", "sql", "text_search"]
+# - snapshot: `cdc snapshot` writes its rows into it itself, as Kafka records, through its
+#   `write_batch` (a FrameStore), and its apply skips those records
+#   (cdc/apply/snapshot_into.py)
+Ability = Literal["views", "own_process", "expectations", "sql", "text_search", "snapshot"]
 
 
 class Publisher(Protocol):

@@ -43,6 +43,7 @@ __all__ = [
     "folder_problem",
     "heartbeat_rows_topic",
     "heartbeat_topic",
+    "key_partition",
     "last_heartbeat",
     "live_brokers",
     "notification_topic",
@@ -459,6 +460,17 @@ def end_offsets(kafka: KafkaSettings, topics: list[str]) -> dict[str, dict[int, 
         return result
     finally:
         consumer.close()
+
+
+def key_partition(key: Any, partitions: int) -> Any:
+    """A Spark column: the Kafka partition of the record whose key is `key` (a string
+    column) in a topic of `partitions` partitions, as Kafka's producers pick it for a
+    keyed record (murmur2 of the key's UTF-8 bytes: jvm/functions KafkaPartitions)."""
+    from pyspark.sql import functions as F
+
+    return F.reflect(
+        F.lit("cdc.spark.KafkaPartitions"), F.lit("of"), key, F.lit(int(partitions))
+    ).cast("int")
 
 
 def written_since(

@@ -79,13 +79,17 @@ def snapshot(output: OutputOption = OutputForm.text) -> None:
     Creates the slot with an exported snapshot, reads every captured table under
     it in parallel (Spark), writes the rows as op "r" events to the change topics,
     and only then starts the Debezium connector on that slot (snapshot.mode=no_data).
-    Safe to rerun: an interrupted snapshot resumes, reading only the CTID ranges it had
-    not written (backfilled while streaming from the slot); one that wrote none, or
-    whose slot is gone, starts again.
+    The same read also writes the stores that take it (the warehouse's tables:
+    pipeline.snapshot_into_stores), whose apply then skips those records. Safe to rerun:
+    an interrupted snapshot resumes, reading only the CTID ranges it had not written
+    (backfilled while streaming from the slot); one that wrote none, or whose slot is
+    gone, starts again.
     """
+    from cdc.apply.snapshot_into import snapshot_into
     from cdc.capture.initial_snapshot import run_snapshot
 
-    result = run_snapshot(settings(), err, console_say)
+    chosen = settings()
+    result = run_snapshot(chosen, err, console_say, snapshot_into(chosen))
     rate = result.total_rows / result.seconds if result.seconds else 0
     said = (
         f"snapshot at LSN {result.lsn}: {result.total_rows} rows from {len(result.rows)} "

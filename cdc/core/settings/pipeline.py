@@ -128,6 +128,12 @@ class PipelineSettings(BaseModel):
     snapshot_pages_per_reader: int = Field(
         4096, ge=1, description="a table is split into CTID ranges of this many 8 KiB pages"
     )
+    snapshot_into_stores: bool = Field(
+        True,
+        description="`cdc snapshot` also writes its rows itself into the stores of "
+        "apply.stores that take them (the warehouse), from the same read as the change "
+        "topics; their apply skips those records (docs/capture.md)",
+    )
     delete_retention_ms: int = Field(
         86_400_000, ge=0, description="how long compaction keeps a tombstone"
     )

@@ -46,7 +46,13 @@ def test_every_installed_store_is_declared_and_made_as_both_halves() -> None:
 
     assert issubclass(WarehouseStore, FrameStore) and not issubclass(WarehouseStore, RowStore)
     assert issubclass(WarehouseStore, StoreReader)
-    assert stores["warehouse"].abilities == {"views", "own_process", "expectations", "sql"}
+    assert stores["warehouse"].abilities == {
+        "views",
+        "own_process",
+        "expectations",
+        "sql",
+        "snapshot",
+    }
     assert stores["search"].abilities == {"text_search"}
     assert settings.apply.slo_s("cache") == 5.0 and settings.apply.slo_s("warehouse") == 30.0
     assert "cache: Redis" in store_help() and "warehouse: Delta Lake" in store_help()

@@ -1,0 +1,130 @@
+"""The stores `cdc snapshot` writes itself, beside the change topics: those of
+apply.stores with the "snapshot" ability (the warehouse), when pipeline.snapshot_into_stores.
+
+Each group of the snapshot's rows, once in Kafka, comes here as the Kafka records it is
+(cdc/capture/initial_snapshot.py) and is written by the store's own `write_batch`, the
+route it chooses included, as its apply job would write those records: generated
+columns computed, poison values to the dead-letter topic, its join views refreshed.
+Then what the store holds is recorded (cdc/capture/snapshot_held.py) and its apply skips
+those records. While the snapshot writes a store it holds the store's snapshot lock, and
+its writer lock where it takes one writer (the warehouse on S3); a store whose writer
+lock another process holds is reached through Kafka only, as before."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from cdc.apply.dead_letters import DeadLetters
+from cdc.capture.initial_snapshot import IntoStores
+from cdc.capture.snapshot_held import Held, record_held, writing_lock
+from cdc.capture.source_view import SourceView
+from cdc.core.catalog import TRUNCATIONS_TABLE, Table
+from cdc.core.errors import StoreBusyError
+from cdc.core.one_writer import one_writer
+from cdc.core.say import Say
+from cdc.core.settings import Settings
+from cdc.core.store_declarations import with_ability
+from cdc.core.topics import change_topic
+from cdc.log.generated_columns import expressions_dsn, with_generated
+from cdc.stores.base import BatchContext, FrameStore
+from cdc.stores.registry import derived_views, make_writer
+
+__all__ = ["StoresTakingSnapshot", "snapshot_into"]
+
+log = logging.getLogger(__name__)
+
+
+def snapshot_into(settings: Settings) -> StoresTakingSnapshot | None:
+    """The stores the snapshot writes itself under `settings`, or None."""
+    if not settings.pipeline.snapshot_into_stores:
+        return None
+    names = with_ability(settings.apply.stores, "snapshot")
+    return StoresTakingSnapshot(settings, names) if names else None
+
+
+class StoresTakingSnapshot:
+    """The snapshot's writer into stores (module doc); a SnapshotInto."""
+
+    def __init__(self, settings: Settings, names: list[str]) -> None:
+        self.settings = settings
+        self.names = names
+
+    @contextlib.contextmanager
+    def writing(self, spark: Any, lsn: int, say: Say) -> Iterator[IntoStores | None]:
+        settings = self.settings
+        with contextlib.ExitStack() as locks:
+            stores: list[FrameStore] = []
+            tables = SourceView(settings).read_batch().tables
+            for name in self.names:
+                try:
+                    locks.enter_context(one_writer(settings, name, "cdc snapshot"))
+                    locks.enter_context(writing_lock(settings, name))
+                except StoreBusyError as exc:
+                    say(f"{exc}; the snapshot reaches {name} through Kafka only")
+                    continue
+                store = make_writer(settings, name, spark)
+                if not isinstance(store, FrameStore):
+                    continue
+                if with_ability([name], "views"):  # its join views, as the apply job runs them
+                    door = derived_views(settings, [name])
+                    if door is not None:
+                        store.take_views(door.checked(settings, tables))
+                store.prepare(tables.values())
+                record_held(settings, name, Held(lsn))
+                stores.append(store)
+            if not stores:
+                yield None
+                return
+            say(f"the snapshot writes {', '.join(s.name for s in stores)} itself, beside Kafka")
+            groups = iter(range(1_000_000_000))
+
+            def write(records: Any, ends: dict[str, int], count: int) -> None:
+                group = next(groups)
+                topics = {
+                    change_topic(settings.pipeline, t): t for t in [*tables, TRUNCATIONS_TABLE]
+                }
+                batch = with_generated(records, expressions_dsn(settings), topics, tables)
+                for store in stores:
+                    _write_group(settings, store, batch, topics, tables, group, count)
+                    record_held(settings, store.name, Held(lsn, ends))
+
+            yield write
+
+
+def _write_group(
+    settings: Settings,
+    store: FrameStore,
+    batch: Any,
+    topics: dict[str, str],
+    tables: dict[str, Table],
+    group: int,
+    count: int,
+) -> None:
+    """One group of snapshot records into `store`, as one of its batches."""
+    started = time.monotonic()
+    dead = DeadLetters(settings, store.name)
+    ctx = BatchContext(
+        batch_id=group,
+        started_ms=int(time.time() * 1000),
+        topics=topics,
+        tables=tables,
+        behind=count,
+        last_truncate={},
+        truncate_log={},
+        emptied_by=lambda name, relid: None,  # a snapshot holds no TRUNCATE
+        dead_letter=dead.send_row,
+    )
+    outcome = store.write_batch(batch, ctx)
+    dead.flush()
+    log.info(
+        "snapshot group %d into %s: %d rows in %.1f s (route %s)",
+        group,
+        store.name,
+        outcome.n,
+        time.monotonic() - started,
+        outcome.route,
+    )
