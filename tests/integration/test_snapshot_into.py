@@ -65,7 +65,7 @@ def _table(captured: Capture, **pipeline: Any) -> Any:
         "ANALYZE {name}",
         snapshot=False,
         # several groups of ranges, each written to Kafka and then to the warehouse
-        snapshot_pages_per_reader=8,
+        snapshot_pages_per_reader=4,
         **pipeline,
     )
 
@@ -161,7 +161,7 @@ def test_a_snapshot_stopped_between_kafka_and_the_warehouse_resumes_exact(
     settings, table = made.settings, made.table
     console = Console(file=io.StringIO())
     with pytest.raises(RuntimeError, match="between Kafka and the warehouse"):
-        run_snapshot(settings, console, into=_StopsAfter(settings, ["warehouse"], 2))
+        run_snapshot(settings, console, into=_StopsAfter(settings, ["warehouse"], 1))
     held = read_held(settings, "warehouse")
     assert held is not None and held.ends
     # rows change before the rerun; the rerun resumes (backfills what was not recorded)
