@@ -117,6 +117,7 @@ def _write_group(
         truncate_log={},
         emptied_by=lambda name, relid: None,  # a snapshot holds no TRUNCATE
         dead_letter=dead.send_row,
+        records=count,  # the route judges a collect by them (more than a batch's most)
     )
     outcome = store.write_batch(batch, ctx)
     dead.flush()

@@ -42,6 +42,7 @@ error: the rerun resumes, with the publication set up for the new relation, and 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import threading
@@ -591,19 +592,18 @@ def _copy_tables(
     }
     now_ms = int(time.time() * 1000)
     pieces: list[tuple[Table, ReadRange, Any, int]] = []  # each CTID range: its events, pages
+    wraps: dict[str, tuple[str, str]] = {}  # topic -> the envelope's text around `after`
     with admin_connection(settings) as conn:
         for table in tables:
             query = event_query(table).as_string(conn)
-            head, tail = envelope(table, point, pipe.topic_prefix, pg.database, now_ms)
             topic = change_topic(pipe, table.qualified)
+            wraps[topic] = envelope(table, point, pipe.topic_prefix, pg.database, now_ms)
             rows = f" AND ({table.row_filter})" if table.row_filter else ""
             relid, files = identities[table.qualified]
             for first, end in page_ranges(table.pages, pipe.snapshot_pages_per_reader):
                 subquery = f"({query} WHERE {ctid_clause(first, end)}{rows}) AS snapshot_rows"
                 frame = spark.read.jdbc(url, subquery, properties=props).select(
-                    "key",
-                    F.concat(F.lit(head), F.col("after"), F.lit(tail)).alias("value"),
-                    F.lit(topic).alias("topic"),
+                    "key", "after", F.lit(topic).alias("topic")
                 )
                 pages = (end if end is not None else max(table.pages, first + 1)) - first
                 pieces.append((table, ReadRange(relid, files, first, end), frame, pages))
@@ -651,19 +651,19 @@ def _copy_tables(
             chunk = [(t, r, f) for t, r, f in chunk if t.qualified not in changed]
             if not chunk:
                 continue
-            events = reduce(lambda a, b: a.unionAll(b), [f for _, _, f in chunk])
+            rows = reduce(lambda a, b: a.unionAll(b), [f for _, _, f in chunk])
             if into is None:
-                _write(settings, events)
-            else:  # read once: the same rows go to Kafka, then into the stores
-                events = events.persist(StorageLevel.MEMORY_AND_DISK)
+                _write(settings, _events(rows, wraps))
+            else:  # read once (kept on disk): the same rows go to Kafka, then into the stores
+                rows = rows.persist(StorageLevel.DISK_ONLY)  # the heap is for the collect
                 try:
                     before = _ends(settings, list(topics))
-                    _write(settings, events)
+                    _write(settings, _events(rows, wraps))
                     after = _ends(settings, list(topics))
-                    records = _as_records(settings, events, after)
+                    records = _as_records(settings, rows, wraps, point, after)
                     into(records, after, sum(after.values()) - sum(before.values()))
                 finally:
-                    events.unpersist()
+                    rows.unpersist()
             with admin_connection(settings) as conn:
                 conn.autocommit = True
                 record_ranges(conn, pipe.name, [r for _, r, _ in chunk])
@@ -695,12 +695,38 @@ def _ends(settings: Settings, topics: list[str]) -> dict[str, int]:
     return {f"{t}:{p}": end for t, parts in ends.items() for p, end in parts.items()}
 
 
-def _as_records(settings: Settings, events: Any, ends: dict[str, int]) -> Any:
-    """A group's snapshot events (key, value, topic) as the Kafka records they are now
-    (`ends`: each "topic:partition"'s end offset once the group is in): key and value as
-    bytes, the partition Kafka's producers picked for the key, and as offset the last one
-    of that partition, no lower than the record's own (a store takes a record of that
-    partition at or below it as one it holds). A record held back as oversized
+def _events(rows: Any, wraps: dict[str, tuple[str, str]]) -> Any:
+    """A group's rows (key, after, topic) as their snapshot events (key, value, topic):
+    `after` in its table's envelope (`wraps`: per topic, the text before and after it)."""
+
+    return rows.select("key", _event_value(wraps).alias("value"), "topic")
+
+
+def _event_value(wraps: dict[str, tuple[str, str]]) -> Any:
+    """A row's snapshot event, from its `after` and `topic` (`_events`)."""
+    from pyspark.sql import functions as F
+
+    def text(at: int) -> Any:
+        pairs = [x for t, w in sorted(wraps.items()) for x in (F.lit(t), F.lit(w[at]))]
+        return F.create_map(*pairs)[F.col("topic")]
+
+    return F.concat(text(0), F.col("after"), text(1))
+
+
+def _as_records(
+    settings: Settings,
+    rows: Any,
+    wraps: dict[str, tuple[str, str]],
+    point: SnapshotPoint,
+    ends: dict[str, int],
+) -> Any:
+    """A group's rows (key, after, topic) as the Kafka records their events are now
+    (`ends`: each "topic:partition"'s end offset once the group is in), for a store:
+    key and value as bytes, the partition Kafka's producers picked for the key, and as
+    offset the last one of that partition, no lower than the record's own (a store takes
+    a record of that partition at or below it as one it holds). The value is the event
+    with only what a store reads of it (op, after, and the source's time, position and
+    snapshot flag): a third of the bytes to move. A record held back as oversized
     (kafka.oversized = dead_letter) is not among them."""
     from pyspark.sql import functions as F
 
@@ -714,11 +740,17 @@ def _as_records(settings: Settings, events: Any, ends: dict[str, int]) -> Any:
         p = key_partition(F.col("key"), n)
         partition = F.when(mine, p) if partition is None else partition.when(mine, p)
     last = F.create_map(*[x for w, end in sorted(ends.items()) for x in (F.lit(w), F.lit(end - 1))])
-    records = events if (over := _oversized(settings)) is None else events.where(~over)
-    records = records.withColumn("partition", partition).where(F.col("partition").isNotNull())
+    if (over := _oversized(settings, _event_value(wraps))) is not None:  # as Kafka was sent it
+        rows = rows.where(~over)
+    source = json.dumps(
+        {"ts_ms": point.ts_ms, "lsn": point.lsn, "sequence": None, "snapshot": "true"},
+        separators=(",", ":"),
+    )
+    value = F.concat(F.lit('{"op":"r","after":'), F.col("after"), F.lit(f',"source":{source}}}'))
+    records = rows.withColumn("partition", partition).where(F.col("partition").isNotNull())
     return records.select(
         F.col("key").cast("binary").alias("key"),
-        F.col("value").cast("binary").alias("value"),
+        value.cast("binary").alias("value"),
         "topic",
         "partition",
         F.element_at(
@@ -788,20 +820,22 @@ def _hold_oversized(events: Any, settings: Settings) -> Any:
     )
 
 
-def _size() -> Any:
-    """A snapshot event's size as Kafka counts it against max.message.bytes, with framing."""
+def _size(value: Any = "value") -> Any:
+    """A snapshot event's size as Kafka counts it against max.message.bytes, with framing
+    (`value`: the event's column or expression)."""
     from pyspark.sql import functions as F
 
-    return F.octet_length("key") + F.octet_length("value") + F.lit(1024)
+    return F.octet_length("key") + F.octet_length(value) + F.lit(1024)
 
 
-def _oversized(settings: Settings) -> Any | None:
-    """The snapshot events _hold_oversized sends to the dead-letter topic (None: none)."""
+def _oversized(settings: Settings, value: Any) -> Any | None:
+    """Whether _hold_oversized sends a row's event (`value`) to the dead-letter topic
+    (None: it sends none there)."""
     from pyspark.sql import functions as F
 
     if settings.kafka.oversized != "dead_letter":
         return None
-    return _size() > F.lit(settings.kafka.max_message_bytes)
+    return _size(value) > F.lit(settings.kafka.max_message_bytes)
 
 
 def _update(

@@ -134,6 +134,9 @@ class BatchContext:
     # a poison event (a row with its topic, partition, offset, key, value and error),
     # for the dead-letter topic
     dead_letter: Callable[[Any], None]
+    # how many records the batch holds, when known (a snapshot's group); None: at most
+    # `behind`, and at most the store's max_offsets of its query
+    records: int | None = None
 
 
 @dataclass

@@ -151,7 +151,7 @@ class WarehouseBatches:
         import pyarrow.compute as pc
 
         tables = list(ctx.tables.values())
-        most = min(ctx.behind, self.max_records)
+        most = ctx.records if ctx.records is not None else min(ctx.behind, self.max_records)
         records = raw.select("key", "value", "topic", "partition", "offset")
         chosen, why = route(
             native=self.store.native.enabled and self.store.local,
