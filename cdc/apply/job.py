@@ -21,6 +21,7 @@ from typing import Any
 from cdc.apply.batch import BatchWriter, apply_say, wait_for
 from cdc.apply.own_process import StoreProcess
 from cdc.capture.rewrites import Rewrite, act_on_rewrites, check_rewrites
+from cdc.capture.snapshot_held import read_held
 from cdc.capture.source_reader import captured_tables
 from cdc.core.catalog import Table
 from cdc.core.errors import (
@@ -37,12 +38,15 @@ from cdc.core.one_writer import one_writer
 from cdc.core.settings import Settings
 from cdc.core.spark import kafka_options, spark_session, views_session
 from cdc.core.store_declarations import Publisher, declared, with_ability
-from cdc.core.topics import change_topic_pattern
+from cdc.core.topics import change_topic_ends, change_topic_pattern
 from cdc.log.checkpoints import checkpoint
 from cdc.log.progress import (
+    Progress,
     forget_other_definition,
     forget_other_view_queries,
     note_late,
+    read_progress,
+    write_progress,
 )
 from cdc.stores.base import DerivedQuery, StoreWriter
 from cdc.stores.registry import derived_views, make_writer
@@ -418,7 +422,7 @@ def _start_store_query(
         .options(**kafka_options(settings))
         # every change topic of the pipeline, also of tables added while it runs
         .option("subscribePattern", change_topic_pattern(settings.pipeline))
-        .option("startingOffsets", "earliest")
+        .option("startingOffsets", _starting_offsets(settings, store.name))
         # records a re-snapshot deleted are gone on purpose; start from what is there
         .option("failOnDataLoss", "false")
         .option("maxOffsetsPerTrigger", limit)
@@ -435,6 +439,32 @@ def _start_store_query(
         .foreachBatch(BatchWriter(settings, store, rewritten=rewritten))
     )
     return _triggered(settings, writer, once).start()
+
+
+def _starting_offsets(settings: Settings, store: str) -> str:
+    """Where the store's query starts when it has no checkpoint yet: every change topic
+    at its earliest record, except the partitions the snapshot wrote into the store
+    itself (cdc/capture/snapshot_held.py), at the end of what it holds of them; the
+    store's progress record then takes what it skips so as applied. A query with a
+    checkpoint goes on from it (Spark ignores this)."""
+    held = read_held(settings, store)
+    if held is None or not held.ends:
+        return "earliest"
+    if checkpoint(settings, store).last_committed_batch() is not None:
+        return "earliest"
+    # Spark takes specific offsets only for every partition the pattern matches now
+    ends = change_topic_ends(settings.kafka, settings.pipeline)
+    starting = {
+        topic: {str(p): held.ends.get(f"{topic}:{p}", -2) for p in sorted(parts)}
+        for topic, parts in sorted(ends.items())
+    }
+    progress = read_progress(settings, store) or Progress()
+    for where, end in held.ends.items():
+        if end and progress.applied.get(where, -1) < end - 1:
+            progress.applied[where] = end - 1
+    write_progress(settings, store, progress)
+    log.info("%s: its query starts after the snapshot's records it holds", store)
+    return json.dumps(starting)
 
 
 def _start_view_query(

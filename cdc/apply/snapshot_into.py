@@ -73,7 +73,6 @@ class StoresTakingSnapshot:
                     door = derived_views(settings, [name])
                     if door is not None:
                         store.take_views(door.checked(settings, tables))
-                store.prepare(tables.values())
                 record_held(settings, name, Held(lsn))
                 stores.append(store)
             if not stores:
@@ -89,6 +88,8 @@ class StoresTakingSnapshot:
                 }
                 batch = with_generated(records, expressions_dsn(settings), topics, tables)
                 for store in stores:
+                    if group == 0:  # its tables made (beside the first group's Kafka write)
+                        store.prepare(tables.values())
                     _write_group(settings, store, batch, topics, tables, group, count)
                     record_held(settings, store.name, Held(lsn, ends))
 

@@ -48,6 +48,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any, Protocol
@@ -647,46 +648,97 @@ def _copy_tables(
         poller = threading.Thread(target=poll, daemon=True)
         poller.start()
         changed: list[str] = []
-        for chunk in groups:
-            chunk = [(t, r, f) for t, r, f in chunk if t.qualified not in changed]
-            if not chunk:
-                continue
-            rows = reduce(lambda a, b: a.unionAll(b), [f for _, _, f in chunk])
-            if into is None:
-                _write(settings, _events(rows, wraps))
-            else:  # read once (kept on disk): the same rows go to Kafka, then into the stores
-                rows = rows.persist(StorageLevel.DISK_ONLY)  # the heap is for the collect
-                try:
-                    before = _ends(settings, list(topics))
+        stores = _IntoStores(into)
+        try:
+            for chunk in groups:
+                chunk = [(t, r, f) for t, r, f in chunk if t.qualified not in changed]
+                if not chunk:
+                    continue
+                rows = reduce(lambda a, b: a.unionAll(b), [f for _, _, f in chunk])
+                if into is None:
                     _write(settings, _events(rows, wraps))
-                    after = _ends(settings, list(topics))
+                else:  # read once (kept on disk): the same rows go to Kafka, then into the stores
+                    rows = rows.persist(StorageLevel.DISK_ONLY)  # the heap is for the collect
+                    try:
+                        before = _ends(settings, list(topics))
+                        _write(settings, _events(rows, wraps))
+                        after = _ends(settings, list(topics))
+                    except BaseException:
+                        rows.unpersist()
+                        raise
                     records = _as_records(settings, rows, wraps, point, after)
-                    into(records, after, sum(after.values()) - sum(before.values()))
-                finally:
-                    rows.unpersist()
-            with admin_connection(settings) as conn:
-                conn.autocommit = True
-                record_ranges(conn, pipe.name, [r for _, r, _ in chunk])
-                # no lock is held between two groups: a rewrite there (VACUUM FULL,
-                # CLUSTER, pg_repack) moves unread rows into pages read, or out of the
-                # snapshot's sight. A table whose identity, read after the group, is still
-                # the one from before the snapshot was not rewritten before the group's
-                # reads ended (a rewrite waits for the readers' locks): every row of the
-                # ranges read so far was read.
-                for table in {t.qualified: t for t, _, _ in chunk}.values():
-                    relid, files = _identity(conn, table)
-                    if relid != identities[table.qualified][0]:
-                        raise SnapshotError(
-                            f"table {table.qualified} was dropped and created again while the "
-                            "snapshot read it: run `cdc snapshot` again (it resumes, and cuts the "
-                            "table in every store before it backfills it)"
-                        )
-                    if files != identities[table.qualified][1]:
-                        changed.append(table.qualified)
+                    stores.put(rows, records, after, before)
+                with admin_connection(settings) as conn:
+                    conn.autocommit = True
+                    record_ranges(conn, pipe.name, [r for _, r, _ in chunk])
+                    # no lock is held between two groups: a rewrite there (VACUUM FULL,
+                    # CLUSTER, pg_repack) moves unread rows into pages read, or out of the
+                    # snapshot's sight. A table whose identity, read after the group, is still
+                    # the one from before the snapshot was not rewritten before the group's
+                    # reads ended (a rewrite waits for the readers' locks): every row of the
+                    # ranges read so far was read.
+                    for table in {t.qualified: t for t, _, _ in chunk}.values():
+                        relid, files = _identity(conn, table)
+                        if relid != identities[table.qualified][0]:
+                            raise SnapshotError(
+                                f"table {table.qualified} was dropped and created again while "
+                                "the snapshot read it: run `cdc snapshot` again (it resumes, "
+                                "and cuts the table in every store before it backfills it)"
+                            )
+                        if files != identities[table.qualified][1]:
+                            changed.append(table.qualified)
+            stores.finish()  # the last group into the stores (its failure is the run's)
+        finally:
+            stores.close()  # its thread ends before the stores' locks do
         done.set()
         poller.join()
         written = _update(progress, tasks, start, settings, began, final=True)
     return {topics[t].qualified: n for t, n in written.items()}, changed
+
+
+class _IntoStores:
+    """The groups into the stores (`into`), one at a time in a thread of their own, each
+    once it is in Kafka: the next group's read and write to Kafka go on meanwhile. A
+    group whose write failed stops every later one (what a store holds is recorded as
+    offsets below which it holds every record), and the copy at its next group, or at
+    `finish`. `close` waits for the thread, however the copy ends."""
+
+    def __init__(self, into: IntoStores | None) -> None:
+        self.into = into
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="into-stores") if into else None
+        self.failed: BaseException | None = None
+
+    def put(self, rows: Any, records: Any, after: dict[str, int], before: dict[str, int]) -> None:
+        """Write a group (its cached `rows`, as `records`) into the stores, after the one
+        before it; `before`/`after`: each partition's end offset around its Kafka write."""
+        assert self.into is not None and self.pool is not None
+        self.check()
+        into, count = self.into, sum(after.values()) - sum(before.values())
+
+        def write() -> None:
+            try:
+                if self.failed is None:
+                    into(records, after, count)
+            except BaseException as exc:
+                self.failed = exc
+            finally:
+                rows.unpersist()
+
+        self.pool.submit(write)
+
+    def check(self) -> None:
+        """Raise the failure of a group written so far, if one failed."""
+        if self.failed is not None:
+            raise self.failed
+
+    def finish(self) -> None:
+        """Wait for the last group; raise a group's failure."""
+        self.close()
+        self.check()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
 
 
 def _ends(settings: Settings, topics: list[str]) -> dict[str, int]:

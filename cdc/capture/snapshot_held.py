@@ -14,7 +14,11 @@ connection of its own: the lock ends with the process, however it ends). The sto
 apply batches wait while the lock is held, so the two never write the store at once.
 
 A new snapshot (not a resumed one) forgets every record: what an earlier one held was in
-records the new one deletes."""
+records the new one deletes. A store emptied to be rebuilt from the log forgets its own.
+
+A store's apply query that starts anew (no checkpoint yet) starts each held partition at
+its end, and its progress record takes the records below as applied (cdc/apply/job.py):
+it reads none of them."""
 
 from __future__ import annotations
 
@@ -75,8 +79,12 @@ def read_held(settings: Settings, store: str) -> Held | None:
         return None
 
 
-def forget_held(settings: Settings) -> None:
-    """A new snapshot starts: no store holds anything of it yet."""
+def forget_held(settings: Settings, store: str | None = None) -> None:
+    """A new snapshot starts, or `store` is emptied to be rebuilt from the log: it holds
+    nothing the snapshot wrote (None: no store does)."""
+    if store is not None:
+        _file(settings, store).unlink(missing_ok=True)
+        return
     folder = settings.data_dir / "checkpoints" / settings.pipeline.name
     for path in folder.glob("snapshot-held-*.json"):
         path.unlink(missing_ok=True)

@@ -5,6 +5,7 @@ created again, or a compacted key left with only a TOAST placeholder)."""
 
 from __future__ import annotations
 
+from cdc.capture.snapshot_held import forget_held
 from cdc.capture.source_reader import read_source
 from cdc.core.errors import ConfigError
 from cdc.core.say import Say
@@ -38,6 +39,7 @@ def reset_store(settings: Settings, store: str, tables: list[str] | None, say: S
     # the whole log is read again; what the store holds of the other tables refuses
     # every write that is not newer, so only the emptied tables change
     checkpoint(settings, store).remove()
+    forget_held(settings, store)  # the snapshot's records are read again, as every other
     progress = read_progress(settings, store) or Progress()
     # the TRUNCATEs the source still has (a restored source has lost those past its WAL)
     kept = {t: at for t, at in progress.truncated.items() if not wal or at[0] <= wal}

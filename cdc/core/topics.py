@@ -32,6 +32,7 @@ __all__ = [
     "TopicSpec",
     "change_times",
     "change_topic",
+    "change_topic_ends",
     "change_topic_pattern",
     "change_topic_spec",
     "check_names_apart",
@@ -435,14 +436,22 @@ def set_topic_configs(kafka: KafkaSettings, specs: list[TopicSpec]) -> None:
 def ever_written(kafka: KafkaSettings, pipeline: PipelineSettings) -> set[str]:
     """The pipeline's change topics ever written to (an end offset above 0, even if their
     records were deleted since)."""
+    ends = change_topic_ends(kafka, pipeline)
+    return {t for t, parts in ends.items() if any(parts.values())}
+
+
+def change_topic_ends(
+    kafka: KafkaSettings, pipeline: PipelineSettings
+) -> dict[str, dict[int, int]]:
+    """The end offset of each partition of every change topic of the pipeline now (those
+    the apply job's pattern matches)."""
     pattern = re.compile(change_topic_pattern(pipeline))
     admin = kafka_admin(kafka, 15000)
     try:
         topics = [t for t in admin.list_topics() if pattern.fullmatch(t)]
     finally:
         admin.close()
-    ends = end_offsets(kafka, topics) if topics else {}
-    return {t for t, parts in ends.items() if any(parts.values())}
+    return end_offsets(kafka, topics) if topics else {}
 
 
 def end_offsets(kafka: KafkaSettings, topics: list[str]) -> dict[str, dict[int, int]]:
