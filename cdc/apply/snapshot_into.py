@@ -79,21 +79,28 @@ class StoresTakingSnapshot:
                 yield None
                 return
             say(f"the snapshot writes {', '.join(s.name for s in stores)} itself, beside Kafka")
-            groups = iter(range(1_000_000_000))
+            # their tables made before the copy: made beside its first group, Spark's
+            # Delta jobs and the Kafka write took the two cores from each other for longer
+            for store in stores:
+                store.prepare(tables.values())
+            yield _writer(settings, stores, tables, lsn)
 
-            def write(records: Any, ends: dict[str, int], count: int) -> None:
-                group = next(groups)
-                topics = {
-                    change_topic(settings.pipeline, t): t for t in [*tables, TRUNCATIONS_TABLE]
-                }
-                batch = with_generated(records, expressions_dsn(settings), topics, tables)
-                for store in stores:
-                    if group == 0:  # its tables made (beside the first group's Kafka write)
-                        store.prepare(tables.values())
-                    _write_group(settings, store, batch, topics, tables, group, count)
-                    record_held(settings, store.name, Held(lsn, ends))
 
-            yield write
+def _writer(
+    settings: Settings, stores: list[FrameStore], tables: dict[str, Table], lsn: int
+) -> IntoStores:
+    """The function that writes a group into `stores`."""
+    groups = iter(range(1_000_000_000))
+
+    def write(records: Any, ends: dict[str, int], count: int) -> None:
+        group = next(groups)
+        topics = {change_topic(settings.pipeline, t): t for t in [*tables, TRUNCATIONS_TABLE]}
+        batch = with_generated(records, expressions_dsn(settings), topics, tables)
+        for store in stores:
+            _write_group(settings, store, batch, topics, tables, group, count)
+            record_held(settings, store.name, Held(lsn, ends))
+
+    return write
 
 
 def _write_group(
