@@ -2,8 +2,9 @@
 the change topics appends the rows to the warehouse's tables, each with the partition its
 record took in Kafka; the warehouse's apply starts after those records, and changes after
 the snapshot reach it as before (a query with a checkpoint already leaves them out of its
-batches: test_resnapshot.py's second snapshot, taken by `cdc snapshot`). Interrupted after a group was in Kafka but before it was in
-the warehouse, a rerun resumes and every store ends equal to the source.
+batches: test_resnapshot.py's second snapshot, taken by `cdc snapshot`). Interrupted
+after a group was in Kafka but before it was in the warehouse, a rerun resumes and every
+store ends equal to the source.
 
 The warehouse is read by delta-rs (the `deltalake` package), not through the product."""
 

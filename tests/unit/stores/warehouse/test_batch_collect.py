@@ -60,7 +60,13 @@ def writer(tmp_path: Path, engine: str = "delta-rs", each: float | None = 3.0) -
     return batches
 
 
-def collect(batches: WarehouseBatches, batch: Batch, tables: dict[str, Table], behind: int) -> Any:
+def collect(
+    batches: WarehouseBatches,
+    batch: Batch,
+    tables: dict[str, Table],
+    behind: int,
+    records: int | None = None,
+) -> Any:
     ctx = BatchContext(
         batch_id=1,
         started_ms=0,
@@ -71,6 +77,7 @@ def collect(batches: WarehouseBatches, batch: Batch, tables: dict[str, Table], b
         truncate_log={},
         emptied_by=lambda name, relid: None,
         dead_letter=lambda row: None,
+        records=records,
     )
     return batches.collect_records(batch, ctx)
 
@@ -102,6 +109,18 @@ def test_a_batch_too_large_for_the_drivers_heap_is_not_collected(tmp_path: Path)
     assert (wide.samples, wide.collected) == (1, 0)
     narrow = Batch(sampled=600)
     assert collect(fresh, narrow, TABLES, 10**7) is RECORDS
+
+
+def test_a_batch_of_known_size_is_judged_by_it_not_by_the_most_a_batch_holds(
+    tmp_path: Path,
+) -> None:
+    """A snapshot's group holds more records than a micro-batch's most (500,000): 1 M
+    records of 600 bytes do not fit the heap, though 500,000 would."""
+    state = writer(tmp_path, each=600.0)
+    assert collect(state, Batch(), TABLES, 10**7) is RECORDS
+    state.record_bytes = 600.0
+    assert collect(state, Batch(), TABLES, 0, records=1_000_000) is None
+    assert collect(state, Batch(), TABLES, 0, records=400_000) is RECORDS
 
 
 def test_a_batch_over_the_drivers_limit_leaves_the_next_ones_to_spark(tmp_path: Path) -> None:
