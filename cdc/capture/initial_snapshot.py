@@ -326,60 +326,68 @@ def run_snapshot(
         identities = {t.qualified: _identity(conn, t) for t in tables}
     say(f"creating slot {pipe.slot} with an exported snapshot")
     spark = spark_session(settings, f"cdc-snapshot-{pipe.name}")
-    with exported_snapshot(
-        replication_dsn(settings, replication=True), settings.postgres.dsn(), pipe.slot, waiting
-    ) as point:
-        lsn = int_to_lsn(point.lsn)
-        with admin_connection(settings) as conn:  # what a run after a crash resumes from
-            conn.autocommit = True
-            mark_point(conn, pipe.name, lsn, point.ts_ms, _snapshot_xmin(settings, point))
-        say(f"snapshot {point.snapshot_name} at LSN {lsn}: reading {len(tables)} table(s)")
-        with contextlib.ExitStack() as stack:
+    # the locks of the stores the snapshot writes itself, held until they have every group
+    # (after the connector starts: their apply waits for them, the others stream)
+    with contextlib.ExitStack() as stack:
+        with exported_snapshot(
+            replication_dsn(settings, replication=True), settings.postgres.dsn(), pipe.slot, waiting
+        ) as point:
+            lsn = int_to_lsn(point.lsn)
+            with admin_connection(settings) as conn:  # what a run after a crash resumes from
+                conn.autocommit = True
+                mark_point(conn, pipe.name, lsn, point.ts_ms, _snapshot_xmin(settings, point))
+            say(f"snapshot {point.snapshot_name} at LSN {lsn}: reading {len(tables)} table(s)")
             write_into = stack.enter_context(into.writing(spark, point.lsn, say)) if into else None
+            stores = _IntoStores(write_into)
+            stack.callback(stores.close)  # its thread ends before the stores' locks do
             rows, changed = _copy_tables(
-                settings, spark, tables, point, console, identities, write_into
+                settings, spark, tables, point, console, identities, stores
             )
-    if changed:
-        say(
-            f"changed during the copy: {', '.join(changed)} (rewritten by VACUUM FULL, "
-            "CLUSTER, pg_repack or ALTER TABLE, truncated, or partitions attached or detached); "
-            "the copy of each stopped there: streaming starts, and each is backfilled whole as "
-            "a resumed snapshot does"
+        if changed:
+            say(
+                f"changed during the copy: {', '.join(changed)} (rewritten by VACUUM FULL, "
+                "CLUSTER, pg_repack or ALTER TABLE, truncated, or partitions attached or "
+                "detached); the copy of each stopped there: streaming starts, and each is "
+                "backfilled whole as a resumed snapshot does"
+            )
+            with admin_connection(settings) as conn:
+                ranges = read_ranges(conn, pipe.name)
+                resumed = resume_point(conn, pipe.name)
+            assert resumed is not None  # mark_point recorded it
+            result = _resume(
+                settings, tables, point, ranges, resumed[0], console, say, started, interrupted
+            )
+            stores.done(say)
+            return result
+        # a generation: stores that hold it whole drop what they hold from before it
+        record_generation(
+            settings,
+            point.lsn,
+            point.ts_ms,
+            [change_topic(pipe, t.qualified) for t in tables],
+            earlier=interrupted,
         )
-        with admin_connection(settings) as conn:
-            ranges = read_ranges(conn, pipe.name)
-            resumed = resume_point(conn, pipe.name)
-        assert resumed is not None  # mark_point recorded it
-        return _resume(
-            settings, tables, point, ranges, resumed[0], console, say, started, interrupted
-        )
-    # a generation: stores that hold it whole drop what they hold from before it
-    record_generation(
-        settings,
-        point.lsn,
-        point.ts_ms,
-        [change_topic(pipe, t.qualified) for t in tables],
-        earlier=interrupted,
-    )
-    # the columns the snapshot's rows hold: DDL after it that changes values unseen is
-    # found by the apply job (cdc/capture/rewrites.py)
-    record_schemas(settings, tables)
+        # the columns the snapshot's rows hold: DDL after it that changes values unseen is
+        # found by the apply job (cdc/capture/rewrites.py)
+        record_schemas(settings, tables)
 
-    with admin_connection(settings) as conn:
-        conn.autocommit = True
-        mark_done(conn, pipe.name, lsn, point.ts_ms, sum(rows.values()))
-    say(f"snapshot done: {sum(rows.values())} rows; starting the connector on slot {pipe.slot}")
-    try:
-        # a new generation: the connector starts at the slot's consistent point, whatever
-        # offset an earlier connector of this name left in Connect (contract point 11)
-        register_connector(settings, tables, start_lsn=point.lsn, start_ts_ms=point.ts_ms)
-    except ConnectorError as exc:
-        raise ConnectorError(
-            f"{exc} (the snapshot is complete and kept: rerun `cdc snapshot` to start streaming)"
-        ) from None
-    with admin_connection(settings) as conn:
-        sync_truncate_triggers(conn)  # those a busy table kept setup from installing
-    return SnapshotResult(lsn=lsn, rows=rows, seconds=time.monotonic() - started)
+        with admin_connection(settings) as conn:
+            conn.autocommit = True
+            mark_done(conn, pipe.name, lsn, point.ts_ms, sum(rows.values()))
+        say(f"snapshot done: {sum(rows.values())} rows; starting the connector on slot {pipe.slot}")
+        try:
+            # a new generation: the connector starts at the slot's consistent point, whatever
+            # offset an earlier connector of this name left in Connect (contract point 11)
+            register_connector(settings, tables, start_lsn=point.lsn, start_ts_ms=point.ts_ms)
+        except ConnectorError as exc:
+            raise ConnectorError(
+                f"{exc} (the snapshot is complete and kept: rerun `cdc snapshot` to start "
+                "streaming)"
+            ) from None
+        with admin_connection(settings) as conn:
+            sync_truncate_triggers(conn)  # those a busy table kept setup from installing
+        stores.done(say)  # streaming meanwhile: the stores' apply waits for their lock
+        return SnapshotResult(lsn=lsn, rows=rows, seconds=time.monotonic() - started)
 
 
 def _resumable(
@@ -564,7 +572,7 @@ def _copy_tables(
     point: SnapshotPoint,
     console: Console,
     identities: dict[str, tuple[int, str]],
-    into: IntoStores | None = None,
+    stores: _IntoStores | None = None,
 ) -> tuple[dict[str, int], list[str]]:
     """Write every table's snapshot events to its change topic; returns rows per table,
     and the tables whose files (`identities`: as they were before the snapshot) changed
@@ -572,8 +580,9 @@ def _copy_tables(
     of them may miss rows (a rewrite moved them into pages read before, or out of the
     snapshot's sight), so they are to be backfilled whole. A table dropped (and created
     again) meanwhile stops the run: the one after it resumes with the relation as the
-    publication and the capture set hold it then. `into`: each group, once in Kafka,
-    also into the stores that take it (module doc)."""
+    publication and the capture set hold it then. `stores`: each group, once in Kafka,
+    also into the stores that take it (module doc), in their thread (the caller waits
+    for it)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -648,48 +657,44 @@ def _copy_tables(
         poller = threading.Thread(target=poll, daemon=True)
         poller.start()
         changed: list[str] = []
-        stores = _IntoStores(into)
-        try:
-            for chunk in groups:
-                chunk = [(t, r, f) for t, r, f in chunk if t.qualified not in changed]
-                if not chunk:
-                    continue
-                rows = reduce(lambda a, b: a.unionAll(b), [f for _, _, f in chunk])
-                if into is None:
+        stores = stores or _IntoStores(None)
+        for chunk in groups:
+            chunk = [(t, r, f) for t, r, f in chunk if t.qualified not in changed]
+            if not chunk:
+                continue
+            rows = reduce(lambda a, b: a.unionAll(b), [f for _, _, f in chunk])
+            if stores.into is None:
+                _write(settings, _events(rows, wraps))
+            else:  # read once (kept on disk): the same rows go to Kafka, then into the stores
+                rows = rows.persist(StorageLevel.DISK_ONLY)  # the heap is for the collect
+                try:
+                    before = _ends(settings, list(topics))
                     _write(settings, _events(rows, wraps))
-                else:  # read once (kept on disk): the same rows go to Kafka, then into the stores
-                    rows = rows.persist(StorageLevel.DISK_ONLY)  # the heap is for the collect
-                    try:
-                        before = _ends(settings, list(topics))
-                        _write(settings, _events(rows, wraps))
-                        after = _ends(settings, list(topics))
-                    except BaseException:
-                        rows.unpersist()
-                        raise
-                    records = _as_records(settings, rows, wraps, point, after)
-                    stores.put(rows, records, after, before)
-                with admin_connection(settings) as conn:
-                    conn.autocommit = True
-                    record_ranges(conn, pipe.name, [r for _, r, _ in chunk])
-                    # no lock is held between two groups: a rewrite there (VACUUM FULL,
-                    # CLUSTER, pg_repack) moves unread rows into pages read, or out of the
-                    # snapshot's sight. A table whose identity, read after the group, is still
-                    # the one from before the snapshot was not rewritten before the group's
-                    # reads ended (a rewrite waits for the readers' locks): every row of the
-                    # ranges read so far was read.
-                    for table in {t.qualified: t for t, _, _ in chunk}.values():
-                        relid, files = _identity(conn, table)
-                        if relid != identities[table.qualified][0]:
-                            raise SnapshotError(
-                                f"table {table.qualified} was dropped and created again while "
-                                "the snapshot read it: run `cdc snapshot` again (it resumes, "
-                                "and cuts the table in every store before it backfills it)"
-                            )
-                        if files != identities[table.qualified][1]:
-                            changed.append(table.qualified)
-            stores.finish()  # the last group into the stores (its failure is the run's)
-        finally:
-            stores.close()  # its thread ends before the stores' locks do
+                    after = _ends(settings, list(topics))
+                except BaseException:
+                    rows.unpersist()
+                    raise
+                records = _as_records(settings, rows, wraps, point, after)
+                stores.put(rows, records, after, before)
+            with admin_connection(settings) as conn:
+                conn.autocommit = True
+                record_ranges(conn, pipe.name, [r for _, r, _ in chunk])
+                # no lock is held between two groups: a rewrite there (VACUUM FULL,
+                # CLUSTER, pg_repack) moves unread rows into pages read, or out of the
+                # snapshot's sight. A table whose identity, read after the group, is still
+                # the one from before the snapshot was not rewritten before the group's
+                # reads ended (a rewrite waits for the readers' locks): every row of the
+                # ranges read so far was read.
+                for table in {t.qualified: t for t, _, _ in chunk}.values():
+                    relid, files = _identity(conn, table)
+                    if relid != identities[table.qualified][0]:
+                        raise SnapshotError(
+                            f"table {table.qualified} was dropped and created again while "
+                            "the snapshot read it: run `cdc snapshot` again (it resumes, "
+                            "and cuts the table in every store before it backfills it)"
+                        )
+                    if files != identities[table.qualified][1]:
+                        changed.append(table.qualified)
         done.set()
         poller.join()
         written = _update(progress, tasks, start, settings, began, final=True)
@@ -698,10 +703,11 @@ def _copy_tables(
 
 class _IntoStores:
     """The groups into the stores (`into`), one at a time in a thread of their own, each
-    once it is in Kafka: the next group's read and write to Kafka go on meanwhile. A
-    group whose write failed stops every later one (what a store holds is recorded as
-    offsets below which it holds every record), and the copy at its next group, or at
-    `finish`. `close` waits for the thread, however the copy ends."""
+    once it is in Kafka: the next group's read and write to Kafka go on meanwhile, and
+    the connector starts while the last ones are written. A group whose write failed
+    stops every later one (what a store holds is recorded as offsets below which it
+    holds every record) and the copy at its next group. `close` waits for the thread,
+    however the snapshot ends."""
 
     def __init__(self, into: IntoStores | None) -> None:
         self.into = into
@@ -731,10 +737,19 @@ class _IntoStores:
         if self.failed is not None:
             raise self.failed
 
-    def finish(self) -> None:
-        """Wait for the last group; raise a group's failure."""
+    def done(self, say: Say) -> None:
+        """Wait for the last group. A group that failed is said, not raised: the snapshot
+        is whole in Kafka, and the store's apply reads the groups it lacks from there."""
+        if self.pool is None:
+            return
+        say("the snapshot's last groups go into the stores that take them")
         self.close()
-        self.check()
+        if self.failed is not None:
+            why = (str(self.failed).strip().splitlines() or [type(self.failed).__name__])[0]
+            say(
+                f"a group of the snapshot did not go into the stores itself ({why[:200]}): "
+                "their apply reads the rest of it from Kafka"
+            )
 
     def close(self) -> None:
         if self.pool is not None:
