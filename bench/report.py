@@ -91,11 +91,12 @@ def direct_snapshot_rows(r: dict[str, Any]) -> list[list[str]]:
         [
             f"Snapshot of {_n(r['rows'])} rows into Kafka and Delta at once (it writes the "
             "warehouse itself)",
-            f"{_n(r['snapshot_read_write_s'])} s = {_n(r['snapshot_rows_per_s'])} rows/s; "
-            f"the warehouse's apply then past its records in {_n(r['warehouse_apply_s'])} s",
+            f"{_n(r['warehouse_whole_s'])} s = {_n(r['warehouse_rows_per_s'])} rows/s until "
+            f"the warehouse held every row (Kafka every record at {r['snapshot_read_write_s']} "
+            f"s); the warehouse's apply then past its records in {_n(r['warehouse_apply_s'])} s",
             "",
             "≥ 150,000 rows/s",
-            _met(r["snapshot_rows_per_s"] >= 150_000),
+            _met(r["warehouse_rows_per_s"] >= 150_000),
         ]
     ]
 
@@ -392,7 +393,7 @@ def table() -> str:
     machine: dict[str, Any] = {}
     if snapshot := latest("snapshot", lambda r: "debezium_total_s" in r):
         rows += snapshot_rows(snapshot)
-    if direct := latest("snapshot", lambda r: r.get("warehouse") == "direct"):
+    if direct := latest("snapshot", lambda r: "warehouse_whole_s" in r):
         rows += direct_snapshot_rows(direct)
         machine = snapshot["machine"]
     if catchup := latest("catchup", lambda r: all(f"{s}_changes_per_s" in r for s in STORES)):
