@@ -7,8 +7,9 @@ route it chooses included, as its apply job would write those records: generated
 columns computed, poison values to the dead-letter topic, its join views refreshed.
 Then what the store holds is recorded (cdc/capture/snapshot_held.py) and its apply skips
 those records. While the snapshot writes a store it holds the store's snapshot lock, and
-its writer lock where it takes one writer (the warehouse on S3); a store whose writer
-lock another process holds is reached through Kafka only, as before."""
+its writer lock where it takes one writer (the warehouse on S3). A store whose writer
+lock another process holds, or that cannot be made ready (its tables, its views), is
+reached through Kafka only, as before, and the snapshot says why in one line."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ from cdc.capture.initial_snapshot import IntoStores
 from cdc.capture.snapshot_held import Held, record_held, writing_lock
 from cdc.capture.source_view import SourceView
 from cdc.core.catalog import TRUNCATIONS_TABLE, Table
-from cdc.core.errors import StoreBusyError
 from cdc.core.one_writer import one_writer
 from cdc.core.say import Say
 from cdc.core.settings import Settings
@@ -60,30 +60,41 @@ class StoresTakingSnapshot:
             stores: list[FrameStore] = []
             tables = SourceView(settings).read_batch().tables
             for name in self.names:
+                own = contextlib.ExitStack()  # its locks, kept once it is ready
                 try:
-                    locks.enter_context(one_writer(settings, name, "cdc snapshot"))
-                    locks.enter_context(writing_lock(settings, name))
-                except StoreBusyError as exc:
-                    say(f"{exc}; the snapshot reaches {name} through Kafka only")
+                    own.enter_context(one_writer(settings, name, "cdc snapshot"))
+                    own.enter_context(writing_lock(settings, name))
+                    store = _ready(settings, name, spark, tables)
+                except Exception as exc:  # the snapshot goes on through Kafka, as before
+                    own.close()
+                    log.info("%s: not written by the snapshot", name, exc_info=True)
+                    said = str(exc).strip().splitlines() or [type(exc).__name__]
+                    say(f"{name}: {said[0][:300]}; the snapshot reaches it through Kafka only")
                     continue
-                store = make_writer(settings, name, spark)
-                if not isinstance(store, FrameStore):
-                    continue
-                if with_ability([name], "views"):  # its join views, as the apply job runs them
-                    door = derived_views(settings, [name])
-                    if door is not None:
-                        store.take_views(door.checked(settings, tables))
                 record_held(settings, name, Held(lsn))
+                locks.enter_context(own.pop_all())
                 stores.append(store)
             if not stores:
                 yield None
                 return
             say(f"the snapshot writes {', '.join(s.name for s in stores)} itself, beside Kafka")
-            # their tables made before the copy: made beside its first group, Spark's
-            # Delta jobs and the Kafka write took the two cores from each other for longer
-            for store in stores:
-                store.prepare(tables.values())
             yield _writer(settings, stores, tables, lsn)
+
+
+def _ready(settings: Settings, name: str, spark: Any, tables: dict[str, Table]) -> FrameStore:
+    """The store `name` ready to take the snapshot's groups: its join views taken, as the
+    apply job runs them, and its tables made before the copy (made beside its first
+    group, Spark's Delta jobs and the Kafka write took the two cores from each other for
+    longer)."""
+    store = make_writer(settings, name, spark)
+    if not isinstance(store, FrameStore):
+        raise TypeError(f"store {name} declares the ability 'snapshot' but is no FrameStore")
+    if with_ability([name], "views"):
+        door = derived_views(settings, [name])
+        if door is not None:
+            store.take_views(door.checked(settings, tables))
+    store.prepare(tables.values())
+    return store
 
 
 def _writer(
