@@ -15,6 +15,7 @@ import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -204,3 +205,25 @@ def _kafka_ends(settings: Settings, table: str) -> dict[str, int]:
 
     topic = change_topic(settings.pipeline, table)
     return {f"{topic}:{p}": end for p, end in end_offsets(settings.kafka, [topic])[topic].items()}
+
+
+def test_a_warehouse_the_snapshot_cannot_write_is_reached_through_kafka(
+    captured: Capture, tmp_path: Path
+) -> None:
+    """A warehouse whose tables cannot be made (its folder is a file): the snapshot says
+    so in one line, writes the topics as before, and records nothing as held."""
+    from cdc.stores.warehouse.settings import with_warehouse
+
+    made = _table(captured)
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    settings = with_warehouse(made.settings, path=str(blocked / "warehouse"))
+    notes: list[str] = []
+    result = run_snapshot(
+        settings, Console(file=io.StringIO()), notes.append, snapshot_into(settings)
+    )
+    assert result.total_rows == ROWS
+    said = [n for n in notes if "the snapshot reaches it through Kafka only" in n]
+    assert len(said) == 1 and said[0].startswith("warehouse: "), notes
+    assert read_held(settings, "warehouse") is None
+    assert sum(_kafka_ends(settings, made.table).values()) == ROWS
