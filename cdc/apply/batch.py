@@ -186,6 +186,8 @@ class BatchWriter:
         if held is None or (held.ends and held.covers(progress.applied)):
             return batch, {}
         self.check_snapshot()
+        if not held.ends:
+            return batch, {}
         below = F.lit(False)
         for where, end in sorted(held.ends.items()):
             topic, _, part = where.rpartition(":")
@@ -194,8 +196,6 @@ class BatchWriter:
                 & (F.col("partition") == int(part))
                 & (F.col("offset") < end)
             )
-        if not held.ends:
-            return batch, {}
         found = (
             batch.where(below)
             .groupBy("topic", "partition")

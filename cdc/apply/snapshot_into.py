@@ -14,6 +14,7 @@ reached through Kafka only, as before, and the snapshot says why in one line."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from typing import Any
 from cdc.apply.dead_letters import DeadLetters
 from cdc.capture.initial_snapshot import IntoStores
 from cdc.capture.snapshot_held import Held, record_held, writing_lock
-from cdc.capture.source_view import SourceView
+from cdc.capture.source_reader import captured_tables
 from cdc.core.catalog import TRUNCATIONS_TABLE, Table
 from cdc.core.one_writer import one_writer
 from cdc.core.say import Say
@@ -58,7 +59,7 @@ class StoresTakingSnapshot:
         settings = self.settings
         with contextlib.ExitStack() as locks:
             stores: list[FrameStore] = []
-            tables = SourceView(settings).read_batch().tables
+            tables = captured_tables(settings)
             for name in self.names:
                 own = contextlib.ExitStack()  # its locks, kept once it is ready
                 try:
@@ -101,7 +102,7 @@ def _writer(
     settings: Settings, stores: list[FrameStore], tables: dict[str, Table], lsn: int
 ) -> IntoStores:
     """The function that writes a group into `stores`."""
-    groups = iter(range(1_000_000_000))
+    groups = itertools.count()
 
     def write(records: Any, ends: dict[str, int], count: int) -> None:
         group = next(groups)
