@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -314,9 +314,8 @@ def watch_backfill(
         consumer.assign([tp])
         consumer.seek(tp, from_offset)
         while not progress.finished:
-            for record in consumer.poll(timeout_ms=1000).get(tp, []):
-                if _follow(progress, _note(record.value)):
-                    on_progress(progress)
+            records = consumer.poll(timeout_ms=1000).get(tp, [])
+            _take(progress, (_note(r.value) for r in records), on_progress)
             if deadline is not None and time.monotonic() > deadline:
                 waiting = signal_id is not None and not progress.taken
                 untaken = " (Debezium has not taken its signal yet"
@@ -351,6 +350,21 @@ def _note(value: bytes | None) -> Any:
         return json.loads(value) if value else {}
     except (ValueError, RecursionError):
         return {}
+
+
+def _take(
+    progress: BackfillProgress,
+    notes: Iterable[Any],
+    on_progress: Callable[[BackfillProgress], None],
+) -> None:
+    """Follow `notes` (one poll's) in order, up to the one that finishes the backfill:
+    what comes after it (Debezium's COMPLETED of the window a stop interrupted, another
+    backfill's) is not this backfill's end, and a stop stays a stop."""
+    for note in notes:
+        if _follow(progress, note):
+            on_progress(progress)
+            if progress.finished:
+                return
 
 
 def _follow(progress: BackfillProgress, note: dict[str, Any]) -> bool:

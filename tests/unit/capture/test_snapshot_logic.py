@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc.capture.backfill import BackfillProgress, _apply
+from cdc.capture.backfill import BackfillProgress, _apply, _take
 from cdc.capture.initial_snapshot import ctid_clause, page_ranges, relation_kept, unread_rows
 from cdc.capture.slot import int_to_lsn, lsn_to_int
 from cdc.capture.snapshots import ReadRange
@@ -168,6 +168,16 @@ def test_backfill_progress_follows_notifications() -> None:
     )
     _apply(progress, {"type": "COMPLETED", "additional_data": {}})
     assert progress.finished and progress.rows_scanned == 990
+
+
+def test_a_stopped_backfill_stays_stopped_whatever_follows_in_the_same_poll() -> None:
+    progress, seen = BackfillProgress(), []
+    notes = [
+        {"aggregate_type": "Incremental Snapshot", "type": t, "additional_data": {}}
+        for t in ("IN_PROGRESS", "ABORTED", "COMPLETED")
+    ]
+    _take(progress, notes, lambda p: seen.append(p.state))
+    assert progress.state == "ABORTED" and seen == ["IN_PROGRESS", "ABORTED"]
 
 
 def test_tables_add_and_remove_edit_the_settings_file(
