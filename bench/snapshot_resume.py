@@ -13,12 +13,12 @@ pipeline of its own over pgbench_accounts:
 1. `cdc snapshot`, not interrupted: its wall time (the command, Spark's start included);
 2. `cdc snapshot` killed (SIGKILL, its Spark driver with it) once the CTID ranges it
    recorded as written hold --at of the table's pages; then `cdc snapshot` again, which
-   resumes (streams from the slot, backfills the rest): the time to the kill, the
+   resumes (reads the rest, then streams from the slot): the time to the kill, the
    resume's time, and the rows that went through the log twice (the records in the
    topic less the table's rows: the table is idle).
 
 --only-whole times step 1 alone, and --repo runs `cdc` from another checkout (the code
-before resumable snapshots, for the cost of writing a few ranges per Spark job).
+before a change, in the same sitting).
 Prints the figures and appends them to results/snapshot_resume.jsonl.
 """
 
@@ -106,14 +106,14 @@ def whole(base: Settings, repo: Path) -> float:
         cleanup(settings)
 
 
-def interrupted(base: Settings, at: float, rows: int) -> dict[str, float]:
+def interrupted(base: Settings, at: float, rows: int, repo: Path) -> dict[str, float]:
     settings = bench_settings(base, [TABLE])
     with psycopg.connect(base.postgres.dsn()) as conn:
         pages = conn.execute(f"SELECT relpages FROM pg_class WHERE oid = '{TABLE}'::regclass")
         total_pages = int(pages.fetchone()[0])  # type: ignore[index]
     try:
         started = time.monotonic()
-        first = snapshot(settings, ROOT)
+        first = snapshot(settings, repo)
         while written_pages(settings) < at * total_pages:
             if first.poll() is not None:
                 raise SystemExit("the snapshot finished before it was killed: lower --at")
@@ -122,7 +122,7 @@ def interrupted(base: Settings, at: float, rows: int) -> dict[str, float]:
         first.wait()
         killed = time.monotonic() - started
         done_fraction = written_pages(settings) / total_pages
-        resumed = finish(snapshot(settings, ROOT))
+        resumed = finish(snapshot(settings, repo))
         twice = records(settings) - rows
         return {
             "to_kill_s": round(killed, 1),
@@ -153,7 +153,7 @@ def main() -> None:
         wholes.append(round(whole(base, args.repo), 1))
         print(f"run {run + 1}: uninterrupted {wholes[-1]} s", flush=True)
         if not args.only_whole:
-            broken.append(interrupted(base, args.at, rows))
+            broken.append(interrupted(base, args.at, rows, args.repo))
             print(f"run {run + 1}: interrupted {broken[-1]}", flush=True)
     figures: dict[str, object] = {
         "rows": rows,

@@ -16,7 +16,7 @@ from cdc.core.catalog import Table, describe_table
 from cdc.core.settings import Settings
 from cdc.core.settings.pipeline import PipelineSettings
 from cdc.core.topics import ChangeRecord, change_topic, read_topic
-from cdc.types.decode import decode_row
+from cdc.types.decode import UNAVAILABLE, decode_row, mark_unavailable
 
 
 def pipeline_for(settings: Settings, tables: list[str], **extra: Any) -> Settings:
@@ -48,15 +48,30 @@ def events_by_key(records: list[ChangeRecord]) -> dict[bytes, list[ChangeRecord]
     return grouped
 
 
-def reconstruct(records: list[ChangeRecord]) -> dict[bytes, dict[str, Any]]:
-    """The table as the log says it is: the last event per key; deletes and tombstones remove it."""
+def reconstruct(
+    records: list[ChangeRecord], table: Table | None = None
+) -> dict[bytes, dict[str, Any]]:
+    """The table as the log says it is: the last event per key; deletes and tombstones
+    remove it. With `table`, as the stores read it: a placeholder for an unchanged TOAST
+    value keeps the value the key's event before it held (UNAVAILABLE when none did)."""
     rows: dict[bytes, dict[str, Any]] = {}
     for key, events in events_by_key(records).items():
-        last = events[-1].value
-        if last is None or last["op"] == "d":
+        row: dict[str, Any] | None = None
+        for event in events if table is not None else events[-1:]:
+            value = event.value
+            if value is None or value["op"] == "d":
+                row = None
+                continue
+            after = value["after"]
+            if table is not None:
+                after = mark_unavailable(table, value["op"], after) or {}
+                held = row or {}
+                after = {c: held.get(c, v) if v == UNAVAILABLE else v for c, v in after.items()}
+            row = after
+        if row is None:
             rows.pop(key, None)
         else:
-            rows[key] = last["after"]
+            rows[key] = row
     return rows
 
 
@@ -86,11 +101,11 @@ def _parsed(text: Any) -> Any:
 
 
 def log_rows(records: list[ChangeRecord], table: Table) -> dict[tuple[Any, ...], dict[str, Any]]:
-    """The table as its log says it is, without the generated columns (Debezium's events
-    lack them; the apply job computes them)."""
+    """The table as its log says it is, read as the stores read it (reconstruct), without
+    the generated columns (Debezium's events lack them; the apply job computes them)."""
     rows = {}
     generated = {c.name for c in table.generated}
-    for after in reconstruct(records).values():
+    for after in reconstruct(records, table).values():
         decoded = {k: v for k, v in decode_row(table, after).items() if k not in generated}
         rows[tuple(decoded[k] for k in table.key)] = decoded
     return rows

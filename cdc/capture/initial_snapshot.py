@@ -14,16 +14,17 @@ The ranges are written a few at a time, and each group, once in Kafka, is record
 (cdc.snapshot_ranges) with its table's identity (relation, partitions and files, as
 they were before the slot was made) beside the consistent point and the snapshot's
 xmin. A run that stops before 4 leaves state `running`. The next run resumes it when
-it had recorded ranges: the exported snapshot died with its session, so it starts the
-connector at the slot's consistent point and backfills (Debezium's watermarked
-incremental snapshot) only the rows the interrupted run had not written: those
-outside the recorded ranges, and every row version written after the snapshot (an
-UPDATE may have moved a row into a recorded range). A table whose files changed
-meanwhile (VACUUM FULL) is backfilled whole; one whose rows the first run wrote may
-belong to another relation now (dropped and created again, a partition detached or
-dropped, truncated while its trigger was missing) is cut first, in every store,
-before its backfill. Otherwise the run drops the unused slot, removes what the
-interrupted run wrote and starts again.
+it had recorded ranges: the exported snapshot died with its session, so Spark reads,
+under a snapshot of now, only the rows the interrupted run had not written (those
+outside the recorded ranges, and every row version written after the snapshot: an
+UPDATE may have moved a row into a recorded range), writes them as the consistent
+point's events, and then starts the connector at the point: every change after it
+follows them in the log, and is newer by the write rule. A table whose files changed
+meanwhile (VACUUM FULL) is read whole; one whose rows the first run wrote may belong
+to another relation now (dropped and created again, a partition detached or dropped,
+truncated while its trigger was missing) is cut first, in every store, then
+backfilled whole (Debezium's watermarked incremental snapshot). Otherwise the run
+drops the unused slot, removes what the interrupted run wrote and starts again.
 
 With stores that take the snapshot's rows themselves (`into`: the warehouse, made by the
 command, cdc/apply/snapshot_into.py), each group is cached once read, written to Kafka,
@@ -355,7 +356,16 @@ def run_snapshot(
                 resumed = resume_point(conn, pipe.name)
             assert resumed is not None  # mark_point recorded it
             result = _resume(
-                settings, tables, point, ranges, resumed[0], console, say, started, interrupted
+                settings,
+                tables,
+                point,
+                ranges,
+                resumed[0],
+                console,
+                say,
+                started,
+                interrupted,
+                spark,
             )
             stores.done(say)
             return result
@@ -466,16 +476,23 @@ def _resume(
     say: Say,
     started: float,
     earlier: int | None = None,
+    spark: Any = None,
 ) -> SnapshotResult:
-    """Finish an interrupted snapshot: stream from its slot's consistent point, and
-    backfill (Debezium's watermarked incremental snapshot) the rows it had not written
-    (unread_rows); then mark it done, as a run that was not interrupted does.
+    """Finish an interrupted snapshot: the rows it had not written (unread_rows) into the
+    log, then stream from its slot's consistent point; then mark it done, as a run that
+    was not interrupted does.
+
+    Before the connector exists, Spark reads those rows under a snapshot of now, as the
+    copy does, and writes them as the consistent point's snapshot events, before any
+    change streamed after the point (_read_rest). Once the connector streams (a resume
+    interrupted after it started), and for a table rewritten during that read, Debezium's
+    watermarked incremental snapshot reads them, as `cdc backfill` does.
 
     A table whose written rows may not all be its own rows now (relation_kept: created
     again, a partition gone) is cut first, as `cdc setup` cuts one (every store drops
-    what it held of it), and backfilled whole. The cut commits before the backfill's
-    signal, so it sits in the log before every row the backfill writes; a run stopped
-    after it cuts again (a second cut before a whole backfill changes nothing)."""
+    what it held of it), and backfilled whole by Debezium. The cut commits before the
+    backfill's signal, so it sits in the log before every row the backfill writes; a run
+    stopped after it cuts again (a second cut before a whole backfill changes nothing)."""
     pipe = settings.pipeline
     lsn = int_to_lsn(point.lsn)
     topics = [change_topic(pipe, t.qualified) for t in tables]
@@ -495,15 +512,28 @@ def _resume(
                 plans[table.qualified] = where
         with conn.transaction():
             cut_ids = [pending.cut(conn, name) for name in cuts]
+    streams = connect_client(settings).connectors().get(pipe.connector) is not None
+    here = {} if streams else {n: w for n, w in plans.items() if n not in cuts}
     say(
         f"resuming the snapshot at LSN {lsn}: {len(ranges)} range(s) were written whole; "
-        f"streaming from slot {pipe.slot} and backfilling the rest of {len(plans)} table(s)"
+        + (f"reading the rest of {len(here)} table(s), then " if here else "")
+        + f"streaming from slot {pipe.slot}"
+        + (f"; backfilling {len(plans) - len(here)} table(s)" if len(plans) > len(here) else "")
         + (f"; cut first in every store: {', '.join(cuts)}" if cuts else "")
     )
+    rows = {change_topic(pipe, t.qualified): 0 for t in tables}
+    if here:
+        read, changed = _read_rest(
+            settings, spark, [t for t in tables if t.qualified in here], point, here, console
+        )
+        rows.update({change_topic(pipe, name): n for name, n in read.items()})
+        if changed:
+            say(f"changed while the rest was read: {', '.join(changed)}; backfilled whole")
+        plans = {n: ("true" if n in changed else w) for n, w in plans.items()}
+        plans = {n: w for n, w in plans.items() if n not in here or n in changed}
     register_connector(settings, tables, start_lsn=point.lsn, start_ts_ms=point.ts_ms)
     if cut_ids:
         _await_cuts(settings, cut_ids, say)
-    rows = {change_topic(pipe, t.qualified): 0 for t in tables}
     with Progress(
         TextColumn("{task.description}", markup=False),  # names, not markup
         BarColumn(),
@@ -525,7 +555,7 @@ def _resume(
 
             done = watch_backfill(settings, offset, show, signal_id=signal)
             bar.update(task, completed=1.0, detail=f"{done.rows_scanned or 0:,} rows read")
-            rows[change_topic(pipe, name)] = done.rows_scanned or 0
+            rows[change_topic(pipe, name)] += done.rows_scanned or 0
     record_generation(settings, point.lsn, point.ts_ms, topics, earlier=earlier)
     record_schemas(settings, tables)
     total = {t.qualified: written.get(change_topic(pipe, t.qualified), 0) for t in tables}
@@ -535,8 +565,38 @@ def _resume(
         conn.autocommit = True
         mark_done(conn, pipe.name, lsn, point.ts_ms, sum(total.values()))
         sync_truncate_triggers(conn)
-    say(f"snapshot at LSN {lsn} done: the rest backfilled; streaming from slot {pipe.slot}")
+    say(f"snapshot at LSN {lsn} done: the rest written; streaming from slot {pipe.slot}")
     return SnapshotResult(lsn=lsn, rows=total, seconds=time.monotonic() - started, continued=True)
+
+
+def _read_rest(
+    settings: Settings,
+    spark: Any,
+    tables: list[Table],
+    point: SnapshotPoint,
+    rest: dict[str, str],
+    console: Console,
+) -> tuple[dict[str, int], list[str]]:
+    """The rows of each table that match its filter in `rest` (unread_rows), read by
+    Spark under one snapshot exported now and written as snapshot events of `point`
+    (position (consistent point, 0)); returns rows per table and the tables rewritten
+    meanwhile (as _copy_tables).
+
+    The connector is not streaming yet: every change after the point follows these rows
+    in its key's partition. A row read now holds changes made after the point too; the
+    changes that follow it in the log are newer than it by the write rule, so each
+    store ends at the key's newest change, and an UPDATE's placeholder for an unchanged
+    TOAST value finds the value in the store (the row, read after the point, holds it
+    unless a later change replaced it, which the log has whole)."""
+    with admin_connection(settings) as conn:  # before the snapshot: a rewrite from here on
+        identities = {t.qualified: _identity(conn, t) for t in tables}
+    with psycopg.connect(replication_dsn(settings), connect_timeout=10) as held:
+        held.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        row = held.execute("SELECT pg_export_snapshot()").fetchone()
+        assert row is not None
+        now = SnapshotPoint(point.lsn, point.ts_ms, str(row[0]))
+        spark = spark or spark_session(settings, f"cdc-snapshot-{settings.pipeline.name}")
+        return _copy_tables(settings, spark, tables, now, console, identities, rest=rest)
 
 
 def _await_cuts(settings: Settings, ids: list[int], say: Say) -> None:
@@ -573,6 +633,7 @@ def _copy_tables(
     console: Console,
     identities: dict[str, tuple[int, str]],
     stores: _IntoStores | None = None,
+    rest: dict[str, str] | None = None,
 ) -> tuple[dict[str, int], list[str]]:
     """Write every table's snapshot events to its change topic; returns rows per table,
     and the tables whose files (`identities`: as they were before the snapshot) changed
@@ -582,7 +643,8 @@ def _copy_tables(
     again) meanwhile stops the run: the one after it resumes with the relation as the
     publication and the capture set hold it then. `stores`: each group, once in Kafka,
     also into the stores that take it (module doc), in their thread (the caller waits
-    for it)."""
+    for it). `rest` (a resumed snapshot's, _read_rest): only the rows of each table that
+    match its filter, in no recorded range (a run after this one reads them again)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -609,6 +671,8 @@ def _copy_tables(
             topic = change_topic(pipe, table.qualified)
             wraps[topic] = envelope(table, point, pipe.topic_prefix, pg.database, now_ms)
             rows = f" AND ({table.row_filter})" if table.row_filter else ""
+            if rest is not None:
+                rows += f" AND {rest[table.qualified]}"
             relid, files = identities[table.qualified]
             for first, end in page_ranges(table.pages, pipe.snapshot_pages_per_reader):
                 subquery = f"({query} WHERE {ctid_clause(first, end)}{rows}) AS snapshot_rows"
@@ -678,7 +742,8 @@ def _copy_tables(
                 stores.put(rows, records, after, before)
             with admin_connection(settings) as conn:
                 conn.autocommit = True
-                record_ranges(conn, pipe.name, [r for _, r, _ in chunk])
+                if rest is None:
+                    record_ranges(conn, pipe.name, [r for _, r, _ in chunk])
                 # no lock is held between two groups: a rewrite there (VACUUM FULL,
                 # CLUSTER, pg_repack) moves unread rows into pages read, or out of the
                 # snapshot's sight. A table whose identity, read after the group, is still
