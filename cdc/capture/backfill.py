@@ -63,6 +63,9 @@ IN_STREAM = {
 # (JSON in JSON); Kafka Connect writes them as one record, at most 1 MiB by default.
 MAX_FILTER_CHARS = 512 * 1024
 
+# how long a COMPLETED that no table scan came before waits for an ABORTED (finished)
+STOP_GRACE_S = 10.0
+
 
 @dataclass
 class BackfillProgress:
@@ -76,10 +79,19 @@ class BackfillProgress:
     failures: list[str] = field(default_factory=list)  # "table: STATUS" of a scan that failed
     signal_id: str | None = None  # when given: what follows Debezium taking this signal
     taken: bool = False  # Debezium has taken signal_id
+    scanned: bool = False  # a table's scan completed
+    completed_at: float | None = None  # when a COMPLETED came before any scan completed
 
     @property
     def finished(self) -> bool:
-        return self.state in ("COMPLETED", "ABORTED")
+        """Completed or stopped. Debezium 3.6 says COMPLETED, then ABORTED, of a backfill
+        stopped in its table, with no TABLE_SCAN_COMPLETED: such a COMPLETED is the end
+        only once STOP_GRACE_S passed without an ABORTED."""
+        if self.state == "ABORTED":
+            return True
+        if self.state != "COMPLETED":
+            return False
+        return self.scanned or time.monotonic() - (self.completed_at or 0.0) > STOP_GRACE_S
 
     @property
     def fraction(self) -> float | None:
@@ -401,5 +413,8 @@ def _apply(progress: BackfillProgress, note: dict[str, Any]) -> None:
     if scanned.isascii() and scanned.isdigit() and len(scanned) <= 18:  # a count, as Debezium says
         progress.rows_scanned = (progress.rows_scanned or 0) + int(scanned)
     status = extra.get("status")
+    progress.scanned |= progress.state == "TABLE_SCAN_COMPLETED"
+    if progress.state == "COMPLETED" and progress.completed_at is None:
+        progress.completed_at = time.monotonic()
     if progress.state == "TABLE_SCAN_COMPLETED" and status not in (None, "SUCCEEDED", "EMPTY"):
         progress.failures.append(f"{extra.get('scanned_collection', progress.table)}: {status}")

@@ -170,14 +170,37 @@ def test_backfill_progress_follows_notifications() -> None:
     assert progress.finished and progress.rows_scanned == 990
 
 
-def test_a_stopped_backfill_stays_stopped_whatever_follows_in_the_same_poll() -> None:
-    progress, seen = BackfillProgress(), []
-    notes = [
-        {"aggregate_type": "Incremental Snapshot", "type": t, "additional_data": {}}
-        for t in ("IN_PROGRESS", "ABORTED", "COMPLETED")
+def _notes(*kinds: str) -> list[dict[str, object]]:
+    return [
+        {"aggregate_type": "Incremental Snapshot", "type": t, "additional_data": {}} for t in kinds
     ]
-    _take(progress, notes, lambda p: seen.append(p.state))
-    assert progress.state == "ABORTED" and seen == ["IN_PROGRESS", "ABORTED"]
+
+
+def test_a_stopped_backfill_is_stopped_whatever_debezium_says_around_it() -> None:
+    # stop 77: Debezium 3.6 says COMPLETED, then ABORTED, of a backfill stopped in its table
+    progress, seen = BackfillProgress(), []
+    _take(progress, _notes("IN_PROGRESS", "COMPLETED"), lambda p: seen.append(p.state))
+    assert not progress.finished  # no table scan completed: an ABORTED may follow
+    _take(progress, _notes("ABORTED", "COMPLETED"), lambda p: seen.append(p.state))
+    assert progress.state == "ABORTED" and seen == ["IN_PROGRESS", "COMPLETED", "ABORTED"]
+    # a backfill that scanned its table is done at COMPLETED; what follows is not its own
+    done = BackfillProgress()
+    _take(
+        done, _notes("IN_PROGRESS", "TABLE_SCAN_COMPLETED", "COMPLETED", "ABORTED"), lambda _: None
+    )
+    assert done.finished and done.state == "COMPLETED"
+
+
+def test_a_completed_backfill_that_scanned_nothing_ends_after_the_grace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import cdc.capture.backfill as backfill
+
+    progress = BackfillProgress()
+    _take(progress, _notes("STARTED", "COMPLETED"), lambda _: None)
+    assert not progress.finished
+    monkeypatch.setattr(backfill, "STOP_GRACE_S", -1.0)
+    assert progress.finished and progress.state == "COMPLETED"
 
 
 def test_tables_add_and_remove_edit_the_settings_file(
