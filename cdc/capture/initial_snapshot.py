@@ -14,17 +14,18 @@ The ranges are written a few at a time, and each group, once in Kafka, is record
 (cdc.snapshot_ranges) with its table's identity (relation, partitions and files, as
 they were before the slot was made) beside the consistent point and the snapshot's
 xmin. A run that stops before 4 leaves state `running`. The next run resumes it when
-it had recorded ranges: the exported snapshot died with its session, so Spark reads,
-under a snapshot of now, only the rows the interrupted run had not written (those
-outside the recorded ranges, and every row version written after the snapshot: an
-UPDATE may have moved a row into a recorded range), writes them as the consistent
-point's events, and then starts the connector at the point: every change after it
-follows them in the log, and is newer by the write rule. A table whose files changed
-meanwhile (VACUUM FULL) is read whole; one whose rows the first run wrote may belong
-to another relation now (dropped and created again, a partition detached or dropped,
-truncated while its trigger was missing) is cut first, in every store, then
-backfilled whole (Debezium's watermarked incremental snapshot). Otherwise the run
-drops the unused slot, removes what the interrupted run wrote and starts again.
+it had recorded ranges: the exported snapshot died with its session, so it writes the
+rows the interrupted run had not written in two parts. Those outside the recorded
+ranges that no transaction wrote since the snapshot are as the snapshot saw them:
+Spark reads them under a snapshot of now and writes them as the consistent point's
+events, before the connector starts at the point. Every row version written since
+(an UPDATE may have moved a row into a recorded range) is then backfilled while
+streaming (Debezium's watermarked incremental snapshot), as before. A table whose
+files changed meanwhile (VACUUM FULL) is read so whole; one whose rows the first run
+wrote may belong to another relation now (dropped and created again, a partition
+detached or dropped, truncated while its trigger was missing) is cut first, in every
+store, then backfilled whole. Otherwise the run drops the unused slot, removes what
+the interrupted run wrote and starts again.
 
 With stores that take the snapshot's rows themselves (`into`: the warehouse, made by the
 command, cdc/apply/snapshot_into.py), each group is cached once read, written to Kafka,
@@ -189,6 +190,33 @@ def unread_rows(read: list[tuple[int, int | None]], xmin: int) -> str | None:
     A row version's xmin is a 32-bit xid: it counts as newer when it is less than 2^31
     ahead of the snapshot's, modulo 2^32, which holds for every xid written since (a
     version frozen over 2^31 xids ago may count too, and is only read again)."""
+    done = _written(read)
+    if done is None:
+        return "true"
+    if done == "true":
+        return None
+    return f"(NOT ({done}) OR {newer_rows(xmin)})"
+
+
+def unchanged_unread_rows(read: list[tuple[int, int | None]], xmin: int) -> str | None:
+    """The rows of unread_rows that no transaction wrote since the snapshot: outside the
+    page ranges `read`, and not newer_rows. Each is as the snapshot saw it (it was
+    there, committed, and nothing changed it since), so it is read now as the snapshot's
+    row. None: there are none."""
+    done = _written(read)
+    if done == "true":
+        return None
+    return f"NOT {newer_rows(xmin)}" + (f" AND NOT ({done})" if done else "")
+
+
+def newer_rows(xmin: int) -> str:
+    """The filter of the row versions a transaction at or after `xmin` (an xid8) wrote."""
+    return f"(((xmin::text::bigint - {xmin % 2**32} + 4294967296) % 4294967296) < 2147483648)"
+
+
+def _written(read: list[tuple[int, int | None]]) -> str | None:
+    """The filter of the rows in the page ranges `read`: None when there are none,
+    "true" when they cover every page."""
     merged: list[list[Any]] = []
     for first, end in sorted(read, key=lambda r: r[0]):
         if merged:
@@ -200,12 +228,10 @@ def unread_rows(read: list[tuple[int, int | None]], xmin: int) -> str | None:
                 continue
         merged.append([first, end])
     if not merged:
-        return "true"
-    if merged == [[0, None]]:
         return None
-    done = " OR ".join(f"({ctid_clause(first, end)})" for first, end in merged)
-    newer = f"((xmin::text::bigint - {xmin % 2**32} + 4294967296) % 4294967296) < 2147483648"
-    return f"(NOT ({done}) OR {newer})"
+    if merged == [[0, None]]:
+        return "true"
+    return " OR ".join(f"({ctid_clause(first, end)})" for first, end in merged)
 
 
 def _partitions(files: str) -> set[int] | None:
@@ -479,14 +505,18 @@ def _resume(
     spark: Any = None,
 ) -> SnapshotResult:
     """Finish an interrupted snapshot: the rows it had not written (unread_rows) into the
-    log, then stream from its slot's consistent point; then mark it done, as a run that
+    log, and stream from its slot's consistent point; then mark it done, as a run that
     was not interrupted does.
 
-    Before the connector exists, Spark reads those rows under a snapshot of now, as the
-    copy does, and writes them as the consistent point's snapshot events, before any
-    change streamed after the point (_read_rest). Once the connector streams (a resume
-    interrupted after it started), and for a table rewritten during that read, Debezium's
-    watermarked incremental snapshot reads them, as `cdc backfill` does.
+    Before the connector exists, Spark reads those of them that no transaction wrote
+    since the snapshot (unchanged_unread_rows: each is the row the snapshot saw) and
+    writes them as the consistent point's snapshot events, before any change streamed
+    after the point (_read_rest). The row versions written since (newer_rows), where
+    there are any, are then backfilled by Debezium's watermarked incremental snapshot, as
+    `cdc backfill` does: each at the position of the commit it was read after, so no
+    store or history holds a later value at the snapshot's position. So are all of them
+    once the connector streams (a resume interrupted after it started), and a table
+    rewritten during Spark's read.
 
     A table whose written rows may not all be its own rows now (relation_kept: created
     again, a partition gone) is cut first, as `cdc setup` cuts one (every store drops
@@ -497,40 +527,50 @@ def _resume(
     lsn = int_to_lsn(point.lsn)
     topics = [change_topic(pipe, t.qualified) for t in tables]
     written = {t: sum(p.values()) for t, p in end_offsets(settings.kafka, topics).items()}
-    plans: dict[str, str] = {}
+    plans: dict[str, str] = {}  # what Debezium backfills, per table
+    here: dict[str, str] = {}  # what Spark reads first, per table
     cuts: list[str] = []
+    streams = connect_client(settings).connectors().get(pipe.connector) is not None
     with admin_connection(settings) as conn:
         conn.autocommit = True
         for table in tables:
             relid, files = _identity(conn, table)
             mine = [r for r in ranges if r.relid == relid]
-            where = unread_rows([(r.first, r.end) for r in mine if r.files == files], xmin)
+            read = [(r.first, r.end) for r in mine if r.files == files]
+            where = unread_rows(read, xmin)
             if not relation_kept(mine, files, _truncate_logged(conn, relid, xmin)):
                 cuts.append(table.qualified)
-                where = "true"  # a cut is followed by the whole table
-            if where is not None:
+                plans[table.qualified] = "true"  # a cut is followed by the whole table
+            elif streams and where is not None:
                 plans[table.qualified] = where
+            elif not streams:
+                unchanged = unchanged_unread_rows(read, xmin)
+                if unchanged is not None:
+                    here[table.qualified] = unchanged
+                plans[table.qualified] = newer_rows(xmin)  # if there are any (below)
         with conn.transaction():
             cut_ids = [pending.cut(conn, name) for name in cuts]
-    streams = connect_client(settings).connectors().get(pipe.connector) is not None
-    here = {} if streams else {n: w for n, w in plans.items() if n not in cuts}
     say(
         f"resuming the snapshot at LSN {lsn}: {len(ranges)} range(s) were written whole; "
         + (f"reading the rest of {len(here)} table(s), then " if here else "")
         + f"streaming from slot {pipe.slot}"
-        + (f"; backfilling {len(plans) - len(here)} table(s)" if len(plans) > len(here) else "")
         + (f"; cut first in every store: {', '.join(cuts)}" if cuts else "")
     )
     rows = {change_topic(pipe, t.qualified): 0 for t in tables}
     if here:
-        read, changed = _read_rest(
+        read_here, changed = _read_rest(
             settings, spark, [t for t in tables if t.qualified in here], point, here, console
         )
-        rows.update({change_topic(pipe, name): n for name, n in read.items()})
+        rows.update({change_topic(pipe, name): n for name, n in read_here.items()})
         if changed:
             say(f"changed while the rest was read: {', '.join(changed)}; backfilled whole")
-        plans = {n: ("true" if n in changed else w) for n, w in plans.items()}
-        plans = {n: w for n, w in plans.items() if n not in here or n in changed}
+        plans.update({name: "true" for name in changed})
+    if not streams:  # the row versions written since the snapshot, where there are any
+        with admin_connection(settings) as conn:
+            named = {t.qualified: t for t in tables}
+            plans = {n: w for n, w in plans.items() if w == "true" or _any(conn, named[n], w)}
+    if plans:
+        say(f"backfilling {len(plans)} table(s): {', '.join(plans)}")
     register_connector(settings, tables, start_lsn=point.lsn, start_ts_ms=point.ts_ms)
     if cut_ids:
         _await_cuts(settings, cut_ids, say)
@@ -569,6 +609,12 @@ def _resume(
     return SnapshotResult(lsn=lsn, rows=total, seconds=time.monotonic() - started, continued=True)
 
 
+def _any(conn: Any, table: Table, where: str) -> bool:
+    """Whether any row of `table` matches `where`."""
+    row = conn.execute(f"SELECT EXISTS (SELECT 1 FROM {table.regclass} WHERE {where})").fetchone()
+    return bool(row and row[0])
+
+
 def _read_rest(
     settings: Settings,
     spark: Any,
@@ -577,17 +623,15 @@ def _read_rest(
     rest: dict[str, str],
     console: Console,
 ) -> tuple[dict[str, int], list[str]]:
-    """The rows of each table that match its filter in `rest` (unread_rows), read by
-    Spark under one snapshot exported now and written as snapshot events of `point`
-    (position (consistent point, 0)); returns rows per table and the tables rewritten
-    meanwhile (as _copy_tables).
+    """The rows of each table that match its filter in `rest` (unchanged_unread_rows),
+    read by Spark under one snapshot exported now and written as snapshot events of
+    `point` (position (consistent point, 0)); returns rows per table and the tables
+    rewritten meanwhile (as _copy_tables).
 
-    The connector is not streaming yet: every change after the point follows these rows
-    in its key's partition. A row read now holds changes made after the point too; the
-    changes that follow it in the log are newer than it by the write rule, so each
-    store ends at the key's newest change, and an UPDATE's placeholder for an unchanged
-    TOAST value finds the value in the store (the row, read after the point, holds it
-    unless a later change replaced it, which the log has whole)."""
+    Each row is the one the snapshot saw: no transaction since wrote it. The connector is
+    not streaming yet, so every change after the point follows these rows in its key's
+    partition: an UPDATE's placeholder for an unchanged TOAST value finds the value in
+    the store, as after an uninterrupted snapshot."""
     with admin_connection(settings) as conn:  # before the snapshot: a rewrite from here on
         identities = {t.qualified: _identity(conn, t) for t in tables}
     with psycopg.connect(replication_dsn(settings), connect_timeout=10) as held:

@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from cdc.capture.backfill import BackfillProgress, _apply, _take
-from cdc.capture.initial_snapshot import ctid_clause, page_ranges, relation_kept, unread_rows
+from cdc.capture.initial_snapshot import (
+    ctid_clause,
+    newer_rows,
+    page_ranges,
+    relation_kept,
+    unchanged_unread_rows,
+    unread_rows,
+)
 from cdc.capture.slot import int_to_lsn, lsn_to_int
 from cdc.capture.snapshots import ReadRange
 from cdc.core.catalog import Column, Table
@@ -143,6 +150,17 @@ def test_the_toast_placeholder_is_never_turned_into_a_value() -> None:
 def test_decode_row_drops_columns_the_table_no_longer_has() -> None:
     table = Table("public", "t", (col("id", "int4"),), ("id",), "d", 0, 0)
     assert decode_row(table, {"id": 1, "gone": "x"}) == {"id": 1}
+
+
+def test_a_resume_reads_as_the_snapshot_only_what_nothing_changed_since() -> None:
+    newer = newer_rows(7)
+    assert unchanged_unread_rows([], 7) == f"NOT {newer}"  # nothing written
+    assert unchanged_unread_rows([(0, 100), (100, None)], 7) is None  # every page written
+    assert unchanged_unread_rows([(0, 100)], 7) == (
+        f"NOT {newer} AND NOT ((ctid < '(100,0)'::tid))"
+    )
+    # with the row versions written since, it is what the interrupted run did not write
+    assert unread_rows([(0, 100)], 7) == f"(NOT ((ctid < '(100,0)'::tid)) OR {newer})"
 
 
 def test_backfill_progress_follows_notifications() -> None:
