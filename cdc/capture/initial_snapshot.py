@@ -625,20 +625,23 @@ def _read_rest(
 ) -> tuple[dict[str, int], list[str]]:
     """The rows of each table that match its filter in `rest` (unchanged_unread_rows),
     read by Spark under one snapshot exported now and written as snapshot events of
-    `point` (position (consistent point, 0)); returns rows per table and the tables
+    `point` at position (consistent point, 1); returns rows per table and the tables
     rewritten meanwhile (as _copy_tables).
 
     Each row is the one the snapshot saw: no transaction since wrote it. The connector is
     not streaming yet, so every change after the point follows these rows in its key's
     partition: an UPDATE's placeholder for an unchanged TOAST value finds the value in
-    the store, as after an uninterrupted snapshot."""
+    the store, as after an uninterrupted snapshot. Their position is after the first
+    run's rows (one the killed run wrote to Kafka without recording its range is read
+    again, the same row: a history takes it as a second version, never two versions at
+    one position) and before every streamed change (position (commit >= point, its LSN))."""
     with admin_connection(settings) as conn:  # before the snapshot: a rewrite from here on
         identities = {t.qualified: _identity(conn, t) for t in tables}
     with psycopg.connect(replication_dsn(settings), connect_timeout=10) as held:
         held.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         row = held.execute("SELECT pg_export_snapshot()").fetchone()
         assert row is not None
-        now = SnapshotPoint(point.lsn, point.ts_ms, str(row[0]))
+        now = SnapshotPoint(point.lsn, point.ts_ms, str(row[0]), order=1)
         spark = spark or spark_session(settings, f"cdc-snapshot-{settings.pipeline.name}")
         return _copy_tables(settings, spark, tables, now, console, identities, rest=rest)
 
@@ -919,7 +922,7 @@ def _as_records(
     if (over := _oversized(settings, _event_value(wraps))) is not None:  # as Kafka was sent it
         rows = rows.where(~over)
     source = json.dumps(
-        {"ts_ms": point.ts_ms, "lsn": point.lsn, "sequence": None, "snapshot": "true"},
+        {"ts_ms": point.ts_ms, **point.source_position(), "snapshot": "true"},
         separators=(",", ":"),
     )
     value = F.concat(F.lit('{"op":"r","after":'), F.col("after"), F.lit(f',"source":{source}}}'))

@@ -12,6 +12,7 @@ holding a transaction id) to end; while it waits, `on_wait` is told which.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -38,11 +39,24 @@ __all__ = [
 
 @dataclass(frozen=True)
 class SnapshotPoint:
-    """Where the snapshot sits in the log: the slot's consistent point, and when it was taken."""
+    """Where the snapshot sits in the log: the slot's consistent point, and when it was
+    taken. `order`: its rows' position is (lsn, order): 0 for the snapshot's own rows, 1
+    for those a resumed snapshot reads (cdc/capture/initial_snapshot.py), after the
+    first run's and before every change streamed after the point."""
 
     lsn: int
     ts_ms: int
     snapshot_name: str
+    order: int = 0
+
+    def source_position(self) -> dict[str, object]:
+        """The `source` block's `lsn` and `sequence` that give a row this position as
+        every decoder reads it (cdc/log/envelope.py): `lsn` alone for order 0, as
+        Debezium's own snapshot rows; else a sequence and no `lsn`, as Debezium's
+        backfill rows."""
+        if self.order == 0:
+            return {"lsn": self.lsn, "sequence": None}
+        return {"lsn": None, "sequence": json.dumps([str(self.lsn), str(self.order)])}
 
 
 def int_to_lsn(value: int) -> str:

@@ -13,7 +13,8 @@ commit order) and the change's own LSN (growing within its transaction). So
 change re-delivered by Debezium (at-least-once, at a new Kafka offset) has the position
 it had the first time, and positions survive the log being rebuilt. An initial snapshot
 row sits at `(consistent point, 0)`: before every change streamed after it (the
-connector of a generation starts with its last commit at the consistent point). A
+connector of a generation starts with its last commit at the consistent point); a row a
+resumed snapshot reads, one nothing changed since, at `(consistent point, 1)`. A
 backfill row sits at `(the commit Debezium had last seen when it emitted its chunk, 0)`:
 after every change of its key that the chunk read saw (changes inside the chunk's window
 were taken out of it), before every change of a transaction committed later.

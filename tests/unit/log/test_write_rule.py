@@ -139,6 +139,25 @@ def test_positions_from_debezium_source_blocks() -> None:
     )
 
 
+def test_a_resumed_snapshots_rows_sit_after_the_first_runs_and_before_the_stream() -> None:
+    import pyarrow as pa
+
+    from cdc.capture.slot import SnapshotPoint
+    from cdc.log.envelope import SOURCE_ARROW, arrow_positions
+
+    first = {"snapshot": "true", **SnapshotPoint(3000, 1, "s").source_position()}
+    resumed = {"snapshot": "true", **SnapshotPoint(3000, 1, "s", order=1).source_position()}
+    assert event_position("r", first) == (3000, 0)
+    assert event_position("r", resumed) == (3000, 1)
+    # the Arrow decoder reads both alike
+    source = pa.array([{"ts_ms": 1, **b} for b in (first, resumed)], SOURCE_ARROW)
+    found = arrow_positions(pa.array(["r", "r"]), source)
+    assert found is not None
+    assert list(zip(*(p.to_pylist() for p in found), strict=True)) == [(3000, 0), (3000, 1)]
+    # every change streamed after the point comes later, even one whose LSN is lower
+    assert event_position("c", {"lsn": 2990, "sequence": '["3000","2990"]'}) > (3000, 1)
+
+
 positions = st.tuples(st.integers(0, 3), st.integers(-1, 3))
 
 
