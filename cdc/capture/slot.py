@@ -56,7 +56,10 @@ class SnapshotPoint:
         backfill rows."""
         if self.order == 0:
             return {"lsn": self.lsn, "sequence": None}
-        return {"lsn": None, "sequence": json.dumps([str(self.lsn), str(self.order)])}
+        return {
+            "lsn": None,
+            "sequence": json.dumps([str(self.lsn), str(self.order)], separators=(",", ":")),
+        }
 
 
 def int_to_lsn(value: int) -> str:
