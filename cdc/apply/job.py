@@ -36,7 +36,7 @@ from cdc.core.errors import (
 )
 from cdc.core.one_writer import one_writer
 from cdc.core.settings import Settings
-from cdc.core.spark import kafka_options, spark_session, views_session
+from cdc.core.spark import execution_profile, kafka_options, spark_session, views_session
 from cdc.core.store_declarations import Publisher, declared, with_ability
 from cdc.core.topics import change_topic_ends, change_topic_pattern
 from cdc.log.checkpoints import checkpoint
@@ -64,10 +64,7 @@ def run_apply(
 ) -> None:
     """Run the apply job. once: apply what the topics hold now, then return."""
     selected = stores or list(settings.apply.stores)
-    # beside other stores, each store that asks for one runs in a process of its own
-    own = with_ability(selected, "own_process")
-    if once or not settings.apply.own_process or not own or len(own) == len(selected):
-        own = []
+    own = own_processes(settings, selected, once)
     with contextlib.ExitStack() as writers:
         # a store that takes one writer (the warehouse on S3): its lock, before anything
         # (a store in a process of its own takes it there)
@@ -75,6 +72,18 @@ def run_apply(
             if name not in own:
                 writers.enter_context(one_writer(settings, name, "cdc apply"))
         _run_apply(settings, selected, own, once, stop)
+
+
+def own_processes(settings: Settings, selected: list[str], once: bool) -> list[str]:
+    """The stores of `selected` that run in a process of their own: beside other stores,
+    each that asks for one, in the local profile. In the cluster profile the master
+    shares the cores, and a second application would get none on a standalone master
+    while the first holds every worker's (Spark's default; test_scale found the
+    warehouse's waiting so)."""
+    own = with_ability(selected, "own_process")
+    if once or not settings.apply.own_process or not own or len(own) == len(selected):
+        return []
+    return own if execution_profile(settings)[0] == "local" else []
 
 
 def _run_apply(

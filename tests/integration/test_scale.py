@@ -159,7 +159,8 @@ def test_a_catch_up_of_300k_changes_takes_no_rows_through_the_driver(
     not_spark = {p: i.get("engineInfo") for p, i in made.items() if "Spark" not in str(i)}
     assert not not_spark, not_spark
     (event_log,) = [p for p in events.iterdir() if p.name not in started]
-    app = event_log.name.split(".")[0]
+    # Spark 4 writes a rolling log: a folder eventlog_v2_<app> of zstd-compressed files
+    app = event_log.name.removeprefix("eventlog_v2_").split(".")[0]
     finished = cluster.finished_tasks(app)
     assert all(n > 0 for n in finished.values()), finished
     # what the executors sent the driver as task results, by Spark's own account
@@ -252,13 +253,23 @@ def _delta_rs(path: str, options: dict[str, str]) -> dict[int, tuple[Any, ...]]:
 
 
 def _task_result_bytes(event_log: Path) -> int:
-    """The sum of every finished task's result size in a Spark event log."""
+    """The sum of every finished task's result size in a Spark event log: one file, or
+    Spark 4's rolling folder of event files (zstd-compressed by default)."""
+    import io
+
+    import zstandard
+
+    files = sorted(event_log.glob("events_*")) if event_log.is_dir() else [event_log]
     total = 0
-    with event_log.open() as lines:
-        for line in lines:
-            if '"SparkListenerTaskEnd"' in line:
-                metrics = json.loads(line).get("Task Metrics") or {}
-                total += int(metrics.get("Result Size", 0))
+    for path in files:
+        with path.open("rb") as raw:
+            stream: Any = raw
+            if path.suffix == ".zstd":
+                stream = zstandard.ZstdDecompressor().stream_reader(raw)
+            for line in io.TextIOWrapper(stream, encoding="utf-8"):
+                if '"SparkListenerTaskEnd"' in line:
+                    metrics = json.loads(line).get("Task Metrics") or {}
+                    total += int(metrics.get("Result Size", 0))
     return total
 
 

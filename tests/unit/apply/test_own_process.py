@@ -49,3 +49,17 @@ def test_the_warehouse_process_dies_with_its_parent() -> None:
             time.sleep(0.05)
     finally:
         parent.kill()
+
+
+def test_a_store_runs_apart_in_the_local_profile_only() -> None:
+    """On a standalone master a second application gets no cores while the first holds
+    every worker's: in the cluster profile the warehouse runs in the one application."""
+    from cdc.apply.job import own_processes
+    from cdc.core.settings import load_settings
+
+    stores = ["cache", "search", "warehouse"]
+    local = load_settings(spark={"master": "local[2]"}, apply={"profile": "auto"})
+    assert own_processes(local, stores, once=False) == ["warehouse"]
+    assert own_processes(local, stores, once=True) == []
+    cluster = load_settings(spark={"master": "spark://spark-master:7077"})
+    assert own_processes(cluster, stores, once=False) == []
