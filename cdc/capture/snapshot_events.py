@@ -41,6 +41,7 @@ def _object(table: Table, names: tuple[str, ...]) -> sql.Composable:
 
 
 def source_block(table: Table, point: SnapshotPoint, topic_prefix: str, database: str) -> str:
+    position = point.source_position()
     return json.dumps(
         {
             "version": "cdc-snapshot",
@@ -49,13 +50,13 @@ def source_block(table: Table, point: SnapshotPoint, topic_prefix: str, database
             "ts_ms": point.ts_ms,
             "snapshot": "true",
             "db": database,
-            "sequence": point.source_position()["sequence"],
+            "sequence": position["sequence"],
             "ts_us": point.ts_ms * 1000,
             "ts_ns": point.ts_ms * 1_000_000,
             "schema": table.schema,
             "table": table.name,
             "txId": None,
-            "lsn": point.source_position()["lsn"],
+            "lsn": position["lsn"],
             "xmin": None,
         },
         separators=(",", ":"),
