@@ -23,7 +23,7 @@ from cdc.core.errors import INSTALL_HINT, ConfigError, NotInstalledError
 from cdc.core.files import write_file
 from cdc.core.object_store import check_bucket, s3a_jars, spark_s3_conf
 from cdc.core.settings import Settings
-from cdc.core.settings.connections import SECRET_KEY
+from cdc.core.settings.connections import SECRET_KEY, SparkSettings
 from cdc.core.state_folders import (
     checkpoint_store,
     local_warehouse,
@@ -195,6 +195,18 @@ def spark_master(master: str, cores: int | None = None) -> str:
     if master != "local[*]":
         return master
     return f"local[{2 * (cores or os.cpu_count() or 1)}]"
+
+
+def snapshot_partitions(spark: SparkSettings) -> str:
+    """The tasks Delta rebuilds a table's state from its log in, before each MERGE and
+    after each commit it reads (by default 50, sized for logs of millions of files): on
+    one machine one per core, which does it in half the time; on a cluster the session's
+    shuffle partitions. Every task sends the driver its metrics, some 4 KB: 50 tasks
+    per table and batch were most of what a batch's tasks sent the driver
+    (docs/scaling.md). A user's spark.conf may set it."""
+    if spark.master.startswith("local"):
+        return str(max(os.cpu_count() or 1, 2))
+    return str(spark.shuffle_partitions)
 
 
 def execution_profile(settings: Settings) -> tuple[str, str]:
@@ -396,13 +408,8 @@ def spark_session(settings: Settings, app_name: str) -> SparkSession:
         # through Hadoop's FileSystem API (write a temporary file, rename it) each costs a
         # fifth of what the default FileContext one does (bench/results/checkpoint.jsonl)
         .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
+        .config("spark.databricks.delta.snapshotPartitions", snapshot_partitions(spark))
     )
-    if spark.master.startswith("local"):
-        # Delta rebuilds a table's state from its log before each MERGE, by default in 50
-        # tasks: on one machine, one task per core does it in half the time
-        builder = builder.config(
-            "spark.databricks.delta.snapshotPartitions", str(max(os.cpu_count() or 1, 2))
-        )
     # the user's spark.conf over the object store's settings
     confs = {**store_conf, **spark.conf}
     secret = {k: v for k, v in confs.items() if SECRET_KEY.search(k)}

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cdc.core.spark import driver_address, execution_profile, jars_conf, spark_master
+from cdc.core.settings.connections import SparkSettings
+from cdc.core.spark import (
+    driver_address,
+    execution_profile,
+    jars_conf,
+    snapshot_partitions,
+    spark_master,
+)
 
 
 def test_local_star_is_twice_the_cores_in_task_slots() -> None:
@@ -78,3 +85,17 @@ def test_the_cluster_profile_writes_the_warehouse_and_its_views_with_spark(
         update={"apply": local.apply.model_copy(update={"profile": "cluster"})}
     )
     assert writer_in_use(chosen) == "spark"
+
+
+def test_delta_rebuilds_a_table_s_state_in_few_tasks_on_a_cluster_too() -> None:
+    """Delta's default of 50 tasks per state rebuild (one per table and batch, each task
+    sending the driver its metrics) was most of the task results of a cluster's batch
+    (test_scale's catch-up): a cluster uses the session's shuffle partitions."""
+    import os
+
+    assert snapshot_partitions(SparkSettings(master="local[*]")) == str(max(os.cpu_count() or 1, 2))
+    assert snapshot_partitions(SparkSettings(master="spark://10.0.0.1:7077")) == "4"
+    assert (
+        snapshot_partitions(SparkSettings(master="spark://10.0.0.1:7077", shuffle_partitions=16))
+        == "16"
+    )
