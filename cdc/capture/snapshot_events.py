@@ -27,7 +27,7 @@ from cdc.capture.slot import SnapshotPoint
 from cdc.core.catalog import Table
 from cdc.types.debezium_sql import column_json
 
-__all__ = ["envelope", "event_query"]
+__all__ = ["envelope", "event_query", "key_json"]
 
 
 def _object(table: Table, names: tuple[str, ...]) -> sql.Composable:
@@ -38,6 +38,12 @@ def _object(table: Table, names: tuple[str, ...]) -> sql.Composable:
         parts += [sql.Literal(label), column_json(table.column(name), masked_value(table, name))]
     parts.append(sql.Literal("}"))
     return sql.SQL(" || ").join(parts)
+
+
+def key_json(table: Table) -> sql.Composable:
+    """SQL for a row's key as its change events carry it (Debezium's JSON of the key
+    columns): what names it in the stores (a cache key's tail, a document's _id)."""
+    return _object(table, table.key)
 
 
 def source_block(table: Table, point: SnapshotPoint, topic_prefix: str, database: str) -> str:
@@ -69,7 +75,7 @@ def event_query(table: Table) -> sql.Composable:
     row of a snapshot (envelope()), so it is added on Spark's side rather than built by
     PostgreSQL and carried through JDBC for each row."""
     return sql.SQL("SELECT {key} AS key, {after} AS after FROM {table}").format(
-        key=_object(table, table.key),
+        key=key_json(table),
         after=_object(table, tuple(c.name for c in table.columns)),
         table=sql.Identifier(table.schema, table.name),
     )

@@ -65,7 +65,9 @@ def reconcile(
     rounds): a key it names only because it changed while it was read is mended too,
     which does no harm (the repair takes its row from the source as it is then, and
     removes a key only the source still lacks), and each round would read every row of
-    the stores again. The comparison after the repair has its rounds."""
+    the stores again. The comparison after the repair looks only at the keys the first
+    named (a repair changes no other key), key by key where they are few
+    (cdc/check/keyed.py), with its rounds."""
     say(f"verifying {len(tables)} tables in {', '.join(stores)} at a consistent cut")
     rounds = 1 if mend is not None else 3
     report = VerifyReport(verify(settings, tables, stores, timeout, rounds=rounds, say=say))
@@ -73,8 +75,8 @@ def reconcile(
         report.repairs = mend(report.drifts)
         for line in report.repairs:
             say(line)
-        say("verifying again once the stores have applied the repair")
-        report.drifts = verify(settings, tables, stores, timeout, say=say)
+        say("verifying the mended keys again once the stores have applied the repair")
+        report.drifts = verify(settings, tables, stores, timeout, say=say, again=report.drifts)
     if quality and (expected := with_ability(stores, "expectations")):
         say("running the expectations over the warehouse")
         counts = {d.table: d.source_rows for d in report.drifts if d.store in expected}

@@ -4,11 +4,8 @@ has are removed from it."""
 
 from __future__ import annotations
 
-import json
-
-from psycopg import sql
-
 from cdc.capture.backfill import start_backfill, watch_backfill
+from cdc.check.keyed import FILTER_CHARS, key_filters
 from cdc.check.verify import Drift, source_rows
 from cdc.core.catalog import Table
 from cdc.core.errors import BackfillError, CdcError, VerifyError
@@ -20,7 +17,7 @@ from cdc.stores.registry import make_reader
 __all__ = ["backfill_keys", "key_filters", "repair", "repair_filters"]
 
 REPAIR_WHOLE_TABLE_SHARE = 0.5  # at least this share of a table's rows drifted: backfill it all
-REPAIR_FILTER_CHARS = 64 * 1024  # one backfill signal's key filter at most (a few thousand keys)
+REPAIR_FILTER_CHARS = FILTER_CHARS  # one backfill signal's key filter at most (a few thousand keys)
 REPAIR_TIMEOUT = 600.0  # seconds each signal's backfill may take
 
 
@@ -77,42 +74,10 @@ def repair_filters(table: Table, stale: list[str], source_rows: int) -> list[str
     return key_filters(table, stale)
 
 
-def key_filters(table: Table, keys: list[str], limit: int = REPAIR_FILTER_CHARS) -> list[str]:
-    """WHERE clauses that together match exactly these keys, each at most `limit` long
-    (a single key longer than that gets a clause of its own)."""
-    head = _key_columns(table)
-    filters: list[str] = []
-    rows: list[str] = []
-    size = len(head) + 1
-    for key in keys:
-        row = _key_row(table, key)
-        if rows and size + len(row) + 2 > limit:
-            filters.append(f"{head}{', '.join(rows)})")
-            rows, size = [], len(head) + 1
-        rows.append(row)
-        size += len(row) + 2
-    if rows:
-        filters.append(f"{head}{', '.join(rows)})")
-    return filters
-
-
 def _key_filter(table: Table, keys: list[str]) -> str:
     """A WHERE clause matching exactly these keys (key texts as verify reports them)."""
-    return f"{_key_columns(table)}{', '.join(_key_row(table, k) for k in keys)})"
-
-
-def _key_columns(table: Table) -> str:
-    columns = sql.SQL(", ").join(sql.Identifier(k) for k in table.key).as_string(None)
-    return f"({columns}) IN ("
-
-
-def _key_row(table: Table, key: str) -> str:
-    values = json.loads(key)
-    return (
-        sql.SQL("({})")
-        .format(sql.SQL(", ").join(sql.Literal(values[c]) for c in table.key))
-        .as_string(None)
-    )
+    (where,) = key_filters(table, keys, limit=1 << 62)
+    return where
 
 
 def backfill_keys(

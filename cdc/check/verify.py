@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from cdc.check.keyed import KEYED_MAX, keyed, source_rows_of, store_rows_of
 from cdc.check.source_read import normalize, read_rows, selected_columns
 from cdc.check.spark_verify import compare_in_spark, heap_pages
 from cdc.core.catalog import TRUNCATIONS_TABLE, Table
@@ -80,10 +81,13 @@ def source_rows(
     keys: list[str] | None = None,
     query: sql.Composed | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """The table's rows now (or only those with `keys`), by key text, values normalized;
-    `query` (selecting the table's columns) reads them instead of the table itself."""
+    """The table's rows now (or only those with `keys`: a few are read by a WHERE on the
+    key, cdc/check/keyed.py), by key text, values normalized; `query` (selecting the
+    table's columns) reads them instead of the table itself."""
     with psycopg.connect(settings.postgres.dsn()) as conn:
         read_as_text(conn)
+        if keys is not None and query is None and keyed(table, keys):
+            return source_rows_of(conn, table, keys)
         query = query or sql.SQL("SELECT {} FROM {}").format(
             selected_columns(table),
             table.source(),  # the rows the pipeline captures (its row filter)
@@ -207,12 +211,15 @@ def verify(
     timeout: float = 120.0,
     rounds: int = 3,
     say: Say = quiet,
+    again: list[Drift] | None = None,
 ) -> list[Drift]:
     """Each (store, table)'s drift from the source; an empty difference means in sync.
-    `say` hears of each table compared."""
+    `say` hears of each table compared. `again`: the drifts an earlier comparison
+    found, which a repair then mended: only their keys are looked at (every other key
+    was equal then, and a repair changes no other key), in `rounds` looks."""
     opened = {name: make_reader(settings, name) for name in stores}
     try:
-        return _verify(settings, tables, opened, timeout, rounds, say)
+        return _verify(settings, tables, opened, timeout, rounds, say, again)
     finally:
         for store in opened.values():
             store.close()
@@ -225,11 +232,20 @@ def _verify(
     timeout: float,
     rounds: int,
     say: Say,
+    again: list[Drift] | None = None,
 ) -> list[Drift]:
     consistent_cut(settings, tables, list(stores), timeout)
-    results = []
     spark = _SparkRun(settings, stores)
     in_spark: set[str] = set()  # the tables compared on Spark's executors
+    if again is not None:
+        results = _named_again(settings, tables, again)
+        results = _look_again(
+            settings, tables, stores, timeout, rounds, say, results, spark, in_spark
+        )
+        for drift in results:  # every key not named was equal
+            drift.store_rows = drift.source_rows - len(drift.missing) + len(drift.extra)
+        return results
+    results = []
     for table in tables:
         compared = {}
         if spark.readers and spark.wanted(table):
@@ -254,7 +270,48 @@ def _verify(
                 results.append(_digest_drift(name, table, len(mine), mine, theirs))
         rows = next(d.source_rows for d in results if d.table == table.qualified)
         say(f"{table.qualified}: {rows:,} rows compared with {', '.join(stores)}")
-    for _ in range(rounds - 1):  # what differs may have changed since: look again
+    # what differs may have changed since: look again
+    return _look_again(settings, tables, stores, timeout, rounds - 1, say, results, spark, in_spark)
+
+
+def _named_again(settings: Settings, tables: list[Table], again: list[Drift]) -> list[Drift]:
+    """The drifts `again` as suspects of a new look: every key they name, and the
+    source's rows now (a count)."""
+    by_name = {t.qualified: t for t in tables}
+    counts: dict[str, int] = {}
+    with psycopg.connect(settings.postgres.dsn()) as conn:
+        for name in sorted({d.table for d in again}):
+            found = conn.execute(
+                sql.SQL("SELECT count(*) FROM {}").format(by_name[name].source())
+            ).fetchone()
+            counts[name] = int(found[0]) if found else 0
+    return [
+        Drift(
+            d.store,
+            d.table,
+            counts[d.table],
+            counts[d.table],
+            missing=sorted({*d.missing, *d.extra, *d.different}),
+        )
+        for d in again
+    ]
+
+
+def _look_again(
+    settings: Settings,
+    tables: list[Table],
+    stores: dict[str, StoreReader],
+    timeout: float,
+    rounds: int,
+    say: Say,
+    results: list[Drift],
+    spark: _SparkRun,
+    in_spark: set[str],
+) -> list[Drift]:
+    """Up to `rounds` looks, each after a new cut, at the keys `results` name: a few keys
+    of a (store, table) read key by key (cdc/check/keyed.py), more on Spark's executors
+    where the table was compared there, else every row read again."""
+    for _ in range(rounds):
         suspects = [d for d in results if not d.ok]
         if not suspects:
             break
@@ -269,20 +326,24 @@ def _verify(
                     d.store: d.missing + d.extra + d.different
                     for d in drifts
                     if d.store in spark.readers
+                    and len(d.missing + d.extra + d.different) > KEYED_MAX
                 }
                 for name, c in (spark.compare(table, only) if only else {}).items():
                     again[(name, table.qualified)] = (c.missing, c.extra, c.different)
-            for drift in drifts:
-                if (drift.store, drift.table) in again:
-                    continue
-                store = stores[drift.store]
-                keys = drift.missing + drift.extra + drift.different
-                source = source_rows(settings, table, keys)
-                held = store.rows(table)
-                d = _compare(
-                    drift.store, store.form, table, source, {k: held[k] for k in keys if k in held}
-                )
-                again[(drift.store, drift.table)] = (d.missing, d.extra, d.different)
+            rest = [d for d in drifts if (d.store, d.table) not in again]
+            if not rest:
+                continue
+            keys_of = {d.store: d.missing + d.extra + d.different for d in rest}
+            source = source_rows(
+                settings, table, sorted({k for ks in keys_of.values() for k in ks})
+            )
+            with psycopg.connect(settings.postgres.dsn()) as conn:
+                for drift in rest:
+                    store, keys = stores[drift.store], keys_of[drift.store]
+                    mine = {k: source[k] for k in keys if k in source}
+                    held = store_rows_of(conn, store, table, keys, mine)
+                    d = _compare(drift.store, store.form, table, mine, held)
+                    again[(drift.store, drift.table)] = (d.missing, d.extra, d.different)
         for drift in suspects:
             drift.missing, drift.extra, drift.different = again[(drift.store, drift.table)]
     return results

@@ -211,6 +211,15 @@ class StoreReader(ABC):
         read its rows in turn overrides it, so that they are never all in memory)."""
         return self.rows(table).items()
 
+    def held_keys(
+        self, table: Table, names: dict[str, str]
+    ) -> Iterable[tuple[str, dict[str, Any]]]:
+        """`held`, of only the keys of `names` (key text -> the key's name in the store:
+        its change events' key, cdc/check/keyed.py). A store that can read rows by
+        their names overrides it; this reads every row."""
+        wanted = set(names)
+        return ((k, row) for k, row in self.held(table) if k in wanted)
+
     @abstractmethod
     def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
         """A source row (values as verify reads them from PostgreSQL) in the form `rows`

@@ -10,14 +10,16 @@ import pytest
 import redis
 
 from cdc.apply.job import run_apply
+from cdc.check.keyed import store_names
 from cdc.check.repair import repair
-from cdc.check.verify import Drift, verify
+from cdc.check.verify import Drift, source_rows, verify
 from cdc.stores.cache.store import cache_key
 from cdc.stores.search.store import index_name
 from cdc.stores.warehouse.tables import current_path, warehouse_root
 from tests.conftest import Capture
 from tests.helpers import recorded_placeholder, run_cdc
 from tests.logcheck import table_info, wait_until_equal
+from tests.stores import cache_hashes, search_documents
 
 pytestmark = pytest.mark.integration
 
@@ -179,6 +181,14 @@ def test_verify_reads_every_key_type_as_the_log_keys_it(captured: Capture) -> No
     assert [(d.store, d.ok, d.store_rows) for d in results] == [(s, True, 30) for s in stores], [
         (d.store, d.missing[:2], d.extra[:2], d.different[:2]) for d in results
     ]
+    # a key's name in the stores, as PostgreSQL writes it from the key's values (a few
+    # keys are read by it), is each row's hash tail in the cache and document id in the
+    # index, read by the tests' own readers
+    with psycopg.connect(dsn) as conn:
+        names = store_names(conn, info, sorted(source_rows(settings, info)))
+    assert len(names) == 30
+    assert set(names.values()) == set(cache_hashes(settings, table))
+    assert set(names.values()) == set(search_documents(settings, table))
 
     # a row only the cache holds (written behind the pipeline's back): found, removed
     client = redis.Redis.from_url(settings.redis.url)
@@ -193,10 +203,20 @@ def test_verify_reads_every_key_type_as_the_log_keys_it(captured: Capture) -> No
     assert [(d.store, len(d.extra), len(d.missing)) for d in drifts if not d.ok] == [
         ("cache", 1, 0)
     ]
+    # looked at again by its key alone (as after a repair), before the repair: still there
+    looked = verify(settings, [info], stores, timeout=60, again=drifts)
+    assert [(d.store, len(d.extra), len(d.missing), d.store_rows) for d in looked] == [
+        ("cache", 1, 0, 31),
+        ("search", 0, 0, 30),
+        ("warehouse", 0, 0, 30),
+    ]
     repair(settings, [info], drifts)
     assert not client.exists(ghost)
-    after = verify(settings, [info], stores, timeout=60)
-    assert [(d.store, d.ok, d.store_rows) for d in after] == [(s, True, 30) for s in stores]
+    for after in (
+        verify(settings, [info], stores, timeout=60, again=drifts),
+        verify(settings, [info], stores, timeout=60),
+    ):
+        assert [(d.store, d.ok, d.store_rows) for d in after] == [(s, True, 30) for s in stores]
 
 
 @pytest.mark.long

@@ -111,7 +111,8 @@ def verify(
     differ, and reports them with examples. A large table is compared on Spark's
     executors, a small one in this process (verify.engine). With --repair, drifted keys are
     backfilled through the log (keys only a store has are removed from it) and the
-    stores verified again once the running apply job has taken the backfill.
+    stores verified again at those keys once the running apply job has taken the
+    backfill.
     """
     s = settings()
     stores = store or list(s.apply.stores)

@@ -330,6 +330,12 @@ class CacheStore(RowStore, StoreReader):
     def held(self, table: Table) -> Iterator[tuple[str, dict[str, str]]]:
         return self._held(table, self._keys(table))
 
+    def held_keys(
+        self, table: Table, names: dict[str, str]
+    ) -> Iterator[tuple[str, dict[str, str]]]:
+        hashes = [cache_key(self.prefix, table.qualified, n).encode() for n in names.values()]
+        return self._held(table, hashes)
+
     def _held(self, table: Table, keys: list[bytes]) -> Iterator[tuple[str, dict[str, str]]]:
         """The live rows of `keys` (hashes of `table`): key text and column fields."""
         prefix = len(cache_key(self.prefix, table.qualified, ""))

@@ -459,25 +459,32 @@ class SearchStore(RowStore, StoreReader):
         self.client.indices.refresh(index=index)
         return self._held(table, index)
 
+    def held_keys(
+        self, table: Table, names: dict[str, str]
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        index = index_name(self.prefix, table.qualified)
+        if not self.client.indices.exists(index=index):
+            return
+        ids = list(names.values())
+        for at in range(0, len(ids), _SCROLL_PAGE):
+            docs = [{"_index": index, "_id": i} for i in ids[at : at + _SCROLL_PAGE]]
+            # realtime: the newest version of each document, refreshed or not
+            for doc in self.client.mget(body={"docs": docs}, request_timeout=60)["docs"]:
+                if doc.get("found"):
+                    yield store_key_text(table, doc["_id"]), _document_row(table, doc["_source"])
+
     def _held(
         self, table: Table, index: str, part: tuple[int, int] | None = None
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """The documents of `index` (of `table`): key text and fields; `part` (i, n): the
         i-th of n slices of the scroll."""
-        names = [c.name for c in table.columns]
         query: dict[str, Any] = {"query": {"match_all": {}}}
         if part is not None and part[1] > 1:
             query["slice"] = {"id": part[0], "max": part[1]}
         for hit in helpers.scan(
             self.client, index=index, query=query, request_timeout=60, size=_SCROLL_PAGE
         ):
-            source = hit["_source"]
-            row = {name: source.get(name) for name in names}
-            # a field of a column PostgreSQL dropped: drift, as a field left in the cache
-            row.update(
-                {k: v for k, v in source.items() if k not in row and not k.startswith("_cdc")}
-            )
-            yield store_key_text(table, hit["_id"]), row
+            yield store_key_text(table, hit["_id"]), _document_row(table, hit["_source"])
 
     def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
         return search_form(table, row)
@@ -653,3 +660,11 @@ def make(settings: Settings, spark: Any = None) -> SearchStore:
     return SearchStore(
         settings.opensearch, settings.pipeline.topic_prefix, settings.apply.store_retry_s
     )
+
+
+def _document_row(table: Table, source: dict[str, Any]) -> dict[str, Any]:
+    """A document's fields as verify compares them: one per column, and a field of a
+    column PostgreSQL dropped (drift, as a field left in the cache)."""
+    row = {c.name: source.get(c.name) for c in table.columns}
+    row.update({k: v for k, v in source.items() if k not in row and not k.startswith("_cdc")})
+    return row

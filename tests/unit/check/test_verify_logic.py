@@ -321,3 +321,20 @@ def test_a_key_reads_the_same_from_the_source_the_log_and_delta() -> None:
     assert key_text(KEYED, delta) == source
     assert '"b":"\\\\x0001ff"' in source and '"r":1.1' in source
     assert '"tz":"2024-02-29T12:34:56.123456+00:00"' in source
+
+
+def test_a_few_keys_of_a_table_keyed_by_its_values_are_looked_at_one_by_one() -> None:
+    """Verify's looks at the keys that differ (and after a repair) read those keys alone
+    (cdc/check/keyed.py), up to KEYED_MAX of them; a masked key column holds a hash no
+    filter finds the row by: that table is read whole."""
+    from dataclasses import replace
+
+    from cdc.check.keyed import KEYED_MAX, keyed
+
+    keys = [f'{{"id":{i},"code":"c"}}' for i in range(3)]
+    assert keyed(TABLE, keys)
+    assert keyed(TABLE, ["x"] * KEYED_MAX)
+    assert not keyed(TABLE, ["x"] * (KEYED_MAX + 1))
+    masked = replace(TABLE, masks=(("code", "hash", None),))
+    assert not keyed(masked, keys)
+    assert keyed(replace(TABLE, masks=(("v", "hash", None),)), keys)  # not a key column
