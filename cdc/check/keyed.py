@@ -122,8 +122,11 @@ def store_rows_of(
     """`store`'s live rows of `keys` (in its comparison form), by key text; `source`: the
     source's rows of them. Read key by key when `keyed`; the whole table is read when
     not, when PostgreSQL cannot name a key (a value its type refuses), and when a key
-    the source holds is not found so (the store may hold it under another name): only
-    a key found absent both ways counts as absent."""
+    the source holds is not found so (the store may hold it under another name). A key
+    the source lacks and its name does not find is looked for among every name the
+    store holds (StoreReader.key_texts: a row another writer put there under a name of
+    its own is still one only the store has); one found so is given as an empty row,
+    as all that tells is that it is there."""
     wanted = set(keys)
     if keyed(table, keys):
         try:
@@ -133,5 +136,8 @@ def store_rows_of(
         else:
             held = dict(store.held_keys(table, names))
             if all(k in held for k in wanted if k in source):
+                unfound = {k for k in wanted if k not in held}
+                if unfound:
+                    held.update({k: {} for k in store.key_texts(table, unfound)})
                 return held
     return {k: row for k, row in store.held(table) if k in wanted}

@@ -234,17 +234,19 @@ def _verify(
     say: Say,
     again: list[Drift] | None = None,
 ) -> list[Drift]:
-    consistent_cut(settings, tables, list(stores), timeout)
     spark = _SparkRun(settings, stores)
     in_spark: set[str] = set()  # the tables compared on Spark's executors
     if again is not None:
         results = _named_again(settings, tables, again)
+        keys, pairs = sum(len(d.missing) for d in results), sum(not d.ok for d in results)
+        say(f"looking again at the {keys:,} keys of {pairs} (store, table) pairs")
         results = _look_again(
-            settings, tables, stores, timeout, rounds, say, results, spark, in_spark
+            settings, tables, stores, timeout, rounds, say, results, spark, in_spark, said=True
         )
         for drift in results:  # every key not named was equal
             drift.store_rows = drift.source_rows - len(drift.missing) + len(drift.extra)
         return results
+    consistent_cut(settings, tables, list(stores), timeout)
     results = []
     for table in tables:
         compared = {}
@@ -307,16 +309,19 @@ def _look_again(
     results: list[Drift],
     spark: _SparkRun,
     in_spark: set[str],
+    said: bool = False,
 ) -> list[Drift]:
     """Up to `rounds` looks, each after a new cut, at the keys `results` name: a few keys
     of a (store, table) read key by key (cdc/check/keyed.py), more on Spark's executors
-    where the table was compared there, else every row read again."""
-    for _ in range(rounds):
+    where the table was compared there, else every row read again (`said`: the caller
+    announced the first look)."""
+    for look in range(rounds):
         suspects = [d for d in results if not d.ok]
         if not suspects:
             break
-        say(f"{len(suspects)} (store, table) pairs differ; looking at them again")
-        time.sleep(1)
+        if look or not said:
+            say(f"{len(suspects)} (store, table) pairs differ; looking at them again")
+            time.sleep(1)
         consistent_cut(settings, tables, list(stores), timeout)
         again: dict[tuple[str, str], tuple[list[str], list[str], list[str]]] = {}
         for table in tables:

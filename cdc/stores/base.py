@@ -220,6 +220,13 @@ class StoreReader(ABC):
         wanted = set(names)
         return ((k, row) for k, row in self.held(table) if k in wanted)
 
+    def key_texts(self, table: Table, wanted: set[str]) -> set[str]:
+        """Which of the key texts `wanted` the store holds a live row of, under whatever
+        name (one written by another writer, say): every name the store holds of the
+        table is read. A store that can read its names without their rows overrides it;
+        this reads every row."""
+        return {k for k, _ in self.held(table) if k in wanted}
+
     @abstractmethod
     def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
         """A source row (values as verify reads them from PostgreSQL) in the form `rows`

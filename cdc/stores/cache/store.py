@@ -336,6 +336,13 @@ class CacheStore(RowStore, StoreReader):
         hashes = [cache_key(self.prefix, table.qualified, n).encode() for n in names.values()]
         return self._held(table, hashes)
 
+    def key_texts(self, table: Table, wanted: set[str]) -> set[str]:
+        prefix = len(cache_key(self.prefix, table.qualified, ""))
+        named = [
+            k for k in self._keys(table) if store_key_text(table, k.decode()[prefix:]) in wanted
+        ]
+        return {k for k, _ in self._held(table, named)}  # live: not a deleted marker
+
     def _held(self, table: Table, keys: list[bytes]) -> Iterator[tuple[str, dict[str, str]]]:
         """The live rows of `keys` (hashes of `table`): key text and column fields."""
         prefix = len(cache_key(self.prefix, table.qualified, ""))

@@ -506,10 +506,16 @@ class SearchStore(RowStore, StoreReader):
             "key string, digest binary",
         )
 
-    def remove(self, table: Table, keys: list[str]) -> None:
+    def key_texts(self, table: Table, wanted: set[str]) -> set[str]:
         index = index_name(self.prefix, table.qualified)
-        wanted = set(keys)
-        ids = [
+        if not self.client.indices.exists(index=index):
+            return set()
+        self.client.indices.refresh(index=index)
+        return {store_key_text(table, i) for i in self._ids(table, index, wanted)}
+
+    def _ids(self, table: Table, index: str, wanted: set[str]) -> list[str]:
+        """The ids of `index`'s documents whose key text is one of `wanted`."""
+        return [
             hit["_id"]
             for hit in helpers.scan(
                 self.client,
@@ -517,9 +523,14 @@ class SearchStore(RowStore, StoreReader):
                 query={"query": {"match_all": {}}},
                 _source=False,
                 request_timeout=60,
+                size=_SCROLL_PAGE,
             )
             if store_key_text(table, hit["_id"]) in wanted
         ]
+
+    def remove(self, table: Table, keys: list[str]) -> None:
+        index = index_name(self.prefix, table.qualified)
+        ids = self._ids(table, index, set(keys))
         actions = ({"_op_type": "delete", "_index": index, "_id": k} for k in ids)
         helpers.bulk(self.client, actions, raise_on_error=False, refresh=True)
 
