@@ -107,6 +107,7 @@ DRIVER = "apply driver (python)"  # this process, less the sampler's and workloa
 # (component, what its command line holds) for the JVMs and Spark's Python workers
 _JAVA = [
     ("spark (JVM)", "org.apache.spark.deploy.SparkSubmit"),
+    ("spark (executors)", "org.apache.spark.executor.CoarseGrainedExecutorBackend"),
     ("spark (Python workers)", "pyspark.daemon"),
     ("spark (Python workers)", "pyspark.worker"),
     ("kafka", "kafka.Kafka "),

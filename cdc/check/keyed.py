@@ -118,17 +118,20 @@ def store_rows_of(
     table: Table,
     keys: list[str],
     source: dict[str, Any],
+    removed: set[str] | frozenset[str] = frozenset(),
 ) -> Rows:
     """`store`'s live rows of `keys` (in its comparison form), by key text; `source`: the
-    source's rows of them. Read key by key when `keyed`; the whole table is read when
-    not, when PostgreSQL cannot name a key (a value its type refuses), and when a key
-    the source holds is not found so (the store may hold it under another name). A key
-    the source lacks and its name does not find is looked for among every name the
-    store holds (StoreReader.key_texts: a row another writer put there under a name of
-    its own is still one only the store has); one found so is given as an empty row,
-    as all that tells is that it is there."""
+    source's rows of them. Read key by key when `keyed` and the store reads rows by
+    their names; the whole table is read when not, when PostgreSQL cannot name a key (a
+    value its type refuses), and when a key the source holds is not found so (the store
+    may hold it under another name). A key the source lacks and its name does not find
+    is looked for among every name the store holds (StoreReader.key_texts: a row
+    another writer put there under a name of its own is still one only the store has);
+    one found so is given as an empty row, as all that tells is that it is there. The
+    keys of `removed` a repair removed under every name they had: not found by their
+    names, they are not there."""
     wanted = set(keys)
-    if keyed(table, keys):
+    if store.reads_by_name and keyed(table, keys):
         try:
             names = store_names(conn, table, sorted(wanted))
         except psycopg.Error:
@@ -136,7 +139,7 @@ def store_rows_of(
         else:
             held = dict(store.held_keys(table, names))
             if all(k in held for k in wanted if k in source):
-                unfound = {k for k in wanted if k not in held}
+                unfound = {k for k in wanted if k not in held and k not in removed}
                 if unfound:
                     held.update({k: {} for k in store.key_texts(table, unfound)})
                 return held

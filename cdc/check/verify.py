@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc.check.keyed import KEYED_MAX, keyed, source_rows_of, store_rows_of
+from cdc.check.keyed import keyed, source_rows_of, store_rows_of
 from cdc.check.source_read import normalize, read_rows, selected_columns
 from cdc.check.spark_verify import compare_in_spark, heap_pages
 from cdc.core.catalog import TRUNCATIONS_TABLE, Table
@@ -240,8 +240,10 @@ def _verify(
         results = _named_again(settings, tables, again)
         keys, pairs = sum(len(d.missing) for d in results), sum(not d.ok for d in results)
         say(f"looking again at the {keys:,} keys of {pairs} (store, table) pairs")
+        # what the repair removed it removed under every name (StoreReader.remove)
+        gone = {(d.store, d.table): set(d.extra) for d in again}
         results = _look_again(
-            settings, tables, stores, timeout, rounds, say, results, spark, in_spark, said=True
+            settings, tables, stores, timeout, rounds, say, results, spark, in_spark, gone
         )
         for drift in results:  # every key not named was equal
             drift.store_rows = drift.source_rows - len(drift.missing) + len(drift.extra)
@@ -309,17 +311,19 @@ def _look_again(
     results: list[Drift],
     spark: _SparkRun,
     in_spark: set[str],
-    said: bool = False,
+    gone: dict[tuple[str, str], set[str]] | None = None,
 ) -> list[Drift]:
     """Up to `rounds` looks, each after a new cut, at the keys `results` name: a few keys
     of a (store, table) read key by key (cdc/check/keyed.py), more on Spark's executors
-    where the table was compared there, else every row read again (`said`: the caller
-    announced the first look)."""
+    where the table was compared there, else every row read again. `gone`: per (store,
+    table), the keys a repair removed from it under every name (the caller announced
+    the first look)."""
+    gone = gone or {}
     for look in range(rounds):
         suspects = [d for d in results if not d.ok]
         if not suspects:
             break
-        if look or not said:
+        if look or not gone:
             say(f"{len(suspects)} (store, table) pairs differ; looking at them again")
             time.sleep(1)
         consistent_cut(settings, tables, list(stores), timeout)
@@ -331,7 +335,7 @@ def _look_again(
                     d.store: d.missing + d.extra + d.different
                     for d in drifts
                     if d.store in spark.readers
-                    and len(d.missing + d.extra + d.different) > KEYED_MAX
+                    and not keyed(table, d.missing + d.extra + d.different)
                 }
                 for name, c in (spark.compare(table, only) if only else {}).items():
                     again[(name, table.qualified)] = (c.missing, c.extra, c.different)
@@ -344,11 +348,17 @@ def _look_again(
             )
             with psycopg.connect(settings.postgres.dsn()) as conn:
                 for drift in rest:
+                    started = time.monotonic()
                     store, keys = stores[drift.store], keys_of[drift.store]
                     mine = {k: source[k] for k in keys if k in source}
-                    held = store_rows_of(conn, store, table, keys, mine)
+                    removed = gone.get((drift.store, drift.table), set())
+                    held = store_rows_of(conn, store, table, keys, mine, removed)
                     d = _compare(drift.store, store.form, table, mine, held)
                     again[(drift.store, drift.table)] = (d.missing, d.extra, d.different)
+                    say(
+                        f"{table.qualified}: {len(keys):,} keys looked at in {drift.store} "
+                        f"({time.monotonic() - started:.1f} s)"
+                    )
         for drift in suspects:
             drift.missing, drift.extra, drift.different = again[(drift.store, drift.table)]
     return results

@@ -196,6 +196,8 @@ class StoreReader(ABC):
     """What `cdc verify`, repair, rebuild and `cdc get` read back and mend."""
 
     name: str
+    # it reads a row by its name (held_keys) and its names without their rows (key_texts)
+    reads_by_name: bool = False
 
     @abstractmethod
     def reset(self, table: Table) -> None:

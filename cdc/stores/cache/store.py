@@ -192,6 +192,7 @@ def check_standalone(section: RedisSettings) -> list[str]:
 
 class CacheStore(RowStore, StoreReader):
     name = "cache"
+    reads_by_name = True
 
     def __init__(
         self,

@@ -121,6 +121,7 @@ def _columns_of(table: Table) -> tuple[tuple[str, str], ...]:
 
 class SearchStore(RowStore, StoreReader):
     name = "search"
+    reads_by_name = True
 
     def __init__(self, section: OpenSearchSettings, prefix: str, retry_s: float = 30.0) -> None:
         self.url = ",".join(section.urls)
