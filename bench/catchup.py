@@ -10,6 +10,9 @@ transactions of 10,000), and measures
   * apply per store: `cdc apply --store S --once` over the backlog, until caught up
     (Spark's start excluded; each store alone, so each has both cores; the search
     index searched once a second meanwhile, as by an application reading it).
+With --cluster the apply runs in the cluster profile, on a Spark standalone master with
+two one-core workers started here from pyspark's `spark-class` (tests/spark_cluster.py):
+the executors read, decode and write every batch, the warehouse's included.
 Prints changes/s per stage, the cores each component kept busy and the CPU time the
 machine spent per change, and appends them to bench/results/catchup.jsonl.
 """
@@ -17,7 +20,9 @@ machine spent per change, and appends them to bench/results/catchup.jsonl.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
+import json
 import logging
 import sys
 import threading
@@ -35,7 +40,7 @@ from cdc.capture.connect_client import connect_client
 from cdc.capture.initial_snapshot import run_snapshot
 from cdc.core.clients import opensearch_client
 from cdc.core.settings import load_settings
-from cdc.core.spark import spark_session
+from cdc.core.spark import execution_profile, spark_session
 from cdc.core.topics import change_topic, end_offsets
 from cdc.stores.search.store import index_name
 from cdc.stores.warehouse.settings import warehouse_settings
@@ -82,7 +87,15 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=1_000_000)
     parser.add_argument("--stores", default=",".join(STORES))
     parser.add_argument("--change", help="what this run measures (recorded with it)")
+    parser.add_argument(
+        "--cluster", action="store_true", help="apply on a standalone master with two workers"
+    )
     args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        run(args, stack)
+
+
+def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
     # the apply job's per-batch figures (what each store wrote, the warehouse's MERGEs)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     logging.getLogger("cdc").setLevel(logging.INFO)
@@ -93,6 +106,13 @@ def main() -> None:
     bench = bench.model_copy(
         update={"pipeline": bench.pipeline.model_copy(update={"tables": [table]})}
     )
+    if args.cluster:
+        from tests.spark_cluster import spark_cluster
+
+        cluster = stack.enter_context(spark_cluster(settings.java_home))
+        conf = json.loads(cluster.conf()["CDC_SPARK__CONF"])
+        spark = bench.spark.model_copy(update={"master": cluster.url, "conf": conf})
+        bench = bench.model_copy(update={"spark": spark})
     topic = change_topic(bench.pipeline, table)
     dsn = settings.postgres.dsn()
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -107,6 +127,7 @@ def main() -> None:
     figures: dict[str, object] = {
         **({"change": args.change} if args.change else {}),
         "benchmark": "catchup",
+        "profile": execution_profile(bench)[0],
         "rows": args.rows,
         "changes": args.changes,
     }
