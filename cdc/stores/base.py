@@ -217,17 +217,14 @@ class StoreReader(ABC):
         self, table: Table, names: dict[str, str]
     ) -> Iterable[tuple[str, dict[str, Any]]]:
         """`held`, of only the keys of `names` (key text -> the key's name in the store:
-        its change events' key, cdc/check/keyed.py). A store that can read rows by
-        their names overrides it; this reads every row."""
-        wanted = set(names)
-        return ((k, row) for k, row in self.held(table) if k in wanted)
+        its change events' key, cdc/check/keyed.py); a store that `reads_by_name`."""
+        raise NotImplementedError
 
     def key_texts(self, table: Table, wanted: set[str]) -> set[str]:
         """Which of the key texts `wanted` the store holds a live row of, under whatever
-        name (one written by another writer, say): every name the store holds of the
-        table is read. A store that can read its names without their rows overrides it;
-        this reads every row."""
-        return {k for k, _ in self.held(table) if k in wanted}
+        name (one written by another writer, say), every name it holds of the table
+        read without the rows; a store that `reads_by_name`."""
+        raise NotImplementedError
 
     @abstractmethod
     def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:

@@ -338,11 +338,15 @@ class CacheStore(RowStore, StoreReader):
         return self._held(table, hashes)
 
     def key_texts(self, table: Table, wanted: set[str]) -> set[str]:
+        # live: not a deleted marker
+        return {k for k, _ in self._held(table, self._named(table, wanted))}
+
+    def _named(self, table: Table, wanted: set[str]) -> list[bytes]:
+        """The names of the table's hashes whose key text is one of `wanted`."""
         prefix = len(cache_key(self.prefix, table.qualified, ""))
-        named = [
+        return [
             k for k in self._keys(table) if store_key_text(table, k.decode()[prefix:]) in wanted
         ]
-        return {k for k, _ in self._held(table, named)}  # live: not a deleted marker
 
     def _held(self, table: Table, keys: list[bytes]) -> Iterator[tuple[str, dict[str, str]]]:
         """The live rows of `keys` (hashes of `table`): key text and column fields."""
@@ -388,11 +392,7 @@ class CacheStore(RowStore, StoreReader):
         )
 
     def remove(self, table: Table, keys: list[str]) -> None:
-        prefix = len(cache_key(self.prefix, table.qualified, ""))
-        wanted = set(keys)
-        held = [
-            k for k in self._keys(table) if store_key_text(table, k.decode()[prefix:]) in wanted
-        ]
+        held = self._named(table, set(keys))
         for at in range(0, len(held), _REMOVE_BATCH):
             self.client.delete(*held[at : at + _REMOVE_BATCH])
 
