@@ -5,7 +5,9 @@ row. Verify compares rows by it; a store reports and removes keys by it."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import re
 import struct
 from datetime import UTC, date, datetime
 from datetime import time as clock
@@ -80,6 +82,9 @@ def store_key_text(table: Table, key: str) -> str:
     key_text's form. A key no change event can have (written by someone else under the
     pipeline's prefix) stays as it is: no row of the source has it, so verify names it
     as a key only the store holds."""
+    integers = _integer_key(table.key) if all(_integer(table, c) for c in table.key) else None
+    if integers is not None and integers.fullmatch(key):
+        return key  # already key_text's form (read for every row a store holds)
     try:
         raw = _parsed(key)
         if not isinstance(raw, dict):
@@ -87,6 +92,25 @@ def store_key_text(table: Table, key: str) -> str:
         return key_text(table, {c: decode_value(table.column(c), raw.get(c)) for c in table.key})
     except (ValueError, ValueDecodeError, RecursionError):  # not JSON, or not the key's types
         return key
+
+
+def _integer(table: Table, name: str) -> bool:
+    column = table.column(name)
+    return column.base in _INTEGERS and not column.is_array
+
+
+_INTEGERS = frozenset({"int2", "int4", "int8"})
+
+
+@functools.lru_cache(maxsize=256)
+def _integer_key(columns: tuple[str, ...]) -> re.Pattern[str]:
+    """The names of integer keys of `columns` that are key_text's form of themselves:
+    compact JSON, the columns in order, each an integer without a leading zero or -0, of
+    at most 18 digits (within 64 bits: a longer one is parsed as before)."""
+    values = [
+        re.escape(orjson.dumps(name).decode()) + ":(?:0|-?[1-9][0-9]{0,17})" for name in columns
+    ]
+    return re.compile(r"\{" + ",".join(values) + r"\}")
 
 
 def _parsed(text: str) -> Any:

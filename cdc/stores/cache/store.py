@@ -208,7 +208,6 @@ class CacheStore(RowStore, StoreReader):
         self.retry_s = retry_s
         self._write_sha: str | None = None
         self.truncate_script = self.client.register_script(_TRUNCATE)
-        self.read_script = self.client.register_script(_READ)
 
     def prepare(self, tables: Iterable[Table]) -> None:
         self.ping()
@@ -354,26 +353,33 @@ class CacheStore(RowStore, StoreReader):
         chunks = [keys[at : at + _READ_BATCH] for at in range(0, len(keys), _READ_BATCH)]
         if not chunks:
             return
-        # one script reads a chunk's hashes (a pipeline of HGETALLs costs redis-py three
-        # times the time, a reply object per hash), and the next chunk is read while
-        # this one is turned into rows
+        # a chunk's HGETALLs go out at once on one connection and their replies are read
+        # as they come (Redis does a third of a read script's work for them, and redis-py
+        # no pipeline's per-command work), the next chunk's while this one is turned into
+        # rows
         with ThreadPoolExecutor(1, thread_name_prefix="cache-read") as ahead:
-            coming = ahead.submit(self.read_script, keys=chunks[0])
+            coming = ahead.submit(self._hashes, chunks[0])
             for at, chunk in enumerate(chunks):
                 replies = coming.result()
                 if at + 1 < len(chunks):
-                    coming = ahead.submit(self.read_script, keys=chunks[at + 1])
-                for key, flat in zip(chunk, replies, strict=True):
-                    if flat is None:  # not there, or a deleted marker
-                        continue
-                    fields = dict(
-                        zip(
-                            [n.decode() for n in flat[0::2]],
-                            [v.decode() for v in flat[1::2]],
-                            strict=True,
-                        )
-                    )
-                    yield store_key_text(table, key.decode()[prefix:]), fields
+                    coming = ahead.submit(self._hashes, chunks[at + 1])
+                for key, entry in zip(chunk, replies, strict=True):
+                    fields = live_fields(entry)
+                    if fields is not None:
+                        yield store_key_text(table, key.decode()[prefix:]), fields
+
+    def _hashes(self, keys: list[bytes]) -> list[Any]:
+        """Each of `keys`' HGETALL reply (a map, or a flat list under RESP2)."""
+        pool = self.client.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command(conn.pack_commands([("HGETALL", k) for k in keys]))
+            return [conn.read_response() for _ in keys]
+        except BaseException:
+            conn.disconnect()  # replies may be left unread on it
+            raise
+        finally:
+            pool.release(conn)
 
     def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
         return cache_form(table, row)
@@ -407,31 +413,27 @@ class CacheStore(RowStore, StoreReader):
         self.client.close()
 
 
-_READ_BATCH = 1000  # hashes read by one call of _READ
-# The live rows of the hashes KEYS: each one's column fields (column_fields: the
-# metadata left out, a column's name as it is), or false (nil) for a hash that is not
-# there or is a deleted marker.
-_READ = """
-local out = {}
-for i, key in ipairs(KEYS) do
-  local flat = redis.call('HGETALL', key)
-  local kept = {}
-  for j = 1, #flat, 2 do
-    local name = flat[j]
-    if name == '_deleted' then kept = false break end
-    if string.sub(name, 1, 2) == '__' then
-      kept[#kept + 1] = string.sub(name, 2)
-      kept[#kept + 1] = flat[j + 1]
-    elseif string.sub(name, 1, 1) ~= '_' then
-      kept[#kept + 1] = name
-      kept[#kept + 1] = flat[j + 1]
-    end
-  end
-  if #flat == 0 then kept = false end
-  out[i] = kept
-end
-return out
-"""
+_READ_BATCH = 1000  # hashes read by one round of HGETALLs
+
+
+def live_fields(entry: Any) -> dict[str, str] | None:
+    """A hash's HGETALL reply as its column fields (the metadata fields left out, a
+    column whose name starts with `_` under its own name), or None for a hash that is not
+    there or is a deleted marker."""
+    if not entry:
+        return None
+    pairs = entry.items() if isinstance(entry, dict) else zip(entry[0::2], entry[1::2], strict=True)
+    fields = {}
+    for name, value in pairs:
+        if name[:1] == b"_":
+            if name == b"_deleted":
+                return None
+            if name[:2] == b"__":
+                fields[name[1:].decode()] = value.decode()
+        else:
+            fields[name.decode()] = value.decode()
+    return fields
+
 
 _SCAN_BATCH = 10_000  # hash names per Arrow batch of verify's scan
 

@@ -104,6 +104,50 @@ def test_a_key_no_change_event_has_is_kept_as_written_not_a_crash() -> None:
         assert store_key_text(TABLE, foreign) == foreign
 
 
+def test_an_integer_keys_name_reads_as_its_parse_would() -> None:
+    """A name of an integer key taken as it is (it is key_text's form already) gives
+    what parsing and decoding it gives, for every shape of name a store may hold."""
+    from cdc.types import keys
+
+    table = Table("public", "t", (col("a", "int8"), col("b", "int2")), ("a", "b"), "d", 0, 0)
+
+    def parsed(name: str) -> str:
+        try:
+            raw = keys._parsed(name)
+        except ValueError:
+            return name
+        if not isinstance(raw, dict):
+            return name
+        try:
+            row = {c: keys.decode_value(table.column(c), raw.get(c)) for c in table.key}
+        except (ValueError, keys.ValueDecodeError):
+            return name
+        return key_text(table, row)
+
+    names = [
+        '{"a":1,"b":2}',
+        '{"a":-7,"b":0}',
+        '{"a":0,"b":-0}',
+        '{"a":01,"b":2}',
+        '{"a": 1,"b":2}',
+        '{"b":2,"a":1}',
+        '{"a":1}',
+        '{"a":null,"b":1}',
+        f'{{"a":{2**63 - 1},"b":1}}',
+        f'{{"a":{-(2**63)},"b":1}}',
+        f'{{"a":{2**70},"b":1}}',
+        '{"a":1.0,"b":2}',
+        '{"a":"1","b":2}',
+        '{"a":1,"b":2} ',
+        "x",
+    ]
+    for name in names:
+        assert store_key_text(table, name) == parsed(name), name
+    # the canonical ones are taken as they are, without a parse
+    assert keys._integer_key(table.key).fullmatch('{"a":-7,"b":0}')
+    assert not keys._integer_key(table.key).fullmatch('{"a":0,"b":-0}')
+
+
 def test_a_notification_that_is_not_json_is_no_notification() -> None:
     assert _note(b"\xff not json") == {}
     assert _note(None) == {}
