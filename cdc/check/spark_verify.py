@@ -53,11 +53,14 @@ class Compared:
 def heap_pages(conn: psycopg.Connection[Any], table: Table) -> tuple[int, int]:
     """The table's heap in bytes (every partition's) and the pages of its largest
     partition (itself, for a table that is not partitioned): what a CTID range spans."""
+    # the table and its partition tree (which has no row for a table not partitioned; a
+    # partitioned table's own relation has no pages)
+    name = sql.Identifier(table.schema, table.name).as_string(conn)
     row = conn.execute(
         "SELECT coalesce(sum(pg_relation_size(relid)), 0), "
         "coalesce(max(pg_relation_size(relid)), 0) / current_setting('block_size')::int "
-        "FROM pg_partition_tree(%s::regclass)",
-        (sql.Identifier(table.schema, table.name).as_string(conn),),
+        "FROM (SELECT %s::regclass AS relid UNION SELECT relid FROM pg_partition_tree(%s)) t",
+        (name, name),
     ).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
@@ -97,17 +100,15 @@ def _source_digests(
     snapshot: str,
     table: Table,
     forms: list[RowForm],
+    every: list[tuple[int, int | None]],
     batches: Iterator[Any],
 ) -> Iterator[Any]:
-    """On an executor: each CTID range's rows at the exported `snapshot`, each row's key
-    text and content hash in each store's form (column `s<i>` for `forms[i]`)."""
+    """On an executor: the CTID ranges of `every` numbered in `batches`, each one's rows
+    at the exported `snapshot`: each row's key text and content hash in each store's form
+    (column `s<i>` for `forms[i]`)."""
     import pyarrow as pa
 
-    ranges = [
-        (first, end)
-        for batch in batches
-        for first, end in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True)
-    ]
+    ranges = [every[n] for batch in batches for n in batch.column(0).to_pylist()]
     if not ranges:
         return
     names = ["key", *[f"s{i}" for i in range(len(forms))]]
@@ -185,10 +186,14 @@ def compare_in_spark(
         row = conn.execute("SELECT pg_export_snapshot()").fetchone()
         assert row is not None
         shipped = executor_settings(settings, None, keep=("postgres",))
-        ranges = spark.createDataFrame(source_ranges(pages, parts), "first long, end long")
-        ranges = ranges.repartition(len(source_ranges(pages, parts)))
+        every = source_ranges(pages, parts)
+        # a range a task: numbers in partitions of one each (a repartition of so few rows
+        # puts several in one task, and one core reads them in turn)
+        ranges = spark.range(0, len(every), 1, numPartitions=len(every))
         source = ranges.mapInArrow(
-            functools.partial(_source_digests, shipped, _ca_text(settings), row[0], table, forms),
+            functools.partial(
+                _source_digests, shipped, _ca_text(settings), row[0], table, forms, every
+            ),
             ", ".join(["key string", *[f"{s} binary" for s in sides]]),
         )
         frames = [source.select("key", *sides, *[nothing.alias(t) for t in held])]

@@ -7,6 +7,7 @@ that differed only while verify read it is not reported after the fresh cut."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import psycopg
@@ -16,13 +17,15 @@ from opensearchpy import OpenSearch
 
 import cdc.check.verify as verify_module
 from cdc.apply.job import run_apply
-from cdc.check.verify import Drift, verify
+from cdc.check.spark_verify import heap_pages, source_ranges
+from cdc.check.verify import Drift, _SparkRun, verify
+from cdc.core.catalog import describe_table
 from cdc.core.settings import Settings
 from cdc.core.settings.verify import VerifySettings
 from cdc.stores.cache.store import cache_key
 from cdc.stores.search.store import index_name
 from cdc.stores.warehouse.tables import current_path, warehouse_root
-from tests.conftest import Capture
+from tests.conftest import Capture, RunningStack
 from tests.logcheck import table_info, wait_until_equal
 
 pytestmark = pytest.mark.integration
@@ -185,3 +188,43 @@ def test_spark_verify_finds_awkward_values_in_sync_as_python_does(captured: Capt
     # (row 4's subnormal real, 1e-45, was found different in the warehouse: its form
     # now depends on its bits alone, tests/unit/types/test_store_values.py)
     assert found(in_spark) == [(s, 2000, 2000, [], [], []) for s in STORES]
+
+
+def test_a_tables_heap_is_measured_partitioned_or_not(stack: RunningStack) -> None:
+    """The source is read in as many slices as its pages allow, and verify.engine auto
+    takes Spark for a table past verify.python_max_bytes, whether the table is
+    partitioned or not (an ordinary table once measured 0 bytes: one slice, and the
+    comparison in the `cdc` process whatever its size)."""
+    name = "heap_" + uuid.uuid4().hex[:8]
+    settings = stack.settings.model_copy(
+        update={"verify": VerifySettings(engine="auto", python_max_bytes=1024 * 1024)}
+    )
+    with psycopg.connect(settings.postgres.dsn(), autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, pad text)")
+        conn.execute(
+            f"INSERT INTO {name} SELECT g, repeat('x', 200) FROM generate_series(1, 20000) g"
+        )
+        conn.execute(
+            f"CREATE TABLE {name}_p (id int PRIMARY KEY, pad text) PARTITION BY RANGE (id)"
+        )
+        conn.execute(f"CREATE TABLE {name}_p1 PARTITION OF {name}_p FOR VALUES FROM (0) TO (15000)")
+        conn.execute(
+            f"CREATE TABLE {name}_p2 PARTITION OF {name}_p FOR VALUES FROM (15000) TO (MAXVALUE)"
+        )
+        conn.execute(
+            f"INSERT INTO {name}_p SELECT g, repeat('x', 200) FROM generate_series(1, 20000) g"
+        )
+        try:
+            for table, parts in ((name, [name]), (f"{name}_p", [f"{name}_p1", f"{name}_p2"])):
+                sizes = [
+                    conn.execute("SELECT pg_relation_size(%s::regclass)", (p,)).fetchone()[0]  # type: ignore[index]
+                    for p in parts
+                ]
+                described = describe_table(conn, f"public.{table}", settings.pipeline)
+                size, pages = heap_pages(conn, described)
+                assert size == sum(sizes) > 1024 * 1024
+                assert pages == max(sizes) // 8192
+                assert len(source_ranges(pages, 4)) == 4
+                assert _SparkRun(settings, {}).wanted(described)
+        finally:
+            conn.execute(f"DROP TABLE {name}, {name}_p")
