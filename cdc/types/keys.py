@@ -19,7 +19,7 @@ from cdc.core.catalog import Column, Table
 from cdc.core.errors import ValueDecodeError
 from cdc.types.decode import decode_value
 
-__all__ = ["key_text", "shortest_real", "store_key_text"]
+__all__ = ["integer_values", "key_text", "shortest_real", "store_key_text"]
 
 
 def key_text(table: Table, row: dict[str, Any]) -> str:
@@ -92,6 +92,18 @@ def store_key_text(table: Table, key: str) -> str:
         return key_text(table, {c: decode_value(table.column(c), raw.get(c)) for c in table.key})
     except (ValueError, ValueDecodeError, RecursionError):  # not JSON, or not the key's types
         return key
+
+
+def integer_values(table: Table, keys: list[str]) -> list[dict[str, int]] | None:
+    """The values of `keys` (key texts) of a table whose key columns are all integers,
+    each read from its text; None where a column is not an integer or a text is not
+    key_text's form of integers (its values are then found some other way)."""
+    if not all(_integer(table, c) for c in table.key):
+        return None
+    form = _integer_key(table.key)
+    if not all(form.fullmatch(k) for k in keys):
+        return None
+    return [orjson.loads(k) for k in keys]
 
 
 def _integer(table: Table, name: str) -> bool:

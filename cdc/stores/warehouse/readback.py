@@ -17,7 +17,7 @@ from cdc.stores.warehouse.history import TRUNCATE_OP, derived_history, history_k
 from cdc.stores.warehouse.native import NativeWriter, key_match
 from cdc.stores.warehouse.tables import current_path, history_path, view_path
 from cdc.types.decode import decode_value
-from cdc.types.keys import key_text
+from cdc.types.keys import integer_values, key_text
 from cdc.types.spark_types import quoted as q
 from cdc.types.store_forms import row_form, warehouse_value
 
@@ -165,14 +165,18 @@ class WarehouseReader(StoreReader):
     def remove(self, table: Table, keys: list[str]) -> None:
         """The rows go from the current state (the history keeps what it recorded)."""
         target = self._ensure(table)
-        # the Delta values of the keys to remove (a key's text is not its Delta value)
-        wanted = set(keys)
+        # the Delta values of the keys to remove (a key's text is not its Delta value;
+        # integers' are read from the texts, where every other key is found by reading
+        # the table's keys)
         live = target.toDF().select(*[q(k) for k in table.key])
-        values = [
-            row.asDict()
-            for row in live.toLocalIterator()
-            if key_text(table, row.asDict()) in wanted
-        ]
+        values = integer_values(table, keys)
+        if values is None:
+            wanted = set(keys)
+            values = [
+                row.asDict()
+                for row in live.toLocalIterator()
+                if key_text(table, row.asDict()) in wanted
+            ]
         if not values:
             return
         path = current_path(self.root, table.qualified)

@@ -148,6 +148,20 @@ def test_an_integer_keys_name_reads_as_its_parse_would() -> None:
     assert not keys._integer_key(table.key).fullmatch('{"a":0,"b":-0}')
 
 
+def test_integer_keys_values_are_read_from_their_texts() -> None:
+    """The warehouse removes integer keys by the values in their texts (no read of every
+    key it holds); any other key, or a text not in key_text's form, is found by a read."""
+    from cdc.types.keys import integer_values
+
+    table = Table("public", "t", (col("a", "int8"), col("b", "int2")), ("a", "b"), "d", 0, 0)
+    texts = ['{"a":1,"b":-2}', f'{{"a":{-(10**17) - 3},"b":0}}']
+    assert integer_values(table, texts) == [{"a": 1, "b": -2}, {"a": -(10**17) - 3, "b": 0}]
+    assert [key_text(table, v) for v in integer_values(table, texts) or []] == texts
+    assert integer_values(table, [*texts, '{"a": 1,"b":2}']) is None
+    assert integer_values(table, ['{"a":null,"b":2}']) is None
+    assert integer_values(TABLE, ['{"id":7,"code":"x"}']) is None
+
+
 def test_a_notification_that_is_not_json_is_no_notification() -> None:
     assert _note(b"\xff not json") == {}
     assert _note(None) == {}
