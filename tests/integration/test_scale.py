@@ -9,8 +9,9 @@ standalone master and two one-core workers started from pyspark's own `spark-cla
   most 8 MiB of task results, the task results it took (Spark's own event log) stay
   under 1 MiB per 100,000 changes, every warehouse commit is Spark's, and both workers'
   executors ran its tasks.
-- On object storage (S3Proxy, tests/s3_server.py): snapshot, apply, verify and repair of
-  drift another writer made, then delta-rs reads every row as PostgreSQL holds it.
+- On object storage (S3Proxy, tests/s3_server.py): the snapshot writes the warehouse
+  itself (Spark's commits, before any apply), then apply, verify and repair of drift
+  another writer made, then delta-rs reads every row as PostgreSQL holds it.
 
 Stores are read with the tests' own readers (tests/stores.py) or delta-rs."""
 
@@ -184,9 +185,10 @@ def test_on_object_storage_snapshot_apply_verify_and_repair(
     captured: Capture, cluster: SparkCluster, tmp_path: Path
 ) -> None:
     """The warehouse and the checkpoints in a bucket of S3Proxy, written by the
-    executors; another writer (delta-rs) deletes and changes rows of `current`; `cdc
-    verify` names them, `cdc verify --repair` mends them through the running apply job;
-    delta-rs reads every row as PostgreSQL holds it."""
+    executors (the snapshot's rows by the snapshot itself); another writer (delta-rs)
+    deletes and changes rows of `current`; `cdc verify` names them, `cdc verify --repair`
+    mends them through the running apply job; delta-rs reads every row as PostgreSQL
+    holds it."""
     from deltalake import DeltaTable
 
     with s3_server() as s3:
@@ -213,6 +215,17 @@ def test_on_object_storage_snapshot_apply_verify_and_repair(
         config = json.loads(run_cdc("config", "--output", "json", env=env).stdout)
         assert config["profile_in_use"]["name"] == "cluster", config["profile_in_use"]
         _ok(run_cdc("snapshot", env=env, timeout=900))
+        # the snapshot wrote the warehouse itself, by the executors: every row is there
+        # before any apply ran, and each commit is Spark's
+        assert _delta_rs(current, options) == _source(t.dsn, t.table)
+        delta_log = s3.folder / "lake" / "cdc" / prefix / schema / name / "current" / "_delta_log"
+        made = [
+            json.loads(line)["commitInfo"]
+            for commit in sorted(delta_log.glob("*.json"))
+            for line in commit.read_text().splitlines()
+            if '"commitInfo"' in line
+        ]
+        assert made and all("Spark" in str(c.get("engineInfo")) for c in made), made
         with psycopg.connect(t.dsn, autocommit=True) as conn:
             conn.execute(f"UPDATE {t.table} SET n = n + 1 WHERE id % 3 = 0")
             conn.execute(f"DELETE FROM {t.table} WHERE id % 13 = 0")
