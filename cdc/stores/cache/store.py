@@ -369,14 +369,22 @@ class CacheStore(RowStore, StoreReader):
                         yield store_key_text(table, key.decode()[prefix:]), fields
 
     def _hashes(self, keys: list[bytes]) -> list[Any]:
-        """Each of `keys`' HGETALL reply (a map, or a flat list under RESP2)."""
+        """Each of `keys`' HGETALL reply (a map, or a flat list under RESP2). A connection
+        Redis dropped (its idle timeout, a restart, a failover) is made again and the
+        chunk sent again, as redis-py retries any command."""
         pool = self.client.connection_pool
         conn = pool.get_connection()
-        try:
+
+        def read() -> list[Any]:
             conn.send_packed_command(conn.pack_commands([("HGETALL", k) for k in keys]))
             return [conn.read_response() for _ in keys]
+
+        try:
+            # a failed connection may hold replies unread: dropped before the next try
+            replies: list[Any] = conn.retry.call_with_retry(read, lambda _: conn.disconnect())
+            return replies
         except BaseException:
-            conn.disconnect()  # replies may be left unread on it
+            conn.disconnect()
             raise
         finally:
             pool.release(conn)
