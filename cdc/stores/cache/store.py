@@ -354,7 +354,7 @@ class CacheStore(RowStore, StoreReader):
         if not chunks:
             return
         # a chunk's HGETALLs go out at once on one connection and their replies are read
-        # as they come (Redis does a third of a read script's work for them, and redis-py
+        # as they come (Redis does half of a read script's work for them, and redis-py
         # no pipeline's per-command work), the next chunk's while this one is turned into
         # rows
         with ThreadPoolExecutor(1, thread_name_prefix="cache-read") as ahead:
