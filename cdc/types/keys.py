@@ -82,7 +82,7 @@ def store_key_text(table: Table, key: str) -> str:
     key_text's form. A key no change event can have (written by someone else under the
     pipeline's prefix) stays as it is: no row of the source has it, so verify names it
     as a key only the store holds."""
-    integers = _integer_key(table.key) if all(_integer(table, c) for c in table.key) else None
+    integers = _integer_form(table)
     if integers is not None and integers.fullmatch(key):
         return key  # already key_text's form (read for every row a store holds)
     try:
@@ -98,17 +98,18 @@ def integer_values(table: Table, keys: list[str]) -> list[dict[str, int]] | None
     """The values of `keys` (key texts) of a table whose key columns are all integers,
     each read from its text; None where a column is not an integer or a text is not
     key_text's form of integers (its values are then found some other way)."""
-    if not all(_integer(table, c) for c in table.key):
-        return None
-    form = _integer_key(table.key)
-    if not all(form.fullmatch(k) for k in keys):
+    form = _integer_form(table)
+    if form is None or not all(form.fullmatch(k) for k in keys):
         return None
     return [orjson.loads(k) for k in keys]
 
 
-def _integer(table: Table, name: str) -> bool:
-    column = table.column(name)
-    return column.base in _INTEGERS and not column.is_array
+def _integer_form(table: Table) -> re.Pattern[str] | None:
+    """_integer_key's pattern for a table whose key columns are all integers, else None."""
+    columns = [table.column(name) for name in table.key]
+    if all(c.base in _INTEGERS and not c.is_array for c in columns):
+        return _integer_key(table.key)
+    return None
 
 
 _INTEGERS = frozenset({"int2", "int4", "int8"})
