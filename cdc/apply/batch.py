@@ -31,7 +31,6 @@ from typing import Any
 from cdc.apply.dead_letters import DeadLetters
 from cdc.apply.guards import (
     EndOffsets,
-    backlog,
     check_source_lineage,
     check_source_not_rewound,
 )
@@ -53,8 +52,8 @@ from cdc.core.say import on_stderr
 from cdc.core.settings import Settings
 from cdc.core.spark import execution_profile
 from cdc.core.topics import change_topic
-from cdc.log.freshness import Freshness
-from cdc.log.generated_columns import expressions_dsn, with_generated
+from cdc.log.freshness import add_freshness
+from cdc.log.generated_columns import with_generated
 from cdc.log.progress import Progress, read_progress, set_waiting, write_progress
 from cdc.stores.base import BatchContext, BatchOutcome, FrameStore, RowStore, StoreWriter
 from cdc.stores.registry import executor_settings, make_row_store
@@ -92,6 +91,7 @@ class BatchWriter:
         # table -> its TRUNCATEs with their commit times (Progress.truncations)
         self.truncate_log: dict[str, list[list[int]]] = {}
         self.topic_ids: dict[str, str] = {}  # topic -> its id, as the batch's guard found it
+        self._topics: tuple[tuple[str, ...], dict[str, str]] = ((), {})  # self.topics()
 
     def __call__(self, batch: Any, batch_id: int) -> None:
         """Write the batch, waiting for the store (or PostgreSQL) while it does not answer."""
@@ -136,8 +136,8 @@ class BatchWriter:
         self.check_relations(read=False)
         if seen.rewrites:
             self.rewritten(seen.rewrites)
-        topics = {change_topic(self.settings.pipeline, t): t for t in [*tables, TRUNCATIONS_TABLE]}
-        batch = self.generated_columns(batch, topics, tables)
+        topics = self.topics(tables)
+        batch = with_generated(batch, self.settings, topics, tables)
         progress, behind = self.guard(topics, wal)
         batch, held = self.without_held(batch, progress)
         last_truncate = dict(progress.truncated)
@@ -165,8 +165,8 @@ class BatchWriter:
             self.dead.flush()
         for where, offset in held.items():  # applied: the store holds them
             outcome.offsets[where] = max(offset, outcome.offsets.get(where, -1))
-        self.record(batch_id, outcome, last_truncate, started_ms)
-        self.sweep_generation(tables)
+        record = self.record(batch_id, outcome, last_truncate, started_ms, progress)
+        self.sweep_generation(tables, record)
 
     def check_snapshot(self) -> None:
         """StoreBusyError while a snapshot writes the store itself (snapshot_held.py)."""
@@ -225,11 +225,13 @@ class BatchWriter:
                 "`cdc setup`, which cuts and backfills it"
             )
 
-    def generated_columns(
-        self, batch: Any, topics: dict[str, str], tables: dict[str, Table]
-    ) -> Any:
-        """The batch with each generated column's value computed (generated_columns.py)."""
-        return with_generated(batch, expressions_dsn(self.settings), topics, tables)
+    def topics(self, tables: dict[str, Table]) -> dict[str, str]:
+        """Each change topic of the batch (the captured tables' and the TRUNCATEs') and
+        its table's name; made again only when the captured tables change."""
+        names = (*tables, TRUNCATIONS_TABLE)
+        if self._topics[0] != names:
+            self._topics = (names, {change_topic(self.settings.pipeline, t): t for t in names})
+        return self._topics[1]
 
     def guard(self, topics: dict[str, str], wal: int) -> tuple[Progress, int]:
         """The store's progress, once the source and the log are still the ones it applied
@@ -239,9 +241,9 @@ class BatchWriter:
         check_source_not_rewound(name, wal, progress)
         lineage = self.seen.lineage if self.seen else None
         check_source_lineage(name, lineage, self.source.forks, progress)
-        ends = self.ends.check_not_rewound(name, topics, progress)
+        behind = self.ends.check_not_rewound(name, topics, progress)
         self.topic_ids.update(self.ends.ids)
-        return progress, backlog(ends, progress.applied_of(topics))
+        return progress, behind
 
     def mode(self, behind: int) -> str:
         """Where a row store's batch is written (write_rows), by how far behind it is; the
@@ -372,12 +374,12 @@ class BatchWriter:
         now = seen.renamed.get(now or "", now)  # renamed since setup: its old name
         return now if now in tables else None
 
-    def sweep_generation(self, tables: dict[str, Table]) -> None:
+    def sweep_generation(self, tables: dict[str, Table], progress: Progress) -> None:
         """Once the store holds a new snapshot generation whole, remove what it still
-        holds from before it (cdc/capture/generation.py)."""
+        holds from before it (cdc/capture/generation.py); `progress`: its record after
+        the batch."""
         store = self.store
         generation = self.seen.generation if self.seen else self.source.generation()
-        progress = read_progress(self.settings, store.name) or Progress()
         if generation is None or progress.generation >= generation.lsn:
             return
         if generation.previous is None:  # the first: nothing from before it to remove
@@ -396,15 +398,12 @@ class BatchWriter:
         outcome: BatchOutcome,
         last_truncate: dict[str, tuple[int, int]],
         started_ms: int,
-    ) -> None:
-        """The store's progress record after the batch (cdc/log/progress.py)."""
+        previous: Progress,
+    ) -> Progress:
+        """The store's progress record after the batch (cdc/log/progress.py), from
+        `previous`, the one its guard read; returned as written."""
         settings, name = self.settings, self.store.name
-        previous = read_progress(settings, name) or Progress()
         applied_ms = int(time.time() * 1000)
-        freshness = Freshness.from_json(previous.freshness)
-        freshness.add(
-            outcome.ages, applied_ms - started_ms, applied_ms, settings.apply.freshness_window_s
-        )
         commit_ms = outcome.commit_ms if outcome.n else previous.commit_ms
         newest = [outcome.commit_lsn, previous.commit_lsn]
         newest += [commit for commit, _ in last_truncate.values()]
@@ -432,12 +431,19 @@ class BatchWriter:
             generation=previous.generation,  # the last one swept
             source=list(self.seen.lineage) if self.seen and self.seen.lineage else previous.source,
             pid=os.getpid(),
-            freshness=freshness.to_json(),
+            freshness=add_freshness(
+                previous.freshness,
+                outcome.ages,
+                applied_ms - started_ms,
+                applied_ms,
+                settings.apply.freshness_window_s,
+            ),
             written_by_spark=outcome.written_by_spark,
             route=outcome.route,
             routes=routes,
         )
         write_progress(settings, name, record)
+        return record
 
 
 def unavailable_reason(

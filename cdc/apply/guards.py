@@ -44,14 +44,13 @@ class EndOffsets:
             return {}
         return {(tp.topic, tp.partition): e for tp, e in self._consumer.end_offsets(parts).items()}
 
-    def check_not_rewound(
-        self, store: str, topics: dict[str, str], progress: Progress
-    ) -> dict[tuple[str, int], int]:
+    def check_not_rewound(self, store: str, topics: dict[str, str], progress: Progress) -> int:
         """Raise LogRewoundError if a topic ends before what `store` has applied of it
         (the topic was deleted and created again: its offsets started over, and what the
         store holds no longer matches the log): its id is not the one the store applied
         records of, a partition the store applied is gone, or a partition ends before
-        what the store applied. Returns the topics' end offsets."""
+        what the store applied. Returns how many records of the log the store is behind
+        (backlog)."""
         ends = self.read(topics)
         wanted = progress.applied_of(topics)
         self.ids = self._topic_ids(sorted({t for t, _ in ends}))
@@ -79,7 +78,7 @@ class EndOffsets:
                     f"partition {partition} ends at offset {end}, before offset {offset} "
                     f"that the {store} has applied",
                 )
-        return ends
+        return backlog(ends, wanted)
 
     def _topic_ids(self, topics: list[str]) -> dict[str, str]:
         """Each topic's id (KIP-516), as Kafka describes it now."""

@@ -30,7 +30,7 @@ from cdc.core.say import Say
 from cdc.core.settings import Settings
 from cdc.core.store_declarations import with_ability
 from cdc.core.topics import change_topic
-from cdc.log.generated_columns import expressions_dsn, with_generated
+from cdc.log.generated_columns import with_generated
 from cdc.stores.base import BatchContext, FrameStore
 from cdc.stores.registry import derived_views, make_writer
 
@@ -107,7 +107,7 @@ def _writer(
     def write(records: Any, ends: dict[str, int], count: int) -> None:
         group = next(groups)
         topics = {change_topic(settings.pipeline, t): t for t in [*tables, TRUNCATIONS_TABLE]}
-        batch = with_generated(records, expressions_dsn(settings), topics, tables)
+        batch = with_generated(records, settings, topics, tables)
         for store in stores:
             _write_group(settings, store, batch, topics, tables, group, count)
             record_held(settings, store.name, Held(lsn, ends))

@@ -141,7 +141,8 @@ def _locked(settings: Settings) -> Iterator[dict[str, Schema]]:
     """The recorded schemas, read and written under a lock (the stores' queries, in one
     process or several, check them side by side)."""
     path = schemas_file(settings)
-    make_state_dir(settings, path.parent)
+    if not path.parent.is_dir():  # made once (and again after `cdc down --purge`)
+        make_state_dir(settings, path.parent)
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:

@@ -22,6 +22,7 @@ __all__ = [
     "BUCKETS_S",
     "Freshness",
     "Judgement",
+    "add_freshness",
     "age_bucket",
     "judge",
 ]
@@ -206,3 +207,17 @@ def ages(commits: Iterable[int | None], started_ms: int) -> dict[int, int]:
             bucket = age_bucket(started_ms - commit_ms)
             out[bucket] = out.get(bucket, 0) + 1
     return out
+
+
+def add_freshness(
+    record: Mapping[str, Any] | None,
+    ages: Mapping[int, int],
+    duration_ms: float,
+    now_ms: float,
+    window_s: float,
+) -> dict[str, Any]:
+    """A progress record's freshness (`record`, as written) with a batch's events added
+    (Freshness.add), as it is written again."""
+    freshness = Freshness.from_json(record)
+    freshness.add(ages, duration_ms, now_ms, window_s)
+    return freshness.to_json()

@@ -290,10 +290,12 @@ def computing_generated(
     return run
 
 
-def with_generated(batch: Any, dsn: str, topics: dict[str, str], tables: dict[str, Table]) -> Any:
+def with_generated(
+    batch: Any, settings: Settings, topics: dict[str, str], tables: dict[str, Table]
+) -> Any:
     """The micro-batch with generated columns computed (unchanged when no captured table
-    has one)."""
+    has one; only then is the expressions' DSN made: expressions_dsn)."""
     by_topic = {t: tables[n] for t, n in topics.items() if n in tables and tables[n].generated}
     if not by_topic:
         return batch
-    return batch.mapInArrow(computing_generated(dsn, by_topic), batch.schema)
+    return batch.mapInArrow(computing_generated(expressions_dsn(settings), by_topic), batch.schema)

@@ -216,7 +216,8 @@ def read_progress(settings: Settings, store: str) -> Progress | None:
 
 def write_progress(settings: Settings, store: str, progress: Progress) -> None:
     path = progress_file(settings, store)
-    make_state_dir(settings, path.parent)
+    if not path.parent.is_dir():  # made once (and again after `cdc down --purge`)
+        make_state_dir(settings, path.parent)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(progress.to_json()))
     tmp.replace(path)

@@ -9,8 +9,8 @@ decodes it; otherwise `decode_records` answers None and the batch is decoded by 
 (cdc/stores/warehouse/routes.py), as before:
 
 - a record that is not a Debezium change event (a dead letter), or not read whole;
-- a table with a column whose type is not one `decodable` lists (arrays, bytea, time,
-  bit strings, float4, hstore: Spark's);
+- a table with a column whose type is not one `decodable` (arrow_types.py) lists
+  (arrays, bytea, time, bit strings, float4, hstore: Spark's);
 - a value the warehouse cannot hold (spark_types.py: a dead letter), or one equal to the
   table's TOAST placeholder (the Spark path fills it);
 - a row of cdc.truncations (the batch applies a TRUNCATE).
@@ -22,6 +22,7 @@ reports of it.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -34,10 +35,10 @@ import pyarrow.json as pj
 from cdc.core.catalog import TRUNCATIONS_TABLE, Column, Table
 from cdc.log.envelope import SOURCE_ARROW, arrow_positions
 from cdc.log.freshness import RATIO
-from cdc.types.arrow_types import TIMESTAMP_TZ, convert, decodable, json_type
+from cdc.types.arrow_types import TIMESTAMP_TZ, convert, json_type
 from cdc.types.decode import placeholder_forms
 
-__all__ = ["ArrowBatch", "decode_records"]
+__all__ = ["ArrowBatch", "decode_records", "decodes"]
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,38 @@ def _read_lines(values: pa.Array, schema: pa.Schema) -> pa.Table | None:
     return read if read.num_rows == len(values) else None
 
 
-def _struct_type(columns: tuple[Column, ...]) -> pa.DataType:
-    return pa.struct([pa.field(c.name, json_type(c)) for c in columns])
+@dataclass(frozen=True)
+class _Plan:
+    envelope: pa.Schema
+    key_columns: tuple[Column, ...]
+    keys: pa.Schema
+
+
+def decodes(table: Table) -> bool:
+    """Whether every column of the table decodes here (arrow_types.decodable)."""
+    return _plan(table.columns, table.key) is not None
+
+
+@functools.lru_cache(maxsize=1024)  # every batch of a table is read alike
+def _plan(columns: tuple[Column, ...], key: tuple[str, ...]) -> _Plan | None:
+    """How a table of `columns` keyed by `key` is read: its events' and its keys' schemas
+    (their Debezium JSON as Arrow types), and its key columns; None when one of its
+    columns does not decode here (arrow_types.decodable)."""
+    if not all(json_type(c) is not None for c in columns):
+        return None
+    by_name = {c.name: c for c in columns}
+    key_columns = tuple(by_name[k] for k in key)
+    return _Plan(
+        envelope=pa.schema(
+            [
+                ("op", pa.string()),
+                ("after", pa.struct([pa.field(c.name, json_type(c)) for c in columns])),
+                ("source", SOURCE_ARROW),
+            ]
+        ),
+        key_columns=key_columns,
+        keys=pa.schema([(c.name, json_type(c)) for c in key_columns]),
+    )
 
 
 def _cut_ms(commit_lsn: pa.Array, lsn: pa.Array, cuts: list[list[int]] | None) -> pa.Array:
@@ -136,12 +167,12 @@ def _decode_table(table: Table, records: pa.Table, cuts: list[list[int]] | None)
         return None
     present = pc.is_valid(value)
     tombstones = value.null_count > 0
-    envelope = pa.schema(
-        [("op", pa.string()), ("after", _struct_type(table.columns)), ("source", SOURCE_ARROW)]
-    )
-    read = _read_lines(value.filter(present) if tombstones else value, envelope)
-    key_columns = tuple(table.column(k) for k in table.key)
-    keys = _read_lines(key, pa.schema([(c.name, json_type(c)) for c in key_columns]))
+    plan = _plan(table.columns, table.key)
+    if plan is None:
+        return None
+    read = _read_lines(value.filter(present) if tombstones else value, plan.envelope)
+    key_columns = plan.key_columns
+    keys = _read_lines(key, plan.keys)
     if read is None or keys is None:
         return None
     # the events with a value at their places, a tombstone's fields NULL
@@ -204,7 +235,7 @@ def decode_records(
         name = topics.get(topic)
         if name is None:
             continue  # not a captured table's: envelope.py drops it too
-        if name == TRUNCATIONS_TABLE or name not in tables or not decodable(tables[name]):
+        if name == TRUNCATIONS_TABLE or name not in tables:
             return None
         mine = records if len(found) == 1 else records.filter(pc.equal(names, topic))
         try:

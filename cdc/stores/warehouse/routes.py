@@ -32,8 +32,7 @@ from cdc.log.envelope import parse_events
 from cdc.log.freshness import RATIO
 from cdc.log.progress import add_cut
 from cdc.stores.base import BatchContext, BatchOutcome
-from cdc.stores.warehouse.arrow_events import ArrowBatch, decode_records
-from cdc.types.arrow_types import decodable
+from cdc.stores.warehouse.arrow_events import ArrowBatch, decode_records, decodes
 from cdc.types.spark_types import may_hold_placeholder, unheld_columns
 
 __all__ = ["Route", "WarehouseBatches", "route"]
@@ -75,7 +74,7 @@ def route(
         return Route.SPARK_DECODED, "no captured table yet"
     if collect_refused:
         return Route.SPARK_DECODED, "the last collect was over spark.driver.maxResultSize"
-    if not all(decodable(t) for t in tables):
+    if not all(decodes(t) for t in tables):
         return Route.SPARK_DECODED, "a captured table has a type Arrow does not decode"
     if most_records * max(record_bytes, 1.0) * 3 > heap_bytes / 2:
         return (

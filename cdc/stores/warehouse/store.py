@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from cdc.core.catalog import Table, reserved_problem
+from cdc.core.catalog import Column, Table, reserved_problem
 from cdc.core.errors import ConfigError, StoreError
 from cdc.core.settings import Settings
 from cdc.log.position import older_sql
@@ -117,7 +117,7 @@ class WarehouseStore(WarehouseReader, FrameStore):
         self.after_batch = list(after_batch)
         self._truncated: set[str] = set()
         # each Delta table's handle, kept while the columns it was checked for hold
-        self._tables: dict[str, tuple[list[Any], Any]] = {}
+        self._tables: dict[str, tuple[tuple[Column, ...], Any]] = {}
         # the Delta tables known to hold rows (only a reset empties one again)
         self._filled: set[str] = set()
         # per history: what it holds of each Kafka partition (read once, then kept)
@@ -142,12 +142,22 @@ class WarehouseStore(WarehouseReader, FrameStore):
             self._ensure(table)
             self._history(table)
 
+    def _known(self, path: str, table: Table) -> Any:
+        """The handle of the Delta table at `path` once it is made for `table`'s columns
+        as they are now (None: not yet); a handle always reads the table's latest
+        version."""
+        known = self._tables.get(path)
+        return known[1] if known is not None and known[0] == table.columns else None
+
     def _ensure(self, table: Table) -> Any:
         """The table's live rows (SCD type 1), created or widened to its columns."""
         from pyspark.sql import types as T
 
+        path = current_path(self.root, table.qualified)
+        if (known := self._known(path, table)) is not None:
+            return known
         return self._delta(
-            current_path(self.root, table.qualified),
+            path,
             [
                 T.StructField("_cdc_offset", T.LongType()),
                 T.StructField("_cdc_partition", T.IntegerType()),
@@ -163,6 +173,9 @@ class WarehouseStore(WarehouseReader, FrameStore):
         """The table's history (SCD type 2), created or widened to its columns."""
         from pyspark.sql import types as T
 
+        path = history_path(self.root, table.qualified)
+        if (known := self._known(path, table)) is not None:
+            return known
         if problem := reserved_problem([c.name for c in table.columns], ("warehouse",)):
             raise ConfigError(f"table {table.qualified} cannot be kept in the warehouse: {problem}")
         kinds = {
@@ -174,7 +187,7 @@ class WarehouseStore(WarehouseReader, FrameStore):
             "_cdc_commit_lsn": T.LongType(),
         }
         return self._delta(
-            history_path(self.root, table.qualified),
+            path,
             [T.StructField(name, kinds[name]) for name in HISTORY_META],
             table,
             properties={KEY_PROPERTY: json.dumps(list(table.key))},
@@ -195,9 +208,6 @@ class WarehouseStore(WarehouseReader, FrameStore):
         from pyspark.sql import types as T
 
         fields = [T.StructField(c.name, spark_type(c)) for c in table.columns] + meta
-        known = self._tables.get(path)
-        if known is not None and known[0] == fields:
-            return known[1]  # a handle always reads the table's latest version
         target = ensure_delta(self.spark, path, fields, properties=properties or {})
         older = set(target.toDF().columns) & set(_OLDER_LAYOUT)
         if older:
@@ -207,7 +217,7 @@ class WarehouseStore(WarehouseReader, FrameStore):
             )
         if clear_dropped:
             clear_columns(target, dropped_columns(target, fields))
-        self._tables[path] = (fields, target)
+        self._tables[path] = (table.columns, target)
         return target
 
     def truncate(self, table: Table, before: tuple[int, int], commit_ms: int) -> None:

@@ -9,6 +9,7 @@ widened a type.
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ def warehouse_root(settings: Settings) -> str:
     return f"{warehouse_base(settings)}/{settings.pipeline.topic_prefix}"
 
 
+@functools.lru_cache(maxsize=4096)  # every batch asks, a name's folder never changes
 def _folder(root: str, table: str) -> str:
     """The table's folder in the warehouse; a name that would reach another folder is
     refused (`cdc setup` refuses it first: cdc.core.topics.folder_problem)."""

@@ -39,7 +39,7 @@ from cdc.core.spark import kafka_options
 from cdc.core.topics import ChangeRecord, change_topic
 from cdc.log.checkpoints import Checkpoint
 from cdc.log.envelope import event_position, parse_events
-from cdc.log.generated_columns import expressions_dsn, with_generated
+from cdc.log.generated_columns import with_generated
 from cdc.log.position import Position
 from cdc.log.progress import forget_late
 from cdc.stores.warehouse.conflicts import retried
@@ -112,7 +112,7 @@ def events(
     )
     if any(table.column(c).generated for c in columns):  # not in the log: computed
         records = with_generated(
-            records, expressions_dsn(settings), {topic: table.qualified}, {table.qualified: table}
+            records, settings, {topic: table.qualified}, {table.qualified: table}
         )
     typed = [table.column(c) for c in columns]
     after = F.from_json("after", T.StructType([T.StructField(c.name, json_type(c)) for c in typed]))
