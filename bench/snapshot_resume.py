@@ -17,6 +17,10 @@ pipeline of its own over pgbench_accounts:
    resume's time, and the rows that went through the log twice (the records in the
    topic less the table's rows: the table is idle).
 
+After each, `cdc apply --store warehouse --once` from the same checkout: how long the
+warehouse takes after the command to hold every row (the snapshot writes it itself; what
+it does not, its apply reads from Kafka).
+
 --only-whole times step 1 alone, and --repo runs `cdc` from another checkout (the code
 before a change, in the same sitting).
 Prints the figures and appends them to results/snapshot_resume.jsonl.
@@ -96,12 +100,29 @@ def records(settings: Settings) -> int:
     return sum(end_offsets(settings.kafka, [topic])[topic].values())
 
 
-def whole(base: Settings, repo: Path) -> float:
+def warehouse_apply(settings: Settings, repo: Path) -> float:
+    """Seconds of `cdc apply --store warehouse --once` (module doc)."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "cdc", "apply", "--store", "warehouse", "--once"],
+        env=environment(settings, repo),
+        cwd=repo,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"cdc apply failed: {done.stderr.decode()[-2000:]}")
+    return time.monotonic() - started
+
+
+def whole(base: Settings, repo: Path) -> tuple[float, float]:
+    """The snapshot's seconds, then the warehouse's apply's after it."""
     settings = bench_settings(base, [TABLE])
     try:
         started = time.monotonic()
         finish(snapshot(settings, repo))
-        return time.monotonic() - started
+        return time.monotonic() - started, warehouse_apply(settings, repo)
     finally:
         cleanup(settings)
 
@@ -124,7 +145,10 @@ def interrupted(base: Settings, at: float, rows: int, repo: Path) -> dict[str, f
         done_fraction = written_pages(settings) / total_pages
         resumed = finish(snapshot(settings, repo))
         twice = records(settings) - rows
+        apply_s = warehouse_apply(settings, repo)
         return {
+            "warehouse_apply_s": round(apply_s, 1),
+            "warehouse_whole_after_kill_s": round(resumed + apply_s, 1),
             "to_kill_s": round(killed, 1),
             "pages_written_at_kill": round(done_fraction, 3),
             "resume_s": round(resumed, 1),
@@ -148,10 +172,17 @@ def main() -> None:
     args = parser.parse_args()
     base = load_settings()
     rows = load_pgbench(base, args.scale)
-    wholes, broken = [], []
+    wholes: list[float] = []
+    applies: list[float] = []
+    broken = []
     for run in range(args.runs):
-        wholes.append(round(whole(base, args.repo), 1))
-        print(f"run {run + 1}: uninterrupted {wholes[-1]} s", flush=True)
+        seconds, apply_s = whole(base, args.repo)
+        wholes.append(round(seconds, 1))
+        applies.append(round(apply_s, 1))
+        print(
+            f"run {run + 1}: uninterrupted {wholes[-1]} s, warehouse apply {applies[-1]} s",
+            flush=True,
+        )
         if not args.only_whole:
             broken.append(interrupted(base, args.at, rows, args.repo))
             print(f"run {run + 1}: interrupted {broken[-1]}", flush=True)
@@ -160,6 +191,7 @@ def main() -> None:
         "repo": str(args.repo),
         "uninterrupted_s": wholes,
         "uninterrupted_median_s": statistics.median(wholes),
+        "uninterrupted_warehouse_apply_s": applies,
     }
     if broken:
         figures["interrupted"] = broken
