@@ -6,13 +6,10 @@ Each group of the snapshot's rows, once in Kafka, comes here as the Kafka record
 route it chooses included, as its apply job would write those records: generated
 columns computed, poison values to the dead-letter topic, its join views refreshed.
 Then what the store holds is recorded (cdc/capture/snapshot_held.py) and its apply skips
-those records. A resumed snapshot writes its rest into the store the same way, after the
-records of the run before that are in Kafka but not in the store (its last groups, or
-all of them): those go first, as one group, so the store again holds every record below
-the ends recorded. While the snapshot writes a store it holds the store's snapshot lock,
-and its writer lock where it takes one writer (the warehouse on S3). A store whose
-writer lock another process holds, or that cannot be made ready (its tables, its views),
-is reached through Kafka only, as before, and the snapshot says why in one line."""
+those records. While the snapshot writes a store it holds the store's snapshot lock, and
+its writer lock where it takes one writer (the warehouse on S3). A store whose writer
+lock another process holds, or that cannot be made ready (its tables, its views), is
+reached through Kafka only, as before, and the snapshot says why in one line."""
 
 from __future__ import annotations
 
@@ -25,14 +22,14 @@ from typing import Any
 
 from cdc.apply.dead_letters import DeadLetters
 from cdc.capture.initial_snapshot import IntoStores
-from cdc.capture.snapshot_held import Held, read_held, record_held, writing_lock
+from cdc.capture.snapshot_held import Held, record_held, writing_lock
 from cdc.capture.source_reader import captured_tables
 from cdc.core.catalog import TRUNCATIONS_TABLE, Table
 from cdc.core.one_writer import one_writer
 from cdc.core.say import Say
 from cdc.core.settings import Settings
 from cdc.core.store_declarations import with_ability
-from cdc.core.topics import change_topic, end_offsets, start_offsets
+from cdc.core.topics import change_topic
 from cdc.log.generated_columns import with_generated
 from cdc.stores.base import BatchContext, FrameStore
 from cdc.stores.registry import derived_views, make_writer
@@ -75,26 +72,14 @@ class StoresTakingSnapshot:
                     said = str(exc).strip().splitlines() or [type(exc).__name__]
                     say(f"{name}: {said[0][:300]}; the snapshot reaches it through Kafka only")
                     continue
-                earlier = read_held(settings, name)  # a resumed snapshot's: what it took
-                kept = earlier.ends if earlier is not None and earlier.lsn == lsn else {}
-                record_held(settings, name, Held(lsn, kept))
+                record_held(settings, name, Held(lsn))
                 locks.enter_context(own.pop_all())
                 stores.append(store)
             if not stores:
                 yield None
                 return
-            names = ", ".join(s.name for s in stores)
-            write = _writer(settings, stores, tables, lsn)
-            try:
-                _catch_up(settings, spark, stores, tables, write)
-            except Exception as exc:  # the snapshot goes on through Kafka, as before
-                log.info("%s: the records it lacks not written", names, exc_info=True)
-                said = str(exc).strip().splitlines() or [type(exc).__name__]
-                say(f"{names}: {said[0][:300]}; the snapshot reaches it through Kafka only")
-                yield None
-                return
-            say(f"the snapshot writes {names} itself, beside Kafka")
-            yield write
+            say(f"the snapshot writes {', '.join(s.name for s in stores)} itself, beside Kafka")
+            yield _writer(settings, stores, tables, lsn)
 
 
 def _ready(settings: Settings, name: str, spark: Any, tables: dict[str, Table]) -> FrameStore:
@@ -111,57 +96,6 @@ def _ready(settings: Settings, name: str, spark: Any, tables: dict[str, Table]) 
             store.take_views(door.checked(settings, tables))
     store.prepare(tables.values())
     return store
-
-
-def _catch_up(
-    settings: Settings,
-    spark: Any,
-    stores: list[FrameStore],
-    tables: dict[str, Table],
-    write: IntoStores,
-) -> None:
-    """Write into `stores`, as one group, the records of the change topics that are in
-    Kafka and that one of them does not hold (below its recorded ends: a resumed
-    snapshot's, whose run before wrote groups to Kafka that did not reach it); nothing
-    for a new snapshot, whose topics are empty. Read by Spark from Kafka, as the apply
-    job reads them."""
-    import json
-
-    from cdc.core.spark import kafka_options
-
-    topics = sorted(change_topic(settings.pipeline, t) for t in tables)
-    ends, firsts = (
-        _ends(end_offsets(settings.kafka, topics)),
-        _ends(start_offsets(settings.kafka, topics)),
-    )
-    held = [read_held(settings, s.name) or Held(0) for s in stores]
-    # per partition, from the lowest end a store holds (the log's start where one holds none)
-    starts = {w: max(min(h.ends.get(w, 0) for h in held), firsts.get(w, 0)) for w in ends}
-    count = sum(max(end - starts[w], 0) for w, end in ends.items())
-    if not count:
-        return
-    starting: dict[str, dict[str, int]] = {}
-    ending: dict[str, dict[str, int]] = {}
-    for where, end in ends.items():
-        topic, _, partition = where.rpartition(":")
-        starting.setdefault(topic, {})[partition] = min(starts[where], end)
-        ending.setdefault(topic, {})[partition] = end
-    records = (
-        spark.read.format("kafka")
-        .options(**kafka_options(settings))
-        .option("subscribe", ",".join(topics))
-        .option("startingOffsets", json.dumps(starting))
-        .option("endingOffsets", json.dumps(ending))
-        .load()
-        .select("key", "value", "topic", "partition", "offset")
-    )
-    log.info("%d record(s) in Kafka the stores lack: written into them first", count)
-    write(records, ends, count)
-
-
-def _ends(offsets: dict[str, dict[int, int]]) -> dict[str, int]:
-    """Offsets per "topic:partition"."""
-    return {f"{t}:{p}": o for t, parts in offsets.items() for p, o in parts.items()}
 
 
 def _writer(

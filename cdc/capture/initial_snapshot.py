@@ -335,7 +335,7 @@ def run_snapshot(
     if resume is not None:
         assert state is not None and state.lsn is not None
         point = SnapshotPoint(lsn_to_int(state.lsn), ts_ms, "")
-        return _resume(settings, tables, point, ranges, xmin, console, say, started, into=into)
+        return _resume(settings, tables, point, ranges, xmin, console, say, started)
 
     # what an interrupted run wrote goes; offsets keep growing, so no position is reused
     forget_held(settings)
@@ -503,12 +503,10 @@ def _resume(
     started: float,
     earlier: int | None = None,
     spark: Any = None,
-    into: SnapshotInto | None = None,
 ) -> SnapshotResult:
     """Finish an interrupted snapshot: the rows it had not written (unread_rows) into the
     log, and stream from its slot's consistent point; then mark it done, as a run that
-    was not interrupted does. `into`: stores that take the rows Spark reads themselves,
-    after the records in Kafka they lack (cdc/apply/snapshot_into.py).
+    was not interrupted does.
 
     Before the connector exists, Spark reads those of them that no transaction wrote
     since the snapshot (unchanged_unread_rows: each is the row the snapshot saw) and
@@ -560,21 +558,9 @@ def _resume(
     )
     rows = {change_topic(pipe, t.qualified): 0 for t in tables}
     if here:
-        spark = spark or spark_session(settings, f"cdc-snapshot-{pipe.name}")
-        with contextlib.ExitStack() as stack:  # the stores' locks, until they have the rest
-            write_into = stack.enter_context(into.writing(spark, point.lsn, say)) if into else None
-            stores = _IntoStores(write_into)
-            stack.callback(stores.close)
-            read_here, changed = _read_rest(
-                settings,
-                spark,
-                [t for t in tables if t.qualified in here],
-                point,
-                here,
-                console,
-                stores,
-            )
-            stores.done(say)
+        read_here, changed = _read_rest(
+            settings, spark, [t for t in tables if t.qualified in here], point, here, console
+        )
         rows.update({change_topic(pipe, name): n for name, n in read_here.items()})
         if changed:
             say(f"changed while the rest was read: {', '.join(changed)}; backfilled whole")
@@ -636,12 +622,11 @@ def _read_rest(
     point: SnapshotPoint,
     rest: dict[str, str],
     console: Console,
-    stores: _IntoStores | None = None,
 ) -> tuple[dict[str, int], list[str]]:
     """The rows of each table that match its filter in `rest` (unchanged_unread_rows),
     read by Spark under one snapshot exported now and written as snapshot events of
-    `point` at position (consistent point, 1), and into `stores` as the copy writes them;
-    returns rows per table and the tables rewritten meanwhile (as _copy_tables).
+    `point` at position (consistent point, 1); returns rows per table and the tables
+    rewritten meanwhile (as _copy_tables).
 
     Each row is the one the snapshot saw: no transaction since wrote it. The connector is
     not streaming yet, so every change after the point follows these rows in its key's
@@ -657,7 +642,8 @@ def _read_rest(
         row = held.execute("SELECT pg_export_snapshot()").fetchone()
         assert row is not None
         now = SnapshotPoint(point.lsn, point.ts_ms, str(row[0]), order=1)
-        return _copy_tables(settings, spark, tables, now, console, identities, stores, rest)
+        spark = spark or spark_session(settings, f"cdc-snapshot-{settings.pipeline.name}")
+        return _copy_tables(settings, spark, tables, now, console, identities, rest=rest)
 
 
 def _await_cuts(settings: Settings, ids: list[int], say: Say) -> None:

@@ -54,7 +54,6 @@ __all__ = [
     "replication_factors",
     "replication_problem",
     "set_topic_configs",
-    "start_offsets",
     "thinned",
     "too_few_brokers",
     "topic_kafka_configs",
@@ -457,15 +456,6 @@ def change_topic_ends(
 
 def end_offsets(kafka: KafkaSettings, topics: list[str]) -> dict[str, dict[int, int]]:
     """The next offset to be written, per topic and partition."""
-    return _offsets(kafka, topics, "end_offsets")
-
-
-def start_offsets(kafka: KafkaSettings, topics: list[str]) -> dict[str, dict[int, int]]:
-    """The first offset the log still holds, per topic and partition."""
-    return _offsets(kafka, topics, "beginning_offsets")
-
-
-def _offsets(kafka: KafkaSettings, topics: list[str], which: str) -> dict[str, dict[int, int]]:
     consumer = KafkaConsumer(**kafka_client_kwargs(kafka), enable_auto_commit=False)
     try:
         tps = [
@@ -474,7 +464,7 @@ def _offsets(kafka: KafkaSettings, topics: list[str], which: str) -> dict[str, d
             for p in sorted(consumer.partitions_for_topic(t) or ())
         ]
         result: dict[str, dict[int, int]] = {t: {} for t in topics}
-        for tp, offset in getattr(consumer, which)(tps).items():
+        for tp, offset in consumer.end_offsets(tps).items():
             result[tp.topic][tp.partition] = offset
         return result
     finally:

@@ -200,47 +200,6 @@ def test_a_group_that_does_not_reach_the_warehouse_is_applied_from_kafka(
     assert len(seen) == len(set(seen))
 
 
-def test_a_resumed_snapshot_writes_the_rest_into_the_warehouse_itself(
-    captured: Capture,
-) -> None:
-    """Stopped with groups in Kafka and none in the warehouse (the first group's write
-    into it fails at once: the copy stops at its next group), the rerun resumes: before
-    it reads the rows not written yet, the warehouse takes the records already in Kafka
-    that it lacks, then the rest's groups as the first run's. So before any apply the
-    warehouse holds every record in the topic and equals the source, with no version
-    twice at one position; its apply then starts after them. (With one group in the
-    warehouse, the resume takes the records from its end on:
-    test_a_group_that_does_not_reach_the_warehouse_is_applied_from_kafka.)"""
-    made = _table(captured)
-    settings, table = made.settings, made.table
-    console = Console(file=io.StringIO())
-    with pytest.raises(RuntimeError, match="between Kafka and the warehouse"):
-        run_snapshot(settings, console, into=_StopsAfter(settings, ["warehouse"], 0))
-    held = read_held(settings, "warehouse")
-    assert held is not None and not held.ends  # no group
-    assert sum(_kafka_ends(settings, table).values()) > 0
-
-    notes: list[str] = []
-    result = run_snapshot(settings, console, notes.append, snapshot_into(settings))
-    assert result.continued, notes
-    assert any("writes warehouse itself" in n for n in notes), notes
-    held = read_held(settings, "warehouse")
-    assert held is not None
-    in_kafka = _kafka_ends(settings, table)
-    assert {w: held.ends.get(w, 0) for w in in_kafka} == in_kafka, (held, in_kafka)
-    # before any apply
-    assert _current(settings, table) == _source(made.dsn, made.name)
-    versions = _history(settings, table)
-    assert {v["id"] for v in versions} == set(range(1, ROWS + 1))
-    seen = [(v["id"], v["_cdc_commit_lsn"], v["_cdc_lsn"]) for v in versions]
-    assert len(seen) == len(set(seen)), "two versions of a key at one position"
-
-    run_apply(settings, ["warehouse"], once=True)
-    progress = read_progress(settings, "warehouse")
-    assert progress is not None and held.covers(progress.applied)
-    assert _current(settings, table) == _source(made.dsn, made.name)
-
-
 def _kafka_ends(settings: Settings, table: str) -> dict[str, int]:
     from cdc.core.topics import end_offsets
 
