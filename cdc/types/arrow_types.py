@@ -4,10 +4,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdc.core.catalog import Column, Table
+from cdc.core.catalog import Column
 from cdc.types.decode import (
     DATE_INFINITY,
     INFINITY,
@@ -61,9 +63,9 @@ def _element_type(column: Column) -> pa.DataType | None:
     return None
 
 
-def decodable(table: Table) -> bool:
-    """Whether every column of the table decodes here (module doc)."""
-    return all(json_type(c) is not None for c in table.columns)
+def decodable(columns: Iterable[Column]) -> bool:
+    """Whether every one of a table's columns decodes here (module doc)."""
+    return all(json_type(c) is not None for c in columns)
 
 
 def convert(column: Column, raw: pa.Array) -> pa.Array | None:

@@ -15,7 +15,7 @@ import pytest
 
 from cdc.core.catalog import TRUNCATIONS_TABLE, Column, Table
 from cdc.log.envelope import parse_events
-from cdc.stores.warehouse.arrow_events import decode_records
+from cdc.stores.warehouse.arrow_events import decode_records, decodes
 from cdc.stores.warehouse.routes import cut_column, partitions, unheld_as_errors
 from cdc.stores.warehouse.store import WarehouseStore
 from cdc.types.arrow_types import decodable
@@ -225,7 +225,7 @@ def test_a_batch_decoded_in_arrow_equals_sparks(
         records = records.filter(pa.compute.is_valid(records.column("value")))
     cuts = {TABLE.qualified: [[800, 825, 1999], [900, 900, 2999]]}
     expected, parts, ages = spark_decoded(spark, store, records, cuts)
-    assert decodable(TABLE)
+    assert decodable(TABLE.columns) and decodes(TABLE)
     decoded = decode_records(records, TOPICS, {TABLE.qualified: TABLE}, cuts, 10_000)
     assert decoded is not None
     found = decoded.tables[TABLE.qualified]
@@ -277,6 +277,6 @@ def test_a_truncate_or_a_type_arrow_does_not_take_is_left_to_spark() -> None:
     with_bytes = Table(
         "public", "zoo", (*TABLE.columns, column("raw", "bytea", "bytea")), TABLE.key, "d", 1, 1
     )
-    assert not decodable(with_bytes)
+    assert not decodable(with_bytes.columns) and not decodes(with_bytes)
     records = records_of([record(ROWS[0], envelope(ROWS[0], "u", SEQ, lsn=2), 0)])
     assert decode_records(records, TOPICS, {TABLE.qualified: with_bytes}, {}, 0) is None

@@ -35,7 +35,7 @@ import pyarrow.json as pj
 from cdc.core.catalog import TRUNCATIONS_TABLE, Column, Table
 from cdc.log.envelope import SOURCE_ARROW, arrow_positions
 from cdc.log.freshness import RATIO
-from cdc.types.arrow_types import TIMESTAMP_TZ, convert, json_type
+from cdc.types.arrow_types import TIMESTAMP_TZ, convert, decodable, json_type
 from cdc.types.decode import placeholder_forms
 
 __all__ = ["ArrowBatch", "decode_records", "decodes"]
@@ -129,7 +129,7 @@ def _plan(columns: tuple[Column, ...], key: tuple[str, ...]) -> _Plan | None:
     """How a table of `columns` keyed by `key` is read: its events' and its keys' schemas
     (their Debezium JSON as Arrow types), and its key columns; None when one of its
     columns does not decode here (arrow_types.decodable)."""
-    if not all(json_type(c) is not None for c in columns):
+    if not decodable(columns):
         return None
     by_name = {c.name: c for c in columns}
     key_columns = tuple(by_name[k] for k in key)
