@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdc.core.catalog import Table
-from cdc.core.errors import QueryError, StoreUnavailableError
+from cdc.core.errors import QueryError
 from cdc.core.settings import Settings
 from cdc.stores.base import SqlReader, StoreReader, TextSearcher
-from cdc.stores.registry import make_reader, reader_with
+from cdc.stores.registry import make_reader, reach, reader_with
 from cdc.types.store_forms import INTEGER_TYPES
 
 __all__ = [
@@ -86,7 +86,7 @@ def search_table(settings: Settings, table: Table, text: str, limit: int = 10) -
     store = reader_with(settings, "text_search")
     assert isinstance(store, TextSearcher) and isinstance(store, StoreReader)
     try:
-        _reach(store)
+        reach(store)
         found = store.find(table, text, limit)
     finally:
         store.close()
@@ -126,20 +126,13 @@ def key_json(table: Table, key: str) -> str:
     return json.dumps({k: given[k] for k in table.key}, separators=(",", ":"), ensure_ascii=False)
 
 
-def _reach(store: StoreReader) -> None:
-    try:
-        store.ping()
-    except StoreUnavailableError as exc:
-        raise StoreUnavailableError(f"{exc}: start it (`cdc up`) or check its settings") from None
-
-
 def store_entry(settings: Settings, store: str, table: Table, key: str) -> dict[str, Any]:
     """What `store` holds for the row with `key` (its fields: the columns and the store's
     metadata)."""
     target = make_reader(settings, store)
     wanted = key_json(table, key)
     try:
-        _reach(target)
+        reach(target)
         entry = target.get(table, wanted)
     finally:
         target.close()

@@ -12,7 +12,7 @@ from cdc.core.say import Say
 from cdc.core.settings import Settings
 from cdc.log.checkpoints import checkpoint
 from cdc.log.progress import Progress, read_progress, write_progress
-from cdc.stores.registry import make_reader
+from cdc.stores.registry import make_reader, reach
 
 __all__ = ["reset_store"]
 
@@ -31,6 +31,7 @@ def reset_store(settings: Settings, store: str, tables: list[str] | None, say: S
         )
     target = make_reader(settings, store)
     try:
+        reach(target)
         for name in chosen:
             say(f"{store}: removing what it holds of {name}")
             target.reset(captured[name])

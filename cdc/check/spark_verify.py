@@ -26,6 +26,7 @@ from psycopg import sql
 
 from cdc.check.source_read import read_rows, selected_columns
 from cdc.core.catalog import Table
+from cdc.core.errors import StoreUnavailableError, carried_message
 from cdc.core.settings import Settings
 from cdc.stores.base import DigestReader, RowForm, row_digest
 from cdc.stores.registry import executor_settings
@@ -232,7 +233,13 @@ def compare_in_spark(
                 ),
                 F.collect_list(F.when(mine != theirs, F.col("key"))).alias(f"different_{t}"),
             ]
-        (result,) = keyed.agg(*counts).collect()
+        try:
+            (result,) = keyed.agg(*counts).collect()
+        except Exception as exc:  # a store that stopped answering, said by its task
+            said = carried_message(exc, StoreUnavailableError)
+            if said is None:
+                raise
+            raise StoreUnavailableError(said) from None
         conn.rollback()
     compared = {}
     for name, t in zip(stores, held, strict=True):

@@ -31,7 +31,7 @@ from cdc.core.settings.views import TableJoin
 from cdc.core.topics import CUT_MESSAGE_PREFIX, change_topic
 from cdc.log.progress import Progress, read_progress
 from cdc.stores.base import DigestReader, RowForm, Rows, StoreReader, ViewReader, row_digest
-from cdc.stores.registry import make_reader, reader_with
+from cdc.stores.registry import make_reader, reach, reader_with
 from cdc.types.keys import key_text
 from cdc.types.store_forms import read_as_text
 
@@ -219,6 +219,8 @@ def verify(
     was equal then, and a repair changes no other key), in `rounds` looks."""
     opened = {name: make_reader(settings, name) for name in stores}
     try:
+        for store in opened.values():
+            reach(store)
         return _verify(settings, tables, opened, timeout, rounds, say, again)
     finally:
         for store in opened.values():

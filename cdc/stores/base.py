@@ -10,7 +10,9 @@ the dead-letter topic."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
 import math
 from abc import ABC, abstractmethod
@@ -21,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 import orjson
 
 from cdc.core.catalog import Column, Table
+from cdc.core.errors import StoreUnavailableError
 from cdc.core.settings import Settings
 from cdc.core.settings.views import ViewSettings
 from cdc.core.topics import ChangeRecord
@@ -51,6 +54,7 @@ __all__ = [
     "ViewReader",
     "WriteResult",
     "row_digest",
+    "unavailable_on",
 ]
 
 # a table's rows as verify compares them: by key text (cdc/types/keys.py), each row
@@ -192,6 +196,36 @@ class StoreWriter(ABC):
         """Release connections."""
 
 
+def unavailable_on(*down: type[BaseException]) -> Callable[[Callable[..., Any]], Any]:
+    """A store's method that reads or mends it, with the store's client errors that mean
+    it does not answer (`down`: refused, timed out) raised as StoreUnavailableError, in
+    the store's words (its `unavailable(exc)`); a generator's as it is iterated. So verify,
+    repair, rebuild and `cdc get` say in one line which store is down, whenever it went."""
+
+    def wrap(method: Callable[..., Any]) -> Any:
+        if inspect.isgeneratorfunction(method):
+
+            @functools.wraps(method)
+            def rows(self: Any, *args: Any, **kwargs: Any) -> Any:
+                try:
+                    yield from method(self, *args, **kwargs)
+                except down as exc:
+                    raise StoreUnavailableError(self.unavailable(exc)) from None
+
+            return rows
+
+        @functools.wraps(method)
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except down as exc:
+                raise StoreUnavailableError(self.unavailable(exc)) from None
+
+        return call
+
+    return wrap
+
+
 class StoreReader(ABC):
     """What `cdc verify`, repair, rebuild and `cdc get` read back and mend."""
 
@@ -241,6 +275,10 @@ class StoreReader(ABC):
 
     def ping(self) -> None:  # noqa: B027 - optional
         """Raise StoreUnavailableError if the store does not answer."""
+
+    def unavailable(self, exc: BaseException) -> str:
+        """What the store says when it does not answer (`exc`: its client's error)."""
+        return f"store {self.name} does not answer ({type(exc).__name__})"
 
     def close(self) -> None:  # noqa: B027 - optional
         """Release connections."""

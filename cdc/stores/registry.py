@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, SecretStr
 
-from cdc.core.errors import ConfigError
+from cdc.core.errors import ConfigError, StoreUnavailableError
 from cdc.core.settings import Settings
 from cdc.core.store_declarations import Ability, check_store_names, declared, with_ability
 from cdc.stores.base import DerivedViews, RowStore, StoreReader, StoreWriter
@@ -25,6 +25,7 @@ __all__ = [
     "make_reader",
     "make_row_store",
     "make_writer",
+    "reach",
     "reader_with",
 ]
 
@@ -48,6 +49,15 @@ def make_reader(settings: Settings, name: str, spark: Any = None) -> StoreReader
     """The store `name` as verify, repair, rebuild and `cdc get` read it back."""
     reader: StoreReader = _make(settings, name, spark, StoreReader)
     return reader
+
+
+def reach(reader: StoreReader) -> None:
+    """Ask `reader`'s store to answer before a command reads or mends it: one that does
+    not raises StoreUnavailableError saying what to do."""
+    try:
+        reader.ping()
+    except StoreUnavailableError as exc:
+        raise StoreUnavailableError(f"{exc}: start it (`cdc up`) or check its settings") from None
 
 
 def reader_with(settings: Settings, ability: Ability, spark: Any = None) -> StoreReader:

@@ -23,7 +23,7 @@ from cdc.core.clients import kafka_client_kwargs
 from cdc.core.settings.connections import KafkaSettings
 from cdc.stack import Stack
 from tests.conftest import Capture, RunningStack
-from tests.helpers import ROOT, run_cdc
+from tests.helpers import ROOT, free_ports, run_cdc
 from tests.logcheck import poll
 from tests.stores import cache, search
 
@@ -146,3 +146,36 @@ def test_a_store_that_is_down_blocks_its_apply_and_loses_nothing(
         if apply is not None and apply.poll() is None:
             os.killpg(apply.pid, signal.SIGKILL)
         run_cdc("up", env=stack.env)
+
+
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        (("verify", "--store", "cache", "--timeout", "60"), "Redis at redis://"),
+        (("rebuild", "--store", "search", "--yes"), "OpenSearch at http://"),
+    ],
+)
+def test_a_command_that_reads_a_store_that_is_down_says_so_in_one_line(
+    captured: Capture, command: tuple[str, ...], said: str
+) -> None:
+    """`cdc verify` and `cdc rebuild` (after the stores have applied the table) with the
+    cache and the index at a port nothing listens on: one line naming the store and what
+    to do, exit 8, and nothing removed (a traceback of the client's error before)."""
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, n int NOT NULL)",
+        "INSERT INTO {name} SELECT g, 0 FROM generate_series(1, 20) g",
+        prefix="gone",
+    )
+    applied = run_cdc("apply", "--once", "--store", "cache", "--store", "search", env=t.env)
+    assert applied.returncode == 0, applied.stderr[-2000:]
+    (closed,) = free_ports(1)
+    env = {**t.env, "CDC_REDIS__PORT": str(closed), "CDC_OPENSEARCH__PORT": str(closed)}
+    result = run_cdc(*command, env=env, timeout=300)
+    assert result.returncode == 8, result.stdout[-1000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    line = result.stderr.strip().splitlines()[-1]  # after the progress lines
+    assert line.startswith("error: ") and said in line and "does not answer" in line, line
+    assert "start it (`cdc up`) or check its settings" in line, line
+    # the store still holds the table: nothing was reset before the store was reached
+    assert len(cache(t.settings, t.table)) == 20
+    assert len(search(t.settings, t.table)) == 20

@@ -29,7 +29,16 @@ from cdc.core.errors import StoreError, StoreUnavailableError, ValueDecodeError
 from cdc.core.settings import Settings
 from cdc.core.settings.connections import RedisSettings
 from cdc.log.position import Event, older_lua
-from cdc.stores.base import Entry, RowForm, Rows, RowStore, StoreReader, WriteResult, row_digest
+from cdc.stores.base import (
+    Entry,
+    RowForm,
+    Rows,
+    RowStore,
+    StoreReader,
+    WriteResult,
+    row_digest,
+    unavailable_on,
+)
 from cdc.types.decode import UNAVAILABLE
 from cdc.types.keys import store_key_text
 from cdc.types.store_forms import cache_field_text, cache_form
@@ -218,9 +227,9 @@ class CacheStore(RowStore, StoreReader):
         try:
             self.client.ping()
         except _DOWN as exc:
-            raise StoreUnavailableError(self._down(exc)) from None
+            raise StoreUnavailableError(self.unavailable(exc)) from None
 
-    def _down(self, exc: BaseException) -> str:
+    def unavailable(self, exc: BaseException) -> str:
         return f"Redis at {self.url} does not answer ({type(exc).__name__})"
 
     def write(self, tables: dict[str, Table], events: list[Event]) -> WriteResult:
@@ -242,8 +251,8 @@ class CacheStore(RowStore, StoreReader):
             except _DOWN as exc:
                 # every write is guarded by its position: sending them again is harmless
                 if clock.monotonic() > deadline:
-                    raise StoreUnavailableError(self._down(exc)) from None
-                log.warning("%s; retrying", self._down(exc))
+                    raise StoreUnavailableError(self.unavailable(exc)) from None
+                log.warning("%s; retrying", self.unavailable(exc))
                 clock.sleep(pause)
                 pause = min(pause * 2, 5.0)
         for applied in replies:
@@ -307,8 +316,9 @@ class CacheStore(RowStore, StoreReader):
                 )
             pipe.execute()
         except _DOWN as exc:
-            raise StoreUnavailableError(self._down(exc)) from None
+            raise StoreUnavailableError(self.unavailable(exc)) from None
 
+    @unavailable_on(*_DOWN)
     def reset(self, table: Table) -> None:
         pipe = self.client.pipeline(transaction=False)
         for key in self._keys(table):
@@ -317,7 +327,12 @@ class CacheStore(RowStore, StoreReader):
 
     def _keys(self, table: Table) -> list[bytes]:
         """The hashes of `table` (the pattern characters in its name escaped)."""
-        return list(self.client.scan_iter(match=self._match(table), count=10_000))
+        return list(self._names(table))
+
+    @unavailable_on(*_DOWN)
+    def _names(self, table: Table) -> Iterator[bytes]:
+        """`_keys`, as SCAN finds them."""
+        yield from self.client.scan_iter(match=self._match(table), count=10_000)
 
     def _match(self, table: Table) -> str:
         """The SCAN pattern of the table's hashes (the pattern characters escaped)."""
@@ -347,6 +362,7 @@ class CacheStore(RowStore, StoreReader):
             k for k in self._keys(table) if store_key_text(table, k.decode()[prefix:]) in wanted
         ]
 
+    @unavailable_on(*_DOWN)
     def _held(self, table: Table, keys: list[bytes]) -> Iterator[tuple[str, dict[str, str]]]:
         """The live rows of `keys` (hashes of `table`): key text and column fields."""
         prefix = len(cache_key(self.prefix, table.qualified, ""))
@@ -405,11 +421,13 @@ class CacheStore(RowStore, StoreReader):
             functools.partial(_digest_names, shipped, table), "key string, digest binary"
         )
 
+    @unavailable_on(*_DOWN)
     def remove(self, table: Table, keys: list[str]) -> None:
         held = self._named(table, set(keys))
         for at in range(0, len(held), _REMOVE_BATCH):
             self.client.delete(*held[at : at + _REMOVE_BATCH])
 
+    @unavailable_on(*_DOWN)
     def get(self, table: Table, key: str) -> Entry | None:
         entry: dict[bytes, bytes] = self.client.execute_command(
             "HGETALL", cache_key(self.prefix, table.qualified, key)
@@ -455,7 +473,7 @@ def _scan_names(shipped: Settings, table: Table, batches: Iterator[Any]) -> Iter
     store = make(shipped)
     try:
         names: list[bytes] = []
-        for name in store.client.scan_iter(match=store._match(table), count=10_000):
+        for name in store._names(table):
             names.append(name)
             if len(names) >= _SCAN_BATCH:
                 yield pa.RecordBatch.from_arrays([pa.array(names, pa.binary())], ["name"])

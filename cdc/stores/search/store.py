@@ -28,7 +28,16 @@ from cdc.core.settings import Settings
 from cdc.core.settings.connections import OpenSearchSettings
 from cdc.core.topics import topic_name
 from cdc.log.position import Event
-from cdc.stores.base import Entry, RowForm, Rows, RowStore, StoreReader, WriteResult, row_digest
+from cdc.stores.base import (
+    Entry,
+    RowForm,
+    Rows,
+    RowStore,
+    StoreReader,
+    WriteResult,
+    row_digest,
+    unavailable_on,
+)
 from cdc.types.decode import UNAVAILABLE
 from cdc.types.keys import store_key_text
 from cdc.types.store_forms import (
@@ -188,11 +197,15 @@ class SearchStore(RowStore, StoreReader):
         try:
             health = self.client.cluster.health(request_timeout=5)
         except (ConnectionError, TransportError) as exc:
-            raise StoreUnavailableError(
-                f"OpenSearch at {self.url} does not answer ({type(exc).__name__})"
-            ) from None
+            raise StoreUnavailableError(self.unavailable(exc)) from None
         if health.get("status") == "red":
             raise StoreUnavailableError(f"OpenSearch at {self.url} is red")
+
+    def unavailable(self, exc: BaseException) -> str:
+        status = getattr(exc, "status_code", "N/A")  # a ConnectionError's is "N/A"
+        if status == "N/A":
+            return f"OpenSearch at {self.url} does not answer ({type(exc).__name__})"
+        return f"OpenSearch at {self.url} answered {status} ({getattr(exc, 'error', exc)})"
 
     def ensure_index(self, table: Table) -> None:
         """The table's index, each column mapped by its type (field_mapping), a column
@@ -443,6 +456,7 @@ class SearchStore(RowStore, StoreReader):
         found = self.client.mget(body={"docs": docs})["docs"]
         return {(d["_index"], d["_id"]): d for d in found if d.get("found")}
 
+    @unavailable_on(ConnectionError, TransportError)
     def reset(self, table: Table) -> None:
         index = index_name(self.prefix, table.qualified)
         if self.client.indices.exists(index=index):
@@ -453,6 +467,7 @@ class SearchStore(RowStore, StoreReader):
     def rows(self, table: Table) -> Rows:
         return dict(self.held(table))
 
+    @unavailable_on(ConnectionError, TransportError)
     def held(self, table: Table) -> Iterator[tuple[str, dict[str, Any]]]:
         index = index_name(self.prefix, table.qualified)
         if not self.client.indices.exists(index=index):
@@ -460,6 +475,7 @@ class SearchStore(RowStore, StoreReader):
         self.client.indices.refresh(index=index)
         return self._held(table, index)
 
+    @unavailable_on(ConnectionError, TransportError)
     def held_keys(
         self, table: Table, names: dict[str, str]
     ) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -474,6 +490,7 @@ class SearchStore(RowStore, StoreReader):
                 if doc.get("found"):
                     yield store_key_text(table, doc["_id"]), _document_row(table, doc["_source"])
 
+    @unavailable_on(ConnectionError, TransportError)
     def _held(
         self, table: Table, index: str, part: tuple[int, int] | None = None
     ) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -493,6 +510,7 @@ class SearchStore(RowStore, StoreReader):
     def source_form(self) -> RowForm:
         return search_form
 
+    @unavailable_on(ConnectionError, TransportError)
     def digest_frame(self, spark: Any, table: Table, parts: int, shipped: Any) -> Any:
         """A sliced scroll of the table's index: `parts` slices, one task each."""
         index = index_name(self.prefix, table.qualified)
@@ -507,6 +525,7 @@ class SearchStore(RowStore, StoreReader):
             "key string, digest binary",
         )
 
+    @unavailable_on(ConnectionError, TransportError)
     def key_texts(self, table: Table, wanted: set[str]) -> set[str]:
         index = index_name(self.prefix, table.qualified)
         if not self.client.indices.exists(index=index):
@@ -529,12 +548,14 @@ class SearchStore(RowStore, StoreReader):
             if store_key_text(table, hit["_id"]) in wanted
         ]
 
+    @unavailable_on(ConnectionError, TransportError)
     def remove(self, table: Table, keys: list[str]) -> None:
         index = index_name(self.prefix, table.qualified)
         ids = self._ids(table, index, set(keys))
         actions = ({"_op_type": "delete", "_index": index, "_id": k} for k in ids)
         helpers.bulk(self.client, actions, raise_on_error=False, refresh=True)
 
+    @unavailable_on(ConnectionError, TransportError)
     def get(self, table: Table, key: str) -> Entry | None:
         index = index_name(self.prefix, table.qualified)
         found = self.client.get(index=index, id=key, ignore=[404])
@@ -542,6 +563,7 @@ class SearchStore(RowStore, StoreReader):
             return None
         return Entry({**found["_source"], "_version": found["_version"]})
 
+    @unavailable_on(ConnectionError, TransportError)
     def find(
         self, table: Table, text: str, limit: int
     ) -> list[tuple[float, dict[str, Any]]] | None:
