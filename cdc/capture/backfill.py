@@ -164,7 +164,18 @@ def _send_to_topic(settings: Settings, signal: dict[str, Any]) -> None:
         producer.close(timeout=5)
 
 
-def _check_streaming(settings: Settings, table: str) -> None:
+def ready_to_backfill(settings: Settings, tables: list[str]) -> None:
+    """Raise BackfillError unless a backfill of `tables` (none: every captured table) can
+    start now: the connector streams, each table is captured, and Kafka answers. Checked
+    before a command changes anything that the backfill would then have to make good."""
+    if not tables:
+        _check_connector(settings)
+    for table in tables:
+        _check_streaming(settings, table)
+    _end_offset(settings)
+
+
+def _check_connector(settings: Settings) -> None:
     pipe = settings.pipeline
     connectors = connect_client(settings).connectors()
     status = connectors.get(pipe.connector, {}).get("status", {})
@@ -173,6 +184,11 @@ def _check_streaming(settings: Settings, table: str) -> None:
             f"pipeline {pipe.name} is not streaming (connector {pipe.connector} is "
             f"{status.get('connector', {}).get('state', 'missing')}): run `cdc snapshot` first"
         )
+
+
+def _check_streaming(settings: Settings, table: str) -> None:
+    pipe = settings.pipeline
+    _check_connector(settings)
     with admin_connection(settings) as conn:
         captured = conn.execute(
             "SELECT 1 FROM pg_publication_tables WHERE pubname = %s "

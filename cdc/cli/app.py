@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import inspect
 import sys
+from typing import NoReturn
 
 import typer
 from rich.text import Text
 
 from cdc.cli.base import app, err
 from cdc.cli.commands import apply, capture, check, stack
-from cdc.core.errors import CdcError
+from cdc.core.errors import CdcError, unanswered
 
 __all__ = ["app", "main"]
 
@@ -54,12 +55,21 @@ def _reflow_help(typer_app: typer.Typer) -> None:
 _reflow_help(app)
 
 
+def _error(exc: CdcError) -> NoReturn:
+    err.print(Text.assemble(("error:", "red"), " ", str(exc)), highlight=False, soft_wrap=True)
+    sys.exit(exc.exit_code)
+
+
 def main() -> None:
     try:
         app()
     except CdcError as exc:
-        err.print(Text.assemble(("error:", "red"), " ", str(exc)), highlight=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
+        _error(exc)
+    except Exception as exc:
+        # a component that stopped answering where no step expected it: one line, too
+        if (down := unanswered(exc)) is None:
+            raise
+        _error(down)
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)

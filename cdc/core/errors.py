@@ -30,6 +30,7 @@ __all__ = [
     "ValueDecodeError",
     "VerifyError",
     "carried_message",
+    "unanswered",
 ]
 
 
@@ -190,3 +191,33 @@ def carried_message(exc: BaseException, kind: type[CdcError]) -> str | None:
         return None
     rest = text[found:]
     return rest[rest.index(": ") + 2 :].splitlines()[0].strip()
+
+
+# the errors of the components' clients that mean they could not be reached (refused,
+# timed out, no broker found, a login refused), by the client's module
+_UNANSWERED = {
+    "kafka.errors": (
+        "Kafka",
+        {"NoBrokersAvailable", "KafkaTimeoutError", "KafkaConnectionError", "NodeNotReadyError"},
+    ),
+    "redis.exceptions": ("Redis", {"ConnectionError", "TimeoutError", "BusyLoadingError"}),
+    "opensearchpy.exceptions": ("OpenSearch", {"ConnectionError", "ConnectionTimeout"}),
+    "psycopg": ("PostgreSQL", {"OperationalError"}),
+    "requests.exceptions": ("Kafka Connect", {"ConnectionError", "Timeout"}),
+}
+
+
+def unanswered(exc: BaseException) -> ComponentError | None:
+    """A component's client error that says it could not be reached, met by a command
+    where it did not expect it, as one line: which component, the client's first line,
+    and what to do. None for any other error (a bug keeps its traceback)."""
+    for kind in type(exc).__mro__:
+        component, names = _UNANSWERED.get(kind.__module__, ("", set()))
+        if kind.__name__ in names:
+            said = (str(exc).strip().splitlines() or [""])[0]
+            said = said.removeprefix(f"{type(exc).__name__}: ")[:200]
+            return ComponentError(
+                f"{component} could not be reached ({type(exc).__name__}: {said}): "
+                "see `cdc status`, start it (`cdc up`) or fix its settings"
+            )
+    return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -309,3 +310,16 @@ def test_a_column_named_like_one_a_store_adds_is_refused(
     line = result.stderr.strip()
     assert line.count("\n") == 0, line
     assert f"table public.{t.name} cannot be captured: {said}" in line, line
+
+
+def test_a_command_meeting_kafka_down_where_no_step_expected_it_says_one_line() -> None:
+    """`cdc dlq list` reads the dead-letter topic with no step of its own for a Kafka
+    that does not answer: the CLI says it in one line, exit 5 (a traceback before)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    result = run_cdc("dlq", "list", env={"CDC_KAFKA__PORT": str(closed)}, timeout=120)
+    assert result.returncode == 5, result.stderr[-2000:]
+    line = result.stderr.strip()
+    assert line.count("\n") == 0 and "Traceback" not in line, line
+    assert line.startswith("error: Kafka could not be reached (") and str(closed) in line, line

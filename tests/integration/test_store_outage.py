@@ -179,3 +179,25 @@ def test_a_command_that_reads_a_store_that_is_down_says_so_in_one_line(
     # the store still holds the table: nothing was reset before the store was reached
     assert len(cache(t.settings, t.table)) == 20
     assert len(search(t.settings, t.table)) == 20
+
+
+def test_a_rebuild_that_could_not_backfill_empties_nothing(captured: Capture) -> None:
+    """`cdc rebuild` with Kafka down: it says so before the store is emptied, so the store
+    keeps the table (before, it emptied the store and restarted its checkpoint, then
+    failed at the backfill)."""
+    t = captured(
+        "CREATE TABLE {name} (id int PRIMARY KEY, n int NOT NULL)",
+        "INSERT INTO {name} SELECT g, 0 FROM generate_series(1, 20) g",
+        prefix="nobf",
+    )
+    applied = run_cdc("apply", "--once", "--store", "cache", env=t.env)
+    assert applied.returncode == 0, applied.stderr[-2000:]
+    (closed,) = free_ports(1)
+    env = {**t.env, "CDC_KAFKA__PORT": str(closed)}
+    result = run_cdc("rebuild", "--store", "cache", "--table", t.table, "--yes", env=env)
+    assert result.returncode == 13, result.stdout[-1000:] + result.stderr[-3000:]
+    said = result.stdout + result.stderr
+    assert "Traceback" not in said and "removing" not in said, said
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: Kafka at ") and "does not answer" in line, line
+    assert len(cache(t.settings, t.table)) == 20

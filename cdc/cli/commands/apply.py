@@ -14,7 +14,7 @@ from cdc.cli.base import (
     settings,
 )
 from cdc.cli.commands.stack import connect_down
-from cdc.core.errors import CdcError
+from cdc.core.errors import BackfillError, CdcError
 from cdc.core.store_declarations import store_help
 from cdc.stack import Stack
 from cdc.stack.components import ComponentStatus
@@ -97,9 +97,10 @@ def rebuild(
     and backfill the tables through the log. Stop `cdc apply` first; run it afterwards.
 
     For a change topic deleted and created again (`cdc apply` stops and names this
-    command), a store found drifting, or a store lost.
+    command), a store found drifting, or a store lost. It empties nothing unless the
+    store answers and a backfill can start (the connector streams, Kafka answers).
     """
-    from cdc.capture.backfill import start_backfill, watch_backfill
+    from cdc.capture.backfill import ready_to_backfill, start_backfill, watch_backfill
     from cdc.check.rebuild import reset_store
 
     check_stores([store])
@@ -110,10 +111,19 @@ def rebuild(
         if not sys.stdin.isatty():
             raise typer.BadParameter(f"rebuilding {what} needs confirmation: pass --yes")
         typer.confirm(f"Empty and rebuild {what}?", abort=True)
+    ready_to_backfill(s, names)  # before the store is emptied: nothing changed if not
     chosen = reset_store(s, store, names or None, console_say)
-    for name in chosen:
-        signal, offset = start_backfill(s, name)
-        console_say(f"backfilling {name} through the log")
-        done = watch_backfill(s, offset, lambda p: None, signal_id=signal)
+    for at, name in enumerate(chosen):
+        try:
+            signal, offset = start_backfill(s, name)
+            console_say(f"backfilling {name} through the log")
+            done = watch_backfill(s, offset, lambda p: None, signal_id=signal)
+        except CdcError as exc:
+            left = " ".join(f"--table {t}" for t in chosen[at:])
+            raise BackfillError(
+                f"the {store} was emptied of {', '.join(chosen)} and its checkpoint restarted, "
+                f"but the backfill of {name} failed ({exc}): once that is mended, run "
+                f"`cdc rebuild --store {store} {left} --yes` again"
+            ) from None
         console_say(f"backfill of {name} completed: {done.rows_scanned or 0} rows read")
     console_say(f"now run `cdc apply` (or `cdc apply --store {store}`): it rebuilds the {store}")

@@ -65,3 +65,33 @@ def test_a_carried_error_is_read_from_the_last_line_naming_its_kind_or_a_subclas
     assert carried_message(RuntimeError(text), StoreUnavailableError) == "OpenSearch at b is busy"
     assert carried_message(RuntimeError(text), StoreBusyError) == "OpenSearch at b is busy"
     assert carried_message(RuntimeError("ValueError: bad"), StoreUnavailableError) is None
+
+
+def test_a_component_that_cannot_be_reached_is_one_line_naming_it() -> None:
+    import kafka.errors
+    import opensearchpy
+    import psycopg
+    import redis
+
+    cases = [
+        (kafka.errors.KafkaTimeoutError("Unable to bootstrap from 127.0.0.1:1"), "Kafka"),
+        (redis.ConnectionError("Error 111 connecting to 127.0.0.1:1.\nmore"), "Redis"),
+        (opensearchpy.ConnectionTimeout("TIMEOUT", "read timed out", None), "OpenSearch"),
+        (psycopg.errors.AdminShutdown("terminating connection"), "PostgreSQL"),
+    ]
+    for exc, component in cases:
+        down = errors.unanswered(exc)
+        assert isinstance(down, errors.ComponentError), exc
+        said = str(down)
+        assert said.startswith(f"{component} could not be reached ({type(exc).__name__}: "), said
+        assert "\n" not in said and "`cdc up`" in said, said
+    # the client's own first line once, not its class name twice
+    kafka_said = str(errors.unanswered(cases[0][0]))
+    assert kafka_said.count("KafkaTimeoutError") == 1, kafka_said
+
+
+def test_any_other_error_keeps_its_traceback() -> None:
+    import psycopg
+
+    for exc in (ValueError("a bug"), KeyError("x"), psycopg.errors.UndefinedTable("no t")):
+        assert errors.unanswered(exc) is None
