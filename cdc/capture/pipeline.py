@@ -166,16 +166,18 @@ def drop_pipeline(settings: Settings) -> list[str]:
     """
     pipe = settings.pipeline
     gone = []
-    client = connect_client(settings)
-    if pipe.connector in client.connectors():
-        client.stop(pipe.connector)
-        client.wait_stopped(pipe.connector)
-        client.reset_offsets(pipe.connector)
-        client.delete(pipe.connector)
-        gone.append(f"connector {pipe.connector} and its offsets")
-        time.sleep(0.5)
+    # PostgreSQL and Connect are both reached before anything goes: a drop that could
+    # not finish would leave the slot keeping WAL for a connector that is gone
     with admin_connection(settings) as conn:
         conn.autocommit = True
+        client = connect_client(settings)
+        if pipe.connector in client.connectors():
+            client.stop(pipe.connector)
+            client.wait_stopped(pipe.connector)
+            client.reset_offsets(pipe.connector)
+            client.delete(pipe.connector)
+            gone.append(f"connector {pipe.connector} and its offsets")
+            time.sleep(0.5)
         if drop_slot(conn, pipe.slot):
             gone.append(f"slot {pipe.slot}")
         if _has(conn, "cdc.snapshots"):

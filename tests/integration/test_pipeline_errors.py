@@ -16,6 +16,7 @@ import pytest
 from pydantic import SecretStr
 from rich.console import Console
 
+from cdc.capture.connect_client import connect_client
 from cdc.capture.connector_config import register_connector
 from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.source_setup import prepare_source
@@ -323,3 +324,19 @@ def test_a_command_meeting_kafka_down_where_no_step_expected_it_says_one_line() 
     line = result.stderr.strip()
     assert line.count("\n") == 0 and "Traceback" not in line, line
     assert line.startswith("error: Kafka could not be reached (") and str(closed) in line, line
+
+
+def test_a_drop_that_cannot_reach_postgresql_changes_nothing(captured: Capture) -> None:
+    """`cdc drop` with PostgreSQL not answering says so and leaves the connector and its
+    offsets (before, it deleted them, then failed at the slot: a slot kept WAL for a
+    connector that was gone)."""
+    t = captured("CREATE TABLE {name} (id int PRIMARY KEY)", prefix="keep")
+    (closed,) = free_ports(1)
+    env = {**t.env, "CDC_POSTGRES__PORT": str(closed)}
+    result = run_cdc("drop", "--yes", "--keep-role", env=env)
+    assert result.returncode == 5, result.stdout[-1000:] + result.stderr[-2000:]
+    line = result.stderr.strip()
+    assert line.count("\n") == 0 and f"PostgreSQL at 127.0.0.1:{closed} does not answer" in line
+    client = connect_client(t.settings)
+    assert t.settings.pipeline.connector in client.connectors()
+    client.wait_running(t.settings.pipeline.connector, timeout=60)
