@@ -39,7 +39,7 @@ from cdc.log.freshness import Freshness, judge
 from cdc.log.progress import late_events, read_progress
 from cdc.stores.registry import derived_views
 
-__all__ = ["PipelineStatus", "pipeline_status"]
+__all__ = ["PipelineStatus", "pipeline_status", "still_waiting"]
 
 
 @dataclass
@@ -305,7 +305,7 @@ def _store_progress(
             "last_latency_s": round(latency, 3) if latency is not None else None,
             "applied_at_ms": progress.applied_ms,
             # the store did not answer: its batch waits, uncommitted (reason, since_ms)
-            "waiting": progress.waiting,
+            "waiting": still_waiting(progress.waiting),
             # the apply process that wrote its last batch, and whether it still runs
             "pid": progress.pid,
             "running": _running(progress.pid),
@@ -335,6 +335,14 @@ def _store_progress(
             },
         }
     return stores
+
+
+def still_waiting(waiting: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A store's wait as the apply process that waits noted it, while that process runs:
+    one stopped while it waited (killed, or `cdc apply` ended) left its note behind."""
+    if waiting is None or not _running(waiting.get("pid")):
+        return None
+    return waiting
 
 
 def _running(pid: int | None) -> bool | None:

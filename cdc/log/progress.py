@@ -12,6 +12,7 @@ checkpoint was written for (`window-<name>.definition`).
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -110,7 +111,7 @@ class Progress:
     generation: int = -1  # the last snapshot generation swept (cdc/capture/generation.py)
     # the source's [system identifier, timeline] when the last batch was written
     source: list[Any] | None = None
-    waiting: dict[str, Any] | None = None  # the store did not answer: reason, since_ms
+    waiting: dict[str, Any] | None = None  # the store did not answer: reason, since_ms, pid
     pid: int | None = None  # the process that wrote its last batch
     freshness: dict[str, Any] | None = None  # commit to visible (cdc/log/freshness.py)
     # tables its faster writer cannot write, and why (FrameStore.written_by_spark)
@@ -224,9 +225,14 @@ def write_progress(settings: Settings, store: str, progress: Progress) -> None:
 
 
 def set_waiting(settings: Settings, store: str, why: str | None) -> None:
-    """Note (or clear) that the store does not answer, for `cdc status`."""
+    """Note (or clear) that the store does not answer, for `cdc status`, with the process
+    that waits (a note that process left when it was stopped is no wait)."""
     progress = read_progress(settings, store) or Progress()
-    progress.waiting = None if why is None else {"reason": why, "since_ms": int(time.time() * 1000)}
+    progress.waiting = (
+        None
+        if why is None
+        else {"reason": why, "since_ms": int(time.time() * 1000), "pid": os.getpid()}
+    )
     write_progress(settings, store, progress)
 
 
