@@ -57,7 +57,10 @@ def reach(reader: StoreReader) -> None:
     try:
         reader.ping()
     except StoreUnavailableError as exc:
-        raise StoreUnavailableError(f"{exc}: start it (`cdc up`) or check its settings") from None
+        said = str(exc)
+        if "does not answer" in said:  # (a refused login says what to fix)
+            said += ": start it (`cdc up`) or check its settings"
+        raise StoreUnavailableError(said) from None
 
 
 def reader_with(settings: Settings, ability: Ability, spark: Any = None) -> StoreReader:

@@ -230,6 +230,11 @@ class CacheStore(RowStore, StoreReader):
             raise StoreUnavailableError(self.unavailable(exc)) from None
 
     def unavailable(self, exc: BaseException) -> str:
+        if isinstance(exc, redis.AuthenticationError):  # waiting does not mend it
+            return (
+                f"Redis at {self.url} refused the login ({exc}): fix redis.username and "
+                "redis.password (CDC_REDIS__USERNAME, CDC_REDIS__PASSWORD)"
+            )
         return f"Redis at {self.url} does not answer ({type(exc).__name__})"
 
     def write(self, tables: dict[str, Table], events: list[Event]) -> WriteResult:

@@ -205,6 +205,11 @@ class SearchStore(RowStore, StoreReader):
         status = getattr(exc, "status_code", "N/A")  # a ConnectionError's is "N/A"
         if status == "N/A":
             return f"OpenSearch at {self.url} does not answer ({type(exc).__name__})"
+        if status in (401, 403):  # waiting does not mend it
+            return (
+                f"OpenSearch at {self.url} refused the login ({status}): fix "
+                "opensearch.username and opensearch.password (or the user's permissions)"
+            )
         return f"OpenSearch at {self.url} answered {status} ({getattr(exc, 'error', exc)})"
 
     def ensure_index(self, table: Table) -> None:

@@ -99,3 +99,20 @@ def test_the_cache_down_is_said_by_its_rows(nobody_listens: Settings) -> None:
             list(store.held(TABLE))
     finally:
         store.close()
+
+
+def test_a_refused_login_says_what_to_fix_not_that_the_store_is_down(
+    nobody_listens: Settings,
+) -> None:
+    import opensearchpy
+    import redis
+
+    cache = make_cache(nobody_listens)
+    said = cache.unavailable(redis.AuthenticationError("invalid username-password pair"))
+    assert "refused the login (invalid username-password pair)" in said, said
+    assert "redis.password" in said and "does not answer" not in said, said
+    search = make_search(nobody_listens)
+    said = search.unavailable(opensearchpy.AuthenticationException(401, "security_exception"))
+    assert "refused the login (401)" in said and "opensearch.password" in said, said
+    cache.close()
+    search.close()
