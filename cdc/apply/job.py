@@ -372,8 +372,8 @@ def failure_line(exc: BaseException) -> str:
     if marker in text:  # the last traceback's exception: the first line naming one
         for line in text[text.rindex(marker) :].splitlines()[1:]:
             if not line.startswith(" ") and (m := _RAISED.match(line.strip())):
-                return f"{m[1]}: {m[2]}"[:300]
-    return text.splitlines()[0][:300]
+                return f"{m[1]}: {m[2]}"[:500]
+    return text.splitlines()[0][:500]
 
 
 def _fatal(exc: BaseException) -> CdcError | None:

@@ -237,9 +237,12 @@ def compare_in_spark(
             (result,) = keyed.agg(*counts).collect()
         except Exception as exc:  # a store that stopped answering, said by its task
             said = carried_message(exc, StoreUnavailableError)
-            if said is None:
-                raise
-            raise StoreUnavailableError(said) from None
+            if said is not None:
+                raise StoreUnavailableError(said) from None
+            for reader in readers.values():  # or a store's copy of the table broken
+                if (broken := reader.unreadable(table, exc)) is not None:
+                    raise broken from None
+            raise
         conn.rollback()
     compared = {}
     for name, t in zip(stores, held, strict=True):

@@ -23,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 import orjson
 
 from cdc.core.catalog import Column, Table
-from cdc.core.errors import StoreUnavailableError
+from cdc.core.errors import StoreError, StoreUnavailableError
 from cdc.core.settings import Settings
 from cdc.core.settings.views import ViewSettings
 from cdc.core.topics import ChangeRecord
@@ -280,6 +280,12 @@ class StoreReader(ABC):
         """What the store says when it does not answer (`exc`: its client's error)."""
         return f"store {self.name} does not answer ({type(exc).__name__})"
 
+    def unreadable(self, table: Table, exc: BaseException) -> StoreError | None:
+        """What the store says of `exc`, met reading `table`, when it means the store's
+        copy of the table is broken (a data file its log names is gone, say) and what
+        mends it; None for any other error."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional
         """Release connections."""
 
@@ -342,6 +348,10 @@ class DigestReader(Protocol):
     def source_form(self) -> RowForm:
         """`form` as a function of the row alone (a module's function, which Spark ships
         to the executors), bringing the source's rows to the store's form there."""
+        ...
+
+    def unreadable(self, table: Table, exc: BaseException) -> StoreError | None:
+        """As StoreReader's: the store's copy of `table` is broken, said with its mend."""
         ...
 
     def digest_frame(self, spark: Any, table: Table, parts: int, shipped: Any) -> Any:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from abc import abstractmethod
 from collections.abc import Iterator
 from typing import Any
 
 from cdc.core.catalog import Table
-from cdc.core.errors import QueryError
+from cdc.core.errors import QueryError, StoreError
 from cdc.stores.base import Entry, RowForm, Rows, StoreReader, row_digest
 from cdc.stores.warehouse.conflicts import retried
 from cdc.stores.warehouse.history import TRUNCATE_OP, derived_history, history_key
@@ -21,7 +22,7 @@ from cdc.types.keys import integer_values, key_text
 from cdc.types.spark_types import quoted as q
 from cdc.types.store_forms import row_form, warehouse_value
 
-__all__ = ["WarehouseReader", "any_of"]
+__all__ = ["WarehouseReader", "any_of", "broken_table"]
 
 
 _REMOVE_BATCH = 1000  # keys per removal (a MERGE) of a many-column key
@@ -132,6 +133,14 @@ class WarehouseReader(StoreReader):
         self, table: Table, path: str, live: bool = False
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """rows_at, a row at a time (read by delta-rs a file at a time)."""
+        try:
+            yield from self._held_at(table, path, live)
+        except Exception as exc:
+            if (said := self.unreadable(table, exc)) is None:
+                raise
+            raise said from None
+
+    def _held_at(self, table: Table, path: str, live: bool) -> Iterator[tuple[str, dict[str, Any]]]:
         held = self.native.snapshot(path)
         if held is not None:  # read by delta-rs, in this process: no Spark job
             names, gone = _read_columns(table, held.schema.names, live)
@@ -143,6 +152,9 @@ class WarehouseReader(StoreReader):
         # as Arrow: one job, no Row objects (timestamps come with their UTC zone)
         arrow = frame.select(*[q(n) for n in names + gone]).toArrow()
         return _held(table, names, gone, arrow.to_batches())
+
+    def unreadable(self, table: Table, exc: BaseException) -> StoreError | None:
+        return broken_table(exc, table.qualified)
 
     def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
         return warehouse_form(table, row)
@@ -192,6 +204,14 @@ class WarehouseReader(StoreReader):
 
     def get(self, table: Table, key: str) -> Entry | None:
         """The key's live row; for a deleted key, its delete as the history holds it."""
+        try:
+            return self._get(table, key)
+        except Exception as exc:
+            if (said := self.unreadable(table, exc)) is None:
+                raise
+            raise said from None
+
+    def _get(self, table: Table, key: str) -> Entry | None:
         from pyspark.sql import functions as F
 
         raw = json.loads(key)
@@ -218,6 +238,30 @@ class WarehouseReader(StoreReader):
 
 
 _DIGESTS = "key string, digest binary"
+
+# a data file a Delta log names and the storage lacks, as delta-rs (FileNotFoundError:
+# "Object at location … not found") and Spark (java.io.FileNotFoundException) say it:
+# its name, and the table whose folder (<schema>/<table>/current or history) holds it
+_FILE = re.compile(r"([^\s/'\"]+\.parquet)")
+_TABLE = re.compile(r"/([^/\s'\"]+)/([^/\s'\"]+)/(?:current|history)/[^/\s'\"]+\.parquet")
+
+
+def broken_table(exc: BaseException, table: str | None = None) -> StoreError | None:
+    """`exc` as the warehouse says it when it means a data file that a table's Delta log
+    names is gone, with what writes the table again (`table`: the table read; else the
+    one whose folder the file is in); None for any other error."""
+    text = str(exc)
+    if not isinstance(exc, FileNotFoundError) and "FileNotFoundException" not in text:
+        return None
+    found = _FILE.search(text)
+    if table is None and (folder := _TABLE.search(text)) is not None:
+        table = f"{folder.group(1)}.{folder.group(2)}"
+    mend = f"--table {table} " if table else ""
+    return StoreError(
+        f"the warehouse's copy of {table or 'a table'} cannot be read: a data file its "
+        f"Delta log names is missing ({found.group(1) if found else 'a file'}): "
+        f"`cdc rebuild --store warehouse {mend}--yes` writes it again from the log"
+    )
 
 
 def warehouse_form(table: Table, row: dict[str, Any]) -> dict[str, Any]:

@@ -59,7 +59,7 @@ from cdc.stores.warehouse.native import (
     datafusion_quoted,
     key_match,
 )
-from cdc.stores.warehouse.readback import WarehouseReader
+from cdc.stores.warehouse.readback import WarehouseReader, broken_table
 from cdc.stores.warehouse.routes import WarehouseBatches
 from cdc.stores.warehouse.settings import warehouse_settings, writer_in_use
 from cdc.stores.warehouse.steps import BatchStep, Keep, Kept, frames_to_keep, steps_of
@@ -129,7 +129,12 @@ class WarehouseStore(WarehouseReader, FrameStore):
         return dict(self.native.refused)
 
     def write_batch(self, raw: Any, ctx: BatchContext) -> BatchOutcome:
-        return self.batches.write(raw, ctx)
+        try:
+            return self.batches.write(raw, ctx)
+        except Exception as exc:  # a table missing a data file: said, with its mend
+            if (broken := broken_table(exc)) is None:
+                raise
+            raise broken from None
 
     def max_offsets(self, default: int) -> int:
         return self.batches.max_records  # fewer, larger Delta commits when catching up
