@@ -154,7 +154,7 @@ class WarehouseReader(StoreReader):
         return _held(table, names, gone, arrow.to_batches())
 
     def unreadable(self, table: Table, exc: BaseException) -> StoreError | None:
-        return broken_table(exc, table.qualified)
+        return broken_table(self.spark, self.root, exc, table.qualified)
 
     def form(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
         return warehouse_form(table, row)
@@ -246,22 +246,40 @@ _FILE = re.compile(r"([^\s/'\"]+\.parquet)")
 _TABLE = re.compile(r"/([^/\s'\"]+)/([^/\s'\"]+)/(?:current|history)/[^/\s'\"]+\.parquet")
 
 
-def broken_table(exc: BaseException, table: str | None = None) -> StoreError | None:
-    """`exc` as the warehouse says it when it means a data file that a table's Delta log
-    names is gone, with what writes the table again (`table`: the table read; else the
-    one whose folder the file is in); None for any other error."""
+def broken_table(
+    spark: Any, root: str, exc: BaseException, table: str | None = None
+) -> StoreError | None:
+    """`exc` as the warehouse says it when it means a data file that the latest version
+    of a table's Delta log names is gone, with what writes the table again (`table`: the
+    table read; else the one whose folder the file is in); None for any other error, and
+    for a file a VACUUM removed while an older version of the table was read (read it
+    again: the latest version does not name it)."""
     text = str(exc)
     if not isinstance(exc, FileNotFoundError) and "FileNotFoundException" not in text:
         return None
     found = _FILE.search(text)
     if table is None and (folder := _TABLE.search(text)) is not None:
         table = f"{folder.group(1)}.{folder.group(2)}"
-    mend = f"--table {table} " if table else ""
+    if found is None or table is None or not _named(spark, root, table, found.group(1)):
+        return None
     return StoreError(
-        f"the warehouse's copy of {table or 'a table'} cannot be read: a data file its "
-        f"Delta log names is missing ({found.group(1) if found else 'a file'}): "
-        f"`cdc rebuild --store warehouse {mend}--yes` writes it again from the log"
+        f"the warehouse's copy of {table} cannot be read: a data file its Delta log "
+        f"names is missing ({found.group(1)}): `cdc rebuild --store warehouse --table "
+        f"{table} --yes` writes it again from the log"
     )
+
+
+def _named(spark: Any, root: str, table: str, file: str) -> bool:
+    """Whether the latest version of the table's current state or history names `file`
+    (read from its Delta log alone)."""
+    for path in (current_path(root, table), history_path(root, table)):
+        try:
+            names = spark.read.format("delta").load(path).inputFiles()
+        except Exception:  # no such table (yet): it names nothing
+            continue
+        if any(name.endswith("/" + file) for name in names):
+            return True
+    return False
 
 
 def warehouse_form(table: Table, row: dict[str, Any]) -> dict[str, Any]:

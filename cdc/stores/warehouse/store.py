@@ -132,7 +132,7 @@ class WarehouseStore(WarehouseReader, FrameStore):
         try:
             return self.batches.write(raw, ctx)
         except Exception as exc:  # a table missing a data file: said, with its mend
-            if (broken := broken_table(exc)) is None:
+            if (broken := broken_table(self.spark, self.root, exc)) is None:
                 raise
             raise broken from None
 
