@@ -143,7 +143,7 @@ class Publications:
         self.lock = threading.Lock()
 
     def instrument(self) -> None:
-        from cdc.stores.warehouse.iceberg import IcebergPublisher
+        from cdc.stores.warehouse.publish.iceberg import IcebergPublisher
 
         publish = IcebergPublisher.publish
 

@@ -313,7 +313,7 @@ class WarehousePhases:
         "version_rows",
         "_append",
         "_write_current",
-        # a batch shaped on the driver (arrow_batch.py)
+        # a batch shaped on the driver (_arrow_batch.py)
         "_decode_batch",  # Spark's decoding, collected
         "_append_arrow",
         "_merge_arrow",
@@ -351,7 +351,7 @@ class WarehousePhases:
             self._wrap(owner, name, name.lstrip("_"))
         self._wrap(store.WarehouseStore, "write_frame", "whole batch")
         # before it, a batch decoded in Arrow: its records collected, then decoded
-        from cdc.stores.warehouse import routes
+        from cdc.stores.warehouse.write import routes
 
         self._wrap(routes.WarehouseBatches, "collect_records", "collect records")
         self._wrap(routes, "decode_records", "decode in Arrow")

@@ -100,7 +100,7 @@ def warehouse_floor(settings: Settings) -> dict[str, float]:
     """What the warehouse's apply of the snapshot cannot go below on this machine, step
     by step over one of its batches (the topic's first records, read again): Spark
     reading them from Kafka (a count), collecting them to the driver as Arrow, decoding
-    them there (arrow_events.py), and one delta-rs append of the decoded rows into a new
+    them there (_arrow_events.py), and one delta-rs append of the decoded rows into a new
     table. Seconds, and the batch's records."""
     import shutil
 
@@ -108,7 +108,7 @@ def warehouse_floor(settings: Settings) -> dict[str, float]:
 
     from cdc.capture.source_reader import SourceReader
     from cdc.core.spark import kafka_options
-    from cdc.stores.warehouse.arrow_events import decode_records
+    from cdc.stores.warehouse.write._arrow_events import decode_records
 
     spark = spark_session(settings, "bench-snapshot-warehouse")
     topic = change_topic(settings.pipeline, TABLE)

@@ -63,7 +63,7 @@ MUTANTS = (
     ),
     Mutant(
         "history takes a change again after a restart",
-        "cdc/stores/warehouse/marks.py",
+        "cdc/stores/warehouse/write/_marks.py",
         '            if part["first_offset"] <= offset:',
         "            if False:",
         (f"{HISTORY}::test_a_crash_between_the_history_and_the_current_state_is_made_good",),
@@ -142,7 +142,7 @@ MUTANTS = (
     ),
     Mutant(
         "the warehouse writes Debezium's TOAST placeholder",
-        "cdc/stores/warehouse/merge.py",
+        "cdc/stores/warehouse/write/_merge.py",
         'updated[c] = f"CASE WHEN {flag} THEN t.{quote(c)} ELSE s.{quote(c)} END"',
         'updated[c] = f"CASE WHEN false THEN t.{quote(c)} ELSE s.{quote(c)} END"',
         (f"{EXACT}::test_a_stored_toasted_value_is_kept_across_batches",),
@@ -163,7 +163,7 @@ MUTANTS = (
     ),
     Mutant(
         "the warehouse keeps a deleted row live",
-        "cdc/stores/warehouse/merge.py",
+        "cdc/stores/warehouse/write/_merge.py",
         '("delete", f"s._cdc_commit_lsn IS NOT NULL AND s._cdc_op = \'d\' AND {_OLDER}", None)',
         '("delete", f"s._cdc_commit_lsn IS NOT NULL AND s._cdc_op = \'x\' AND {_OLDER}", None)',
         (f"{EXACT}::test_redelivered_and_older_changes_change_nothing",),

@@ -7,7 +7,7 @@ so that they stay one decoder:
   (cdc/apply/row_batches.py);
 - Spark SQL (`parse_events`), for the warehouse's Spark path and the streaming views;
 - Arrow (`SOURCE_ARROW`, `arrow_positions`), for the warehouse's batch decoded on the
-  driver (cdc/stores/warehouse/arrow_events.py).
+  driver (cdc/stores/warehouse/write/_arrow_events.py).
 
 A tombstone (no value) is a delete with no position. What is not a change event is said
 so (`NOT_A_CHANGE_EVENT`), and goes to the dead letters."""

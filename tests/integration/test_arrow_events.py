@@ -1,4 +1,4 @@
-"""The warehouse's batch decoded in Arrow on the driver (cdc/stores/warehouse/arrow_events.py)
+"""The warehouse's batch decoded in Arrow on the driver (stores/warehouse/write/_arrow_events.py)
 equals what Spark decodes from the same Kafka records (events.py, typed.py, the store's
 `_decode_batch`), column by column and type by type, for every type the Arrow path takes
 and their special values; and a batch it cannot decode exactly is left to Spark."""
@@ -15,9 +15,9 @@ import pytest
 
 from cdc.core.catalog import TRUNCATIONS_TABLE, Column, Table
 from cdc.log.envelope import parse_events
-from cdc.stores.warehouse.arrow_events import decode_records, decodes
-from cdc.stores.warehouse.routes import cut_column, partitions, unheld_as_errors
 from cdc.stores.warehouse.store import WarehouseStore
+from cdc.stores.warehouse.write._arrow_events import decode_records, decodes
+from cdc.stores.warehouse.write.routes import cut_column, partitions, unheld_as_errors
 from cdc.types.arrow_types import decodable
 from cdc.types.decode import DATE_INFINITY, MICROS_INFINITY, MILLIS_INFINITY
 from tests.conftest import RunningStack

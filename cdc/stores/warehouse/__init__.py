@@ -1,22 +1,27 @@
-"""The warehouse: Delta Lake tables per captured table, in modules of their own.
+"""The warehouse: Delta Lake tables per captured table, a wing of four sub-rooms
+around what they share. A module whose name starts with `_` is its sub-room's own:
+only that sub-room and the modules here import it (tests/unit/project/test_layers.py).
 
-routes       each micro-batch's route (arrow, spark-decoded, spark), its decode, its
-             TRUNCATEs and dead letters, and what it wrote (routes.py)
-arrow_events a batch's records decoded in Arrow on the driver (arrow_events.py)
-store        the current state, kept by MERGE with a position guard (store.py:
-             WarehouseStore)
-readback     what verify, repair, `cdc get` and `cdc query` read of it (readback.py)
+store        the door the registry makes (store.py: WarehouseStore, its writes and the
+             steps it runs after each batch): the current state, kept by MERGE with a
+             position guard, and the history
+settings     its section, [stores.warehouse] (settings.py)
 tables       where each table lives, how it is created and widened (tables.py)
 history      every change as a version (SCD type 2) (history.py)
-marks        which of a batch's changes are new to a table (marks.py)
-arrow_batch  a batch's versions and each key's newest, told in Arrow on the driver
-merge        the current state's MERGE clauses, for Spark and delta-rs (merge.py)
-native       the writes by delta-rs (native.py), conflicts the other writers' (conflicts.py)
-delta_log    a Delta table's log read directly (delta_log.py)
-iceberg      its tables published as Iceberg tables (iceberg.py, [stores.warehouse] iceberg)
-settings     its section, [stores.warehouse] (settings.py)
+native       the writes by delta-rs (native.py); conflicts: the other writers'
+             (conflicts.py)
 steps        the steps after each batch (its join views) and what a batch keeps for
              them (steps.py: BatchStep, Kept)
+write/       how a batch is written: routes (each micro-batch's named route: arrow,
+             spark-decoded, spark; its decode, TRUNCATEs and dead letters, and what
+             it wrote), _arrow_events (a batch's records decoded in Arrow on the
+             driver), _arrow_batch (its versions and each key's newest, in Arrow),
+             _marks (which of a batch's changes are new to a table), _merge (the current
+             state's MERGE clauses, for Spark and delta-rs)
+read/        what is read back: readback (what verify, repair, `cdc get` and
+             `cdc query` read of it), delta_log (a Delta table's log read directly)
+publish/     its tables published for other engines: iceberg ([stores.warehouse]
+             iceberg)
 views/       the views derived from its tables, one class per kind (join views, window
              aggregates), reached by the apply job and the checks through its
              declaration's `views` door (views/registry.py VIEWS)
@@ -56,7 +61,7 @@ DECLARATION = StoreDeclaration(
     renamed=RENAMED,
     reserved=_reserved,
     abilities=frozenset({"views", "own_process", "expectations", "sql", "snapshot"}),
-    publisher="cdc.stores.warehouse.iceberg:publisher",
+    publisher="cdc.stores.warehouse.publish.iceberg:publisher",
     views="cdc.stores.warehouse.views.registry:VIEWS",
     one_writer=_one_writer,
 )

@@ -235,7 +235,7 @@ class NativeWriter:
         import pyarrow.compute as pc
         import pyarrow.dataset as ds
 
-        from cdc.stores.warehouse.arrow_batch import canonical
+        from cdc.stores.warehouse.write._arrow_batch import canonical
 
         try:
             dataset = table.to_pyarrow_dataset()

@@ -1,6 +1,6 @@
 """The steps the warehouse runs after each batch (its join views, views/) and what a batch
 keeps of each table for them: the one contract between the warehouse's writes (store.py,
-arrow_batch.py) and its views, declared once.
+_arrow_batch.py) and its views, declared once.
 
 A step says what it reads of each table's batch (`keeps`: a set of `Keep`), runs once
 the batch's writes of those tables have ended, and gets, per table, a `Kept`."""
@@ -58,7 +58,7 @@ class BatchStep(Protocol):
         """Run after the batch (`kept`: per table it keeps frames of and the batch wrote,
         what it kept; `truncated`: the tables a TRUNCATE or a reset emptied since the last
         batch; `native`: the store's delta-rs writer, native.py's NativeWriter: not
-        named here, as native.py imports arrow_batch.py, which imports this module)."""
+        named here, as native.py imports _arrow_batch.py, which imports this module)."""
         ...
 
 

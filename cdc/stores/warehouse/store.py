@@ -11,9 +11,9 @@ Each batch writes, per table, first its new versions to the history (one append)
 its keys' newest changes to `current`: one MERGE that takes a change only from a newer
 position, and deletes; or one append, when the table holds no row yet or every change
 of the batch is an insert or a read of a key it does not hold. Which changes are new is
-told mostly without reading either table back (marks.py). A batch delta-rs writes is
+told mostly without reading either table back (_marks.py). A batch delta-rs writes is
 decoded by one Spark job for all its tables and shaped on the driver in Arrow
-(arrow_batch.py, `_write_arrow`); one that may hold a TOAST placeholder, or a change
+(_arrow_batch.py, `_write_arrow`); one that may hold a TOAST placeholder, or a change
 the history holds already, by Spark's jobs per table (`_write_table`). An unchanged
 TOASTed value keeps the stored column. A tombstone deletes only what an earlier record
 of its partition wrote.
@@ -36,7 +36,6 @@ from cdc.core.errors import ConfigError, StoreError
 from cdc.core.settings import Settings
 from cdc.log.position import older_sql
 from cdc.stores.base import BatchContext, BatchOutcome, DerivedView, FrameStore
-from cdc.stores.warehouse import arrow_batch
 from cdc.stores.warehouse.conflicts import retried
 from cdc.stores.warehouse.history import (
     HISTORY_META,
@@ -44,23 +43,12 @@ from cdc.stores.warehouse.history import (
     TRUNCATE_OP,
     version_rows,
 )
-from cdc.stores.warehouse.marks import (
-    Marks,
-    held_since,
-    holds_any,
-    lowest_commit,
-    newest_held,
-    stored_values,
-    summarize,
-)
-from cdc.stores.warehouse.merge import POSITION, current_clauses, current_values, key_image
 from cdc.stores.warehouse.native import (
     NativeWriter,
     datafusion_quoted,
     key_match,
 )
-from cdc.stores.warehouse.readback import WarehouseReader, broken_table
-from cdc.stores.warehouse.routes import WarehouseBatches
+from cdc.stores.warehouse.read.readback import WarehouseReader, broken_table
 from cdc.stores.warehouse.settings import warehouse_settings, writer_in_use
 from cdc.stores.warehouse.steps import BatchStep, Keep, Kept, frames_to_keep, steps_of
 from cdc.stores.warehouse.tables import (
@@ -74,6 +62,18 @@ from cdc.stores.warehouse.tables import (
     is_empty,
     warehouse_root,
 )
+from cdc.stores.warehouse.write import _arrow_batch as arrow_batch
+from cdc.stores.warehouse.write._marks import (
+    Marks,
+    held_since,
+    holds_any,
+    lowest_commit,
+    newest_held,
+    stored_values,
+    summarize,
+)
+from cdc.stores.warehouse.write._merge import POSITION, current_clauses, current_values, key_image
+from cdc.stores.warehouse.write.routes import WarehouseBatches
 from cdc.types.spark_types import PLACEHOLDER_FLAG, flagged, spark_type, typed_image
 from cdc.types.spark_types import quoted as q
 
@@ -548,7 +548,7 @@ class WarehouseStore(WarehouseReader, FrameStore):
         self, table: Table, events: Any, keep: set[Keep], spark_path: Any
     ) -> tuple[float, float, Kept]:
         """A table's batch shaped on the driver in Arrow (`events`: its decoded events,
-        `_decode_batch`; arrow_batch.py) into its history, then its current state, each
+        `_decode_batch`; _arrow_batch.py) into its history, then its current state, each
         in one delta-rs commit; what `_write_table` returns. A batch with a change the
         history may hold already (one run again after a crash, Debezium's redelivery)
         takes the Spark path (`spark_path`), which reads its keys' versions back."""
@@ -679,7 +679,7 @@ class WarehouseStore(WarehouseReader, FrameStore):
         `toasted`: those of them whose events may carry a TOAST placeholder, None: any;
         `cut_ms`, per event: the commit time of the TRUNCATE it came before, if any;
         `decoded`: per table, its events decoded already in Arrow, cdc/log/
-        arrow_events.py, and then `events` a function that makes the frame when the
+        _arrow_events.py, and then `events` a function that makes the frame when the
         Spark path needs it).
 
         A TOAST placeholder in the last event is filled from the key's latest earlier

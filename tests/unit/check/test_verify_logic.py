@@ -20,7 +20,7 @@ from cdc.capture.backfill import (
 from cdc.check.repair import REPAIR_FILTER_CHARS, _key_filter, key_filters, repair_filters
 from cdc.check.verify import Drift, _compare
 from cdc.core.catalog import Column, Table
-from cdc.stores.warehouse.readback import any_of
+from cdc.stores.warehouse.read.readback import any_of
 from cdc.types.decode import Interval
 from cdc.types.keys import key_text, store_key_text
 from cdc.types.store_forms import cache_form, warehouse_value

@@ -75,7 +75,7 @@ def test_the_endpoint_serves_the_status_figures() -> None:
     assert 'cdc_store_backlog_events{pipeline="cdc",store="cache"} 3.0' in lines
     assert 'cdc_store_waiting{pipeline="cdc",store="cache"} 1.0' in lines
     assert 'cdc_store_waiting{pipeline="cdc",store="warehouse"} 0.0' in lines
-    # the batches by the route each took (cdc/stores/warehouse/routes.py)
+    # the batches by the route each took (cdc/stores/warehouse/write/routes.py)
     assert 'cdc_store_batches_total{pipeline="cdc",route="arrow",store="warehouse"} 7.0' in lines
     assert 'cdc_store_batches_total{pipeline="cdc",route="spark",store="warehouse"} 1.0' in lines
     assert 'cdc_store_lag_seconds{pipeline="cdc",store="cache"} 1.5' in lines

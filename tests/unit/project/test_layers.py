@@ -147,3 +147,20 @@ def test_no_module_outside_a_stores_package_names_it() -> None:
                 if bits[:2] == ["cdc", "stores"] and len(bits) > 2 and bits[2] in stores:
                     found.append(f"{name}:{node.lineno} imports {target}")
     assert not found
+
+
+def test_a_sub_room_s_own_module_is_imported_only_by_it_and_the_room_above() -> None:
+    """A module whose name starts with `_` (stores/warehouse/write/_marks.py) is its
+    folder's own: only modules of that folder, or of the folder just above it (the door
+    of the room it serves), import it."""
+    modules = _modules()
+    own = [m for m, path in modules.items() if path.name.startswith("_") and "__" not in path.name]
+    assert own  # the sub-rooms' own modules were found
+    trespass = []
+    for name, targets in _graph().items():
+        here = modules[name].parent
+        for target in targets:
+            folder = modules[target].parent
+            if target in own and here not in (folder, folder.parent):
+                trespass.append(f"{name} -> {target}")
+    assert not trespass

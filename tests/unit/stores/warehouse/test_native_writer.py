@@ -10,9 +10,9 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from cdc.core.catalog import Column, Table
-from cdc.stores.warehouse import arrow_batch
-from cdc.stores.warehouse.merge import current_clauses
 from cdc.stores.warehouse.native import NativeWriter, datafusion_quoted, key_match, null_safe_match
+from cdc.stores.warehouse.write import _arrow_batch as arrow_batch
+from cdc.stores.warehouse.write._merge import current_clauses
 
 # the demo's order_items: a key of two columns
 ITEMS = Table(

@@ -3,7 +3,7 @@
 (`cdc_store_batches_total{route=...}`).
 
 - `arrow`: the batch's Kafka records are collected to the driver, decoded in Arrow
-  (cdc/stores/warehouse/arrow_events.py) and committed by delta-rs, table by table. The fastest on
+  (_arrow_events.py) and committed by delta-rs, table by table. The fastest on
   one machine; chosen when delta-rs writes, every captured table's types decode in
   Arrow and the batch fits half the driver's heap.
 - `spark-decoded`: Spark decodes the batch (cdc/log/envelope.py) and tells what it
@@ -32,7 +32,7 @@ from cdc.log.envelope import parse_events
 from cdc.log.freshness import RATIO
 from cdc.log.progress import add_cut
 from cdc.stores.base import BatchContext, BatchOutcome
-from cdc.stores.warehouse.arrow_events import ArrowBatch, decode_records, decodes
+from cdc.stores.warehouse.write._arrow_events import ArrowBatch, decode_records, decodes
 from cdc.types.spark_types import may_hold_placeholder, unheld_columns
 
 __all__ = ["Route", "WarehouseBatches", "route"]
@@ -235,7 +235,7 @@ class WarehouseBatches:
 
     def write_decoded(self, decoded: ArrowBatch, records: Any, ctx: BatchContext) -> BatchOutcome:
         """A batch decoded in Arrow (route `arrow`): as write_frame, with no poison event,
-        TRUNCATE or TOAST placeholder in it (arrow_events.py). The Spark frame of its
+        TRUNCATE or TOAST placeholder in it (_arrow_events.py). The Spark frame of its
         events is made from the records only if the store needs it (a batch run again
         after a crash reads its keys' versions back)."""
         from pyspark.sql import functions as F

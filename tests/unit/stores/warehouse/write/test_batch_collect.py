@@ -1,5 +1,5 @@
 """Which warehouse batches take the `arrow` route, collected to the driver to be decoded
-in Arrow (cdc/stores/warehouse/routes.py: `route`, WarehouseBatches.collect_records):
+in Arrow (cdc/stores/warehouse/write/routes.py: `route`, WarehouseBatches.collect_records):
 those whose every captured table Arrow decodes, that fit the driver's heap as the last
 batch's records (or a sample) tell, while the last collect was not over Spark's limit on
 what the driver takes."""
@@ -14,8 +14,8 @@ import pytest
 
 from cdc.core.catalog import Column, Table
 from cdc.stores.base import BatchContext
-from cdc.stores.warehouse.routes import Route, WarehouseBatches, route
 from cdc.stores.warehouse.store import WarehouseStore
+from cdc.stores.warehouse.write.routes import Route, WarehouseBatches, route
 
 RECORDS = pa.table({"key": [b"{}", b"{}"], "value": [b"{}", None]})  # 3 bytes a record
 

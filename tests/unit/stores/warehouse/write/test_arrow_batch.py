@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc.core.catalog import Column, Table
-from cdc.stores.warehouse import arrow_batch
 from cdc.stores.warehouse.history import HISTORY_META
-from cdc.stores.warehouse.marks import Marks
+from cdc.stores.warehouse.write import _arrow_batch as arrow_batch
+from cdc.stores.warehouse.write._marks import Marks
 
 TABLE = Table(
     "public",

@@ -15,8 +15,8 @@ import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
 from cdc.core.errors import StoreError
-from cdc.stores.warehouse.delta_log import read_delta
-from cdc.stores.warehouse.iceberg import NESTED_IDS, IcebergPublisher, iceberg_schema
+from cdc.stores.warehouse.publish.iceberg import NESTED_IDS, IcebergPublisher, iceberg_schema
+from cdc.stores.warehouse.read.delta_log import read_delta
 
 FIELDS = [
     {"name": "id", "type": "long", "nullable": True, "metadata": {}},
@@ -151,7 +151,7 @@ def test_field_ids_stay_with_their_names_and_mapped_tables_keep_deltas() -> None
 
 
 def tmp_path_free_snapshot(fields: list[dict[str, Any]], **configuration: str) -> Any:
-    from cdc.stores.warehouse.delta_log import DeltaSnapshot
+    from cdc.stores.warehouse.read.delta_log import DeltaSnapshot
 
     return DeltaSnapshot("/t", 0, "t-1", 1, {"fields": fields}, ["newest"], configuration)
 
@@ -226,7 +226,7 @@ def test_status_says_which_iceberg_tables_lag_their_delta_table() -> None:
 def test_old_snapshots_expire_with_the_files_only_they_used(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cdc.stores.warehouse import iceberg
+    from cdc.stores.warehouse.publish import iceberg
 
     monkeypatch.setattr(iceberg, "KEEP_SNAPSHOTS", 3)
     base, table = tmp_path / "w", tmp_path / "w" / "cdc" / "public" / "t" / "current"

@@ -1,9 +1,9 @@
 """A table's batch of the warehouse in Arrow, shaped on the driver: what the Spark path
-(store.py, marks.py, history.py) computes with a Spark job each, computed here over the
+(store.py, _marks.py, history.py) computes with a Spark job each, computed here over the
 batch's decoded events once they are collected.
 
 The events come from one Spark job for the whole batch (store.py, `_decode_batch`), each
-table's as an Arrow table of `_cdc_<meta>` columns (marks.py's and store.py's names),
+table's as an Arrow table of `_cdc_<meta>` columns (_marks.py's and store.py's names),
 `_cdc_commit_ts`, the key decoded from the event's key (`_cdc_k_<column>`) and the
 table's columns decoded from the row image. No event of such a batch carries a TOAST
 placeholder (a batch that may is shaped by Spark). From them:

@@ -6,7 +6,7 @@ pyarrow's JSON reader is strict where Spark's `from_json` is permissive: a value
 not of the type the column's Debezium JSON has fails the read instead of becoming NULL.
 So a batch takes this path only when its every event decodes here exactly as Spark
 decodes it; otherwise `decode_records` answers None and the batch is decoded by Spark
-(cdc/stores/warehouse/routes.py), as before:
+(cdc/stores/warehouse/write/routes.py), as before:
 
 - a record that is not a Debezium change event (a dead letter), or not read whole;
 - a table with a column whose type is not one `decodable` (arrow_types.py) lists
@@ -16,7 +16,7 @@ decodes it; otherwise `decode_records` answers None and the batch is decoded by 
 - a row of cdc.truncations (the batch applies a TRUNCATE).
 
 The result has, per table, the columns and Arrow types of the warehouse's `_decode_batch`
-(store.py) and, for the whole batch, what `partitions` (cdc/stores/warehouse/routes.py)
+(store.py) and, for the whole batch, what `partitions` (cdc/stores/warehouse/write/routes.py)
 reports of it.
 """
 

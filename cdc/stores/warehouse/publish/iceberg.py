@@ -5,7 +5,7 @@ Parquet files, as Delta UniForm does: Iceberg metadata beside Delta's log (`<tab
 _iceberg/`), the tables registered in a SQL catalog (SQLite, `<warehouse>/
 _iceberg_catalog.db`), named as their folders are (`<prefix>.<schema>.<table>.current`,
 `<prefix>._views.<view>`). Delta stays the table that is written: after its commits, the
-publisher reads the new log entries (cdc/stores/warehouse/delta_log.py) and
+publisher reads the new log entries (cdc/stores/warehouse/read/delta_log.py) and
 commits one Iceberg snapshot that adds the files Delta added and removes those it
 removed, with the Delta version it mirrors (table property `cdc.delta.version`). A
 publication that fails (a crash between the two commits) is made whole by the next:
@@ -27,7 +27,7 @@ from typing import Any
 
 from cdc.core.errors import ConfigError, StoreError
 from cdc.core.say import Say
-from cdc.stores.warehouse.delta_log import DeltaSnapshot, newest_version, read_delta
+from cdc.stores.warehouse.read.delta_log import DeltaSnapshot, newest_version, read_delta
 
 __all__ = ["IcebergPublisher", "catalog_uri", "iceberg_identifier", "publisher"]
 

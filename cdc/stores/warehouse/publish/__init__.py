@@ -1,0 +1,1 @@
+"""The warehouse's tables published for other engines: Iceberg (iceberg.py)."""
