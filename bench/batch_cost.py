@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import cdc.apply.batch as batch_module
 import cdc.apply.job as apply
 from bench.common import ResourceSampler, bench_settings, cleanup, record, trigger_durations
-from cdc.capture.initial_snapshot import run_snapshot
+from cdc.capture.snapshot.initial import run_snapshot
 from cdc.core.settings import Settings, load_settings
 from cdc.core.spark import views_session
 from cdc.stores.warehouse.settings import with_warehouse

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import CpuMark, ResourceSampler, bench_settings, cleanup, record
 from cdc.apply.job import run_apply
 from cdc.capture.connect_client import connect_client
-from cdc.capture.initial_snapshot import run_snapshot
+from cdc.capture.snapshot.initial import run_snapshot
 from cdc.core.clients import opensearch_client
 from cdc.core.settings import load_settings
 from cdc.core.spark import execution_profile, spark_session

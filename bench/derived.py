@@ -41,7 +41,7 @@ from rich.console import Console
 from bench.common import WarehousePhases, bench_settings, cleanup, record, trigger_durations
 from bench.streaming import BatchLog, percentiles, read_events, store_latencies
 from cdc.apply.job import run_apply
-from cdc.capture.initial_snapshot import run_snapshot
+from cdc.capture.snapshot.initial import run_snapshot
 from cdc.check.status import pipeline_status
 from cdc.cli.demo import TABLES, create_shop, with_demo_views
 from cdc.cli.workload import Workload

@@ -42,7 +42,7 @@ from cdc.apply.job import run_apply
 from cdc.apply.snapshot_into import snapshot_into
 from cdc.capture.connect_client import connect_client
 from cdc.capture.connector_config import connector_config, secret_reference
-from cdc.capture.initial_snapshot import run_snapshot
+from cdc.capture.snapshot.initial import run_snapshot
 from cdc.core.clients import kafka_admin
 from cdc.core.settings import Settings, load_settings
 from cdc.core.spark import spark_session

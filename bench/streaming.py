@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import ResourceSampler, bench_settings, cleanup, record
 from bench.snapshot_throughput import pgbench_init, psql_args, psql_env
 from cdc.apply.job import run_apply
-from cdc.capture.initial_snapshot import run_snapshot
+from cdc.capture.snapshot.initial import run_snapshot
 from cdc.check.status import pipeline_status
 from cdc.core.clients import kafka_client_kwargs
 from cdc.core.settings import Settings, load_settings

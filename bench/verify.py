@@ -36,7 +36,7 @@ import cdc.check.reconcile as reconcile
 from bench.common import bench_settings, cleanup, record
 from bench.snapshot_throughput import pgbench_init
 from cdc.apply.job import run_apply
-from cdc.capture.initial_snapshot import run_snapshot
+from cdc.capture.snapshot.initial import run_snapshot
 from cdc.cli.demo import TABLES as DEMO_TABLES
 from cdc.cli.demo import create_shop, with_demo_views
 from cdc.core.catalog import describe_table

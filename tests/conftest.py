@@ -23,8 +23,8 @@ import pytest
 from psycopg import sql
 from rich.console import Console
 
-from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.pipeline import drop_pipeline
+from cdc.capture.snapshot.initial import run_snapshot
 from cdc.core.settings import Settings
 from tests.helpers import free_ports, run_cdc
 from tests.logcheck import pipeline_env, pipeline_for

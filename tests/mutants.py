@@ -121,7 +121,7 @@ MUTANTS = (
     ),
     Mutant(
         "snapshot readers do not read under the exported snapshot",
-        "cdc/capture/initial_snapshot.py",
+        "cdc/capture/snapshot/table_copy.py",
         "f\"SET TRANSACTION SNAPSHOT '{point.snapshot_name}'; SET intervalstyle = 'iso_8601'\"",
         "\"SET intervalstyle = 'iso_8601'\"",
         ("tests/integration/test_snapshot.py",),

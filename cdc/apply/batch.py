@@ -6,7 +6,7 @@ in named steps, each a method of its own:
 3. position guard (guards.py): the log and the source are still the ones the store
    applied from;
    Records the snapshot wrote into the store itself are left out (the store holds them:
-   cdc/capture/snapshot_held.py); while a snapshot writes the store, its batch waits;
+   cdc/capture/snapshot/held.py); while a snapshot writes the store, its batch waits;
 4. decode and write: a row store's batch (the cache, the search index) through
    row_batches.py, on the driver or in Spark's workers; a frame store's (the warehouse)
    whole, by `FrameStore.write_batch`, which chooses its own route; either way the
@@ -36,7 +36,7 @@ from cdc.apply.guards import (
 )
 from cdc.apply.row_batches import RESULT_DDL, partition_writer, result_schema
 from cdc.capture.rewrites import Rewrite
-from cdc.capture.snapshot_held import read_held, snapshot_writes
+from cdc.capture.snapshot.held import read_held, snapshot_writes
 from cdc.capture.source_view import SourceBatch, SourceView
 from cdc.core.catalog import TRUNCATIONS_TABLE, Table
 from cdc.core.errors import (
@@ -169,7 +169,7 @@ class BatchWriter:
         self.sweep_generation(tables, record)
 
     def check_snapshot(self) -> None:
-        """StoreBusyError while a snapshot writes the store itself (snapshot_held.py)."""
+        """StoreBusyError while a snapshot writes the store itself (capture/snapshot/held.py)."""
         if snapshot_writes(self.settings, self.store.name):
             raise StoreBusyError(
                 "`cdc snapshot` writes its rows into it itself; its batches wait until that ends"

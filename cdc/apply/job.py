@@ -21,7 +21,7 @@ from typing import Any
 from cdc.apply.batch import BatchWriter, apply_say, wait_for
 from cdc.apply.own_process import StoreProcess
 from cdc.capture.rewrites import Rewrite, act_on_rewrites, check_rewrites
-from cdc.capture.snapshot_held import read_held
+from cdc.capture.snapshot.held import read_held
 from cdc.capture.source_reader import captured_tables
 from cdc.core.catalog import Table
 from cdc.core.errors import (
@@ -453,7 +453,7 @@ def _start_store_query(
 def _starting_offsets(settings: Settings, store: str) -> str:
     """Where the store's query starts when it has no checkpoint yet: every change topic
     at its earliest record, except the partitions the snapshot wrote into the store
-    itself (cdc/capture/snapshot_held.py), at the end of what it holds of them; the
+    itself (cdc/capture/snapshot/held.py), at the end of what it holds of them; the
     store's progress record then takes what it skips so as applied. A query with a
     checkpoint goes on from it (Spark ignores this)."""
     held = read_held(settings, store)

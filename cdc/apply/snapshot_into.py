@@ -2,10 +2,10 @@
 apply.stores with the "snapshot" ability (the warehouse), when pipeline.snapshot_into_stores.
 
 Each group of the snapshot's rows, once in Kafka, comes here as the Kafka records it is
-(cdc/capture/initial_snapshot.py) and is written by the store's own `write_batch`, the
+(cdc/capture/snapshot/initial.py) and is written by the store's own `write_batch`, the
 route it chooses included, as its apply job would write those records: generated
 columns computed, poison values to the dead-letter topic, its join views refreshed.
-Then what the store holds is recorded (cdc/capture/snapshot_held.py) and its apply skips
+Then what the store holds is recorded (cdc/capture/snapshot/held.py) and its apply skips
 those records. While the snapshot writes a store it holds the store's snapshot lock, and
 its writer lock where it takes one writer (the warehouse on S3). A store whose writer
 lock another process holds, or that cannot be made ready (its tables, its views), is
@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from cdc.apply.dead_letters import DeadLetters
-from cdc.capture.initial_snapshot import IntoStores
-from cdc.capture.snapshot_held import Held, record_held, writing_lock
+from cdc.capture.snapshot.held import Held, record_held, writing_lock
+from cdc.capture.snapshot.table_copy import IntoStores
 from cdc.capture.source_reader import captured_tables
 from cdc.core.catalog import TRUNCATIONS_TABLE, Table
 from cdc.core.one_writer import one_writer

@@ -12,7 +12,7 @@ from cdc.capture import pending
 from cdc.capture.connect_client import connect_client
 from cdc.capture.role import drop_role, other_pipelines, sync_grants
 from cdc.capture.slot import drop_slot
-from cdc.capture.snapshots import forget
+from cdc.capture.snapshot.record import forget
 from cdc.capture.source_setup import drop_publication
 from cdc.core.catalog import published_tables, selected_tables
 from cdc.core.errors import ConnectorError

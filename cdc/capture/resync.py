@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from cdc.capture.connect_client import connect_client
 from cdc.capture.connector_config import register_connector
 from cdc.capture.slot import drop_slot, exported_snapshot, int_to_lsn, slot_lost, slot_state
-from cdc.capture.snapshots import read_state
+from cdc.capture.snapshot.record import read_state
 from cdc.capture.source_reader import captured_tables
 from cdc.capture.source_setup import replication_dsn
 from cdc.core.errors import SnapshotError

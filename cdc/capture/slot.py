@@ -41,7 +41,7 @@ __all__ = [
 class SnapshotPoint:
     """Where the snapshot sits in the log: the slot's consistent point, and when it was
     taken. `order`: its rows' position is (lsn, order): 0 for the snapshot's own rows, 1
-    for those a resumed snapshot reads (cdc/capture/initial_snapshot.py), after the
+    for those a resumed snapshot reads (cdc/capture/snapshot/initial.py), after the
     first run's and before every change streamed after the point."""
 
     lsn: int

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc.capture.snapshot_events import key_json
+from cdc.capture.snapshot.events import key_json
 from cdc.check.source_read import read_rows, selected_columns
 from cdc.core.catalog import Table
 from cdc.stores.base import Rows, StoreReader

@@ -5,7 +5,7 @@ created again, or a compacted key left with only a TOAST placeholder)."""
 
 from __future__ import annotations
 
-from cdc.capture.snapshot_held import forget_held
+from cdc.capture.snapshot.held import forget_held
 from cdc.capture.source_reader import read_source
 from cdc.core.errors import ConfigError
 from cdc.core.say import Say

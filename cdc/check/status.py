@@ -15,7 +15,7 @@ from cdc.capture.connect_client import connect_client
 from cdc.capture.lag import CaptureLag, capture_lag
 from cdc.capture.replica_identity import identity_problems
 from cdc.capture.slot import slot_row, standby_slots
-from cdc.capture.snapshots import read_ranges, read_state
+from cdc.capture.snapshot.record import read_ranges, read_state
 from cdc.core.catalog import describe_table, published_tables, selected_tables
 from cdc.core.errors import CdcError, SourceError
 from cdc.core.identity import acknowledged, recorded_since, table_changes

@@ -251,7 +251,7 @@ def run_demo(
         sync_pipeline(settings)
     else:
         from cdc.apply.snapshot_into import snapshot_into
-        from cdc.capture.initial_snapshot import run_snapshot
+        from cdc.capture.snapshot.initial import run_snapshot
 
         snap = run_snapshot(settings, out, say, snapshot_into(settings))
         out.print(

@@ -8,7 +8,7 @@ event whose `after` image lacks a generated column gets it here, before any stor
 sees the batch: PostgreSQL evaluates the column's expression (immutable, over the
 row's own columns) on the event's values, handed back as input text
 (cdc/types/postgres_text.py), and encodes the result as the log encodes the column's type
-(cdc/capture/snapshot_events.py). So every store, the history included, holds the value the
+(cdc/capture/snapshot/events.py). So every store, the history included, holds the value the
 source stored with that change.
 
 One case cannot be computed from the event: an input that is an unchanged TOASTed

@@ -1,5 +1,5 @@
 """A column's value as Debezium encodes it in a change event, computed by PostgreSQL in
-SQL (`column_json`): the snapshot's rows (cdc/capture/snapshot_events.py) and the
+SQL (`column_json`): the snapshot's rows (cdc/capture/snapshot/events.py) and the
 generated columns (cdc/log/generated_columns.py) are written in the encoding the connector
 uses under the project's settings (decimal.handling.mode=string,
 time.precision.mode=adaptive_time_microseconds, interval.handling.mode=string, binary as

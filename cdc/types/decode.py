@@ -1,7 +1,7 @@
 """Debezium change-event values back to Python values, by the column's PostgreSQL type.
 
 The inverse of the connector's encoding under the project's settings (and of
-cdc/capture/snapshot_events.py, which writes the same encoding for snapshot rows).
+cdc/capture/snapshot/events.py, which writes the same encoding for snapshot rows).
 
 Every value a column can hold decodes, and never raises:
 

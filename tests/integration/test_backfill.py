@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from cdc.capture.backfill import start_backfill, watch_backfill
-from cdc.capture.initial_snapshot import run_snapshot
+from cdc.capture.snapshot.initial import run_snapshot
 from cdc.check.status import pipeline_status
 from cdc.core.errors import BackfillError
 from cdc.core.topics import change_topic, read_topic

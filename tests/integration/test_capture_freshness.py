@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from cdc.apply.job import run_apply
-from cdc.capture.initial_snapshot import run_snapshot
+from cdc.capture.snapshot.initial import run_snapshot
 from cdc.check.status import PipelineStatus, pipeline_status
 from cdc.core.settings import Settings
 from cdc.stack.process import read_pid

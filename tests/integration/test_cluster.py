@@ -13,8 +13,8 @@ import pytest
 from rich.console import Console
 
 from cdc.apply.job import run_apply
-from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.pipeline import drop_pipeline
+from cdc.capture.snapshot.initial import run_snapshot
 from tests.conftest import Capture, RunningStack
 from tests.helpers import run_cdc
 from tests.logcheck import pipeline_for, table_info, wait_until_equal

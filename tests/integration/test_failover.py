@@ -33,10 +33,10 @@ from rich.console import Console
 
 from cdc.capture.connect_client import connect_client
 from cdc.capture.connector_config import logged_position
-from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.pipeline import drop_pipeline
 from cdc.capture.slot import lsn_to_int
-from cdc.capture.snapshots import read_state
+from cdc.capture.snapshot.initial import run_snapshot
+from cdc.capture.snapshot.record import read_state
 from cdc.core.settings import Settings
 from cdc.log.progress import progress_file
 from cdc.stack.components.postgres import Postgres

@@ -12,8 +12,8 @@ import pytest
 from rich.console import Console
 
 from cdc.apply.job import run_apply
-from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.pipeline import sync_pipeline
+from cdc.capture.snapshot.initial import run_snapshot
 from cdc.check.status import pipeline_status
 from cdc.core.topics import change_topic, read_topic, wait_for_records
 from tests.conftest import Capture

@@ -17,8 +17,8 @@ from rich.console import Console
 
 from cdc.apply.job import run_apply
 from cdc.capture.connect_client import connect_client
-from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.pipeline import sync_pipeline
+from cdc.capture.snapshot.initial import run_snapshot
 from cdc.check.dead_letters import replay_dead_letters
 from cdc.check.status import pipeline_status
 from cdc.core.settings import Settings

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from cdc.capture.connect_client import connect_client
 from cdc.capture.connector_config import register_connector
-from cdc.capture.initial_snapshot import run_snapshot
+from cdc.capture.snapshot.initial import run_snapshot
 from cdc.capture.source_setup import prepare_source
 from cdc.check.status import pipeline_status
 from cdc.core.errors import ConnectorError, SnapshotError, SourceError

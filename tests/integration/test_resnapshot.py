@@ -19,8 +19,8 @@ from kafka import KafkaConsumer, TopicPartition
 from rich.console import Console
 
 from cdc.capture.connect_client import connect_client
-from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.pipeline import drop_pipeline
+from cdc.capture.snapshot.initial import run_snapshot
 from cdc.core.clients import kafka_client_kwargs
 from cdc.core.settings import Settings
 from cdc.core.settings.connections import KafkaSettings

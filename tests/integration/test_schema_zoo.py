@@ -31,8 +31,8 @@ from psycopg import sql
 from rich.console import Console
 
 from cdc.apply.job import run_apply
-from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.pipeline import drop_pipeline
+from cdc.capture.snapshot.initial import run_snapshot
 from cdc.stores.warehouse.tables import warehouse_root
 from tests.conftest import RunningStack
 from tests.logcheck import pipeline_for, wait_until_captured

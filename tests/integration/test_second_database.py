@@ -15,8 +15,8 @@ from psycopg import sql
 from rich.console import Console
 
 from cdc.capture.connect_client import connect_client
-from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.pipeline import drop_pipeline
+from cdc.capture.snapshot.initial import run_snapshot
 from cdc.capture.source_setup import replication_dsn
 from cdc.core.settings import Settings
 from cdc.core.topics import change_topic, wait_for_records

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from rich.console import Console
 
-from cdc.capture.initial_snapshot import run_snapshot
+from cdc.capture.snapshot.initial import run_snapshot
 from cdc.core.settings import Settings
 from tests.conftest import Capture
 from tests.logcheck import events_by_key, poll, table_info, wait_until_equal

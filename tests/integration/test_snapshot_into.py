@@ -24,8 +24,9 @@ from rich.console import Console
 
 from cdc.apply.job import run_apply
 from cdc.apply.snapshot_into import StoresTakingSnapshot, snapshot_into
-from cdc.capture.initial_snapshot import IntoStores, run_snapshot
-from cdc.capture.snapshot_held import read_held
+from cdc.capture.snapshot.held import read_held
+from cdc.capture.snapshot.initial import run_snapshot
+from cdc.capture.snapshot.table_copy import IntoStores
 from cdc.core.settings import Settings
 from cdc.core.topics import change_topic, read_topic
 from cdc.log.progress import read_progress

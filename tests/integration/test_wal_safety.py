@@ -26,8 +26,8 @@ import pytest
 from rich.console import Console
 
 from cdc.capture.connect_client import connect_client
-from cdc.capture.initial_snapshot import run_snapshot
 from cdc.capture.pipeline import drop_pipeline
+from cdc.capture.snapshot.initial import run_snapshot
 from cdc.core.settings import Settings
 from cdc.core.topics import change_topic, end_offsets
 from cdc.stack.components.postgres import Postgres

@@ -86,7 +86,7 @@ def snapshot(output: OutputOption = OutputForm.text) -> None:
     gone, starts again.
     """
     from cdc.apply.snapshot_into import snapshot_into
-    from cdc.capture.initial_snapshot import run_snapshot
+    from cdc.capture.snapshot.initial import run_snapshot
 
     chosen = settings()
     result = run_snapshot(chosen, err, console_say, snapshot_into(chosen))

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from cdc.capture.backfill import BackfillProgress, _apply, _take
-from cdc.capture.initial_snapshot import (
+from cdc.capture.slot import int_to_lsn, lsn_to_int
+from cdc.capture.snapshot.ranges import (
     ctid_clause,
     newer_rows,
     page_ranges,
@@ -16,8 +17,7 @@ from cdc.capture.initial_snapshot import (
     unchanged_unread_rows,
     unread_rows,
 )
-from cdc.capture.slot import int_to_lsn, lsn_to_int
-from cdc.capture.snapshots import ReadRange
+from cdc.capture.snapshot.record import ReadRange
 from cdc.core.catalog import Column, Table
 from cdc.types.decode import UNAVAILABLE, Interval, decode_row, decode_value, parse_interval
 

@@ -1,11 +1,11 @@
 """What a store holds of the change topics because the snapshot wrote it there itself
-(cdc/capture/snapshot_held.py): the record, and when a store's progress is past it."""
+(cdc/capture/snapshot/held.py): the record, and when a store's progress is past it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from cdc.capture.snapshot_held import Held, forget_held, read_held, record_held
+from cdc.capture.snapshot.held import Held, forget_held, read_held, record_held
 from cdc.core.settings import Settings
 
 
