@@ -14,7 +14,7 @@ from cdc.capture.role import drop_role, other_pipelines, sync_grants
 from cdc.capture.slot import drop_slot
 from cdc.capture.snapshot.record import forget
 from cdc.capture.source_setup import drop_publication
-from cdc.core.catalog import published_tables, selected_tables
+from cdc.core.catalog import published_tables, selected_tables, unstreamed_note
 from cdc.core.errors import ConnectorError
 from cdc.core.identity import current_relations, recorded
 from cdc.core.postgres_client import admin_connection
@@ -35,6 +35,7 @@ class SyncResult:
     renamed: list[tuple[str, str]] = field(default_factory=list)  # (captured as, now)
     recreated: list[str] = field(default_factory=list)  # cut before its backfill (pending.py)
     stores: list[str] = field(default_factory=list)  # what the stores' setup said
+    notes: list[str] = field(default_factory=list)  # columns not captured (unstreamed_note)
 
 
 def _captured_before(settings: Settings) -> dict[int, str]:
@@ -72,6 +73,7 @@ def sync_pipeline(settings: Settings) -> SyncResult:
         said = setup_stores(settings, selected_tables(conn, pipe))
     before = _captured_before(settings)
     tables = prepare_source(settings, before)
+    notes = [note for t in tables if (note := unstreamed_note(t))]
     names = [t.qualified for t in tables]
     with admin_connection(settings) as conn:
         now = current_relations(conn, names)
@@ -86,7 +88,14 @@ def sync_pipeline(settings: Settings) -> SyncResult:
             pending.clear(conn, pipe.name)
             conn.commit()
             return SyncResult(
-                names, changed.added, removed, created, [], changed.renamed, stores=said
+                names,
+                changed.added,
+                removed,
+                created,
+                [],
+                changed.renamed,
+                stores=said,
+                notes=notes,
             )
         owed = pending.pending(conn, pipe.name)
         for table in [t for t, work in owed if work == pending.CUT]:
@@ -119,7 +128,7 @@ def sync_pipeline(settings: Settings) -> SyncResult:
             backfills.append(table)
     recreated = [t for t, work in owed if work == pending.CUT and t in names]
     return SyncResult(
-        names, backfills, removed, created, backfills, changed.renamed, recreated, said
+        names, backfills, removed, created, backfills, changed.renamed, recreated, said, notes
     )
 
 

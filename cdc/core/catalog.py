@@ -16,6 +16,7 @@ from cdc.core.errors import ConfigError, SourceError
 from cdc.core.postgres_client import admin_connection
 from cdc.core.settings.pipeline import PipelineSettings
 from cdc.core.store_declarations import declared
+from cdc.core.streamed_types import streamed, type_name
 
 if TYPE_CHECKING:
     from cdc.core.settings import Settings
@@ -36,6 +37,7 @@ __all__ = [
     "resolve_tables",
     "selected_tables",
     "toast_blind_columns",
+    "unstreamed_note",
 ]
 
 # our own bookkeeping (signal, heartbeat, snapshot state) is never captured as data
@@ -98,6 +100,9 @@ class Table:
     # None for NULL), and the pipeline whose salt hashes them (cdc.mask_salts)
     masks: tuple[tuple[str, str, str | None], ...] = ()
     pipeline: str = ""
+    # the columns not captured because Debezium's events do not carry their type's
+    # values (cdc.core.streamed_types), each with its type: ("b", "box")
+    unstreamed: tuple[tuple[str, str], ...] = ()
 
     @property
     def regclass(self) -> str:
@@ -449,6 +454,8 @@ def describe_table(
             "replica identity default"
         )
     columns = tuple(c for c in columns if c.name not in excluded)
+    unstreamed = _unstreamed(qualified, columns, configured or primary_key)
+    columns = tuple(c for c in columns if c.name not in dict(unstreamed))
     choice = pipeline.table.get(qualified)
     if problem := reserved_problem([c.name for c in columns]):
         raise SourceError(f"table {qualified} cannot be captured: {problem}")
@@ -478,6 +485,47 @@ def describe_table(
         pending=pending,
         masks=_choose_masks(qualified, columns, configured or primary_key, choice),
         pipeline=pipeline.name,
+        unstreamed=unstreamed,
+    )
+
+
+def _unstreamed(
+    qualified: str, columns: tuple[Column, ...], key: tuple[str, ...]
+) -> tuple[tuple[str, str], ...]:
+    """The columns of `columns` Debezium's events do not carry (cdc.core.streamed_types),
+    with their types, and the generated columns computed from one of them (the apply job
+    computes a generated column from the event's values); a key column among them
+    cannot be captured."""
+    left = {
+        c.name: type_name(c.base, c.is_array)
+        for c in columns
+        if not streamed(c.base, c.category, c.is_array)
+    }
+    for column in columns:
+        inputs = [n for n in column.inputs if n in left]
+        if column.generated and column.name not in left and inputs:
+            left[column.name] = f"generated from {inputs[0]}"
+    if lost := [n for n in key if n in left]:
+        raise SourceError(
+            f"table {qualified} is keyed by {lost[0]} ({left[lost[0]]}), a type Debezium "
+            "does not stream, so its changes cannot be keyed: key it by other columns "
+            f'(pipeline.key_columns."{qualified}", with replica identity full), or change '
+            "the column's type"
+        )
+    return tuple((c.name, left[c.name]) for c in columns if c.name in left)
+
+
+def unstreamed_note(table: Table) -> str | None:
+    """One line on the table's columns that are not captured because Debezium does not
+    stream their types, or None."""
+    if not table.unstreamed:
+        return None
+    named = ", ".join(f"{name} ({why})" for name, why in table.unstreamed)
+    return (
+        f"{table.qualified}: not captured, as Debezium does not stream their types: {named}; "
+        "to capture such a value, keep it in a column of a type it streams (text, jsonb), "
+        f'or leave the column out (pipeline.table."{table.qualified}".exclude_columns) to '
+        "quiet this"
     )
 
 

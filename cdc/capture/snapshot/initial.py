@@ -98,7 +98,7 @@ from cdc.capture.source_setup import (
     replication_dsn,
     sync_truncate_triggers,
 )
-from cdc.core.catalog import TRUNCATIONS_TABLE, Table
+from cdc.core.catalog import TRUNCATIONS_TABLE, Table, unstreamed_note
 from cdc.core.errors import ConnectorError, SnapshotError
 from cdc.core.postgres_client import admin_connection
 from cdc.core.say import Say, quiet
@@ -154,6 +154,9 @@ def run_snapshot(
     started = time.monotonic()
     say(f"preparing the source for pipeline {pipe.name}")
     tables = prepare_source(settings)
+    for table in tables:
+        if note := unstreamed_note(table):
+            say(note)
     ensure_topics(
         settings.kafka,
         pipeline_topic_specs(settings.pipeline, [t.qualified for t in tables]),

@@ -68,7 +68,7 @@ def setup(
     ):
         if items:
             console_say(f"{label}: {', '.join(items)}")
-    for line in result.stores:
+    for line in [*result.stores, *result.notes]:
         console_say(line)
 
 
