@@ -5,9 +5,9 @@ event (`include.unknown.datatypes` = false), and carries a few others in a shape
 stores cannot hold as the source does. Such a column is not captured at all
 (cdc.core.catalog.describe_table): the snapshot, which PostgreSQL formats itself, would
 otherwise write values the stream never updates, and verify would compare them. Each
-type here was seen in the connector's events (tests/integration/test_schema_zoo.py,
-tests/integration/test_unstreamed_types.py); any other is left out, said once by `cdc
-setup` and `cdc snapshot`.
+type here was seen in the connector's events (tests/integration/test_schema_zoo.py, and
+a table of every other type read back from its topic, 2026-12-06); any other is left
+out, said by `cdc setup` and `cdc snapshot` (tests/integration/test_unstreamed_types.py).
 
 Left out, as the connector (Debezium 3.x, pgoutput) streams them: the geometric types
 (point is a struct of x, y, WKB and SRID; box, circle, line, lseg, path and polygon are
