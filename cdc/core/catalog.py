@@ -455,7 +455,8 @@ def describe_table(
         )
     columns = tuple(c for c in columns if c.name not in excluded)
     unstreamed = _unstreamed(qualified, columns, configured or primary_key)
-    columns = tuple(c for c in columns if c.name not in dict(unstreamed))
+    left_out = {name for name, _ in unstreamed}
+    columns = tuple(c for c in columns if c.name not in left_out)
     choice = pipeline.table.get(qualified)
     if problem := reserved_problem([c.name for c in columns]):
         raise SourceError(f"table {qualified} cannot be captured: {problem}")
